@@ -1,0 +1,99 @@
+"""The opro exception tree.
+
+    OproError
+    ├── ConfigError            a config file, key or value is wrong (names the key and what is allowed)
+    ├── DataError              a document, dataset file or field is unusable (names the file / field)
+    ├── ModelPackError         an embedded model pack is missing or corrupt (names the package to install)
+    ├── PromptError            a template or instruction is malformed
+    └── LLMError               a call to a language model failed (carries model and provider)
+        ├── LLMRateLimitError  429; carries retry_after when the server sent one
+        ├── LLMTimeoutError    the call, or its retries, ran out of time
+        ├── LLMConnectionError the server could not be reached
+        ├── LLMServerError     5xx
+        ├── LLMAuthError       401 / 403: not retried
+        └── LLMBadRequestError 400 / 404 / 422 or an invalid request: not retried
+
+Backends convert their library's exceptions into these at the boundary (``raise ... from exc``).
+"""
+
+from __future__ import annotations
+
+
+class OproError(Exception):
+    """Base class of every error opro raises on purpose."""
+
+
+class ConfigError(OproError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+class DataError(OproError):
+    """A document, dataset file or record cannot be used."""
+
+
+class ModelPackError(OproError):
+    """An embedded model pack is missing, incomplete or fails its checksum."""
+
+
+class PromptError(OproError):
+    """A prompt template or instruction is malformed."""
+
+
+class LLMError(OproError):
+    """A language-model call failed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        provider: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        self.model = model
+        self.provider = provider
+        self.status = status
+        where = ", ".join(p for p in (provider, model) if p)
+        super().__init__(f"{message} [{where}]" if where else message)
+
+
+class LLMRateLimitError(LLMError):
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: object) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+
+
+class LLMTimeoutError(LLMError):
+    pass
+
+
+class LLMConnectionError(LLMError):
+    pass
+
+
+class LLMServerError(LLMError):
+    pass
+
+
+class LLMAuthError(LLMError):
+    pass
+
+
+class LLMBadRequestError(LLMError):
+    pass
+
+
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "LLMAuthError",
+    "LLMBadRequestError",
+    "LLMConnectionError",
+    "LLMError",
+    "LLMRateLimitError",
+    "LLMServerError",
+    "LLMTimeoutError",
+    "ModelPackError",
+    "OproError",
+    "PromptError",
+]

@@ -1,0 +1,350 @@
+"""One chat-completion interface for every part of opro.
+
+A *backend* (:class:`LLM` subclass: ``openai``, ``llamacpp``, ``scripted``) knows how to run one
+call. A :class:`ChatClient` wraps a backend for one *role* (task, judge, optimizer, generator) and
+adds what every caller wants: the persistent call cache, usage accounting, sample indices for
+reproducible sampling, and sync / async / batched entry points.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from opro.cache import CallCache
+
+Role = Literal["system", "user", "assistant"]
+ROLES = ("task", "judge", "optimizer", "generator")
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    content: str
+
+
+MessagesLike = Sequence[Message] | Sequence[Mapping[str, str]] | str
+
+
+def as_messages(messages: MessagesLike) -> tuple[Message, ...]:
+    """Accept a bare user string, dicts or :class:`Message` objects."""
+    if isinstance(messages, str):
+        return (Message("user", messages),)
+    out: list[Message] = []
+    for m in messages:
+        if isinstance(m, Message):
+            out.append(m)
+        else:
+            out.append(Message(m["role"], m["content"]))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """Sampling settings of one call. Part of the cache key."""
+
+    temperature: float = 0.0
+    max_tokens: int = 512
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    # A JSON schema (as canonical JSON text, so the dataclass stays hashable) the reply must follow.
+    json_schema: str | None = None
+    # Ask for the top-N alternatives of each generated token (judges' expected score).
+    top_logprobs: int | None = None
+
+    def schema(self) -> dict[str, Any] | None:
+        return json.loads(self.json_schema) if self.json_schema else None
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    cached: bool = False
+    # Per generated token: {token_text: logprob} of the top alternatives, when asked and supported.
+    top_logprobs: tuple[dict[str, float], ...] | None = None
+    finish_reason: str | None = None
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["top_logprobs"] = list(self.top_logprobs) if self.top_logprobs is not None else None
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> Completion:
+        data = json.loads(text)
+        if data.get("top_logprobs") is not None:
+            data["top_logprobs"] = tuple(data["top_logprobs"])
+        return cls(**data)
+
+
+class LLM(ABC):
+    """A chat-completion backend. Subclasses implement :meth:`generate`."""
+
+    provider: str = "base"
+    #: How many calls the backend can usefully run at once (1 for an in-process model).
+    max_concurrency: int = 8
+    supports_json_schema: bool = False
+    supports_logprobs: bool = False
+
+    @property
+    @abstractmethod
+    def model(self) -> str:
+        """Human-readable model id."""
+
+    @property
+    def identity(self) -> str:
+        """What makes two backends give the same answer: part of the cache key."""
+        return f"{self.provider}:{self.model}"
+
+    @abstractmethod
+    def generate(self, messages: tuple[Message, ...], options: GenerationOptions) -> Completion:
+        """Run one call. Raise :class:`opro.errors.LLMError` subclasses on failure."""
+
+    async def agenerate(self, messages: tuple[Message, ...], options: GenerationOptions) -> Completion:
+        return await asyncio.to_thread(self.generate, messages, options)
+
+    def describe(self) -> dict[str, str]:
+        """Settings safe to log (never secrets)."""
+        return {"provider": self.provider, "model": self.model}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (model memory, HTTP pools)."""
+
+
+@dataclass
+class RoleUsage:
+    calls: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per million tokens."""
+
+    prompt: float
+    completion: float
+
+
+# A small built-in price table; users may pass their own to UsageLedger.
+DEFAULT_PRICES: dict[str, Price] = {
+    "gpt-4o": Price(2.50, 10.00),
+    "gpt-4o-mini": Price(0.15, 0.60),
+    "gpt-4.1": Price(2.00, 8.00),
+    "gpt-4.1-mini": Price(0.40, 1.60),
+    "gpt-3.5-turbo": Price(0.50, 1.50),
+}
+
+
+class UsageLedger:
+    """Thread-safe usage accounting per role. ``calls`` counts real (uncached) calls."""
+
+    def __init__(self, *, prices: Mapping[str, Price] | None = None) -> None:
+        self._prices = dict(DEFAULT_PRICES if prices is None else prices)
+        self._lock = threading.Lock()
+        self._by_role: dict[str, RoleUsage] = {}
+
+    def record(self, role: str, completion: Completion) -> None:
+        with self._lock:
+            usage = self._by_role.setdefault(role, RoleUsage())
+            if completion.cached:
+                usage.cache_hits += 1
+                return
+            usage.calls += 1
+            usage.prompt_tokens += completion.prompt_tokens
+            usage.completion_tokens += completion.completion_tokens
+            usage.wall_s += completion.latency_s
+            price = self._prices.get(completion.model)
+            if price is not None:
+                cost = (completion.prompt_tokens * price.prompt + completion.completion_tokens * price.completion) / 1e6
+                usage.cost_usd = (usage.cost_usd or 0.0) + cost
+
+    def snapshot(self) -> dict[str, RoleUsage]:
+        with self._lock:
+            return {role: replace(u) for role, u in self._by_role.items()}
+
+    def total_calls(self) -> int:
+        with self._lock:
+            return sum(u.calls for u in self._by_role.values())
+
+    def total_tokens(self) -> int:
+        with self._lock:
+            return sum(u.prompt_tokens + u.completion_tokens for u in self._by_role.values())
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {role: asdict(u) for role, u in self.snapshot().items()}
+
+
+def cache_key(identity: str, messages: tuple[Message, ...], options: GenerationOptions, sample_index: int) -> str:
+    """Stable key of one call. The sample index only matters when sampling (temperature > 0)."""
+    payload = {
+        "identity": identity,
+        "messages": [[m.role, m.content] for m in messages],
+        "options": asdict(options),
+        "sample": sample_index if options.temperature > 0 else 0,
+    }
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+_CALL_OPTIONS = frozenset({"temperature", "max_tokens", "seed", "stop", "json_schema", "top_logprobs", "sample_index"})
+
+
+@dataclass(frozen=True)
+class Request:
+    """One call for :meth:`ChatClient.map`."""
+
+    messages: MessagesLike
+    temperature: float = 0.0
+    max_tokens: int = 512
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    json_schema: Mapping[str, Any] | None = None
+    top_logprobs: int | None = None
+    sample_index: int = 0
+
+
+@dataclass
+class ChatClient:
+    """A backend serving one role, with the call cache and usage accounting."""
+
+    llm: LLM
+    role: str = "task"
+    cache: CallCache | None = None
+    usage: UsageLedger = field(default_factory=UsageLedger)
+    #: Base seed; a call's seed is ``seed + sample_index`` so k samples differ but reproduce.
+    seed: int = 0
+
+    def _options(
+        self,
+        *,
+        temperature: float,
+        max_tokens: int,
+        seed: int | None,
+        stop: Iterable[str],
+        json_schema: Mapping[str, Any] | None,
+        top_logprobs: int | None,
+        sample_index: int,
+    ) -> GenerationOptions:
+        schema = None
+        if json_schema is not None and self.llm.supports_json_schema:
+            schema = json.dumps(json_schema, sort_keys=True)
+        logprobs = top_logprobs if (top_logprobs and self.llm.supports_logprobs) else None
+        return GenerationOptions(
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=(self.seed if seed is None else seed) + sample_index,
+            stop=tuple(stop),
+            json_schema=schema,
+            top_logprobs=logprobs,
+        )
+
+    def _prepare(self, messages: MessagesLike, kwargs: Mapping[str, Any]) -> tuple[tuple[Message, ...], GenerationOptions, str]:
+        unknown = set(kwargs) - _CALL_OPTIONS
+        if unknown:
+            raise TypeError(f"unknown completion option(s): {sorted(unknown)}; allowed: {sorted(_CALL_OPTIONS)}")
+        msgs = as_messages(messages)
+        sample_index = int(kwargs.get("sample_index", 0))
+        options = self._options(
+            temperature=float(kwargs.get("temperature", 0.0)),
+            max_tokens=int(kwargs.get("max_tokens", 512)),
+            seed=kwargs.get("seed"),
+            stop=kwargs.get("stop", ()),
+            json_schema=kwargs.get("json_schema"),
+            top_logprobs=kwargs.get("top_logprobs"),
+            sample_index=sample_index,
+        )
+        return msgs, options, cache_key(self.llm.identity, msgs, options, sample_index)
+
+    def _lookup(self, key: str) -> Completion | None:
+        hit = self.cache.get(key) if self.cache is not None else None
+        if hit is not None:
+            self.usage.record(self.role, hit)
+        return hit
+
+    def _store(self, key: str, result: Completion, started: float) -> Completion:
+        if result.latency_s == 0.0:
+            result = replace(result, latency_s=time.perf_counter() - started)
+        if self.cache is not None:
+            self.cache.put(key, result)
+        self.usage.record(self.role, result)
+        return result
+
+    def complete(self, messages: MessagesLike, **options: Any) -> Completion:
+        """One call. Options: temperature, max_tokens, seed, stop, json_schema, top_logprobs, sample_index.
+
+        A JSON schema or logprobs are only sent when the backend supports them (callers must still
+        parse defensively). The cache returns a stored completion with ``cached=True``.
+        """
+        msgs, opts, key = self._prepare(messages, options)
+        hit = self._lookup(key)
+        if hit is not None:
+            return hit
+        started = time.perf_counter()
+        return self._store(key, self.llm.generate(msgs, opts), started)
+
+    async def acomplete(self, messages: MessagesLike, **options: Any) -> Completion:
+        msgs, opts, key = self._prepare(messages, options)
+        hit = self._lookup(key)
+        if hit is not None:
+            return hit
+        started = time.perf_counter()
+        return self._store(key, await self.llm.agenerate(msgs, opts), started)
+
+    def map(self, requests: Sequence[Request], *, workers: int | None = None) -> list[Completion]:
+        """Run many calls, concurrently up to what the backend allows; results in input order."""
+        n = max(1, min(workers or self.llm.max_concurrency, self.llm.max_concurrency, len(requests) or 1))
+
+        def run(r: Request) -> Completion:
+            return self.complete(
+                r.messages,
+                temperature=r.temperature,
+                max_tokens=r.max_tokens,
+                seed=r.seed,
+                stop=r.stop,
+                json_schema=r.json_schema,
+                top_logprobs=r.top_logprobs,
+                sample_index=r.sample_index,
+            )
+
+        if n == 1:
+            return [run(r) for r in requests]
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            return list(pool.map(run, requests))
+
+    @property
+    def model(self) -> str:
+        return self.llm.model
+
+
+__all__ = [
+    "LLM",
+    "ROLES",
+    "ChatClient",
+    "Completion",
+    "GenerationOptions",
+    "Message",
+    "MessagesLike",
+    "Price",
+    "Request",
+    "RoleUsage",
+    "UsageLedger",
+    "as_messages",
+    "cache_key",
+]
