@@ -1,0 +1,361 @@
+"""Experiment configuration: a TOML file validated into frozen dataclasses.
+
+Every table and key is checked on load: an unknown key, a wrong type or a value outside its allowed
+set is a :class:`ConfigError` naming the file, the key and what is allowed. Relative paths are
+resolved against the directory of the config file, so a config works from any working directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from opro.errors import ConfigError
+
+DEFAULT_INSTRUCTION = (
+    "You are a QA assistant. Context information is below. Given the context information and not prior "
+    "knowledge, answer the query."
+)
+#: ``docs`` entry that stands for the offline quickstart corpus (CPython's own language reference).
+BUILTIN_PYTHON_REFERENCE = "builtin:python-reference"
+
+
+@dataclass(frozen=True)
+class ExperimentSection:
+    name: str = "opro"
+    output_dir: str = "runs/opro"
+    seed: int = 0
+    #: The persistent LLM call cache; off makes every call real.
+    cache: bool = True
+    #: Empty: the per-user cache (``~/.cache/opro/llm_calls.sqlite``).
+    cache_path: str = ""
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class SplitSection:
+    exemplar: int = 3
+    optimization: int = 8
+    heldout: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("exemplar", "optimization", "heldout"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"[data.split].{name} must be >= 0, got {getattr(self, name)}")
+        if self.optimization < 1:
+            raise ConfigError("[data.split].optimization must be >= 1: candidates are scored on it")
+
+
+@dataclass(frozen=True)
+class DataSection:
+    #: Documents to build a golden dataset from (files or directories), or ``builtin:python-reference``.
+    docs: tuple[str, ...] = ()
+    #: A labelled dataset instead: LabelledRagDataset JSON, an opro dataset dir, or JSON/JSONL/CSV.
+    dataset: str = ""
+    query_field: str = "query"
+    answer_field: str = "reference_answer"
+    contexts_field: str = ""
+    questions_per_chunk: int = 2
+    max_chunks: int = 0
+    skip_bad: bool = False
+    split: SplitSection = field(default_factory=SplitSection)
+
+    def __post_init__(self) -> None:
+        if bool(self.docs) == bool(self.dataset):
+            raise ConfigError("[data] needs exactly one of `docs` (generate a golden dataset) or `dataset` (a labelled file)")
+        if self.questions_per_chunk < 1:
+            raise ConfigError(f"[data].questions_per_chunk must be >= 1, got {self.questions_per_chunk}")
+
+
+@dataclass(frozen=True)
+class EmbeddingsSection:
+    #: OpenAI-compatible /v1/embeddings endpoint, or a local sentence-transformers directory.
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    local_path: str = ""
+
+
+@dataclass(frozen=True)
+class RAGSection:
+    chunk_size: int = 512
+    chunk_overlap: int = 32
+    retriever: Literal["bm25", "dense"] = "bm25"
+    top_k: int = 2
+    instruction_position: Literal["before", "after"] = "before"
+    answer_max_tokens: int = 128
+    initial_instructions: tuple[str, ...] = (DEFAULT_INSTRUCTION,)
+    embeddings: EmbeddingsSection | None = None
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 32:
+            raise ConfigError(f"[rag].chunk_size must be >= 32 tokens, got {self.chunk_size}")
+        if not 0 <= self.chunk_overlap < self.chunk_size:
+            raise ConfigError(f"[rag].chunk_overlap must be in [0, chunk_size), got {self.chunk_overlap}")
+        if self.top_k < 1:
+            raise ConfigError(f"[rag].top_k must be >= 1, got {self.top_k}")
+        if not self.initial_instructions:
+            raise ConfigError("[rag].initial_instructions needs at least one instruction")
+        if self.retriever == "dense" and self.embeddings is None:
+            raise ConfigError("[rag].retriever = 'dense' needs a [rag.embeddings] table (base_url + model, or local_path)")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    backend: Literal["llamacpp", "openai", "scripted"] = "llamacpp"
+    model: str = ""
+    base_url: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    n_threads: int = 0
+    n_ctx: int = 4096
+    timeout_s: float = 120.0
+    max_concurrency: int = 0
+
+
+EMBEDDED_TASK_MODEL = "qwen2.5-coder-0.5b-instruct"
+EMBEDDED_STRONG_MODEL = "qwen2.5-coder-1.5b-instruct"
+
+
+@dataclass(frozen=True)
+class ModelsSection:
+    task: ModelSection = field(default_factory=lambda: ModelSection(model=EMBEDDED_TASK_MODEL))
+    judge: ModelSection = field(default_factory=lambda: ModelSection(model=EMBEDDED_STRONG_MODEL))
+    optimizer: ModelSection = field(default_factory=lambda: ModelSection(model=EMBEDDED_STRONG_MODEL))
+    generator: ModelSection = field(default_factory=lambda: ModelSection(model=EMBEDDED_STRONG_MODEL))
+
+
+@dataclass(frozen=True)
+class JudgeSection:
+    template: str = "llamaindex"
+    threshold: float = 4.0
+    structured: bool = True
+    expected_score: bool = False
+    max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if not 1.0 <= self.threshold <= 5.0:
+            raise ConfigError(f"[judge].threshold must be within 1..5, got {self.threshold}")
+
+
+@dataclass(frozen=True)
+class OptimizerSection:
+    steps: int = 3
+    candidates_per_step: int = 4
+    temperature: float = 1.0
+    max_history: int = 20
+    min_history_score: float = 0.0
+    exemplars: int = 3
+    score_scale: Literal["1-5", "0-100"] = "1-5"
+    answer_format: Literal["ins", "brackets"] = "ins"
+    max_instruction_chars: int = 400
+    max_tokens: int = 200
+    minibatch_size: int = 2
+    pruner: Literal["none", "median", "best"] = "best"
+    prune_margin: float = 0.5
+    prune_warmup_minibatches: int = 1
+    patience: int = 0
+    max_calls: int = 0
+    max_tokens_budget: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ConfigError(f"[optimizer].steps must be >= 0, got {self.steps}")
+        if self.candidates_per_step < 1:
+            raise ConfigError(f"[optimizer].candidates_per_step must be >= 1, got {self.candidates_per_step}")
+        if self.minibatch_size < 1:
+            raise ConfigError(f"[optimizer].minibatch_size must be >= 1, got {self.minibatch_size}")
+        if self.max_history < 1:
+            raise ConfigError(f"[optimizer].max_history must be >= 1, got {self.max_history}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ConfigError(f"[optimizer].temperature must be within 0..2, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class TrackingSection:
+    #: Empty: ``sqlite:///<output_dir>/mlflow.db``.
+    mlflow_uri: str = ""
+    mlflow_experiment: str = ""
+    #: Empty: ``sqlite:///<output_dir>/optuna.db``. Any Optuna RDB URL (PostgreSQL) to share a study.
+    optuna_storage: str = ""
+    study_name: str = ""
+    register_prompt: bool = True
+    prompt_name: str = ""
+    prompt_alias: str = "latest-best"
+
+
+@dataclass(frozen=True)
+class OproConfig:
+    experiment: ExperimentSection = field(default_factory=ExperimentSection)
+    data: DataSection = field(default_factory=lambda: DataSection(docs=(BUILTIN_PYTHON_REFERENCE,)))
+    rag: RAGSection = field(default_factory=RAGSection)
+    models: ModelsSection = field(default_factory=ModelsSection)
+    judge: JudgeSection = field(default_factory=JudgeSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    tracking: TrackingSection = field(default_factory=TrackingSection)
+    #: Directory relative paths are resolved against (the config file's directory).
+    base_dir: Path = field(default_factory=Path.cwd)
+    source: str = "<defaults>"
+
+    # -- derived locations -------------------------------------------------------------------
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    @property
+    def output_dir(self) -> Path:
+        return self.resolve(self.experiment.output_dir)
+
+    @property
+    def mlflow_uri(self) -> str:
+        return self.tracking.mlflow_uri or f"sqlite:///{self.output_dir / 'mlflow.db'}"
+
+    @property
+    def optuna_storage(self) -> str:
+        return self.tracking.optuna_storage or f"sqlite:///{self.output_dir / 'optuna.db'}"
+
+    @property
+    def study_name(self) -> str:
+        return self.tracking.study_name or self.experiment.name
+
+    @property
+    def prompt_name(self) -> str:
+        return self.tracking.prompt_name or f"{self.experiment.name}-qa"
+
+
+# -- generic validated construction ------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str, source: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(value, args[0], where, source)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{source}: {where} = {value!r} is not allowed; use one of {', '.join(map(repr, allowed))}")
+        return value
+    if origin is tuple:
+        (item_tp, *_rest) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: {where} must be a list of {_type_name(item_tp)}, got {type(value).__name__}")
+        return tuple(_coerce(v, item_tp, f"{where}[{i}]", source) for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {where} must be a table, got {type(value).__name__}")
+        return _build(tp, value, where, source)  # type: ignore[arg-type]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: {where} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: {where} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{source}: {where} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: {where} must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{source}: {where}: unsupported type {tp!r}")
+
+
+def _build(cls: type[Any], table: dict[str, Any], where: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("base_dir", "source")]
+    unknown = sorted(set(table) - set(names))
+    if unknown:
+        prefix = f"[{where}]." if where else ""
+        raise ConfigError(
+            f"{source}: unknown key {prefix}{unknown[0]}; allowed keys{' in [' + where + ']' if where else ''}: "
+            f"{', '.join(names)}"
+        )
+    kwargs = {}
+    for name, value in table.items():
+        key = f"{where}.{name}" if where else name
+        kwargs[name] = _coerce(value, hints[name], key, source)
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        msg = str(exc)
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+
+
+def _default_models(table: dict[str, Any], source: str) -> ModelsSection:
+    """Each role starts from its embedded default, so ``[models.judge] model = ...`` is enough."""
+    defaults = ModelsSection()
+    roles = {f.name for f in dataclasses.fields(ModelsSection)}
+    unknown = sorted(set(table) - roles)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key [models].{unknown[0]}; allowed roles: {', '.join(sorted(roles))}")
+    built = {}
+    for role in roles:
+        base = dataclasses.asdict(getattr(defaults, role))
+        override = table.get(role, {})
+        if not isinstance(override, dict):
+            raise ConfigError(f"{source}: [models.{role}] must be a table")
+        if override.get("backend", "llamacpp") != "llamacpp" and "model" not in override:
+            raise ConfigError(f"{source}: [models.{role}] sets backend = {override['backend']!r} but no `model`")
+        base.update(override)
+        built[role] = _build(ModelSection, base, f"models.{role}", source)
+    return ModelsSection(**built)
+
+
+def config_from_dict(data: dict[str, Any], *, base_dir: Path | None = None, source: str = "<dict>") -> OproConfig:
+    data = dict(data)
+    models = _default_models(data.pop("models", {}), source)
+    cfg = _build(OproConfig, data, "", source)
+    return dataclasses.replace(cfg, models=models, base_dir=(base_dir or Path.cwd()).resolve(), source=source)
+
+
+def load_config(path: str | Path) -> OproConfig:
+    """Read and validate an experiment TOML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return config_from_dict(data, base_dir=p.parent, source=str(p))
+
+
+__all__ = [
+    "BUILTIN_PYTHON_REFERENCE",
+    "DEFAULT_INSTRUCTION",
+    "EMBEDDED_STRONG_MODEL",
+    "EMBEDDED_TASK_MODEL",
+    "DataSection",
+    "EmbeddingsSection",
+    "ExperimentSection",
+    "JudgeSection",
+    "ModelSection",
+    "ModelsSection",
+    "OproConfig",
+    "OptimizerSection",
+    "RAGSection",
+    "SplitSection",
+    "TrackingSection",
+    "config_from_dict",
+    "load_config",
+]

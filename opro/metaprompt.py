@@ -1,0 +1,207 @@
+"""The OPRO meta-prompt: past instructions with scores, the task, exemplars; and candidate parsing.
+
+Follows the reference OPRO-for-RAG notebook and the OPRO paper's reference implementation: the
+best ``max_history`` pairs sorted ascending so the best come last, low scores dropped, a few
+exemplars re-drawn each step, the answer wrapped in ``<INS>...</INS>`` (or brackets).
+The notebook's flaw (it says scores range 1-5 and also describes 0/1 scoring) is fixed: the prompt
+says what the score is, a judge's mean correctness grade.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+DEFAULT_META_TEMPLATE = """\
+Your task is to write an instruction <INS> for a question-answering assistant. Below are previous \
+instructions with their scores. {score_description}
+
+{history}
+
+The instruction goes where <INS> stands in this prompt template:
+```
+{template}
+```
+The template is filled with retrieved context and a question, and the result is given to an LLM.
+
+Examples of questions and their expected answers (not the whole evaluation set):
+
+{exemplars}
+
+Write a new instruction that is different from the old ones and has a score as high as possible. \
+Keep it short (one to three sentences) and do not use curly braces. {answer_format}"""
+
+_ANSWER_FORMATS = {
+    "ins": "Write only the new instruction between <INS> and </INS>.",
+    "brackets": "Write only the new instruction between square brackets, like [your instruction].",
+}
+
+
+@dataclass(frozen=True)
+class ScoredInstruction:
+    instruction: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    query: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class MetaPromptBuilder:
+    """Renders meta-prompts. Settings here; history and exemplars come per call."""
+
+    #: The QA template with ``<INS>`` where the instruction goes.
+    template_text: str
+    max_history: int = 20
+    min_score: float = 0.0
+    score_scale: Literal["1-5", "0-100"] = "1-5"
+    answer_format: Literal["ins", "brackets"] = "ins"
+    meta_template: str = DEFAULT_META_TEMPLATE
+    max_exemplar_chars: int = 300
+
+    def select_history(self, history: Sequence[ScoredInstruction]) -> list[ScoredInstruction]:
+        """Best ``max_history`` distinct instructions at or above ``min_score``, ascending (best last)."""
+        best: dict[str, ScoredInstruction] = {}
+        for item in history:
+            if item.score < self.min_score:
+                continue
+            key = normalize_instruction(item.instruction)
+            if key not in best or item.score > best[key].score:
+                best[key] = item
+        ranked = sorted(best.values(), key=lambda s: s.score, reverse=True)[: self.max_history]
+        return sorted(ranked, key=lambda s: s.score)
+
+    def format_score(self, score: float) -> str:
+        if self.score_scale == "0-100":
+            return str(round((score - 1.0) / 4.0 * 100))
+        return f"{score:.2f}"
+
+    def score_description(self) -> str:
+        if self.score_scale == "0-100":
+            return (
+                "The score is a judge's mean correctness grade of the answers over an evaluation set, rescaled "
+                "to 0 (every answer wrong) .. 100 (every answer fully correct). Higher is better."
+            )
+        return (
+            "The score is a judge's mean correctness grade of the answers over an evaluation set, from 1 "
+            "(wrong or irrelevant) to 5 (fully correct). Higher is better."
+        )
+
+    def render(self, *, history: Sequence[ScoredInstruction], exemplars: Sequence[Exemplar]) -> str:
+        lines = [
+            f"text:\n{item.instruction}\nscore:\n{self.format_score(item.score)}\n"
+            for item in self.select_history(history)
+        ]
+        shown = []
+        for ex in exemplars:
+            shown.append(
+                f"Question: {_clip(ex.query, self.max_exemplar_chars)}\n"
+                f"Expected answer: {_clip(ex.answer, self.max_exemplar_chars)}\n"
+            )
+        return self.meta_template.format(
+            score_description=self.score_description(),
+            history="\n".join(lines) if lines else "(none yet)",
+            template=self.template_text,
+            exemplars="\n".join(shown) if shown else "(none)",
+            answer_format=_ANSWER_FORMATS[self.answer_format],
+        )
+
+
+def draw_exemplars(pool: Sequence[Exemplar], *, k: int, step: int, seed: int) -> list[Exemplar]:
+    """k exemplars for this step: re-drawn each step, reproducible from (seed, step)."""
+    if k <= 0 or not pool:
+        return []
+    rng = random.Random(f"{seed}:{step}")
+    return rng.sample(list(pool), min(k, len(pool)))
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+# -- candidate parsing and hygiene --------------------------------------------------------------
+
+_INS_RE = re.compile(r"<INS>(.*?)(?:</INS>|$)", re.S | re.I)
+_BRACKET_RE = re.compile(r"\[([^\[\]]{8,})\]", re.S)
+_LABEL_RE = re.compile(
+    r"^\s*(?:\*\*)?(?:new\s+)?(?:instruction|ins|prompt|answer)\s*(?:\(<?ins>?\))?\s*(?:\*\*)?\s*[:：-]\s*(?:\*\*)?\s*",
+    re.I,
+)
+_TEMPLATE_VAR_RE = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def extract_candidate(text: str, *, answer_format: Literal["ins", "brackets"] = "ins") -> str:
+    """The instruction inside the optimizer's reply; falls back to the first non-empty line."""
+    found = None
+    if answer_format == "ins":
+        matches = [m.strip() for m in _INS_RE.findall(text) if m.strip()]
+        found = matches[0] if matches else None
+    else:
+        m = _BRACKET_RE.search(text)
+        found = m.group(1) if m else None
+    if found is None:
+        found = next((line for line in text.splitlines() if line.strip() and line.strip() != "```"), "")
+    return clean_instruction(found)
+
+
+def clean_instruction(text: str) -> str:
+    """Strip wrappers models add: labels, quotes, code fences, markdown emphasis, stray tags."""
+    t = text.strip()
+    t = re.sub(r"</?INS>", "", t, flags=re.I).strip()
+    t = t.strip("`").strip()
+    t = _LABEL_RE.sub("", t).strip()
+    for _ in range(2):
+        if len(t) >= 2 and t[0] in "\"'“‘*" and t[-1] in "\"'”’*":
+            t = t[1:-1].strip()
+    return " ".join(t.split())
+
+
+def normalize_instruction(text: str) -> str:
+    """Key for duplicate detection: case, punctuation and spacing do not make a new instruction."""
+    t = unicodedata.normalize("NFKC", text).lower()
+    t = re.sub(r"[^\w\s]", " ", t)
+    return " ".join(t.split())
+
+
+@dataclass(frozen=True)
+class CandidateVerdict:
+    instruction: str
+    accepted: bool
+    reason: str = ""
+
+
+def check_candidate(instruction: str, *, seen: set[str], max_chars: int) -> CandidateVerdict:
+    """Reject empty, over-long, duplicate and template-breaking candidates (with the reason)."""
+    if not instruction:
+        return CandidateVerdict(instruction, False, "empty")
+    if len(instruction) > max_chars:
+        return CandidateVerdict(instruction, False, f"longer than {max_chars} characters")
+    if _TEMPLATE_VAR_RE.search(instruction):
+        return CandidateVerdict(instruction, False, "contains a template variable")
+    if "{" in instruction or "}" in instruction:
+        return CandidateVerdict(instruction, False, "contains braces that would break the template")
+    if normalize_instruction(instruction) in seen:
+        return CandidateVerdict(instruction, False, "duplicate")
+    return CandidateVerdict(instruction, True)
+
+
+__all__ = [
+    "DEFAULT_META_TEMPLATE",
+    "CandidateVerdict",
+    "Exemplar",
+    "MetaPromptBuilder",
+    "ScoredInstruction",
+    "check_candidate",
+    "clean_instruction",
+    "draw_exemplars",
+    "extract_candidate",
+    "normalize_instruction",
+]

@@ -1,0 +1,200 @@
+"""MLflow tracking of an optimization: params, per-candidate metrics, artifacts, the prompt registry.
+
+Uses an explicit :class:`mlflow.MlflowClient` (no global tracking URI is set), so several
+optimizations, tests or notebooks in one process never write into each other's stores.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opro.errors import ConfigError, OproError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+logger = logging.getLogger(__name__)
+
+_SECRET_KEY_RE = re.compile(r"(api[_-]?key|secret|token|password)$", re.I)
+
+
+def _client(tracking_uri: str) -> MlflowClient:
+    from mlflow import MlflowClient
+
+    if tracking_uri.startswith("sqlite:///"):
+        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def safe_params(params: Mapping[str, Any]) -> dict[str, str]:
+    """Flatten to MLflow params; refuse anything that looks like a secret rather than log it."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        if _SECRET_KEY_RE.search(key) and not key.endswith("_env"):
+            raise OproError(f"refusing to log parameter {key!r}: it looks like a secret")
+        text = str(value)
+        out[key] = text if len(text) <= 6000 else text[:5997] + "..."
+    return out
+
+
+def to_mlflow_template(template_text: str) -> str:
+    """``{context_str}`` -> ``{{context_str}}``: the Prompt Registry's variable syntax."""
+    return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", r"{{\1}}", template_text)
+
+
+def from_mlflow_template(template_text: str) -> str:
+    """``{{context_str}}`` -> ``{context_str}``."""
+    return re.sub(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}", r"{\1}", template_text)
+
+
+class MlflowTracker:
+    """One MLflow run per optimization, resumable by run id."""
+
+    def __init__(self, *, tracking_uri: str, experiment_name: str) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.client = _client(tracking_uri)
+        self.run_id: str | None = None
+
+    def start(self, *, run_name: str, params: Mapping[str, Any], resume_run_id: str | None = None) -> str:
+        if resume_run_id:
+            run = self.client.get_run(resume_run_id)
+            self.run_id = run.info.run_id
+            if run.info.status != "RUNNING":
+                self.client.update_run(self.run_id, status="RUNNING")
+            return self.run_id
+        exp = self.client.get_experiment_by_name(self.experiment_name)
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(self.experiment_name)
+        run = self.client.create_run(exp_id, run_name=run_name, tags={"opro.kind": "optimization"})
+        self.run_id = run.info.run_id
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in safe_params(params).items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+        return self.run_id
+
+    def _require_run(self) -> str:
+        if self.run_id is None:
+            raise OproError("MlflowTracker: call start() first")
+        return self.run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        run_id = self._require_run()
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def log_artifact(self, path: Path, *, artifact_path: str | None = None) -> None:
+        run_id = self._require_run()
+        if path.is_dir():
+            self.client.log_artifacts(run_id, str(path), artifact_path=artifact_path)
+        else:
+            self.client.log_artifact(run_id, str(path), artifact_path=artifact_path)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        run_id = self._require_run()
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, v)
+
+    def finish(self, *, status: str = "FINISHED") -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status=status)
+
+    def register_prompt(
+        self,
+        *,
+        name: str,
+        template_text: str,
+        alias: str | None,
+        commit_message: str,
+        tags: Mapping[str, str] | None = None,
+    ) -> int:
+        """Register ``template_text`` as a new version (``{{var}}`` syntax) and point ``alias`` at it."""
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+            raise ConfigError(f"prompt name {name!r}: use letters, digits, '_', '-' and '.' only")
+        version = self.client.register_prompt(
+            name=name,
+            template=to_mlflow_template(template_text),
+            commit_message=commit_message,
+            tags=dict(tags or {}),
+        )
+        if alias:
+            self.client.set_prompt_alias(name, alias=alias, version=int(version.version))
+        if self.run_id is not None:
+            self.client.link_prompt_version_to_run(self.run_id, version)
+        return int(version.version)
+
+
+def load_registered_template(*, tracking_uri: str, uri: str) -> str:
+    """``prompts:/name@alias`` or ``prompts:/name/3`` -> the template in opro's ``{var}`` syntax."""
+    client = _client(tracking_uri)
+    try:
+        prompt = client.load_prompt(uri)
+    except Exception as exc:  # MLflow raises its own exception types for a missing prompt
+        raise ConfigError(f"cannot load prompt {uri!r} from {tracking_uri}: {exc}") from exc
+    if prompt is None:
+        raise ConfigError(f"prompt {uri!r} not found in {tracking_uri}")
+    return from_mlflow_template(str(prompt.template))
+
+
+def plot_trajectory(
+    *,
+    steps: Sequence[int],
+    scores: Sequence[float | None],
+    pruned: Sequence[bool],
+    path: Path,
+    title: str = "OPRO: instruction score by step",
+) -> Path:
+    """Every candidate as a point (pruned ones hollow), best-so-far as a line, like the OPRO paper."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    done = [(s, v) for s, v, p in zip(steps, scores, pruned, strict=True) if v is not None and not p]
+    cut = [(s, v) for s, v, p in zip(steps, scores, pruned, strict=True) if v is not None and p]
+    if done:
+        ax.scatter([s for s, _ in done], [v for _, v in done], s=28, alpha=0.75, label="candidate")
+    if cut:
+        ax.scatter([s for s, _ in cut], [v for _, v in cut], s=28, facecolors="none", edgecolors="grey",
+                   label="pruned (partial mean)")
+    if done:
+        by_step: dict[int, float] = {}
+        for s, v in done:
+            by_step[s] = max(v, by_step.get(s, float("-inf")))
+        best, xs, ys = float("-inf"), [], []
+        for s in sorted(by_step):
+            best = max(best, by_step[s])
+            xs.append(s)
+            ys.append(best)
+        ax.step(xs, ys, where="post", color="C3", linewidth=2, label="best so far")
+    ax.set_xlabel("step (0 = initial instructions)")
+    ax.set_ylabel("mean judge score (1-5)")
+    ax.set_ylim(0.8, 5.2)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+__all__ = [
+    "MlflowTracker",
+    "from_mlflow_template",
+    "load_registered_template",
+    "plot_trajectory",
+    "safe_params",
+    "to_mlflow_template",
+]

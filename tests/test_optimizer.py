@@ -1,0 +1,304 @@
+"""The OPRO loop on scripted models: best is best, stopping rules, pruning, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from opro.cache import CallCache
+from opro.config import OptimizerSection
+from opro.llm import ChatClient, UsageLedger
+from opro.optimizer import OPROOptimizer
+from opro.scripted import ScriptedLLM
+
+# The fakes are also written into a child process's script (resume test), so they live in a string.
+FAKES = textwrap.dedent(
+    '''
+    import re
+    from dataclasses import dataclass
+
+    from opro.llm import ChatClient
+
+    KEYWORDS = ("context", "precise", "cite", "brief")
+
+
+    @dataclass(frozen=True)
+    class Ex:
+        query: str
+        reference_answer: str
+
+
+    class EchoProgram:
+        """Answers with the instruction itself, through a real ChatClient (cache, usage)."""
+
+        def __init__(self, client: ChatClient) -> None:
+            self.client = client
+
+        def answer(self, query, *, template):
+            return self.client.complete(f"{template}\\nQuery: {query}")
+
+
+    class KeywordJudge:
+        """Scores an answer by how many keywords its instruction has, through a real ChatClient."""
+
+        def __init__(self, client: ChatClient, slow: float = 0.0) -> None:
+            self.client = client
+
+        def evaluate(self, *, query, answer, reference):
+            reply = self.client.complete(f"Grade.\\nAnswer: {answer}\\nReference: {reference}").text
+            score = float(reply) if reply.strip() else None
+            return type("V", (), {"score": score, "invalid": score is None})()
+
+
+    def task_reply(messages, options):
+        return messages[-1].content.split("\\nQuery:")[0]
+
+
+    def judge_reply(messages, options):
+        text = messages[-1].content
+        answer = text.split("Answer: ", 1)[1].split("\\nReference:")[0].lower()
+        hits = sum(1 for k in KEYWORDS if k in answer)
+        qnum = int(re.search(r"ref(\\d+)", text).group(1))
+        # Candidates with no keyword do badly on every question; others gain one point per keyword.
+        return str(min(5, 1 + hits + (qnum % 2 if hits else 0)))
+
+
+    def optimizer_reply(messages, options):
+        words = ["Use the context", "Be precise", "Cite sources", "Be brief", "Answer well", "Try hard"]
+        i = (options.seed or 0) % 1000
+        picks = [words[(i + j) % len(words)] for j in range(1 + i % 3)]
+        return "<INS>" + ". ".join(picks) + f" (v{i}).</INS>"
+    '''
+)
+exec(FAKES)
+
+
+def _examples(n: int) -> list:
+    return [Ex(f"question {i}?", f"ref{i}") for i in range(n)]  # type: ignore[name-defined]  # noqa: F821
+
+
+@dataclass
+class Rig:
+    task: ScriptedLLM
+    judge: ScriptedLLM
+    optimizer: ScriptedLLM
+    usage: UsageLedger
+
+
+def _optimizer(tmp_path: Path, *, cache: CallCache | None = None, **settings: object) -> tuple[OPROOptimizer, Rig, object]:
+    usage = UsageLedger()
+    task = ScriptedLLM(default=task_reply)  # type: ignore[name-defined]  # noqa: F821
+    judge_llm = ScriptedLLM(default=judge_reply)  # type: ignore[name-defined]  # noqa: F821
+    opt_llm = ScriptedLLM(default=optimizer_reply)  # type: ignore[name-defined]  # noqa: F821
+    program = EchoProgram(ChatClient(task, role="task", cache=cache, usage=usage))  # type: ignore[name-defined]  # noqa: F821
+    judge = KeywordJudge(ChatClient(judge_llm, role="judge", cache=cache, usage=usage))  # type: ignore[name-defined]  # noqa: F821
+    base = {"steps": 3, "candidates_per_step": 3, "minibatch_size": 2, "pruner": "none"}
+    base.update(settings)
+    opt = OPROOptimizer(
+        optimizer_llm=ChatClient(opt_llm, role="optimizer", cache=cache, usage=usage),
+        judge=judge,
+        make_template=lambda ins: ins,
+        template_text=lambda t: f"{t}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: ",
+        settings=OptimizerSection(**base),  # type: ignore[arg-type]
+        storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+        study_name="test",
+        output_dir=tmp_path / "out",
+        usage=usage,
+        progress=False,
+    )
+    return opt, Rig(task, judge_llm, opt_llm, usage), program
+
+
+def test_loop_finds_the_best_and_keeps_complete_history(tmp_path: Path) -> None:
+    opt, rig, program = _optimizer(tmp_path)
+    result = opt.optimize(
+        program=program,  # type: ignore[arg-type]
+        optimization_set=_examples(4),
+        exemplar_set=_examples(3),
+        initial_instructions=["Answer the question."],
+    )
+    complete = [r for r in result.history if r.status == "complete"]
+    assert result.best_score == max(r.score for r in complete if r.score is not None)
+    assert result.initial_score == 1.0  # no keyword: 1 on every question
+    assert result.best_score > result.initial_score
+    assert len(result.history) == 1 + 3 * 3
+    assert {r.step for r in result.history} == {0, 1, 2, 3}
+    assert all(r.n_scored == 4 for r in result.history)
+    assert result.best_template.startswith(result.best_instruction)
+    out = tmp_path / "out"
+    lines = (out / "history.jsonl").read_text().splitlines()
+    assert len(lines) == len(result.history)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best_score"] == result.best_score
+    assert (out / "best_prompt.txt").read_text() == result.best_template
+    assert (out / "score_trajectory.png").stat().st_size > 1000
+    assert (out / "metaprompts" / "step_001.txt").exists()
+    # meta-prompt of a later step shows earlier scored instructions
+    assert "Answer the question." in (out / "metaprompts" / "step_002.txt").read_text()
+    study = optuna.load_study(study_name="test", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert len(study.trials) == len(result.history)
+    assert study.best_value == result.best_score
+
+
+def test_patience_stops_without_improvement(tmp_path: Path) -> None:
+    opt, rig, program = _optimizer(tmp_path, steps=10, patience=1)
+    result = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Use the context, be precise, cite, be brief."])  # type: ignore[arg-type]
+    # The initial instruction already scores 5: the first step cannot beat it, patience 1 stops.
+    assert result.stopped_reason == "patience"
+    assert max(r.step for r in result.history) == 1
+
+
+def test_budget_stops_the_loop(tmp_path: Path) -> None:
+    opt, rig, program = _optimizer(tmp_path, steps=10, max_calls=30)
+    result = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]
+    assert result.stopped_reason == "budget"
+    # It may finish the minibatch in flight, no more.
+    assert rig.usage.total_calls() <= 30 + 3 * 2 * 2
+
+
+def test_pruning_prunes_and_saves_calls(tmp_path: Path) -> None:
+    kwargs = {"steps": 2, "candidates_per_step": 4, "minibatch_size": 1}
+    pruned_opt, pruned_rig, program = _optimizer(tmp_path / "a", pruner="best", prune_margin=1.0, **kwargs)
+    pruned = pruned_opt.optimize(program=program, optimization_set=_examples(6), initial_instructions=["Use the context. Be precise. Cite."])  # type: ignore[arg-type]
+    full_opt, full_rig, program2 = _optimizer(tmp_path / "b", pruner="none", **kwargs)
+    full = full_opt.optimize(program=program2, optimization_set=_examples(6), initial_instructions=["Use the context. Be precise. Cite."])  # type: ignore[arg-type]
+    n_pruned = sum(1 for r in pruned.history if r.status == "pruned")
+    assert n_pruned >= 1
+    assert all(r.n_scored < 6 for r in pruned.history if r.status == "pruned")
+    assert len(pruned_rig.judge.calls) < len(full_rig.judge.calls)
+    assert pruned.best_score == full.best_score
+    study = optuna.load_study(study_name="test", storage=f"sqlite:///{tmp_path / 'a' / 'optuna.db'}")
+    assert sum(1 for t in study.trials if t.state == optuna.trial.TrialState.PRUNED) == n_pruned
+
+
+def test_warm_cache_rerun_makes_no_calls(tmp_path: Path) -> None:
+    cache = CallCache(tmp_path / "calls.sqlite")
+    opt, rig, program = _optimizer(tmp_path / "one", cache=cache, steps=1)
+    first = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]
+    opt2, rig2, program2 = _optimizer(tmp_path / "two", cache=cache, steps=1)  # fresh study, warm cache
+    second = opt2.optimize(program=program2, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]
+    assert rig2.usage.total_calls() == 0
+    assert not rig2.task.calls and not rig2.judge.calls and not rig2.optimizer.calls
+    assert [r.instruction for r in second.history] == [r.instruction for r in first.history]
+    assert second.best_score == first.best_score
+
+
+CHILD = textwrap.dedent(
+    '''
+    import sys, time
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from opro.cache import CallCache
+    from opro.config import OptimizerSection
+    from opro.llm import ChatClient, UsageLedger
+    from opro.optimizer import OPROOptimizer
+    from opro.scripted import ScriptedLLM
+    exec({fakes!r})
+    slow = float(sys.argv[1])
+
+    def slow_judge(messages, options):
+        time.sleep(slow)
+        return judge_reply(messages, options)
+
+    tmp = Path({tmp!r})
+    cache = CallCache(tmp / "calls.sqlite")
+    usage = UsageLedger()
+    task = ScriptedLLM(default=task_reply)
+    judge = ScriptedLLM(default=slow_judge)
+    optimizer = ScriptedLLM(default=optimizer_reply)
+    opt = OPROOptimizer(
+        optimizer_llm=ChatClient(optimizer, role="optimizer", cache=cache, usage=usage),
+        judge=KeywordJudge(ChatClient(judge, role="judge", cache=cache, usage=usage)),
+        make_template=lambda ins: ins,
+        template_text=lambda t: t + "\\n{{context_str}}\\n{{query_str}}",
+        settings=OptimizerSection(steps=3, candidates_per_step=3, minibatch_size=2, pruner="none"),
+        storage="sqlite:///" + str(tmp / "optuna.db"),
+        study_name="resume",
+        output_dir=tmp / "out",
+        usage=usage,
+        progress=False,
+    )
+    res = opt.optimize(program=EchoProgram(ChatClient(task, role="task", cache=cache, usage=usage)),
+                       optimization_set=[Ex(f"question {{i}}?", f"ref{{i}}") for i in range(4)],
+                       exemplar_set=[Ex("q", "ref1")], initial_instructions=["Answer."])
+    print("CALLS", len(task.calls), len(judge.calls), len(optimizer.calls))
+    print("BEST", res.best_score, len(res.history))
+    '''
+)
+
+
+def _run_child(script: Path, slow: float, **kwargs: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(script), str(slow)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)  # type: ignore[call-overload]
+
+
+def _calls(out: str) -> tuple[int, int, int]:
+    m = re.search(r"CALLS (\d+) (\d+) (\d+)", out)
+    assert m, out
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def test_resume_after_kill_loses_nothing_and_repeats_no_call(tmp_path: Path) -> None:
+    tests_dir = str(Path(__file__).parent)
+    # Reference: one uninterrupted run.
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    ref_script = ref_dir / "child.py"
+    ref_script.write_text(CHILD.format(tests=tests_dir, fakes=FAKES, tmp=str(ref_dir)))
+    ref = _run_child(ref_script, 0.0)
+    ref_out, ref_err = ref.communicate(timeout=300)
+    assert ref.returncode == 0, ref_err
+    ref_calls = _calls(ref_out)
+    ref_best = re.search(r"BEST (\S+) (\d+)", ref_out)
+    assert ref_best
+
+    # Interrupted run: SIGKILL once a few candidates are finished, then resume.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = run_dir / "child.py"
+    script.write_text(CHILD.format(tests=tests_dir, fakes=FAKES, tmp=str(run_dir)))
+    child = _run_child(script, 0.05, start_new_session=True)
+    storage = f"sqlite:///{run_dir / 'optuna.db'}"
+    deadline = time.monotonic() + 120
+    finished = 0
+    while time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.3)
+        try:
+            study = optuna.load_study(study_name="resume", storage=storage)
+        except Exception:
+            continue
+        finished = sum(1 for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
+        if finished >= 3:
+            os.killpg(child.pid, signal.SIGKILL)
+            break
+    child.wait(timeout=30)
+    assert finished >= 3, "the child finished before it could be interrupted"
+    assert child.returncode == -signal.SIGKILL
+    before = optuna.load_study(study_name="resume", storage=storage)
+    done_before = {t.user_attrs["instruction"]: t.value for t in before.trials if t.state == optuna.trial.TrialState.COMPLETE}
+
+    # Count backend calls made by the killed run from the cache contents, then resume.
+    killed_calls = len(CallCache(run_dir / "calls.sqlite"))
+    resumed = _run_child(script, 0.0)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    resumed_calls = sum(_calls(out))
+    best = re.search(r"BEST (\S+) (\d+)", out)
+    assert best
+    # Nothing lost: same number of candidates and the same best as the uninterrupted run.
+    assert best.group(1) == ref_best.group(1) and best.group(2) == ref_best.group(2)
+    # No call repeated: the killed run's calls plus the resumed run's calls are exactly the reference's.
+    assert killed_calls + resumed_calls == sum(ref_calls)
+    after = optuna.load_study(study_name="resume", storage=storage)
+    for t in after.trials:
+        if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["instruction"] in done_before:
+            assert t.number < len(before.trials)  # finished candidates were not evaluated again
