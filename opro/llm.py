@@ -249,7 +249,8 @@ class ChatClient:
         return GenerationOptions(
             temperature=temperature,
             max_tokens=max_tokens,
-            seed=(self.seed if seed is None else seed) + sample_index,
+            # Greedy decoding ignores the sample index, so the key (which holds the seed) must too.
+            seed=(self.seed if seed is None else seed) + (sample_index if temperature > 0 else 0),
             stop=tuple(stop),
             json_schema=schema,
             top_logprobs=logprobs,

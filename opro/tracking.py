@@ -68,7 +68,9 @@ class MlflowTracker:
                 self.client.update_run(self.run_id, status="RUNNING")
             return self.run_id
         exp = self.client.get_experiment_by_name(self.experiment_name)
-        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(self.experiment_name)
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(
+            self.experiment_name, artifact_location=self._artifact_location()
+        )
         run = self.client.create_run(exp_id, run_name=run_name, tags={"opro.kind": "optimization"})
         self.run_id = run.info.run_id
         from mlflow.entities import Param
@@ -77,6 +79,14 @@ class MlflowTracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
         return self.run_id
+
+    def _artifact_location(self) -> str | None:
+        # A SQLite store would put artifacts in ./mlruns of whatever directory the process runs in;
+        # keep them beside the database instead. A tracking server decides for itself.
+        if self.tracking_uri.startswith("sqlite:///"):
+            db = Path(self.tracking_uri.removeprefix("sqlite:///"))
+            return (db.parent / "mlartifacts").resolve().as_uri()
+        return None
 
     def _require_run(self) -> str:
         if self.run_id is None:
@@ -129,8 +139,18 @@ class MlflowTracker:
         if alias:
             self.client.set_prompt_alias(name, alias=alias, version=int(version.version))
         if self.run_id is not None:
-            self.client.link_prompt_version_to_run(self.run_id, version)
+            self._link_prompt(version)
         return int(version.version)
+
+    def _link_prompt(self, version: Any) -> None:
+        # MlflowClient.link_prompt_version_to_run looks the run up in the *global* tracking store, not
+        # this client's; set the same tag (what the UI reads) through this client instead.
+        from mlflow.tracing.constant import TraceTagKey
+        from mlflow.tracing.utils.prompt import update_linked_prompts_tag
+
+        run_id = self._require_run()
+        current = self.client.get_run(run_id).data.tags.get(TraceTagKey.LINKED_PROMPTS)
+        self.client.set_tag(run_id, TraceTagKey.LINKED_PROMPTS, update_linked_prompts_tag(current, [version]))
 
 
 def load_registered_template(*, tracking_uri: str, uri: str) -> str:

@@ -1,0 +1,284 @@
+"""An experiment: everything a config names, built once and shared by optimize / evaluate / compare.
+
+Collaborators are built lazily and passed explicitly (no global settings): the model pool, one
+:class:`ChatClient` per role over a shared call cache and usage ledger, the corpus and retriever,
+the golden dataset with its split, the RAG program and the judge.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opro.backends import ModelPool, ModelSpec
+from opro.cache import CallCache
+from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
+from opro.errors import DataError
+from opro.llm import ChatClient, UsageLedger
+from opro.paths import cache_dir, default_call_cache_path
+from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+
+if TYPE_CHECKING:
+    from llama_index.core import Document
+
+    from opro.dataset import GoldenDataset
+    from opro.judges import CorrectnessJudge
+    from opro.optimizer import OPROOptimizer, OptimizationResult
+    from opro.rag import RAGProgram
+    from opro.retrieval import Retriever
+
+logger = logging.getLogger(__name__)
+
+
+class Experiment:
+    """Builds and holds the parts of one experiment config."""
+
+    def __init__(self, config: OproConfig, *, pool: ModelPool | None = None, progress: bool | None = None) -> None:
+        self.config = config
+        self.pool = pool or ModelPool()
+        self.progress = config.experiment.progress if progress is None else progress
+        self.usage = UsageLedger()
+        self.cache: CallCache | None = None
+        if config.experiment.cache:
+            path = config.resolve(config.experiment.cache_path) if config.experiment.cache_path else default_call_cache_path()
+            self.cache = CallCache(path)
+        self._clients: dict[str, ChatClient] = {}
+
+    @classmethod
+    def from_file(cls, path: str | Path, **kwargs: Any) -> Experiment:
+        return cls(load_config(path), **kwargs)
+
+    # -- models ------------------------------------------------------------------------------
+    def spec(self, role: str) -> ModelSpec:
+        spec: ModelSpec = getattr(self.config.models, role)
+        return spec
+
+    def client(self, role: str) -> ChatClient:
+        if role not in self._clients:
+            self._clients[role] = ChatClient(
+                self.pool.get(self.spec(role)),
+                role=role,
+                cache=self.cache,
+                usage=self.usage,
+                seed=self.config.experiment.seed,
+            )
+        return self._clients[role]
+
+    # -- documents, retrieval, program -------------------------------------------------------
+    @functools.cached_property
+    def documents(self) -> list[Document]:
+        from opro.documents import load_documents
+
+        paths: list[Path] = []
+        for entry in self.config.data.docs:
+            if entry == BUILTIN_PYTHON_REFERENCE:
+                from opro.corpus import write_quickstart_corpus
+
+                paths.append(write_quickstart_corpus(self.config.output_dir / "corpus"))
+            else:
+                paths.append(self.config.resolve(entry))
+        result = load_documents(paths, skip_bad=self.config.data.skip_bad)
+        for skipped in result.skipped:
+            logger.warning("skipped %s: %s", skipped.path, skipped.reason)
+        return list(result.documents)
+
+    @functools.cached_property
+    def retriever(self) -> Retriever:
+        from opro.retrieval import build_retriever
+
+        rag = self.config.rag
+        return build_retriever(
+            documents=self.documents,
+            chunk_size=rag.chunk_size,
+            chunk_overlap=rag.chunk_overlap,
+            kind=rag.retriever,
+            top_k=rag.top_k,
+            index_dir=cache_dir() / "indexes",
+            embedder=self._embedder(),
+            progress=self.progress,
+        )
+
+    def _embedder(self) -> Any:
+        emb = self.config.rag.embeddings
+        if self.config.rag.retriever != "dense" or emb is None:
+            return None
+        from opro.retrieval import OpenAIEmbedder, SentenceTransformerEmbedder
+
+        if emb.local_path:
+            return SentenceTransformerEmbedder(model_path=self.config.resolve(emb.local_path))
+        return OpenAIEmbedder(model=emb.model, base_url=emb.base_url or None, api_key_env=emb.api_key_env)
+
+    def template(self, instruction: str) -> QATemplate:
+        return QATemplate(instruction=instruction, base=DEFAULT_BASE_TEMPLATE, position=self.config.rag.instruction_position)
+
+    @functools.cached_property
+    def program(self) -> RAGProgram:
+        from opro.rag import RAGProgram
+
+        return RAGProgram(
+            retriever=self.retriever, llm=self.client("task"), max_tokens=self.config.rag.answer_max_tokens
+        )
+
+    @functools.cached_property
+    def judge(self) -> CorrectnessJudge:
+        from opro.judges import CorrectnessJudge
+
+        j = self.config.judge
+        template: str | Path = j.template
+        if j.template.endswith((".toml", ".txt", ".md")):
+            template = self.config.resolve(j.template)
+        return CorrectnessJudge(
+            self.client("judge"),
+            template=template,
+            threshold=j.threshold,
+            structured=j.structured,
+            expected_score=j.expected_score,
+            max_tokens=j.max_tokens,
+        )
+
+    # -- dataset -----------------------------------------------------------------------------
+    @property
+    def dataset_dir(self) -> Path:
+        return self.config.output_dir / "dataset"
+
+    def _dataset_fingerprint(self) -> str:
+        d = self.config.data
+        blob = json.dumps(
+            {
+                "docs": list(d.docs),
+                "dataset": d.dataset,
+                "fields": [d.query_field, d.answer_field, d.contexts_field],
+                "questions_per_chunk": d.questions_per_chunk,
+                "max_chunks": d.max_chunks,
+                "split": [d.split.exemplar, d.split.optimization, d.split.heldout, d.split.seed],
+                "chunking": [self.config.rag.chunk_size, self.config.rag.chunk_overlap],
+                "generator": self.spec("generator").safe_dict() if not d.dataset else None,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @functools.cached_property
+    def dataset(self) -> GoldenDataset:
+        """The split golden dataset, saved in ``<output_dir>/dataset`` so every command sees one split."""
+        from opro.dataset import load_dataset
+
+        marker = self.dataset_dir / "opro_settings.txt"
+        fingerprint = self._dataset_fingerprint()
+        if marker.exists() and marker.read_text().strip() == fingerprint:
+            return load_dataset(self.dataset_dir)
+        d = self.config.data
+        if d.dataset:
+            fields = {"query_field": d.query_field, "answer_field": d.answer_field}
+            if d.contexts_field:
+                fields["contexts_field"] = d.contexts_field
+            raw = load_dataset(self.config.resolve(d.dataset), **fields)
+        else:
+            from opro.generation import generate_dataset
+            from opro.retrieval import chunk_documents
+
+            chunks = chunk_documents(
+                self.documents, chunk_size=self.config.rag.chunk_size, chunk_overlap=self.config.rag.chunk_overlap
+            )
+            raw = generate_dataset(
+                chunks=chunks,
+                llm=self.client("generator"),
+                questions_per_chunk=d.questions_per_chunk,
+                max_chunks=d.max_chunks or None,
+                progress=self.progress,
+            )
+        s = d.split
+        wanted = s.exemplar + s.optimization + s.heldout
+        if wanted > len(raw):
+            raise DataError(
+                f"{self.config.source}: [data.split] asks for {wanted} examples "
+                f"({s.exemplar} exemplar + {s.optimization} optimization + {s.heldout} held-out) but the dataset "
+                f"has {len(raw)}; lower the split sizes"
+                + ("" if d.dataset else " or raise [data].max_chunks / questions_per_chunk")
+            )
+        split = raw.with_split(exemplar=s.exemplar, optimization=s.optimization, heldout=s.heldout, seed=s.seed)
+        split.save(self.dataset_dir)
+        marker.write_text(fingerprint)
+        return split
+
+    # -- optimization ------------------------------------------------------------------------
+    def run_params(self) -> dict[str, Any]:
+        """Everything that defines the run, for MLflow (never secrets: specs carry env var names only)."""
+        cfg = self.config
+        params: dict[str, Any] = {"config": cfg.source, "seed": cfg.experiment.seed}
+        for role in ("task", "judge", "optimizer", "generator"):
+            for k, v in self.spec(role).safe_dict().items():
+                params[f"models.{role}.{k}"] = v
+        ds = self.dataset
+        assert ds.split is not None
+        params["dataset.hash"] = ds.content_hash
+        params["dataset.size"] = len(ds)
+        for name, n in ds.split.sizes.items():
+            params[f"split.{name}"] = n
+        params["split.seed"] = cfg.data.split.seed
+        for section in ("rag", "judge", "optimizer"):
+            for k, v in vars(getattr(cfg, section)).items():
+                if k != "embeddings":
+                    params[f"{section}.{k}"] = v
+        return params
+
+    def optimizer(self, *, worker_index: int = 0, num_workers: int = 1) -> OPROOptimizer:
+        from opro.optimizer import OPROOptimizer
+        from opro.tracking import MlflowTracker
+
+        cfg = self.config
+        tracker = None
+        if worker_index == 0:
+            tracker = MlflowTracker(
+                tracking_uri=cfg.mlflow_uri, experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name
+            )
+        return OPROOptimizer(
+            optimizer_llm=self.client("optimizer"),
+            judge=self.judge,
+            make_template=self.template,
+            template_text=lambda t: t.template_text,
+            settings=cfg.optimizer,
+            storage=cfg.optuna_storage,
+            study_name=cfg.study_name,
+            seed=cfg.experiment.seed,
+            tracker=tracker,
+            run_params=self.run_params() if tracker is not None else None,
+            output_dir=cfg.output_dir,
+            usage=self.usage,
+            task_workers=self.client("task").llm.max_concurrency,
+            worker_index=worker_index,
+            num_workers=num_workers,
+            progress=self.progress,
+            register_prompt=(cfg.prompt_name, cfg.tracking.prompt_alias) if cfg.tracking.register_prompt else None,
+        )
+
+    def optimize(self, *, worker_index: int = 0, num_workers: int = 1) -> OptimizationResult:
+        ds = self.dataset
+        return self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
+            program=self.program,
+            optimization_set=ds.examples_in("optimization"),
+            exemplar_set=ds.examples_in("exemplar"),
+            initial_instructions=self.config.rag.initial_instructions,
+        )
+
+    def close(self) -> None:
+        self.pool.close()
+        if self.cache is not None:
+            self.cache.close()
+
+
+def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None) -> OptimizationResult:
+    """Run the OPRO optimization an experiment config describes (the Python face of ``opro optimize``)."""
+    cfg = config if isinstance(config, OproConfig) else load_config(config)
+    exp = Experiment(cfg, progress=progress)
+    try:
+        return exp.optimize(worker_index=worker_index, num_workers=num_workers)
+    finally:
+        exp.close()
+
+
+__all__ = ["Experiment", "optimize"]

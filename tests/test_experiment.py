@@ -1,0 +1,183 @@
+"""An experiment config wired end to end on scripted models: dataset, split, loop, MLflow, registry."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from opro.backends import ModelPool
+from opro.config import config_from_dict, load_config
+from opro.errors import ConfigError, DataError
+from opro.experiment import Experiment
+from opro.llm import GenerationOptions, Message
+from opro.scripted import ScriptedLLM
+
+SECRET = "sk-test-DO-NOT-LOG-7f3a9c"
+
+DOC = """AlexNet won the ImageNet challenge in 2012. It was designed by Alex Krizhevsky.
+It used ReLU activations and dropout. It was trained on two GPUs.
+The network has five convolutional layers and three fully connected layers.
+"""
+
+
+def _qa_file(tmp_path: Path, n: int = 10) -> Path:
+    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(n)]
+    path = tmp_path / "qa.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def _judge_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    text = messages[-1].content
+    # Answers produced under an instruction mentioning "context" score 5, others 2.
+    score = 5 if "context" in text.lower() else 2
+    return json.dumps({"score": score, "reasoning": "scripted"})
+
+
+def _task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    prompt = messages[-1].content
+    return "Using the context: yes." if "context" in prompt.split("---------------------")[0].lower() else "Yes."
+
+
+def _optimizer_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    i = (options.seed or 0) % 1000
+    return f"<INS>Answer from the context, variant {i}.</INS>" if i % 2 else f"<INS>Answer plainly, variant {i}.</INS>"
+
+
+def _pool() -> ModelPool:
+    return ModelPool(
+        scripted={
+            "task": ScriptedLLM(default=_task_reply, model="task"),
+            "judge": ScriptedLLM(default=_judge_reply, model="judge"),
+            "optimizer": ScriptedLLM(default=_optimizer_reply, model="optimizer"),
+        }
+    )
+
+
+def _config(tmp_path: Path, **overrides: dict) -> dict:
+    (tmp_path / "docs").mkdir(exist_ok=True)
+    (tmp_path / "docs" / "alexnet.txt").write_text(DOC)
+    cfg = {
+        "experiment": {"name": "t", "output_dir": "out", "cache_path": "calls.sqlite"},
+        "data": {
+            "docs": ["docs"],
+            "dataset": str(_qa_file(tmp_path)),
+            "query_field": "question",
+            "answer_field": "answer",
+            "split": {"exemplar": 2, "optimization": 3, "heldout": 4, "seed": 1},
+        },
+        "rag": {"chunk_size": 64, "chunk_overlap": 0, "initial_instructions": ["Answer the question."]},
+        "models": {
+            "task": {"backend": "scripted", "model": "task", "api_key_env": "OPENAI_API_KEY"},
+            "judge": {"backend": "scripted", "model": "judge"},
+            "optimizer": {"backend": "scripted", "model": "optimizer"},
+            "generator": {"backend": "scripted", "model": "optimizer"},
+        },
+        "optimizer": {"steps": 2, "candidates_per_step": 2, "minibatch_size": 2},
+        "tracking": {"prompt_name": "qa-test"},
+    }
+    for section, values in overrides.items():
+        cfg.setdefault(section, {}).update(values)
+    return cfg
+
+
+def test_experiment_end_to_end_on_scripted_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    cfg = config_from_dict(_config(tmp_path), base_dir=tmp_path, source="test.toml")
+    exp = Experiment(cfg, pool=_pool(), progress=False)
+    result = exp.optimize()
+    exp.close()
+
+    assert result.initial_score == 2.0
+    assert result.best_score == 5.0
+    assert "context" in result.best_instruction.lower()
+    assert "{context_str}" in result.best_template and result.best_instruction in result.best_template
+    assert result.stopped_reason == "steps"
+    out = tmp_path / "out"
+    split = json.loads((out / "dataset" / "split.json").read_text())
+    assert split  # every later command sees the same split
+
+    # MLflow: one run with params, per-candidate metrics, artifacts, and the registered prompt.
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run = client.get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["models.judge.backend"] == "scripted"
+    assert params["split.optimization"] == "3" and params["split.heldout"] == "4"
+    assert params["optimizer.candidates_per_step"] == "2"
+    assert "dataset.hash" in params
+    history = client.get_metric_history(run.info.run_id, "candidate_score")
+    assert len(history) == len(result.history)
+    assert run.data.metrics["best_score"] == 5.0
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"history.jsonl", "summary.json", "best_prompt.txt", "score_trajectory.png", "metaprompts"} <= artifacts
+
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)
+    prompt = mlflow.genai.load_prompt("prompts:/qa-test@latest-best")
+    assert "{{context_str}}" in prompt.template and "{{query_str}}" in prompt.template
+    assert prompt.format(context_str="C", query_str="Q").startswith(result.best_instruction)
+
+    # The secret never reaches params, artifacts or the stores.
+    assert all(SECRET not in v for v in params.values())
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_rerun_with_warm_cache_and_same_storage_makes_no_calls(tmp_path: Path) -> None:
+    cfg = config_from_dict(_config(tmp_path), base_dir=tmp_path, source="test.toml")
+    first = Experiment(cfg, pool=_pool(), progress=False)
+    r1 = first.optimize()
+    first.close()
+    pool = _pool()
+    again = Experiment(cfg, pool=pool, progress=False)
+    r2 = again.optimize()
+    again.close()
+    assert again.usage.total_calls() == 0
+    assert r2.best_instruction == r1.best_instruction and len(r2.history) == len(r1.history)
+
+
+def test_split_larger_than_dataset_is_a_clear_error(tmp_path: Path) -> None:
+    cfg = config_from_dict(
+        _config(tmp_path, data={"split": {"exemplar": 5, "optimization": 5, "heldout": 5}}), base_dir=tmp_path, source="t.toml"
+    )
+    with pytest.raises(DataError, match=r"asks for 15 examples .* has 10"):
+        Experiment(cfg, pool=_pool(), progress=False).dataset  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"optimizer": {"stepz": 1}}, r"unknown key \[optimizer\]\.stepz"),
+        ({"rag": {"retriever": "tfidf"}}, r"rag\.retriever = 'tfidf' is not allowed; use one of 'bm25', 'dense'"),
+        ({"optimizer": {"steps": "three"}}, r"optimizer\.steps must be an integer"),
+        ({"models": {"jduge": {}}}, r"unknown key \[models\]\.jduge"),
+        ({"judge": {"threshold": 7.0}}, r"threshold must be within 1\.\.5"),
+        ({"data": {"docs": []}}, r"\[data\]\.docs is required"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path: Path, patch: dict, message: str) -> None:
+    cfg = _config(tmp_path)
+    for section, values in patch.items():
+        cfg[section] = {**cfg.get(section, {}), **values}
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(cfg, source="bad.toml")
+
+
+def test_shipped_experiment_configs_load() -> None:
+    root = Path(__file__).parents[1] / "experiments"
+    configs = sorted(root.glob("*.toml"))
+    assert {p.name for p in configs} >= {"quickstart.toml", "history_of_alexnet.toml"}
+    for path in configs:
+        cfg = load_config(path)
+        assert cfg.output_dir.is_absolute()
+        assert re.match(r"sqlite:///", cfg.mlflow_uri)
