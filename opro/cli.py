@@ -413,7 +413,10 @@ def judge_agreement(
 def _fail(exc: Exception) -> typer.Exit:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+    from rich.markup import escape
+
+    # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
     return typer.Exit(code=2)
 
 
@@ -425,6 +428,7 @@ def optimize(
 ) -> None:
     """Run the OPRO loop: propose instructions, score them on the optimization split, keep the best."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from opro.errors import OproError
@@ -448,8 +452,8 @@ def optimize(
     table.add_column("score (1-5)", justify="right")
     table.add_column("instruction")
     init = f"{result.initial_score:.3f}" if result.initial_score is not None else "n/a"
-    table.add_row("initial", init, result.initial_instruction)
-    table.add_row("best", f"{result.best_score:.3f}", result.best_instruction)
+    table.add_row("initial", init, escape(result.initial_instruction))
+    table.add_row("best", f"{result.best_score:.3f}", escape(result.best_instruction))
     console.print(table)
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(
@@ -470,9 +474,175 @@ def optimize(
             console.print(f"registered: prompts:/{exp.config.prompt_name}@{exp.config.tracking.prompt_alias}")
 
 
+@app.command()
+def evaluate(
+    config: Path = typer.Argument(..., help="Experiment TOML file."),
+    prompt: str = typer.Option("initial", help="best | initial | run:DIR | prompts:/NAME@ALIAS | FILE | text:INSTRUCTION"),
+    split: str = typer.Option("heldout", help="optimization | heldout | exemplar"),
+    metrics: str = typer.Option("", help="Extra metrics, comma-separated: faithfulness, relevancy, token_f1."),
+    out: Path | None = typer.Option(None, help="Per-question table: .csv or .json (default: both, in <output_dir>/evaluate/)."),
+    max_errors: int | None = typer.Option(None, help="Stop after this many failed questions (default: no limit)."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
+) -> None:
+    """Score one prompt on a split of the experiment's golden dataset with the correctness judge."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from opro.compare import make_extra_metrics
+    from opro.errors import ConfigError, OproError
+    from opro.evaluation import evaluate_examples
+    from opro.experiment import Experiment
+    from opro.sources import resolve_prompt
+
+    if split not in ("optimization", "heldout", "exemplar"):
+        raise _fail(ConfigError(f"--split {split!r}: use optimization, heldout or exemplar"))
+    console = Console()
+    try:
+        exp = Experiment.from_file(config, progress=False if no_progress else None)
+        try:
+            resolved = resolve_prompt(prompt, config=exp.config)
+            report = evaluate_examples(
+                program=exp.program,
+                template=resolved.template,
+                examples=exp.dataset.examples_in(split),  # type: ignore[arg-type]
+                judge=exp.judge,
+                extra_metrics=make_extra_metrics([m for m in metrics.split(",") if m.strip()], experiment=exp),
+                max_errors=max_errors,
+                progress=exp.progress,
+            )
+        finally:
+            exp.close()
+    except OproError as exc:
+        raise _fail(exc) from exc
+    console.print(f"[bold]{escape(resolved.label)}[/] on the {split} split ({report.n} questions)")
+    console.print(escape(report.summary()))
+    if out is not None:
+        written = [report.to_json(out) if out.suffix == ".json" else report.to_csv(out)]
+    else:
+        stem = exp.config.output_dir / "evaluate" / f"{split}-{resolved.kind}"
+        written = [report.to_csv(stem.with_suffix(".csv")), report.to_json(stem.with_suffix(".json"))]
+    console.print("per-question table: " + ", ".join(str(w) for w in written))
+
+
 # ---- end section: optimize ---------------------------------------------------------------------
 
 # ---- section: compare / export (owner: compare) ------------------------------------------------
+
+
+def _compare_error(exc: Exception) -> typer.Exit:
+    from rich.console import Console
+
+    from rich.markup import escape
+
+    # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+    return typer.Exit(code=2)
+
+
+@app.command()
+def compare(
+    config: Path = typer.Argument(..., help="Experiment TOML: its models, retrieval, judge and dataset split are used."),  # noqa: B008
+    prompt: list[str] = typer.Option(  # noqa: B008
+        None, "--prompt", "-p",
+        help="Prompt to compare (repeatable): best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:INSTRUCTION. "
+        "[default: best]",
+    ),
+    baseline: str = typer.Option("initial", "--baseline", help="The prompt the others are tested against (added if not given)."),
+    split: str = typer.Option("heldout", "--split", help="heldout | optimization | exemplar"),
+    metrics: str = typer.Option("", "--metrics", help="Extra metrics, comma-separated: faithfulness,relevancy,token_f1"),
+    out: Path | None = typer.Option(None, "--out", help="Report directory [default: OUTPUT_DIR/compare/NAME]"),  # noqa: B008
+    name: str | None = typer.Option(None, "--name", help="Name of the comparison [default: a timestamp]"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store [default: the config's]"),
+    mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the comparison as an MLflow run."),
+    resamples: int = typer.Option(10_000, "--resamples", min=1000, help="Bootstrap / permutation resamples."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the resampling."),
+    alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the tests."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
+) -> None:
+    """Compare prompts on the held-out split: mean with 95% CI, pass rate, win/tie/loss, paired tests."""
+    from rich.console import Console
+
+    from opro.compare import compare_prompts, save_comparison
+    from opro.errors import OproError
+    from opro.experiment import Experiment
+
+    specs = list(prompt or ["best"])
+    if baseline not in specs:
+        specs.insert(0, baseline)
+    console = Console()
+    try:
+        exp = Experiment.from_file(config, progress=False if no_progress else None)
+        try:
+            report = compare_prompts(
+                experiment=exp,
+                prompts=specs,
+                baseline=baseline,
+                split=split,
+                extra_metrics=[m for m in metrics.split(",") if m.strip()],
+                tracking_uri=tracking_uri,
+                alpha=alpha,
+                n_resamples=resamples,
+                seed=seed,
+            )
+            saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
+        finally:
+            exp.close()
+    except OproError as exc:
+        raise _compare_error(exc) from exc
+    console.print(report.rich_table())
+    for sentence in report.sentences():
+        console.print(f"- {sentence}")
+    console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
+    if saved.mlflow_run_id:
+        console.print(f"MLflow comparison run {saved.mlflow_run_id} in {tracking_uri or exp.config.mlflow_uri}")
+
+
+@app.command()
+def export(
+    spec: str = typer.Argument(
+        "best", help="The prompt: best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:INSTRUCTION."
+    ),
+    config: Path | None = typer.Option(None, "--config", "-c", help="Experiment TOML (for best, initial, defaults)."),  # noqa: B008
+    format: str = typer.Option("text", "--format", "-f", help="text | json | llamaindex | dspy | mlflow"),
+    out: Path | None = typer.Option(  # noqa: B008
+        None, "--out", "-o", help="File or directory [text/json: stdout; llamaindex/dspy: OUTPUT_DIR/export/]"
+    ),
+    alias: str | None = typer.Option(None, "--alias", help="mlflow: alias to point at the new version, e.g. production"),
+    name: str | None = typer.Option(None, "--name", help="mlflow: registered prompt name [default: the config's]"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store [default: the config's]"),
+    snippet: bool = typer.Option(True, "--snippet/--no-snippet", help="llamaindex/dspy: also write a .py snippet"),
+) -> None:
+    """Export a prompt as text, JSON, a LlamaIndex PromptTemplate, a DSPy signature or an MLflow registry version."""
+    from opro.errors import ConfigError, OproError
+    from opro.export import EXPORT_FORMATS, export_prompt
+    from opro.sources import resolve_prompt
+
+    try:
+        if format not in EXPORT_FORMATS:
+            raise ConfigError(f"--format {format!r} is not one of {', '.join(EXPORT_FORMATS)}")
+        from opro.config import load_config
+
+        cfg = load_config(config) if config is not None else None
+        resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
+        target = out
+        if target is None and format in ("llamaindex", "dspy"):
+            if cfg is None:
+                raise ConfigError(f"--format {format} writes files: give --out PATH or --config CONFIG.toml")
+            target = cfg.output_dir / "export"
+        result = export_prompt(
+            resolved, format=format, out=target, config=cfg,  # type: ignore[arg-type]
+            name=name, alias=alias, tracking_uri=tracking_uri, snippet=snippet,
+        )
+    except OproError as exc:
+        raise _compare_error(exc) from exc
+    if result.content is not None:
+        # Exactly the content (no added newline): `> prompt.txt` must round-trip byte for byte.
+        typer.echo(result.content, nl=False)
+    for path in result.paths:
+        typer.echo(f"wrote {path}", err=True)
+    if result.uri:
+        typer.echo(f"registered {result.uri}" + (f" (alias {result.alias}: prompts:/{result.uri.split('/')[1]}@{result.alias})" if result.alias else ""))
+
 
 # ---- end section: compare / export -------------------------------------------------------------
 

@@ -1,0 +1,82 @@
+"""`opro optimize` and `opro evaluate` through the command line, on scripted models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import opro.experiment
+from opro.cli import app
+from test_experiment import _config, _pool
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return str(v)
+
+
+def _write_toml(data: dict, path: Path) -> Path:
+    lines: list[str] = []
+
+    def table(prefix: str, d: dict) -> None:
+        scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
+        if prefix:
+            lines.append(f"[{prefix}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
+        for k, v in d.items():
+            if isinstance(v, dict):
+                table(f"{prefix}.{k}" if prefix else k, v)
+
+    table("", data)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def scripted_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: _pool())
+    return _write_toml(_config(tmp_path), tmp_path / "exp.toml")
+
+
+def test_optimize_then_evaluate(scripted_config: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["optimize", str(scripted_config), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "best" in result.output and "initial" in result.output
+    assert "prompts:/qa-test@latest-best" in result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["best_score"] == 5.0
+
+    result = runner.invoke(app, ["evaluate", str(scripted_config), "--prompt", "best", "--split", "heldout", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "heldout" in result.output
+    rows = json.loads((tmp_path / "out" / "evaluate" / "heldout-run.json").read_text())
+    assert rows  # the per-question table was written
+
+    out_csv = tmp_path / "init.csv"
+    result = runner.invoke(
+        app, ["evaluate", str(scripted_config), "--prompt", "initial", "--split", "optimization", "--out", str(out_csv), "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(out_csv.read_text().strip().splitlines()) == 1 + 3  # header + 3 optimization questions
+
+
+def test_cli_errors_are_clear(scripted_config: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(scripted_config.read_text().replace("[optimizer]", "[optimizer]\nstepz = 3"))
+    result = runner.invoke(app, ["optimize", str(bad)])
+    assert result.exit_code == 2
+    assert "unknown key [optimizer].stepz" in result.output
+    result = runner.invoke(app, ["evaluate", str(scripted_config), "--split", "train"])
+    assert result.exit_code == 2 and "--split 'train'" in result.output
+    result = runner.invoke(app, ["optimize", str(scripted_config), "--worker", "two"])
+    assert result.exit_code == 2 and "I/N" in result.output
