@@ -120,7 +120,7 @@ _SEED_OPT = typer.Option(0, "--seed", help="seed of the split")
 
 @dataset_app.command("generate")
 def dataset_generate(
-    docs: list[str] = typer.Option(..., "--docs", help="PDF / .txt / .md files or directories (repeatable)"),  # noqa: B008
+    docs: list[str] = typer.Option(..., "--docs", help="PDF / .txt / .md files or directories (repeatable)"),
     out: str = typer.Option(..., "--out", help="output dataset directory"),
     chunk_size: int = typer.Option(512, "--chunk-size", min=32, help="chunk size in tokens"),
     chunk_overlap: int = typer.Option(64, "--chunk-overlap", min=0, help="chunk overlap in tokens"),
@@ -277,7 +277,7 @@ def dataset_show(
 @dataset_app.command("corpus")
 def dataset_corpus(
     out: str = typer.Option(..., "--out", help="directory to write the PDF into"),
-    topics: list[str] | None = typer.Option(None, "--topic", help="pydoc topic (repeatable) [default: a quickstart set]"),  # noqa: B008
+    topics: list[str] | None = typer.Option(None, "--topic", help="pydoc topic (repeatable) [default: a quickstart set]"),
 ) -> None:
     """Write the offline quickstart corpus: Python language reference topics rendered to a PDF."""
     from opro.corpus import QUICKSTART_TOPICS, write_quickstart_corpus
@@ -412,7 +412,6 @@ def judge_agreement(
 
 def _fail(exc: Exception) -> typer.Exit:
     from rich.console import Console
-
     from rich.markup import escape
 
     # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
@@ -531,7 +530,6 @@ def evaluate(
 
 def _compare_error(exc: Exception) -> typer.Exit:
     from rich.console import Console
-
     from rich.markup import escape
 
     # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
@@ -541,8 +539,8 @@ def _compare_error(exc: Exception) -> typer.Exit:
 
 @app.command()
 def compare(
-    config: Path = typer.Argument(..., help="Experiment TOML: its models, retrieval, judge and dataset split are used."),  # noqa: B008
-    prompt: list[str] = typer.Option(  # noqa: B008
+    config: Path = typer.Argument(..., help="Experiment TOML: its models, retrieval, judge and dataset split are used."),
+    prompt: list[str] = typer.Option(
         None, "--prompt", "-p",
         help="Prompt to compare (repeatable): best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:INSTRUCTION. "
         "[default: best]",
@@ -550,7 +548,7 @@ def compare(
     baseline: str = typer.Option("initial", "--baseline", help="The prompt the others are tested against (added if not given)."),
     split: str = typer.Option("heldout", "--split", help="heldout | optimization | exemplar"),
     metrics: str = typer.Option("", "--metrics", help="Extra metrics, comma-separated: faithfulness,relevancy,token_f1"),
-    out: Path | None = typer.Option(None, "--out", help="Report directory [default: OUTPUT_DIR/compare/NAME]"),  # noqa: B008
+    out: Path | None = typer.Option(None, "--out", help="Report directory [default: OUTPUT_DIR/compare/NAME]"),
     name: str | None = typer.Option(None, "--name", help="Name of the comparison [default: a timestamp]"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store [default: the config's]"),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the comparison as an MLflow run."),
@@ -602,9 +600,9 @@ def export(
     spec: str = typer.Argument(
         "best", help="The prompt: best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:INSTRUCTION."
     ),
-    config: Path | None = typer.Option(None, "--config", "-c", help="Experiment TOML (for best, initial, defaults)."),  # noqa: B008
+    config: Path | None = typer.Option(None, "--config", "-c", help="Experiment TOML (for best, initial, defaults)."),
     format: str = typer.Option("text", "--format", "-f", help="text | json | llamaindex | dspy | mlflow"),
-    out: Path | None = typer.Option(  # noqa: B008
+    out: Path | None = typer.Option(
         None, "--out", "-o", help="File or directory [text/json: stdout; llamaindex/dspy: OUTPUT_DIR/export/]"
     ),
     alias: str | None = typer.Option(None, "--alias", help="mlflow: alias to point at the new version, e.g. production"),

@@ -56,7 +56,7 @@ class GenerationOptions:
     max_tokens: int = 512
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    # A JSON schema (as canonical JSON text, so the dataclass stays hashable) the reply must follow.
+    # A JSON schema (as JSON text in the caller's key order, so the dataclass stays hashable) the reply must follow.
     json_schema: str | None = None
     # Ask for the top-N alternatives of each generated token (judges' expected score).
     top_logprobs: int | None = None
@@ -244,7 +244,9 @@ class ChatClient:
     ) -> GenerationOptions:
         schema = None
         if json_schema is not None and self.llm.supports_json_schema:
-            schema = json.dumps(json_schema, sort_keys=True)
+            # Keep the caller's key order: grammar-constrained backends (llama.cpp) and OpenAI
+            # structured outputs generate properties in schema order, so sorting would change replies.
+            schema = json.dumps(json_schema)
         logprobs = top_logprobs if (top_logprobs and self.llm.supports_logprobs) else None
         return GenerationOptions(
             temperature=temperature,

@@ -17,26 +17,23 @@ from dataclasses import dataclass
 from typing import Literal
 
 DEFAULT_META_TEMPLATE = """\
-Your task is to write an instruction <INS> for a question-answering assistant. Below are previous \
+Your task is to write an instruction for a question-answering assistant. Below are previous \
 instructions with their scores. {score_description}
 
 {history}
 
-The instruction goes where <INS> stands in this prompt template:
-```
+The instruction is placed where <INS> stands in this prompt, which is then given to the assistant:
 {template}
-```
-The template is filled with retrieved context and a question, and the result is given to an LLM.
 
 Examples of questions and their expected answers (not the whole evaluation set):
 
 {exemplars}
 
 Write a new instruction that is different from the old ones and has a score as high as possible. \
-Keep it short (one to three sentences) and do not use curly braces. {answer_format}"""
+It should tell the assistant how to answer; keep it to one to three sentences. {answer_format}"""
 
 _ANSWER_FORMATS = {
-    "ins": "Write only the new instruction between <INS> and </INS>.",
+    "ins": "Reply with the new instruction only, between <INS> and </INS>.",
     "brackets": "Write only the new instruction between square brackets, like [your instruction].",
 }
 
@@ -108,10 +105,15 @@ class MetaPromptBuilder:
         return self.meta_template.format(
             score_description=self.score_description(),
             history="\n".join(lines) if lines else "(none yet)",
-            template=self.template_text,
+            template=_show_template(self.template_text),
             exemplars="\n".join(shown) if shown else "(none)",
             answer_format=_ANSWER_FORMATS[self.answer_format],
         )
+
+
+def _show_template(template_text: str) -> str:
+    """The QA template with readable slots: small optimizer models copy ``{context_str}`` verbatim."""
+    return template_text.replace("{context_str}", "[retrieved context]").replace("{query_str}", "[question]").strip()
 
 
 def draw_exemplars(pool: Sequence[Exemplar], *, k: int, step: int, seed: int) -> list[Exemplar]:

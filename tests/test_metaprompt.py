@@ -48,7 +48,7 @@ def test_render_contains_scores_template_exemplars_and_honest_scale() -> None:
     )
     assert text.index("Be precise.") < text.index("Cite the context.")  # ascending
     assert "3.25" in text and "4.50" in text
-    assert "{context_str}" in text and "<INS>" in text
+    assert "[retrieved context]" in text and "<INS>" in text and "{context_str}" not in text
     assert "What is AlexNet?" in text and "A convolutional network." in text
     assert "from 1" in text and "to 5" in text
     assert "score 0" not in text and "score of 1" not in text  # the reference notebook's 0/1 flaw is gone

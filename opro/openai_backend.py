@@ -1,0 +1,375 @@
+"""Backend ``openai``: any OpenAI-compatible chat-completions endpoint through the ``openai`` SDK.
+
+The SDK's own retries are off (``max_retries=0``); :class:`RetryPolicy` retries 429 / 5xx /
+timeouts / connection errors with exponential backoff and full jitter, honours ``Retry-After``,
+and stops after ``max_retries`` retries or ``max_retry_wait_s`` seconds in all. 400 / 401 / 403 /
+404 / 422 fail at once with :class:`LLMAuthError` / :class:`LLMBadRequestError`.
+
+The API key is read from the environment variable named by ``api_key_env`` when the backend is
+built; it never appears in :meth:`describe`, :attr:`identity`, ``repr`` or error messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from opro.errors import (
+    ConfigError,
+    LLMAuthError,
+    LLMBadRequestError,
+    LLMConnectionError,
+    LLMError,
+    LLMRateLimitError,
+    LLMServerError,
+    LLMTimeoutError,
+)
+from opro.llm import LLM, Completion, GenerationOptions, Message
+
+if TYPE_CHECKING:
+    import openai
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
+# Servers such as llama.cpp's or vLLM's accept any key; the SDK insists on a non-empty one.
+_NO_KEY = "no-key-needed"
+
+
+def _is_local(base_url: str) -> bool:
+    host = (urlparse(base_url).hostname or "").lower()
+    return host in _LOCAL_HOSTS or host.endswith(".localhost")
+
+
+def parse_retry_after(headers: Mapping[str, str] | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from ``Retry-After`` (seconds or an HTTP date) or OpenAI's ``retry-after-ms``."""
+    if not headers:
+        return None
+    lower = {k.lower(): v for k, v in headers.items()}
+    ms = lower.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = lower.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter, bounded in count and total time."""
+
+    max_retries: int = 5
+    max_retry_wait_s: float = 120.0
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            raise ConfigError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.max_retry_wait_s < 0:
+            raise ConfigError(f"max_retry_wait_s must be >= 0, got {self.max_retry_wait_s}")
+        if self.backoff_base_s < 0 or self.backoff_max_s < 0:
+            raise ConfigError("backoff_base_s and backoff_max_s must be >= 0")
+
+    def delay(self, retry: int, error: LLMError, rng: random.Random) -> float:
+        """Wait before retry number ``retry`` (0-based): the server's Retry-After wins when given."""
+        if isinstance(error, LLMRateLimitError) and error.retry_after is not None:
+            return error.retry_after
+        return rng.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * (2**retry)))
+
+    def next_wait(self, retry: int, error: LLMError, started: float, rng: random.Random) -> float | None:
+        """Seconds to sleep before retrying, or None to give up."""
+        if not is_retryable(error) or retry >= self.max_retries:
+            return None
+        wait = self.delay(retry, error, rng)
+        if time.monotonic() - started + wait > self.max_retry_wait_s:
+            return None
+        return wait
+
+
+def is_retryable(error: LLMError) -> bool:
+    return isinstance(error, LLMRateLimitError | LLMServerError | LLMTimeoutError | LLMConnectionError)
+
+
+class OpenAILLM(LLM):
+    """Chat completions from an OpenAI-compatible server."""
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout_s: float = 60.0,
+        max_retries: int = 5,
+        max_retry_wait_s: float = 120.0,
+        max_concurrency: int = 8,
+        json_schema: bool = True,
+        extra_headers: Mapping[str, str] | None = None,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        logprobs: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        if not model:
+            raise ConfigError("OpenAILLM needs a model name (for example model='gpt-4o-mini').")
+        if timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be > 0, got {timeout_s}")
+        if max_concurrency < 1:
+            raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self._model = model
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.api_key_env = api_key_env
+        self.timeout_s = float(timeout_s)
+        self.max_concurrency = max_concurrency
+        self.supports_json_schema = json_schema
+        self.supports_logprobs = logprobs
+        self.policy = RetryPolicy(
+            max_retries=max_retries,
+            max_retry_wait_s=max_retry_wait_s,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+        )
+        self._extra_headers = dict(extra_headers or {})
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+        self._api_key = self._read_key()  # kept private; never logged
+        try:
+            import openai
+        except ImportError as exc:  # pragma: no cover - openai is a core dependency
+            raise ConfigError("the openai backend needs the `openai` package: pip install openai") from exc
+        self._client = openai.OpenAI(
+            api_key=self._api_key,
+            base_url=self.base_url,
+            max_retries=0,
+            timeout=self.timeout_s,
+            default_headers=self._extra_headers or None,
+        )
+        # One async client per event loop: httpx async pools must not cross loops.
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _read_key(self) -> str:
+        key = os.environ.get(self.api_key_env, "")
+        if key:
+            return key
+        if _is_local(self.base_url):
+            return _NO_KEY
+        raise ConfigError(
+            f"the openai backend for {self.base_url} needs an API key: set the environment variable "
+            f"{self.api_key_env} (or name another one with api_key_env)."
+        )
+
+    # -- identity ------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def identity(self) -> str:
+        return f"openai:{self.base_url}:{self._model}"
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "provider": self.provider,
+            "model": self._model,
+            "base_url": self.base_url,
+            "api_key_env": self.api_key_env,
+            "timeout_s": str(self.timeout_s),
+            "max_retries": str(self.policy.max_retries),
+        }
+
+    def __repr__(self) -> str:
+        return f"OpenAILLM(model={self._model!r}, base_url={self.base_url!r}, api_key_env={self.api_key_env!r})"
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _request(self, messages: tuple[Message, ...], options: GenerationOptions) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": self._model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "temperature": options.temperature,
+            "max_tokens": options.max_tokens,
+            "timeout": self.timeout_s,
+        }
+        if options.seed is not None:
+            kwargs["seed"] = options.seed
+        if options.stop:
+            kwargs["stop"] = list(options.stop)
+        schema = options.schema()
+        if schema is not None and self.supports_json_schema:
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "response", "schema": schema, "strict": False},
+            }
+        if options.top_logprobs and self.supports_logprobs:
+            kwargs["logprobs"] = True
+            kwargs["top_logprobs"] = options.top_logprobs
+        return kwargs
+
+    def _completion(self, response: Any, latency: float) -> Completion:
+        choices = getattr(response, "choices", None) or []
+        if not choices:
+            raise LLMServerError("the server returned no choices", model=self._model, provider=self.provider)
+        choice = choices[0]
+        text = choice.message.content or ""
+        top: tuple[dict[str, float], ...] | None = None
+        content = getattr(getattr(choice, "logprobs", None), "content", None)
+        if content:
+            top = tuple({alt.token: float(alt.logprob) for alt in (tok.top_logprobs or [])} for tok in content)
+        usage = getattr(response, "usage", None)
+        return Completion(
+            text=text,
+            model=getattr(response, "model", None) or self._model,
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            latency_s=latency,
+            top_logprobs=top,
+            finish_reason=choice.finish_reason,
+        )
+
+    def convert_error(self, exc: BaseException) -> LLMError:
+        """Map an ``openai`` SDK exception to the opro error tree (with model, provider, status)."""
+        import openai
+
+        where: dict[str, Any] = {"model": self._model, "provider": self.provider}
+        if isinstance(exc, LLMError):
+            return exc
+        if isinstance(exc, openai.APITimeoutError):
+            return LLMTimeoutError(f"request to {self.base_url} timed out after {self.timeout_s:g} s", **where)
+        if isinstance(exc, openai.APIConnectionError):
+            return LLMConnectionError(f"cannot reach {self.base_url}: {exc}", **where)
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            detail = _error_detail(exc)
+            if status == 429:
+                retry_after = parse_retry_after(exc.response.headers)
+                return LLMRateLimitError(f"rate limited (429): {detail}", retry_after=retry_after, status=status, **where)
+            if status in (401, 403):
+                return LLMAuthError(
+                    f"authentication failed ({status}): {detail}; check the key in ${self.api_key_env}",
+                    status=status,
+                    **where,
+                )
+            if status == 408:
+                return LLMTimeoutError(f"server timed out (408): {detail}", status=status, **where)
+            if status == 409 or status >= 500:
+                return LLMServerError(f"server error ({status}): {detail}", status=status, **where)
+            return LLMBadRequestError(f"request rejected ({status}): {detail}", status=status, **where)
+        if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError):
+            return LLMServerError(f"unreadable response from {self.base_url}: {exc}", **where)
+        if isinstance(exc, openai.OpenAIError):
+            return LLMBadRequestError(f"openai client error: {exc}", **where)
+        return LLMError(f"unexpected error: {type(exc).__name__}: {exc}", **where)
+
+    def _give_up(self, error: LLMError, attempts: int) -> LLMError:
+        if attempts <= 1 or not is_retryable(error):
+            return error
+        cls: Callable[..., LLMError] = type(error)
+        kwargs: dict[str, Any] = {"model": error.model, "provider": error.provider, "status": error.status}
+        if isinstance(error, LLMRateLimitError):
+            kwargs["retry_after"] = error.retry_after
+        base = str(error).rsplit(" [", 1)[0]
+        return cls(f"{base} (gave up after {attempts} attempts)", **kwargs)
+
+    def _wait(self, retry: int, error: LLMError, started: float) -> float | None:
+        with self._rng_lock:
+            return self.policy.next_wait(retry, error, started, self._rng)
+
+    def generate(self, messages: tuple[Message, ...], options: GenerationOptions) -> Completion:
+        kwargs = self._request(messages, options)
+        started = time.monotonic()
+        retry = 0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                response = self._client.chat.completions.create(**kwargs)
+            except Exception as exc:
+                error = self.convert_error(exc)
+                wait = self._wait(retry, error, started)
+                if wait is None:
+                    raise self._give_up(error, retry + 1) from exc
+                time.sleep(wait)
+                retry += 1
+                continue
+            return self._completion(response, time.perf_counter() - t0)
+
+    def _async_client(self) -> openai.AsyncOpenAI:
+        import openai
+
+        loop = asyncio.get_running_loop()
+        client = self._async_clients.get(loop)
+        if client is None:
+            client = openai.AsyncOpenAI(
+                api_key=self._api_key,
+                base_url=self.base_url,
+                max_retries=0,
+                timeout=self.timeout_s,
+                default_headers=self._extra_headers or None,
+            )
+            self._async_clients[loop] = client
+        return client
+
+    async def agenerate(self, messages: tuple[Message, ...], options: GenerationOptions) -> Completion:
+        kwargs = self._request(messages, options)
+        client = self._async_client()
+        started = time.monotonic()
+        retry = 0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                response = await client.chat.completions.create(**kwargs)
+            except Exception as exc:
+                error = self.convert_error(exc)
+                wait = self._wait(retry, error, started)
+                if wait is None:
+                    raise self._give_up(error, retry + 1) from exc
+                await asyncio.sleep(wait)
+                retry += 1
+                continue
+            return self._completion(response, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self._client.close()
+        # Async clients are closed with their loops; dropping references is enough here.
+        self._async_clients.clear()
+
+
+def _error_detail(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:500]
+    return str(getattr(exc, "message", exc))[:500]
+
+
+__all__ = ["DEFAULT_BASE_URL", "OpenAILLM", "RetryPolicy", "is_retryable", "parse_retry_after"]

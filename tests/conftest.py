@@ -1,0 +1,47 @@
+"""Shared fixtures: the real embedded models, loaded once per test session.
+
+Build role clients from them in tests: ``ChatClient(embedded_task_llm, role="task")``. They skip
+(with the reason) when llama-cpp-python or the model packs are not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from opro.llm import LLM
+
+
+def _embedded(name: str) -> Iterator[LLM]:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        pytest.skip("llama-cpp-python is not installed (pip install llama-cpp-python)")
+    from opro.errors import ModelPackError
+    from opro.llamacpp_backend import LlamaCppLLM
+    from opro.models import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
+
+    pack = EMBEDDED_MODELS[name]
+    missing = [] if is_assembled(pack) else pack.missing()
+    if missing:
+        part, why = missing[0]
+        pytest.skip(f"embedded model {name} is not installed ({part.package}: {why}); {INSTALL_HINT}")
+    try:
+        llm = LlamaCppLLM(model_path=name, n_ctx=4096)
+    except ModelPackError as exc:
+        pytest.skip(f"embedded model {name} unavailable: {exc}")
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="session")
+def embedded_task_llm() -> Iterator[LLM]:
+    """The 0.5B task model (qwen2.5-coder-0.5b-instruct) on llama.cpp, n_ctx 4096."""
+    yield from _embedded("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def embedded_strong_llm() -> Iterator[LLM]:
+    """The 1.5B strong model (qwen2.5-coder-1.5b-instruct): judge, optimizer, generator."""
+    yield from _embedded("qwen2.5-coder-1.5b-instruct")

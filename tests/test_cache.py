@@ -1,0 +1,87 @@
+"""CallCache: persistence, threads and several processes on one SQLite file."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+from pathlib import Path
+
+from opro.cache import CallCache
+from opro.llm import Completion
+
+
+def _completion(i: int) -> Completion:
+    return Completion(text=f"answer {i}", model="m", prompt_tokens=i, completion_tokens=1, latency_s=0.1)
+
+
+def test_put_get_roundtrip_marks_cached(tmp_path: Path) -> None:
+    cache = CallCache(tmp_path / "c.sqlite")
+    assert cache.get("k") is None
+    cache.put("k", _completion(3))
+    got = cache.get("k")
+    assert got is not None and got.cached and got.text == "answer 3" and got.prompt_tokens == 3
+    assert len(cache) == 1
+    cache.clear()
+    assert len(cache) == 0 and cache.get("k") is None
+    cache.close()
+
+
+def test_persists_across_instances(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "c.sqlite"
+    a = CallCache(path)
+    a.put("k", _completion(1))
+    a.close()
+    b = CallCache(path)
+    hit = b.get("k")
+    assert hit is not None and hit.text == "answer 1"
+    b.close()
+
+
+def test_many_threads_write_and_read(tmp_path: Path) -> None:
+    cache = CallCache(tmp_path / "c.sqlite")
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(50):
+                key = f"t{t}-{i}"
+                cache.put(key, _completion(i))
+                hit = cache.get(key)
+                assert hit is not None and hit.text == f"answer {i}"
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(cache) == 400
+    cache.close()
+
+
+def _writer(path: str, worker: int, n: int) -> None:
+    cache = CallCache(path)
+    for i in range(n):
+        cache.put(f"p{worker}-{i}", _completion(i))
+        # Read what the other process wrote so far, to interleave reads and writes.
+        cache.get(f"p{1 - worker}-{i}")
+    cache.close()
+
+
+def test_two_processes_share_one_file(tmp_path: Path) -> None:
+    path = tmp_path / "shared.sqlite"
+    CallCache(path).close()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(path), w, 100)) for w in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    cache = CallCache(path)
+    assert len(cache) == 200
+    hit = cache.get("p1-99")
+    assert hit is not None and hit.text == "answer 99"
+    cache.close()

@@ -1,0 +1,316 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from opro.errors import ConfigError, PromptError
+from opro.judges import (
+    BUILTIN_TEMPLATES,
+    CorrectnessJudge,
+    FaithfulnessJudge,
+    JudgeTemplate,
+    RelevancyJudge,
+    correctness_schema,
+    expected_score_from_logprobs,
+    get_template,
+    pack_contexts,
+    parse_score,
+    parse_yes_no,
+)
+from opro.llm import LLM, ChatClient, Completion, GenerationOptions, Message
+from opro.scripted import ScriptedLLM
+
+# (reply, expected score or None) — replies as small judges really write them.
+PARSER_TABLE = [
+    ("4.0\nThe generated answer matches the reference.", 4.0),
+    ("5", 5.0),
+    # Leading newline: LlamaIndex's default_parser reads "" as the score line and returns None.
+    ("\n4\nThe answer is correct but wordy.", 4.0),
+    # Score after reasoning: default_parser fails on the first line.
+    ("The answer is relevant but misses the year.\n3", 3.0),
+    ("Score: 5/5\nPerfect match.", 5.0),
+    ("Score: 4", 4.0),
+    ("**Score:** 4\n**Reasoning:** mostly right.", 4.0),
+    ("**Score**: 2", 2.0),
+    ("Feedback: The response is correct but incomplete. [RESULT] 3", 3.0),
+    ("Feedback: A reference answer gets Score 5; this one misses facts. [RESULT] (2)", 2.0),
+    ('{"score": 4, "reasoning": "Same facts as the reference."}', 4.0),
+    ('{"reasoning": "Wrong year.", "score": 2}', 2.0),
+    ('```json\n{"score": 5, "reasoning": "ok"}\n```', 5.0),
+    ('{"score": 3, "reasoning": "cut off by max_tok', 3.0),  # truncated JSON keeps its score
+    ("4.5\nAlmost perfect.", 4.5),
+    ("Score: 2\nOn reflection the answer is better.\nFinal score: 3", 3.0),  # final verdict wins
+    ("The answer gets a score of 4.", 4.0),
+    ("Rating: 3 out of 5", 3.0),
+    ("**4**", 4.0),
+    # Invalid: out of range, other scale, no score, empty.
+    ("7\nGreat answer.", None),
+    ("0", None),
+    ("Score: 8/10", None),
+    ('{"score": 6, "reasoning": "x"}', None),
+    ("The generated answer is relevant and correct.", None),
+    ("", None),
+    ("   \n  ", None),
+    ('{"score": "high", "reasoning": "x"}', None),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), PARSER_TABLE)
+def test_parse_score_table(reply: str, expected: float | None) -> None:
+    parsed = parse_score(reply)
+    assert parsed.score == expected
+    if expected is None:
+        assert parsed.reason  # says why
+
+
+def test_parse_score_reasoning_and_reason_texts() -> None:
+    assert parse_score('{"score": 4, "reasoning": "Same facts."}').reason == "Same facts."
+    assert parse_score("4.0\nSame facts.").reason == "Same facts."
+    assert "outside 1..5" in parse_score("7").reason
+    assert "no score" in parse_score("fine answer").reason
+    assert parse_score("").reason == "empty reply"
+
+
+def test_score_first_hint_trusts_first_line() -> None:
+    reply = "4\nThe reference answer would get\n5"
+    assert parse_score(reply, output_format="score_first").score == 4.0
+    assert parse_score(reply).score == 5.0  # without the hint, the final verdict
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_TEMPLATES))
+def test_builtin_templates_render(name: str) -> None:
+    template = BUILTIN_TEMPLATES[name]
+    msgs = template.render(query="Who won ImageNet 2012?", answer="AlexNet {x}", reference="AlexNet won.")
+    assert msgs[0].role == "system" and msgs[-1].role == "user"
+    text = "\n".join(m.content for m in msgs)
+    assert "Who won ImageNet 2012?" in text and "AlexNet {x}" in text and "AlexNet won." in text
+    assert "{query}" not in text and "{generated_answer}" not in text and "{reference_answer}" not in text
+
+
+def test_llamaindex_template_is_verbatim() -> None:
+    from llama_index.core.evaluation.correctness import DEFAULT_SYSTEM_TEMPLATE, DEFAULT_USER_TEMPLATE
+
+    t = BUILTIN_TEMPLATES["llamaindex"]
+    assert t.system == DEFAULT_SYSTEM_TEMPLATE and t.user == DEFAULT_USER_TEMPLATE
+
+
+def test_prometheus_and_fewshot_shapes() -> None:
+    p = BUILTIN_TEMPLATES["prometheus"].render(query="q", answer="a", reference="r")[-1].content
+    assert "###Reference Answer (Score 5):\nr" in p and "[RESULT]" in p
+    assert all(f"Score {i}:" in p for i in range(1, 6))
+    f = BUILTIN_TEMPLATES["fewshot"].system
+    assert all(f"-> Score: {i}" in f for i in range(1, 6))
+    assert len(f) < 1500  # kept short for the CPU judge
+
+
+def test_missing_reference_placeholder_text() -> None:
+    msgs = BUILTIN_TEMPLATES["llamaindex"].render(query="q", answer="a", reference=None)
+    assert "(NO REFERENCE ANSWER SUPPLIED)" in msgs[-1].content
+
+
+def test_custom_templates(tmp_path: Path) -> None:
+    with pytest.raises(PromptError, match="generated_answer"):
+        JudgeTemplate("bad", "sys", "Q: {query}")
+    toml = tmp_path / "mine.toml"
+    toml.write_text(
+        'system = "Grade."\nuser = "Q: {query}\\nA: {generated_answer}"\noutput_format = "score_label"\n'
+    )
+    t = get_template(toml)
+    assert t.name == "mine" and t.output_format == "score_label"
+    txt = tmp_path / "plain.txt"
+    txt.write_text('Q: {query} R: {reference_answer} A: {generated_answer} JSON like {"score": 1}')
+    t2 = get_template(str(txt))
+    rendered = t2.render(query="q", answer="a", reference="r")
+    assert rendered == (Message("user", 'Q: q R: r A: a JSON like {"score": 1}'),)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('sistem = "x"\n')
+    with pytest.raises(ConfigError, match="user"):
+        get_template(bad)
+    with pytest.raises(ConfigError, match="unknown judge template"):
+        get_template("nonexistent-template")
+
+
+def _client(llm: LLM) -> ChatClient:
+    return ChatClient(llm, role="judge")
+
+
+def test_judge_structured_uses_schema_and_parses() -> None:
+    llm = ScriptedLLM(default='{"score": 4, "reasoning": "Matches."}')
+    judge = CorrectnessJudge(_client(llm))
+    r = judge.evaluate(query="q", answer="a", reference="r")
+    assert (r.score, r.passing, r.feedback, r.invalid) == (4.0, True, "Matches.", False)
+    _, options = llm.calls[0]
+    assert options.temperature == 0.0
+    assert json.loads(options.json_schema or "{}") == correctness_schema(reasoning_first=False)
+    assert "Respond only with a JSON object" in llm.calls[0][0][-1].content
+
+
+def test_reasoning_first_schema_order() -> None:
+    schema = correctness_schema(reasoning_first=True)
+    assert list(schema["properties"]) == ["reasoning", "score"]
+    assert schema["properties"]["score"]["enum"] == [1, 2, 3, 4, 5]
+
+
+class _PlainLLM(ScriptedLLM):
+    supports_json_schema = False
+
+
+def test_judge_unstructured_backend_uses_template_format() -> None:
+    llm = _PlainLLM(default="\n3\nRelevant but wrong year.")
+    judge = CorrectnessJudge(_client(llm), threshold=3.5)
+    r = judge.evaluate(query="q", answer="a", reference="r")
+    assert r.score == 3.0 and r.passing is False
+    assert llm.calls[0][1].json_schema is None
+    assert "JSON" not in llm.calls[0][0][-1].content
+
+
+def test_invalid_reply_is_invalid_not_zero() -> None:
+    judge = CorrectnessJudge(_client(_PlainLLM(default="I cannot grade this.")))
+    r = judge.evaluate(query="q", answer="a", reference="r")
+    assert r.invalid and r.score is None and r.passing is None
+    assert "no score" in (r.invalid_reason or "")
+
+
+def test_empty_answer_scores_lowest_without_a_call() -> None:
+    llm = ScriptedLLM(default="5")
+    r = CorrectnessJudge(_client(llm)).evaluate(query="q", answer="  ", reference="r")
+    assert r.score == 1.0 and not r.invalid and llm.calls == []
+
+
+def test_judge_config_errors() -> None:
+    with pytest.raises(ConfigError, match="threshold"):
+        CorrectnessJudge(_client(ScriptedLLM()), threshold=7)
+    with pytest.raises(ConfigError, match="unknown judge template"):
+        CorrectnessJudge(_client(ScriptedLLM()), template="gpt-judge")
+
+
+def test_aevaluate() -> None:
+    judge = CorrectnessJudge(_client(ScriptedLLM(default='{"score": 2, "reasoning": "wrong"}')))
+    r = asyncio.run(judge.aevaluate(query="q", answer="a", reference="r"))
+    assert r.score == 2.0 and r.passing is False
+
+
+class _LogprobLLM(LLM):
+    """Returns a fixed JSON reply with per-token top logprobs."""
+
+    provider = "fake"
+    supports_json_schema = True
+    supports_logprobs = True
+
+    def __init__(self, tokens: list[dict[str, float]]) -> None:
+        self.tokens = tokens
+        self.options: GenerationOptions | None = None
+
+    @property
+    def model(self) -> str:
+        return "fake"
+
+    def generate(self, messages: tuple[Message, ...], options: GenerationOptions) -> Completion:
+        self.options = options
+        text = "".join(max(t, key=lambda k: t[k]) for t in self.tokens)
+        return Completion(text=text, model="fake", top_logprobs=tuple(self.tokens))
+
+
+def test_expected_score_from_logprobs() -> None:
+    lp = math.log
+    tokens = [
+        {'{"': 0.0},
+        {"score": 0.0},
+        {'":': 0.0},
+        {" ": 0.0},
+        {"4": lp(0.6), "5": lp(0.3), "3": lp(0.05), "x": lp(0.05)},
+        {', "reasoning": "ok"}': 0.0},
+    ]
+    llm = _LogprobLLM(tokens)
+    judge = CorrectnessJudge(_client(llm), expected_score=True)
+    r = judge.evaluate(query="q", answer="a", reference="r")
+    assert llm.options is not None and llm.options.top_logprobs == 5
+    assert r.score == 4.0
+    # (0.6*4 + 0.3*5 + 0.05*3) / 0.95
+    assert r.expected_score == pytest.approx((2.4 + 1.5 + 0.15) / 0.95)
+
+
+def test_expected_score_absent_without_logprobs() -> None:
+    assert expected_score_from_logprobs(Completion(text="4", model="m"), 0, 4.0) is None
+    judge = CorrectnessJudge(
+        _client(ScriptedLLM(default='{"score": 4, "reasoning": "x"}')), expected_score=True
+    )
+    assert judge.evaluate(query="q", answer="a", reference="r").expected_score is None
+
+
+def test_parse_yes_no() -> None:
+    assert parse_yes_no("YES") is True
+    assert parse_yes_no("no, the context says otherwise") is False
+    assert parse_yes_no('{"answer": "YES"}') is True
+    assert parse_yes_no("Maybe.") is None
+
+
+def test_pack_contexts() -> None:
+    assert pack_contexts(["aaaa", "bbbb", "", "cccc"], max_chars=10) == ["aaaa\n\nbbbb", "cccc"]
+    assert pack_contexts([], max_chars=10) == []
+
+
+def test_faithfulness_create_and_refine_stops_at_yes() -> None:
+    llm = _PlainLLM(replies=["NO", "YES"], default="NO")
+    judge = FaithfulnessJudge(_client(llm), max_context_chars=5)
+    r = judge.evaluate(answer="AlexNet won in 2012.", contexts=["ctx one", "ctx two", "ctx three"])
+    assert r.score == 1.0 and r.passing is True
+    assert len(llm.calls) == 2  # the third context is not needed once the answer is YES
+    assert "Information: AlexNet won in 2012." in llm.calls[0][0][-1].content
+    assert "existing YES/NO answer: NO" in llm.calls[1][0][-1].content
+    assert "ctx two" in llm.calls[1][0][-1].content
+
+
+def test_relevancy_no_and_invalid() -> None:
+    judge = RelevancyJudge(_client(_PlainLLM(default="NO")))
+    r = judge.evaluate(query="Who?", answer="Him.", contexts=["c1", "c2"])
+    assert r.score == 0.0 and r.passing is False and not r.invalid
+    bad = RelevancyJudge(_client(_PlainLLM(default="Hmm.")))
+    assert bad.evaluate(query="Who?", answer="Him.", contexts=["c"]).invalid
+    assert bad.evaluate(query="Who?", answer="Him.", contexts=[]).invalid
+
+
+def test_yes_no_structured_schema() -> None:
+    llm = ScriptedLLM(default='{"answer": "YES"}')
+    r = FaithfulnessJudge(_client(llm)).evaluate(answer="a", contexts=["c"])
+    assert r.passing is True and llm.calls[0][1].json_schema is not None
+    assert (
+        asyncio.run(RelevancyJudge(_client(llm)).aevaluate(query="q", answer="a", contexts=["c"])).score
+        == 1.0
+    )
+
+
+DATASET = Path(__file__).parents[1].parent / "shared/data/history_of_alexnet/rag_dataset.json"
+
+
+@pytest.mark.embedded
+def test_embedded_judge_separates_right_from_wrong(embedded_strong_llm: LLM) -> None:
+    """The real 1.5B judge: a reference answer scores high, another question's reference scores low."""
+    if not DATASET.is_file():
+        pytest.skip(f"shared dataset not found at {DATASET}")
+    examples = json.loads(DATASET.read_text(encoding="utf-8"))["examples"]
+    # Short references keep the two calls quick on CPU: pooling operations vs an RNN-applications answer.
+    right, other = examples[28], examples[140]
+    judge = CorrectnessJudge(ChatClient(embedded_strong_llm, role="judge"))
+    good = judge.evaluate(
+        query=right["query"], answer=right["reference_answer"], reference=right["reference_answer"]
+    )
+    bad = judge.evaluate(
+        query=right["query"], answer=other["reference_answer"], reference=right["reference_answer"]
+    )
+    assert not good.invalid and not bad.invalid  # the JSON schema makes replies parseable
+    assert good.score is not None and good.score >= 4, good
+    assert bad.score is not None and bad.score <= 2, bad
+    assert good.passing and not bad.passing
+
+
+def test_schema_property_order_reaches_the_backend() -> None:
+    # Grammar-constrained backends generate properties in schema order: the client must not sort them.
+    llm = ScriptedLLM(default='{"score": 4, "reasoning": "x"}')
+    CorrectnessJudge(_client(llm)).evaluate(query="q", answer="a", reference="r")
+    sent = json.loads(llm.calls[0][1].json_schema or "{}")
+    assert list(sent["properties"]) == ["score", "reasoning"]

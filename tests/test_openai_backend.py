@@ -1,0 +1,320 @@
+"""The openai backend against a fake OpenAI-compatible server on 127.0.0.1 (no network)."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from opro.errors import (
+    ConfigError,
+    LLMAuthError,
+    LLMBadRequestError,
+    LLMRateLimitError,
+    LLMServerError,
+    LLMTimeoutError,
+)
+from opro.llm import ChatClient, GenerationOptions, Message
+from opro.openai_backend import OpenAILLM, parse_retry_after
+
+SECRET = "sk-test-very-secret-0123456789"
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+
+
+def ok(text: str = "hello", *, logprobs: bool = False) -> Reply:
+    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+    if logprobs:
+        choice["logprobs"] = {
+            "content": [
+                {
+                    "token": "4",
+                    "logprob": -0.1,
+                    "bytes": None,
+                    "top_logprobs": [
+                        {"token": "4", "logprob": -0.1, "bytes": None},
+                        {"token": "5", "logprob": -2.5, "bytes": None},
+                    ],
+                }
+            ]
+        }
+    return Reply(
+        body={
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "fake-model",
+            "choices": [choice],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14},
+        }
+    )
+
+
+def error(status: int, message: str = "nope", headers: dict[str, str] | None = None) -> Reply:
+    return Reply(status=status, body={"error": {"message": message, "type": "x"}}, headers=headers or {})
+
+
+class FakeServer:
+    """Serves scripted replies in order (the last one repeats) and records the requests."""
+
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
+        self.requests: list[dict[str, Any]] = []
+        self.times: list[float] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                payload = json.loads(self.rfile.read(length) or b"{}")
+                with server._lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers), "json": payload})
+                    server.times.append(time.monotonic())
+                    reply = server.replies.pop(0) if len(server.replies) > 1 else server.replies[0]
+                if reply.delay_s:
+                    time.sleep(reply.delay_s)
+                data = json.dumps(reply.body or {}).encode()
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    for k, v in reply.headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout test)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def script(self, *replies: Reply) -> None:
+        with self._lock:
+            self.replies = list(replies)
+            self.requests.clear()
+            self.times.clear()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeServer]:
+    s = FakeServer()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def llm(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[OpenAILLM]:
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    backend = OpenAILLM(
+        model="fake-model",
+        base_url=server.url,
+        api_key_env="OPRO_TEST_KEY",
+        timeout_s=2.0,
+        max_retries=3,
+        max_retry_wait_s=10.0,
+        backoff_base_s=0.01,
+        backoff_max_s=0.05,
+        seed=0,
+    )
+    yield backend
+    backend.close()
+
+
+MSGS = (Message("user", "What is 2+2?"),)
+OPTS = GenerationOptions(temperature=0.0, max_tokens=5, seed=7)
+
+
+def test_success_maps_text_usage_and_request(server: FakeServer, llm: OpenAILLM) -> None:
+    server.script(ok("4"))
+    c = llm.generate(MSGS, GenerationOptions(max_tokens=5, seed=7, stop=("\n",), json_schema='{"type":"object"}'))
+    assert (c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason) == ("4", 11, 3, "stop")
+    assert c.latency_s > 0
+    req = server.requests[0]
+    assert req["path"] == "/v1/chat/completions"
+    assert req["headers"]["Authorization"] == f"Bearer {SECRET}"
+    body = req["json"]
+    assert body["messages"] == [{"role": "user", "content": "What is 2+2?"}]
+    assert body["seed"] == 7 and body["stop"] == ["\n"] and body["max_tokens"] == 5
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["schema"] == {"type": "object"}
+
+
+def test_top_logprobs_are_requested_and_mapped(server: FakeServer, llm: OpenAILLM) -> None:
+    server.script(ok("4", logprobs=True))
+    c = llm.generate(MSGS, GenerationOptions(top_logprobs=2))
+    assert server.requests[0]["json"]["logprobs"] is True
+    assert server.requests[0]["json"]["top_logprobs"] == 2
+    assert c.top_logprobs == ({"4": -0.1, "5": -2.5},)
+
+
+def test_429_with_retry_after_then_success(server: FakeServer, llm: OpenAILLM) -> None:
+    server.script(error(429, "slow down", {"Retry-After": "0.3"}), ok("fine"))
+    assert llm.generate(MSGS, OPTS).text == "fine"
+    assert len(server.requests) == 2
+    # The Retry-After of 0.3 s was honoured, although the jittered backoff is at most 0.05 s.
+    assert server.times[1] - server.times[0] >= 0.28
+
+
+def test_500_then_success(server: FakeServer, llm: OpenAILLM) -> None:
+    server.script(error(500), error(503), ok("after 5xx"))
+    assert llm.generate(MSGS, OPTS).text == "after 5xx"
+    assert len(server.requests) == 3
+
+
+def test_timeout_is_retried_then_raises(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    backend = OpenAILLM(
+        model="fake-model", base_url=server.url, api_key_env="OPRO_TEST_KEY", timeout_s=0.2,
+        max_retries=1, backoff_base_s=0.01, backoff_max_s=0.01,
+    )
+    server.script(Reply(delay_s=1.0, body=ok().body))
+    t0 = time.monotonic()
+    with pytest.raises(LLMTimeoutError, match="timed out") as info:
+        backend.generate(MSGS, OPTS)
+    assert time.monotonic() - t0 < 3.0
+    assert len(server.requests) == 2
+    assert info.value.model == "fake-model" and info.value.provider == "openai"
+    backend.close()
+
+
+def test_timeout_then_success(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    backend = OpenAILLM(
+        model="fake-model", base_url=server.url, api_key_env="OPRO_TEST_KEY", timeout_s=0.2,
+        max_retries=2, backoff_base_s=0.01, backoff_max_s=0.01,
+    )
+    server.script(Reply(delay_s=1.0, body=ok().body), ok("second try"))
+    assert backend.generate(MSGS, OPTS).text == "second try"
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "exc"),
+    [(401, LLMAuthError), (403, LLMAuthError), (400, LLMBadRequestError), (404, LLMBadRequestError),
+     (422, LLMBadRequestError)],
+)
+def test_client_errors_are_not_retried(server: FakeServer, llm: OpenAILLM, status: int, exc: type[Exception]) -> None:
+    server.script(error(status, "bad thing"), ok())
+    with pytest.raises(exc, match="bad thing") as info:
+        llm.generate(MSGS, OPTS)
+    assert len(server.requests) == 1
+    assert info.value.status == status  # type: ignore[attr-defined]
+    assert SECRET not in str(info.value)
+
+
+def test_retry_budget_exhausted_by_count(server: FakeServer, llm: OpenAILLM) -> None:
+    server.script(error(500, "down"))
+    with pytest.raises(LLMServerError, match="gave up after 4 attempts"):
+        llm.generate(MSGS, OPTS)
+    assert len(server.requests) == 4  # 1 + max_retries
+
+
+def test_retry_budget_exhausted_by_time(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    backend = OpenAILLM(
+        model="fake-model", base_url=server.url, api_key_env="OPRO_TEST_KEY", max_retries=10,
+        max_retry_wait_s=1.0,
+    )
+    # The server asks for 30 s: more than the 1 s budget, so we stop at once rather than sleep.
+    server.script(error(429, "quota", {"Retry-After": "30"}))
+    t0 = time.monotonic()
+    with pytest.raises(LLMRateLimitError) as info:
+        backend.generate(MSGS, OPTS)
+    assert time.monotonic() - t0 < 1.0
+    assert info.value.retry_after == pytest.approx(30.0)
+    assert len(server.requests) == 1
+    backend.close()
+
+
+def test_connection_error_is_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    backend = OpenAILLM(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_base_s=0.01)
+    from opro.errors import LLMConnectionError
+
+    with pytest.raises(LLMConnectionError, match="cannot reach"):
+        backend.generate(MSGS, OPTS)
+
+
+def test_key_never_exposed(server: FakeServer, llm: OpenAILLM) -> None:
+    assert SECRET not in repr(llm)
+    assert SECRET not in json.dumps(llm.describe())
+    assert SECRET not in llm.identity
+    assert llm.identity == f"openai:{server.url}:fake-model"
+    assert llm.describe()["api_key_env"] == "OPRO_TEST_KEY"
+
+
+def test_missing_key_for_remote_server_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPRO_MISSING_KEY", raising=False)
+    with pytest.raises(ConfigError, match="OPRO_MISSING_KEY"):
+        OpenAILLM(model="gpt-4o-mini", base_url="https://api.example.com/v1", api_key_env="OPRO_MISSING_KEY")
+
+
+def test_local_server_needs_no_key(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPRO_MISSING_KEY", raising=False)
+    backend = OpenAILLM(model="fake-model", base_url=server.url, api_key_env="OPRO_MISSING_KEY")
+    server.script(ok("local"))
+    assert backend.generate(MSGS, OPTS).text == "local"
+
+
+def test_async_path_retries(server: FakeServer, llm: OpenAILLM) -> None:
+    server.script(error(429, "wait", {"retry-after-ms": "50"}), error(502), ok("async ok"))
+    c = asyncio.run(llm.agenerate(MSGS, OPTS))
+    assert c.text == "async ok" and c.prompt_tokens == 11
+    assert len(server.requests) == 3
+    # A second event loop gets its own client.
+    server.script(error(401, "denied"))
+    with pytest.raises(LLMAuthError):
+        asyncio.run(llm.agenerate(MSGS, OPTS))
+
+
+def test_through_chat_client(server: FakeServer, llm: OpenAILLM) -> None:
+    server.script(ok("via client"))
+    client = ChatClient(llm, role="judge")
+    assert client.complete("hi", max_tokens=3).text == "via client"
+    assert client.usage.snapshot()["judge"].prompt_tokens == 11
+
+
+def test_parse_retry_after_formats() -> None:
+    assert parse_retry_after({"Retry-After": "2"}) == 2.0
+    assert parse_retry_after({"retry-after-ms": "1500"}) == 1.5
+    now = time.time()
+    date = email.utils.formatdate(now + 10, usegmt=True)
+    assert parse_retry_after({"Retry-After": date}, now=now) == pytest.approx(10, abs=1.0)
+    assert parse_retry_after({"Retry-After": "garbage"}) is None
+    assert parse_retry_after({}) is None
+
+
+def test_bad_settings_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="timeout_s"):
+        OpenAILLM(model="m", base_url="http://localhost:1/v1", timeout_s=0)
+    with pytest.raises(ConfigError, match="max_retries"):
+        OpenAILLM(model="m", base_url="http://localhost:1/v1", max_retries=-1)
