@@ -51,25 +51,30 @@ CandidateStatus = Literal["complete", "pruned", "budget", "failed"]
 
 
 class _Example(Protocol):
-    query: str
-    reference_answer: str
+    @property
+    def query(self) -> str: ...
+    @property
+    def reference_answer(self) -> str: ...
 
 
 class _Answer(Protocol):
-    text: str
+    @property
+    def text(self) -> str: ...
 
 
 class _Program(Protocol):
-    def answer(self, query: str, *, template: Any) -> _Answer: ...
+    def answer(self, query: str, *, template: Any = ...) -> _Answer: ...
 
 
 class _Verdict(Protocol):
-    score: float | None
-    invalid: bool
+    @property
+    def score(self) -> float | None: ...
+    @property
+    def invalid(self) -> bool: ...
 
 
 class _Judge(Protocol):
-    def evaluate(self, *, query: str, answer: str, reference: str) -> _Verdict: ...
+    def evaluate(self, *, query: str, answer: str, reference: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -337,7 +342,9 @@ class OPROOptimizer:
     def _score_pair(self, program: _Program, instruction: str, example: _Example) -> float | LLMError | None:
         try:
             answer = program.answer(example.query, template=self.make_template(instruction))
-            verdict = self.judge.evaluate(query=example.query, answer=answer.text, reference=example.reference_answer)
+            verdict: _Verdict = self.judge.evaluate(
+                query=example.query, answer=answer.text, reference=example.reference_answer
+            )
         except LLMError as exc:
             logger.warning("candidate %r, question %r: %s", instruction[:60], example.query[:60], exc)
             return exc
@@ -396,11 +403,12 @@ class OPROOptimizer:
         for c in live:
             mean = c.mean()
             n_scored = sum(1 for s in c.scores if s is not None)
+            n_invalid = len(c.scores) - n_scored - c.n_errors
             status: CandidateStatus = c.status if mean is not None else "failed"
             attrs = {
                 "score": mean,
                 "n_scored": n_scored,
-                "n_invalid": len(c.scores) - n_scored - c.n_errors,
+                "n_invalid": n_invalid,
                 "n_errors": c.n_errors,
                 "status": status,
                 "scores": list(c.scores),
@@ -419,7 +427,7 @@ class OPROOptimizer:
                     instruction=c.instruction,
                     score=mean,
                     n_scored=n_scored,
-                    n_invalid=int(attrs["n_invalid"]),  # type: ignore[call-overload]
+                    n_invalid=n_invalid,
                     n_errors=c.n_errors,
                     status=status,
                     trial_number=c.trial.number,

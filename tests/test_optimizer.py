@@ -120,7 +120,7 @@ def _optimizer(tmp_path: Path, *, cache: CallCache | None = None, **settings: ob
 
 
 def test_loop_finds_the_best_and_keeps_complete_history(tmp_path: Path) -> None:
-    opt, rig, program = _optimizer(tmp_path)
+    opt, _rig, program = _optimizer(tmp_path)
     result = opt.optimize(
         program=program,  # type: ignore[arg-type]
         optimization_set=_examples(4),
@@ -151,7 +151,7 @@ def test_loop_finds_the_best_and_keeps_complete_history(tmp_path: Path) -> None:
 
 
 def test_patience_stops_without_improvement(tmp_path: Path) -> None:
-    opt, rig, program = _optimizer(tmp_path, steps=10, patience=1)
+    opt, _rig, program = _optimizer(tmp_path, steps=10, patience=1)
     result = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Use the context, be precise, cite, be brief."])  # type: ignore[arg-type]
     # The initial instruction already scores 5: the first step cannot beat it, patience 1 stops.
     assert result.stopped_reason == "patience"
@@ -183,7 +183,7 @@ def test_pruning_prunes_and_saves_calls(tmp_path: Path) -> None:
 
 def test_warm_cache_rerun_makes_no_calls(tmp_path: Path) -> None:
     cache = CallCache(tmp_path / "calls.sqlite")
-    opt, rig, program = _optimizer(tmp_path / "one", cache=cache, steps=1)
+    opt, _rig, program = _optimizer(tmp_path / "one", cache=cache, steps=1)
     first = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]
     opt2, rig2, program2 = _optimizer(tmp_path / "two", cache=cache, steps=1)  # fresh study, warm cache
     second = opt2.optimize(program=program2, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]

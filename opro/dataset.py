@@ -1,0 +1,420 @@
+"""Golden QA datasets: LlamaIndex ``LabelledRagDataset`` JSON, imports, and seeded leak-free splits.
+
+An opro dataset directory holds ``rag_dataset.json`` (LlamaIndex's format, unchanged: ``examples[]``
+with ``query``, ``query_by``, ``reference_contexts``, ``reference_answer``, ``reference_answer_by``)
+and ``split.json`` (seed, requested sizes, the query indices of each split, and the content hash of
+the dataset it was made for), so every later command sees the same split.
+
+Splits are disjoint: *exemplar* (shown in the meta-prompt), *optimization* (scored during the search)
+and *heldout* (final comparison only). Questions whose normalized text is identical always land in
+the same split, so no question leaks from optimization into held-out.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import random
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from opro.errors import DataError
+
+SplitName = Literal["exemplar", "optimization", "heldout"]
+SPLIT_NAMES: tuple[SplitName, ...] = ("exemplar", "optimization", "heldout")
+DATASET_FILE = "rag_dataset.json"
+SPLIT_FILE = "split.json"
+SPLIT_FORMAT = 1
+
+QUERY_FIELDS = ("query", "question", "input", "prompt")
+ANSWER_FIELDS = ("reference_answer", "answer", "reference", "output", "expected_answer")
+CONTEXT_FIELDS = ("reference_contexts", "contexts", "context")
+
+
+def _created_by(value: Any, *, where: str, name: str) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise DataError(f"{where}: field {name!r} must be an object like {{'model_name': ..., 'type': 'ai'}} or null")
+    return {"model_name": str(value.get("model_name") or ""), "type": str(value.get("type") or "")}
+
+
+@dataclass(frozen=True)
+class Example:
+    query: str
+    reference_answer: str
+    reference_contexts: tuple[str, ...] = ()
+    query_by: Mapping[str, str] | None = None
+    reference_answer_by: Mapping[str, str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A LabelledRagDataset example (LlamaIndex's key order)."""
+        return {
+            "query": self.query,
+            "query_by": dict(self.query_by) if self.query_by is not None else None,
+            "reference_contexts": list(self.reference_contexts),
+            "reference_answer": self.reference_answer,
+            "reference_answer_by": dict(self.reference_answer_by) if self.reference_answer_by is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str) -> Example:
+        if not isinstance(data, Mapping):
+            raise DataError(f"{where}: an example must be a JSON object, got {type(data).__name__}")
+        query = data.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise DataError(f"{where}: field 'query' is missing or empty")
+        answer = data.get("reference_answer")
+        if not isinstance(answer, str) or not answer.strip():
+            raise DataError(f"{where}: field 'reference_answer' is missing or empty")
+        contexts = data.get("reference_contexts") or []
+        if isinstance(contexts, str) or not all(isinstance(c, str) for c in contexts):
+            raise DataError(f"{where}: field 'reference_contexts' must be a list of strings")
+        return cls(
+            query=query,
+            reference_answer=answer,
+            reference_contexts=tuple(contexts),
+            query_by=_created_by(data.get("query_by"), where=where, name="query_by"),
+            reference_answer_by=_created_by(data.get("reference_answer_by"), where=where, name="reference_answer_by"),
+        )
+
+
+def normalize_question(text: str) -> str:
+    """Lowercase, punctuation removed, whitespace collapsed: the leakage guard's notion of 'same question'."""
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def content_hash(examples: Iterable[Example]) -> str:
+    blob = json.dumps([e.to_json() for e in examples], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Split:
+    seed: int
+    exemplar: tuple[int, ...]
+    optimization: tuple[int, ...]
+    heldout: tuple[int, ...]
+    dataset_hash: str
+    #: What was asked for (a split may come out smaller when duplicate questions are kept together).
+    requested: Mapping[str, int | None] = field(default_factory=dict)
+
+    def indices(self, name: SplitName) -> tuple[int, ...]:
+        if name not in SPLIT_NAMES:
+            raise DataError(f"unknown split {name!r}; use one of {', '.join(SPLIT_NAMES)}")
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {n: len(self.indices(n)) for n in SPLIT_NAMES}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": SPLIT_FORMAT,
+            "seed": self.seed,
+            "requested": dict(self.requested),
+            "sizes": self.sizes,
+            "dataset_hash": self.dataset_hash,
+            "exemplar": list(self.exemplar),
+            "optimization": list(self.optimization),
+            "heldout": list(self.heldout),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str) -> Split:
+        try:
+            return cls(
+                seed=int(data["seed"]),
+                exemplar=tuple(int(i) for i in data["exemplar"]),
+                optimization=tuple(int(i) for i in data["optimization"]),
+                heldout=tuple(int(i) for i in data["heldout"]),
+                dataset_hash=str(data["dataset_hash"]),
+                requested=dict(data.get("requested") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{where}: not a valid split file ({exc!r}); re-create it with `opro dataset import`") from exc
+
+
+def make_split(
+    examples: Sequence[Example], *, exemplar: int, optimization: int, heldout: int | None, seed: int
+) -> Split:
+    """Seeded disjoint split. ``heldout=None`` takes every remaining example.
+
+    Examples are grouped by normalized question; a group is placed whole into the first split (in
+    shuffled order) with room for it, so duplicates never straddle two splits.
+    """
+    for name, size in (("exemplar", exemplar), ("optimization", optimization), ("heldout", heldout)):
+        if size is not None and size < 0:
+            raise DataError(f"split size {name}={size} must be >= 0")
+    groups: dict[str, list[int]] = {}
+    for i, e in enumerate(examples):
+        groups.setdefault(normalize_question(e.query), []).append(i)
+    order = list(groups.values())
+    random.Random(seed).shuffle(order)
+    wanted = exemplar + optimization + (heldout or 0)
+    if wanted > len(examples):
+        raise DataError(
+            f"split sizes exemplar={exemplar} + optimization={optimization} + heldout={heldout} = {wanted} "
+            f"exceed the {len(examples)} examples of the dataset; choose smaller sizes"
+        )
+    limits: dict[str, int | None] = {"exemplar": exemplar, "optimization": optimization, "heldout": heldout}
+    parts: dict[str, list[int]] = {n: [] for n in SPLIT_NAMES}
+    for group in order:
+        for name in SPLIT_NAMES:
+            limit = limits[name]
+            if limit is None or len(parts[name]) + len(group) <= limit:
+                parts[name].extend(group)
+                break
+    return Split(
+        seed=seed,
+        exemplar=tuple(sorted(parts["exemplar"])),
+        optimization=tuple(sorted(parts["optimization"])),
+        heldout=tuple(sorted(parts["heldout"])),
+        dataset_hash=content_hash(examples),
+        requested=dict(limits),
+    )
+
+
+@dataclass(frozen=True)
+class GoldenDataset:
+    examples: tuple[Example, ...]
+    split: Split | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "examples", tuple(self.examples))
+        if self.split is not None:
+            n = len(self.examples)
+            seen: set[int] = set()
+            for name in SPLIT_NAMES:
+                for i in self.split.indices(name):
+                    if not 0 <= i < n:
+                        raise DataError(f"split {name!r} refers to example {i}, but the dataset has {n} examples")
+                    if i in seen:
+                        raise DataError(f"example {i} is in more than one split")
+                    seen.add(i)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @property
+    def content_hash(self) -> str:
+        return content_hash(self.examples)
+
+    def with_split(self, *, exemplar: int, optimization: int, heldout: int | None, seed: int) -> GoldenDataset:
+        return replace(
+            self, split=make_split(self.examples, exemplar=exemplar, optimization=optimization, heldout=heldout, seed=seed)
+        )
+
+    def examples_in(self, name: SplitName) -> tuple[Example, ...]:
+        if self.split is None:
+            raise DataError("the dataset has no split; create one with .with_split(...) or `opro dataset import`")
+        return tuple(self.examples[i] for i in self.split.indices(name))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"examples": [e.to_json() for e in self.examples]}
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``rag_dataset.json`` (+ ``split.json`` when split) into ``directory``; returns it."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(out / DATASET_FILE, self.to_json())
+        split_path = out / SPLIT_FILE
+        if self.split is not None:
+            _write_json(split_path, self.split.to_json())
+        elif split_path.exists():
+            split_path.unlink()  # a stale split would no longer match the examples
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> GoldenDataset:
+        return load_dataset(path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=4, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot be read ({exc})") from exc
+
+
+def load_labelled_rag_dataset(path: str | Path) -> GoldenDataset:
+    p = Path(path)
+    data = _read_json(p)
+    if not isinstance(data, Mapping) or not isinstance(data.get("examples"), list):
+        raise DataError(f"{p}: not a LabelledRagDataset file (expected an object with an 'examples' list)")
+    examples = tuple(Example.from_json(e, where=f"{p}: examples[{i}]") for i, e in enumerate(data["examples"]))
+    if not examples:
+        raise DataError(f"{p}: the dataset has no examples")
+    return GoldenDataset(examples)
+
+
+def load_dataset(path: str | Path, **fields: Any) -> GoldenDataset:
+    """Load an opro dataset directory, a LabelledRagDataset JSON, or QA records (JSON / JSONL / CSV).
+
+    Extra keyword arguments (``query_field``, ``answer_field``, ``contexts_field``) go to
+    :func:`import_qa` for plain records.
+    """
+    p = Path(path)
+    if p.is_dir():
+        ds_path = p / DATASET_FILE
+        if not ds_path.exists():
+            raise DataError(f"{p}: not an opro dataset directory (no {DATASET_FILE}); create one with `opro dataset import`")
+        dataset = load_labelled_rag_dataset(ds_path)
+        split_path = p / SPLIT_FILE
+        if split_path.exists():
+            split = Split.from_json(_read_json(split_path), where=str(split_path))
+            if split.dataset_hash != dataset.content_hash:
+                raise DataError(
+                    f"{split_path}: the split was made for different dataset contents (hash {split.dataset_hash[:12]} "
+                    f"!= {dataset.content_hash[:12]}); {ds_path} changed after splitting: re-import it to re-split"
+                )
+            dataset = replace(dataset, split=split)
+        return dataset
+    if not p.exists():
+        raise DataError(f"{p}: no such file or directory")
+    if p.suffix.lower() == ".json" and not fields:
+        data = _read_json(p)
+        if isinstance(data, Mapping) and "examples" in data:
+            return load_labelled_rag_dataset(p)
+    return import_qa(p, **fields)
+
+
+def _pick_field(explicit: str | None, candidates: Sequence[str], keys: Iterable[str], *, what: str, where: str) -> str:
+    keys = list(keys)
+    if explicit is not None:
+        return explicit
+    for c in candidates:
+        if c in keys:
+            return c
+    raise DataError(
+        f"{where}: no {what} field found (looked for {', '.join(candidates)}; the record has {', '.join(keys) or 'no fields'}); "
+        f"name it with --{what}-field"
+    )
+
+
+def _records(p: Path) -> list[tuple[str, Mapping[str, Any]]]:
+    """(location, record) pairs from JSON (list or {'examples'/'data': [...]}), JSONL or CSV."""
+    suffix = p.suffix.lower()
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    if suffix == ".jsonl":
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataError(f"{p}: cannot be read ({exc})") from exc
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{p}: line {n}: invalid JSON ({exc.msg})") from exc
+            if not isinstance(rec, Mapping):
+                raise DataError(f"{p}: line {n}: expected a JSON object, got {type(rec).__name__}")
+            out.append((f"{p}: line {n}", rec))
+    elif suffix == ".csv":
+        try:
+            with p.open(encoding="utf-8", newline="") as fh:
+                for n, row in enumerate(csv.DictReader(fh), start=2):  # row 1 is the header
+                    out.append((f"{p}: row {n}", row))
+        except (OSError, UnicodeDecodeError, csv.Error) as exc:
+            raise DataError(f"{p}: cannot be read as CSV ({exc})") from exc
+    elif suffix == ".json":
+        data = _read_json(p)
+        if isinstance(data, Mapping):
+            data = data.get("examples", data.get("data"))
+        if not isinstance(data, list):
+            raise DataError(f"{p}: expected a JSON list of records (or an object with an 'examples' list)")
+        for n, rec in enumerate(data):
+            if not isinstance(rec, Mapping):
+                raise DataError(f"{p}: record {n}: expected a JSON object, got {type(rec).__name__}")
+            out.append((f"{p}: record {n}", rec))
+    else:
+        raise DataError(f"{p}: unsupported dataset file type {suffix!r}; use .json, .jsonl or .csv (or an opro dataset dir)")
+    if not out:
+        raise DataError(f"{p}: no records found")
+    return out
+
+
+def _contexts(value: Any, *, where: str, name: str) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):  # a JSON list inside a CSV cell
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                return (value,)
+        else:
+            return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise DataError(f"{where}: field {name!r} must be a string or a list of strings")
+
+
+def import_qa(
+    path: str | Path,
+    *,
+    query_field: str | None = None,
+    answer_field: str | None = None,
+    contexts_field: str | None = None,
+    created_by: Mapping[str, str] | None = None,
+) -> GoldenDataset:
+    """Plain question/answer records from JSON, JSONL or CSV; field names detected unless given.
+
+    ``created_by`` (e.g. ``{"model_name": "", "type": "human"}``) fills ``query_by`` and
+    ``reference_answer_by``; default null (unknown), as LlamaIndex allows.
+    """
+    p = Path(path)
+    records = _records(p)
+    first_where, first = records[0]
+    qf = _pick_field(query_field, QUERY_FIELDS, first.keys(), what="query", where=first_where)
+    af = _pick_field(answer_field, ANSWER_FIELDS, first.keys(), what="answer", where=first_where)
+    cf = contexts_field
+    if cf is None:
+        cf = next((c for c in CONTEXT_FIELDS if c in first), None)
+    by = dict(created_by) if created_by is not None else None
+    examples: list[Example] = []
+    for where, rec in records:
+        for name in (qf, af) + ((contexts_field,) if contexts_field else ()):
+            if name not in rec:
+                raise DataError(f"{where}: missing field {name!r} (the record has: {', '.join(map(str, rec.keys()))})")
+        q, a = rec[qf], rec[af]
+        if not isinstance(q, str) or not q.strip():
+            raise DataError(f"{where}: field {qf!r} is empty or not text")
+        if not isinstance(a, str) or not a.strip():
+            raise DataError(f"{where}: field {af!r} is empty or not text")
+        ctx = _contexts(rec.get(cf) if cf else None, where=where, name=cf or "")
+        examples.append(
+            Example(query=q.strip(), reference_answer=a.strip(), reference_contexts=ctx, query_by=by, reference_answer_by=by)
+        )
+    return GoldenDataset(tuple(examples))
+
+
+__all__ = [
+    "DATASET_FILE",
+    "SPLIT_FILE",
+    "SPLIT_NAMES",
+    "Example",
+    "GoldenDataset",
+    "Split",
+    "SplitName",
+    "content_hash",
+    "import_qa",
+    "load_dataset",
+    "load_labelled_rag_dataset",
+    "make_split",
+    "normalize_question",
+]

@@ -1,0 +1,286 @@
+"""Synthetic golden datasets: questions per chunk, then a reference answer per question, by the strong model.
+
+The prompts are LlamaIndex's dataset-generator prompts (the reference notebook's "Teacher/Professor"
+question query and the default text-QA template), with one line added asking for a numbered list,
+which small local models need to produce parseable output. Calls run at temperature 0 through a
+:class:`~opro.llm.ChatClient`, so with a call cache a rerun (or a resumed, interrupted run) is free.
+
+Dropped: empty questions, duplicates and near-duplicates (token Jaccard or ``difflib`` ratio), and
+answers saying the context does not contain the answer.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Literal
+
+from opro.dataset import Example, GoldenDataset, normalize_question
+from opro.errors import ConfigError, DataError
+from opro.llm import ChatClient, Completion, Message
+from opro.progress import ProgressBar, progress_bar
+from opro.retrieval import Chunk
+
+# The reference notebook's question query (LlamaIndex DatasetGenerator's default), verbatim.
+DEFAULT_QUESTION_QUERY = (
+    "You are a Teacher/Professor. Your task is to setup {num_questions_per_chunk} questions for an upcoming "
+    "quiz/examination. The questions should be diverse in nature across the document. Restrict the questions "
+    "to the context information provided."
+)
+# LlamaIndex's DEFAULT_QUESTION_GENERATION_PROMPT plus an output-format line.
+DEFAULT_QUESTION_TEMPLATE = (
+    "Context information is below.\n"
+    "---------------------\n"
+    "{context_str}\n"
+    "---------------------\n"
+    "Given the context information and not prior knowledge.\n"
+    "generate only questions based on the below query.\n"
+    "{query_str}\n"
+    "Write exactly {num_questions_per_chunk} questions, one per line, numbered 1., 2., ... and nothing else."
+)
+# LlamaIndex's DEFAULT_TEXT_QA_PROMPT_TMPL (what its generator answers with).
+DEFAULT_ANSWER_TEMPLATE = (
+    "Context information is below.\n"
+    "---------------------\n"
+    "{context_str}\n"
+    "---------------------\n"
+    "Given the context information and not prior knowledge, answer the query.\n"
+    "Query: {query_str}\n"
+    "Answer: "
+)
+
+_NOT_IN_CONTEXT = re.compile(
+    r"(context|text|passage|document|information provided)[^.]{0,40}\b(does not|doesn't|do not|did not|is not|isn't)\b"
+    r"[^.]{0,30}\b(contain|provide|mention|include|specify|state|say|give|discuss|cover|address|describe)"
+    r"|\bnot\s+(mentioned|provided|stated|specified|found|included|given|discussed|available|covered)\b[^.]{0,30}"
+    r"\b(in|by)\s+the\s+(context|text|passage|document|information)"
+    r"|\bno\s+(relevant\s+)?information\s+(about|on|regarding)"
+    r"|\b(cannot|can't|can not|unable to)\s+(be\s+)?(answer|determine|find|infer)"
+    r"|\bi\s+(don't|do not)\s+know\b"
+    r"|\bnot\s+in\s+(the\s+)?context\b",
+    re.I,
+)
+_NUMBERING = re.compile(r"^\s*(?:[-*•]\s*)?(?:\(?(?:q(?:uestion)?\s*)?\d{1,2}[.):]\s*|[-*•]\s+)", re.I)
+
+DropReason = Literal["empty", "duplicate", "near-duplicate", "not-in-context", "empty-answer"]
+
+
+def says_not_in_context(answer: str) -> bool:
+    """Whether an answer says the context lacks the information."""
+    return bool(_NOT_IN_CONTEXT.search(answer))
+
+
+def parse_questions(text: str, *, limit: int | None = None) -> list[str]:
+    """Questions from a model's numbered / bulleted / one-per-line reply."""
+    out: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip().strip('"').strip()
+        if not line:
+            continue
+        had_marker = bool(_NUMBERING.match(line))
+        line = _NUMBERING.sub("", line).strip().strip("*").strip()
+        if not line or line.endswith(":"):  # headings such as "Questions:"
+            continue
+        if not (line.endswith("?") or had_marker):
+            continue
+        out.append(line)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def _tokens(text: str) -> set[str]:
+    return set(normalize_question(text).split())
+
+
+def is_near_duplicate(a: str, b: str, *, jaccard: float = 0.8, ratio: float = 0.9) -> bool:
+    ta, tb = _tokens(a), _tokens(b)
+    if ta and tb and len(ta & tb) / len(ta | tb) >= jaccard:
+        return True
+    return difflib.SequenceMatcher(None, normalize_question(a), normalize_question(b)).ratio() >= ratio
+
+
+@dataclass(frozen=True)
+class DroppedQuestion:
+    question: str
+    reason: DropReason
+    chunk_index: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    dataset: GoldenDataset
+    dropped: tuple[DroppedQuestion, ...]
+    n_chunks: int
+    completions: tuple[Completion, ...]
+
+    @property
+    def calls(self) -> int:
+        return sum(1 for c in self.completions if not c.cached)
+
+
+def select_chunks(chunks: Sequence[Chunk | str], *, max_chunks: int | None, min_chars: int = 200) -> list[tuple[int, str]]:
+    """(index, text) of usable chunks; with ``max_chunks``, evenly spaced over the corpus for diversity."""
+    usable = [(i, c.text if isinstance(c, Chunk) else c) for i, c in enumerate(chunks)]
+    usable = [(i, t) for i, t in usable if len(t.strip()) >= min_chars]
+    if not usable:
+        raise DataError(f"no chunk has at least {min_chars} characters of text to generate questions from")
+    if max_chunks is None or max_chunks >= len(usable):
+        return usable
+    if max_chunks <= 0:
+        raise ConfigError(f"max_chunks must be positive, got {max_chunks}")
+    step = len(usable) / max_chunks
+    return [usable[int(k * step)] for k in range(max_chunks)]
+
+
+def generate_examples(
+    *,
+    chunks: Sequence[Chunk | str],
+    llm: ChatClient,
+    questions_per_chunk: int = 2,
+    max_chunks: int | None = None,
+    question_query: str = DEFAULT_QUESTION_QUERY,
+    question_template: str = DEFAULT_QUESTION_TEMPLATE,
+    answer_template: str = DEFAULT_ANSWER_TEMPLATE,
+    question_max_tokens: int | None = None,
+    answer_max_tokens: int = 160,
+    min_chunk_chars: int = 200,
+    jaccard_threshold: float = 0.8,
+    ratio_threshold: float = 0.9,
+    workers: int | None = None,
+    progress: bool = True,
+) -> GenerationResult:
+    """Generate golden examples; see :func:`generate_dataset`. Also returns what was dropped and why."""
+    if questions_per_chunk <= 0:
+        raise ConfigError(f"questions_per_chunk must be positive, got {questions_per_chunk}")
+    for name, tmpl in (("question_template", question_template), ("answer_template", answer_template)):
+        for var in ("{context_str}", "{query_str}"):
+            if var not in tmpl:
+                raise ConfigError(f"{name} must contain {var}")
+    selected = select_chunks(chunks, max_chunks=max_chunks, min_chars=min_chunk_chars)
+    q_tokens = question_max_tokens or 40 * questions_per_chunk + 16
+    query = question_query.replace("{num_questions_per_chunk}", str(questions_per_chunk))
+    # Small models often write more questions than asked: stop at the next number instead of paying for it.
+    stops = (f"\n{questions_per_chunk + 1}.", f"\n{questions_per_chunk + 1})")
+    n_workers = max(1, min(workers or llm.llm.max_concurrency, llm.llm.max_concurrency))
+    completions: list[Completion] = []
+
+    def fill(tmpl: str, context: str, q: str) -> str:
+        # str.replace, not str.format: chunk text may contain braces.
+        return (
+            tmpl.replace("{num_questions_per_chunk}", str(questions_per_chunk))
+            .replace("{query_str}", q)
+            .replace("{context_str}", context)
+        )
+
+    def ask_questions(item: tuple[int, str], bar: ProgressBar) -> tuple[int, str, Completion]:
+        idx, text = item
+        c = llm.complete(
+            [Message("user", fill(question_template, text, query))],
+            temperature=0.0,
+            max_tokens=q_tokens,
+            stop=stops,
+        )
+        bar.advance()
+        return idx, text, c
+
+    def ask_answer(item: tuple[int, str, str], bar: ProgressBar) -> Completion:
+        _, text, question = item
+        c = llm.complete(
+            [Message("user", fill(answer_template, text, question))], temperature=0.0, max_tokens=answer_max_tokens
+        )
+        bar.advance()
+        return c
+
+    dropped: list[DroppedQuestion] = []
+    kept: list[tuple[int, str, str]] = []  # (chunk index, chunk text, question)
+    with (
+        progress_bar("generating golden examples", total=len(selected), enabled=progress) as bar,
+        ThreadPoolExecutor(max_workers=n_workers) as pool,
+    ):
+            question_results = list(pool.map(lambda it: ask_questions(it, bar), selected))
+            for idx, text, c in question_results:
+                completions.append(c)
+                parsed = parse_questions(c.text, limit=questions_per_chunk)
+                if not parsed:
+                    dropped.append(DroppedQuestion(c.text.strip()[:200], "empty", idx, "no question in the reply"))
+                for q in parsed:
+                    if not normalize_question(q):
+                        dropped.append(DroppedQuestion(q, "empty", idx))
+                    elif any(normalize_question(q) == normalize_question(k[2]) for k in kept):
+                        dropped.append(DroppedQuestion(q, "duplicate", idx))
+                    elif any(is_near_duplicate(q, k[2], jaccard=jaccard_threshold, ratio=ratio_threshold) for k in kept):
+                        dropped.append(DroppedQuestion(q, "near-duplicate", idx))
+                    else:
+                        kept.append((idx, text, q))
+            bar.add_total(len(kept))
+            answers = list(pool.map(lambda it: ask_answer(it, bar), kept))
+    examples: list[Example] = []
+    by = {"model_name": llm.model, "type": "ai"}
+    for (idx, text, question), c in zip(kept, answers, strict=True):
+        completions.append(c)
+        answer = c.text.strip()
+        if not answer:
+            dropped.append(DroppedQuestion(question, "empty-answer", idx))
+        elif says_not_in_context(answer):
+            dropped.append(DroppedQuestion(question, "not-in-context", idx, answer[:200]))
+        else:
+            examples.append(
+                Example(
+                    query=question,
+                    reference_answer=answer,
+                    reference_contexts=(text,),
+                    query_by=by,
+                    reference_answer_by=by,
+                )
+            )
+    return GenerationResult(
+        dataset=GoldenDataset(tuple(examples)), dropped=tuple(dropped), n_chunks=len(selected), completions=tuple(completions)
+    )
+
+
+def generate_dataset(
+    *,
+    chunks: Sequence[Chunk | str],
+    llm: ChatClient,
+    questions_per_chunk: int = 2,
+    max_chunks: int | None = None,
+    question_query: str = DEFAULT_QUESTION_QUERY,
+    answer_max_tokens: int = 160,
+    workers: int | None = None,
+    progress: bool = True,
+) -> GoldenDataset:
+    """A golden dataset from chunks: ``questions_per_chunk`` questions each, answered from the chunk.
+
+    ``query_by`` / ``reference_answer_by`` name the generating model; the chunk is the single
+    reference context. Use :func:`generate_examples` for the list of dropped questions.
+    """
+    return generate_examples(
+        chunks=chunks,
+        llm=llm,
+        questions_per_chunk=questions_per_chunk,
+        max_chunks=max_chunks,
+        question_query=question_query,
+        answer_max_tokens=answer_max_tokens,
+        workers=workers,
+        progress=progress,
+    ).dataset
+
+
+__all__ = [
+    "DEFAULT_ANSWER_TEMPLATE",
+    "DEFAULT_QUESTION_QUERY",
+    "DEFAULT_QUESTION_TEMPLATE",
+    "DroppedQuestion",
+    "GenerationResult",
+    "generate_dataset",
+    "generate_examples",
+    "is_near_duplicate",
+    "parse_questions",
+    "says_not_in_context",
+    "select_chunks",
+]

@@ -1,0 +1,192 @@
+"""The QA prompt being optimized: an *instruction* plus a *base template*.
+
+The base template is the one of LlamaIndex's OPRO notebook (``{context_str}`` and ``{query_str}``).
+The instruction goes before it (the notebook's layout) or after the query (``position="after"``): then
+every candidate instruction shares the context-and-query prefix, which a local backend can reuse
+from its KV cache instead of re-reading the context.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from opro.errors import PromptError
+
+if TYPE_CHECKING:
+    from llama_index.core.prompts import PromptTemplate
+
+DEFAULT_BASE_TEMPLATE = "---------------------\n{context_str}\n---------------------\nQuery: {query_str}\nAnswer: "
+DEFAULT_INSTRUCTION = (
+    "You are a QA assistant. Context information is below. "
+    "Given the context information and not prior knowledge, answer the query."
+)
+TEMPLATE_VARIABLES = ("context_str", "query_str")
+Position = Literal["before", "after"]
+
+# What LlamaIndex's SafeFormatter treats as a template variable: ``{name}`` / ``{a.b}``.
+_VARIABLE = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*(?:\.[a-zA-Z_][a-zA-Z0-9_]*)*)\}")
+_ANSWER_CUE = "Answer:"
+
+
+def _check_braces(text: str, what: str) -> None:
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth < 0:
+                raise PromptError(f"{what} has an unmatched '}}' at character {i}: {text[max(0, i - 30) : i + 1]!r}")
+    if depth:
+        raise PromptError(f"{what} has {depth} unmatched '{{'; remove or balance the braces")
+
+
+def validate_instruction(text: str) -> str:
+    """Return the instruction stripped, or raise :class:`PromptError` if it would break the template.
+
+    Refused: non-string or empty text, unbalanced braces, and template variables such as
+    ``{context_str}`` or ``{anything}`` (the instruction must be plain text around the template).
+    Balanced braces that are not variables (e.g. a JSON example) are allowed: LlamaIndex's formatter
+    and :meth:`QATemplate.format` leave them as they are.
+    """
+    if not isinstance(text, str):
+        raise PromptError(f"an instruction must be a string, got {type(text).__name__}")
+    stripped = text.strip()
+    if not stripped:
+        raise PromptError("the instruction is empty")
+    _check_braces(stripped, "the instruction")
+    found = _VARIABLE.findall(stripped)
+    if found:
+        names = ", ".join("{" + n + "}" for n in dict.fromkeys(found))
+        raise PromptError(
+            f"the instruction contains template variable(s) {names}; the base template already holds "
+            "{context_str} and {query_str}: write the instruction as plain text"
+        )
+    return stripped
+
+
+def validate_base_template(base: str) -> str:
+    if not isinstance(base, str) or not base.strip():
+        raise PromptError("the base template is empty")
+    _check_braces(base, "the base template")
+    found = _VARIABLE.findall(base)
+    for name in TEMPLATE_VARIABLES:
+        if found.count(name) != 1:
+            raise PromptError(
+                f"the base template must contain {{{name}}} exactly once (found {found.count(name)}): {base!r}"
+            )
+    extra = sorted(set(found) - set(TEMPLATE_VARIABLES))
+    if extra:
+        raise PromptError(f"the base template has unknown variable(s) {extra}; allowed: {list(TEMPLATE_VARIABLES)}")
+    return base
+
+
+@dataclass(frozen=True)
+class QATemplate:
+    """An instruction placed into a base template. Empty instruction: the base template alone."""
+
+    instruction: str = DEFAULT_INSTRUCTION
+    base: str = DEFAULT_BASE_TEMPLATE
+    position: Position = "before"
+
+    def __post_init__(self) -> None:
+        if self.position not in ("before", "after"):
+            raise PromptError(f"position must be 'before' or 'after', got {self.position!r}")
+        validate_base_template(self.base)
+        if self.instruction != "":
+            object.__setattr__(self, "instruction", validate_instruction(self.instruction))
+
+    def _assemble(self, instruction: str, base: str) -> str:
+        if not instruction:
+            return base
+        if self.position == "before":
+            return f"{instruction}\n{base}"
+        # After the context and the query, right before the answer cue, so the prefix up to the query
+        # is identical for every candidate instruction.
+        cut = base.rfind(_ANSWER_CUE)
+        if cut < 0:
+            return f"{base.rstrip()}\n{instruction}\n"
+        head = base[:cut]
+        if head and not head.endswith("\n"):
+            head += "\n"
+        return f"{head}{instruction}\n{base[cut:]}"
+
+    @property
+    def template_text(self) -> str:
+        """The full template with ``{context_str}`` / ``{query_str}``.
+
+        For LlamaIndex's formatter, which substitutes known ``{name}`` variables and leaves any other
+        braces alone (it is not ``str.format``: braces are not doubled).
+        """
+        return self._assemble(self.instruction, self.base)
+
+    def format(self, *, context_str: str, query_str: str) -> str:
+        """The prompt text. Values are inserted literally (braces in documents or queries are safe)."""
+        filled = self.base.replace("{context_str}", "\0C\0").replace("{query_str}", "\0Q\0")
+        text = self._assemble(self.instruction, filled)
+        values = {"C": context_str, "Q": query_str}
+        # One pass, so a value that happens to contain the other marker is never substituted twice.
+        return re.sub("\0([CQ])\0", lambda m: values[m.group(1)], text)
+
+    def to_llama_index(self) -> PromptTemplate:
+        """A LlamaIndex ``PromptTemplate`` (for ``update_prompts`` on a query engine)."""
+        from llama_index.core.prompts import PromptTemplate
+        from llama_index.core.prompts.prompt_type import PromptType
+
+        return PromptTemplate(self.template_text, prompt_type=PromptType.QUESTION_ANSWER)
+
+    def with_instruction(self, instruction: str) -> QATemplate:
+        return QATemplate(instruction=instruction, base=self.base, position=self.position)
+
+    @classmethod
+    def from_template_text(cls, text: str, *, base: str = DEFAULT_BASE_TEMPLATE) -> QATemplate:
+        """Split a full template into instruction + base.
+
+        Recognizes ``instruction + "\\n" + base`` and the *after* layout; LlamaIndex's default QA
+        template (instruction sentences around the context block) is mapped to the default base with
+        those sentences as the instruction. Any other template with both variables becomes the base
+        with an empty instruction.
+        """
+        if text.endswith(base) and (len(text) == len(base) or text[: -len(base)].endswith("\n")):
+            return cls(instruction=text[: -len(base)].strip(), base=base)
+        cut = base.rfind(_ANSWER_CUE)
+        if cut >= 0:
+            head, tail = base[:cut], base[cut:]
+            if text.startswith(head) and text.endswith(tail):
+                middle = text[len(head) : len(text) - len(tail)].strip()
+                if middle and not _VARIABLE.search(middle):
+                    return cls(instruction=middle, base=base, position="after")
+        li = _parse_llama_index_default(text)
+        if li is not None and base == DEFAULT_BASE_TEMPLATE:
+            return cls(instruction=li, base=base)
+        return cls(instruction="", base=validate_base_template(text))
+
+
+_LI_DEFAULT = re.compile(
+    r"^(?P<pre>.*?)\n?-{5,}\n\{context_str\}\n-{5,}\n(?P<mid>.*?)\n?Query: \{query_str\}\nAnswer: ?$",
+    re.S,
+)
+
+
+def _parse_llama_index_default(text: str) -> str | None:
+    m = _LI_DEFAULT.match(text)
+    if not m:
+        return None
+    parts = [p.strip() for p in (m.group("pre"), m.group("mid")) if p.strip()]
+    joined = " ".join(parts)
+    if not joined or _VARIABLE.search(joined):
+        return None
+    return joined
+
+
+__all__ = [
+    "DEFAULT_BASE_TEMPLATE",
+    "DEFAULT_INSTRUCTION",
+    "TEMPLATE_VARIABLES",
+    "Position",
+    "QATemplate",
+    "validate_base_template",
+    "validate_instruction",
+]

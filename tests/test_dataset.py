@@ -1,0 +1,160 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opro.cli import app
+from opro.dataset import (
+    SPLIT_NAMES,
+    Example,
+    GoldenDataset,
+    import_qa,
+    load_dataset,
+    make_split,
+    normalize_question,
+)
+from opro.errors import DataError
+
+SHARED = Path(__file__).parents[1].parent / "shared/data/history_of_alexnet"
+needs_shared = pytest.mark.skipif(not (SHARED / "rag_dataset.json").exists(), reason="shared dataset not present")
+
+
+def _examples(n: int) -> tuple[Example, ...]:
+    return tuple(Example(query=f"Question number {i}?", reference_answer=f"Answer {i}.") for i in range(n))
+
+
+@needs_shared
+def test_labelled_rag_dataset_loads_as_is_and_round_trips_unchanged(tmp_path: Path) -> None:
+    original = json.loads((SHARED / "rag_dataset.json").read_text(encoding="utf-8"))
+    ds = load_dataset(SHARED / "rag_dataset.json")
+    assert len(ds) == 160 and ds.split is None
+    first = ds.examples[0]
+    assert first.query_by == {"model_name": "gpt-3.5-turbo", "type": "ai"}
+    assert len(first.reference_contexts) == 1
+    out = ds.save(tmp_path / "alexnet")
+    saved = json.loads((out / "rag_dataset.json").read_text(encoding="utf-8"))
+    assert saved == original  # same keys, values and order of examples
+    assert list(saved["examples"][0]) == ["query", "query_by", "reference_contexts", "reference_answer", "reference_answer_by"]
+    assert load_dataset(out).content_hash == ds.content_hash
+
+
+def test_split_is_disjoint_seeded_and_saved(tmp_path: Path) -> None:
+    ds = GoldenDataset(_examples(30))
+    a = ds.with_split(exemplar=3, optimization=10, heldout=None, seed=7)
+    assert a.split is not None
+    assert a.split.sizes == {"exemplar": 3, "optimization": 10, "heldout": 17}
+    sets = [set(a.split.indices(n)) for n in SPLIT_NAMES]
+    assert not (sets[0] & sets[1]) and not (sets[0] & sets[2]) and not (sets[1] & sets[2])
+    assert set().union(*sets) == set(range(30))
+    assert ds.with_split(exemplar=3, optimization=10, heldout=None, seed=7).split == a.split  # deterministic
+    assert ds.with_split(exemplar=3, optimization=10, heldout=None, seed=8).split != a.split
+    limited = ds.with_split(exemplar=2, optimization=5, heldout=5, seed=0)
+    assert limited.split is not None and limited.split.sizes == {"exemplar": 2, "optimization": 5, "heldout": 5}
+
+    path = a.save(tmp_path / "ds")
+    split_json = json.loads((path / "split.json").read_text())
+    assert split_json["seed"] == 7 and split_json["dataset_hash"] == ds.content_hash
+    assert split_json["sizes"] == {"exemplar": 3, "optimization": 10, "heldout": 17}
+    loaded = GoldenDataset.load(path)
+    assert loaded.split == a.split
+    assert loaded.examples_in("heldout") == a.examples_in("heldout")
+    with pytest.raises(DataError, match="unknown split"):
+        loaded.examples_in("train")  # type: ignore[arg-type]
+
+
+def test_split_refuses_a_changed_dataset(tmp_path: Path) -> None:
+    path = GoldenDataset(_examples(10)).with_split(exemplar=2, optimization=4, heldout=None, seed=0).save(tmp_path / "ds")
+    data = json.loads((path / "rag_dataset.json").read_text())
+    data["examples"][0]["reference_answer"] = "changed"
+    (path / "rag_dataset.json").write_text(json.dumps(data))
+    with pytest.raises(DataError, match="split was made for different dataset contents"):
+        load_dataset(path)
+
+
+def test_leakage_guard_keeps_duplicate_questions_in_one_split() -> None:
+    base = list(_examples(20))
+    dupes = [
+        Example(query="question NUMBER 3", reference_answer="Another answer."),
+        Example(query="Question number 3?!", reference_answer="Third answer."),
+        Example(query="  question   number 11. ", reference_answer="x"),
+    ]
+    examples = base + dupes
+    for seed in range(20):
+        split = make_split(examples, exemplar=3, optimization=8, heldout=None, seed=seed)
+        owner: dict[str, str] = {}
+        for name in SPLIT_NAMES:
+            for i in split.indices(name):
+                key = normalize_question(examples[i].query)
+                assert owner.setdefault(key, name) == name, f"seed {seed}: {key!r} leaks across splits"
+
+
+def test_split_sizes_are_checked() -> None:
+    with pytest.raises(DataError, match="exceed the 5 examples"):
+        make_split(_examples(5), exemplar=3, optimization=3, heldout=None, seed=0)
+    with pytest.raises(DataError, match="no split"):
+        GoldenDataset(_examples(3)).examples_in("exemplar")
+
+
+def test_import_jsonl_csv_json_with_field_names(tmp_path: Path) -> None:
+    jl = tmp_path / "qa.jsonl"
+    jl.write_text('{"q": "What is A?", "a": "A is a letter.", "ctx": ["A is the first letter."]}\n\n{"q": "What is B?", "a": "B."}\n')
+    with pytest.raises(DataError, match=r"qa\.jsonl: line 3: missing field 'ctx'"):
+        import_qa(jl, query_field="q", answer_field="a", contexts_field="ctx")
+    ds = import_qa(jl, query_field="q", answer_field="a")
+    assert [e.query for e in ds.examples] == ["What is A?", "What is B?"]
+    assert ds.examples[0].reference_contexts == ()  # contexts only when their field is named or detected
+
+    csv_path = tmp_path / "qa.csv"
+    csv_path.write_text('question,answer,contexts\nWhat is C?,C.,"[""c one"", ""c two""]"\nWhat is D?,,\n')
+    with pytest.raises(DataError, match=r"qa\.csv: row 3: field 'answer' is empty"):
+        import_qa(csv_path)
+    csv_path.write_text('question,answer,contexts\nWhat is C?,C.,"[""c one"", ""c two""]"\nWhat is D?,D.,plain ctx\n')
+    ds = load_dataset(csv_path)  # fields detected
+    assert ds.examples[0].reference_contexts == ("c one", "c two")
+    assert ds.examples[1].reference_contexts == ("plain ctx",)
+
+    js = tmp_path / "qa.json"
+    js.write_text(json.dumps([{"prompt": "What is E?", "expected_answer": "E."}]))
+    assert load_dataset(js).examples[0].reference_answer == "E."
+    js.write_text(json.dumps([{"text": "no question here"}]))
+    with pytest.raises(DataError, match=r"qa\.json: record 0: no query field found.*--query-field"):
+        load_dataset(js)
+
+
+def test_bad_files_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"examples": [')
+    with pytest.raises(DataError, match=r"broken\.json: invalid JSON at line 1"):
+        load_dataset(bad)
+    lrd = tmp_path / "lrd.json"
+    lrd.write_text(json.dumps({"examples": [{"query": "Q?", "reference_answer": ""}]}))
+    with pytest.raises(DataError, match=r"lrd\.json: examples\[0\]: field 'reference_answer' is missing or empty"):
+        load_dataset(lrd)
+    (tmp_path / "x.parquet").write_bytes(b"PAR1")
+    with pytest.raises(DataError, match=r"x\.parquet: unsupported dataset file type"):
+        load_dataset(tmp_path / "x.parquet")
+    (tmp_path / "emptydir").mkdir()
+    with pytest.raises(DataError, match="not an opro dataset directory"):
+        load_dataset(tmp_path / "emptydir")
+
+
+def test_cli_import_split_show(tmp_path: Path) -> None:
+    src = tmp_path / "qa.jsonl"
+    src.write_text("".join(json.dumps({"question": f"Q{i}?", "answer": f"A{i}"}) + "\n" for i in range(12)))
+    runner = CliRunner()
+    out = tmp_path / "ds"
+    res = runner.invoke(app, ["dataset", "import", str(src), "--out", str(out), "--exemplar", "2", "--heldout", "4", "--seed", "3"])
+    assert res.exit_code == 0, res.output
+    ds = load_dataset(out)
+    assert ds.split is not None and ds.split.sizes == {"exemplar": 2, "optimization": 6, "heldout": 4}
+    res = runner.invoke(app, ["dataset", "split", str(out), "--exemplar", "1", "--optimization", "3", "--seed", "1"])
+    assert res.exit_code == 0, res.output
+    assert load_dataset(out).split.sizes == {"exemplar": 1, "optimization": 3, "heldout": 8}  # type: ignore[union-attr]
+    res = runner.invoke(app, ["dataset", "show", str(out), "-n", "2"])
+    assert res.exit_code == 0, res.output
+    assert "12 examples" in res.output and "exemplar 1, optimization 3, heldout 8" in res.output and "Q0?" in res.output
+    res = runner.invoke(app, ["dataset", "import", str(tmp_path / "missing.csv"), "--out", str(out)])
+    assert res.exit_code == 1 and "missing.csv" in res.output

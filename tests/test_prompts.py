@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import pytest
+
+from opro.errors import PromptError
+from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, QATemplate, validate_instruction
+
+
+def test_defaults_match_the_reference_notebook() -> None:
+    assert DEFAULT_BASE_TEMPLATE == "---------------------\n{context_str}\n---------------------\nQuery: {query_str}\nAnswer: "
+    assert DEFAULT_INSTRUCTION == (
+        "You are a QA assistant. Context information is below. Given the context information and not prior "
+        "knowledge, answer the query."
+    )
+    t = QATemplate()
+    assert t.instruction == DEFAULT_INSTRUCTION and t.position == "before"
+    assert t.template_text == DEFAULT_INSTRUCTION + "\n" + DEFAULT_BASE_TEMPLATE
+
+
+def test_format_before_and_after() -> None:
+    before = QATemplate("Be brief.").format(context_str="CTX", query_str="Q?")
+    assert before == "Be brief.\n---------------------\nCTX\n---------------------\nQuery: Q?\nAnswer: "
+    after = QATemplate("Be brief.", position="after").format(context_str="CTX", query_str="Q?")
+    assert after == "---------------------\nCTX\n---------------------\nQuery: Q?\nBe brief.\nAnswer: "
+
+
+def test_after_position_shares_the_context_and_query_prefix() -> None:
+    a = QATemplate("Answer in one word.", position="after").format(context_str="long context", query_str="What?")
+    b = QATemplate("Think, then answer fully.", position="after").format(context_str="long context", query_str="What?")
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert a[:shared].endswith("Query: What?\n")
+
+
+def test_llama_index_prompt_formats_identically() -> None:
+    t = QATemplate('Reply as JSON like {"answer": "..."}.', position="after")
+    li = t.to_llama_index()
+    assert sorted(li.template_vars) == ["context_str", "query_str"]
+    ctx, q = "a {weird} context", "what is {x}?"
+    assert li.format(context_str=ctx, query_str=q) == t.format(context_str=ctx, query_str=q)
+
+
+def test_values_with_braces_and_markers_are_inserted_literally() -> None:
+    t = QATemplate("Be exact.")
+    text = t.format(context_str="{query_str} and {context_str}", query_str="q {context_str}")
+    assert "{query_str} and {context_str}" in text and "Query: q {context_str}" in text
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ("Use {context_str} wisely.", "template variable"),
+        ("Answer {name}.", "template variable"),
+        ("Unbalanced { brace", "unmatched"),
+        ("Closing } first {", "unmatched"),
+        ("   ", "empty"),
+    ],
+)
+def test_validate_instruction_rejects_template_breaking_text(bad: str, match: str) -> None:
+    with pytest.raises(PromptError, match=match):
+        validate_instruction(bad)
+    with pytest.raises(PromptError):
+        QATemplate(bad)
+
+
+def test_validate_instruction_strips_and_allows_json_braces() -> None:
+    assert validate_instruction("  Reply {\"a\": 1}.  ") == 'Reply {"a": 1}.'
+
+
+def test_base_template_and_position_are_validated() -> None:
+    with pytest.raises(PromptError, match=r"\{query_str\} exactly once"):
+        QATemplate("x", base="{context_str} only")
+    with pytest.raises(PromptError, match="unknown variable"):
+        QATemplate("x", base="{context_str} {query_str} {other}")
+    with pytest.raises(PromptError, match="position"):
+        QATemplate("x", position="middle")  # type: ignore[arg-type]
+
+
+def test_empty_instruction_is_the_base_alone() -> None:
+    assert QATemplate("").template_text == DEFAULT_BASE_TEMPLATE
+
+
+@pytest.mark.parametrize("position", ["before", "after"])
+def test_from_template_text_round_trips(position: str) -> None:
+    t = QATemplate('Cite the page {"p": 1}.', position=position)  # type: ignore[arg-type]
+    assert QATemplate.from_template_text(t.template_text) == t
+
+
+def test_from_template_text_reads_llama_index_default() -> None:
+    from llama_index.core.prompts.default_prompts import DEFAULT_TEXT_QA_PROMPT_TMPL
+
+    t = QATemplate.from_template_text(DEFAULT_TEXT_QA_PROMPT_TMPL)
+    assert t.base == DEFAULT_BASE_TEMPLATE
+    assert t.instruction == (
+        "Context information is below. Given the context information and not prior knowledge, answer the query."
+    )
+    custom = QATemplate.from_template_text("Docs: {context_str}\nQ: {query_str}\nA:")
+    assert custom.instruction == "" and custom.base == "Docs: {context_str}\nQ: {query_str}\nA:"

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opro.cache import CallCache
+from opro.errors import PromptError
+from opro.llm import ChatClient
+from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.rag import (
+    TEXT_QA_KEY,
+    QueryEngineProgram,
+    RAGProgram,
+    apply_template,
+    as_llama_index_retriever,
+    chat_client_llm,
+    template_from_query_engine,
+)
+from opro.retrieval import Chunk, build_retriever
+from opro.scripted import ScriptedLLM
+
+CHUNKS = [
+    Chunk(id="c1", text="The Eiffel Tower is in Paris and was completed in 1889.", metadata={"page": 1}),
+    Chunk(id="c2", text="Mount Fuji is the highest mountain in Japan.", metadata={"page": 2}),
+    Chunk(id="c3", text="The Danube flows through Vienna and Budapest.", metadata={"page": 3}),
+]
+
+
+def _echo_llm() -> ScriptedLLM:
+    # Replies with the first word after "Query:" so tests can see which prompt was sent.
+    return ScriptedLLM(default=lambda msgs, opts: "ANSWER to " + msgs[-1].content.split("Query: ")[1].split("\n")[0])
+
+
+def _program(llm: ScriptedLLM, tmp_path: Path | None = None, **kw: object) -> RAGProgram:
+    cache = CallCache(tmp_path / "calls.sqlite") if tmp_path is not None else None
+    return RAGProgram(retriever=build_retriever(chunks=CHUNKS, top_k=1), llm=ChatClient(llm, role="task", cache=cache), **kw)  # type: ignore[arg-type]
+
+
+def test_answer_sends_one_user_message_with_context_query_and_instruction() -> None:
+    llm = _echo_llm()
+    program = _program(llm, max_tokens=64)
+    template = QATemplate("Answer in one word.")
+    ans = program.answer("When was the Eiffel Tower completed?", template=template)
+    assert ans.text == "ANSWER to When was the Eiffel Tower completed?"
+    assert [c.chunk_id for c in ans.contexts] == ["c1"]
+    assert ans.completion.model == "scripted" and not ans.completion.cached
+    messages, options = llm.calls[-1]
+    assert len(messages) == 1 and messages[0].role == "user"
+    assert messages[0].content == template.format(context_str=CHUNKS[0].text, query_str="When was the Eiffel Tower completed?")
+    assert options.max_tokens == 64 and options.temperature == 0.0
+
+
+def test_answer_many_keeps_order_and_uses_the_cache(tmp_path: Path) -> None:
+    llm = _echo_llm()
+    program = _program(llm, tmp_path)
+    queries = ["Where is Mount Fuji?", "Which cities does the Danube flow through?", "Where is the Eiffel Tower?"]
+    answers = program.answer_many(queries, template=QATemplate(), workers=3, progress=False)
+    assert [a.query for a in answers] == queries
+    assert [a.text for a in answers] == [f"ANSWER to {q}" for q in queries]
+    again = program.answer_many(queries, template=QATemplate(), progress=False)
+    assert all(a.completion.cached for a in again)
+    assert len(llm.calls) == 3
+
+
+def test_program_get_and_update_prompts() -> None:
+    program = _program(_echo_llm())
+    prompts = program.get_prompts()
+    assert list(prompts) == [TEXT_QA_KEY]
+    assert prompts[TEXT_QA_KEY].get_template() == QATemplate().template_text
+    new = QATemplate("Reply tersely.", position="after")
+    program.update_prompts({TEXT_QA_KEY: new.to_llama_index()})
+    assert program.template == new
+    assert "Reply tersely.\nAnswer: " in program.build_prompt("Where is Mount Fuji?")[0]
+    with pytest.raises(PromptError, match="unknown prompt key"):
+        program.update_prompts({"other": new.to_llama_index()})
+
+
+def test_llama_index_query_engine_template_is_optimizable(tmp_path: Path) -> None:
+    """A real RetrieverQueryEngine (llama-index-core), with opro's retriever and a ChatClient-backed LLM."""
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
+    llm = _echo_llm()
+    client = ChatClient(llm, role="task")
+    engine = RetrieverQueryEngine.from_args(
+        retriever=as_llama_index_retriever(build_retriever(chunks=CHUNKS, top_k=1)),
+        llm=chat_client_llm(client, max_tokens=32),
+    )
+    # LlamaIndex's default QA template maps onto the notebook's base + its instruction sentences.
+    start = template_from_query_engine(engine)
+    assert start.base == DEFAULT_BASE_TEMPLATE
+    assert start.instruction.startswith("Context information is below.")
+
+    candidate = QATemplate("Answer with the year only.", position="after")
+    apply_template(engine, candidate)
+    assert template_from_query_engine(engine) == candidate
+    response = engine.query("When was the Eiffel Tower completed?")
+    assert str(response) == "ANSWER to When was the Eiffel Tower completed?"
+    sent = llm.calls[-1][0][-1].content
+    assert sent == candidate.format(context_str=CHUNKS[0].text, query_str="When was the Eiffel Tower completed?")
+    assert client.usage.snapshot()["task"].calls == 1
+
+    program = QueryEngineProgram(engine)
+    assert program.template == candidate
+    ans = program.answer("Where is Mount Fuji?", template=QATemplate("Be brief."))
+    assert ans.text == "ANSWER to Where is Mount Fuji?"
+    assert [c.chunk_id for c in ans.contexts] == ["c2"]
+    assert llm.calls[-1][0][-1].content.startswith("Be brief.\n---------------------\n")
+    answers = program.answer_many(["Where is Mount Fuji?"], progress=False)
+    assert answers[0].text == "ANSWER to Where is Mount Fuji?"
+
+
+def test_program_as_query_engine_round_trip() -> None:
+    llm = _echo_llm()
+    program = _program(llm, template=QATemplate("Use the context."))
+    engine = program.as_query_engine()
+    assert template_from_query_engine(engine) == program.template
+    assert str(engine.query("Where is Mount Fuji?")) == "ANSWER to Where is Mount Fuji?"
+    assert llm.calls[-1][0][-1].content == program.build_prompt("Where is Mount Fuji?")[0]
