@@ -6,6 +6,7 @@ Build role clients from them in tests: ``ChatClient(embedded_task_llm, role="tas
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -13,11 +14,18 @@ import pytest
 from opro.llm import LLM
 
 
+def _skip(reason: str) -> None:
+    # In CI the embedded models are part of the install: a missing one is a failure, not a skip.
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the embedded-model tests, but: {reason}")
+    pytest.skip(reason)
+
+
 def _embedded(name: str) -> Iterator[LLM]:
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        pytest.skip("llama-cpp-python is not installed (pip install llama-cpp-python)")
+        _skip("llama-cpp-python is not installed (pip install llama-cpp-python)")
     from opro.errors import ModelPackError
     from opro.llamacpp_backend import LlamaCppLLM
     from opro.models import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
@@ -26,11 +34,11 @@ def _embedded(name: str) -> Iterator[LLM]:
     missing = [] if is_assembled(pack) else pack.missing()
     if missing:
         part, why = missing[0]
-        pytest.skip(f"embedded model {name} is not installed ({part.package}: {why}); {INSTALL_HINT}")
+        _skip(f"embedded model {name} is not installed ({part.package}: {why}); {INSTALL_HINT}")
     try:
         llm = LlamaCppLLM(model_path=name, n_ctx=4096)
     except ModelPackError as exc:
-        pytest.skip(f"embedded model {name} unavailable: {exc}")
+        _skip(f"embedded model {name} unavailable: {exc}")
     yield llm
     llm.close()
 

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from test_experiment import _config, _pool
 from typer.testing import CliRunner
 
 import opro.experiment
 from opro.cli import app
-from test_experiment import _config, _pool
 
 
 def _toml_value(v: object) -> str:

@@ -1,0 +1,139 @@
+"""opro: Optimization by PROmpting for retrieval-augmented question answering.
+
+The public names below are imported lazily (PEP 562), so ``import opro`` stays fast and a user of
+the OpenAI backend never loads llama.cpp, MLflow or LlamaIndex before they need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # models and calls
+    "LLM": "opro.llm",
+    "ChatClient": "opro.llm",
+    "Completion": "opro.llm",
+    "Message": "opro.llm",
+    "UsageLedger": "opro.llm",
+    "CallCache": "opro.cache",
+    "ScriptedLLM": "opro.scripted",
+    "ModelSpec": "opro.backends",
+    "ModelPool": "opro.backends",
+    # configuration and the main job
+    "OproConfig": "opro.config",
+    "load_config": "opro.config",
+    "Experiment": "opro.experiment",
+    "optimize": "opro.experiment",
+    "OPROOptimizer": "opro.optimizer",
+    "OptimizationResult": "opro.optimizer",
+    "CandidateRecord": "opro.optimizer",
+    # the RAG program and its data
+    "QATemplate": "opro.prompts",
+    "DEFAULT_INSTRUCTION": "opro.prompts",
+    "DEFAULT_BASE_TEMPLATE": "opro.prompts",
+    "load_documents": "opro.documents",
+    "build_retriever": "opro.retrieval",
+    "RAGProgram": "opro.rag",
+    "Example": "opro.dataset",
+    "GoldenDataset": "opro.dataset",
+    "load_dataset": "opro.dataset",
+    "generate_dataset": "opro.generation",
+    # judging, comparing, exporting
+    "CorrectnessJudge": "opro.judges",
+    "FaithfulnessJudge": "opro.judges",
+    "RelevancyJudge": "opro.judges",
+    "MetricResult": "opro.metrics",
+    "evaluate_examples": "opro.evaluation",
+    "resolve_prompt": "opro.sources",
+    "compare_prompts": "opro.compare",
+    "export_prompt": "opro.export",
+    # errors
+    "OproError": "opro.errors",
+    "ConfigError": "opro.errors",
+    "DataError": "opro.errors",
+    "ModelPackError": "opro.errors",
+    "PromptError": "opro.errors",
+    "LLMError": "opro.errors",
+}
+
+__all__ = [
+    "DEFAULT_BASE_TEMPLATE",
+    "DEFAULT_INSTRUCTION",
+    "LLM",
+    "CallCache",
+    "CandidateRecord",
+    "ChatClient",
+    "Completion",
+    "ConfigError",
+    "CorrectnessJudge",
+    "DataError",
+    "Example",
+    "Experiment",
+    "FaithfulnessJudge",
+    "GoldenDataset",
+    "LLMError",
+    "Message",
+    "MetricResult",
+    "ModelPackError",
+    "ModelPool",
+    "ModelSpec",
+    "OPROOptimizer",
+    "OproConfig",
+    "OproError",
+    "OptimizationResult",
+    "PromptError",
+    "QATemplate",
+    "RAGProgram",
+    "RelevancyJudge",
+    "ScriptedLLM",
+    "UsageLedger",
+    "build_retriever",
+    "compare_prompts",
+    "evaluate_examples",
+    "export_prompt",
+    "generate_dataset",
+    "load_config",
+    "load_dataset",
+    "load_documents",
+    "optimize",
+    "resolve_prompt",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opro' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from opro.backends import ModelPool, ModelSpec
+    from opro.cache import CallCache
+    from opro.compare import compare_prompts
+    from opro.config import OproConfig, load_config
+    from opro.dataset import Example, GoldenDataset, load_dataset
+    from opro.documents import load_documents
+    from opro.errors import ConfigError, DataError, LLMError, ModelPackError, OproError, PromptError
+    from opro.evaluation import evaluate_examples
+    from opro.experiment import Experiment, optimize
+    from opro.export import export_prompt
+    from opro.generation import generate_dataset
+    from opro.judges import CorrectnessJudge, FaithfulnessJudge, RelevancyJudge
+    from opro.llm import LLM, ChatClient, Completion, Message, UsageLedger
+    from opro.metrics import MetricResult
+    from opro.optimizer import CandidateRecord, OPROOptimizer, OptimizationResult
+    from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, QATemplate
+    from opro.rag import RAGProgram
+    from opro.retrieval import build_retriever
+    from opro.scripted import ScriptedLLM
+    from opro.sources import resolve_prompt
