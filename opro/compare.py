@@ -1,0 +1,682 @@
+"""Compare prompts on the held-out split: same answer model, retrieval and judge; paired statistics.
+
+Every prompt answers the same questions with the experiment's RAG program and is scored by the
+same judge, so scores pair up by question. Against the baseline the report gives win / tie / loss,
+the mean difference with a paired bootstrap interval, and Wilcoxon signed-rank and sign-flip
+permutation p-values, and says in words whether the difference is significant.
+
+A comparison on ``heldout`` refuses to run when a held-out question (normalized) also appears in
+the exemplar or optimization split, of this experiment or of any run whose prompt is compared.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opro.errors import ConfigError, DataError
+from opro.sources import ResolvedPrompt, resolve_prompt
+from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, compare_paired
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from opro.dataset import Example, GoldenDataset
+    from opro.evaluation import EvaluationReport
+    from opro.experiment import Experiment
+
+logger = logging.getLogger(__name__)
+
+#: Extra metrics ``compare_prompts`` can add, by name.
+EXTRA_METRICS = ("faithfulness", "relevancy", "token_f1")
+SPLITS = ("heldout", "optimization", "exemplar")
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """One prompt on the comparison questions."""
+
+    label: str
+    spec: str
+    kind: str
+    instruction: str
+    template_text: str
+    provenance: Mapping[str, Any]
+    #: Judge score per question (``None``: invalid judge reply or failed call), in question order.
+    scores: tuple[float | None, ...]
+    mean: ConfidenceInterval | None
+    pass_rate: float | None
+    n_invalid: int
+    n_errors: int
+    metric_means: Mapping[str, float | None]
+    evaluation: EvaluationReport
+
+    @property
+    def n_scored(self) -> int:
+        return sum(1 for s in self.scores if s is not None)
+
+
+@dataclass(frozen=True)
+class VersusBaseline:
+    """A prompt against the baseline on the questions both got a valid score for."""
+
+    label: str
+    baseline: str
+    n_dropped: int
+    stats: PairedComparison
+
+    @property
+    def sentence(self) -> str:
+        return f"{self.label} vs {self.baseline}: {self.stats.verdict()}"
+
+
+@dataclass(frozen=True)
+class ComparisonReport:
+    split: str
+    questions: tuple[str, ...]
+    prompts: tuple[PromptScores, ...]
+    baseline: int
+    #: One entry per prompt, ``None`` for the baseline itself.
+    versus: tuple[VersusBaseline | None, ...]
+    judge: str
+    judge_threshold: float
+    level: float
+    alpha: float
+    n_resamples: int
+    seed: int
+    dataset_hash: str
+    #: The split was checked disjoint from exemplar and optimization questions.
+    leakage_checked: bool
+    models: Mapping[str, str] = field(default_factory=dict)
+    config: str = ""
+    usage: Mapping[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def baseline_prompt(self) -> PromptScores:
+        return self.prompts[self.baseline]
+
+    # -- renderings --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        def ci(c: ConfidenceInterval | None) -> dict[str, float | None] | None:
+            return None if c is None else {"estimate": _num(c.estimate), "low": _num(c.low), "high": _num(c.high)}
+
+        prompts = []
+        for p, v in zip(self.prompts, self.versus, strict=True):
+            entry: dict[str, Any] = {
+                "label": p.label,
+                "spec": p.spec,
+                "kind": p.kind,
+                "instruction": p.instruction,
+                "template": p.template_text,
+                "provenance": dict(p.provenance),
+                "mean": ci(p.mean),
+                "pass_rate": p.pass_rate,
+                "n_scored": p.n_scored,
+                "n_invalid": p.n_invalid,
+                "n_errors": p.n_errors,
+                "metric_means": dict(p.metric_means),
+                "scores": list(p.scores),
+                "answers": [r.answer for r in p.evaluation.rows],
+            }
+            if v is not None:
+                s = v.stats
+                entry["versus_baseline"] = {
+                    "n_pairs": s.n,
+                    "n_dropped": v.n_dropped,
+                    "wins": s.win_tie_loss.wins,
+                    "ties": s.win_tie_loss.ties,
+                    "losses": s.win_tie_loss.losses,
+                    "mean_difference": ci(s.difference),
+                    "wilcoxon_p": s.wilcoxon.p_value,
+                    "wilcoxon_exact": s.wilcoxon.exact,
+                    "permutation_p": s.permutation.p_value,
+                    "permutation_exact": s.permutation.exact,
+                    "significant": s.significant,
+                    "verdict": v.sentence,
+                }
+            prompts.append(entry)
+        return {
+            "format": "opro.comparison/v1",
+            "split": self.split,
+            "n_questions": len(self.questions),
+            "questions": list(self.questions),
+            "baseline": self.baseline_prompt.label,
+            "judge": self.judge,
+            "judge_threshold": self.judge_threshold,
+            "confidence_level": self.level,
+            "alpha": self.alpha,
+            "n_resamples": self.n_resamples,
+            "seed": self.seed,
+            "dataset_hash": self.dataset_hash,
+            "leakage_checked": self.leakage_checked,
+            "models": dict(self.models),
+            "config": self.config,
+            "usage": dict(self.usage),
+            "wall_s": round(self.wall_s, 2),
+            "prompts": prompts,
+        }
+
+    def _rows(self) -> list[list[str]]:
+        rows = []
+        for p, v in zip(self.prompts, self.versus, strict=True):
+            mean = "n/a" if p.mean is None else f"{p.mean.estimate:.2f} [{p.mean.low:.2f}, {p.mean.high:.2f}]"
+            row = [
+                p.label + (" (baseline)" if v is None else ""),
+                mean,
+                _pct(p.pass_rate),
+                f"{p.n_scored}/{len(p.scores)}",
+                str(p.n_invalid + p.n_errors),
+            ]
+            if v is None:
+                row += ["", "", "", ""]
+            else:
+                s = v.stats
+                d = s.difference
+                row += [
+                    str(s.win_tie_loss),
+                    "n/a" if s.n == 0 else f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]",
+                    f"{s.wilcoxon.p_value:.3g}",
+                    f"{s.permutation.p_value:.3g}",
+                ]
+            row += [_fmt(p.metric_means.get(m)) for m in self.metric_names]
+            rows.append(row)
+        return rows
+
+    @property
+    def metric_names(self) -> list[str]:
+        names: list[str] = []
+        for p in self.prompts:
+            names.extend(m for m in p.metric_means if m not in names)
+        return names
+
+    def _columns(self) -> list[str]:
+        lvl = f"{self.level:.0%}"
+        return [
+            "prompt",
+            f"mean [{lvl} CI]",
+            f"pass@{self.judge_threshold:g}",
+            "scored",
+            "invalid",
+            "W/T/L",
+            f"Δ mean [{lvl} CI]",
+            "Wilcoxon p",
+            "perm. p",
+            *self.metric_names,
+        ]
+
+    def sentences(self) -> list[str]:
+        return [v.sentence for v in self.versus if v is not None]
+
+    def rich_table(self) -> Table:
+        from rich.table import Table
+
+        where = "held-out" if self.split == "heldout" else f"{self.split} (not held-out)"
+        table = Table(title=f"opro compare: {len(self.questions)} {where} questions, judge {self.judge}")
+        for i, col in enumerate(self._columns()):
+            table.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
+        for row in self._rows():
+            table.add_row(*row)
+        return table
+
+    def to_markdown(self) -> str:
+        where = "held-out" if self.split == "heldout" else f"{self.split} (NOT held-out)"
+        lines = [
+            "# opro prompt comparison",
+            "",
+            f"{len(self.questions)} {where} questions; judge `{self.judge}` (1-5, pass at {self.judge_threshold:g}); "
+            f"dataset `{self.dataset_hash[:12]}`; baseline **{self.baseline_prompt.label}**.",
+            f"Intervals: {self.level:.0%} percentile bootstrap ({self.n_resamples} resamples, seed {self.seed}); "
+            f"tests two-sided at alpha {self.alpha:g} (Wilcoxon signed-rank, paired sign-flip permutation).",
+        ]
+        if self.split == "heldout":
+            lines.append(
+                "Leakage check: "
+                + ("no held-out question appears in the exemplar or optimization splits." if self.leakage_checked else "not run.")
+            )
+        if self.models:
+            lines.append("Models: " + ", ".join(f"{k} `{v}`" for k, v in self.models.items()) + ".")
+        lines += ["", "| " + " | ".join(self._columns()) + " |", "|" + "---|" * len(self._columns())]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self._rows()]
+        lines += ["", "## Verdict", ""] + [f"- {s}" for s in self.sentences()]
+        lines += ["", "## Prompts", ""]
+        for p in self.prompts:
+            lines += [f"**{p.label}** (`{p.spec}`):", "", "```text", p.template_text, "```", ""]
+        lines += ["## Per question", "", "| # | question | " + " | ".join(p.label for p in self.prompts) + " |"]
+        lines.append("|" + "---|" * (2 + len(self.prompts)))
+        for i, q in enumerate(self.questions):
+            cells = [_fmt(p.scores[i], 0) for p in self.prompts]
+            lines.append(f"| {i} | {q.replace('|', '/')} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+    def write(self, directory: str | Path) -> Path:
+        """``report.md``, ``report.json``, ``scores.csv`` and ``comparison.png`` into ``directory``."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(self.to_markdown(), encoding="utf-8")
+        (out / "report.json").write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8")
+        with (out / "scores.csv").open("w", encoding="utf-8", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["question", *(p.label for p in self.prompts)])
+            for i, q in enumerate(self.questions):
+                writer.writerow([q, *("" if p.scores[i] is None else p.scores[i] for p in self.prompts)])
+        plot_comparison(self, out / "comparison.png")
+        return out
+
+
+def _num(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None else (f"{x:.0f}" if digits == 0 else f"{x:.{digits}f}")
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+# -- leakage --------------------------------------------------------------------------------------
+
+
+def check_heldout_leakage(
+    dataset: GoldenDataset, *, other_questions: Mapping[str, Sequence[str]] | None = None
+) -> None:
+    """Raise :class:`DataError` if a held-out question also appears among exemplar / optimization ones.
+
+    Questions are compared normalized (case, punctuation, whitespace). ``other_questions`` adds
+    more questions an optimizer saw, by where they come from (another run's splits).
+    """
+    from opro.dataset import normalize_question
+
+    held = {normalize_question(e.query): e.query for e in dataset.examples_in("heldout")}
+    seen: dict[str, list[str]] = {}
+    sources: dict[str, Sequence[str]] = {
+        "exemplar split": [e.query for e in dataset.examples_in("exemplar")],
+        "optimization split": [e.query for e in dataset.examples_in("optimization")],
+    }
+    sources.update(other_questions or {})
+    for where, questions in sources.items():
+        for q in questions:
+            key = normalize_question(q)
+            if key in held:
+                seen.setdefault(held[key], []).append(where)
+    if seen:
+        listed = "; ".join(f"{q!r} (also in {', '.join(sorted(set(w)))})" for q, w in list(seen.items())[:5])
+        more = f" and {len(seen) - 5} more" if len(seen) > 5 else ""
+        raise DataError(
+            f"refusing to call this comparison held-out: {len(seen)} held-out question(s) were seen during "
+            f"optimization: {listed}{more}. Re-split the dataset (for example another [data.split].seed in a new "
+            "output_dir) or compare with split='optimization' and do not report it as held-out"
+        )
+
+
+def _run_questions(prompt: ResolvedPrompt, own_dir: Path) -> dict[str, list[str]]:
+    """Exemplar + optimization questions of another run whose best prompt is compared."""
+    if prompt.run_dir is None or prompt.run_dir.resolve() == own_dir.resolve():
+        return {}
+    from opro.dataset import load_dataset
+
+    ds_dir = prompt.run_dir / "dataset"
+    if not (ds_dir / "rag_dataset.json").is_file():
+        raise DataError(
+            f"prompt {prompt.spec!r}: {prompt.run_dir} has no dataset/ directory, so its optimization questions are "
+            "unknown and the held-out check cannot be made; compare that run's own config instead"
+        )
+    ds = load_dataset(ds_dir)
+    if ds.split is None:
+        return {}
+    return {
+        f"{prompt.spec} exemplar split": [e.query for e in ds.examples_in("exemplar")],
+        f"{prompt.spec} optimization split": [e.query for e in ds.examples_in("optimization")],
+    }
+
+
+# -- extra metrics ----------------------------------------------------------------------------------
+
+
+def make_extra_metrics(names: Sequence[str], *, experiment: Experiment) -> list[Any]:
+    """``faithfulness`` / ``relevancy`` (YES/NO judges on the judge model) and ``token_f1``."""
+    metrics: list[Any] = []
+    for raw in names:
+        name = raw.strip().lower().replace("-", "_")
+        if not name:
+            continue
+        if name == "faithfulness":
+            from opro.judges import FaithfulnessJudge
+
+            metrics.append(FaithfulnessJudge(experiment.client("judge")))
+        elif name == "relevancy":
+            from opro.judges import RelevancyJudge
+
+            metrics.append(RelevancyJudge(experiment.client("judge")))
+        elif name == "token_f1":
+            from opro.metrics import TokenF1
+
+            metrics.append(TokenF1())
+        else:
+            raise ConfigError(f"unknown extra metric {raw!r}; choose from {', '.join(EXTRA_METRICS)}")
+    return metrics
+
+
+# -- the comparison ---------------------------------------------------------------------------------
+
+
+def compare_prompts(
+    *,
+    experiment: Experiment,
+    prompts: Sequence[str | ResolvedPrompt],
+    baseline: int | str = 0,
+    split: str = "heldout",
+    extra_metrics: Sequence[str | Any] = (),
+    tracking_uri: str | None = None,
+    level: float = 0.95,
+    alpha: float = 0.05,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    progress: bool | None = None,
+) -> ComparisonReport:
+    """Evaluate each prompt on ``split`` of the experiment's dataset and compare it with ``baseline``.
+
+    ``prompts`` are specs (see :mod:`opro.sources`) or resolved prompts; ``baseline`` is an index
+    into them or one of their specs. ``extra_metrics`` are names from :data:`EXTRA_METRICS` or metric
+    objects accepted by :func:`opro.evaluation.evaluate_examples`.
+    """
+    from opro.evaluation import evaluate_examples
+
+    started = time.perf_counter()
+    if split not in SPLITS:
+        raise ConfigError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+    cfg = experiment.config
+    resolved = [
+        p if isinstance(p, ResolvedPrompt) else resolve_prompt(p, config=cfg, tracking_uri=tracking_uri) for p in prompts
+    ]
+    if len(resolved) < 2:
+        raise ConfigError("compare needs at least two prompts (a baseline and one more)")
+    base = _baseline_index(baseline, resolved)
+    _dedupe_labels(resolved)
+
+    dataset = experiment.dataset
+    leakage_checked = False
+    if split == "heldout":
+        others: dict[str, list[str]] = {}
+        for p in resolved:
+            others.update(_run_questions(p, cfg.output_dir))
+        check_heldout_leakage(dataset, other_questions=others)
+        leakage_checked = True
+    examples: tuple[Example, ...] = dataset.examples_in(split)  # type: ignore[arg-type]
+    if not examples:
+        raise DataError(f"the {split} split of {experiment.dataset_dir} is empty; raise [data.split].{split}")
+
+    metrics = [m for m in extra_metrics if not isinstance(m, str)]
+    metrics += make_extra_metrics([m for m in extra_metrics if isinstance(m, str)], experiment=experiment)
+    show = experiment.progress if progress is None else progress
+    results: list[PromptScores] = []
+    for p in resolved:
+        logger.info("evaluating %s on %d %s questions", p.label, len(examples), split)
+        report = evaluate_examples(
+            program=experiment.program,
+            template=p.template,
+            examples=examples,
+            judge=experiment.judge,
+            extra_metrics=metrics,
+            progress=show,
+        )
+        scores = tuple(r.score if r.scored else None for r in report.rows)
+        valid = [s for s in scores if s is not None]
+        results.append(
+            PromptScores(
+                label=p.label,
+                spec=p.spec,
+                kind=p.kind,
+                instruction=p.instruction,
+                template_text=p.template_text,
+                provenance=dict(p.provenance),
+                scores=scores,
+                mean=bootstrap_mean_ci(valid, level=level, n_resamples=n_resamples, seed=seed) if valid else None,
+                pass_rate=report.pass_rate,
+                n_invalid=report.n_invalid,
+                n_errors=report.n_errors,
+                metric_means=report.metric_means(),
+                evaluation=report,
+            )
+        )
+
+    versus: list[VersusBaseline | None] = []
+    b = results[base]
+    for i, r in enumerate(results):
+        if i == base:
+            versus.append(None)
+            continue
+        pairs = [(x, y) for x, y in zip(r.scores, b.scores, strict=True) if x is not None and y is not None]
+        stats = compare_paired(
+            [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha
+        )
+        versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=len(examples) - len(pairs), stats=stats))
+
+    models = {role: experiment.spec(role).model for role in ("task", "judge")}
+    return ComparisonReport(
+        split=split,
+        questions=tuple(e.query for e in examples),
+        prompts=tuple(results),
+        baseline=base,
+        versus=tuple(versus),
+        judge=f"{experiment.judge.name} ({cfg.judge.template})",
+        judge_threshold=cfg.judge.threshold,
+        level=level,
+        alpha=alpha,
+        n_resamples=n_resamples,
+        seed=seed,
+        dataset_hash=dataset.content_hash,
+        leakage_checked=leakage_checked,
+        models=models,
+        config=cfg.source,
+        usage=experiment.usage.as_dict(),
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def _baseline_index(baseline: int | str, prompts: Sequence[ResolvedPrompt]) -> int:
+    if isinstance(baseline, int):
+        if not 0 <= baseline < len(prompts):
+            raise ConfigError(f"baseline index {baseline} is out of range for {len(prompts)} prompts")
+        return baseline
+    for i, p in enumerate(prompts):
+        if baseline in (p.spec, p.label):
+            return i
+    raise ConfigError(f"baseline {baseline!r} is not one of the compared prompts: {', '.join(p.spec for p in prompts)}")
+
+
+def _dedupe_labels(prompts: list[ResolvedPrompt]) -> None:
+    from dataclasses import replace
+
+    seen: dict[str, int] = {}
+    for i, p in enumerate(prompts):
+        n = seen.get(p.label, 0)
+        seen[p.label] = n + 1
+        if n:
+            prompts[i] = replace(p, label=f"{p.label} #{n + 1}")
+
+
+# -- plot, files, MLflow --------------------------------------------------------------------------
+
+
+def plot_comparison(report: ComparisonReport, path: Path) -> Path:
+    """Left: each prompt's scores (jittered) with mean and CI. Right: paired differences vs baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    labels = [_wrap(p.label) for p in report.prompts]
+    for i, p in enumerate(report.prompts):
+        valid = np.array([s for s in p.scores if s is not None], dtype=float)
+        if len(valid):
+            left.scatter(i + rng.uniform(-0.18, 0.18, len(valid)), valid + rng.uniform(-0.08, 0.08, len(valid)),
+                         s=16, alpha=0.5, color=f"C{i % 10}")
+        if p.mean is not None:
+            left.errorbar([i + 0.3], [p.mean.estimate], yerr=[[p.mean.estimate - p.mean.low], [p.mean.high - p.mean.estimate]],
+                          fmt="o", color="black", capsize=4)
+    left.axhline(report.judge_threshold, color="grey", linestyle=":", linewidth=1)
+    left.set_xticks(range(len(labels)), labels, fontsize=8)
+    left.set_ylim(0.6, 5.4)
+    left.set_ylabel("judge score (1-5)")
+    left.set_title(f"scores per question ({report.split}), mean and {report.level:.0%} CI", fontsize=10)
+    others = [(i, v) for i, v in enumerate(report.versus) if v is not None]
+    base = report.baseline_prompt
+    for k, (i, v) in enumerate(others):
+        p = report.prompts[i]
+        diffs = np.array([x - y for x, y in zip(p.scores, base.scores, strict=True) if x is not None and y is not None])
+        if len(diffs):
+            right.scatter(k + rng.uniform(-0.18, 0.18, len(diffs)), diffs + rng.uniform(-0.08, 0.08, len(diffs)),
+                          s=16, alpha=0.5, color=f"C{i % 10}")
+            d = v.stats.difference
+            right.errorbar([k + 0.3], [d.estimate], yerr=[[d.estimate - d.low], [d.high - d.estimate]],
+                           fmt="o", color="black", capsize=4)
+    right.axhline(0.0, color="grey", linewidth=1)
+    right.set_xticks(range(len(others)), [labels[i] for i, _ in others], fontsize=8)
+    right.set_ylim(-4.4, 4.4)
+    right.set_ylabel(f"score - {base.label}")
+    right.set_title("paired differences vs baseline, mean and CI", fontsize=10)
+    for ax in (left, right):
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _wrap(label: str, width: int = 22) -> str:
+    return "\n".join(label[i : i + width] for i in range(0, len(label), width))[:70]
+
+
+@dataclass(frozen=True)
+class SavedComparison:
+    directory: Path
+    mlflow_run_id: str | None
+
+
+def default_compare_dir(experiment: Experiment, name: str | None = None) -> Path:
+    stamp = name or datetime.now().strftime("%Y%m%d-%H%M%S")
+    if not re.fullmatch(r"[\w.\-]+", stamp):
+        raise ConfigError(f"comparison name {stamp!r}: use letters, digits, '_', '-' and '.' only")
+    return experiment.config.output_dir / "compare" / stamp
+
+
+def save_comparison(
+    report: ComparisonReport,
+    *,
+    experiment: Experiment,
+    directory: str | Path | None = None,
+    name: str | None = None,
+    mlflow: bool = True,
+    tracking_uri: str | None = None,
+) -> SavedComparison:
+    """Write the report files and log them as an MLflow run tagged ``opro.kind=comparison``."""
+    out = Path(directory) if directory is not None else default_compare_dir(experiment, name)
+    report.write(out)
+    run_id = None
+    if mlflow:
+        run_id = log_comparison(
+            report,
+            directory=out,
+            tracking_uri=tracking_uri or experiment.config.mlflow_uri,
+            experiment_name=experiment.config.tracking.mlflow_experiment or experiment.config.experiment.name,
+            run_name=f"compare {out.name}",
+            params={k: v for k, v in experiment.run_params().items() if not k.startswith("optimizer.")},
+        )
+    return SavedComparison(directory=out, mlflow_run_id=run_id)
+
+
+def log_comparison(
+    report: ComparisonReport,
+    *,
+    directory: Path,
+    tracking_uri: str,
+    experiment_name: str,
+    run_name: str,
+    params: Mapping[str, Any] | None = None,
+) -> str:
+    """One MLflow run: parameters, per-prompt metrics, the report directory as artifacts."""
+    from opro.tracking import MlflowTracker
+
+    tracker = MlflowTracker(tracking_uri=tracking_uri, experiment_name=experiment_name)
+    all_params: dict[str, Any] = dict(params or {})
+    all_params.update(
+        {
+            "compare.split": report.split,
+            "compare.n_questions": len(report.questions),
+            "compare.baseline": report.baseline_prompt.spec,
+            "compare.level": report.level,
+            "compare.alpha": report.alpha,
+            "compare.n_resamples": report.n_resamples,
+            "compare.seed": report.seed,
+            "compare.dataset_hash": report.dataset_hash,
+        }
+    )
+    for i, p in enumerate(report.prompts):
+        all_params[f"prompt_{i}.spec"] = p.spec
+        all_params[f"prompt_{i}.instruction"] = p.instruction[:500]
+    run_id = tracker.start(run_name=run_name, params=all_params)
+    try:
+        tracker.set_tags({"opro.kind": "comparison", "opro.split": report.split,
+                          "opro.baseline": report.baseline_prompt.label[:250]})
+        metrics: dict[str, float] = {}
+        for i, (p, v) in enumerate(zip(report.prompts, report.versus, strict=True)):
+            if p.mean is not None:
+                metrics.update({f"prompt_{i}.mean": p.mean.estimate, f"prompt_{i}.ci_low": p.mean.low,
+                                f"prompt_{i}.ci_high": p.mean.high})
+            if p.pass_rate is not None:
+                metrics[f"prompt_{i}.pass_rate"] = p.pass_rate
+            metrics[f"prompt_{i}.n_invalid"] = p.n_invalid + p.n_errors
+            for name, value in p.metric_means.items():
+                if value is not None:
+                    metrics[f"prompt_{i}.{name}"] = value
+            if v is not None and v.stats.n:
+                s = v.stats
+                metrics.update({
+                    f"prompt_{i}.diff_mean": s.difference.estimate,
+                    f"prompt_{i}.diff_ci_low": s.difference.low,
+                    f"prompt_{i}.diff_ci_high": s.difference.high,
+                    f"prompt_{i}.wins": s.win_tie_loss.wins,
+                    f"prompt_{i}.ties": s.win_tie_loss.ties,
+                    f"prompt_{i}.losses": s.win_tie_loss.losses,
+                    f"prompt_{i}.wilcoxon_p": s.wilcoxon.p_value,
+                    f"prompt_{i}.permutation_p": s.permutation.p_value,
+                })
+        tracker.log_metrics(metrics, step=0)
+        tracker.log_artifact(directory)
+    except Exception:
+        tracker.finish(status="FAILED")
+        raise
+    tracker.finish()
+    return run_id
+
+
+__all__ = [
+    "EXTRA_METRICS",
+    "ComparisonReport",
+    "PromptScores",
+    "SavedComparison",
+    "VersusBaseline",
+    "check_heldout_leakage",
+    "compare_prompts",
+    "default_compare_dir",
+    "log_comparison",
+    "make_extra_metrics",
+    "plot_comparison",
+    "save_comparison",
+]

@@ -1,0 +1,349 @@
+"""Export a tuned prompt for use elsewhere, and load the exports back.
+
+Formats:
+
+- ``text``: the full template (``{context_str}`` / ``{query_str}``), ready to paste.
+- ``json``: instruction, full template, base, position, variables and provenance (run id, scores,
+  models, dataset hash; never secrets). ``opro compare`` / ``export`` read it back as a prompt file.
+- ``llamaindex``: a JSON that :func:`load_llamaindex_prompt` turns into a ``PromptTemplate`` for
+  ``query_engine.update_prompts({"response_synthesizer:text_qa_template": ...})``, plus a ``.py``
+  snippet that builds the same template without opro.
+- ``dspy``: a JSON that :func:`load_dspy_signature` turns into ``dspy.Signature("context, question
+  -> answer", instructions=<the tuned instruction>)``, plus a ``.py`` snippet.
+- ``mlflow``: a new version in the MLflow Prompt Registry (``{{var}}`` syntax), with an alias.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from opro.errors import ConfigError, DataError, PromptError
+from opro.prompts import TEMPLATE_VARIABLES, QATemplate
+from opro.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
+
+if TYPE_CHECKING:
+    import dspy
+    from llama_index.core.prompts import PromptTemplate
+
+    from opro.config import OproConfig
+
+ExportFormat = Literal["text", "json", "llamaindex", "dspy", "mlflow"]
+EXPORT_FORMATS: tuple[str, ...] = ("text", "json", "llamaindex", "dspy", "mlflow")
+LLAMAINDEX_FORMAT = "opro.llamaindex_prompt/v1"
+DSPY_FORMAT = "opro.dspy_signature/v1"
+DSPY_SIGNATURE = "context, question -> answer"
+#: The LlamaIndex prompt key a RAG query engine's QA template lives under.
+LLAMAINDEX_PROMPT_KEY = "response_synthesizer:text_qa_template"
+_DEFAULT_NAMES = {"text": "prompt.txt", "json": "prompt.json", "llamaindex": "prompt.llamaindex.json",
+                  "dspy": "prompt.dspy.json"}
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    format: str
+    #: Files written (the main file first; a ``.py`` snippet second where there is one).
+    paths: tuple[Path, ...] = ()
+    #: The exported text when no file was asked for (``text`` / ``json`` to stdout).
+    content: str | None = None
+    #: ``prompts:/name/version`` for ``mlflow``.
+    uri: str | None = None
+    version: int | None = None
+    alias: str | None = None
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, str):
+        return re.sub(r"(?<=://)[^/@\s]+@", "***@", value)
+    if isinstance(value, Mapping):
+        return {k: _redact(v) for k, v in value.items() if not re.search(r"(api[_-]?key|secret|password|token)$", str(k), re.I)}
+    if isinstance(value, list | tuple):
+        return [_redact(v) for v in value]
+    return value
+
+
+def _models_from_config(config: OproConfig) -> dict[str, dict[str, Any]]:
+    out = {}
+    for role in ("task", "judge", "optimizer", "generator"):
+        spec = getattr(config.models, role).safe_dict()
+        out[role] = {k: spec[k] for k in ("backend", "model", "base_url") if spec.get(k) is not None}
+    return out
+
+
+def _models_from_run(run_dir: Path, run_id: str) -> dict[str, dict[str, Any]]:
+    """The models an optimization used, from its MLflow run params (best effort)."""
+    db = run_dir / "mlflow.db"
+    if not db.is_file():
+        return {}
+    try:
+        from mlflow import MlflowClient
+
+        params = MlflowClient(tracking_uri=f"sqlite:///{db}").get_run(run_id).data.params
+    except Exception:  # a moved or foreign store: provenance is optional
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in params.items():
+        m = re.fullmatch(r"models\.(\w+)\.(backend|model|base_url)", key)
+        if m and value not in ("None", ""):
+            out.setdefault(m.group(1), {})[m.group(2)] = value
+    return out
+
+
+def _latest_comparison(run_dir: Path, template_text: str) -> dict[str, Any] | None:
+    """This template's result in the newest ``compare/*/report.json`` of the run, if any."""
+    reports = sorted((run_dir / "compare").glob("*/report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in reports:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        for p in data.get("prompts", []):
+            if p.get("template") == template_text and p.get("mean"):
+                entry = {"report": str(path), "split": data.get("split"), "n_questions": data.get("n_questions"),
+                         "mean": p["mean"], "pass_rate": p.get("pass_rate"), "baseline": data.get("baseline")}
+                if "versus_baseline" in p:
+                    v = p["versus_baseline"]
+                    entry.update({"mean_difference": v.get("mean_difference"), "wilcoxon_p": v.get("wilcoxon_p"),
+                                  "permutation_p": v.get("permutation_p")})
+                return entry
+    return None
+
+
+def provenance(prompt: ResolvedPrompt, *, config: OproConfig | None = None) -> dict[str, Any]:
+    """Where the prompt came from and how it scored; secrets and URL credentials removed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        opro_version = version("opro")
+    except PackageNotFoundError:
+        opro_version = "unknown"
+    info: dict[str, Any] = {k: v for k, v in prompt.provenance.items() if v is not None}
+    info["kind"] = prompt.kind
+    if config is not None:
+        info["models"] = _models_from_config(config)
+        info["config"] = config.source
+    elif prompt.run_dir is not None and info.get("mlflow_run_id"):
+        models = _models_from_run(prompt.run_dir, str(info["mlflow_run_id"]))
+        if models:
+            info["models"] = models
+    if prompt.run_dir is not None:
+        compared = _latest_comparison(prompt.run_dir, prompt.template_text)
+        if compared:
+            info["comparison"] = compared
+    info["exported_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    info["opro_version"] = opro_version
+    return _redact(info)  # type: ignore[no-any-return]
+
+
+def prompt_json(prompt: ResolvedPrompt, *, config: OproConfig | None = None) -> dict[str, Any]:
+    t = prompt.template
+    return {
+        "format": PROMPT_JSON_FORMAT,
+        "instruction": t.instruction,
+        "template": t.template_text,
+        "base": t.base,
+        "position": t.position,
+        "variables": list(TEMPLATE_VARIABLES),
+        "provenance": provenance(prompt, config=config),
+    }
+
+
+def _target(out: str | Path, fmt: str) -> Path:
+    p = Path(out).expanduser()
+    if p.is_dir() or (not p.suffix and not p.exists()):
+        return p / _DEFAULT_NAMES[fmt]
+    return p
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _snippet_path(path: Path) -> Path:
+    name = path.name.removesuffix(".json").replace(".", "_")
+    return path.with_name(name + ".py")
+
+
+def export_prompt(
+    prompt: ResolvedPrompt,
+    *,
+    format: ExportFormat,
+    out: str | Path | None = None,
+    config: OproConfig | None = None,
+    name: str | None = None,
+    alias: str | None = None,
+    tracking_uri: str | None = None,
+    snippet: bool = True,
+) -> ExportResult:
+    """Export ``prompt`` (see :func:`opro.sources.resolve_prompt`) in ``format``.
+
+    ``out`` is a file or a directory; ``text`` and ``json`` without ``out`` return the content
+    instead. ``mlflow`` registers a version named ``name`` (default: the config's prompt name)
+    at ``tracking_uri`` (default: the config's tracking URI) and points ``alias`` at it.
+    """
+    if format not in EXPORT_FORMATS:
+        raise ConfigError(f"export format {format!r} is not one of {', '.join(EXPORT_FORMATS)}")
+    if format == "mlflow":
+        return _export_mlflow(prompt, config=config, name=name, alias=alias, tracking_uri=tracking_uri)
+    if alias is not None:
+        raise ConfigError("--alias only applies to --format mlflow")
+    if format == "text":
+        text = prompt.template_text
+    elif format == "json":
+        text = json.dumps(prompt_json(prompt, config=config), indent=2, ensure_ascii=False) + "\n"
+    elif format == "llamaindex":
+        data = {
+            "format": LLAMAINDEX_FORMAT,
+            "template": prompt.template_text,
+            "prompt_type": "text_qa",
+            "prompt_key": LLAMAINDEX_PROMPT_KEY,
+            "template_vars": list(TEMPLATE_VARIABLES),
+            "metadata": prompt_json(prompt, config=config),
+        }
+        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    else:
+        if not prompt.instruction:
+            raise PromptError(
+                f"prompt {prompt.spec!r} has no instruction separate from its template; a DSPy signature needs "
+                "the instruction (export --format text or llamaindex for a custom template)"
+            )
+        data = {
+            "format": DSPY_FORMAT,
+            "signature": DSPY_SIGNATURE,
+            "instructions": prompt.instruction,
+            "metadata": prompt_json(prompt, config=config),
+        }
+        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    if out is None:
+        if format in ("text", "json"):
+            return ExportResult(format=format, content=text)
+        raise ConfigError(f"--format {format} writes files: give --out PATH (a file or a directory)")
+    path = _write(_target(out, format), text)
+    paths = [path]
+    if snippet and format == "llamaindex":
+        paths.append(_write(_snippet_path(path), _llamaindex_snippet(prompt.template_text)))
+    elif snippet and format == "dspy":
+        paths.append(_write(_snippet_path(path), _dspy_snippet(prompt.instruction)))
+    return ExportResult(format=format, paths=tuple(paths))
+
+
+def _llamaindex_snippet(template_text: str) -> str:
+    return (
+        '"""The opro-tuned QA prompt as a LlamaIndex PromptTemplate (generated by `opro export`)."""\n\n'
+        "from llama_index.core import PromptTemplate\n"
+        "from llama_index.core.prompts.prompt_type import PromptType\n\n"
+        f"TEXT_QA_TEMPLATE = PromptTemplate(\n    {template_text!r},\n    prompt_type=PromptType.QUESTION_ANSWER,\n)\n\n"
+        "# query_engine = index.as_query_engine()\n"
+        f'# query_engine.update_prompts({{"{LLAMAINDEX_PROMPT_KEY}": TEXT_QA_TEMPLATE}})\n'
+    )
+
+
+def _dspy_snippet(instruction: str) -> str:
+    return (
+        '"""The opro-tuned instruction as a DSPy signature (generated by `opro export`)."""\n\n'
+        "import dspy\n\n"
+        f"OproQA = dspy.Signature(\n    {DSPY_SIGNATURE!r},\n    instructions={instruction!r},\n)\n\n"
+        "# qa = dspy.Predict(OproQA)\n"
+        "# qa(context=..., question=...).answer\n"
+    )
+
+
+def _export_mlflow(
+    prompt: ResolvedPrompt,
+    *,
+    config: OproConfig | None,
+    name: str | None,
+    alias: str | None,
+    tracking_uri: str | None,
+) -> ExportResult:
+    uri = tracking_uri or (config.mlflow_uri if config is not None else None)
+    if uri is None:
+        raise ConfigError("--format mlflow: which MLflow store? pass --config CONFIG.toml or --tracking-uri URI")
+    prompt_name = name or (config.prompt_name if config is not None else None)
+    if not prompt_name:
+        raise ConfigError("--format mlflow: name the registered prompt with --name NAME (or pass --config)")
+    if alias is not None and not re.fullmatch(r"[A-Za-z0-9_\-]+", alias):
+        raise ConfigError(f"alias {alias!r}: use letters, digits, '_' and '-' only (for example production)")
+    from opro.tracking import MlflowTracker
+
+    prov = provenance(prompt, config=config)
+    tags = {"opro.source": prompt.spec[:250], "opro.kind": prompt.kind}
+    for key in ("mlflow_run_id", "optimization_score", "dataset_hash"):
+        if prov.get(key) is not None:
+            tags[f"opro.{key}"] = str(prov[key])
+    tracker = MlflowTracker(tracking_uri=uri, experiment_name=prompt_name)
+    try:
+        version = tracker.register_prompt(
+            name=prompt_name,
+            template_text=prompt.template_text,
+            alias=alias,
+            commit_message=f"opro export of {prompt.spec}"[:500],
+            tags=tags,
+        )
+    except ConfigError:
+        raise
+    except Exception as exc:  # MLflow's own errors (a reserved alias, an unreachable server)
+        raise ConfigError(f"cannot register prompt {prompt_name!r} in {uri}: {exc}") from exc
+    return ExportResult(format="mlflow", uri=f"prompts:/{prompt_name}/{version}", version=version, alias=alias)
+
+
+# -- loading exports back ---------------------------------------------------------------------------
+
+
+def _read(path: str | Path, expected: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: no such file")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{p}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != expected:
+        raise DataError(f"{p}: not an opro export of format {expected!r}; create it with `opro export`")
+    return data
+
+
+def load_prompt_json(path: str | Path) -> QATemplate:
+    """An ``opro export --format json`` file -> :class:`QATemplate`."""
+    data = _read(path, PROMPT_JSON_FORMAT)
+    return QATemplate(instruction=data["instruction"], base=data["base"], position=data.get("position", "before"))
+
+
+def load_llamaindex_prompt(path: str | Path) -> PromptTemplate:
+    """An ``opro export --format llamaindex`` JSON -> a LlamaIndex QA ``PromptTemplate``."""
+    from llama_index.core.prompts import PromptTemplate
+    from llama_index.core.prompts.prompt_type import PromptType
+
+    data = _read(path, LLAMAINDEX_FORMAT)
+    return PromptTemplate(str(data["template"]), prompt_type=PromptType.QUESTION_ANSWER)
+
+
+def load_dspy_signature(path: str | Path) -> type[dspy.Signature]:
+    """An ``opro export --format dspy`` JSON -> a DSPy signature class with the tuned instruction."""
+    data = _read(path, DSPY_FORMAT)
+    import dspy  # slow to import: only here
+
+    signature: type[dspy.Signature] = dspy.Signature(str(data["signature"]), instructions=str(data["instructions"]))
+    return signature
+
+
+__all__ = [
+    "DSPY_SIGNATURE",
+    "EXPORT_FORMATS",
+    "LLAMAINDEX_PROMPT_KEY",
+    "ExportFormat",
+    "ExportResult",
+    "export_prompt",
+    "load_dspy_signature",
+    "load_llamaindex_prompt",
+    "load_prompt_json",
+    "prompt_json",
+    "provenance",
+]

@@ -1,0 +1,253 @@
+"""Where a prompt comes from: one spec syntax shared by ``opro compare`` and ``opro export``.
+
+============================  ==================================================================
+``best``                      the best prompt of the config's optimization (its ``summary.json``)
+``run:DIR`` / ``run:X.toml``  the best prompt of the optimization in DIR (or that config's output);
+                              a bare ``X.toml`` path means the same
+``initial``                   the config's first initial instruction (``initial:2``: the third)
+``prompts:/name@alias``       a version in the MLflow Prompt Registry (``prompts:/name/3`` by number)
+``file:PATH`` or ``PATH``     a text file (an instruction, or a full template with ``{context_str}``
+                              and ``{query_str}``) or an exported JSON (``opro export --format json``)
+``text:...`` or any text      a literal instruction
+============================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from opro.errors import ConfigError, DataError, PromptError
+from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+
+if TYPE_CHECKING:
+    from opro.config import OproConfig
+
+SourceKind = Literal["run", "initial", "registry", "file", "literal"]
+
+#: ``format`` of opro's exported prompt JSON.
+PROMPT_JSON_FORMAT = "opro.prompt/v1"
+_LOOKS_LIKE_PATH = re.compile(r"^[\w.~-]*[/\\]|\.(txt|md|json|toml|prompt)$", re.I)
+
+
+@dataclass(frozen=True)
+class ResolvedPrompt:
+    """A prompt ready to evaluate or export, with what is known about where it came from."""
+
+    spec: str
+    kind: SourceKind
+    label: str
+    template: QATemplate
+    #: Run id, scores, study, dataset hash, models... whatever the source tells (never secrets).
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    #: The optimization output directory for ``run:`` / ``best`` (its dataset split guards leakage).
+    run_dir: Path | None = None
+
+    @property
+    def instruction(self) -> str:
+        return self.template.instruction
+
+    @property
+    def template_text(self) -> str:
+        return self.template.template_text
+
+
+def _template(instruction: str, config: OproConfig | None) -> QATemplate:
+    position = config.rag.instruction_position if config is not None else "before"
+    return QATemplate(instruction=instruction, base=DEFAULT_BASE_TEMPLATE, position=position)
+
+
+def _need_config(spec: str, config: OproConfig | None) -> OproConfig:
+    if config is None:
+        raise ConfigError(f"prompt {spec!r} refers to an experiment: pass its config (opro ... --config CONFIG.toml)")
+    return config
+
+
+def run_dir_of(target: str | Path) -> Path:
+    """An optimization output directory, or an experiment TOML -> its output directory."""
+    p = Path(target).expanduser()
+    if p.suffix == ".toml":
+        from opro.config import load_config
+
+        return load_config(p).output_dir
+    return p.resolve()
+
+
+def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -> ResolvedPrompt:
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        hint = f"`opro optimize {config.source}`" if config is not None else "`opro optimize CONFIG.toml`"
+        raise DataError(
+            f"prompt {spec!r}: {run_dir} has no summary.json: no finished optimization there; run {hint} first"
+        )
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        best_template = str(summary["best_template"])
+        best_instruction = str(summary["best_instruction"])
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise DataError(f"{summary_path}: not an opro optimization summary ({exc!r})") from exc
+    template = QATemplate.from_template_text(best_template)
+    if template.template_text != best_template:
+        # Not the default base template: keep the full template exactly as it was scored.
+        template = QATemplate(instruction="", base=best_template)
+    if template.instruction and template.instruction != best_instruction.strip():
+        raise DataError(f"{summary_path}: best_template does not contain best_instruction; the file was edited?")
+    provenance = {
+        "source": spec,
+        "run_dir": str(run_dir),
+        "mlflow_run_id": summary.get("mlflow_run_id"),
+        "study_name": summary.get("study_name"),
+        "optimization_score": summary.get("best_score"),
+        "initial_score": summary.get("initial_score"),
+        "initial_instruction": summary.get("initial_instruction"),
+    }
+    dataset_dir = run_dir / "dataset"
+    if (dataset_dir / "rag_dataset.json").is_file():
+        try:
+            from opro.dataset import load_dataset
+
+            ds = load_dataset(dataset_dir)
+            provenance["dataset_hash"] = ds.content_hash
+            if ds.split is not None:
+                provenance["split_sizes"] = ds.split.sizes
+        except DataError:
+            pass  # provenance is best effort; the comparison re-checks the split itself
+    return ResolvedPrompt(spec=spec, kind="run", label=label, template=template, provenance=provenance, run_dir=run_dir)
+
+
+def _from_registry(spec: str, config: OproConfig | None, tracking_uri: str | None) -> ResolvedPrompt:
+    uri = tracking_uri or (config.mlflow_uri if config is not None else None)
+    if uri is None:
+        raise ConfigError(f"prompt {spec!r}: which MLflow store? pass --config CONFIG.toml or --tracking-uri URI")
+    if not re.fullmatch(r"prompts:/[A-Za-z0-9_.\-]+(@[A-Za-z0-9_.\-]+|/\d+)", spec):
+        raise ConfigError(f"prompt {spec!r}: use prompts:/NAME@ALIAS or prompts:/NAME/VERSION")
+    from opro.tracking import load_registered_template
+
+    text = load_registered_template(tracking_uri=uri, uri=spec)
+    return ResolvedPrompt(
+        spec=spec,
+        kind="registry",
+        label=spec,
+        template=QATemplate.from_template_text(text),
+        provenance={"source": spec, "tracking_uri": _redact_uri(uri)},
+    )
+
+
+def _from_file(spec: str, path: Path, config: OproConfig | None) -> ResolvedPrompt:
+    if not path.is_file():
+        raise DataError(f"prompt {spec!r}: file {path} does not exist (for a literal instruction write text:...)")
+    text = path.read_text(encoding="utf-8")
+    provenance: dict[str, Any] = {"source": spec, "file": str(path)}
+    if path.suffix.lower() == ".json":
+        template, extra = _from_json(text, path)
+        provenance.update(extra)
+    elif "{context_str}" in text and "{query_str}" in text:
+        template = _parse_full_template(text)
+    else:
+        try:
+            template = _template(text, config)
+        except PromptError as exc:
+            raise PromptError(f"{path}: {exc}") from None
+    return ResolvedPrompt(spec=spec, kind="file", label=path.name, template=template, provenance=provenance)
+
+
+def _parse_full_template(text: str) -> QATemplate:
+    """A full template from a file; tolerant of the newline or trailing space an editor adds or strips."""
+    first = QATemplate.from_template_text(text)
+    if first.instruction:
+        return first
+    for variant in (text.rstrip("\n"), text.rstrip() + " "):
+        parsed = QATemplate.from_template_text(variant)
+        if parsed.instruction:
+            return parsed
+    return first
+
+
+def _from_json(text: str, path: Path) -> tuple[QATemplate, dict[str, Any]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, Mapping):
+        raise DataError(f"{path}: expected a JSON object with 'template' or 'instruction'")
+    prov = dict(data.get("provenance") or data.get("metadata") or {})
+    if isinstance(data.get("template"), str):
+        if isinstance(data.get("base"), str) and isinstance(data.get("instruction"), str):
+            position = data.get("position", "before")
+            return QATemplate(instruction=data["instruction"], base=data["base"], position=position), prov
+        return QATemplate.from_template_text(data["template"]), prov
+    if isinstance(data.get("instruction"), str):
+        return QATemplate(instruction=data["instruction"]), prov
+    if isinstance(data.get("instructions"), str):  # an exported DSPy signature
+        return QATemplate(instruction=data["instructions"]), prov
+    raise DataError(f"{path}: no 'template' or 'instruction' string in this JSON; export it with `opro export --format json`")
+
+
+def _redact_uri(uri: str) -> str:
+    """Drop any ``user:password@`` from a URL before it is written anywhere."""
+    return re.sub(r"(?<=://)[^/@\s]+@", "***@", uri)
+
+
+def resolve_prompt(
+    spec: str,
+    *,
+    config: OproConfig | None = None,
+    tracking_uri: str | None = None,
+) -> ResolvedPrompt:
+    """Turn a prompt spec (see the module doc) into a :class:`ResolvedPrompt`.
+
+    ``config`` is needed by ``best``, ``initial`` and (unless ``tracking_uri`` is given)
+    ``prompts:/`` URIs; literal instructions take the config's instruction position.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError("an empty prompt spec; use best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:...")
+    s = spec.strip()
+    if s == "best":
+        cfg = _need_config(s, config)
+        return _from_run(s, cfg.output_dir, cfg, "best")
+    if s == "initial" or re.fullmatch(r"initial:\d+", s):
+        cfg = _need_config(s, config)
+        index = int(s.split(":")[1]) if ":" in s else 0
+        initials = cfg.rag.initial_instructions
+        if index >= len(initials):
+            raise ConfigError(f"prompt {s!r}: {cfg.source} has {len(initials)} initial instruction(s) (0-based index)")
+        return ResolvedPrompt(
+            spec=s, kind="initial", label=s, template=_template(initials[index], cfg),
+            provenance={"source": s, "config": cfg.source},
+        )
+    if s.startswith("run:"):
+        target = s[4:].strip()
+        if not target:
+            raise ConfigError("prompt 'run:' needs a directory or config: run:runs/quickstart or run:experiments/x.toml")
+        return _from_run(s, run_dir_of(target), config, s)
+    if s.startswith("prompts:"):
+        return _from_registry(s, config, tracking_uri)
+    if s.startswith("file:"):
+        return _from_file(s, Path(s[5:]).expanduser(), config)
+    if s.startswith("text:"):
+        instruction = s[5:].strip()
+        return ResolvedPrompt(spec=s, kind="literal", label=_short(instruction), template=_template(instruction, config),
+                              provenance={"source": "literal"})
+    path = Path(s).expanduser()
+    if path.is_file() and path.suffix == ".toml":  # an experiment config: its optimization's best
+        return _from_run(s, run_dir_of(path), config, path.stem)
+    if path.is_file():
+        return _from_file(s, path, config)
+    if path.is_dir():
+        raise ConfigError(f"prompt {s!r} is a directory; for an optimization's best prompt write run:{s}")
+    if "\n" not in s and _LOOKS_LIKE_PATH.search(s):
+        raise DataError(f"prompt {s!r}: no such file (for a literal instruction write text:{s})")
+    return ResolvedPrompt(spec=s, kind="literal", label=_short(s), template=_template(s, config),
+                          provenance={"source": "literal"})
+
+
+def _short(text: str, n: int = 40) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= n else one[: n - 1] + "…"
+
+
+__all__ = ["PROMPT_JSON_FORMAT", "ResolvedPrompt", "SourceKind", "resolve_prompt", "run_dir_of"]

@@ -1,0 +1,283 @@
+"""Statistics for comparing prompts on the same questions.
+
+Judge scores are small discrete numbers (1-5) on a few dozen questions at best, so everything here
+is distribution-free and made for small paired samples: percentile bootstrap intervals (seeded), the
+Wilcoxon signed-rank test (scipy) and an exact sign-flip permutation test (Monte Carlo above
+``exact_max_n`` pairs). Results are frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from opro.errors import DataError
+
+# Rows of bootstrap resamples drawn at once: bounds memory at ~8 MB for 1000 questions.
+_BLOCK = 1000
+
+
+@dataclass(frozen=True)
+class ConfidenceInterval:
+    """``estimate`` with a ``level`` percentile-bootstrap interval ``[low, high]`` over ``n`` values."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    n: int
+    n_resamples: int
+    seed: int
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    def __str__(self) -> str:
+        return f"{self.estimate:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """A two-sided paired test. ``exact`` tells whether the p-value is exact or approximate."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    name: str
+    statistic: float
+    p_value: float
+    n: int
+    exact: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class WinTieLoss:
+    """Per question: ``a`` better than ``b`` (win), equal within ``tolerance`` (tie), worse (loss)."""
+
+    wins: int
+    ties: int
+    losses: int
+
+    @property
+    def n(self) -> int:
+        return self.wins + self.ties + self.losses
+
+    def __str__(self) -> str:
+        return f"{self.wins}/{self.ties}/{self.losses}"
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """``a`` against ``b`` on the same questions: difference ``a - b`` with interval and tests."""
+
+    n: int
+    mean_a: float
+    mean_b: float
+    difference: ConfidenceInterval
+    win_tie_loss: WinTieLoss
+    wilcoxon: TestResult
+    permutation: TestResult
+    alpha: float
+
+    @property
+    def significant(self) -> bool:
+        """Both tests below ``alpha``: the conservative reading for a report."""
+        return max(self.wilcoxon.p_value, self.permutation.p_value) < self.alpha
+
+    def verdict(self) -> str:
+        """A plain sentence for a report."""
+        d = self.difference
+        p = f"Wilcoxon p={self.wilcoxon.p_value:.3g}, permutation p={self.permutation.p_value:.3g}"
+        if self.n == 0:
+            return "no question was scored for both prompts: nothing to compare"
+        if self.significant:
+            direction = "better" if d.estimate > 0 else "worse"
+            return (
+                f"{direction} by {abs(d.estimate):.2f} points on average "
+                f"({d.level:.0%} CI {d.low:+.2f} to {d.high:+.2f}; {p}): significant at {self.alpha:g}"
+            )
+        return (
+            f"difference {d.estimate:+.2f} ({d.level:.0%} CI {d.low:+.2f} to {d.high:+.2f}; {p}): "
+            f"not significant at {self.alpha:g}"
+            + (f"; too few paired questions ({self.n}) to detect small differences" if self.n < 20 else "")
+        )
+
+
+def _values(values: Sequence[float], what: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim != 1:
+        raise DataError(f"{what}: expected a flat sequence of numbers, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise DataError(f"{what}: values must be finite numbers (drop invalid scores first)")
+    return arr
+
+
+def _pairs(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
+    x, y = _values(a, "first sample"), _values(b, "second sample")
+    if x.shape != y.shape:
+        raise DataError(f"paired samples differ in length ({len(x)} vs {len(y)}); pair them by question first")
+    return x - y  # type: ignore[no-any-return]
+
+
+def _check_level(level: float, n_resamples: int) -> None:
+    if not 0.0 < level < 1.0:
+        raise DataError(f"confidence level must be between 0 and 1 (e.g. 0.95), got {level}")
+    if n_resamples < 100:
+        raise DataError(f"n_resamples={n_resamples} is too few for a percentile interval; use >= 1000")
+
+
+def bootstrap_mean_ci(
+    values: Sequence[float], *, level: float = 0.95, n_resamples: int = 10_000, seed: int = 0
+) -> ConfidenceInterval:
+    """Percentile bootstrap interval of the mean (resampling with replacement, seeded)."""
+    _check_level(level, n_resamples)
+    x = _values(values, "bootstrap sample")
+    n = len(x)
+    if n == 0:
+        raise DataError("cannot bootstrap the mean of an empty sample")
+    estimate = float(x.mean())
+    if n == 1 or np.all(x == x[0]):
+        return ConfidenceInterval(estimate, estimate, estimate, level, n, n_resamples, seed)
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_resamples)
+    for start in range(0, n_resamples, _BLOCK):
+        rows = min(_BLOCK, n_resamples - start)
+        means[start : start + rows] = x[rng.integers(0, n, size=(rows, n))].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return ConfidenceInterval(estimate, float(low), float(high), level, n, n_resamples, seed)
+
+
+def paired_bootstrap_ci(
+    a: Sequence[float], b: Sequence[float], *, level: float = 0.95, n_resamples: int = 10_000, seed: int = 0
+) -> ConfidenceInterval:
+    """Percentile bootstrap interval of ``mean(a - b)``, resampling questions (pairs stay together)."""
+    return bootstrap_mean_ci(list(_pairs(a, b)), level=level, n_resamples=n_resamples, seed=seed)
+
+
+def wilcoxon_signed_rank(a: Sequence[float], b: Sequence[float]) -> TestResult:
+    """Two-sided Wilcoxon signed-rank test of ``a - b`` (scipy; zero differences dropped).
+
+    All differences zero (or no pairs) gives p = 1.0: there is no evidence of any difference.
+    scipy uses the exact null distribution for small samples without ties and the normal
+    approximation (with tie correction) otherwise; ``exact`` says which.
+    """
+    d = _pairs(a, b)
+    nonzero = d[d != 0]
+    if len(nonzero) == 0:
+        return TestResult("wilcoxon", 0.0, 1.0, len(d), True, "all differences are zero")
+    from scipy.stats import wilcoxon
+
+    has_ties = len(np.unique(np.abs(nonzero))) < len(nonzero)
+    exact = len(nonzero) <= 50 and not has_ties
+    with warnings.catch_warnings():
+        # One non-zero difference makes scipy's normal approximation divide by zero; the exact
+        # branch handles it. Other warnings (sample size) are about the approximation we report.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        res = wilcoxon(nonzero, zero_method="wilcox", alternative="two-sided", method="exact" if exact else "approx")
+    p = float(res.pvalue)
+    if math.isnan(p):
+        p = 1.0
+    note = f"{len(d) - len(nonzero)} zero differences dropped" if len(nonzero) < len(d) else ""
+    return TestResult("wilcoxon", float(res.statistic), min(1.0, p), len(d), exact, note)
+
+
+def permutation_test(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    exact_max_n: int = 16,
+) -> TestResult:
+    """Two-sided paired sign-flip permutation test of ``mean(a - b) = 0``.
+
+    Under the null each difference is as likely positive as negative, so the p-value is the share
+    of the ``2**n`` sign assignments whose ``|mean|`` is at least the observed one: enumerated
+    exactly up to ``exact_max_n`` pairs, otherwise estimated from ``n_resamples`` seeded random
+    flips as ``(1 + hits) / (1 + n_resamples)`` (never zero, as Monte Carlo p-values should be).
+    """
+    d = _pairs(a, b)
+    n = len(d)
+    if n == 0 or np.all(d == 0):
+        return TestResult("permutation", 0.0, 1.0, n, True, "all differences are zero" if n else "no pairs")
+    observed = abs(float(d.mean()))
+    # Tolerance: sums of the same floats in another order differ in the last bits.
+    tol = 1e-12 * max(1.0, float(np.abs(d).max()))
+    if n <= exact_max_n:
+        # Row k flips the signs of the differences at the set bits of k: all 2**n assignments.
+        signs = 1.0 - 2.0 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+        stats = np.abs(signs @ d) / n
+        p = float(np.mean(stats >= observed - tol))
+        return TestResult("permutation", observed, p, n, True, f"exact over {2**n} sign flips")
+    if n_resamples < 100:
+        raise DataError(f"n_resamples={n_resamples} is too few for a Monte Carlo p-value; use >= 1000")
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, n_resamples, _BLOCK):
+        rows = min(_BLOCK, n_resamples - start)
+        signs = rng.choice((-1.0, 1.0), size=(rows, n))
+        hits += int(np.sum(np.abs(signs @ d) / n >= observed - tol))
+    p = (1 + hits) / (1 + n_resamples)
+    return TestResult("permutation", observed, p, n, False, f"Monte Carlo, {n_resamples} sign flips, seed {seed}")
+
+
+def win_tie_loss(a: Sequence[float], b: Sequence[float], *, tolerance: float = 0.0) -> WinTieLoss:
+    """Count questions where ``a`` beats, ties or loses to ``b`` (ties: ``|a - b| <= tolerance``)."""
+    d = _pairs(a, b)
+    return WinTieLoss(
+        wins=int(np.sum(d > tolerance)), ties=int(np.sum(np.abs(d) <= tolerance)), losses=int(np.sum(d < -tolerance))
+    )
+
+
+def compare_paired(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    level: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    exact_max_n: int = 16,
+) -> PairedComparison:
+    """Everything a report says about ``a`` against ``b`` on the same questions."""
+    if not 0.0 < alpha < 1.0:
+        raise DataError(f"alpha must be between 0 and 1 (e.g. 0.05), got {alpha}")
+    d = _pairs(a, b)
+    n = len(d)
+    if n == 0:
+        nan_ci = ConfidenceInterval(math.nan, math.nan, math.nan, level, 0, n_resamples, seed)
+        none = TestResult("wilcoxon", 0.0, 1.0, 0, True, "no pairs")
+        return PairedComparison(
+            0, math.nan, math.nan, nan_ci, WinTieLoss(0, 0, 0), none,
+            TestResult("permutation", 0.0, 1.0, 0, True, "no pairs"), alpha,
+        )
+    return PairedComparison(
+        n=n,
+        mean_a=float(np.mean(a)),
+        mean_b=float(np.mean(b)),
+        difference=paired_bootstrap_ci(a, b, level=level, n_resamples=n_resamples, seed=seed),
+        win_tie_loss=win_tie_loss(a, b),
+        wilcoxon=wilcoxon_signed_rank(a, b),
+        permutation=permutation_test(a, b, n_resamples=n_resamples, seed=seed, exact_max_n=exact_max_n),
+        alpha=alpha,
+    )
+
+
+__all__ = [
+    "ConfidenceInterval",
+    "PairedComparison",
+    "TestResult",
+    "WinTieLoss",
+    "bootstrap_mean_ci",
+    "compare_paired",
+    "paired_bootstrap_ci",
+    "permutation_test",
+    "wilcoxon_signed_rank",
+    "win_tie_loss",
+]

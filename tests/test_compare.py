@@ -1,0 +1,273 @@
+"""Prompt comparison on scripted models: paired statistics, leakage refusal, reports, MLflow, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opro.backends import ModelPool
+from opro.compare import check_heldout_leakage, compare_prompts, save_comparison
+from opro.dataset import Example, GoldenDataset
+from opro.errors import ConfigError, DataError
+from opro.experiment import Experiment
+from opro.llm import GenerationOptions, Message
+from opro.scripted import ScriptedLLM
+from opro.sources import resolve_prompt
+
+DOC = """AlexNet won the ImageNet challenge in 2012. It was designed by Alex Krizhevsky.
+It used ReLU activations and dropout. It was trained on two GPUs.
+"""
+
+
+def _judge_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    # Answers given under an instruction that mentions "context" score 5, others 2.
+    return json.dumps({"score": 5 if "context" in messages[-1].content.lower() else 2, "reasoning": "scripted"})
+
+
+def _task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    prompt = messages[-1].content
+    return "Using the context: yes." if "context" in prompt.split("---------------------")[0].lower() else "Yes."
+
+
+def _optimizer_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    i = (options.seed or 0) % 1000
+    return f"<INS>Answer from the context, variant {i}.</INS>" if i % 2 else f"<INS>Answer plainly, variant {i}.</INS>"
+
+
+def scripted_pool() -> ModelPool:
+    return ModelPool(
+        scripted={
+            "task": ScriptedLLM(default=_task_reply, model="task"),
+            "judge": ScriptedLLM(default=_judge_reply, model="judge"),
+            "optimizer": ScriptedLLM(default=_optimizer_reply, model="optimizer"),
+        }
+    )
+
+
+def write_config(tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1) -> Path:
+    """A scripted experiment TOML over 16 questions; returns its path."""
+    (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "docs" / "alexnet.txt").write_text(DOC)
+    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(16)]
+    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        f"""
+[experiment]
+name = "{name}"
+output_dir = "{out}"
+cache_path = "calls.sqlite"
+progress = false
+
+[data]
+docs = ["docs"]
+dataset = "qa.jsonl"
+query_field = "question"
+answer_field = "answer"
+
+[data.split]
+exemplar = 2
+optimization = 3
+heldout = {heldout}
+seed = {seed}
+
+[rag]
+chunk_size = 64
+chunk_overlap = 0
+initial_instructions = ["Answer the question."]
+
+[models.task]
+backend = "scripted"
+model = "task"
+
+[models.judge]
+backend = "scripted"
+model = "judge"
+
+[models.optimizer]
+backend = "scripted"
+model = "optimizer"
+
+[models.generator]
+backend = "scripted"
+model = "optimizer"
+
+[optimizer]
+steps = 1
+candidates_per_step = 2
+minibatch_size = 2
+
+[tracking]
+prompt_name = "qa-{name}"
+"""
+    )
+    return path
+
+
+def optimized(tmp_path: Path, **kwargs: object) -> Path:
+    path = write_config(tmp_path, **kwargs)  # type: ignore[arg-type]
+    exp = Experiment.from_file(path, pool=scripted_pool(), progress=False)
+    try:
+        result = exp.optimize()
+    finally:
+        exp.close()
+    assert result.best_score == 5.0 and result.initial_score == 2.0
+    return path
+
+
+@pytest.fixture(scope="module")
+def run_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return optimized(tmp_path_factory.mktemp("run"))
+
+
+def test_best_vs_initial_on_heldout(run_config: Path) -> None:
+    exp = Experiment.from_file(run_config, pool=scripted_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"], extra_metrics=["token_f1"])
+        saved = save_comparison(report, experiment=exp, name="first")
+    finally:
+        exp.close()
+    assert report.split == "heldout" and report.leakage_checked
+    assert len(report.questions) == 10
+    initial, best = report.prompts
+    assert initial.mean is not None and initial.mean.estimate == 2.0 and initial.pass_rate == 0.0
+    assert best.mean is not None and best.mean.estimate == 5.0 and best.pass_rate == 1.0
+    assert "context" in best.instruction.lower()
+    assert report.versus[0] is None
+    v = report.versus[1]
+    assert v is not None
+    assert (v.stats.win_tie_loss.wins, v.stats.win_tie_loss.ties, v.stats.win_tie_loss.losses) == (10, 0, 0)
+    assert v.stats.difference.estimate == 3.0
+    # 10 equal positive differences: exact permutation p = 2 / 2**10; Wilcoxon (tied ranks) approximate.
+    assert v.stats.permutation.p_value == pytest.approx(2 / 1024)
+    assert v.stats.wilcoxon.p_value < 0.01
+    assert "significant at 0.05" in v.sentence and "not significant" not in v.sentence
+    assert set(best.metric_means) == {"token_f1"}
+
+    out = run_config.parent / "out" / "compare" / "first"
+    assert saved.directory == out
+    assert {p.name for p in out.iterdir()} == {"report.md", "report.json", "scores.csv", "comparison.png"}
+    data = json.loads((out / "report.json").read_text())
+    assert data["prompts"][1]["versus_baseline"]["wins"] == 10
+    assert data["baseline"] == "initial"
+    md = (out / "report.md").read_text()
+    assert "held-out" in md and "significant at 0.05" in md and "Leakage check" in md
+
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{run_config.parent / 'out' / 'mlflow.db'}"
+    run = MlflowClient(tracking_uri=uri).get_run(saved.mlflow_run_id)
+    assert run.data.tags["opro.kind"] == "comparison"
+    assert run.data.metrics["prompt_1.mean"] == 5.0
+    assert run.data.metrics["prompt_1.permutation_p"] == pytest.approx(2 / 1024)
+    assert run.data.params["prompt_0.spec"] == "initial"
+    assert "optimizer.steps" not in run.data.params
+    artifacts = {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(run.info.run_id)}
+    assert {"report.md", "report.json", "comparison.png"} <= artifacts
+
+
+def test_identical_prompts_are_not_significant(run_config: Path) -> None:
+    exp = Experiment.from_file(run_config, pool=scripted_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "text:Answer the question."], n_resamples=1000)
+    finally:
+        exp.close()
+    v = report.versus[1]
+    assert v is not None
+    assert v.stats.wilcoxon.p_value == 1.0 and v.stats.permutation.p_value == 1.0
+    assert "not significant at 0.05" in v.sentence
+
+
+def test_leakage_is_refused_naming_the_questions() -> None:
+    from opro.dataset import Split, content_hash
+
+    examples = tuple(Example(query=f"What is item {i}?", reference_answer="x") for i in range(6))
+    check_heldout_leakage(GoldenDataset(examples).with_split(exemplar=1, optimization=2, heldout=3, seed=0))
+    # Example 6 is example 1 up to case and punctuation; a hand-made split puts it in held-out.
+    leaky = (*examples, Example(query="what is ITEM 1", reference_answer="y"))
+    split = Split(seed=0, exemplar=(0,), optimization=(1, 2), heldout=(3, 4, 5, 6), dataset_hash=content_hash(leaky))
+    with pytest.raises(
+        DataError, match=r"refusing to call this comparison held-out: 1 held-out.*'what is ITEM 1' \(also in optimization split\)"
+    ):
+        check_heldout_leakage(GoldenDataset(leaky, split))
+
+
+def test_a_run_optimized_on_another_split_is_refused(tmp_path: Path) -> None:
+    optimized(tmp_path / "a", seed=1)
+    other = write_config(tmp_path / "b", name="b", seed=2)
+    exp = Experiment.from_file(other, pool=scripted_pool(), progress=False)
+    try:
+        with pytest.raises(DataError, match=r"held-out question\(s\) were seen during optimization: 'Fact number \d+ about AlexNet\?'"):
+            compare_prompts(experiment=exp, prompts=["initial", f"run:{tmp_path / 'a' / 'out'}"])
+        # Not called held-out, the same comparison runs.
+        report = compare_prompts(experiment=exp, prompts=["initial", f"run:{tmp_path / 'a' / 't.toml'}"], split="optimization")
+        assert not report.leakage_checked and report.split == "optimization"
+    finally:
+        exp.close()
+
+
+def test_prompt_specs_and_their_errors(run_config: Path, tmp_path: Path) -> None:
+    from opro.config import load_config
+
+    cfg = load_config(run_config)
+    assert resolve_prompt("initial", config=cfg).instruction == "Answer the question."
+    best = resolve_prompt("best", config=cfg)
+    assert best.kind == "run" and best.provenance["optimization_score"] == 5.0
+    assert resolve_prompt(f"run:{run_config}").template == best.template
+    assert resolve_prompt(f"run:{cfg.output_dir}").template == best.template
+    assert resolve_prompt(str(run_config)).template == best.template
+    full = tmp_path / "full.txt"
+    full.write_text(best.template_text)
+    assert resolve_prompt(str(full)).template == best.template
+    plain = tmp_path / "plain.txt"
+    plain.write_text("Answer in one word.\n")
+    assert resolve_prompt(f"file:{plain}").instruction == "Answer in one word."
+    assert resolve_prompt("Answer in one word.").kind == "literal"
+    registered = resolve_prompt("prompts:/qa-t@latest-best", config=cfg)
+    assert registered.template.template_text == best.template_text
+
+    with pytest.raises(ConfigError, match="pass its config"):
+        resolve_prompt("best")
+    with pytest.raises(DataError, match=r"no such file \(for a literal instruction write text:"):
+        resolve_prompt("missing/prompt.txt")
+    with pytest.raises(DataError, match=r"no summary\.json"):
+        resolve_prompt(f"run:{tmp_path}")
+    with pytest.raises(ConfigError, match=r"is a directory; .*run:"):
+        resolve_prompt(str(tmp_path))
+    with pytest.raises(ConfigError, match="cannot load prompt"):
+        resolve_prompt("prompts:/nope@production", config=cfg)
+    with pytest.raises(ConfigError, match="prompts:/NAME@ALIAS"):
+        resolve_prompt("prompts:/bad name", config=cfg)
+    with pytest.raises(ConfigError, match="1 initial instruction"):
+        resolve_prompt("initial:3", config=cfg)
+
+
+def test_compare_argument_errors(run_config: Path) -> None:
+    exp = Experiment.from_file(run_config, pool=scripted_pool(), progress=False)
+    try:
+        with pytest.raises(ConfigError, match="at least two prompts"):
+            compare_prompts(experiment=exp, prompts=["best"])
+        with pytest.raises(ConfigError, match="baseline 'x' is not one of"):
+            compare_prompts(experiment=exp, prompts=["best", "initial"], baseline="x")
+        with pytest.raises(ConfigError, match="unknown extra metric 'bleu'"):
+            compare_prompts(experiment=exp, prompts=["best", "initial"], extra_metrics=["bleu"])
+        with pytest.raises(ConfigError, match="split 'test'"):
+            compare_prompts(experiment=exp, prompts=["best", "initial"], split="test")
+    finally:
+        exp.close()
+
+
+def test_cli_compare_defaults_to_best_vs_initial(run_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opro.cli import app
+
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    monkeypatch.setenv("COLUMNS", "240")
+    result = CliRunner().invoke(app, ["compare", str(run_config), "--name", "cli", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "initial (baseline)" in result.output and "significant at 0.05" in result.output
+    assert (run_config.parent / "out" / "compare" / "cli" / "report.json").is_file()
+    bad = CliRunner().invoke(app, ["compare", str(run_config), "--prompt", "nothere.txt", "--no-mlflow"])
+    assert bad.exit_code == 2 and "no such file" in bad.output

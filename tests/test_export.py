@@ -1,0 +1,183 @@
+"""Each export format round-trips: text, JSON, LlamaIndex, DSPy, MLflow Prompt Registry; and the CLI."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opro.errors import ConfigError, DataError, PromptError
+from opro.export import export_prompt, load_dspy_signature, load_llamaindex_prompt, load_prompt_json
+from opro.prompts import QATemplate
+from opro.sources import resolve_prompt
+
+INSTRUCTION = "Answer only from the context {as JSON}, in one sentence."
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """An optimization output directory as `opro optimize` leaves it (summary.json)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    template = QATemplate(instruction=INSTRUCTION).template_text
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "best_instruction": INSTRUCTION,
+                "best_template": template,
+                "best_score": 4.5,
+                "initial_instruction": "Answer.",
+                "initial_score": 3.0,
+                "mlflow_run_id": "abc123",
+                "study_name": "s",
+            }
+        )
+    )
+    (out / "best_prompt.txt").write_text(template)
+    return out
+
+
+def test_text_round_trip(run_dir: Path, tmp_path: Path) -> None:
+    prompt = resolve_prompt(f"run:{run_dir}")
+    assert prompt.instruction == INSTRUCTION
+    result = export_prompt(prompt, format="text")
+    assert result.content == prompt.template_text and not result.paths
+    written = export_prompt(prompt, format="text", out=tmp_path / "p.txt")
+    assert resolve_prompt(str(written.paths[0])).template == prompt.template
+    # An editor's trailing newline (or a stripped trailing space) does not break the parse.
+    (tmp_path / "edited.txt").write_text(prompt.template_text.rstrip() + "\n")
+    assert resolve_prompt(str(tmp_path / "edited.txt")).template == prompt.template
+    # After-layout templates survive too.
+    after = QATemplate(instruction="Be brief.", position="after")
+    (tmp_path / "after.txt").write_text(after.template_text)
+    assert resolve_prompt(str(tmp_path / "after.txt")).template == after
+
+
+def test_json_round_trip_with_provenance_and_no_secrets(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-xyz")
+    prompt = resolve_prompt(f"run:{run_dir}")
+    result = export_prompt(prompt, format="json", out=tmp_path / "exports")
+    path = result.paths[0]
+    assert path == tmp_path / "exports" / "prompt.json"
+    data = json.loads(path.read_text())
+    assert data["instruction"] == INSTRUCTION
+    assert data["template"] == prompt.template_text
+    assert data["variables"] == ["context_str", "query_str"]
+    prov = data["provenance"]
+    assert prov["mlflow_run_id"] == "abc123" and prov["optimization_score"] == 4.5 and prov["initial_score"] == 3.0
+    assert "sk-secret" not in path.read_text()
+    assert load_prompt_json(path) == prompt.template
+    assert resolve_prompt(str(path)).template == prompt.template  # a prompt source for compare / export
+
+
+def test_llamaindex_round_trip_and_snippet(run_dir: Path, tmp_path: Path) -> None:
+    prompt = resolve_prompt(f"run:{run_dir}")
+    result = export_prompt(prompt, format="llamaindex", out=tmp_path / "li.json")
+    json_path, py_path = result.paths
+    assert py_path.name == "li.py"
+    loaded = load_llamaindex_prompt(json_path)
+    expected = prompt.template.format(context_str="CTX {x}", query_str="Q?")
+    assert loaded.format(context_str="CTX {x}", query_str="Q?") == expected
+    assert sorted(loaded.template_vars) == ["context_str", "query_str"]
+    snippet = runpy.run_path(str(py_path))["TEXT_QA_TEMPLATE"]
+    assert snippet.format(context_str="CTX {x}", query_str="Q?") == expected
+    # A query engine accepts it under the synthesizer's QA prompt key.
+    from llama_index.core.response_synthesizers import get_response_synthesizer
+
+    from opro.export import LLAMAINDEX_PROMPT_KEY
+
+    synth = get_response_synthesizer(llm=_MockLLM(), response_mode="compact")
+    synth.update_prompts({LLAMAINDEX_PROMPT_KEY.split(":", 1)[1]: loaded})
+    assert synth.get_prompts()[LLAMAINDEX_PROMPT_KEY.split(":", 1)[1]].get_template() == prompt.template_text
+    assert resolve_prompt(str(json_path)).template == prompt.template
+
+
+def _MockLLM() -> object:
+    from llama_index.core.llms import MockLLM
+
+    return MockLLM()
+
+
+def test_dspy_round_trip_and_snippet(run_dir: Path, tmp_path: Path) -> None:
+    prompt = resolve_prompt(f"run:{run_dir}")
+    result = export_prompt(prompt, format="dspy", out=tmp_path)
+    json_path, py_path = result.paths
+    assert json_path.name == "prompt.dspy.json" and py_path.name == "prompt_dspy.py"
+    signature = load_dspy_signature(json_path)
+    import dspy
+
+    assert issubclass(signature, dspy.Signature)
+    assert signature.instructions == INSTRUCTION
+    assert list(signature.input_fields) == ["context", "question"] and list(signature.output_fields) == ["answer"]
+    snippet = runpy.run_path(str(py_path))["OproQA"]
+    assert snippet.instructions == INSTRUCTION
+    assert resolve_prompt(str(json_path)).instruction == INSTRUCTION
+    with pytest.raises(PromptError, match="no instruction"):
+        export_prompt(resolve_prompt(str(_template_only(tmp_path))), format="dspy", out=tmp_path)
+
+
+def _template_only(tmp_path: Path) -> Path:
+    path = tmp_path / "custom.txt"
+    path.write_text("Q: {query_str}\nC: {context_str}\nA:")
+    return path
+
+
+def test_mlflow_registry_round_trip_with_alias(run_dir: Path, tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'registry.db'}"
+    prompt = resolve_prompt(f"run:{run_dir}")
+    result = export_prompt(prompt, format="mlflow", name="qa", alias="production", tracking_uri=uri)
+    assert result.uri == "prompts:/qa/1" and result.version == 1
+    back = resolve_prompt("prompts:/qa@production", tracking_uri=uri)
+    assert back.template == prompt.template
+    again = export_prompt(back, format="mlflow", name="qa", alias="staging", tracking_uri=uri)
+    assert again.version == 2
+    assert resolve_prompt("prompts:/qa/2", tracking_uri=uri).template == prompt.template
+
+    from mlflow import MlflowClient
+
+    registered = MlflowClient(tracking_uri=uri, registry_uri=uri).load_prompt("prompts:/qa@production")
+    assert "{{context_str}}" in registered.template
+    assert registered.tags["opro.mlflow_run_id"] == "abc123"
+    with pytest.raises(ConfigError, match="which MLflow store"):
+        export_prompt(prompt, format="mlflow", name="qa")
+    with pytest.raises(ConfigError, match="alias 'prod uction'"):
+        export_prompt(prompt, format="mlflow", name="qa", alias="prod uction", tracking_uri=uri)
+
+
+def test_export_errors(run_dir: Path, tmp_path: Path) -> None:
+    prompt = resolve_prompt(f"run:{run_dir}")
+    with pytest.raises(ConfigError, match="not one of"):
+        export_prompt(prompt, format="yaml")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="give --out"):
+        export_prompt(prompt, format="dspy")
+    with pytest.raises(ConfigError, match="only applies to --format mlflow"):
+        export_prompt(prompt, format="text", alias="production")
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(DataError, match="not an opro export"):
+        load_llamaindex_prompt(tmp_path / "x.json")
+
+
+def test_cli_export(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opro.cli import app
+
+    runner = CliRunner()
+    text = runner.invoke(app, ["export", f"run:{run_dir}"])
+    assert text.exit_code == 0, text.output
+    assert text.stdout == QATemplate(instruction=INSTRUCTION).template_text
+    as_json = runner.invoke(app, ["export", f"run:{run_dir}", "--format", "json"])
+    assert json.loads(as_json.stdout)["instruction"] == INSTRUCTION
+    li = runner.invoke(app, ["export", f"run:{run_dir}", "--format", "llamaindex", "--out", str(tmp_path / "li")])
+    assert li.exit_code == 0 and (tmp_path / "li" / "prompt.llamaindex.json").is_file()
+    uri = f"sqlite:///{tmp_path / 'r.db'}"
+    reg = runner.invoke(
+        app, ["export", f"run:{run_dir}", "--format", "mlflow", "--name", "qa", "--alias", "production", "--tracking-uri", uri]
+    )
+    assert reg.exit_code == 0, reg.output
+    assert "registered prompts:/qa/1 (alias production: prompts:/qa@production)" in reg.stdout
+    bad = runner.invoke(app, ["export", "best"])
+    assert bad.exit_code == 2 and "pass its config" in bad.output
+    bad = runner.invoke(app, ["export", f"run:{run_dir}", "--format", "yaml"])
+    assert bad.exit_code == 2 and "is not one of" in bad.output
