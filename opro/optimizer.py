@@ -239,13 +239,23 @@ class OPROOptimizer:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         if self.storage.startswith("sqlite:///"):
             Path(self.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.create_study(
-            storage=self.storage,
-            study_name=self.study_name,
-            direction="maximize",
-            pruner=make_pruner(self.settings),
-            load_if_exists=True,
-        )
+        from sqlalchemy.exc import IntegrityError, OperationalError
+
+        for attempt in range(5):
+            try:
+                return optuna.create_study(
+                    storage=self.storage,
+                    study_name=self.study_name,
+                    direction="maximize",
+                    pruner=make_pruner(self.settings),
+                    load_if_exists=True,
+                )
+            except (OperationalError, IntegrityError):
+                # Workers starting together race to create the schema or the study; the loser retries.
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _records(study: optuna.Study) -> list[CandidateRecord]:

@@ -302,3 +302,40 @@ def test_resume_after_kill_loses_nothing_and_repeats_no_call(tmp_path: Path) -> 
     for t in after.trials:
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["instruction"] in done_before:
             assert t.number < len(before.trials)  # finished candidates were not evaluated again
+
+
+def test_two_workers_share_one_study(tmp_path: Path) -> None:
+    """Worker 0 proposes; both workers evaluate their share of each step through the shared storage."""
+    import threading
+
+    results: dict[int, object] = {}
+    errors: list[BaseException] = []
+    rigs: dict[int, Rig] = {}
+
+    def work(index: int) -> None:
+        try:
+            opt, rig, program = _optimizer(tmp_path, steps=2, candidates_per_step=4)
+            opt.worker_index, opt.num_workers, opt.worker_timeout_s = index, 2, 60.0
+            if index == 1:
+                opt.tracker = None
+            rigs[index] = rig
+            results[index] = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer.", "Reply."])  # type: ignore[arg-type]
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    r0, r1 = results[0], results[1]
+    assert len(r0.history) == len(r1.history) == 2 + 2 * 4  # type: ignore[attr-defined]
+    assert r0.best_score == r1.best_score  # type: ignore[attr-defined]
+    # Only worker 0 asked the optimizer model; both answered and judged.
+    assert rigs[0].optimizer.calls and not rigs[1].optimizer.calls
+    assert rigs[0].judge.calls and rigs[1].judge.calls
+    study = optuna.load_study(study_name="test", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    workers = {t.user_attrs["worker"] for t in study.trials}
+    assert workers == {0, 1}
+    assert len(study.trials) == 10  # nothing evaluated twice
