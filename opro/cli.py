@@ -646,6 +646,11 @@ def export(
 
 
 def main() -> None:
+    import logging
+
+    # MLflow and alembic announce schema creation at INFO on every new store: noise next to progress bars.
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     app()
 
 

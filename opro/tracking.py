@@ -182,10 +182,20 @@ def plot_trajectory(
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     done = [(s, v) for s, v, p in zip(steps, scores, pruned, strict=True) if v is not None and not p]
     cut = [(s, v) for s, v, p in zip(steps, scores, pruned, strict=True) if v is not None and p]
+    def spread(points: list[tuple[int, float]]) -> list[float]:
+        # Candidates of one step often tie; fan them out a little so every point shows.
+        seen: dict[tuple[int, float], int] = {}
+        xs = []
+        for s, v in points:
+            k = seen.get((s, v), 0)
+            seen[(s, v)] = k + 1
+            xs.append(s + 0.06 * ((k + 1) // 2) * (1 if k % 2 else -1))
+        return xs
+
     if done:
-        ax.scatter([s for s, _ in done], [v for _, v in done], s=28, alpha=0.75, label="candidate")
+        ax.scatter(spread(done), [v for _, v in done], s=30, alpha=0.75, label="candidate")
     if cut:
-        ax.scatter([s for s, _ in cut], [v for _, v in cut], s=28, facecolors="none", edgecolors="grey",
+        ax.scatter(spread(cut), [v for _, v in cut], s=30, facecolors="none", edgecolors="grey",
                    label="pruned (partial mean)")
     if done:
         by_step: dict[int, float] = {}
@@ -197,6 +207,9 @@ def plot_trajectory(
             xs.append(s)
             ys.append(best)
         ax.step(xs, ys, where="post", color="C3", linewidth=2, label="best so far")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step (0 = initial instructions)")
     ax.set_ylabel("mean judge score (1-5)")
     ax.set_ylim(0.8, 5.2)
