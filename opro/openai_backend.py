@@ -258,37 +258,14 @@ class OpenAILLM(LLM):
 
     def convert_error(self, exc: BaseException) -> LLMError:
         """Map an ``openai`` SDK exception to the opro error tree (with model, provider, status)."""
-        import openai
-
-        where: dict[str, Any] = {"model": self._model, "provider": self.provider}
-        if isinstance(exc, LLMError):
-            return exc
-        if isinstance(exc, openai.APITimeoutError):
-            return LLMTimeoutError(f"request to {self.base_url} timed out after {self.timeout_s:g} s", **where)
-        if isinstance(exc, openai.APIConnectionError):
-            return LLMConnectionError(f"cannot reach {self.base_url}: {exc}", **where)
-        if isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
-            detail = _error_detail(exc)
-            if status == 429:
-                retry_after = parse_retry_after(exc.response.headers)
-                return LLMRateLimitError(f"rate limited (429): {detail}", retry_after=retry_after, status=status, **where)
-            if status in (401, 403):
-                return LLMAuthError(
-                    f"authentication failed ({status}): {detail}; check the key in ${self.api_key_env}",
-                    status=status,
-                    **where,
-                )
-            if status == 408:
-                return LLMTimeoutError(f"server timed out (408): {detail}", status=status, **where)
-            if status == 409 or status >= 500:
-                return LLMServerError(f"server error ({status}): {detail}", status=status, **where)
-            return LLMBadRequestError(f"request rejected ({status}): {detail}", status=status, **where)
-        if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError):
-            return LLMServerError(f"unreadable response from {self.base_url}: {exc}", **where)
-        if isinstance(exc, openai.OpenAIError):
-            return LLMBadRequestError(f"openai client error: {exc}", **where)
-        return LLMError(f"unexpected error: {type(exc).__name__}: {exc}", **where)
+        return convert_openai_error(
+            exc,
+            model=self._model,
+            provider=self.provider,
+            base_url=self.base_url,
+            timeout_s=self.timeout_s,
+            api_key_env=self.api_key_env,
+        )
 
     def _give_up(self, error: LLMError, attempts: int) -> LLMError:
         if attempts <= 1 or not is_retryable(error):
@@ -361,6 +338,41 @@ class OpenAILLM(LLM):
         self._client.close()
         # Async clients are closed with their loops; dropping references is enough here.
         self._async_clients.clear()
+
+
+def convert_openai_error(
+    exc: BaseException, *, model: str, provider: str, base_url: str, timeout_s: float, api_key_env: str
+) -> LLMError:
+    """Map an ``openai`` SDK exception to the opro error tree (chat and embeddings clients alike)."""
+    import openai
+
+    where: dict[str, Any] = {"model": model, "provider": provider}
+    if isinstance(exc, LLMError):
+        return exc
+    if isinstance(exc, openai.APITimeoutError):
+        return LLMTimeoutError(f"request to {base_url} timed out after {timeout_s:g} s", **where)
+    if isinstance(exc, openai.APIConnectionError):
+        return LLMConnectionError(f"cannot reach {base_url}: {exc}", **where)
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        detail = _error_detail(exc)
+        if status == 429:
+            retry_after = parse_retry_after(exc.response.headers)
+            return LLMRateLimitError(f"rate limited (429): {detail}", retry_after=retry_after, status=status, **where)
+        if status in (401, 403):
+            return LLMAuthError(
+                f"authentication failed ({status}): {detail}; check the key in ${api_key_env}", status=status, **where
+            )
+        if status == 408:
+            return LLMTimeoutError(f"server timed out (408): {detail}", status=status, **where)
+        if status == 409 or status >= 500:
+            return LLMServerError(f"server error ({status}): {detail}", status=status, **where)
+        return LLMBadRequestError(f"request rejected ({status}): {detail}", status=status, **where)
+    if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError):
+        return LLMServerError(f"unreadable response from {base_url}: {exc}", **where)
+    if isinstance(exc, openai.OpenAIError):
+        return LLMBadRequestError(f"openai client error: {exc}", **where)
+    return LLMError(f"unexpected error: {type(exc).__name__}: {exc}", **where)
 
 
 def _error_detail(exc: openai.APIStatusError) -> str:

@@ -29,13 +29,6 @@ import numpy as np
 from opro.errors import (
     ConfigError,
     DataError,
-    LLMAuthError,
-    LLMBadRequestError,
-    LLMConnectionError,
-    LLMError,
-    LLMRateLimitError,
-    LLMServerError,
-    LLMTimeoutError,
 )
 from opro.progress import progress_bar
 
@@ -141,25 +134,6 @@ class Embedder(ABC):
         """A float32 array of shape (len(texts), dim)."""
 
 
-def _openai_error(exc: Exception, model: str) -> LLMError:
-    import openai
-
-    kw: dict[str, Any] = {"model": model, "provider": "openai-embeddings"}
-    status = getattr(exc, "status_code", None)
-    msg = f"embedding request failed: {exc}"
-    if isinstance(exc, openai.APITimeoutError):
-        return LLMTimeoutError(msg, **kw)
-    if isinstance(exc, openai.APIConnectionError):
-        return LLMConnectionError(msg + " (is the embeddings server running and base_url right?)", **kw)
-    if isinstance(exc, openai.RateLimitError):
-        return LLMRateLimitError(msg, status=status, **kw)
-    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-        return LLMAuthError(msg + " (check the API key variable)", status=status, **kw)
-    if isinstance(exc, openai.APIStatusError) and status is not None and status >= 500:
-        return LLMServerError(msg, status=status, **kw)
-    return LLMBadRequestError(msg, status=status, **kw)
-
-
 class OpenAIEmbedder(Embedder):
     """Embeddings from an OpenAI-compatible ``/v1/embeddings`` endpoint (OpenAI, vLLM, llama.cpp server...)."""
 
@@ -185,6 +159,8 @@ class OpenAIEmbedder(Embedder):
             key = "not-needed"  # local OpenAI-compatible servers usually ignore the key
         self._model = model
         self._base_url = base_url
+        self._timeout_s = timeout_s
+        self._api_key_env = api_key_env
         self._batch = max(1, batch_size)
         self._client = openai.OpenAI(api_key=key, base_url=base_url, timeout=timeout_s, max_retries=max_retries)
 
@@ -202,7 +178,16 @@ class OpenAIEmbedder(Embedder):
                 import openai
 
                 if isinstance(exc, openai.OpenAIError):
-                    raise _openai_error(exc, self._model) from exc
+                    from opro.openai_backend import DEFAULT_BASE_URL, convert_openai_error
+
+                    raise convert_openai_error(
+                        exc,
+                        model=self._model,
+                        provider="openai-embeddings",
+                        base_url=self._base_url or DEFAULT_BASE_URL,
+                        timeout_s=self._timeout_s,
+                        api_key_env=self._api_key_env,
+                    ) from exc
                 raise
             rows = sorted(resp.data, key=lambda d: d.index)
             out.extend(list(r.embedding) for r in rows)
