@@ -19,9 +19,22 @@ models_app = typer.Typer(help="List, assemble and locate the embedded GGUF model
 app.add_typer(models_app, name="models")
 
 
-def _model_pack_error(exc: Exception) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(code=1)
+def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
+    """Print an error for people (no traceback) and return the exit to raise.
+
+    Exit 2 for a usage or configuration error, 1 for a failure while working.
+    """
+    from rich.console import Console
+    from rich.markup import escape
+
+    from opro.errors import ConfigError
+
+    if code is None:
+        code = 2 if isinstance(exc, ConfigError | ValueError) else 1
+
+    # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+    return typer.Exit(code=code)
 
 
 @models_app.command("list")
@@ -61,7 +74,7 @@ def models_pull(
     try:
         path = pull(name, progress=True, force=force)
     except ModelPackError as exc:
-        raise _model_pack_error(exc) from exc
+        raise _fail(exc) from exc
     typer.echo(str(path))
 
 
@@ -74,7 +87,7 @@ def models_path(name: str = typer.Argument(..., help="embedded model name or a G
     try:
         path = model_path(name, progress=True)
     except ModelPackError as exc:
-        raise _model_pack_error(exc) from exc
+        raise _fail(exc) from exc
     typer.echo(str(path))
 
 
@@ -85,10 +98,6 @@ def models_path(name: str = typer.Argument(..., help="embedded model name or a G
 dataset_app = typer.Typer(help="Golden QA datasets: generate, import, split, show; corpora to run on.", no_args_is_help=True)
 app.add_typer(dataset_app, name="dataset")
 
-
-def _dataset_error(exc: Exception) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(code=1)
 
 
 def _split_sizes(n: int, exemplar: int, optimization: int | None, heldout: int | None) -> tuple[int, int, int | None]:
@@ -179,7 +188,7 @@ def dataset_generate(
             raise typer.Exit(code=1)
         _save_split(result.dataset, out, exemplar, optimization, heldout, seed)
     except OproError as exc:
-        raise _dataset_error(exc) from exc
+        raise _fail(exc) from exc
 
 
 @dataset_app.command("import")
@@ -207,7 +216,7 @@ def dataset_import(
         dataset = load_dataset(file, **fields)
         _save_split(dataset, out, exemplar, optimization, heldout, seed)
     except OproError as exc:
-        raise _dataset_error(exc) from exc
+        raise _fail(exc) from exc
 
 
 @dataset_app.command("split")
@@ -228,7 +237,7 @@ def dataset_split(
         dataset = load_labelled_rag_dataset(Path(directory) / DATASET_FILE)
         _save_split(dataset, directory, exemplar, optimization, heldout, seed)
     except OproError as exc:
-        raise _dataset_error(exc) from exc
+        raise _fail(exc) from exc
 
 
 @dataset_app.command("show")
@@ -246,7 +255,7 @@ def dataset_show(
     try:
         dataset = load_dataset(directory)
     except OproError as exc:
-        raise _dataset_error(exc) from exc
+        raise _fail(exc) from exc
     console = Console()
     console.print(f"[bold]{directory}[/]: {len(dataset)} examples, content hash {dataset.content_hash[:12]}")
     if dataset.split is not None:
@@ -286,7 +295,7 @@ def dataset_corpus(
     try:
         path = write_quickstart_corpus(out, topics=tuple(topics) if topics else QUICKSTART_TOPICS)
     except OproError as exc:
-        raise _dataset_error(exc) from exc
+        raise _fail(exc) from exc
     typer.echo(str(path))
 
 
@@ -306,7 +315,7 @@ def dataset_fetch_llama2(
             out, paper_url=paper_url or LLAMA2_PAPER_URL, dataset_url=dataset_url or LLAMA2_DATASET_URL, force=force
         )
     except OproError as exc:
-        raise _dataset_error(exc) from exc
+        raise _fail(exc) from exc
     typer.echo(f"paper: {result.paper}\ndataset: {result.dataset}")
     typer.echo(f"next: opro dataset import {result.dataset} --out <dataset dir>", err=True)
 
@@ -372,8 +381,7 @@ def judge_agreement(
                 assert judge_b is not None
                 scores_b, name_b = scores_of(judge_b, template_b or template), judge_b
     except OproError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=1) from exc
+        raise _fail(exc) from exc
 
     report = agreement(scores_a, scores_b)
     console = Console()
@@ -408,15 +416,6 @@ def judge_agreement(
 # ---- end section: evaluate / judge -------------------------------------------------------------
 
 # ---- section: optimize (owner: optimizer) ------------------------------------------------------
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    from rich.console import Console
-    from rich.markup import escape
-
-    # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
-    return typer.Exit(code=2)
 
 
 @app.command()
@@ -529,12 +528,7 @@ def evaluate(
 
 
 def _compare_error(exc: Exception) -> typer.Exit:
-    from rich.console import Console
-    from rich.markup import escape
-
-    # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
-    return typer.Exit(code=2)
+    return _fail(exc, code=2)
 
 
 @app.command()

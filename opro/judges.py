@@ -12,7 +12,7 @@ import json
 import math
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -687,14 +687,18 @@ class _YesNoJudge:
             },
         )
 
-    def _judge(self, query_str: str, contexts: Sequence[str]) -> MetricResult:
+    def _dialogue(self, query_str: str, contexts: Sequence[str]) -> Generator[Any, str, MetricResult]:
+        """Create-and-refine as a generator: yields the messages of each call, receives its reply.
+
+        One definition drives both the sync and the async path.
+        """
         packs = pack_contexts(contexts, max_chars=self.max_context_chars)
         if not packs:
             return MetricResult.invalid_result(self.name, "no contexts to judge against")
         verdicts: list[bool] = []
         replies: list[str] = []
         for _ in packs:
-            text = self.llm.complete(self._prompts(query_str, packs, verdicts), **self._options()).text
+            text = yield self._prompts(query_str, packs, verdicts)
             verdict = parse_yes_no(text)
             replies.append(text.strip())
             if verdict is None:
@@ -707,27 +711,23 @@ class _YesNoJudge:
         passing = verdicts[-1]
         return MetricResult(self.name, 1.0 if passing else 0.0, passing, "\n".join(replies))
 
+    def _judge(self, query_str: str, contexts: Sequence[str]) -> MetricResult:
+        dialogue = self._dialogue(query_str, contexts)
+        try:
+            messages = next(dialogue)
+            while True:
+                messages = dialogue.send(self.llm.complete(messages, **self._options()).text)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
     async def _ajudge(self, query_str: str, contexts: Sequence[str]) -> MetricResult:
-        packs = pack_contexts(contexts, max_chars=self.max_context_chars)
-        if not packs:
-            return MetricResult.invalid_result(self.name, "no contexts to judge against")
-        verdicts: list[bool] = []
-        replies: list[str] = []
-        for _ in packs:
-            text = (
-                await self.llm.acomplete(self._prompts(query_str, packs, verdicts), **self._options())
-            ).text
-            verdict = parse_yes_no(text)
-            replies.append(text.strip())
-            if verdict is None:
-                return MetricResult.invalid_result(
-                    self.name, f"no YES/NO in reply: {text.strip()[:120]!r}", feedback="\n".join(replies)
-                )
-            verdicts.append(verdict)
-            if verdict:
-                break
-        passing = verdicts[-1]
-        return MetricResult(self.name, 1.0 if passing else 0.0, passing, "\n".join(replies))
+        dialogue = self._dialogue(query_str, contexts)
+        try:
+            messages = next(dialogue)
+            while True:
+                messages = dialogue.send((await self.llm.acomplete(messages, **self._options())).text)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
 
 class FaithfulnessJudge(_YesNoJudge):
