@@ -24,6 +24,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", type=Path)
     parser.add_argument("--pruners", default="none,best", help="comma-separated pruners to compare")
+    parser.add_argument("--margin", type=float, default=None, help="override [optimizer].prune_margin")
+    parser.add_argument("--minibatch", type=int, default=None, help="override [optimizer].minibatch_size")
     args = parser.parse_args()
     base = load_config(args.config)
     table = Table(title=f"pruning on {args.config}")
@@ -32,9 +34,13 @@ def main() -> None:
     for pruner in args.pruners.split(","):
         cfg = dataclasses.replace(
             base,
-            optimizer=dataclasses.replace(base.optimizer, pruner=pruner),  # type: ignore[arg-type]
+            optimizer=dataclasses.replace(
+                base.optimizer,
+                pruner=pruner,  # type: ignore[arg-type]
+                prune_margin=base.optimizer.prune_margin if args.margin is None else args.margin,
+                minibatch_size=base.optimizer.minibatch_size if args.minibatch is None else args.minibatch,
+            ),
             experiment=dataclasses.replace(base.experiment, output_dir=f"{base.experiment.output_dir}-prune-{pruner}"),
-            data=dataclasses.replace(base.data),
         )
         exp = Experiment(cfg)
         # Reuse the base experiment's golden dataset so both runs score the same questions.
