@@ -6,45 +6,18 @@ import json
 from pathlib import Path
 
 import pytest
+from test_experiment import _pool as scripted_pool  # the scripted task, judge and optimizer models
 from typer.testing import CliRunner
 
-from opro.backends import ModelPool
 from opro.compare import check_heldout_leakage, compare_prompts, save_comparison
 from opro.dataset import Example, GoldenDataset
 from opro.errors import ConfigError, DataError
 from opro.experiment import Experiment
-from opro.llm import GenerationOptions, Message
-from opro.scripted import ScriptedLLM
 from opro.sources import resolve_prompt
 
 DOC = """AlexNet won the ImageNet challenge in 2012. It was designed by Alex Krizhevsky.
 It used ReLU activations and dropout. It was trained on two GPUs.
 """
-
-
-def _judge_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    # Answers given under an instruction that mentions "context" score 5, others 2.
-    return json.dumps({"score": 5 if "context" in messages[-1].content.lower() else 2, "reasoning": "scripted"})
-
-
-def _task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    prompt = messages[-1].content
-    return "Using the context: yes." if "context" in prompt.split("---------------------")[0].lower() else "Yes."
-
-
-def _optimizer_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    i = (options.seed or 0) % 1000
-    return f"<INS>Answer from the context, variant {i}.</INS>" if i % 2 else f"<INS>Answer plainly, variant {i}.</INS>"
-
-
-def scripted_pool() -> ModelPool:
-    return ModelPool(
-        scripted={
-            "task": ScriptedLLM(default=_task_reply, model="task"),
-            "judge": ScriptedLLM(default=_judge_reply, model="judge"),
-            "optimizer": ScriptedLLM(default=_optimizer_reply, model="optimizer"),
-        }
-    )
 
 
 def write_config(tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1) -> Path:
