@@ -39,11 +39,13 @@ class ExperimentSection:
 class SplitSection:
     exemplar: int = 3
     optimization: int = 8
+    #: Questions that score the finalists once at the end of the search (0: no validation stage).
+    validation: int = 0
     heldout: int = 10
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("exemplar", "optimization", "heldout"):
+        for name in ("exemplar", "optimization", "validation", "heldout"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"[data.split].{name} must be >= 0, got {getattr(self, name)}")
         if self.optimization < 1:

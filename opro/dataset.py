@@ -5,8 +5,8 @@ with ``query``, ``query_by``, ``reference_contexts``, ``reference_answer``, ``re
 and ``split.json`` (seed, requested sizes, the query indices of each split, and the content hash of
 the dataset it was made for), so every later command sees the same split.
 
-Splits are disjoint: *exemplar* (shown in the meta-prompt), *optimization* (scored during the search)
-and *heldout* (final comparison only). Questions whose normalized text is identical always land in
+Splits are disjoint: *exemplar* (shown in the meta-prompt), *optimization* (scored during the search),
+*validation* (scores the search's finalists once, at the end) and *heldout* (final comparison only). Questions whose normalized text is identical always land in
 the same split, so no question leaks from optimization into held-out.
 """
 
@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from opro.errors import DataError
 
-SplitName = Literal["exemplar", "optimization", "heldout"]
-SPLIT_NAMES: tuple[SplitName, ...] = ("exemplar", "optimization", "heldout")
+SplitName = Literal["exemplar", "optimization", "validation", "heldout"]
+SPLIT_NAMES: tuple[SplitName, ...] = ("exemplar", "optimization", "validation", "heldout")
 DATASET_FILE = "rag_dataset.json"
 SPLIT_FILE = "split.json"
 SPLIT_FORMAT = 1
@@ -100,6 +100,8 @@ class Split:
     optimization: tuple[int, ...]
     heldout: tuple[int, ...]
     dataset_hash: str
+    #: Scored only at the end of a search, to pick a finalist without the winner's curse of the search.
+    validation: tuple[int, ...] = ()
     #: What was asked for (a split may come out smaller when duplicate questions are kept together).
     requested: Mapping[str, int | None] = field(default_factory=dict)
 
@@ -121,6 +123,7 @@ class Split:
             "dataset_hash": self.dataset_hash,
             "exemplar": list(self.exemplar),
             "optimization": list(self.optimization),
+            "validation": list(self.validation),
             "heldout": list(self.heldout),
         }
 
@@ -131,6 +134,7 @@ class Split:
                 seed=int(data["seed"]),
                 exemplar=tuple(int(i) for i in data["exemplar"]),
                 optimization=tuple(int(i) for i in data["optimization"]),
+                validation=tuple(int(i) for i in data.get("validation", ())),
                 heldout=tuple(int(i) for i in data["heldout"]),
                 dataset_hash=str(data["dataset_hash"]),
                 requested=dict(data.get("requested") or {}),
@@ -140,14 +144,22 @@ class Split:
 
 
 def make_split(
-    examples: Sequence[Example], *, exemplar: int, optimization: int, heldout: int | None, seed: int
+    examples: Sequence[Example],
+    *,
+    exemplar: int,
+    optimization: int,
+    heldout: int | None,
+    seed: int,
+    validation: int = 0,
 ) -> Split:
     """Seeded disjoint split. ``heldout=None`` takes every remaining example.
 
     Examples are grouped by normalized question; a group is placed whole into the first split (in
     shuffled order) with room for it, so duplicates never straddle two splits.
     """
-    for name, size in (("exemplar", exemplar), ("optimization", optimization), ("heldout", heldout)):
+    for name, size in (
+        ("exemplar", exemplar), ("optimization", optimization), ("validation", validation), ("heldout", heldout)
+    ):
         if size is not None and size < 0:
             raise DataError(f"split size {name}={size} must be >= 0")
     groups: dict[str, list[int]] = {}
@@ -155,13 +167,16 @@ def make_split(
         groups.setdefault(normalize_question(e.query), []).append(i)
     order = list(groups.values())
     random.Random(seed).shuffle(order)
-    wanted = exemplar + optimization + (heldout or 0)
+    wanted = exemplar + optimization + validation + (heldout or 0)
     if wanted > len(examples):
         raise DataError(
-            f"split sizes exemplar={exemplar} + optimization={optimization} + heldout={heldout} = {wanted} "
+            f"split sizes exemplar={exemplar} + optimization={optimization} + validation={validation} "
+            f"+ heldout={heldout} = {wanted} "
             f"exceed the {len(examples)} examples of the dataset; choose smaller sizes"
         )
-    limits: dict[str, int | None] = {"exemplar": exemplar, "optimization": optimization, "heldout": heldout}
+    limits: dict[str, int | None] = {
+        "exemplar": exemplar, "optimization": optimization, "validation": validation, "heldout": heldout
+    }
     parts: dict[str, list[int]] = {n: [] for n in SPLIT_NAMES}
     for group in order:
         for name in SPLIT_NAMES:
@@ -173,6 +188,7 @@ def make_split(
         seed=seed,
         exemplar=tuple(sorted(parts["exemplar"])),
         optimization=tuple(sorted(parts["optimization"])),
+        validation=tuple(sorted(parts["validation"])),
         heldout=tuple(sorted(parts["heldout"])),
         dataset_hash=content_hash(examples),
         requested=dict(limits),
@@ -204,9 +220,15 @@ class GoldenDataset:
     def content_hash(self) -> str:
         return content_hash(self.examples)
 
-    def with_split(self, *, exemplar: int, optimization: int, heldout: int | None, seed: int) -> GoldenDataset:
+    def with_split(
+        self, *, exemplar: int, optimization: int, heldout: int | None, seed: int, validation: int = 0
+    ) -> GoldenDataset:
         return replace(
-            self, split=make_split(self.examples, exemplar=exemplar, optimization=optimization, heldout=heldout, seed=seed)
+            self,
+            split=make_split(
+                self.examples, exemplar=exemplar, optimization=optimization, validation=validation,
+                heldout=heldout, seed=seed,
+            ),
         )
 
     def examples_in(self, name: SplitName) -> tuple[Example, ...]:
