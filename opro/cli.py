@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -33,7 +34,8 @@ def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
         code = 2 if isinstance(exc, ConfigError | ValueError) else 1
 
     # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
+    # soft_wrap: an error names files and keys that must stay greppable and copyable whole.
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
     return typer.Exit(code=code)
 
 
@@ -445,19 +447,13 @@ def optimize(
             exp.close()
     except OproError as exc:
         raise _fail(exc) from exc
-    table = Table(title=f"opro optimize: {exp.config.experiment.name}")
-    table.add_column("")
-    table.add_column("score (1-5)", justify="right")
-    table.add_column("instruction")
-    init = f"{result.initial_score:.3f}" if result.initial_score is not None else "n/a"
-    table.add_row("initial", init, escape(result.initial_instruction))
-    table.add_row("best", f"{result.best_score:.3f}", escape(result.best_instruction))
-    console.print(table)
+    console.print(_optimize_table(result, title=f"opro optimize: {exp.config.experiment.name}"))
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(
         f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
-        f"{result.wall_s:.0f}s; scored on {exp.config.data.split.optimization} optimization questions"
+        f"{result.wall_s:.0f}s; search scores on {exp.config.data.split.optimization} optimization questions"
     )
+    console.print(escape(result.headline()))
     usage = Table(title="LLM usage by role")
     for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
         usage.add_column(col, justify="right")
@@ -465,6 +461,14 @@ def optimize(
         usage.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
                       str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
     console.print(usage)
+    if exp.config.optimizer.steps > 0 and index == 0 and not any(r.step > 0 for r in result.history):
+        reasons = sorted({r["reason"] for r in result.rejected}) or ["the optimizer returned nothing"]
+        console.print(
+            f"[red]error:[/red] the optimizer proposed no usable instruction in {exp.config.optimizer.steps} step(s) "
+            f"({len(result.rejected)} rejected: {escape('; '.join(reasons))}); check [models.optimizer] "
+            "(a stronger model) or [optimizer].max_instruction_chars"
+        )
+        raise typer.Exit(1)
     if index == 0:
         console.print(f"outputs: {exp.config.output_dir}  (best_prompt.txt, history.jsonl, summary.json, score_trajectory.png)")
         console.print(f"MLflow run {result.mlflow_run_id} in {exp.config.mlflow_uri}")
@@ -637,6 +641,40 @@ def export(
 
 
 # ---- end section: compare / export -------------------------------------------------------------
+
+
+def _optimize_table(result: Any, *, title: str) -> Any:
+    """Initial, finalists and the returned instruction: search score beside validation score."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("")
+    table.add_column("search score\n(in-sample)", justify="right")
+    table.add_column("validation score\n[95% CI]", justify="right")
+    table.add_column("vs initial\n(Holm p)", justify="right")
+    table.add_column("instruction")
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
+        return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+    v = result.validation
+    if v is None:
+        table.add_row("initial", fmt(result.initial_score), "-", "-", escape(result.initial_instruction))
+        table.add_row("best (search)", fmt(result.best_search_score), "-", "not validated", escape(result.best_instruction))
+        return table
+    table.add_row("initial", fmt(result.initial_score), with_ci(v.initial_score, v.initial_ci), "",
+                  escape(result.initial_instruction), style="bold" if not result.validated else None)
+    for i, f in enumerate(v.finalists, start=1):
+        diff = "n/a" if f.difference is None else f"{f.difference:+.2f} (p={f.p_adjusted:.2g})"
+        returned = v.winner is not None and f.instruction == v.winner.instruction
+        table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
+                      with_ci(f.validation_score, f.validation_ci), diff, escape(f.instruction),
+                      style="bold" if returned else None)
+    return table
 
 
 def main() -> None:

@@ -39,8 +39,9 @@ class ExperimentSection:
 class SplitSection:
     exemplar: int = 3
     optimization: int = 8
-    #: Questions that score the finalists once at the end of the search (0: no validation stage).
-    validation: int = 0
+    #: Questions that score the finalists once at the end of the search (0: no validation stage,
+    #: which needs ``[optimizer].finalists = 0``).
+    validation: int = 8
     heldout: int = 10
     seed: int = 0
 
@@ -141,9 +142,20 @@ class OptimizerSection:
     max_instruction_chars: int = 400
     max_tokens: int = 200
     minibatch_size: int = 2
-    pruner: Literal["none", "median", "best"] = "best"
+    #: ``race``: stop a candidate once the upper confidence bound of its paired difference to the
+    #: incumbent is below zero; ``best``: running mean ``prune_margin`` below the best; ``median``; ``none``.
+    pruner: Literal["none", "median", "best", "race"] = "race"
     prune_margin: float = 0.5
     prune_warmup_minibatches: int = 1
+    #: One-sided confidence of the racing pruner's bound (higher: prunes less, later).
+    race_confidence: float = 0.95
+    #: Finalists (best by search score) re-scored on the validation split against the initial
+    #: instruction; 0 turns the validation stage off (the search score is then in-sample only).
+    finalists: int = 3
+    #: Significance level of the validation test (Holm-corrected over the finalists).
+    alpha: float = 0.05
+    #: A candidate counts as complete only if this share of its questions was scored validly.
+    min_coverage: float = 0.9
     patience: int = 0
     max_calls: int = 0
     max_tokens_budget: int = 0
@@ -159,6 +171,14 @@ class OptimizerSection:
             raise ConfigError(f"[optimizer].max_history must be >= 1, got {self.max_history}")
         if not 0.0 <= self.temperature <= 2.0:
             raise ConfigError(f"[optimizer].temperature must be within 0..2, got {self.temperature}")
+        if self.finalists < 0:
+            raise ConfigError(f"[optimizer].finalists must be >= 0 (0: no validation stage), got {self.finalists}")
+        if not 0.0 < self.alpha < 1.0:
+            raise ConfigError(f"[optimizer].alpha must be between 0 and 1 (e.g. 0.05), got {self.alpha}")
+        if not 0.0 < self.min_coverage <= 1.0:
+            raise ConfigError(f"[optimizer].min_coverage must be in (0, 1] (e.g. 0.9), got {self.min_coverage}")
+        if not 0.5 <= self.race_confidence < 1.0:
+            raise ConfigError(f"[optimizer].race_confidence must be in [0.5, 1) (e.g. 0.95), got {self.race_confidence}")
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,8 @@ class Experiment:
                 "fields": [d.query_field, d.answer_field, d.contexts_field],
                 "questions_per_chunk": d.questions_per_chunk,
                 "max_chunks": d.max_chunks,
-                "split": [d.split.exemplar, d.split.optimization, d.split.heldout, d.split.seed],
+                "split": [d.split.exemplar, d.split.optimization, d.split.heldout, d.split.seed]
+                + ([d.split.validation] if d.split.validation else []),
                 "chunking": [self.config.rag.chunk_size, self.config.rag.chunk_overlap],
                 "generator": self.spec("generator").safe_dict() if not d.dataset else None,
             },
@@ -192,15 +193,17 @@ class Experiment:
                 progress=self.progress,
             )
         s = d.split
-        wanted = s.exemplar + s.optimization + s.heldout
+        wanted = s.exemplar + s.optimization + s.validation + s.heldout
         if wanted > len(raw):
             raise DataError(
-                f"{self.config.source}: [data.split] asks for {wanted} examples "
-                f"({s.exemplar} exemplar + {s.optimization} optimization + {s.heldout} held-out) but the dataset "
+                f"{self.config.source}: [data.split] asks for {wanted} examples ({s.exemplar} exemplar + "
+                f"{s.optimization} optimization + {s.validation} validation + {s.heldout} held-out) but the dataset "
                 f"has {len(raw)}; lower the split sizes"
                 + ("" if d.dataset else " or raise [data].max_chunks / questions_per_chunk")
             )
-        split = raw.with_split(exemplar=s.exemplar, optimization=s.optimization, heldout=s.heldout, seed=s.seed)
+        split = raw.with_split(
+            exemplar=s.exemplar, optimization=s.optimization, validation=s.validation, heldout=s.heldout, seed=s.seed
+        )
         split.save(self.dataset_dir)
         marker.write_text(fingerprint)
         return split
@@ -262,6 +265,7 @@ class Experiment:
             program=self.program,
             optimization_set=ds.examples_in("optimization"),
             exemplar_set=ds.examples_in("exemplar"),
+            validation_set=ds.examples_in("validation"),
             initial_instructions=self.config.rag.initial_instructions,
         )
 

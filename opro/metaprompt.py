@@ -42,6 +42,10 @@ _ANSWER_FORMATS = {
 class ScoredInstruction:
     instruction: str
     score: float
+    #: Stopped early by the pruner: ``score`` is a running mean over ``n_scored`` of ``n_total`` questions.
+    partial: bool = False
+    n_scored: int = 0
+    n_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,8 @@ class MetaPromptBuilder:
             if item.score < self.min_score:
                 continue
             key = normalize_instruction(item.instruction)
-            if key not in best or item.score > best[key].score:
+            # A complete score outranks a partial one of the same instruction.
+            if key not in best or (item.partial, -item.score) < (best[key].partial, -best[key].score):
                 best[key] = item
         ranked = sorted(best.values(), key=lambda s: s.score, reverse=True)[: self.max_history]
         return sorted(ranked, key=lambda s: s.score)
@@ -93,7 +98,9 @@ class MetaPromptBuilder:
 
     def render(self, *, history: Sequence[ScoredInstruction], exemplars: Sequence[Exemplar]) -> str:
         lines = [
-            f"text:\n{item.instruction}\nscore:\n{self.format_score(item.score)}\n"
+            f"text:\n{item.instruction}\nscore:\n{self.format_score(item.score)}"
+            + (f" (partial: stopped early after {item.n_scored} of {item.n_total} questions)" if item.partial else "")
+            + "\n"
             for item in self.select_history(history)
         ]
         shown = []

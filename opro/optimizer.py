@@ -14,6 +14,7 @@ call cache makes the replay of a half-evaluated candidate free.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import optuna
 
 from opro.config import OptimizerSection
-from opro.errors import LLMError, OproError
+from opro.errors import ConfigError, LLMAuthError, LLMBadRequestError, LLMError, OproError
 from opro.llm import ChatClient, UsageLedger
 from opro.metaprompt import (
     Exemplar,
@@ -47,7 +48,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 OptimizerSettings = OptimizerSection
-CandidateStatus = Literal["complete", "pruned", "budget", "failed"]
+CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
+#: Statuses a rerun evaluates again: the endpoint failed or the budget ran out, not the candidate.
+RETRY_STATUSES: frozenset[str] = frozenset({"failed", "budget"})
 
 
 class _Example(Protocol):
@@ -95,9 +98,55 @@ class CandidateRecord:
     def pruned(self) -> bool:
         return self.status != "complete"
 
+    @property
+    def partial(self) -> bool:
+        """Stopped by the pruner: ``score`` is a running mean over the questions it was asked."""
+        return self.status == "pruned"
+
+
+@dataclass(frozen=True)
+class FinalistRecord:
+    """A finalist of the search re-scored on the validation split, paired with the initial instruction."""
+
+    instruction: str
+    trial_number: int
+    search_score: float
+    validation_score: float | None
+    validation_ci: tuple[float, float] | None
+    #: Mean of (finalist - initial) over the validation questions both scored validly.
+    difference: float | None
+    difference_ci: tuple[float, float] | None
+    n_pairs: int
+    #: The larger of the Wilcoxon and permutation p-values (two-sided), before and after Holm.
+    p_value: float
+    p_adjusted: float
+    significant: bool
+    scores: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """The validation stage: the initial instruction and the finalists on the same questions."""
+
+    n_questions: int
+    alpha: float
+    initial_score: float | None
+    initial_ci: tuple[float, float] | None
+    initial_scores: tuple[float | None, ...]
+    finalists: tuple[FinalistRecord, ...]
+    winner: FinalistRecord | None
+    verdict: str
+
 
 @dataclass(frozen=True)
 class OptimizationResult:
+    """What a search returns. ``best_score`` is measured on ``score_basis`` data (see ``score_label``).
+
+    With a validation stage, ``best_instruction`` is a finalist only if it beat the initial
+    instruction on the validation questions by a paired test (Holm-corrected over the finalists);
+    otherwise it is the initial instruction and ``gain`` is ``None``.
+    """
+
     best_instruction: str
     best_template: str
     best_score: float
@@ -111,16 +160,59 @@ class OptimizationResult:
     storage: str
     wall_s: float
     output_dir: Path | None = None
+    #: "validation": held out from the search; "search": the in-sample mean the search maximized.
+    score_basis: Literal["validation", "search"] = "search"
+    best_score_ci: tuple[float, float] | None = None
+    #: The returned instruction's mean on the optimization questions (in-sample, optimistic).
+    best_search_score: float | None = None
+    #: Paired validation difference to the initial instruction, only when it is significant.
+    gain: float | None = None
+    gain_ci: tuple[float, float] | None = None
+    validation: ValidationResult | None = None
+    rejected: tuple[dict[str, str], ...] = ()
+
+    @property
+    def validated(self) -> bool:
+        return self.gain is not None
+
+    @property
+    def score_label(self) -> str:
+        if self.score_basis == "validation" and self.validation is not None:
+            return f"validation score ({self.validation.n_questions} questions not used by the search)"
+        return "search score (in-sample: the questions the search selected on; optimistic)"
+
+    def headline(self) -> str:
+        """One honest sentence: what was returned, on which data, and whether a gain is supported."""
+        ci = f" [{self.best_score_ci[0]:.2f}, {self.best_score_ci[1]:.2f}]" if self.best_score_ci else ""
+        score = f"{self.best_score:.2f}{ci} ({self.score_label})"
+        if self.validation is None:
+            return f"best instruction by search score {score}; no validation stage, so no gain is claimed"
+        return f"{self.validation.verdict}; returned instruction: {score}"
 
     def summary(self) -> dict[str, Any]:
+        v = self.validation
         return {
             "best_instruction": self.best_instruction,
             "best_template": self.best_template,
             "best_score": self.best_score,
+            "score_basis": self.score_basis,
+            "score_label": self.score_label,
+            "best_score_ci": list(self.best_score_ci) if self.best_score_ci else None,
+            "best_search_score": self.best_search_score,
+            "gain": self.gain,
+            "gain_ci": list(self.gain_ci) if self.gain_ci else None,
+            "validated": self.validated,
+            "headline": self.headline(),
             "initial_instruction": self.initial_instruction,
             "initial_score": self.initial_score,
+            "validation": None if v is None else {
+                **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner")},
+                "finalists": [asdict(f) for f in v.finalists],
+                "winner": None if v.winner is None else v.winner.instruction,
+            },
             "n_candidates": len(self.history),
             "n_pruned": sum(1 for r in self.history if r.status == "pruned"),
+            "rejected": list(self.rejected),
             "stopped_reason": self.stopped_reason,
             "mlflow_run_id": self.mlflow_run_id,
             "study_name": self.study_name,
@@ -152,12 +244,70 @@ class BestSoFarPruner(optuna.pruners.BasePruner):
         return trial.intermediate_values[step] < max(finished) - self.margin
 
 
+def paired_valid(a: Sequence[float | None], b: Sequence[float | None]) -> tuple[list[float], list[float]]:
+    """The scores of ``a`` and ``b`` on the questions (positions) both scored validly."""
+    pairs = [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
+class RacingPruner(optuna.pruners.BasePruner):
+    """Stop a candidate once it is confidently worse than the incumbent on the same questions.
+
+    The incumbent is the best complete candidate of an *earlier* step, so a decision never depends
+    on which candidate of the same step (or which worker) finished first. After ``warmup``
+    minibatches and at least ``min_pairs`` paired questions, the candidate is stopped when the
+    one-sided ``confidence`` upper bound of the mean paired difference (Student t, with the spread
+    floored at ``noise_floor`` because a few equal differences would otherwise give zero width) is
+    below zero. The per-question scores are read from the trials' ``scores`` attribute.
+    """
+
+    def __init__(
+        self, *, confidence: float = 0.95, warmup: int = 1, min_pairs: int = 3, noise_floor: float = 0.5
+    ) -> None:
+        self.confidence = confidence
+        self.warmup = warmup
+        self.min_pairs = min_pairs
+        self.noise_floor = noise_floor
+
+    def upper_bound(self, differences: Sequence[float]) -> float:
+        from scipy.stats import t
+
+        n = len(differences)
+        mean = sum(differences) / n
+        sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1)) if n > 1 else 0.0
+        return mean + float(t.ppf(self.confidence, n - 1)) * max(sd, self.noise_floor) / math.sqrt(n)
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None or step + 1 < self.warmup:
+            return False
+        mine = trial.user_attrs.get("scores") or []
+        my_step = int(trial.user_attrs.get("step", 0))
+        earlier = [
+            t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.value is not None and int(t.user_attrs.get("step", 0)) < my_step
+        ]
+        if not earlier:
+            return False
+        incumbent = max(earlier, key=lambda t: (t.value, -t.number))
+        a, b = paired_valid(mine, incumbent.user_attrs.get("scores") or [])
+        if len(a) < max(2, self.min_pairs):
+            return False
+        return self.upper_bound([x - y for x, y in zip(a, b, strict=True)]) < 0.0
+
+
 def make_pruner(settings: OptimizerSettings) -> optuna.pruners.BasePruner:
     if settings.pruner == "none":
         return optuna.pruners.NopPruner()
     if settings.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=max(0, settings.prune_warmup_minibatches - 1))
-    return BestSoFarPruner(margin=settings.prune_margin, warmup=settings.prune_warmup_minibatches)
+    if settings.pruner == "best":
+        return BestSoFarPruner(margin=settings.prune_margin, warmup=settings.prune_warmup_minibatches)
+    return RacingPruner(confidence=settings.race_confidence, warmup=settings.prune_warmup_minibatches)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass
@@ -173,6 +323,9 @@ class _Live:
     def mean(self) -> float | None:
         valid = [s for s in self.scores if s is not None]
         return sum(valid) / len(valid) if valid else None
+
+    def n_valid(self) -> int:
+        return sum(1 for s in self.scores if s is not None)
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
@@ -226,6 +379,7 @@ class OPROOptimizer:
         self.worker_timeout_s = worker_timeout_s
         self.progress = progress
         self.register_prompt = register_prompt
+        self._n_questions = 0
         self.meta = MetaPromptBuilder(
             template_text=template_text(make_template("<INS>")),
             max_history=self.settings.max_history,
@@ -264,7 +418,7 @@ class OPROOptimizer:
             attrs = t.user_attrs
             if "instruction" not in attrs or t.state == optuna.trial.TrialState.RUNNING:
                 continue
-            if t.state == optuna.trial.TrialState.FAIL and attrs.get("status") != "failed":
+            if t.state == optuna.trial.TrialState.FAIL and attrs.get("status") not in ("failed", "incomplete"):
                 continue  # an interrupted attempt; it is re-run
             out.append(
                 CandidateRecord(
@@ -279,7 +433,11 @@ class OPROOptimizer:
                     scores=tuple(attrs.get("scores", ())),
                 )
             )
-        return sorted(out, key=lambda r: r.trial_number)
+        # A rerun re-evaluates failed and budget-stopped candidates: the latest attempt stands.
+        latest: dict[tuple[int, str], CandidateRecord] = {}
+        for r in sorted(out, key=lambda r: r.trial_number):
+            latest[(r.step, normalize_instruction(r.instruction))] = r
+        return sorted(latest.values(), key=lambda r: r.trial_number)
 
     def _fail_stale_trials(self, study: optuna.Study) -> None:
         """Trials this worker left RUNNING when it was interrupted: mark them failed, they are re-run."""
@@ -299,7 +457,14 @@ class OPROOptimizer:
         if self.worker_index != 0:
             # Worker 0 proposes; the others read its proposals from the shared study.
             return list(self._wait_for(lambda: study.user_attrs.get(key), what=f"worker 0's proposals for step {step}"))
-        scored = [ScoredInstruction(r.instruction, r.score) for r in history if r.score is not None and r.status == "complete"]
+        # Pruned candidates stay visible with their running mean, marked partial.
+        scored = [
+            ScoredInstruction(
+                r.instruction, r.score, partial=r.partial, n_scored=len(r.scores), n_total=self._n_questions
+            )
+            for r in history
+            if r.score is not None and r.status in ("complete", "pruned")
+        ]
         exemplars = draw_exemplars(exemplar_pool, k=self.settings.exemplars, step=step, seed=self.seed)
         meta_prompt = self.meta.render(history=scored, exemplars=exemplars)
         if self.output_dir is not None:
@@ -355,6 +520,8 @@ class OPROOptimizer:
             verdict: _Verdict = self.judge.evaluate(
                 query=example.query, answer=answer.text, reference=example.reference_answer
             )
+        except (LLMAuthError, LLMBadRequestError):
+            raise  # permanent: every other call would fail the same way, so stop at the first
         except LLMError as exc:
             logger.warning("candidate %r, question %r: %s", instruction[:60], example.query[:60], exc)
             return exc
@@ -405,6 +572,8 @@ class OPROOptimizer:
                     mean = c.mean()
                     if mean is None:
                         continue
+                    # The racing pruner pairs per-question scores with the incumbent's.
+                    c.trial.set_user_attr("scores", list(c.scores))
                     c.trial.report(mean, b)
                     if b + 1 < len(batches) and c.trial.should_prune():
                         c.status = "pruned"
@@ -412,9 +581,18 @@ class OPROOptimizer:
         records = []
         for c in live:
             mean = c.mean()
-            n_scored = sum(1 for s in c.scores if s is not None)
+            n_scored = c.n_valid()
             n_invalid = len(c.scores) - n_scored - c.n_errors
-            status: CandidateStatus = c.status if mean is not None else "failed"
+            status: CandidateStatus = c.status
+            if mean is None:
+                status = "failed" if c.n_errors or not c.scores else "incomplete"
+            elif status == "complete" and n_scored < self.settings.min_coverage * len(examples):
+                # Coverage rule: a mean over a few valid judgments must not compete with full ones.
+                status = "failed" if c.n_errors else "incomplete"
+                logger.warning(
+                    "candidate %r: only %d of %d questions scored validly (%d invalid, %d errors): not complete",
+                    c.instruction[:60], n_scored, len(examples), n_invalid, c.n_errors,
+                )
             attrs = {
                 "score": mean,
                 "n_scored": n_scored,
@@ -427,7 +605,7 @@ class OPROOptimizer:
                 c.trial.set_user_attr(k, v)
             if status == "complete":
                 study.tell(c.trial, mean)
-            elif status == "failed":
+            elif status in ("failed", "incomplete"):
                 study.tell(c.trial, state=optuna.trial.TrialState.FAIL)
             else:
                 study.tell(c.trial, state=optuna.trial.TrialState.PRUNED)
@@ -453,12 +631,25 @@ class OPROOptimizer:
         program: _Program,
         optimization_set: Sequence[_Example],
         exemplar_set: Sequence[_Example] = (),
+        validation_set: Sequence[_Example] = (),
         initial_instructions: Sequence[str],
     ) -> OptimizationResult:
+        """Search on ``optimization_set``; then re-score the finalists on ``validation_set``.
+
+        The returned instruction is a finalist only if it beats the initial instruction on the
+        validation questions (paired, Holm-corrected); otherwise it is the initial instruction.
+        """
         if not optimization_set:
             raise OproError("the optimization split is empty: give the dataset an optimization split")
         if not initial_instructions:
             raise OproError("give at least one initial instruction")
+        if self.settings.finalists > 0 and not validation_set:
+            raise ConfigError(
+                f"[optimizer].finalists = {self.settings.finalists} needs validation questions, but the validation "
+                "split is empty: set [data.split].validation (e.g. 8; more questions detect smaller gains), "
+                "or set [optimizer].finalists = 0 to skip validation (then no gain is claimed)"
+            )
+        self._n_questions = len(optimization_set)
         started = time.perf_counter()
         study = self._study()
         self._fail_stale_trials(study)
@@ -473,7 +664,11 @@ class OPROOptimizer:
         steps_without_gain = 0
         try:
             for step in range(self.settings.steps + 1):
-                done_here = {normalize_instruction(r.instruction) for r in history if r.step == step}
+                done_here = {
+                    normalize_instruction(r.instruction)
+                    for r in history
+                    if r.step == step and r.status not in RETRY_STATUSES
+                }
                 if step == 0:
                     proposals = list(dict.fromkeys(i.strip() for i in initial_instructions if i.strip()))
                 else:
@@ -487,7 +682,7 @@ class OPROOptimizer:
                 ]
                 if mine:
                     new = self._evaluate_step(study, step, mine, program, optimization_set)
-                    history.extend(new)
+                    history = self._records(study)
                     self._log_candidates(new)
                 if self.num_workers > 1:
                     history = self._wait_for_step(study, step, len(proposals))
@@ -498,23 +693,155 @@ class OPROOptimizer:
                 elif step > 0:
                     steps_without_gain += 1
                 if self.tracker is not None and self.worker_index == 0 and best_so_far > -math.inf:
-                    self.tracker.log_metrics({"best_score": best_so_far}, step=step)
+                    self.tracker.log_metrics({"search_best_score": best_so_far}, step=step)
                 if any(r.status == "budget" for r in history) or not self._budget_left():
                     stopped = "budget"
                     break
                 if self.settings.patience and steps_without_gain >= self.settings.patience:
                     stopped = "patience"
                     break
-        except BaseException:
+            history = self._records(study)
+            validation = None
+            if self.worker_index == 0 and self.settings.finalists > 0:
+                validation = self._validate(study, program, validation_set, history, initial_instructions[0].strip())
+            result = self._result(history, stopped=stopped, run_id=run_id, wall_s=time.perf_counter() - started,
+                                  initial=initial_instructions[0], validation=validation,
+                                  rejected=self._rejections(study))
+        except BaseException as exc:
+            # Never leave the MLflow run RUNNING: KILLED when the user stopped it, FAILED otherwise.
             if self.tracker is not None and self.worker_index == 0:
-                self.tracker.finish(status="KILLED")
+                self.tracker.finish(status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
             raise
-        history = self._records(study)
-        result = self._result(history, stopped=stopped, run_id=run_id, wall_s=time.perf_counter() - started,
-                              initial=initial_instructions[0])
         if self.worker_index == 0:
             self._write_outputs(result)
         return result
+
+    @staticmethod
+    def _rejections(study: optuna.Study) -> tuple[dict[str, str], ...]:
+        out: list[dict[str, str]] = []
+        for key, value in sorted(study.user_attrs.items()):
+            if key.startswith("rejected:"):
+                out.extend({"step": key.split(":", 1)[1], **r} for r in value)
+        return tuple(out)
+
+    # -- validation --------------------------------------------------------------------------
+    def _score_on(
+        self, study: optuna.Study, program: _Program, instructions: Sequence[str], examples: Sequence[_Example]
+    ) -> dict[str, list[float | None]]:
+        """Per-question validation scores of each instruction, kept in the study so a rerun asks nothing."""
+        out: dict[str, list[float | None]] = {}
+        todo = []
+        for ins in instructions:
+            stored = study.user_attrs.get(f"validation:{_sha(normalize_instruction(ins))}")
+            if stored is not None and len(stored) == len(examples):
+                out[ins] = list(stored)
+            else:
+                todo.append(ins)
+        if not todo:
+            return out
+        # Question-major, like the search: consecutive calls share the retrieved context.
+        pairs = [(ins, ex) for ex in examples for ins in todo]
+        with progress_bar(
+            f"validation: {len(todo)} prompt(s) x {len(examples)} questions", total=len(pairs), enabled=self.progress
+        ) as bar, ThreadPoolExecutor(max_workers=self.task_workers) as pool:
+            results = []
+            for r in pool.map(lambda p: self._score_pair(program, p[0], p[1]), pairs):
+                results.append(r)
+                bar.advance()
+        for ins in todo:
+            scores = [None if isinstance(r, LLMError) else r for (i, _), r in zip(pairs, results, strict=True) if i == ins]
+            n_errors = sum(1 for (i, _), r in zip(pairs, results, strict=True) if i == ins and isinstance(r, LLMError))
+            out[ins] = scores
+            if n_errors == 0:  # a rerun retries the questions that failed
+                study.set_user_attr(f"validation:{_sha(normalize_instruction(ins))}", scores)
+        return out
+
+    def _validate(
+        self,
+        study: optuna.Study,
+        program: _Program,
+        validation_set: Sequence[_Example],
+        history: Sequence[CandidateRecord],
+        initial: str,
+    ) -> ValidationResult:
+        from opro.stats import bootstrap_mean_ci, compare_paired, holm
+
+        s = self.settings
+        initial_key = normalize_instruction(initial)
+        complete = [r for r in history if r.status == "complete" and r.score is not None]
+        finalists = sorted(
+            (r for r in complete if normalize_instruction(r.instruction) != initial_key),
+            key=lambda r: (-(r.score or 0.0), r.trial_number),
+        )[: s.finalists]
+        n = len(validation_set)
+        scores = self._score_on(study, program, [initial, *(f.instruction for f in finalists)], validation_set)
+        init_scores = scores[initial]
+        init_valid = [x for x in init_scores if x is not None]
+
+        def ci(values: Sequence[float]) -> tuple[float, float] | None:
+            if not values:
+                return None
+            c = bootstrap_mean_ci(values, seed=self.seed)
+            return (c.low, c.high)
+
+        raw: list[tuple[CandidateRecord, list[float | None], Any]] = []
+        for f in finalists:
+            a, b = paired_valid(scores[f.instruction], init_scores)
+            cmp = compare_paired(a, b, seed=self.seed, alpha=s.alpha) if a else None
+            raw.append((f, scores[f.instruction], cmp))
+        p_raw = [max(c.wilcoxon.p_value, c.permutation.p_value) if c is not None else 1.0 for _, _, c in raw]
+        p_adj = holm(p_raw) if p_raw else []
+        records = []
+        for (f, f_scores, cmp), p, q in zip(raw, p_raw, p_adj, strict=True):
+            valid = [x for x in f_scores if x is not None]
+            covered = len(valid) >= s.min_coverage * n and len(init_valid) >= s.min_coverage * n
+            diff = cmp.difference if cmp is not None else None
+            records.append(
+                FinalistRecord(
+                    instruction=f.instruction,
+                    trial_number=f.trial_number,
+                    search_score=float(f.score or 0.0),
+                    validation_score=sum(valid) / len(valid) if valid else None,
+                    validation_ci=ci(valid),
+                    difference=None if diff is None else diff.estimate,
+                    difference_ci=None if diff is None else (diff.low, diff.high),
+                    n_pairs=cmp.n if cmp is not None else 0,
+                    p_value=p,
+                    p_adjusted=q,
+                    significant=bool(covered and diff is not None and diff.estimate > 0 and q < s.alpha),
+                    scores=tuple(f_scores),
+                )
+            )
+        winners = [r for r in records if r.significant]
+        winner = max(winners, key=lambda r: (r.validation_score or 0.0, -r.trial_number)) if winners else None
+        if not finalists:
+            verdict = "no candidate besides the initial instruction completed the search: nothing to validate"
+        elif winner is None:
+            best = max(records, key=lambda r: r.difference if r.difference is not None else -math.inf)
+            d = "n/a" if best.difference is None else f"{best.difference:+.2f}"
+            verdict = (
+                f"no finalist beat the initial instruction on {n} validation questions "
+                f"(best difference {d}, Holm-adjusted p={best.p_adjusted:.3g} >= alpha {s.alpha:g} "
+                f"over {len(records)} finalist(s)): the initial instruction is returned and no gain is claimed"
+            )
+        else:
+            lo, hi = winner.difference_ci or (math.nan, math.nan)
+            verdict = (
+                f"a finalist beat the initial instruction on {n} validation questions by {winner.difference:+.2f} "
+                f"(95% CI {lo:+.2f} to {hi:+.2f}, Holm-adjusted p={winner.p_adjusted:.3g} "
+                f"over {len(records)} finalist(s), alpha {s.alpha:g})"
+            )
+        logger.info("validation: %s", verdict)
+        return ValidationResult(
+            n_questions=n,
+            alpha=s.alpha,
+            initial_score=sum(init_valid) / len(init_valid) if init_valid else None,
+            initial_ci=ci(init_valid),
+            initial_scores=tuple(init_scores),
+            finalists=tuple(records),
+            winner=winner,
+            verdict=verdict,
+        )
 
     def _wait_for_step(self, study: optuna.Study, step: int, n: int) -> list[CandidateRecord]:
         def probe() -> list[CandidateRecord] | None:
@@ -532,7 +859,15 @@ class OPROOptimizer:
             self.tracker.log_metrics(metrics, step=r.trial_number)
 
     def _result(
-        self, history: list[CandidateRecord], *, stopped: str, run_id: str | None, wall_s: float, initial: str
+        self,
+        history: list[CandidateRecord],
+        *,
+        stopped: str,
+        run_id: str | None,
+        wall_s: float,
+        initial: str,
+        validation: ValidationResult | None,
+        rejected: tuple[dict[str, str], ...],
     ) -> OptimizationResult:
         complete = [r for r in history if r.status == "complete" and r.score is not None]
         if not complete:
@@ -540,23 +875,56 @@ class OPROOptimizer:
                 "no candidate was scored: every judge reply was invalid or every call failed; "
                 "check the judge model and the logs"
             )
-        # Highest mean; ties go to the earlier candidate (the initial instruction first).
-        best = max(complete, key=lambda r: (r.score, -r.trial_number))
-        initial_rec = next((r for r in history if r.step == 0 and r.instruction == initial.strip()), None)
+        initial = initial.strip()
+        initial_rec = next((r for r in history if r.step == 0 and r.instruction == initial), None)
+        common = {
+            "initial_instruction": initial,
+            "initial_score": initial_rec.score if initial_rec else None,
+            "history": tuple(history),
+            "usage": self.usage.as_dict(),
+            "stopped_reason": stopped,
+            "mlflow_run_id": run_id,
+            "study_name": self.study_name,
+            "storage": self.storage,
+            "wall_s": wall_s,
+            "output_dir": self.output_dir,
+            "validation": validation,
+            "rejected": rejected,
+        }
+        if validation is None:
+            # No validation stage: the search's arg-max, labelled as the in-sample score it is.
+            best = max(complete, key=lambda r: (r.score, -r.trial_number))
+            return OptimizationResult(
+                best_instruction=best.instruction,
+                best_template=self.template_text(self.make_template(best.instruction)),
+                best_score=float(best.score),  # type: ignore[arg-type]
+                score_basis="search",
+                best_search_score=best.score,
+                **common,  # type: ignore[arg-type]
+            )
+        w = validation.winner
+        instruction = w.instruction if w is not None else initial
+        search: float | None
+        if w is not None:
+            score, score_ci, search = w.validation_score, w.validation_ci, w.search_score
+        else:
+            score, score_ci = validation.initial_score, validation.initial_ci
+            search = initial_rec.score if initial_rec else None
+        if score is None:
+            raise OproError(
+                f"no validation question was scored validly for the initial instruction ({validation.n_questions} "
+                "asked): check the judge model and the logs, then rerun (finished work is kept)"
+            )
         return OptimizationResult(
-            best_instruction=best.instruction,
-            best_template=self.template_text(self.make_template(best.instruction)),
-            best_score=float(best.score),  # type: ignore[arg-type]
-            initial_instruction=initial.strip(),
-            initial_score=initial_rec.score if initial_rec else None,
-            history=tuple(history),
-            usage=self.usage.as_dict(),
-            stopped_reason=stopped,
-            mlflow_run_id=run_id,
-            study_name=self.study_name,
-            storage=self.storage,
-            wall_s=wall_s,
-            output_dir=self.output_dir,
+            best_instruction=instruction,
+            best_template=self.template_text(self.make_template(instruction)),
+            best_score=float(score),
+            score_basis="validation",
+            best_score_ci=score_ci,
+            best_search_score=search,
+            gain=None if w is None else w.difference,
+            gain_ci=None if w is None else w.difference_ci,
+            **common,  # type: ignore[arg-type]
         )
 
     def _write_outputs(self, result: OptimizationResult) -> None:
@@ -566,8 +934,9 @@ class OPROOptimizer:
             (out / "best_prompt.txt").write_text(result.best_template, encoding="utf-8")
             with (out / "history.jsonl").open("w", encoding="utf-8") as fh:
                 for r in result.history:
-                    fh.write(json.dumps({**asdict(r), "pruned": r.pruned}) + "\n")
+                    fh.write(json.dumps({**asdict(r), "pruned": r.pruned, "partial": r.partial}) + "\n")
             (out / "summary.json").write_text(json.dumps(result.summary(), indent=2), encoding="utf-8")
+            from opro.plots import plot_optimism
             from opro.tracking import plot_trajectory
 
             plot_trajectory(
@@ -576,12 +945,40 @@ class OPROOptimizer:
                 pruned=[r.pruned for r in result.history],
                 path=out / "score_trajectory.png",
             )
+            if result.validation is not None and result.validation.finalists:
+                plot_optimism(optimism_points(result), path=out / "optimism.png")
+        if result.rejected and not any(r.step > 0 for r in result.history):
+            reasons = sorted({r["reason"] for r in result.rejected})
+            logger.warning(
+                "the optimizer proposed no usable instruction: %d proposal(s) rejected (%s)",
+                len(result.rejected), "; ".join(reasons),
+            )
         if self.tracker is None:
             return
-        self.tracker.log_metrics(
-            {"best_score": result.best_score, **({"initial_score": result.initial_score} if result.initial_score is not None else {})},
-            step=max((r.step for r in result.history), default=0),
-        )
+        self._log_result(result)
+        self.tracker.finish()
+
+    def _log_result(self, result: OptimizationResult) -> None:
+        assert self.tracker is not None
+        out = self.output_dir
+        metrics: dict[str, float] = {"best_score": result.best_score}
+        if result.best_search_score is not None:
+            metrics["best_search_score"] = result.best_search_score
+        if result.initial_score is not None:
+            metrics["initial_score"] = result.initial_score
+        v = result.validation
+        if v is not None:
+            if v.initial_score is not None:
+                metrics["initial_validation_score"] = v.initial_score
+            metrics["gain"] = result.gain if result.gain is not None else 0.0
+            for i, f in enumerate(v.finalists):
+                if f.validation_score is not None:
+                    self.tracker.log_metrics(
+                        {"finalist_search_score": f.search_score, "finalist_validation_score": f.validation_score,
+                         "finalist_p_adjusted": f.p_adjusted},
+                        step=i,
+                    )
+        self.tracker.log_metrics(metrics, step=max((r.step for r in result.history), default=0))
         for role, u in result.usage.items():
             self.tracker.log_metrics(
                 {f"{role}_calls": u["calls"], f"{role}_cache_hits": u["cache_hits"],
@@ -589,29 +986,63 @@ class OPROOptimizer:
                 step=0,
             )
         if out is not None:
-            for name in ("best_prompt.txt", "history.jsonl", "summary.json", "score_trajectory.png"):
-                self.tracker.log_artifact(out / name)
+            for name in ("best_prompt.txt", "history.jsonl", "summary.json", "score_trajectory.png", "optimism.png"):
+                if (out / name).exists():
+                    self.tracker.log_artifact(out / name)
             if (out / "metaprompts").is_dir():
                 self.tracker.log_artifact(out / "metaprompts", artifact_path="metaprompts")
-        self.tracker.set_tags({"opro.best_instruction": result.best_instruction[:5000]})
+        self.tracker.set_tags({
+            "opro.best_instruction": result.best_instruction[:5000],
+            "opro.score_basis": result.score_basis,
+            "opro.validated": str(result.validated).lower(),
+            "opro.headline": result.headline()[:5000],
+        })
         if self.register_prompt is not None:
             name, alias = self.register_prompt
             version = self.tracker.register_prompt(
                 name=name,
                 template_text=result.best_template,
                 alias=alias,
-                commit_message=f"opro best of study {self.study_name}: score {result.best_score:.3f}",
-                tags={"opro.score": f"{result.best_score:.4f}", "opro.run_id": str(result.mlflow_run_id)},
+                commit_message=(
+                    f"opro study {self.study_name}: {result.score_basis} score {result.best_score:.3f}"
+                    + ("" if result.validated or result.score_basis == "search" else " (initial instruction: no validated gain)")
+                ),
+                tags={
+                    "opro.score": f"{result.best_score:.4f}",
+                    "opro.score_basis": result.score_basis,
+                    "opro.validated": str(result.validated).lower(),
+                    "opro.run_id": str(result.mlflow_run_id),
+                },
             )
             self.tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})
-        self.tracker.finish()
+
+
+def optimism_points(result: OptimizationResult) -> list[dict[str, Any]]:
+    """Search vs validation score of the initial instruction and every finalist, for the optimism plot."""
+    v = result.validation
+    if v is None:
+        return []
+    points = [{
+        "label": "initial", "search": result.initial_score, "validation": v.initial_score,
+        "returned": not result.validated,
+    }]
+    for i, f in enumerate(v.finalists, start=1):
+        points.append({
+            "label": f"finalist {i}", "search": f.search_score, "validation": f.validation_score,
+            "returned": v.winner is not None and f.instruction == v.winner.instruction,
+        })
+    return points
 
 
 __all__ = [
     "BestSoFarPruner",
     "CandidateRecord",
+    "FinalistRecord",
     "OPROOptimizer",
     "OptimizationResult",
     "OptimizerSettings",
+    "RacingPruner",
+    "ValidationResult",
     "make_pruner",
+    "optimism_points",
 ]

@@ -227,6 +227,18 @@ def permutation_test(
     return TestResult("permutation", observed, p, n, False, f"Monte Carlo, {n_resamples} sign flips, seed {seed}")
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control over several comparisons)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(p_values[i])))
+        adjusted[i] = running
+    return adjusted
+
+
 def win_tie_loss(a: Sequence[float], b: Sequence[float], *, tolerance: float = 0.0) -> WinTieLoss:
     """Count questions where ``a`` beats, ties or loses to ``b`` (ties: ``|a - b| <= tolerance``)."""
     d = _pairs(a, b)
@@ -276,6 +288,7 @@ __all__ = [
     "WinTieLoss",
     "bootstrap_mean_ci",
     "compare_paired",
+    "holm",
     "paired_bootstrap_ci",
     "permutation_test",
     "wilcoxon_signed_rank",

@@ -21,10 +21,10 @@ It used ReLU activations and dropout. It was trained on two GPUs.
 
 
 def write_config(tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1) -> Path:
-    """A scripted experiment TOML over 16 questions; returns its path."""
+    """A scripted experiment TOML over 24 questions; returns its path."""
     (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
     (tmp_path / "docs" / "alexnet.txt").write_text(DOC)
-    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(16)]
+    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(24)]
     (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     path = tmp_path / f"{name}.toml"
     path.write_text(
@@ -44,6 +44,7 @@ answer_field = "answer"
 [data.split]
 exemplar = 2
 optimization = 3
+validation = 8
 heldout = {heldout}
 seed = {seed}
 

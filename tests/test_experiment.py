@@ -23,7 +23,7 @@ The network has five convolutional layers and three fully connected layers.
 """
 
 
-def _qa_file(tmp_path: Path, n: int = 10) -> Path:
+def _qa_file(tmp_path: Path, n: int = 20) -> Path:
     rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(n)]
     path = tmp_path / "qa.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
@@ -67,7 +67,7 @@ def _config(tmp_path: Path, **overrides: dict) -> dict:
             "dataset": str(_qa_file(tmp_path)),
             "query_field": "question",
             "answer_field": "answer",
-            "split": {"exemplar": 2, "optimization": 3, "heldout": 4, "seed": 1},
+            "split": {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": 4, "seed": 1},
         },
         "rag": {"chunk_size": 64, "chunk_overlap": 0, "initial_instructions": ["Answer the question."]},
         "models": {
@@ -148,9 +148,9 @@ def test_rerun_with_warm_cache_and_same_storage_makes_no_calls(tmp_path: Path) -
 
 def test_split_larger_than_dataset_is_a_clear_error(tmp_path: Path) -> None:
     cfg = config_from_dict(
-        _config(tmp_path, data={"split": {"exemplar": 5, "optimization": 5, "heldout": 5}}), base_dir=tmp_path, source="t.toml"
+        _config(tmp_path, data={"split": {"exemplar": 9, "optimization": 9, "validation": 0, "heldout": 9}}), base_dir=tmp_path, source="t.toml"
     )
-    with pytest.raises(DataError, match=r"asks for 15 examples .* has 10"):
+    with pytest.raises(DataError, match=r"asks for 27 examples .* has 20"):
         Experiment(cfg, pool=_pool(), progress=False).dataset  # noqa: B018
 
 

@@ -1,4 +1,5 @@
-"""A tiny real optimization on the embedded models: 2 questions, 1 step, 2 candidates (runs in CI)."""
+"""A tiny real optimization on the embedded models: 2 questions, 1 step, 2 candidates, 1 finalist
+validated on 2 questions (runs in CI)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ QA = [
     ("What does the continue statement do?", "It skips the rest of the loop body and continues with the next cycle of the loop."),
     ("Which statement specifies exception handlers for a group of statements?", "The try statement."),
     ("What does the pass statement do?", "Nothing; it is a null operation used where a statement is required."),
+    ("What does the return statement leave?", "The current function call, with the expression list (or None) as return value."),
+    ("What does the del statement do to a name?", "It removes the binding of that name from the local or global namespace."),
 ]
 
 
@@ -31,11 +34,12 @@ def test_tiny_real_optimization(tmp_path: Path, embedded_task_llm: object, embed
             "data": {
                 "docs": ["builtin:python-reference"],
                 "dataset": str(data),
-                "split": {"exemplar": 1, "optimization": 2, "heldout": 2, "seed": 0},
+                "split": {"exemplar": 1, "optimization": 2, "validation": 2, "heldout": 2, "seed": 0},
             },
             "rag": {"chunk_size": 256, "chunk_overlap": 16, "top_k": 1, "answer_max_tokens": 48},
             "judge": {"max_tokens": 48},
-            "optimizer": {"steps": 1, "candidates_per_step": 2, "exemplars": 1, "minibatch_size": 2, "max_tokens": 80},
+            "optimizer": {"steps": 1, "candidates_per_step": 2, "exemplars": 1, "minibatch_size": 2, "max_tokens": 80,
+                          "finalists": 1},
             "tracking": {"prompt_name": "tiny-qa"},
         },
         base_dir=tmp_path,
@@ -52,7 +56,10 @@ def test_tiny_real_optimization(tmp_path: Path, embedded_task_llm: object, embed
         assert record.status in ("complete", "pruned")
         assert record.score is None or 1.0 <= record.score <= 5.0
     assert result.initial_score is not None
-    assert result.best_score >= result.initial_score
+    # Two validation questions can never make a gain significant: the initial instruction is returned.
+    assert result.score_basis == "validation" and result.validation is not None
+    assert result.validation.n_questions == 2 and not result.validated
+    assert result.best_instruction == result.initial_instruction
     assert usage["task"].calls >= 2 and usage["judge"].calls >= 2 and usage["optimizer"].calls >= 1
     assert (tmp_path / "out" / "score_trajectory.png").exists()
     assert (tmp_path / "out" / "mlflow.db").exists()

@@ -102,7 +102,8 @@ def _optimizer(tmp_path: Path, *, cache: CallCache | None = None, **settings: ob
     opt_llm = ScriptedLLM(default=optimizer_reply)  # type: ignore[name-defined]  # noqa: F821
     program = EchoProgram(ChatClient(task, role="task", cache=cache, usage=usage))  # type: ignore[name-defined]  # noqa: F821
     judge = KeywordJudge(ChatClient(judge_llm, role="judge", cache=cache, usage=usage))  # type: ignore[name-defined]  # noqa: F821
-    base = {"steps": 3, "candidates_per_step": 3, "minibatch_size": 2, "pruner": "none"}
+    # The search itself (no validation stage: tests/test_selection.py covers that).
+    base = {"steps": 3, "candidates_per_step": 3, "minibatch_size": 2, "pruner": "none", "finalists": 0}
     base.update(settings)
     opt = OPROOptimizer(
         optimizer_llm=ChatClient(opt_llm, role="optimizer", cache=cache, usage=usage),
@@ -221,7 +222,7 @@ CHILD = textwrap.dedent(
         judge=KeywordJudge(ChatClient(judge, role="judge", cache=cache, usage=usage)),
         make_template=lambda ins: ins,
         template_text=lambda t: t + "\\n{{context_str}}\\n{{query_str}}",
-        settings=OptimizerSection(steps=3, candidates_per_step=3, minibatch_size=2, pruner="none"),
+        settings=OptimizerSection(steps=3, candidates_per_step=3, minibatch_size=2, pruner="none", finalists=0),
         storage="sqlite:///" + str(tmp / "optuna.db"),
         study_name="resume",
         output_dir=tmp / "out",
