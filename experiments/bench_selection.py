@@ -1,0 +1,250 @@
+"""How honest is the returned prompt? The old selection rule against the validated one.
+
+(a) Simulation (scripted models, no LLM; a couple of minutes). Each seed draws true effects for the
+candidates the optimizer proposes (most are no better than the initial instruction, some worse, a
+few better), and a judge scores 1-5 with a per-question level plus per-call noise, sized like the
+embedded 1.5B judge on 0.5B RAG answers (README calibration: scores spread over 1-4, sd about 1.2).
+The real ``OPROOptimizer`` runs the search and the selection, twice per seed:
+  * old rule: the search's arg-max is returned and its in-sample mean reported (finalists = 0,
+    the old ``best`` pruner);
+  * new rule: the top finalists and the initial instruction are re-scored on validation questions
+    and a finalist is returned only if it beats the initial one by a paired, Holm-corrected test.
+Reported: the bias of the reported score (reported minus the returned prompt's true mean), the
+probability of returning a prompt truly worse than the initial one by >= 0.25, and how often a truly
+better prompt (>= +0.5) that the search proposed is returned.
+
+(b) A real run: ``--run-dir runs/history_of_alexnet`` reads that run's ``summary.json`` and its latest
+``opro compare`` report and prints the winner's search, validation and held-out scores.
+
+    python experiments/bench_selection.py --seeds 200
+    python experiments/bench_selection.py --run-dir runs/history_of_alexnet
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opro.config import OptimizerSection
+from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
+from opro.optimizer import OPROOptimizer
+from opro.scripted import ScriptedLLM
+
+INITIAL = "Answer the question."
+BASE_LEVEL = 3.0
+QUESTION_SD = 0.6  # how much questions differ in difficulty (shared by every prompt: the pairing)
+NOISE_SD = 0.9  # per-call judge noise; with QUESTION_SD the spread of a prompt's scores is about 1.1
+
+
+@dataclass(frozen=True)
+class Ex:
+    query: str
+    reference_answer: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    score: float | None
+    invalid: bool
+
+
+def _normal(*parts: object) -> float:
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    u1 = (int.from_bytes(digest[:8], "big") + 1) / (2**64 + 2)
+    u2 = int.from_bytes(digest[8:16], "big") / 2**64
+    return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+
+
+def _score(level: float) -> float:
+    return float(min(5, max(1, round(level))))
+
+
+def true_mean(effect: float, n: int = 200_000) -> float:
+    """Expected judge score of a prompt with this effect, over questions and noise (Monte Carlo)."""
+    rng = np.random.default_rng(12345)
+    x = BASE_LEVEL + effect + rng.normal(0, QUESTION_SD, n) + rng.normal(0, NOISE_SD, n)
+    return float(np.clip(np.round(x), 1, 5).mean())
+
+
+class World:
+    """One seed's truth: the effect of every instruction the optimizer can propose."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def effect(self, instruction: str) -> float:
+        if instruction.startswith(INITIAL):
+            return 0.0
+        z = _normal(self.seed, "effect", instruction)
+        # Most proposals are no better than the initial instruction; about 1 in 6 is 0.5+ better.
+        return round(-0.15 + 0.45 * z, 2)
+
+    def judge(self, messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        text = messages[-1].content
+        answer = text.split("Answer: ", 1)[1].split("\nReference:")[0]
+        question = text.split("Question: ", 1)[1].split("\n")[0]
+        level = BASE_LEVEL + QUESTION_SD * _normal(self.seed, "q", question)
+        noise = NOISE_SD * _normal(self.seed, "n", question, answer)
+        return str(_score(level + self.effect(answer) + noise))
+
+    def propose(self, messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        return f"<INS>Candidate {options.seed} of world {self.seed}.</INS>"
+
+
+class EchoProgram:
+    def __init__(self, client: ChatClient) -> None:
+        self.client = client
+
+    def answer(self, query: str, *, template: Any) -> Any:
+        return self.client.complete(f"{template}\nQuery: {query}")
+
+
+class ReplyJudge:
+    def __init__(self, client: ChatClient) -> None:
+        self.client = client
+
+    def evaluate(self, *, query: str, answer: str, reference: str) -> Verdict:
+        reply = self.client.complete(f"Grade.\nQuestion: {query}\nAnswer: {answer}\nReference: {reference}").text
+        return Verdict(float(reply), False)
+
+
+def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: int, folder: Path) -> dict[str, Any]:
+    usage = UsageLedger()
+    if rule == "old":
+        settings = OptimizerSection(steps=steps, candidates_per_step=k, minibatch_size=2, pruner="best",
+                                    prune_margin=1.0, finalists=0)
+    else:
+        settings = OptimizerSection(steps=steps, candidates_per_step=k, minibatch_size=2, pruner="race", finalists=3)
+    opt = OPROOptimizer(
+        optimizer_llm=ChatClient(ScriptedLLM(default=world.propose), role="optimizer", usage=usage, seed=world.seed),
+        judge=ReplyJudge(ChatClient(ScriptedLLM(default=world.judge), role="judge", usage=usage)),
+        make_template=lambda ins: ins,
+        template_text=lambda t: f"{t}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: ",
+        settings=settings,
+        storage=f"sqlite:///{folder / f'{rule}-{world.seed}.db'}",
+        study_name="bench",
+        seed=world.seed,
+        usage=usage,
+        progress=False,
+    )
+    program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0]),
+                                     role="task", usage=usage))
+    result = opt.optimize(
+        program=program,
+        optimization_set=[Ex(f"opt {world.seed}-{i}?", "r") for i in range(n_opt)],
+        validation_set=[Ex(f"val {world.seed}-{i}?", "r") for i in range(n_val)] if rule == "new" else [],
+        exemplar_set=[Ex("exemplar?", "r")],
+        initial_instructions=[INITIAL],
+    )
+    effects = [world.effect(r.instruction) for r in result.history]
+    return {
+        "reported": result.best_score,
+        "returned_effect": world.effect(result.best_instruction),
+        "best_proposed_effect": max(effects),
+        "claims_gain": result.validated if rule == "new" else result.best_instruction != INITIAL,
+        "calls": usage.total_calls(),
+    }
+
+
+def simulate(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int) -> list[dict[str, Any]]:
+    cache: dict[float, float] = {}
+
+    def mean_of(effect: float) -> float:
+        if effect not in cache:
+            cache[effect] = true_mean(effect, n=50_000)
+        return cache[effect]
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rule in ("old", "new"):
+            started = time.perf_counter()
+            runs = [run_once(World(s), rule=rule, n_opt=n_opt, n_val=n_val, steps=steps, k=k, folder=Path(tmp))
+                    for s in range(seeds)]
+            base = mean_of(0.0)
+            bias = [r["reported"] - mean_of(r["returned_effect"]) for r in runs]
+            worse = [mean_of(r["returned_effect"]) <= base - 0.25 for r in runs]
+            good = [r for r in runs if mean_of(r["best_proposed_effect"]) >= base + 0.5]
+            found = [mean_of(r["returned_effect"]) >= base + 0.5 for r in good]
+            rows.append({
+                "rule": rule,
+                "seeds": seeds,
+                "bias": float(np.mean(bias)),
+                "bias_se": float(np.std(bias, ddof=1) / math.sqrt(len(bias))),
+                "p_worse": float(np.mean(worse)),
+                "p_claims_gain": float(np.mean([r["claims_gain"] for r in runs])),
+                "p_finds_better": float(np.mean(found)) if found else math.nan,
+                "n_better_proposed": len(good),
+                "true_gain_returned": float(np.mean([mean_of(r["returned_effect"]) - base for r in runs])),
+                "calls_per_run": float(np.mean([r["calls"] for r in runs])),
+                "seconds": time.perf_counter() - started,
+            })
+    return rows
+
+
+def print_simulation(rows: list[dict[str, Any]], *, n_opt: int, n_val: int, steps: int, k: int) -> None:
+    print(f"(a) simulation: {1 + steps * k} candidates, {n_opt} optimization questions, {n_val} validation "
+          f"questions (new rule only), judge noise sd {math.hypot(QUESTION_SD, NOISE_SD):.2f}")
+    print("| rule | seeds | bias of reported score | P(returned truly worse by >= 0.25) | P(claims a gain) "
+          "| P(returns a truly better prompt, when proposed) | mean true gain of returned | calls/run |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        name = "old: search arg-max, in-sample score" if r["rule"] == "old" else "new: validated finalist (Holm)"
+        print(f"| {name} | {r['seeds']} | {r['bias']:+.3f} ± {r['bias_se']:.3f} | {r['p_worse']:.3f} "
+              f"| {r['p_claims_gain']:.3f} | {r['p_finds_better']:.3f} ({r['n_better_proposed']} seeds) "
+              f"| {r['true_gain_returned']:+.3f} | {r['calls_per_run']:.0f} |")
+
+
+def print_run(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print(f"(b) real run: {run_dir}")
+    print(f"returned instruction: {summary['best_instruction']!r}")
+    print(f"headline: {summary['headline']}")
+    v = summary.get("validation") or {}
+    print("| prompt | search score (optimization, in-sample) | validation score | held-out score |")
+    print("|---|---|---|---|")
+    heldout: dict[str, float] = {}
+    reports = sorted((run_dir / "compare").glob("*/report.json"), key=lambda p: p.stat().st_mtime)
+    if reports:
+        report = json.loads(reports[-1].read_text())
+        for p in report.get("prompts", []):
+            if p.get("mean") is not None:
+                heldout[p["instruction"].strip()] = p["mean"]["estimate"]
+    print(f"| initial | {summary['initial_score']} | {v.get('initial_score')} "
+          f"| {heldout.get(summary['initial_instruction'].strip(), 'n/a')} |")
+    for i, f in enumerate(v.get("finalists", []), start=1):
+        print(f"| finalist {i} | {f['search_score']:.2f} | {f['validation_score']} "
+              f"| {heldout.get(f['instruction'].strip(), 'n/a')} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=200)
+    ap.add_argument("--optimization", type=int, default=4, help="optimization questions (quickstart: 4)")
+    ap.add_argument("--validation", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--candidates", type=int, default=3)
+    ap.add_argument("--run-dir", type=Path, help="print (b) for this run folder instead of simulating")
+    args = ap.parse_args(argv)
+    logging.disable(logging.WARNING)
+    if args.run_dir:
+        print_run(args.run_dir)
+        return 0
+    rows = simulate(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
+                    k=args.candidates)
+    print_simulation(rows, n_opt=args.optimization, n_val=args.validation, steps=args.steps, k=args.candidates)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
