@@ -425,8 +425,11 @@ def optimize(
     config: Path = typer.Argument(..., help="Experiment TOML file (see experiments/)."),
     worker: str = typer.Option("0/1", help="I/N: this is worker I of N sharing one Optuna study (RDB storage)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
+    fresh: bool = typer.Option(
+        False, "--fresh", help="Archive the existing study (kept as <name>-archived-<time>) and start a new one."
+    ),
 ) -> None:
-    """Run the OPRO loop: propose instructions, score them on the optimization split, keep the best."""
+    """Run the OPRO loop: search on the optimization split, validate the finalists, return a validated winner."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -442,7 +445,7 @@ def optimize(
     try:
         exp = Experiment.from_file(config, progress=False if no_progress else None)
         try:
-            result = exp.optimize(worker_index=index, num_workers=count)
+            result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
         finally:
             exp.close()
     except OproError as exc:

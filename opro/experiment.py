@@ -229,6 +229,45 @@ class Experiment:
                     params[f"{section}.{k}"] = v
         return params
 
+    def fingerprint(self) -> dict[str, str]:
+        """Everything that changes a score, stored with the study so a resume never mixes settings."""
+        from opro.redaction import redact
+
+        cfg = self.config
+        ds = self.dataset
+        assert ds.split is not None
+        out: dict[str, str] = {
+            "dataset.hash": ds.content_hash,
+            "split": hashlib.sha256(json.dumps(ds.split.to_json(), sort_keys=True).encode()).hexdigest()[:16],
+            "seed": str(cfg.experiment.seed),
+        }
+        for role in ("task", "judge", "optimizer"):
+            for k, v in redact(self.spec(role).safe_dict()).items():
+                if k not in ("max_concurrency", "timeout_s", "max_retries"):
+                    out[f"models.{role}.{k}"] = str(v)
+        for section in ("rag", "judge"):
+            for k, v in vars(getattr(cfg, section)).items():
+                out[f"{section}.{k}"] = str(redact(v) if not hasattr(v, "__dataclass_fields__") else redact(vars(v)))
+        return out
+
+    def archive_study(self) -> str | None:
+        """Copy the config's study to ``<name>-archived-<time>`` and delete it, so the next run starts fresh."""
+        import time
+
+        import optuna
+
+        cfg = self.config
+        try:
+            optuna.load_study(study_name=cfg.study_name, storage=cfg.optuna_storage)
+        except KeyError:
+            return None
+        archived = f"{cfg.study_name}-archived-{time.strftime('%Y%m%d-%H%M%S')}"
+        optuna.copy_study(from_study_name=cfg.study_name, from_storage=cfg.optuna_storage,
+                          to_storage=cfg.optuna_storage, to_study_name=archived)
+        optuna.delete_study(study_name=cfg.study_name, storage=cfg.optuna_storage)
+        logger.warning("archived study %r as %r; starting a fresh study", cfg.study_name, archived)
+        return archived
+
     def optimizer(self, *, worker_index: int = 0, num_workers: int = 1) -> OPROOptimizer:
         from opro.optimizer import OPROOptimizer
         from opro.tracking import MlflowTracker
@@ -257,10 +296,14 @@ class Experiment:
             num_workers=num_workers,
             progress=self.progress,
             register_prompt=(cfg.prompt_name, cfg.tracking.prompt_alias) if cfg.tracking.register_prompt else None,
+            fingerprint=self.fingerprint(),
         )
 
-    def optimize(self, *, worker_index: int = 0, num_workers: int = 1) -> OptimizationResult:
+    def optimize(self, *, worker_index: int = 0, num_workers: int = 1, fresh: bool = False) -> OptimizationResult:
+        """Run (or resume) the optimization; ``fresh`` archives an existing study first."""
         ds = self.dataset
+        if fresh:
+            self.archive_study()
         return self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
             program=self.program,
             optimization_set=ds.examples_in("optimization"),

@@ -14,13 +14,14 @@ call cache makes the replay of a half-evaluated candidate free.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -357,6 +358,7 @@ class OPROOptimizer:
         worker_timeout_s: float = 3600.0,
         progress: bool = True,
         register_prompt: tuple[str, str] | None = None,
+        fingerprint: Mapping[str, str] | None = None,
     ) -> None:
         if not 0 <= worker_index < num_workers:
             raise OproError(f"worker index {worker_index} must be in [0, {num_workers})")
@@ -379,7 +381,11 @@ class OPROOptimizer:
         self.worker_timeout_s = worker_timeout_s
         self.progress = progress
         self.register_prompt = register_prompt
+        self.fingerprint = dict(fingerprint or {})
         self._n_questions = 0
+        # Usage recorded in the study by earlier processes: budgets and totals cover the whole study.
+        self._prior_usage: dict[str, dict[str, Any]] = {}
+        self._others_usage: dict[str, dict[str, Any]] = {}
         self.meta = MetaPromptBuilder(
             template_text=template_text(make_template("<INS>")),
             max_history=self.settings.max_history,
@@ -508,11 +514,48 @@ class OPROOptimizer:
         raise OproError(f"worker {self.worker_index}: timed out after {self.worker_timeout_s:.0f}s waiting for {what}")
 
     # -- evaluation --------------------------------------------------------------------------
+    def study_usage(self) -> dict[str, dict[str, Any]]:
+        """Usage of every process and worker that worked on this study, this one included."""
+        return merge_usage(self._others_usage, merge_usage(self._prior_usage, self.usage.as_dict()))
+
+    def _save_usage(self, study: optuna.Study) -> None:
+        study.set_user_attr(f"usage:w{self.worker_index}", merge_usage(self._prior_usage, self.usage.as_dict()))
+
+    def _load_usage(self, study: optuna.Study) -> None:
+        mine = f"usage:w{self.worker_index}"
+        self._prior_usage = dict(study.user_attrs.get(mine) or {})
+        others: dict[str, dict[str, Any]] = {}
+        for key, value in study.user_attrs.items():
+            if key.startswith("usage:w") and key != mine:
+                others = merge_usage(others, value)
+        self._others_usage = others
+
     def _budget_left(self) -> bool:
         s = self.settings
-        if s.max_calls and self.usage.total_calls() >= s.max_calls:
+        usage = self.study_usage()
+        calls = sum(int(u.get("calls", 0)) for u in usage.values())
+        tokens = sum(int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0)) for u in usage.values())
+        if s.max_calls and calls >= s.max_calls:
             return False
-        return not (s.max_tokens_budget and self.usage.total_tokens() >= s.max_tokens_budget)
+        return not (s.max_tokens_budget and tokens >= s.max_tokens_budget)
+
+    def _check_fingerprint(self, study: optuna.Study) -> None:
+        """Refuse to resume a study whose scores were made under other settings."""
+        if not self.fingerprint:
+            return
+        stored = study.user_attrs.get("fingerprint")
+        if stored is None:
+            study.set_user_attr("fingerprint", self.fingerprint)
+            return
+        keys = sorted(set(stored) | set(self.fingerprint))
+        changed = [k for k in keys if stored.get(k) != self.fingerprint.get(k)]
+        if changed:
+            shown = "; ".join(f"{k}: {stored.get(k)!r} -> {self.fingerprint.get(k)!r}" for k in changed[:8])
+            raise ConfigError(
+                f"study {self.study_name!r} was scored under other settings ({len(changed)} changed: {shown}"
+                f"{'; ...' if len(changed) > 8 else ''}); its scores would not be comparable. Rerun with --fresh to "
+                "archive that study and start a new one, restore the settings, or set [tracking].study_name"
+            )
 
     def _score_pair(self, program: _Program, instruction: str, example: _Example) -> float | LLMError | None:
         try:
@@ -652,6 +695,8 @@ class OPROOptimizer:
         self._n_questions = len(optimization_set)
         started = time.perf_counter()
         study = self._study()
+        self._check_fingerprint(study)
+        self._load_usage(study)
         self._fail_stale_trials(study)
         history = self._records(study)
         run_id = study.user_attrs.get("mlflow_run_id") if self.worker_index == 0 else None
@@ -682,8 +727,16 @@ class OPROOptimizer:
                 ]
                 if mine:
                     new = self._evaluate_step(study, step, mine, program, optimization_set)
+                    self._save_usage(study)
                     history = self._records(study)
                     self._log_candidates(new)
+                    if all(r.status == "failed" and r.n_errors for r in new):
+                        # The endpoint is down, not the candidates bad: stop before paying for more.
+                        raise OproError(
+                            f"every call of step {step} failed ({sum(r.n_errors for r in new)} errors; see the "
+                            "warnings above): fix the endpoint and rerun the same command; finished work is kept "
+                            "and the failed candidates are evaluated again"
+                        )
                 if self.num_workers > 1:
                     history = self._wait_for_step(study, step, len(proposals))
                 step_best = max((r.score for r in history if r.step == step and r.status == "complete" and r.score is not None), default=-math.inf)
@@ -692,9 +745,9 @@ class OPROOptimizer:
                     steps_without_gain = 0
                 elif step > 0:
                     steps_without_gain += 1
-                if self.tracker is not None and self.worker_index == 0 and best_so_far > -math.inf:
+                if mine and self.tracker is not None and self.worker_index == 0 and best_so_far > -math.inf:
                     self.tracker.log_metrics({"search_best_score": best_so_far}, step=step)
-                if any(r.status == "budget" for r in history) or not self._budget_left():
+                if any(r.status == "budget" and r.step == step for r in history) or not self._budget_left():
                     stopped = "budget"
                     break
                 if self.settings.patience and steps_without_gain >= self.settings.patience:
@@ -708,12 +761,15 @@ class OPROOptimizer:
                                   initial=initial_instructions[0], validation=validation,
                                   rejected=self._rejections(study))
         except BaseException as exc:
+            with contextlib.suppress(Exception):  # the study store may be what failed
+                self._save_usage(study)
             # Never leave the MLflow run RUNNING: KILLED when the user stopped it, FAILED otherwise.
             if self.tracker is not None and self.worker_index == 0:
                 self.tracker.finish(status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
             raise
+        self._save_usage(study)
         if self.worker_index == 0:
-            self._write_outputs(result)
+            self._write_outputs(result, study)
         return result
 
     @staticmethod
@@ -881,7 +937,7 @@ class OPROOptimizer:
             "initial_instruction": initial,
             "initial_score": initial_rec.score if initial_rec else None,
             "history": tuple(history),
-            "usage": self.usage.as_dict(),
+            "usage": self.study_usage(),
             "stopped_reason": stopped,
             "mlflow_run_id": run_id,
             "study_name": self.study_name,
@@ -927,7 +983,7 @@ class OPROOptimizer:
             **common,  # type: ignore[arg-type]
         )
 
-    def _write_outputs(self, result: OptimizationResult) -> None:
+    def _write_outputs(self, result: OptimizationResult, study: optuna.Study) -> None:
         out = self.output_dir
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
@@ -955,7 +1011,13 @@ class OPROOptimizer:
             )
         if self.tracker is None:
             return
-        self._log_result(result)
+        # A rerun of a finished study changes nothing: no second registry version, no repeated metrics.
+        digest = _sha(json.dumps(
+            {k: v for k, v in result.summary().items() if k not in ("usage", "wall_s")}, sort_keys=True, default=str
+        ))
+        if study.user_attrs.get("recorded_result") != digest:
+            self._log_result(result)
+            study.set_user_attr("recorded_result", digest)
         self.tracker.finish()
 
     def _log_result(self, result: OptimizationResult) -> None:
@@ -1015,6 +1077,20 @@ class OPROOptimizer:
                 },
             )
             self.tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})
+
+
+def merge_usage(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-role usage of ``a`` and ``b`` added up (``cost_usd`` stays ``None`` where both are unknown)."""
+    out: dict[str, dict[str, Any]] = {role: dict(u) for role, u in a.items()}
+    for role, u in b.items():
+        if role not in out:
+            out[role] = dict(u)
+            continue
+        for k, v in u.items():
+            if isinstance(v, int | float) or out[role].get(k) is None:
+                prev = out[role].get(k)
+                out[role][k] = v if prev is None else (prev + v if v is not None else prev)
+    return out
 
 
 def optimism_points(result: OptimizationResult) -> list[dict[str, Any]]:
