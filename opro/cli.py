@@ -468,8 +468,9 @@ def optimize(
         reasons = sorted({r["reason"] for r in result.rejected}) or ["the optimizer returned nothing"]
         console.print(
             f"[red]error:[/red] the optimizer proposed no usable instruction in {exp.config.optimizer.steps} step(s) "
-            f"({len(result.rejected)} rejected: {escape('; '.join(reasons))}); check [models.optimizer] "
-            "(a stronger model) or [optimizer].max_instruction_chars"
+            f"({len(result.rejected)} rejected: {escape('; '.join(reasons))}); "
+            + escape("check [models.optimizer] (a stronger model) or [optimizer].max_instruction_chars"),
+            soft_wrap=True,
         )
         raise typer.Exit(1)
     if index == 0:

@@ -1,0 +1,47 @@
+"""`opro optimize` tells the truth at the command line: the validated table, and no silent success."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli import _write_toml
+from test_experiment import _config, _judge_reply, _task_reply
+from typer.testing import CliRunner
+
+import opro.experiment
+from opro.backends import ModelPool
+from opro.cli import app
+from opro.scripted import ScriptedLLM
+
+
+def _pool(optimizer_reply: str) -> ModelPool:
+    return ModelPool(scripted={
+        "task": ScriptedLLM(default=_task_reply, model="task"),
+        "judge": ScriptedLLM(default=_judge_reply, model="judge"),
+        "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
+    })
+
+
+def test_optimize_prints_search_and_validation_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reply = "<INS>Answer from the context, in one sentence.</INS>"
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: _pool(reply))
+    config = _write_toml(_config(tmp_path), tmp_path / "exp.toml")
+    result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "search score" in result.output and "validation score" in result.output
+    assert "a finalist beat the initial instruction on 8 validation questions by +3.00" in result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["score_basis"] == "validation" and summary["validated"] is True
+
+
+def test_no_usable_proposal_is_an_error_that_lists_the_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every proposal breaks the template (a stray brace) or repeats the initial instruction.
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: _pool("<INS>Answer the {question}.</INS>"))
+    config = _write_toml(_config(tmp_path), tmp_path / "exp.toml")
+    result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"], terminal_width=200)
+    assert result.exit_code == 1, result.output
+    assert "the optimizer proposed no usable instruction in 2 step(s)" in result.output
+    assert "12 rejected: contains a template variable" in result.output
+    assert "check [models.optimizer]" in result.output
