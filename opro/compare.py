@@ -563,6 +563,34 @@ def _wrap(label: str, width: int = 22) -> str:
     return "\n".join(label[i : i + width] for i in range(0, len(label), width))[:70]
 
 
+def plot_survival(report: ComparisonReport, *, summary_path: Path, path: Path) -> Path | None:
+    """The optimization's search and validation scores beside these held-out scores, per prompt.
+
+    Drawn only for a held-out comparison of an optimization with a validation stage: it shows how
+    much of the search gain survived on questions neither the search nor the selection saw.
+    """
+    if report.split != "heldout" or not summary_path.exists():
+        return None
+    from opro.plots import plot_optimism
+
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    validation = summary.get("validation")
+    if not validation:
+        return None
+    heldout = {p.instruction.strip(): p.mean.estimate for p in report.prompts if p.mean is not None}
+    winner = validation.get("winner")
+    points = [{
+        "label": "initial", "search": summary.get("initial_score"), "validation": validation.get("initial_score"),
+        "heldout": heldout.get(str(summary.get("initial_instruction", "")).strip()), "returned": winner is None,
+    }]
+    for i, f in enumerate(validation.get("finalists", []), start=1):
+        points.append({
+            "label": f"finalist {i}", "search": f.get("search_score"), "validation": f.get("validation_score"),
+            "heldout": heldout.get(str(f.get("instruction", "")).strip()), "returned": f.get("instruction") == winner,
+        })
+    return plot_optimism(points, path=path, title="Search vs validation vs held-out score")
+
+
 @dataclass(frozen=True)
 class SavedComparison:
     directory: Path
@@ -588,6 +616,7 @@ def save_comparison(
     """Write the report files and log them as an MLflow run tagged ``opro.kind=comparison``."""
     out = Path(directory) if directory is not None else default_compare_dir(experiment, name)
     report.write(out)
+    plot_survival(report, summary_path=experiment.config.output_dir / "summary.json", path=out / "optimism.png")
     run_id = None
     if mlflow:
         run_id = log_comparison(

@@ -123,7 +123,8 @@ def test_best_vs_initial_on_heldout(run_config: Path) -> None:
 
     out = run_config.parent / "out" / "compare" / "first"
     assert saved.directory == out
-    assert {p.name for p in out.iterdir()} == {"report.md", "report.json", "scores.csv", "comparison.png"}
+    assert {p.name for p in out.iterdir()} == {"report.md", "report.json", "scores.csv", "comparison.png", "optimism.png"}
+    assert (out / "optimism.png").stat().st_size > 1000  # search vs validation vs held-out, per prompt
     data = json.loads((out / "report.json").read_text())
     assert data["prompts"][1]["versus_baseline"]["wins"] == 10
     assert data["baseline"] == "initial"
