@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
+import scipy.stats
+from scipy.stats import rankdata
 
 from opro.errors import DataError
 from opro.stats import (
     bootstrap_mean_ci,
     compare_paired,
+    holm,
     paired_bootstrap_ci,
     permutation_test,
     wilcoxon_signed_rank,
@@ -100,7 +105,50 @@ def test_wilcoxon_all_zero_tiny_and_tied() -> None:
     assert wilcoxon_signed_rank([], []).p_value == 1.0
     assert wilcoxon_signed_rank([5], [1]).p_value == pytest.approx(1.0)
     tied = wilcoxon_signed_rank([5, 5, 5, 4, 3, 3], [4, 4, 4, 4, 2, 1])
-    assert not tied.exact and 0 < tied.p_value < 0.2 and "1 zero" in tied.note
+    # d = (1, 1, 1, 0, 1, 2): the zero is dropped; all five positive: exact p = 2 / 2**5.
+    assert tied.exact and tied.p_value == pytest.approx(2 / 32) and "1 zero" in tied.note
+
+
+def test_exact_wilcoxon_with_ties() -> None:
+    # The case: five +1 differences. The normal approximation says 0.025; exact is 0.0625.
+    assert wilcoxon_signed_rank([1] * 5, [0] * 5).p_value == pytest.approx(0.0625)
+    # Against a brute-force enumeration of every sign assignment over mid-ranks.
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        d = rng.integers(-3, 4, size=int(rng.integers(1, 11))).astype(float)
+        nz = d[d != 0]
+        if not len(nz):
+            continue
+        ranks = rankdata(np.abs(nz))
+        center, observed = ranks.sum() / 2, ranks[nz > 0].sum()
+        hits = sum(
+            abs(float(np.dot(ranks, signs)) - center) >= abs(observed - center) - 1e-9
+            for signs in itertools.product((0, 1), repeat=len(nz))
+        )
+        assert wilcoxon_signed_rank(d, np.zeros(len(d))).p_value == pytest.approx(hits / 2 ** len(nz), abs=1e-12)
+
+
+def test_exact_wilcoxon_equals_scipy_without_ties_and_is_approximate_above_50() -> None:
+    rng = np.random.default_rng(1)
+    for n in (3, 8, 15, 25):
+        d = rng.normal(size=n)
+        ours = wilcoxon_signed_rank(d, np.zeros(n))
+        theirs = scipy.stats.wilcoxon(d, method="exact")
+        assert ours.exact and ours.p_value == pytest.approx(float(theirs.pvalue), abs=1e-12)
+        assert ours.statistic == pytest.approx(float(theirs.statistic))
+    # With ties, scipy's permutation method enumerates the same null distribution.
+    d = np.array([1.0, 1.0, 2.0, -1.0, 3.0, 2.0, 1.0])
+    perm = scipy.stats.wilcoxon(d, method=scipy.stats.PermutationMethod(n_resamples=10**6))
+    assert wilcoxon_signed_rank(d, np.zeros(7)).p_value == pytest.approx(float(perm.pvalue), abs=1e-9)
+    big = wilcoxon_signed_rank(rng.normal(size=60) + 0.3, np.zeros(60))
+    assert not big.exact and "normal approximation" in big.note
+
+
+def test_holm_adjusts_step_down_and_stays_monotone() -> None:
+    # By hand: sorted p = 0.01, 0.02, 0.04 over m = 3 -> 0.03, max(0.03, 0.04) = 0.04, max(0.04, 0.04) = 0.04.
+    assert holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert holm([0.2]) == [0.2] and holm([]) == []
 
 
 def test_win_tie_loss_and_verdict() -> None:
