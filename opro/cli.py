@@ -557,16 +557,22 @@ def compare(
     resamples: int = typer.Option(10_000, "--resamples", min=1000, help="Bootstrap / permutation resamples."),
     seed: int = typer.Option(0, "--seed", help="Seed of the resampling."),
     alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the tests."),
+    promote_alias: str | None = typer.Option(
+        None, "--promote",
+        help="Move this Prompt Registry alias to the best prompt, only if it beats the baseline on held-out "
+        "questions by both tests (Holm-adjusted); otherwise refuse (exit 1) with the figures.",
+    ),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
 ) -> None:
     """Compare prompts on the held-out split: mean with 95% CI, pass rate, win/tie/loss, paired tests."""
     from rich.console import Console
 
-    from opro.compare import compare_prompts, save_comparison
+    from opro.compare import compare_prompts, promote, save_comparison
     from opro.errors import OproError
     from opro.experiment import Experiment
 
     specs = list(prompt or ["best"])
+    decision = None
     if baseline not in specs:
         specs.insert(0, baseline)
     console = Console()
@@ -585,16 +591,23 @@ def compare(
                 seed=seed,
             )
             saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
+            if promote_alias is not None:
+                decision = promote(report, experiment=exp, alias=promote_alias, tracking_uri=tracking_uri)
         finally:
             exp.close()
     except OproError as exc:
         raise _compare_error(exc) from exc
     console.print(report.rich_table())
+    console.print(report.multiplicity())
     for sentence in report.sentences():
         console.print(f"- {sentence}")
     console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
     if saved.mlflow_run_id:
         console.print(f"MLflow comparison run {saved.mlflow_run_id} in {tracking_uri or exp.config.mlflow_uri}")
+    if decision is not None:
+        console.print(decision.message(), markup=False, soft_wrap=True)
+        if not decision.granted:
+            raise typer.Exit(1)
 
 
 @app.command()

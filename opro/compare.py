@@ -18,14 +18,14 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, DataError
 from opro.sources import ResolvedPrompt, resolve_prompt
-from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, compare_paired
+from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, compare_paired, holm_family
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -141,6 +141,9 @@ class ComparisonReport:
                     "wilcoxon_exact": s.wilcoxon.exact,
                     "permutation_p": s.permutation.p_value,
                     "permutation_exact": s.permutation.exact,
+                    "n_comparisons": s.n_comparisons,
+                    "wilcoxon_p_holm": s.p_wilcoxon,
+                    "permutation_p_holm": s.p_permutation,
                     "significant": s.significant,
                     "verdict": v.sentence,
                 }
@@ -155,6 +158,8 @@ class ComparisonReport:
             "judge_threshold": self.judge_threshold,
             "confidence_level": self.level,
             "alpha": self.alpha,
+            "n_comparisons": self.n_comparisons,
+            "multiplicity": self.multiplicity(),
             "n_resamples": self.n_resamples,
             "seed": self.seed,
             "dataset_hash": self.dataset_hash,
@@ -185,8 +190,8 @@ class ComparisonReport:
                 row += [
                     str(s.win_tie_loss),
                     "n/a" if s.n == 0 else f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]",
-                    f"{s.wilcoxon.p_value:.3g}",
-                    f"{s.permutation.p_value:.3g}",
+                    f"{s.p_wilcoxon:.3g}",
+                    f"{s.p_permutation:.3g}",
                 ]
             row += [_fmt(p.metric_means.get(m)) for m in self.metric_names]
             rows.append(row)
@@ -209,10 +214,21 @@ class ComparisonReport:
             "invalid",
             "W/T/L",
             f"Δ mean [{lvl} CI]",
-            "Wilcoxon p",
-            "perm. p",
+            "Wilcoxon p" + (" (Holm)" if self.n_comparisons > 1 else ""),
+            "perm. p" + (" (Holm)" if self.n_comparisons > 1 else ""),
             *self.metric_names,
         ]
+
+    @property
+    def n_comparisons(self) -> int:
+        return sum(1 for v in self.versus if v is not None)
+
+    def multiplicity(self) -> str:
+        k = self.n_comparisons
+        if k <= 1:
+            return "1 comparison with the baseline: no multiplicity correction needed."
+        return (f"{k} comparisons with the baseline: p-values are Holm-adjusted over the {k} "
+                "(the raw values are in report.json).")
 
     def sentences(self) -> list[str]:
         return [v.sentence for v in self.versus if v is not None]
@@ -237,6 +253,7 @@ class ComparisonReport:
             f"dataset `{self.dataset_hash[:12]}`; baseline **{self.baseline_prompt.label}**.",
             f"Intervals: {self.level:.0%} percentile bootstrap ({self.n_resamples} resamples, seed {self.seed}); "
             f"tests two-sided at alpha {self.alpha:g} (Wilcoxon signed-rank, paired sign-flip permutation).",
+            self.multiplicity(),
         ]
         if self.split == "heldout":
             lines.append(
@@ -462,6 +479,11 @@ def compare_prompts(
             [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha
         )
         versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=len(examples) - len(pairs), stats=stats))
+    # Several prompts against one baseline: a family of tests, so Holm-adjust both tests' p-values.
+    family = [v for v in versus if v is not None]
+    if len(family) > 1:
+        adjusted = iter(holm_family([v.stats for v in family]))
+        versus = [None if v is None else replace(v, stats=next(adjusted)) for v in versus]
 
     models = {role: experiment.spec(role).model for role in ("task", "judge")}
     return ComparisonReport(
@@ -589,6 +611,80 @@ def plot_survival(report: ComparisonReport, *, summary_path: Path, path: Path) -
             "heldout": heldout.get(str(f.get("instruction", "")).strip()), "returned": f.get("instruction") == winner,
         })
     return plot_optimism(points, path=path, title="Search vs validation vs held-out score")
+
+
+@dataclass(frozen=True)
+class PromotionDecision:
+    """Whether a Prompt Registry alias was moved to a compared prompt, and the figures behind it."""
+
+    alias: str
+    granted: bool
+    label: str | None
+    uri: str | None
+    reasons: tuple[str, ...]
+
+    def message(self) -> str:
+        if self.granted:
+            return f"promoted {self.label} to alias {self.alias!r} ({self.uri}): " + "; ".join(self.reasons)
+        return f"refused to move alias {self.alias!r}: " + "; ".join(self.reasons)
+
+
+def promote(
+    report: ComparisonReport, *, experiment: Experiment, alias: str, tracking_uri: str | None = None
+) -> PromotionDecision:
+    """Move ``alias`` to the best compared prompt only if it beats the baseline on held-out questions.
+
+    Required: a held-out comparison whose leakage check passed, and a positive mean difference that
+    both paired tests call significant at the report's alpha (Holm-adjusted when several prompts
+    were compared). Among prompts that qualify, the one with the highest held-out mean wins; it is
+    registered as a new version tagged with its held-out figures, then the alias points at it.
+    """
+    from opro.export import export_prompt
+    from opro.sources import resolve_prompt
+
+    if report.split != "heldout" or not report.leakage_checked:
+        return PromotionDecision(alias, False, None, None, (
+            f"the comparison ran on the {report.split!r} split"
+            + ("" if report.leakage_checked else " without a passed held-out leakage check")
+            + "; only a held-out comparison can promote a prompt",
+        ))
+    reasons: list[str] = []
+    qualified: list[tuple[PromptScores, VersusBaseline]] = []
+    for p, v in zip(report.prompts, report.versus, strict=True):
+        if v is None:
+            continue
+        s = v.stats
+        d = s.difference
+        figures = (
+            f"{p.label}: difference {d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}] over {s.n} held-out questions, "
+            f"Wilcoxon p={s.p_wilcoxon:.3g}, permutation p={s.p_permutation:.3g}"
+            + (f" (Holm, {s.n_comparisons} comparisons)" if s.n_comparisons > 1 else "")
+        )
+        ok = s.n > 0 and d.estimate > 0 and s.significant
+        reasons.append(figures + ("" if ok else f": not a significant gain at alpha {report.alpha:g}"))
+        if ok:
+            qualified.append((p, v))
+    if not qualified:
+        return PromotionDecision(alias, False, None, None, tuple(reasons))
+    best, v = max(qualified, key=lambda pv: pv[0].mean.estimate if pv[0].mean is not None else -math.inf)
+    resolved = resolve_prompt(best.spec, config=experiment.config, tracking_uri=tracking_uri)
+    exported = export_prompt(resolved, format="mlflow", alias=alias, config=experiment.config,
+                             tracking_uri=tracking_uri)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri or experiment.config.mlflow_uri)
+    d = v.stats.difference
+    for key, value in {
+        "opro.heldout_mean": f"{best.mean.estimate:.4f}" if best.mean is not None else "",
+        "opro.heldout_difference": f"{d.estimate:.4f}",
+        "opro.heldout_ci": f"[{d.low:.4f}, {d.high:.4f}]",
+        "opro.heldout_n": str(v.stats.n),
+        "opro.heldout_p_wilcoxon": f"{v.stats.p_wilcoxon:.4g}",
+        "opro.heldout_p_permutation": f"{v.stats.p_permutation:.4g}",
+        "opro.heldout_baseline": v.baseline[:250],
+    }.items():
+        client.set_prompt_version_tag(experiment.config.prompt_name, str(exported.version), key, value)
+    return PromotionDecision(alias, True, best.label, exported.uri, tuple(reasons))
 
 
 @dataclass(frozen=True)

@@ -82,16 +82,31 @@ class PairedComparison:
     wilcoxon: TestResult
     permutation: TestResult
     alpha: float
+    #: Comparisons in the family (several prompts against one baseline); the p-values below are
+    #: Holm-adjusted over it. 1: no adjustment.
+    n_comparisons: int = 1
+    wilcoxon_adjusted: float | None = None
+    permutation_adjusted: float | None = None
+
+    @property
+    def p_wilcoxon(self) -> float:
+        return self.wilcoxon.p_value if self.wilcoxon_adjusted is None else self.wilcoxon_adjusted
+
+    @property
+    def p_permutation(self) -> float:
+        return self.permutation.p_value if self.permutation_adjusted is None else self.permutation_adjusted
 
     @property
     def significant(self) -> bool:
-        """Both tests below ``alpha``: the conservative reading for a report."""
-        return max(self.wilcoxon.p_value, self.permutation.p_value) < self.alpha
+        """Both tests below ``alpha`` (Holm-adjusted in a family): the conservative reading for a report."""
+        return max(self.p_wilcoxon, self.p_permutation) < self.alpha
 
     def verdict(self) -> str:
         """A plain sentence for a report."""
         d = self.difference
-        p = f"Wilcoxon p={self.wilcoxon.p_value:.3g}, permutation p={self.permutation.p_value:.3g}"
+        p = f"Wilcoxon p={self.p_wilcoxon:.3g}, permutation p={self.p_permutation:.3g}"
+        if self.n_comparisons > 1:
+            p += f", Holm-adjusted over {self.n_comparisons} comparisons"
         if self.n == 0:
             return "no question was scored for both prompts: nothing to compare"
         if self.significant:
@@ -257,6 +272,19 @@ def permutation_test(
     return TestResult("permutation", observed, p, n, False, f"Monte Carlo, {n_resamples} sign flips, seed {seed}")
 
 
+def holm_family(comparisons: Sequence[PairedComparison]) -> list[PairedComparison]:
+    """The comparisons with both tests' p-values Holm-adjusted over the family (one baseline, k prompts)."""
+    from dataclasses import replace
+
+    k = len(comparisons)
+    w = holm([c.wilcoxon.p_value for c in comparisons])
+    p = holm([c.permutation.p_value for c in comparisons])
+    return [
+        replace(c, n_comparisons=k, wilcoxon_adjusted=wa, permutation_adjusted=pa)
+        for c, wa, pa in zip(comparisons, w, p, strict=True)
+    ]
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error control over several comparisons)."""
     m = len(p_values)
@@ -319,6 +347,7 @@ __all__ = [
     "bootstrap_mean_ci",
     "compare_paired",
     "holm",
+    "holm_family",
     "paired_bootstrap_ci",
     "permutation_test",
     "wilcoxon_signed_rank",

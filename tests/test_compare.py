@@ -246,3 +246,52 @@ def test_cli_compare_defaults_to_best_vs_initial(run_config: Path, monkeypatch: 
     assert (run_config.parent / "out" / "compare" / "cli" / "report.json").is_file()
     bad = CliRunner().invoke(app, ["compare", str(run_config), "--prompt", "nothere.txt", "--no-mlflow"])
     assert bad.exit_code == 2 and "no such file" in bad.output
+
+
+def _alias_template(config: Path, alias: str) -> str | None:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    cfg = Experiment.from_file(config, pool=scripted_pool(), progress=False).config
+    client = MlflowClient(tracking_uri=cfg.mlflow_uri)
+    try:
+        return str(client.get_prompt_version_by_alias(cfg.prompt_name, alias).template)
+    except MlflowException:
+        return None
+
+
+def test_promotion_is_refused_without_a_significant_held_out_gain(
+    run_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opro.cli import app
+
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    monkeypatch.setenv("COLUMNS", "240")
+    # The same instruction as the baseline: no difference at all.
+    same = CliRunner().invoke(app, ["compare", str(run_config), "--prompt", "text:Answer the question.",
+                                    "--promote", "gate-a", "--no-mlflow", "--no-progress"])
+    assert same.exit_code == 1, same.output
+    assert "refused to move alias 'gate-a'" in same.output and "difference +0.00" in same.output
+    # A real gain, but measured on the optimization split: not evidence for promotion.
+    opt = CliRunner().invoke(app, ["compare", str(run_config), "--split", "optimization",
+                                   "--promote", "gate-a", "--no-mlflow", "--no-progress"])
+    assert opt.exit_code == 1 and "only a held-out comparison can promote" in opt.output
+    assert _alias_template(run_config, "gate-a") is None
+
+
+def test_promotion_is_granted_for_a_significant_held_out_gain(
+    run_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opro.cli import app
+
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    monkeypatch.setenv("COLUMNS", "240")
+    # Two candidates against the baseline: a family of 2, Holm-adjusted; the best one is promoted.
+    result = CliRunner().invoke(app, ["compare", str(run_config), "--prompt", "best",
+                                      "--prompt", "text:Answer plainly.", "--promote", "gate-b",
+                                      "--no-mlflow", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "promoted best to alias 'gate-b'" in result.output
+    assert "Holm-adjusted over the 2" in result.output
+    template = _alias_template(run_config, "gate-b")
+    assert template is not None and "context" in template.lower()
