@@ -40,7 +40,15 @@ class PromptError(OproError):
 
 
 class LLMError(OproError):
-    """A language-model call failed."""
+    """A language-model call failed.
+
+    ``role`` (task, judge, optimizer, generator) is filled in by the :class:`~opro.llm.ChatClient`
+    that made the call, so a message says which ``[models.ROLE]`` table to fix. ``permanent``
+    errors (a bad key, a bad request, an unknown model) fail the same way on every call: callers
+    stop at the first one instead of paying for the rest of a run.
+    """
+
+    permanent = False
 
     def __init__(
         self,
@@ -50,11 +58,21 @@ class LLMError(OproError):
         provider: str | None = None,
         status: int | None = None,
     ) -> None:
+        self.detail = message
         self.model = model
         self.provider = provider
         self.status = status
-        where = ", ".join(p for p in (provider, model) if p)
-        super().__init__(f"{message} [{where}]" if where else message)
+        self.role: str | None = None
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        where = ", ".join(p for p in (self.provider, self.model) if p)
+        text = f"{self.detail} [{where}]" if where else self.detail
+        if self.role:
+            text = f"{self.role} model: {text}"
+            if self.permanent:
+                text += f"; fix [models.{self.role}] (model, base_url, api_key_env) and rerun: finished work is kept"
+        return text
 
 
 class LLMRateLimitError(LLMError):
@@ -76,11 +94,11 @@ class LLMServerError(LLMError):
 
 
 class LLMAuthError(LLMError):
-    pass
+    permanent = True
 
 
 class LLMBadRequestError(LLMError):
-    pass
+    permanent = True
 
 
 __all__ = [

@@ -273,6 +273,8 @@ def evaluate_examples(
                 for m in extra_metrics
             }
         except LLMError as exc:
+            if exc.permanent:
+                raise  # a bad key or request fails every example the same way: stop at the first
             return EvaluationRow(query=query, reference=reference, error=f"{type(exc).__name__}: {exc}")
         return EvaluationRow(
             query=query,

@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from opro.errors import LLMError
+
 if TYPE_CHECKING:
     from opro.cache import CallCache
 
@@ -300,7 +302,11 @@ class ChatClient:
         if hit is not None:
             return hit
         started = time.perf_counter()
-        return self._store(key, self.llm.generate(msgs, opts), started)
+        try:
+            return self._store(key, self.llm.generate(msgs, opts), started)
+        except LLMError as exc:
+            exc.role = exc.role or self.role  # the message then names the [models.ROLE] table to fix
+            raise
 
     async def acomplete(self, messages: MessagesLike, **options: Any) -> Completion:
         msgs, opts, key = self._prepare(messages, options)
@@ -308,7 +314,11 @@ class ChatClient:
         if hit is not None:
             return hit
         started = time.perf_counter()
-        return self._store(key, await self.llm.agenerate(msgs, opts), started)
+        try:
+            return self._store(key, await self.llm.agenerate(msgs, opts), started)
+        except LLMError as exc:
+            exc.role = exc.role or self.role
+            raise
 
     def map(self, requests: Sequence[Request], *, workers: int | None = None) -> list[Completion]:
         """Run many calls, concurrently up to what the backend allows; results in input order."""

@@ -35,6 +35,7 @@ from opro.errors import (
     LLMTimeoutError,
 )
 from opro.llm import LLM, Completion, GenerationOptions, Message
+from opro.redaction import redact_text, redact_url
 
 if TYPE_CHECKING:
     import openai
@@ -86,6 +87,8 @@ class RetryPolicy:
     max_retry_wait_s: float = 120.0
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+    #: A server's Retry-After longer than this is capped (then retried), never obeyed blindly.
+    max_retry_after_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
@@ -98,7 +101,7 @@ class RetryPolicy:
     def delay(self, retry: int, error: LLMError, rng: random.Random) -> float:
         """Wait before retry number ``retry`` (0-based): the server's Retry-After wins when given."""
         if isinstance(error, LLMRateLimitError) and error.retry_after is not None:
-            return error.retry_after
+            return min(error.retry_after, self.max_retry_after_s)
         return rng.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * (2**retry)))
 
     def next_wait(self, retry: int, error: LLMError, started: float, rng: random.Random) -> float | None:
@@ -106,9 +109,11 @@ class RetryPolicy:
         if not is_retryable(error) or retry >= self.max_retries:
             return None
         wait = self.delay(retry, error, rng)
-        if time.monotonic() - started + wait > self.max_retry_wait_s:
+        left = self.max_retry_wait_s - (time.monotonic() - started)
+        if left <= 0:
             return None
-        return wait
+        # Wait what the time budget still allows, then try once more: failing visibly beats waiting forever.
+        return min(wait, left)
 
 
 def is_retryable(error: LLMError) -> bool:
@@ -238,7 +243,9 @@ class OpenAILLM(LLM):
     def _completion(self, response: Any, latency: float) -> Completion:
         choices = getattr(response, "choices", None) or []
         if not choices:
-            raise LLMServerError("the server returned no choices", model=self._model, provider=self.provider)
+            raise LLMServerError(
+                f"the server at {redact_url(self.base_url)} returned no choices", model=self._model, provider=self.provider
+            )
         choice = choices[0]
         text = choice.message.content or ""
         top: tuple[dict[str, float], ...] | None = None
@@ -274,8 +281,7 @@ class OpenAILLM(LLM):
         kwargs: dict[str, Any] = {"model": error.model, "provider": error.provider, "status": error.status}
         if isinstance(error, LLMRateLimitError):
             kwargs["retry_after"] = error.retry_after
-        base = str(error).rsplit(" [", 1)[0]
-        return cls(f"{base} (gave up after {attempts} attempts)", **kwargs)
+        return cls(f"{error.detail} (gave up after {attempts} attempts)", **kwargs)
 
     def _wait(self, retry: int, error: LLMError, started: float) -> float | None:
         with self._rng_lock:
@@ -288,7 +294,8 @@ class OpenAILLM(LLM):
         while True:
             t0 = time.perf_counter()
             try:
-                response = self._client.chat.completions.create(**kwargs)
+                # Parsing is inside the loop: an empty or malformed reply is retried like a 5xx.
+                return self._completion(self._client.chat.completions.create(**kwargs), time.perf_counter() - t0)
             except Exception as exc:
                 error = self.convert_error(exc)
                 wait = self._wait(retry, error, started)
@@ -296,8 +303,6 @@ class OpenAILLM(LLM):
                     raise self._give_up(error, retry + 1) from exc
                 time.sleep(wait)
                 retry += 1
-                continue
-            return self._completion(response, time.perf_counter() - t0)
 
     def _async_client(self) -> openai.AsyncOpenAI:
         import openai
@@ -323,7 +328,7 @@ class OpenAILLM(LLM):
         while True:
             t0 = time.perf_counter()
             try:
-                response = await client.chat.completions.create(**kwargs)
+                return self._completion(await client.chat.completions.create(**kwargs), time.perf_counter() - t0)
             except Exception as exc:
                 error = self.convert_error(exc)
                 wait = self._wait(retry, error, started)
@@ -331,8 +336,6 @@ class OpenAILLM(LLM):
                     raise self._give_up(error, retry + 1) from exc
                 await asyncio.sleep(wait)
                 retry += 1
-                continue
-            return self._completion(response, time.perf_counter() - t0)
 
     def close(self) -> None:
         self._client.close()
@@ -349,25 +352,34 @@ def convert_openai_error(
     where: dict[str, Any] = {"model": model, "provider": provider}
     if isinstance(exc, LLMError):
         return exc
+    base_url = redact_url(base_url)
     if isinstance(exc, openai.APITimeoutError):
         return LLMTimeoutError(f"request to {base_url} timed out after {timeout_s:g} s", **where)
     if isinstance(exc, openai.APIConnectionError):
-        return LLMConnectionError(f"cannot reach {base_url}: {exc}", **where)
+        return LLMConnectionError(f"cannot reach {base_url}: {redact_text(str(exc))}", **where)
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         detail = _error_detail(exc)
         if status == 429:
             retry_after = parse_retry_after(exc.response.headers)
-            return LLMRateLimitError(f"rate limited (429): {detail}", retry_after=retry_after, status=status, **where)
+            return LLMRateLimitError(
+                f"rate limited (429) by {base_url}: {detail}", retry_after=retry_after, status=status, **where
+            )
         if status in (401, 403):
             return LLMAuthError(
-                f"authentication failed ({status}): {detail}; check the key in ${api_key_env}", status=status, **where
+                f"authentication failed ({status}) at {base_url}: {detail}; check the key in the environment "
+                f"variable {api_key_env}", status=status, **where
             )
         if status == 408:
-            return LLMTimeoutError(f"server timed out (408): {detail}", status=status, **where)
+            return LLMTimeoutError(f"server timed out (408) at {base_url}: {detail}", status=status, **where)
         if status == 409 or status >= 500:
-            return LLMServerError(f"server error ({status}): {detail}", status=status, **where)
-        return LLMBadRequestError(f"request rejected ({status}): {detail}", status=status, **where)
+            return LLMServerError(f"server error ({status}) at {base_url}: {detail}", status=status, **where)
+        if status == 404:
+            return LLMBadRequestError(
+                f"not found (404) at {base_url}: {detail}; check the model name and the base_url (it usually ends in /v1)",
+                status=status, **where,
+            )
+        return LLMBadRequestError(f"request rejected ({status}) by {base_url}: {detail}", status=status, **where)
     if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError):
         return LLMServerError(f"unreadable response from {base_url}: {exc}", **where)
     if isinstance(exc, openai.OpenAIError):
@@ -380,8 +392,8 @@ def _error_detail(exc: openai.APIStatusError) -> str:
     if isinstance(body, dict):
         err = body.get("error", body)
         if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:500]
-    return str(getattr(exc, "message", exc))[:500]
+            return redact_text(str(err["message"])[:500])
+    return redact_text(str(getattr(exc, "message", exc))[:500])
 
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAILLM", "RetryPolicy", "is_retryable", "parse_retry_after"]

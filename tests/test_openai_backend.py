@@ -8,16 +8,18 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
 from opro.errors import (
     ConfigError,
     LLMAuthError,
     LLMBadRequestError,
+    LLMError,
     LLMRateLimitError,
     LLMServerError,
     LLMTimeoutError,
@@ -240,15 +242,71 @@ def test_retry_budget_exhausted_by_time(server: FakeServer, monkeypatch: pytest.
         model="fake-model", base_url=server.url, api_key_env="OPRO_TEST_KEY", max_retries=10,
         max_retry_wait_s=1.0,
     )
-    # The server asks for 30 s: more than the 1 s budget, so we stop at once rather than sleep.
-    server.script(error(429, "quota", {"Retry-After": "30"}))
+    # The server asks for 30 s, more than the 1 s budget: wait what the budget allows, try once
+    # more, then fail visibly (never wait 30 s, never drop the call silently).
+    server.script(error(429, "quota", {"Retry-After": "30"}), error(429, "quota", {"Retry-After": "30"}))
     t0 = time.monotonic()
     with pytest.raises(LLMRateLimitError) as info:
         backend.generate(MSGS, OPTS)
-    assert time.monotonic() - t0 < 1.0
+    assert 0.9 < time.monotonic() - t0 < 3.0
     assert info.value.retry_after == pytest.approx(30.0)
-    assert len(server.requests) == 1
+    assert len(server.requests) == 2 and "gave up after 2 attempts" in str(info.value)
     backend.close()
+
+
+def test_oversized_retry_after_is_capped_then_retried(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    backend = OpenAILLM(model="fake-model", base_url=server.url, api_key_env="OPRO_TEST_KEY")
+    backend.policy = replace(backend.policy, max_retry_after_s=0.2)
+    # 300 s asked for (past the old 120 s limit, which dropped the call): capped at 0.2 s, then it succeeds.
+    server.script(error(429, "slow down", {"Retry-After": "300"}), ok("after the wait"))
+    t0 = time.monotonic()
+    assert backend.generate(MSGS, OPTS).text == "after the wait"
+    assert time.monotonic() - t0 < 5.0 and len(server.requests) == 2
+    backend.close()
+
+
+def test_empty_choices_are_retried_like_a_server_error(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    backend = OpenAILLM(model="fake-model", base_url=server.url, api_key_env="OPRO_TEST_KEY", backoff_base_s=0.01)
+    empty = ok("x")
+    assert empty.body is not None
+    empty.body["choices"] = []
+    server.script(empty, ok("now a real answer"))
+    assert backend.generate(MSGS, OPTS).text == "now a real answer"
+    assert len(server.requests) == 2
+    # Always empty: the call fails visibly, naming the server (never a silent empty answer).
+    server.script(*([empty] * 10))
+    with pytest.raises(LLMServerError, match=r"returned no choices.*gave up after"):
+        backend.generate(MSGS, OPTS)
+    backend.close()
+
+
+def test_permanent_errors_name_the_role_the_server_and_what_to_fix(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    url = server.url.replace("http://", f"http://user:{SECRET}@") + f"?api-key={SECRET}"
+    backend = OpenAILLM(model="fake-model", base_url=server.url, api_key_env="OPRO_TEST_KEY")
+    client = ChatClient(backend, role="judge")
+    for status, pattern in ((401, "authentication failed"), (404, "not found"), (400, "request rejected")):
+        server.script(error(status, "nope"))
+        with pytest.raises(LLMError) as info:
+            client.complete("hi")
+        text = str(info.value)
+        assert info.value.permanent and len(server.requests) >= 1
+        assert text.startswith("judge model: ") and pattern in text and server.url in text
+        assert "fix [models.judge]" in text
+    backend.close()
+    # Credentials in the URL never reach the message.
+    leaky = OpenAILLM(model="fake-model", base_url=url, api_key_env="OPRO_TEST_KEY")
+    assert SECRET not in str(leaky.convert_error(RuntimeError("boom")))
+    import openai
+
+    status_error = openai.APIConnectionError(request=httpx.Request("POST", url))
+    message = str(leaky.convert_error(status_error))
+    assert SECRET not in message and "***" in message
+    leaky.close()
 
 
 def test_connection_error_is_converted(monkeypatch: pytest.MonkeyPatch) -> None:
