@@ -118,7 +118,7 @@ class FinalistRecord:
     difference: float | None
     difference_ci: tuple[float, float] | None
     n_pairs: int
-    #: The larger of the Wilcoxon and permutation p-values (two-sided), before and after Holm.
+    #: The larger of the one-sided (finalist better) Wilcoxon and permutation p-values, before and after Holm.
     p_value: float
     p_adjusted: float
     significant: bool
@@ -845,7 +845,13 @@ class OPROOptimizer:
             a, b = paired_valid(scores[f.instruction], init_scores)
             cmp = compare_paired(a, b, seed=self.seed, alpha=s.alpha) if a else None
             raw.append((f, scores[f.instruction], cmp))
-        p_raw = [max(c.wilcoxon.p_value, c.permutation.p_value) if c is not None else 1.0 for _, _, c in raw]
+        # One-sided: the question is only whether a finalist is *better* than the initial instruction.
+        # Both nulls are symmetric, so the one-sided p-value is half the two-sided one in that direction.
+        p_raw = [
+            (max(c.wilcoxon.p_value, c.permutation.p_value) / 2 if c.difference.estimate > 0 else 1.0)
+            if c is not None and c.n else 1.0
+            for _, _, c in raw
+        ]
         p_adj = holm(p_raw) if p_raw else []
         records = []
         for (f, f_scores, cmp), p, q in zip(raw, p_raw, p_adj, strict=True):
@@ -877,14 +883,14 @@ class OPROOptimizer:
             d = "n/a" if best.difference is None else f"{best.difference:+.2f}"
             verdict = (
                 f"no finalist beat the initial instruction on {n} validation questions "
-                f"(best difference {d}, Holm-adjusted p={best.p_adjusted:.3g} >= alpha {s.alpha:g} "
+                f"(best difference {d}, one-sided Holm-adjusted p={best.p_adjusted:.3g} >= alpha {s.alpha:g} "
                 f"over {len(records)} finalist(s)): the initial instruction is returned and no gain is claimed"
             )
         else:
             lo, hi = winner.difference_ci or (math.nan, math.nan)
             verdict = (
                 f"a finalist beat the initial instruction on {n} validation questions by {winner.difference:+.2f} "
-                f"(95% CI {lo:+.2f} to {hi:+.2f}, Holm-adjusted p={winner.p_adjusted:.3g} "
+                f"(95% CI {lo:+.2f} to {hi:+.2f}, one-sided Holm-adjusted p={winner.p_adjusted:.3g} "
                 f"over {len(records)} finalist(s), alpha {s.alpha:g})"
             )
         logger.info("validation: %s", verdict)
