@@ -450,6 +450,13 @@ def optimize(
             exp.close()
     except OproError as exc:
         raise _fail(exc) from exc
+    except KeyboardInterrupt:
+        Console(stderr=True).print(
+            f"interrupted: everything finished so far is kept in the study; rerun `opro optimize {config}"
+            + (f" --worker {worker}" if count > 1 else "") + "` to resume where it stopped",
+            markup=False, soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     console.print(_optimize_table(result, title=f"opro optimize: {exp.config.experiment.name}"))
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(

@@ -300,17 +300,31 @@ class Experiment:
         )
 
     def optimize(self, *, worker_index: int = 0, num_workers: int = 1, fresh: bool = False) -> OptimizationResult:
-        """Run (or resume) the optimization; ``fresh`` archives an existing study first."""
-        ds = self.dataset
-        if fresh:
-            self.archive_study()
-        return self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
-            program=self.program,
-            optimization_set=ds.examples_in("optimization"),
-            exemplar_set=ds.examples_in("exemplar"),
-            validation_set=ds.examples_in("validation"),
-            initial_instructions=self.config.rag.initial_instructions,
+        """Run (or resume) the optimization; ``fresh`` archives an existing study first.
+
+        One process per output folder and worker index: a second one is refused at once, naming the
+        holder, instead of racing the first on the stores and evaluating everything twice.
+        """
+        from opro.locking import FileLock
+
+        name = ".opro.lock" if num_workers == 1 else f".opro-worker-{worker_index}.lock"
+        lock = FileLock(
+            self.config.output_dir / name,
+            what=f"the output folder {self.config.output_dir}" + (f" (worker {worker_index})" if num_workers > 1 else ""),
+            hint="wait for that run to finish (a rerun then resumes it) or stop it; to run two optimizations "
+            "side by side give them different [experiment].output_dir",
         )
+        with lock:
+            ds = self.dataset
+            if fresh:
+                self.archive_study()
+            return self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
+                program=self.program,
+                optimization_set=ds.examples_in("optimization"),
+                exemplar_set=ds.examples_in("exemplar"),
+                validation_set=ds.examples_in("validation"),
+                initial_instructions=self.config.rag.initial_instructions,
+            )
 
     def close(self) -> None:
         self.pool.close()

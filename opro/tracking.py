@@ -26,8 +26,48 @@ def _client(tracking_uri: str) -> MlflowClient:
     from mlflow import MlflowClient
 
     if tracking_uri.startswith("sqlite:///"):
-        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        return _init_sqlite_store(tracking_uri, Path(tracking_uri.removeprefix("sqlite:///")))
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def _init_sqlite_store(tracking_uri: str, db: Path) -> MlflowClient:
+    """Create (and migrate) a SQLite store under a file lock, and return a client on it.
+
+    Two processes starting on a new folder would otherwise both run MLflow's schema migration on
+    the same file and leave it broken for good (``table _alembic_tmp_tags already exists``).
+    MLflow builds the store when the client is constructed, so construction happens under the lock.
+    """
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    from opro.locking import waiting_lock
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with waiting_lock(db.with_name(db.name + ".lock")):
+        try:
+            client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+            client.search_experiments(max_results=1)
+            return client
+        except Exception as exc:
+            if "_alembic_tmp_" not in str(exc):
+                raise
+            # A migration that an earlier crash interrupted left its scratch table behind: drop it.
+            with sqlite3.connect(db) as conn:
+                names = [r[0] for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE '_alembic_tmp_%'")]
+                for name in names:
+                    conn.execute(f'DROP TABLE "{name}"')
+            logger.warning("repaired %s: dropped %s left by an interrupted migration", db, ", ".join(names))
+        try:
+            client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+            client.search_experiments(max_results=1)
+            return client
+        except Exception as exc:
+            raise OproError(
+                f"the MLflow store {db} cannot be opened ({type(exc).__name__}: {str(exc)[:200]}); move it aside "
+                "and rerun (the Optuna study keeps every result, so nothing is lost)"
+            ) from exc
 
 
 def safe_params(params: Mapping[str, Any]) -> dict[str, str]:
