@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import ConfigError, DataError, PromptError
 from opro.prompts import TEMPLATE_VARIABLES, QATemplate
+from opro.redaction import redact
 from opro.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
 
 if TYPE_CHECKING:
@@ -55,16 +55,6 @@ class ExportResult:
     uri: str | None = None
     version: int | None = None
     alias: str | None = None
-
-
-def _redact(value: Any) -> Any:
-    if isinstance(value, str):
-        return re.sub(r"(?<=://)[^/@\s]+@", "***@", value)
-    if isinstance(value, Mapping):
-        return {k: _redact(v) for k, v in value.items() if not re.search(r"(api[_-]?key|secret|password|token)$", str(k), re.I)}
-    if isinstance(value, list | tuple):
-        return [_redact(v) for v in value]
-    return value
 
 
 def _models_from_config(config: OproConfig) -> dict[str, dict[str, Any]]:
@@ -137,7 +127,7 @@ def provenance(prompt: ResolvedPrompt, *, config: OproConfig | None = None) -> d
             info["comparison"] = compared
     info["exported_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     info["opro_version"] = opro_version
-    return _redact(info)  # type: ignore[no-any-return]
+    return redact(info)  # type: ignore[no-any-return]
 
 
 def prompt_json(prompt: ResolvedPrompt, *, config: OproConfig | None = None) -> dict[str, Any]:

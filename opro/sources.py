@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import ConfigError, DataError, PromptError
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.redaction import redact_url
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -133,7 +134,7 @@ def _from_registry(spec: str, config: OproConfig | None, tracking_uri: str | Non
         kind="registry",
         label=spec,
         template=QATemplate.from_template_text(text),
-        provenance={"source": spec, "tracking_uri": _redact_uri(uri)},
+        provenance={"source": spec, "tracking_uri": redact_url(uri)},
     )
 
 
@@ -185,11 +186,6 @@ def _from_json(text: str, path: Path) -> tuple[QATemplate, dict[str, Any]]:
     if isinstance(data.get("instructions"), str):  # an exported DSPy signature
         return QATemplate(instruction=data["instructions"]), prov
     raise DataError(f"{path}: no 'template' or 'instruction' string in this JSON; export it with `opro export --format json`")
-
-
-def _redact_uri(uri: str) -> str:
-    """Drop any ``user:password@`` from a URL before it is written anywhere."""
-    return re.sub(r"(?<=://)[^/@\s]+@", "***@", uri)
 
 
 def resolve_prompt(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, OproError
+from opro.redaction import redact_text
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -76,7 +77,7 @@ def safe_params(params: Mapping[str, Any]) -> dict[str, str]:
     for key, value in params.items():
         if _SECRET_KEY_RE.search(key) and not key.endswith("_env"):
             raise OproError(f"refusing to log parameter {key!r}: it looks like a secret")
-        text = str(value)
+        text = redact_text(str(value))  # a base_url may carry a key in userinfo or a query value
         out[key] = text if len(text) <= 6000 else text[:5997] + "..."
     return out
 
@@ -152,7 +153,7 @@ class MlflowTracker:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         run_id = self._require_run()
         for k, v in tags.items():
-            self.client.set_tag(run_id, k, v)
+            self.client.set_tag(run_id, k, redact_text(str(v)))
 
     def finish(self, *, status: str = "FINISHED") -> None:
         if self.run_id is not None:
