@@ -620,7 +620,10 @@ _RELEVANCY_REFINE = (
 # So "No doubt about it: YES" reads YES.
 _DECOR = r"[\s*_#>`\"'-]*"
 _YES_NO_RES = (
-    re.compile(r"^" + _DECOR + r"(?:final\s+)?(?:answer|verdict|judge?ment)\s*[:=]" + _DECOR + r"(yes|no)\b", re.I | re.M),
+    re.compile(
+        r"^" + _DECOR + r"(?:final\s+)?(?:answer|verdict|judge?ment)\s*[:=]" + _DECOR + r"(yes|no)\b",
+        re.I | re.M,
+    ),
     re.compile(r"^" + _DECOR + r"(yes|no)(?=[*_`\"']*\s*(?:[.,!:;)]|$))", re.I | re.M),
     re.compile(r"\b(yes|no)[*_`\"'.!)\s]*$", re.I | re.M),
 )
