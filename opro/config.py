@@ -34,6 +34,9 @@ class ExperimentSection:
     cache_path: str = ""
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
 
 @dataclass(frozen=True)
 class SplitSection:
@@ -46,6 +49,7 @@ class SplitSection:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _check_ranges(self)
         for name in ("exemplar", "optimization", "validation", "heldout"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"[data.split].{name} must be >= 0, got {getattr(self, name)}")
@@ -69,6 +73,7 @@ class DataSection:
     split: SplitSection = field(default_factory=SplitSection)
 
     def __post_init__(self) -> None:
+        _check_ranges(self)
         if not self.docs:
             raise ConfigError("[data].docs is required: the documents (PDF, .txt, .md, directories) to retrieve from")
         if self.questions_per_chunk < 1:
@@ -96,6 +101,7 @@ class RAGSection:
     embeddings: EmbeddingsSection | None = None
 
     def __post_init__(self) -> None:
+        _check_ranges(self)
         if self.chunk_size < 32:
             raise ConfigError(f"[rag].chunk_size must be >= 32 tokens, got {self.chunk_size}")
         if not 0 <= self.chunk_overlap < self.chunk_size:
@@ -125,6 +131,7 @@ class JudgeSection:
     max_tokens: int = 256
 
     def __post_init__(self) -> None:
+        _check_ranges(self)
         if not 1.0 <= self.threshold <= 5.0:
             raise ConfigError(f"[judge].threshold must be within 1..5, got {self.threshold}")
 
@@ -161,6 +168,9 @@ class OptimizerSection:
     max_tokens_budget: int = 0
 
     def __post_init__(self) -> None:
+        _check_ranges(self)
+        if self.score_scale == "1-5" and self.min_history_score > 5:
+            raise ConfigError(f"[optimizer].min_history_score must be within 0..5 with score_scale '1-5', got {self.min_history_score}")
         if self.steps < 0:
             raise ConfigError(f"[optimizer].steps must be >= 0, got {self.steps}")
         if self.candidates_per_step < 1:
@@ -231,6 +241,42 @@ class OproConfig:
     @property
     def prompt_name(self) -> str:
         return self.tracking.prompt_name or f"{self.experiment.name}-qa"
+
+
+# -- numeric ranges ------------------------------------------------------------------------------
+
+#: Allowed range of every numeric key without a dedicated check: (table, {key: (low, high, why)}),
+#: inclusive, None for unbounded. One table so a new key is one line, and each error names the key.
+_RANGES: dict[str, tuple[str, dict[str, tuple[float | None, float | None, str]]]] = {
+    "ExperimentSection": ("experiment", {"seed": (0, None, "")}),
+    "SplitSection": ("data.split", {"seed": (0, None, "")}),
+    "DataSection": ("data", {"max_chunks": (0, None, "0 uses every chunk")}),
+    "RAGSection": ("rag", {"answer_max_tokens": (1, None, "the task model's answer length")}),
+    "JudgeSection": ("judge", {"max_tokens": (1, None, "the judge's reply length")}),
+    "OptimizerSection": (
+        "optimizer",
+        {
+            "exemplars": (0, None, ""),
+            "min_history_score": (0, 100, "on the score scale of the meta-prompt"),
+            "max_instruction_chars": (1, None, "longer candidates are rejected"),
+            "max_tokens": (1, None, "the optimizer's reply length"),
+            "prune_margin": (0, None, ""),
+            "prune_warmup_minibatches": (0, None, ""),
+            "patience": (0, None, "0 turns early stopping off"),
+            "max_calls": (0, None, "0 means no limit"),
+            "max_tokens_budget": (0, None, "0 means no limit"),
+        },
+    ),
+}
+
+
+def _check_ranges(section: object) -> None:
+    table, keys = _RANGES[type(section).__name__]
+    for key, (low, high, why) in keys.items():
+        value = getattr(section, key)
+        if (low is not None and value < low) or (high is not None and value > high):
+            allowed = f">= {low:g}" if high is None else f"within {low:g}..{high:g}"
+            raise ConfigError(f"[{table}].{key} must be {allowed}, got {value}" + (f" ({why})" if why else ""))
 
 
 # -- generic validated construction ------------------------------------------------------------

@@ -144,7 +144,7 @@ def _expand(path: Path) -> list[Path]:
     if not files:
         raise DataError(
             f"{path}: the directory has no {', '.join(SUPPORTED_EXTENSIONS)} files (searched recursively); "
-            "point --docs at a directory with documents"
+            "point [data].docs (or `opro dataset generate --docs`) at a directory with documents"
         )
     return files
 
@@ -176,7 +176,13 @@ def load_documents(paths: str | Path | Iterable[str | Path], *, skip_bad: bool =
             skipped.append(SkippedFile(f, str(exc)))
     if skipped and not skip_bad:
         listing = "\n".join(f"  {s.path}: {s.reason}" for s in skipped)
-        hint = " (or pass skip_bad=True / --skip-bad to load the others)" if documents else ""
+        # Only `dataset generate` has the flag; `optimize` reads the config key.
+        hint = (
+            " (to load the others, set `skip_bad = true` in [data] of the config, or pass --skip-bad to"
+            " `opro dataset generate`)"
+            if documents
+            else ""
+        )
         raise DataError(f"{len(skipped)} of {len(files)} document file(s) cannot be used{hint}:\n{listing}")
     if not documents:
         listing = "\n".join(f"  {s.path}: {s.reason}" for s in skipped)

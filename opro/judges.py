@@ -245,10 +245,12 @@ class ParsedScore(NamedTuple):
 _NUM = r"(\d+(?:\.\d+)?)"
 _SCALE = r"(?:\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
 _RESULT_RE = re.compile(r"\[\s*RESULT\s*\]\s*[:=]?\s*[\(\[]?\s*" + _NUM + _SCALE, re.I)
-# "Score: 4", "**Score:** 4", "Final score = 4/5", "Rating: 3", "score of 4"
+# "Score: 4", "**Score:** 4", "Final score = 4/5", "Rating: 3": only at a line start, so prose such as
+# "a fully correct answer would get a score of 5" is never read as the verdict.
 _LABEL_RE = re.compile(
-    r"\b(?:score|rating|grade)\s*(?:\*\*|__)?\s*(?:[:=]|is|of)\s*(?:\*\*|__)?\s*[\(\[]?\s*" + _NUM + _SCALE,
-    re.I,
+    r"^[\s*_#>`-]*(?:(?:final|overall)\s+)?(?:score|rating|grade)\s*(?:\*\*|__)?\s*(?:[:=]|is)\s*"
+    r"(?:\*\*|__)?\s*[\(\[]?\s*" + _NUM + _SCALE,
+    re.I | re.M,
 )
 # A line holding only a number (optionally decorated): "4", "4.0", "**4**", "4/5", "(3)".
 _BARE_LINE_RE = re.compile(r"^[\s*_#>`\[\(]*" + _NUM + _SCALE + r"[\s*_`\]\).]*$", re.M)
@@ -283,18 +285,40 @@ def _parse_json(text: str) -> tuple[ParsedScore | None, int]:
             return ParsedScore(None, f"JSON score {raw!r} is not a number"), -1
         score, why = _check(str(raw).strip(), None, "JSON")
         return (ParsedScore(score, reasoning) if why is None else ParsedScore(None, why)), -1
-    # Truncated or malformed JSON ("max_tokens" cut the reasoning): still read the score field.
-    m = _JSON_SCORE_RE.search(text)
-    if m:
+    # Truncated or malformed JSON ("max_tokens" cut the reasoning): still read the score field. The
+    # last key wins here only after _conflict has ruled out two different scores in the reply.
+    keys = list(_JSON_SCORE_RE.finditer(text))
+    if keys and not _LABEL_RE.search(text) and not _RESULT_RE.search(text):
+        m = keys[-1]
         score, why = _check(m.group(1), None, "JSON")
         return (ParsedScore(score, text.strip()) if why is None else ParsedScore(None, why)), m.start(1)
     return None, -1
+
+
+def _conflict(text: str) -> str | None:
+    """Why the reply is invalid when its labelled / JSON-key candidates name two different scores."""
+    found: set[float] = set()
+    for regex in (_RESULT_RE, _LABEL_RE, _JSON_SCORE_RE):
+        for m in regex.finditer(text):
+            scale = m.group(2) if regex is not _JSON_SCORE_RE else None
+            score, why = _check(m.group(1), scale, "candidate")
+            if why is None and score is not None:
+                found.add(score)
+    if len(found) > 1:
+        listed = ", ".join(f"{v:g}" for v in sorted(found))
+        return f"reply names different scores ({listed}); not guessing which one is the verdict"
+    return None
 
 
 def _locate(text: str, output_format: OutputFormat = "any") -> tuple[ParsedScore, int]:
     if not text or not text.strip():
         return ParsedScore(None, "empty reply"), -1
     parsed, pos = _parse_json(text)
+    if parsed is not None and pos == -1:
+        return parsed, pos  # a whole JSON object: its one score field is the verdict
+    conflict = _conflict(text)
+    if conflict is not None:
+        return ParsedScore(None, conflict), -1
     if parsed is not None:
         return parsed, pos
     # Tiers, strongest first; within a tier the last match is the final verdict (reasoning may come
@@ -326,8 +350,9 @@ def parse_score(text: str, *, output_format: OutputFormat = "any") -> ParsedScor
     """Read a 1-5 score from a judge reply; never raises.
 
     Accepts JSON ``{"score": N, "reasoning": ...}``, ``[RESULT] N``, ``Score: N`` (also markdown
-    bold, ``N/5``), and a line holding only the number; decimals such as 4.5 are kept. With reasoning
-    around the score the final verdict wins. Out-of-range values (0, 7, 8/10) and replies without a
+    bold, ``N/5``) at a line start, and a line holding only the number; decimals such as 4.5 are
+    kept. Scores mentioned inside prose do not count; a reply whose labels / JSON keys name two
+    different scores is invalid rather than guessed. Out-of-range values (0, 7, 8/10) and replies without a
     score give ``ParsedScore(None, reason)``: never a made-up score.
     """
     return _locate(text, output_format)[0]
@@ -590,7 +615,18 @@ _RELEVANCY_REFINE = (
     "Otherwise answer NO.\n"
 )
 
-_YES_NO_RE = re.compile(r"\b(yes|no)\b", re.I)
+# A verdict word counts only where a verdict sits: after a label ("Verdict: NO because ..."), alone or
+# followed by punctuation at a line start ("No, the context ..."), or closing a line ("... about it: YES").
+# So "No doubt about it: YES" reads YES.
+_DECOR = r"[\s*_#>`\"'-]*"
+_YES_NO_RES = (
+    re.compile(
+        r"^" + _DECOR + r"(?:final\s+)?(?:answer|verdict|judge?ment)\s*[:=]" + _DECOR + r"(yes|no)\b",
+        re.I | re.M,
+    ),
+    re.compile(r"^" + _DECOR + r"(yes|no)(?=[*_`\"']*\s*(?:[.,!:;)]|$))", re.I | re.M),
+    re.compile(r"\b(yes|no)[*_`\"'.!)\s]*$", re.I | re.M),
+)
 _VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"answer": {"type": "string", "enum": ["YES", "NO"]}},
@@ -600,7 +636,11 @@ _VERDICT_SCHEMA: dict[str, Any] = {
 
 
 def parse_yes_no(text: str) -> bool | None:
-    """The first YES/NO word of a reply (JSON ``{"answer": "YES"}`` too); None when there is none."""
+    """The YES/NO verdict of a reply (JSON ``{"answer": "YES"}`` too); None when there is none.
+
+    Only anchored verdict words count (see ``_YES_NO_RES``); a reply with both an anchored YES and an
+    anchored NO is invalid (None), never guessed.
+    """
     body = _FENCE_RE.sub("", text.strip())
     if body.startswith("{"):
         try:
@@ -611,8 +651,8 @@ def parse_yes_no(text: str) -> bool | None:
             value = str(data.get("answer", data.get("verdict", ""))).strip().lower()
             if value in ("yes", "no"):
                 return value == "yes"
-    m = _YES_NO_RE.search(text)
-    return None if m is None else m.group(1).lower() == "yes"
+    found = {m.group(1).lower() for regex in _YES_NO_RES for m in regex.finditer(text)}
+    return None if len(found) != 1 else found == {"yes"}
 
 
 def _fill_braces(template: str, values: Mapping[str, str]) -> str:

@@ -145,10 +145,27 @@ _LABEL_RE = re.compile(
     re.I,
 )
 _TEMPLATE_VAR_RE = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+# Chat around an untagged instruction: "Sure! Here's an improved instruction:", "Certainly.", "I suggest".
+_CHAT_RE = re.compile(
+    r"^\W*(?:sure|certainly|of course|okay|here(?:'s|’s| is| are)|below is|"
+    r"i (?:suggest|propose|recommend|would|think|have)|i'(?:d|ve)|let me)\b",
+    re.I,
+)
+# Several proposals on one line: "Option 2: ...", "Alternatively, ...".
+_ALTERNATIVES_RE = re.compile(
+    r"\b(?:option|alternative|instruction|version|candidate)\s*#?\s*[2-9]\b|\balternatively\b",
+    re.I,
+)
 
 
 def extract_candidate(text: str, *, answer_format: Literal["ins", "brackets"] = "ins") -> str:
-    """The instruction inside the optimizer's reply; falls back to the first non-empty line."""
+    """The instruction inside the optimizer's reply.
+
+    Without tags: a labelled first line ("Instruction: ..."), or the one line a preamble ending in a
+    colon introduces ("Sure! Here's an improved instruction:" then one line: the preamble is
+    stripped), or the reply's lines kept one per line so that :func:`check_candidate` rejects
+    several lines (alternatives, lists, commentary) and chat with a reason.
+    """
     found = None
     if answer_format == "ins":
         matches = [m.strip() for m in _INS_RE.findall(text) if m.strip()]
@@ -156,9 +173,19 @@ def extract_candidate(text: str, *, answer_format: Literal["ins", "brackets"] = 
     else:
         m = _BRACKET_RE.search(text)
         found = m.group(1) if m else None
-    if found is None:
-        found = next((line for line in text.splitlines() if line.strip() and line.strip() != "```"), "")
-    return clean_instruction(found)
+    if found is not None:
+        return clean_instruction(found)
+    lines = [
+        line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("```")
+    ]
+    if not lines:
+        return ""
+    labelled = [line for line in lines if _LABEL_RE.match(line) and clean_instruction(line)]
+    if len(labelled) == 1 and labelled[0] == lines[0]:
+        return clean_instruction(lines[0])  # "**New instruction:** X" then commentary: the label marks it
+    if len(lines) == 2 and lines[0].endswith((":", "：")) and _CHAT_RE.match(lines[0]):
+        return clean_instruction(lines[1])
+    return "\n".join(clean_instruction(line) for line in lines)
 
 
 def clean_instruction(text: str) -> str:
@@ -188,7 +215,10 @@ class CandidateVerdict:
 
 
 def check_candidate(instruction: str, *, seen: set[str], max_chars: int) -> CandidateVerdict:
-    """Reject empty, over-long, duplicate and template-breaking candidates (with the reason)."""
+    """Reject empty, over-long, duplicate, template-breaking, chatty and multi-proposal candidates.
+
+    The reason is stored with the rejected candidate and shown to users.
+    """
     if not instruction:
         return CandidateVerdict(instruction, False, "empty")
     if len(instruction) > max_chars:
@@ -197,6 +227,17 @@ def check_candidate(instruction: str, *, seen: set[str], max_chars: int) -> Cand
         return CandidateVerdict(instruction, False, "contains a template variable")
     if "{" in instruction or "}" in instruction:
         return CandidateVerdict(instruction, False, "contains braces that would break the template")
+    if "\n" in instruction:
+        lines = instruction.count("\n") + 1
+        return CandidateVerdict(
+            instruction,
+            False,
+            f"{lines} lines without <INS> tags (alternatives, a list or commentary), not one instruction",
+        )
+    if _CHAT_RE.match(instruction):
+        return CandidateVerdict(instruction, False, f"chat, not an instruction: {instruction[:40]!r}")
+    if _ALTERNATIVES_RE.search(instruction):
+        return CandidateVerdict(instruction, False, "several alternative instructions in one reply")
     if normalize_instruction(instruction) in seen:
         return CandidateVerdict(instruction, False, "duplicate")
     return CandidateVerdict(instruction, True)

@@ -43,8 +43,11 @@ PARSER_TABLE = [
     ('```json\n{"score": 5, "reasoning": "ok"}\n```', 5.0),
     ('{"score": 3, "reasoning": "cut off by max_tok', 3.0),  # truncated JSON keeps its score
     ("4.5\nAlmost perfect.", 4.5),
-    ("Score: 2\nOn reflection the answer is better.\nFinal score: 3", 3.0),  # final verdict wins
-    ("The answer gets a score of 4.", 4.0),
+    ("Score: 2\nOn reflection the answer is better.\nFinal score: 2", 2.0),  # same verdict twice
+    ("Score: 2\nIt misses the year; a fully correct answer would get a score of 5.", 2.0),
+    ('Score: 1\nA perfect answer, e.g. {"score": 5}, names the year.', None),  # two scores: invalid
+    ("Score: 2\nOn reflection the answer is better.\nFinal score: 3", None),  # changed its mind
+    ("The answer gets a score of 4.", None),  # prose, not a label
     ("Rating: 3 out of 5", 3.0),
     ("**4**", 4.0),
     # Invalid: out of range, other scale, no score, empty.
@@ -247,6 +250,9 @@ def test_parse_yes_no() -> None:
     assert parse_yes_no("no, the context says otherwise") is False
     assert parse_yes_no('{"answer": "YES"}') is True
     assert parse_yes_no("Maybe.") is None
+    assert parse_yes_no("No doubt about it: YES") is True
+    assert parse_yes_no("Verdict: NO because the context never names the year.") is False
+    assert parse_yes_no("YES.\nOn second thought: NO") is None  # two verdicts: invalid
 
 
 def test_pack_contexts() -> None:

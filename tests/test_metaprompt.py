@@ -88,6 +88,38 @@ def test_extract_candidate_from_real_looking_outputs(reply: str, expected: str) 
     assert extract_candidate(reply) == expected
 
 
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ("Sure! Here's an improved instruction:\nAnswer from the context.\nIt should score higher.", "lines"),
+        ("Answer briefly.\nAnswer with a quote from the context.", "lines"),
+        ("1. Answer briefly.\n2. Quote the context.\n3. Say when unsure.", "lines"),
+        ("Sure! Here's an improved instruction: answer from the context.", "chat"),
+        ("Here is my suggestion.", "chat"),
+        ("Option 1: answer briefly. Option 2: quote the context.", "alternative"),
+        ("Answer briefly. Alternatively, quote the context.", "alternative"),
+    ],
+)
+def test_untagged_chatty_or_multiple_replies_rejected_with_reason(reply: str, reason: str) -> None:
+    verdict = check_candidate(extract_candidate(reply), seen=set(), max_chars=500)
+    assert not verdict.accepted
+    assert reason in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("Sure! Here's an improved instruction:\nAnswer from the context only.", "Answer from the context only."),
+        ("Answer from the context only, citing the sentence you used.", "Answer from the context only, citing the sentence you used."),
+        ("Based on the context, answer in one sentence.", "Based on the context, answer in one sentence."),
+    ],
+)
+def test_untagged_single_instruction_accepted(reply: str, expected: str) -> None:
+    verdict = check_candidate(extract_candidate(reply), seen=set(), max_chars=500)
+    assert verdict.accepted, verdict.reason
+    assert verdict.instruction == expected
+
+
 def test_extract_candidate_brackets() -> None:
     assert extract_candidate("New one: [Answer with facts from the context.]", answer_format="brackets") == (
         "Answer with facts from the context."

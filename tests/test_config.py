@@ -1,0 +1,87 @@
+"""Range checks of every numeric config key: the error names the table, the key, the value and the range."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opro.config import (
+    DataSection,
+    ExperimentSection,
+    JudgeSection,
+    OptimizerSection,
+    RAGSection,
+    SplitSection,
+    config_from_dict,
+)
+from opro.errors import ConfigError
+
+_TABLES: list[tuple[str, type[Any]]] = [
+    ("experiment", ExperimentSection),
+    ("data.split", SplitSection),
+    ("data", DataSection),
+    ("rag", RAGSection),
+    ("judge", JudgeSection),
+    ("optimizer", OptimizerSection),
+]
+
+
+def _config(table: str, key: str, value: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"data": {"docs": ["docs"]}}
+    if table == "data.split":
+        cfg["data"]["split"] = {key: value}
+    elif table == "data":
+        cfg["data"][key] = value
+    else:
+        cfg[table] = {key: value}
+    return cfg
+
+
+def _numeric_keys() -> list[tuple[str, str]]:
+    keys = []
+    for table, cls in _TABLES:
+        hints = typing.get_type_hints(cls)
+        keys += [(table, f.name) for f in dataclasses.fields(cls) if hints[f.name] in (int, float)]
+    return keys
+
+
+@pytest.mark.parametrize(("table", "key"), _numeric_keys())
+def test_every_numeric_key_rejects_a_negative_value_by_name(tmp_path: Path, table: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(_config(table, key, -1000), base_dir=tmp_path, source="bad.toml")
+    message = str(info.value)
+    assert message.startswith("bad.toml: ")
+    assert f"[{table}].{key} must be" in message and "-1000" in message
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "value", "message"),
+    [
+        ("optimizer", "patience", -1, r"\[optimizer\]\.patience must be >= 0, got -1 \(0 turns early stopping off\)"),
+        ("optimizer", "max_calls", -5, r"\[optimizer\]\.max_calls must be >= 0, got -5"),
+        ("optimizer", "max_instruction_chars", 0, r"\[optimizer\]\.max_instruction_chars must be >= 1, got 0"),
+        ("optimizer", "max_tokens", 0, r"\[optimizer\]\.max_tokens must be >= 1, got 0"),
+        ("optimizer", "min_history_score", 7.0, r"\[optimizer\]\.min_history_score must be within 0\.\.5"),
+        ("rag", "answer_max_tokens", 0, r"\[rag\]\.answer_max_tokens must be >= 1, got 0"),
+        ("rag", "chunk_overlap", 512, r"\[rag\]\.chunk_overlap must be in \[0, chunk_size\)"),
+        ("judge", "max_tokens", 0, r"\[judge\]\.max_tokens must be >= 1, got 0"),
+        ("data", "max_chunks", -1, r"\[data\]\.max_chunks must be >= 0, got -1"),
+        ("experiment", "seed", -3, r"\[experiment\]\.seed must be >= 0, got -3"),
+    ],
+)
+def test_out_of_range_values_are_named(tmp_path: Path, table: str, key: str, value: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(_config(table, key, value), base_dir=tmp_path, source="bad.toml")
+
+
+def test_boundary_values_are_accepted(tmp_path: Path) -> None:
+    cfg = _config("optimizer", "patience", 0)
+    cfg["optimizer"].update(max_calls=0, max_tokens_budget=0, exemplars=0, max_instruction_chars=1)
+    cfg["rag"] = {"answer_max_tokens": 1}
+    assert config_from_dict(cfg, base_dir=tmp_path).optimizer.max_instruction_chars == 1
+    cfg["optimizer"].update(score_scale="0-100", min_history_score=50.0)
+    assert config_from_dict(cfg, base_dir=tmp_path).optimizer.min_history_score == 50.0
