@@ -486,7 +486,7 @@ def evaluate(
     from rich.console import Console
     from rich.markup import escape
 
-    from opro.compare import make_extra_metrics
+    from opro.compare import check_heldout, make_extra_metrics
     from opro.errors import ConfigError, OproError
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment
@@ -499,6 +499,8 @@ def evaluate(
         exp = Experiment.from_file(config, progress=False if no_progress else None)
         try:
             resolved = resolve_prompt(prompt, config=exp.config)
+            if split == "heldout":
+                console.print(check_heldout(exp.dataset, output_dir=exp.config.output_dir))
             report = evaluate_examples(
                 program=exp.program,
                 template=resolved.template,

@@ -126,6 +126,18 @@ def is_near_duplicate(a: str, b: str, *, jaccard: float = 0.8, ratio: float = 0.
     return m.real_quick_ratio() >= ratio and m.quick_ratio() >= ratio and m.ratio() >= ratio
 
 
+def same_question(a: str, b: str) -> bool:
+    """The split's and the held-out guard's relation: equal normalized text, or near-duplicates that
+    name the same numbers ("Fact 1 about X?" and "Fact 2 about X?" are different questions; without
+    this rule, templated questions chain into one group through the union-find)."""
+    na, nb = normalize_question(a), normalize_question(b)
+    if na == nb:
+        return True
+    numbers_a = {t for t in na.split() if any(ch.isdigit() for ch in t)}
+    numbers_b = {t for t in nb.split() if any(ch.isdigit() for ch in t)}
+    return numbers_a == numbers_b and is_near_duplicate(na, nb)
+
+
 def content_hash(examples: Iterable[Example]) -> str:
     blob = json.dumps([e.to_json() for e in examples], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
@@ -184,7 +196,7 @@ class Split:
 def related_groups(examples: Sequence[Example]) -> list[list[int]]:
     """Indices of related examples, grouped by union-find, in order of their first index.
 
-    Related: the same normalized question, near-duplicate questions (:func:`is_near_duplicate`), or a
+    Related: the same normalized question, near-duplicate questions (:func:`same_question`), or a
     shared reference context (normalized; generated questions carry their chunk as context).
     """
     parent = list(range(len(examples)))
@@ -209,7 +221,7 @@ def related_groups(examples: Sequence[Example]) -> list[list[int]]:
     questions = [e.query for e in examples]
     for i in range(len(questions)):
         for j in range(i + 1, len(questions)):
-            if find(i) != find(j) and is_near_duplicate(questions[i], questions[j]):
+            if find(i) != find(j) and same_question(questions[i], questions[j]):
                 union(i, j)
     groups: dict[int, list[int]] = {}
     for i in range(len(examples)):
@@ -547,7 +559,9 @@ __all__ = [
     "load_labelled_rag_dataset",
     "make_split",
     "normalize_question",
+    "question_hash",
     "related_groups",
+    "same_question",
     "split_hash",
     "split_record",
 ]

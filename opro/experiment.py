@@ -258,12 +258,40 @@ class Experiment:
 
     def optimize(self, *, worker_index: int = 0, num_workers: int = 1) -> OptimizationResult:
         ds = self.dataset
-        return self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
+        record = self._record_split() if worker_index == 0 else None
+        result = self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
             program=self.program,
             optimization_set=ds.examples_in("optimization"),
             exemplar_set=ds.examples_in("exemplar"),
             initial_instructions=self.config.rag.initial_instructions,
         )
+        if record is not None:
+            self._record_split(record)
+        return result
+
+    def _record_split(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What this optimization saw (:func:`opro.dataset.split_record`), for the held-out guard of
+        compare / evaluate: ``split_record.json`` before the search (so a crashed run is covered), then
+        ``summary.json`` and the Optuna study after it."""
+        from opro.compare import SPLIT_RECORD_FILE
+        from opro.dataset import split_record
+
+        out = self.config.output_dir
+        if record is None:
+            record = split_record(self.dataset)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / SPLIT_RECORD_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
+            return record
+        summary = out / "summary.json"
+        if summary.is_file():
+            data = json.loads(summary.read_text(encoding="utf-8"))
+            data["split_record"] = record
+            summary.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        import optuna
+
+        study = optuna.load_study(study_name=self.config.study_name, storage=self.config.optuna_storage)
+        study.set_user_attr("split_record", record)
+        return record
 
     def close(self) -> None:
         self.pool.close()
