@@ -119,6 +119,11 @@ def _save_split(dataset: object, out: object, exemplar: int, optimization: int |
     assert split.split is not None
     sizes = ", ".join(f"{k} {v}" for k, v in split.split.sizes.items())
     typer.echo(f"saved {len(split)} examples ({sizes}; seed {seed}) to {path}")
+    from opro.dataset import split_shortfall
+
+    shrunk = split_shortfall(split.split)
+    if shrunk:
+        typer.echo(f"warning: {shrunk}", err=True)
 
 
 _EXEMPLAR_OPT = typer.Option(3, "--exemplar", min=0, help="examples shown in the meta-prompt")
@@ -456,8 +461,13 @@ def optimize(
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(
         f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
-        f"{result.wall_s:.0f}s; scored on {exp.config.data.split.optimization} optimization questions"
+        f"{result.wall_s:.0f}s; scored on {len(exp.dataset.examples_in('optimization'))} optimization questions"
     )
+    from opro.dataset import split_shortfall
+
+    shrunk = split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None
+    if shrunk:
+        console.print(f"[yellow]warning:[/] {escape(shrunk)}")
     usage = Table(title="LLM usage by role")
     for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
         usage.add_column(col, justify="right")

@@ -278,6 +278,23 @@ def make_split(
     )
 
 
+def split_shortfall(split: Split) -> str | None:
+    """A warning when a split came out smaller than requested (related questions are kept together,
+    so a group may not fit the room left), else ``None``."""
+    short = [
+        f"{n} {split.sizes[n]} (asked {split.requested[n]})"
+        for n in SPLIT_NAMES
+        if split.requested.get(n) is not None and split.sizes[n] != split.requested[n]
+    ]
+    if not short:
+        return None
+    return (
+        "the split came out smaller than requested: " + ", ".join(short) + "; duplicate, near-duplicate and "
+        "same-context questions are kept in one split, so a group can be too big for the room left. "
+        "Use more examples or other [data.split] sizes"
+    )
+
+
 def split_record(dataset: GoldenDataset) -> dict[str, Any]:
     """What an optimization saw: sha256 of each normalized question per split, and of the split.
 
@@ -564,4 +581,5 @@ __all__ = [
     "same_question",
     "split_hash",
     "split_record",
+    "split_shortfall",
 ]

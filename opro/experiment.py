@@ -154,7 +154,8 @@ class Experiment:
                 "fields": [d.query_field, d.answer_field, d.contexts_field],
                 "questions_per_chunk": d.questions_per_chunk,
                 "max_chunks": d.max_chunks,
-                "split": [d.split.exemplar, d.split.optimization, d.split.heldout, d.split.seed],
+                "split": [d.split.exemplar, d.split.optimization, d.split.heldout, d.split.seed]
+                + ([d.split.validation] if d.split.validation else []),
                 "chunking": [self.config.rag.chunk_size, self.config.rag.chunk_overlap],
                 "generator": self.spec("generator").safe_dict() if not d.dataset else None,
             },
@@ -165,7 +166,7 @@ class Experiment:
     @functools.cached_property
     def dataset(self) -> GoldenDataset:
         """The split golden dataset, saved in ``<output_dir>/dataset`` so every command sees one split."""
-        from opro.dataset import load_dataset
+        from opro.dataset import load_dataset, split_shortfall
 
         marker = self.dataset_dir / "opro_settings.txt"
         fingerprint = self._dataset_fingerprint()
@@ -173,10 +174,14 @@ class Experiment:
             return load_dataset(self.dataset_dir)
         d = self.config.data
         if d.dataset:
-            fields = {"query_field": d.query_field, "answer_field": d.answer_field}
-            if d.contexts_field:
-                fields["contexts_field"] = d.contexts_field
-            raw = load_dataset(self.config.resolve(d.dataset), **fields)
+            # Only the fields the user named: the others are detected, as `opro dataset import` does.
+            names = {"query_field": d.query_field, "answer_field": d.answer_field, "contexts_field": d.contexts_field}
+            raw = load_dataset(self.config.resolve(d.dataset), **{k: v for k, v in names.items() if v})
+            if raw.split is not None:  # an opro dataset folder: its own split.json wins over [data.split]
+                self._warn_folder_split(raw)
+                raw.save(self.dataset_dir)
+                marker.write_text(fingerprint)
+                return raw
         else:
             from opro.generation import generate_dataset
             from opro.retrieval import chunk_documents
@@ -200,10 +205,28 @@ class Experiment:
                 f"has {len(raw)}; lower the split sizes"
                 + ("" if d.dataset else " or raise [data].max_chunks / questions_per_chunk")
             )
-        split = raw.with_split(exemplar=s.exemplar, optimization=s.optimization, heldout=s.heldout, seed=s.seed)
+        split = raw.with_split(
+            exemplar=s.exemplar, optimization=s.optimization, validation=s.validation, heldout=s.heldout, seed=s.seed
+        )
         split.save(self.dataset_dir)
         marker.write_text(fingerprint)
+        assert split.split is not None
+        shrunk = split_shortfall(split.split)
+        if shrunk:
+            logger.warning("%s: %s", self.config.source, shrunk)
         return split
+
+    def _warn_folder_split(self, dataset: GoldenDataset) -> None:
+        assert dataset.split is not None
+        s = self.config.data.split
+        asked = {"exemplar": s.exemplar, "optimization": s.optimization, "validation": s.validation, "heldout": s.heldout}
+        if dataset.split.sizes != asked or dataset.split.seed != s.seed:
+            sizes = ", ".join(f"{k} {v}" for k, v in dataset.split.sizes.items())
+            logger.warning(
+                "%s: [data].dataset %s is an opro dataset folder with its own split.json (%s; seed %d), which is "
+                "used; [data.split] is ignored. To re-split with [data.split], point [data].dataset at its %s",
+                self.config.source, self.config.data.dataset, sizes, dataset.split.seed, "rag_dataset.json",
+            )
 
     # -- optimization ------------------------------------------------------------------------
     def run_params(self) -> dict[str, Any]:
