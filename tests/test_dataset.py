@@ -45,19 +45,19 @@ def test_split_is_disjoint_seeded_and_saved(tmp_path: Path) -> None:
     ds = GoldenDataset(_examples(30))
     a = ds.with_split(exemplar=3, optimization=10, heldout=None, seed=7)
     assert a.split is not None
-    assert a.split.sizes == {"exemplar": 3, "optimization": 10, "heldout": 17}
+    assert a.split.sizes == {"exemplar": 3, "optimization": 10, "validation": 0, "heldout": 17}
     sets = [set(a.split.indices(n)) for n in SPLIT_NAMES]
     assert not (sets[0] & sets[1]) and not (sets[0] & sets[2]) and not (sets[1] & sets[2])
     assert set().union(*sets) == set(range(30))
     assert ds.with_split(exemplar=3, optimization=10, heldout=None, seed=7).split == a.split  # deterministic
     assert ds.with_split(exemplar=3, optimization=10, heldout=None, seed=8).split != a.split
     limited = ds.with_split(exemplar=2, optimization=5, heldout=5, seed=0)
-    assert limited.split is not None and limited.split.sizes == {"exemplar": 2, "optimization": 5, "heldout": 5}
+    assert limited.split is not None and limited.split.sizes == {"exemplar": 2, "optimization": 5, "validation": 0, "heldout": 5}
 
     path = a.save(tmp_path / "ds")
     split_json = json.loads((path / "split.json").read_text())
     assert split_json["seed"] == 7 and split_json["dataset_hash"] == ds.content_hash
-    assert split_json["sizes"] == {"exemplar": 3, "optimization": 10, "heldout": 17}
+    assert split_json["sizes"] == {"exemplar": 3, "optimization": 10, "validation": 0, "heldout": 17}
     loaded = GoldenDataset.load(path)
     assert loaded.split == a.split
     assert loaded.examples_in("heldout") == a.examples_in("heldout")
@@ -149,13 +149,14 @@ def test_cli_import_split_show(tmp_path: Path) -> None:
     res = runner.invoke(app, ["dataset", "import", str(src), "--out", str(out), "--exemplar", "2", "--heldout", "4", "--seed", "3"])
     assert res.exit_code == 0, res.output
     ds = load_dataset(out)
-    assert ds.split is not None and ds.split.sizes == {"exemplar": 2, "optimization": 6, "heldout": 4}
+    assert ds.split is not None and ds.split.sizes == {"exemplar": 2, "optimization": 6, "validation": 0, "heldout": 4}
     res = runner.invoke(app, ["dataset", "split", str(out), "--exemplar", "1", "--optimization", "3", "--seed", "1"])
     assert res.exit_code == 0, res.output
-    assert load_dataset(out).split.sizes == {"exemplar": 1, "optimization": 3, "heldout": 8}  # type: ignore[union-attr]
+    assert load_dataset(out).split.sizes == {"exemplar": 1, "optimization": 3, "validation": 0, "heldout": 8}  # type: ignore[union-attr]
     res = runner.invoke(app, ["dataset", "show", str(out), "-n", "2"])
     assert res.exit_code == 0, res.output
-    assert "12 examples" in res.output and "exemplar 1, optimization 3, heldout 8" in res.output and "Q0?" in res.output
+    shown = " ".join(res.output.split())
+    assert "12 examples" in shown and "exemplar 1, optimization 3, validation 0, heldout 8" in shown and "Q0?" in shown
     res = runner.invoke(app, ["dataset", "import", str(tmp_path / "missing.csv"), "--out", str(out)])
     assert res.exit_code == 1 and "missing.csv" in res.output
 

@@ -168,5 +168,5 @@ def test_cli_generate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen[-1].model == "qwen2.5-coder-1.5b-instruct" and seen[-1].backend == "llamacpp"
     ds = load_dataset(out)
     assert len(ds) == 3 and ds.split is not None and ds.split.seed == 5
-    assert ds.split.sizes == {"exemplar": 1, "optimization": 1, "heldout": 1}
+    assert ds.split.sizes == {"exemplar": 1, "optimization": 1, "validation": 0, "heldout": 1}
     assert ds.examples[0].query_by == {"model_name": "qwen2.5-coder-1.5b-instruct", "type": "ai"}
