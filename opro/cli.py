@@ -121,6 +121,11 @@ def _save_split(dataset: object, out: object, exemplar: int, optimization: int |
     assert split.split is not None
     sizes = ", ".join(f"{k} {v}" for k, v in split.split.sizes.items())
     typer.echo(f"saved {len(split)} examples ({sizes}; seed {seed}) to {path}")
+    from opro.dataset import split_shortfall
+
+    shrunk = split_shortfall(split.split)
+    if shrunk:
+        typer.echo(f"warning: {shrunk}", err=True)
 
 
 _EXEMPLAR_OPT = typer.Option(3, "--exemplar", min=0, help="examples shown in the meta-prompt")
@@ -461,9 +466,14 @@ def optimize(
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(
         f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
-        f"{result.wall_s:.0f}s; search scores on {exp.config.data.split.optimization} optimization questions"
+        f"{result.wall_s:.0f}s; search scores on {len(exp.dataset.examples_in('optimization'))} optimization questions"
     )
     console.print(escape(result.headline()))
+    from opro.dataset import split_shortfall
+
+    shrunk = split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None
+    if shrunk:
+        console.print(f"[yellow]warning:[/] {escape(shrunk)}")
     usage = Table(title="LLM usage by role")
     for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
         usage.add_column(col, justify="right")
@@ -501,7 +511,7 @@ def evaluate(
     from rich.console import Console
     from rich.markup import escape
 
-    from opro.compare import make_extra_metrics
+    from opro.compare import check_heldout, make_extra_metrics
     from opro.errors import ConfigError, OproError
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment
@@ -514,6 +524,8 @@ def evaluate(
         exp = Experiment.from_file(config, progress=False if no_progress else None)
         try:
             resolved = resolve_prompt(prompt, config=exp.config)
+            if split == "heldout":
+                console.print(check_heldout(exp.dataset, output_dir=exp.config.output_dir))
             report = evaluate_examples(
                 program=exp.program,
                 template=resolved.template,

@@ -97,6 +97,8 @@ class ComparisonReport:
     #: The split was checked disjoint from exemplar and optimization questions.
     leakage_checked: bool
     models: Mapping[str, str] = field(default_factory=dict)
+    #: What the held-out check was made against (the split `opro optimize` recorded, or only the current one).
+    leakage_basis: str = ""
     config: str = ""
     usage: Mapping[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -164,6 +166,7 @@ class ComparisonReport:
             "seed": self.seed,
             "dataset_hash": self.dataset_hash,
             "leakage_checked": self.leakage_checked,
+            "leakage_basis": self.leakage_basis,
             "models": dict(self.models),
             "config": self.config,
             "usage": dict(self.usage),
@@ -258,7 +261,8 @@ class ComparisonReport:
         if self.split == "heldout":
             lines.append(
                 "Leakage check: "
-                + ("no held-out question appears in the exemplar or optimization splits." if self.leakage_checked else "not run.")
+                + ("no held-out question appears in the exemplar, optimization or validation splits"
+                   + (f" ({self.leakage_basis})." if self.leakage_basis else ".") if self.leakage_checked else "not run.")
             )
         if self.models:
             lines.append("Models: " + ", ".join(f"{k} `{v}`" for k, v in self.models.items()) + ".")
@@ -320,6 +324,7 @@ def check_heldout_leakage(
     sources: dict[str, Sequence[str]] = {
         "exemplar split": [e.query for e in dataset.examples_in("exemplar")],
         "optimization split": [e.query for e in dataset.examples_in("optimization")],
+        "validation split": [e.query for e in dataset.examples_in("validation")],
     }
     sources.update(other_questions or {})
     for where, questions in sources.items():
@@ -335,6 +340,98 @@ def check_heldout_leakage(
             f"optimization: {listed}{more}. Re-split the dataset (for example another [data.split].seed in a new "
             "output_dir) or compare with split='optimization' and do not report it as held-out"
         )
+
+
+SPLIT_RECORD_FILE = "split_record.json"
+LEAKAGE_RECORDED = "held-out questions checked against the split recorded by `opro optimize` and against the current split"
+LEAKAGE_CURRENT_ONLY = (
+    "held-out questions checked against the current split only: no split record of `opro optimize` was found"
+)
+
+
+def load_split_record(output_dir: str | Path) -> dict[str, Any] | None:
+    """The split record `opro optimize` left in ``output_dir`` (``split_record.json``, else ``summary.json``)."""
+    out = Path(output_dir)
+    for path, key in ((out / SPLIT_RECORD_FILE, None), (out / "summary.json", "split_record")):
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"{path}: cannot be read as JSON ({exc}); delete it and run `opro optimize` again") from exc
+        record = data.get(key) if key and isinstance(data, Mapping) else data
+        if record is None and key:
+            continue
+        if not (
+            isinstance(record, Mapping)
+            and isinstance(record.get("split_sha256"), str)
+            and isinstance(record.get("questions"), Mapping)
+        ):
+            raise DataError(f"{path}: not a split record (needs 'split_sha256' and 'questions'); run `opro optimize` again")
+        return dict(record)
+    return None
+
+
+def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str, Any], where: str = "the split record") -> None:
+    """Raise :class:`DataError` if the held-out questions of ``dataset`` as it is now were seen by the
+    optimization that wrote ``record`` (see :func:`opro.dataset.split_record`), or the split changed.
+
+    Held-out questions are matched by the sha256 of their normalized text and, where the record keeps
+    the normalized texts, as near-duplicates.
+    """
+    from opro.dataset import SPLIT_NAMES, normalize_question, question_hash, same_question, split_hash
+
+    if dataset.split is None:
+        raise DataError("the dataset has no split; create one with `opro dataset import`")
+    seen_hashes: dict[str, str] = {}
+    seen_texts: list[tuple[str, str]] = []
+    for name in SPLIT_NAMES:
+        if name == "heldout":
+            continue
+        for h in record["questions"].get(name) or ():
+            seen_hashes.setdefault(str(h), name)
+        seen_texts += [(str(t), name) for t in (record.get("normalized") or {}).get(name) or ()]
+    moved: dict[str, str] = {}
+    for e in dataset.examples_in("heldout"):
+        norm = normalize_question(e.query)
+        if question_hash(norm) in seen_hashes:
+            moved[e.query] = seen_hashes[question_hash(norm)]
+        else:
+            near = next((n for t, n in seen_texts if same_question(norm, t)), None)
+            if near is not None:
+                moved[e.query] = f"{near}, as a near-duplicate"
+    changed = record["split_sha256"] != split_hash(dataset.split)
+    if not moved and not changed:
+        return
+    was = f"seed {record.get('seed')}" if record.get("seed") is not None else "the recorded split"
+    todo = (
+        f"restore the [data.split] settings the optimization used ({was}; now seed {dataset.split.seed}), "
+        "or run `opro optimize` again into a new output_dir and compare that run"
+    )
+    if moved:
+        listed = "; ".join(f"{q!r} (was in the {n} split)" for q, n in list(moved.items())[:5])
+        more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
+        raise DataError(
+            f"refusing to call this held-out: {len(moved)} held-out question(s) were seen by the optimization "
+            f"recorded in {where}: {listed}{more}"
+            + (" (the split changed since it was recorded)" if changed else "") + f". To fix: {todo}"
+        )
+    raise DataError(
+        f"refusing to call this held-out: the split changed since the optimization recorded it in {where} "
+        f"(split.json hash {str(record['split_sha256'])[:12]} != {split_hash(dataset.split)[:12]}). To fix: {todo}"
+    )
+
+
+def check_heldout(
+    dataset: GoldenDataset, *, output_dir: str | Path, other_questions: Mapping[str, Sequence[str]] | None = None
+) -> str:
+    """Both held-out guards: against the record of `opro optimize` in ``output_dir`` (when there is
+    one) and against the current split. Returns what the check was made against, for the report."""
+    record = load_split_record(output_dir)
+    if record is not None:
+        check_heldout_against_record(dataset, record=record, where=str(Path(output_dir)))
+    check_heldout_leakage(dataset, other_questions=other_questions)
+    return LEAKAGE_CURRENT_ONLY if record is None else LEAKAGE_RECORDED
 
 
 def _run_questions(prompt: ResolvedPrompt, own_dir: Path) -> dict[str, list[str]]:
@@ -424,11 +521,12 @@ def compare_prompts(
 
     dataset = experiment.dataset
     leakage_checked = False
+    leakage_basis = ""
     if split == "heldout":
         others: dict[str, list[str]] = {}
         for p in resolved:
             others.update(_run_questions(p, cfg.output_dir))
-        check_heldout_leakage(dataset, other_questions=others)
+        leakage_basis = check_heldout(dataset, output_dir=cfg.output_dir, other_questions=others)
         leakage_checked = True
     examples: tuple[Example, ...] = dataset.examples_in(split)  # type: ignore[arg-type]
     if not examples:
@@ -500,6 +598,7 @@ def compare_prompts(
         seed=seed,
         dataset_hash=dataset.content_hash,
         leakage_checked=leakage_checked,
+        leakage_basis=leakage_basis,
         models=models,
         config=cfg.source,
         usage=experiment.usage.as_dict(),
@@ -797,9 +896,12 @@ __all__ = [
     "PromptScores",
     "SavedComparison",
     "VersusBaseline",
+    "check_heldout",
+    "check_heldout_against_record",
     "check_heldout_leakage",
     "compare_prompts",
     "default_compare_dir",
+    "load_split_record",
     "log_comparison",
     "make_extra_metrics",
     "plot_comparison",

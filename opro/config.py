@@ -64,8 +64,9 @@ class DataSection:
     #: A labelled dataset (LabelledRagDataset JSON, an opro dataset dir, JSON/JSONL/CSV); empty:
     #: generate a golden dataset from ``docs`` with the generator model.
     dataset: str = ""
-    query_field: str = "query"
-    answer_field: str = "reference_answer"
+    #: Field names of plain QA records; empty: detected (query/question/input/prompt, ...).
+    query_field: str = ""
+    answer_field: str = ""
     contexts_field: str = ""
     questions_per_chunk: int = 2
     max_chunks: int = 0

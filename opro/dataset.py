@@ -6,17 +6,22 @@ and ``split.json`` (seed, requested sizes, the query indices of each split, and 
 the dataset it was made for), so every later command sees the same split.
 
 Splits are disjoint: *exemplar* (shown in the meta-prompt), *optimization* (scored during the search),
-*validation* (scores the search's finalists once, at the end) and *heldout* (final comparison only). Questions whose normalized text is identical always land in
-the same split, so no question leaks from optimization into held-out.
+*validation* (scores the search's finalists once, at the end) and *heldout* (final comparison only).
+Questions that are the same after normalization, near-duplicates, or that share a reference context
+(generated questions share their chunk) always land in the same split, so no question leaks from
+optimization into held-out. :func:`split_record` hashes each split so a later command can check that
+the held-out questions of the dataset as it is now were not seen by an earlier optimization.
 """
 
 from __future__ import annotations
 
 import csv
+import difflib
 import hashlib
 import json
 import random
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -83,9 +88,54 @@ class Example:
         )
 
 
+# Contractions spelled out, so "What's" and "What is" normalize alike. "'s" is expanded only after
+# words where it cannot be a possessive ("AlexNet's" stays a possessive).
+_NOT = {"can't": "can not", "cannot": "can not", "won't": "will not", "shan't": "shall not", "ain't": "is not"}
+_IS_WORDS = "what|who|where|when|why|how|which|it|that|there|here|he|she|this"
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'", "\u00b4": "'"})
+
+
 def normalize_question(text: str) -> str:
-    """Lowercase, punctuation removed, whitespace collapsed: the leakage guard's notion of 'same question'."""
-    return " ".join(re.findall(r"\w+", text.lower()))
+    """The leakage guard's notion of 'same question'.
+
+    NFKC, casefolded, contractions spelled out ("what's" = "what is", "isn't" = "is not"), and every
+    punctuation mark, hyphen (any Unicode dash) and underscore read as a word break.
+    """
+    t = unicodedata.normalize("NFKC", text).casefold().translate(_APOSTROPHES)
+    for short, full in _NOT.items():
+        t = re.sub(rf"\b{short}\b", full, t)
+    t = re.sub(r"n't\b", " not", t)
+    t = re.sub(rf"\b({_IS_WORDS})'s\b", r"\1 is", t)
+    t = re.sub(r"\blet's\b", "let us", t)
+    for short, full in (("'re", " are"), ("'ve", " have"), ("'ll", " will"), ("'m", " am"), ("'d", " would")):
+        t = re.sub(rf"(?<=\w){short}\b", full, t)
+    return " ".join(re.findall(r"[^\W_]+", t))
+
+
+def _tokens(text: str) -> set[str]:
+    return set(normalize_question(text).split())
+
+
+def is_near_duplicate(a: str, b: str, *, jaccard: float = 0.8, ratio: float = 0.9) -> bool:
+    """Token Jaccard >= ``jaccard`` or character similarity >= ``ratio`` of the normalized questions."""
+    ta, tb = _tokens(a), _tokens(b)
+    if ta and tb and len(ta & tb) / len(ta | tb) >= jaccard:
+        return True
+    m = difflib.SequenceMatcher(None, normalize_question(a), normalize_question(b))
+    # The quick upper bounds skip most pairs cheaply when a whole dataset is compared pairwise.
+    return m.real_quick_ratio() >= ratio and m.quick_ratio() >= ratio and m.ratio() >= ratio
+
+
+def same_question(a: str, b: str) -> bool:
+    """The split's and the held-out guard's relation: equal normalized text, or near-duplicates that
+    name the same numbers ("Fact 1 about X?" and "Fact 2 about X?" are different questions; without
+    this rule, templated questions chain into one group through the union-find)."""
+    na, nb = normalize_question(a), normalize_question(b)
+    if na == nb:
+        return True
+    numbers_a = {t for t in na.split() if any(ch.isdigit() for ch in t)}
+    numbers_b = {t for t in nb.split() if any(ch.isdigit() for ch in t)}
+    return numbers_a == numbers_b and is_near_duplicate(na, nb)
 
 
 def content_hash(examples: Iterable[Example]) -> str:
@@ -143,6 +193,42 @@ class Split:
             raise DataError(f"{where}: not a valid split file ({exc!r}); re-create it with `opro dataset import`") from exc
 
 
+def related_groups(examples: Sequence[Example]) -> list[list[int]]:
+    """Indices of related examples, grouped by union-find, in order of their first index.
+
+    Related: the same normalized question, near-duplicate questions (:func:`same_question`), or a
+    shared reference context (normalized; generated questions carry their chunk as context).
+    """
+    parent = list(range(len(examples)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def union(i: int, j: int) -> None:
+        ri, rj = find(i), find(j)
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)
+
+    first: dict[str, int] = {}
+    for i, e in enumerate(examples):
+        keys = [f"q:{normalize_question(e.query)}"]
+        keys += [f"c:{' '.join(c.split()).casefold()}" for c in e.reference_contexts if c.strip()]
+        for key in keys:
+            union(first.setdefault(key, i), i)
+    questions = [e.query for e in examples]
+    for i in range(len(questions)):
+        for j in range(i + 1, len(questions)):
+            if find(i) != find(j) and same_question(questions[i], questions[j]):
+                union(i, j)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(examples)):
+        groups.setdefault(find(i), []).append(i)
+    return list(groups.values())
+
+
 def make_split(
     examples: Sequence[Example],
     *,
@@ -154,18 +240,15 @@ def make_split(
 ) -> Split:
     """Seeded disjoint split. ``heldout=None`` takes every remaining example.
 
-    Examples are grouped by normalized question; a group is placed whole into the first split (in
-    shuffled order) with room for it, so duplicates never straddle two splits.
+    Examples are grouped by :func:`related_groups`; a group is placed whole into the first split (in
+    shuffled order) with room for it, so related questions never straddle two splits.
     """
     for name, size in (
         ("exemplar", exemplar), ("optimization", optimization), ("validation", validation), ("heldout", heldout)
     ):
         if size is not None and size < 0:
             raise DataError(f"split size {name}={size} must be >= 0")
-    groups: dict[str, list[int]] = {}
-    for i, e in enumerate(examples):
-        groups.setdefault(normalize_question(e.query), []).append(i)
-    order = list(groups.values())
+    order = related_groups(examples)
     random.Random(seed).shuffle(order)
     wanted = exemplar + optimization + validation + (heldout or 0)
     if wanted > len(examples):
@@ -193,6 +276,59 @@ def make_split(
         dataset_hash=content_hash(examples),
         requested=dict(limits),
     )
+
+
+def split_shortfall(split: Split) -> str | None:
+    """A warning when a split came out smaller than requested (related questions are kept together,
+    so a group may not fit the room left), else ``None``."""
+    short = [
+        f"{n} {split.sizes[n]} (asked {split.requested[n]})"
+        for n in SPLIT_NAMES
+        if split.requested.get(n) is not None and split.sizes[n] != split.requested[n]
+    ]
+    if not short:
+        return None
+    return (
+        "the split came out smaller than requested: " + ", ".join(short) + "; duplicate, near-duplicate and "
+        "same-context questions are kept in one split, so a group can be too big for the room left. "
+        "Use more examples or other [data.split] sizes"
+    )
+
+
+def split_record(dataset: GoldenDataset) -> dict[str, Any]:
+    """What an optimization saw: sha256 of each normalized question per split, and of the split.
+
+    Saved by ``opro optimize`` (``split_record.json``, ``summary.json``, the Optuna study) so that
+    ``compare`` / ``evaluate --split heldout`` can refuse a held-out set that overlaps it later, even
+    after the split was re-made in place. The normalized texts of the non-held-out splits are kept
+    too, for the near-duplicate check.
+    """
+    if dataset.split is None:
+        raise DataError("the dataset has no split; create one with .with_split(...) or `opro dataset import`")
+    record: dict[str, Any] = {
+        "format": SPLIT_FORMAT,
+        "seed": dataset.split.seed,
+        "dataset_hash": dataset.content_hash,
+        "split_sha256": split_hash(dataset.split),
+        "questions": {},
+        "normalized": {},
+    }
+    for name in SPLIT_NAMES:
+        normalized = [normalize_question(e.query) for e in dataset.examples_in(name)]
+        record["questions"][name] = [question_hash(n) for n in normalized]
+        if name != "heldout":
+            record["normalized"][name] = normalized
+    return record
+
+
+def question_hash(normalized: str) -> str:
+    return hashlib.sha256(normalized.encode("utf-8")).hexdigest()
+
+
+def split_hash(split: Split) -> str:
+    """sha256 of the split.json content (canonical JSON, so formatting does not matter)."""
+    blob = json.dumps(split.to_json(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -435,8 +571,15 @@ __all__ = [
     "SplitName",
     "content_hash",
     "import_qa",
+    "is_near_duplicate",
     "load_dataset",
     "load_labelled_rag_dataset",
     "make_split",
     "normalize_question",
+    "question_hash",
+    "related_groups",
+    "same_question",
+    "split_hash",
+    "split_record",
+    "split_shortfall",
 ]

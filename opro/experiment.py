@@ -166,7 +166,7 @@ class Experiment:
     @functools.cached_property
     def dataset(self) -> GoldenDataset:
         """The split golden dataset, saved in ``<output_dir>/dataset`` so every command sees one split."""
-        from opro.dataset import load_dataset
+        from opro.dataset import load_dataset, split_shortfall
 
         marker = self.dataset_dir / "opro_settings.txt"
         fingerprint = self._dataset_fingerprint()
@@ -174,10 +174,14 @@ class Experiment:
             return load_dataset(self.dataset_dir)
         d = self.config.data
         if d.dataset:
-            fields = {"query_field": d.query_field, "answer_field": d.answer_field}
-            if d.contexts_field:
-                fields["contexts_field"] = d.contexts_field
-            raw = load_dataset(self.config.resolve(d.dataset), **fields)
+            # Only the fields the user named: the others are detected, as `opro dataset import` does.
+            names = {"query_field": d.query_field, "answer_field": d.answer_field, "contexts_field": d.contexts_field}
+            raw = load_dataset(self.config.resolve(d.dataset), **{k: v for k, v in names.items() if v})
+            if raw.split is not None:  # an opro dataset folder: its own split.json wins over [data.split]
+                self._warn_folder_split(raw)
+                raw.save(self.dataset_dir)
+                marker.write_text(fingerprint)
+                return raw
         else:
             from opro.generation import generate_dataset
             from opro.retrieval import chunk_documents
@@ -206,7 +210,23 @@ class Experiment:
         )
         split.save(self.dataset_dir)
         marker.write_text(fingerprint)
+        assert split.split is not None
+        shrunk = split_shortfall(split.split)
+        if shrunk:
+            logger.warning("%s: %s", self.config.source, shrunk)
         return split
+
+    def _warn_folder_split(self, dataset: GoldenDataset) -> None:
+        assert dataset.split is not None
+        s = self.config.data.split
+        asked = {"exemplar": s.exemplar, "optimization": s.optimization, "validation": s.validation, "heldout": s.heldout}
+        if dataset.split.sizes != asked or dataset.split.seed != s.seed:
+            sizes = ", ".join(f"{k} {v}" for k, v in dataset.split.sizes.items())
+            logger.warning(
+                "%s: [data].dataset %s is an opro dataset folder with its own split.json (%s; seed %d), which is "
+                "used; [data.split] is ignored. To re-split with [data.split], point [data].dataset at its %s",
+                self.config.source, self.config.data.dataset, sizes, dataset.split.seed, "rag_dataset.json",
+            )
 
     # -- optimization ------------------------------------------------------------------------
     def run_params(self) -> dict[str, Any]:
@@ -249,6 +269,15 @@ class Experiment:
             for k, v in vars(getattr(cfg, section)).items():
                 out[f"{section}.{k}"] = str(redact(v) if not hasattr(v, "__dataclass_fields__") else redact(vars(v)))
         return out
+
+    def _study_exists(self) -> bool:
+        import optuna
+
+        try:
+            optuna.load_study(study_name=self.config.study_name, storage=self.config.optuna_storage)
+        except KeyError:
+            return False
+        return True
 
     def archive_study(self) -> str | None:
         """Copy the config's study to ``<name>-archived-<time>`` and delete it, so the next run starts fresh."""
@@ -318,13 +347,47 @@ class Experiment:
             ds = self.dataset
             if fresh:
                 self.archive_study()
-            return self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
+            record = self._record_split() if worker_index == 0 else None
+            result = self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
                 program=self.program,
                 optimization_set=ds.examples_in("optimization"),
                 exemplar_set=ds.examples_in("exemplar"),
                 validation_set=ds.examples_in("validation"),
                 initial_instructions=self.config.rag.initial_instructions,
             )
+            if record is not None:
+                self._record_split(record)
+            return result
+
+    def _record_split(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What this optimization saw (:func:`opro.dataset.split_record`), for the held-out guard of
+        compare / evaluate: ``split_record.json`` before the search (so a crashed run is covered), then
+        ``summary.json`` and the Optuna study after it."""
+        from opro.compare import SPLIT_RECORD_FILE
+        from opro.dataset import split_record
+
+        out = self.config.output_dir
+        if record is None:
+            record = split_record(self.dataset)
+            path = out / SPLIT_RECORD_FILE
+            if path.is_file() and self._study_exists():
+                # The study's record stands: a changed split is refused by the fingerprint check, and
+                # overwriting the record first would let compare's guard accept the new split.
+                kept: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+                return kept
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=2), encoding="utf-8")
+            return record
+        summary = out / "summary.json"
+        if summary.is_file():
+            data = json.loads(summary.read_text(encoding="utf-8"))
+            data["split_record"] = record
+            summary.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        import optuna
+
+        study = optuna.load_study(study_name=self.config.study_name, storage=self.config.optuna_storage)
+        study.set_user_attr("split_record", record)
+        return record
 
     def close(self) -> None:
         self.pool.close()

@@ -11,14 +11,13 @@ answers saying the context does not contain the answer.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from opro.dataset import Example, GoldenDataset, normalize_question
+from opro.dataset import Example, GoldenDataset, is_near_duplicate, normalize_question
 from opro.errors import ConfigError, DataError
 from opro.llm import ChatClient, Completion, Message
 from opro.progress import ProgressBar, progress_bar
@@ -90,17 +89,6 @@ def parse_questions(text: str, *, limit: int | None = None) -> list[str]:
         if limit is not None and len(out) >= limit:
             break
     return out
-
-
-def _tokens(text: str) -> set[str]:
-    return set(normalize_question(text).split())
-
-
-def is_near_duplicate(a: str, b: str, *, jaccard: float = 0.8, ratio: float = 0.9) -> bool:
-    ta, tb = _tokens(a), _tokens(b)
-    if ta and tb and len(ta & tb) / len(ta | tb) >= jaccard:
-        return True
-    return difflib.SequenceMatcher(None, normalize_question(a), normalize_question(b)).ratio() >= ratio
 
 
 @dataclass(frozen=True)

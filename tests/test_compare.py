@@ -295,3 +295,78 @@ def test_promotion_is_granted_for_a_significant_held_out_gain(
     assert "Holm-adjusted over the 2" in result.output
     template = _alias_template(run_config, "gate-b")
     assert template is not None and "context" in template.lower()
+
+
+def test_resplit_in_place_after_optimize_is_refused_naming_the_moved_questions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's scenario: optimize with seed 1, change [data.split].seed to 2 in place, compare."""
+    import optuna
+
+    from opro.cli import app
+    from opro.compare import LEAKAGE_RECORDED, load_split_record
+    from opro.config import load_config
+
+    path = optimized(tmp_path, seed=1)
+    out = tmp_path / "out"
+    record = load_split_record(out)
+    assert record is not None and json.loads((out / "split_record.json").read_text()) == record
+    assert json.loads((out / "summary.json").read_text())["split_record"] == record
+    cfg = load_config(path)
+    study = optuna.load_study(study_name=cfg.study_name, storage=cfg.optuna_storage)
+    assert study.user_attrs["split_record"] == record
+    exp = Experiment.from_file(path, pool=scripted_pool(), progress=False)
+    try:
+        seen = {e.query for n in ("exemplar", "optimization", "validation")
+                for e in exp.dataset.examples_in(n)}  # type: ignore[arg-type]
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"], n_resamples=100)
+        assert report.leakage_basis == LEAKAGE_RECORDED
+    finally:
+        exp.close()
+
+    write_config(tmp_path, seed=2)  # same output_dir: the dataset is re-split in place
+    exp = Experiment.from_file(path, pool=scripted_pool(), progress=False)
+    try:
+        moved = seen & {e.query for e in exp.dataset.examples_in("heldout")}
+        assert moved  # seed 2 moves questions the optimization saw into held-out
+        with pytest.raises(DataError, match=r"seen by the optimization.*split changed.*seed 1") as err:
+            compare_prompts(experiment=exp, prompts=["initial", "best"])
+        assert f"{len(moved)} held-out question(s)" in str(err.value)
+        assert sum(repr(q) in str(err.value) for q in moved) == min(5, len(moved))
+    finally:
+        exp.close()
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    monkeypatch.setenv("COLUMNS", "400")
+    res = CliRunner().invoke(app, ["evaluate", str(path), "--split", "heldout", "--no-progress"])
+    assert res.exit_code != 0 and "seen by the optimization" in res.output
+    assert sorted(moved)[0] in res.output.replace("\n", "")
+
+
+def test_a_changed_split_without_overlap_is_refused_and_no_record_says_current_only(tmp_path: Path) -> None:
+    from opro.compare import LEAKAGE_CURRENT_ONLY, check_heldout, check_heldout_against_record
+    from opro.dataset import split_record
+
+    examples = tuple(Example(query=f"What is item {i}?", reference_answer="x") for i in range(8))
+    ds = GoldenDataset(examples).with_split(exemplar=1, optimization=2, heldout=3, seed=0)
+    assert check_heldout(ds, output_dir=tmp_path) == LEAKAGE_CURRENT_ONLY
+    record = split_record(ds)
+    check_heldout_against_record(ds, record=record)
+    assert ds.split is not None
+    # Same exemplar/optimization questions, one more held-out question: the split changed.
+    from dataclasses import replace
+
+    used = {*ds.split.exemplar, *ds.split.optimization, *ds.split.heldout}
+    spare = min(set(range(8)) - used)
+    grown = replace(ds, split=replace(ds.split, heldout=(*ds.split.heldout, spare)))
+    with pytest.raises(DataError, match=r"the split changed since the optimization recorded it.*restore the \[data.split\]"):
+        check_heldout_against_record(grown, record=record)
+    # A paraphrase of a recorded optimization question in held-out is refused by its normalized text.
+    seen_q = ds.examples_in("optimization")[0].query
+    leaky = (*examples, Example(query=seen_q.replace("What is", "What's").upper(), reference_answer="y"))
+    s = ds.split
+    from opro.dataset import Split, content_hash
+
+    split = Split(seed=0, exemplar=s.exemplar, optimization=s.optimization, validation=s.validation,
+                  heldout=(*s.heldout, 8), dataset_hash=content_hash(leaky))
+    with pytest.raises(DataError, match=r"1 held-out question\(s\) were seen by the optimization.*was in the optimization split"):
+        check_heldout_against_record(GoldenDataset(leaky, split), record=record)

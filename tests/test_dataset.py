@@ -155,6 +155,41 @@ def test_cli_import_split_show(tmp_path: Path) -> None:
     assert load_dataset(out).split.sizes == {"exemplar": 1, "optimization": 3, "validation": 0, "heldout": 8}  # type: ignore[union-attr]
     res = runner.invoke(app, ["dataset", "show", str(out), "-n", "2"])
     assert res.exit_code == 0, res.output
-    assert "12 examples" in res.output and "exemplar 1, optimization 3, validation 0, heldout 8" in res.output and "Q0?" in res.output
+    shown = " ".join(res.output.split())
+    assert "12 examples" in shown and "exemplar 1, optimization 3, validation 0, heldout 8" in shown and "Q0?" in shown
     res = runner.invoke(app, ["dataset", "import", str(tmp_path / "missing.csv"), "--out", str(out)])
     assert res.exit_code == 1 and "missing.csv" in res.output
+
+
+def test_normalization_reads_contractions_unicode_hyphens_and_underscores() -> None:
+    assert normalize_question("What's AlexNet?") == normalize_question("What is AlexNet")
+    assert normalize_question("Isn’t it ReLU-based?") == normalize_question("is not it relu based")
+    assert normalize_question("ＡｌｅｘＮｅｔ\u2014GPU_count") == normalize_question("alexnet gpu count")
+    assert normalize_question("Who won't train it?") == normalize_question("who will not train it")
+    assert normalize_question("AlexNet's size") != normalize_question("AlexNet is size")  # a possessive stays
+
+
+def test_split_keeps_a_shared_context_and_near_duplicates_in_one_split() -> None:
+    from opro.dataset import related_groups, split_record
+
+    topics = ["convolution", "dropout", "pooling", "momentum", "ImageNet", "GPUs", "ReLU", "LRN", "softmax",
+              "augmentation", "weight decay", "batch size", "learning rate", "epochs", "filters"]
+    examples: list[Example] = []
+    for t in topics:  # two questions per chunk, as the generator makes them
+        chunk = f"A paragraph of the paper about {t}."
+        examples.append(Example(query=f"How does AlexNet use {t}?", reference_answer="a", reference_contexts=(chunk,)))
+        examples.append(Example(query=f"Why was {t} chosen?", reference_answer="b", reference_contexts=(f"  {chunk}\n",)))
+    examples.append(Example(query="What's the top-5 error of AlexNet?", reference_answer="c"))
+    examples.append(Example(query="What is the top 5 error rate of AlexNet", reference_answer="c"))
+    ds = GoldenDataset(tuple(examples))
+    assert sorted(map(len, related_groups(ds.examples))) == [2] * 16
+    for seed in range(6):
+        split = make_split(ds.examples, exemplar=2, optimization=10, validation=6, heldout=None, seed=seed)
+        where = {i: n for n in SPLIT_NAMES for i in split.indices(n)}
+        for i in range(0, len(examples), 2):
+            assert where[i] == where[i + 1], (seed, examples[i].query)
+        assert make_split(ds.examples, exemplar=2, optimization=10, validation=6, heldout=None, seed=seed) == split
+    record = split_record(ds.with_split(exemplar=2, optimization=10, validation=6, heldout=None, seed=0))
+    assert [len(record["questions"][n]) for n in SPLIT_NAMES] == [2, 10, 6, 14]
+    assert set(record["normalized"]) == {"exemplar", "optimization", "validation"}
+    assert record != split_record(ds.with_split(exemplar=2, optimization=10, validation=6, heldout=None, seed=1))

@@ -181,3 +181,53 @@ def test_shipped_experiment_configs_load() -> None:
         cfg = load_config(path)
         assert cfg.output_dir.is_absolute()
         assert re.match(r"sqlite:///", cfg.mlflow_uri)
+
+
+def test_question_answer_records_load_without_naming_the_fields(tmp_path: Path) -> None:
+    raw = _config(tmp_path)
+    del raw["data"]["query_field"], raw["data"]["answer_field"]
+    exp = Experiment(config_from_dict(raw, base_dir=tmp_path, source="t.toml"), pool=_pool(), progress=False)
+    assert exp.dataset.examples[0].query == "Fact number 0 about AlexNet?"
+
+
+def test_an_imported_folder_keeps_its_own_split_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from opro.dataset import import_qa
+
+    folder = import_qa(_qa_file(tmp_path), query_field="question", answer_field="answer").with_split(
+        exemplar=1, optimization=4, heldout=5, seed=9
+    ).save(tmp_path / "folder")
+    raw = _config(tmp_path, data={"dataset": str(folder)})
+    exp = Experiment(config_from_dict(raw, base_dir=tmp_path, source="t.toml"), pool=_pool(), progress=False)
+    with caplog.at_level("WARNING"):
+        ds = exp.dataset
+    assert ds.split is not None and ds.split.seed == 9
+    assert ds.split.sizes == {"exemplar": 1, "optimization": 4, "validation": 0, "heldout": 5}
+    assert "own split.json" in caplog.text and "[data.split] is ignored" in caplog.text
+
+
+def test_duplicates_that_shrink_the_split_are_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from opro.cli import app
+
+    rows = [{"question": f"Fact number {i // 2} about AlexNet?", "answer": "x"} for i in range(12)]
+    (tmp_path / "dup.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "alexnet.txt").write_text(DOC)
+    (tmp_path / "t.toml").write_text(
+        '[experiment]\nname = "t"\noutput_dir = "out"\ncache_path = "calls.sqlite"\nprogress = false\n'
+        '[data]\ndocs = ["docs"]\ndataset = "dup.jsonl"\n[data.split]\nexemplar = 3\noptimization = 3\nvalidation = 0\nheldout = 3\n'
+        '[rag]\nchunk_size = 64\nchunk_overlap = 0\ninitial_instructions = ["Answer the question."]\n'
+        '[models.task]\nbackend = "scripted"\nmodel = "task"\n[models.judge]\nbackend = "scripted"\nmodel = "judge"\n'
+        '[models.optimizer]\nbackend = "scripted"\nmodel = "optimizer"\n'
+        '[models.generator]\nbackend = "scripted"\nmodel = "optimizer"\n'
+        '[optimizer]\nsteps = 1\ncandidates_per_step = 2\nminibatch_size = 2\nfinalists = 0\n'
+        '[tracking]\nprompt_name = "qa-t"\n'
+    )
+    monkeypatch.setattr("opro.experiment.ModelPool", _pool)
+    monkeypatch.setenv("COLUMNS", "400")
+    res = CliRunner().invoke(app, ["optimize", str(tmp_path / "t.toml"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "search scores on 2 optimization questions" in out
+    assert "split came out smaller than requested" in out and "optimization 2 (asked 3)" in out
