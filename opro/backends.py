@@ -99,8 +99,10 @@ class ModelSpec:
         return cls(backend="llamacpp", model=DEFAULT_ROLE_MODELS[role], **overrides)
 
     def safe_dict(self) -> dict[str, Any]:
-        """For logging / run parameters (holds the key's variable name, never the key)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """For logging / run parameters: the key's variable name, never the key; URLs redacted."""
+        from opro.redaction import redact
+
+        return {f.name: redact(getattr(self, f.name)) for f in fields(self)}
 
 
 class ModelPool:

@@ -7,6 +7,8 @@ from typing import Any
 
 import typer
 
+from opro.redaction import redact_url
+
 app = typer.Typer(
     name="opro",
     help="Optimize the instruction of a RAG prompt by OPRO: an optimizer LLM proposes, an LLM judge scores.",
@@ -35,7 +37,9 @@ def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
 
     # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
     # soft_wrap: an error names files and keys that must stay greppable and copyable whole.
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+    from opro.redaction import redact_text
+
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(redact_text(str(exc)))}", soft_wrap=True)
     return typer.Exit(code=code)
 
 
@@ -492,7 +496,7 @@ def optimize(
         raise typer.Exit(1)
     if index == 0:
         console.print(f"outputs: {exp.config.output_dir}  (best_prompt.txt, history.jsonl, summary.json, score_trajectory.png)")
-        console.print(f"MLflow run {result.mlflow_run_id} in {exp.config.mlflow_uri}")
+        console.print(f"MLflow run {result.mlflow_run_id} in {redact_url(exp.config.mlflow_uri)}")
         if exp.config.tracking.register_prompt:
             console.print(f"registered: prompts:/{exp.config.prompt_name}@{exp.config.tracking.prompt_alias}")
 
@@ -622,7 +626,7 @@ def compare(
         console.print(f"- {sentence}")
     console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
     if saved.mlflow_run_id:
-        console.print(f"MLflow comparison run {saved.mlflow_run_id} in {tracking_uri or exp.config.mlflow_uri}")
+        console.print(f"MLflow comparison run {saved.mlflow_run_id} in {redact_url(tracking_uri or exp.config.mlflow_uri)}")
     if decision is not None:
         console.print(decision.message(), markup=False, soft_wrap=True)
         if not decision.granted:
@@ -716,9 +720,16 @@ def _optimize_table(result: Any, *, title: str) -> Any:
 def main() -> None:
     import logging
 
+    from opro.redaction import RedactingFilter
+
     # MLflow and alembic announce schema creation at INFO on every new store: noise next to progress bars.
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # Every log line (ours, httpx's, MLflow's) passes one redaction before it reaches the terminal.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     app()
 
 

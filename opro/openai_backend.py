@@ -171,10 +171,10 @@ class OpenAILLM(LLM):
             raise ConfigError("the openai backend needs the `openai` package: pip install openai") from exc
         self._client = openai.OpenAI(
             api_key=self._api_key,
-            base_url=self.base_url,
             max_retries=0,
             timeout=self.timeout_s,
             default_headers=self._extra_headers or None,
+            **client_url_args(self.base_url),
         )
         # One async client per event loop: httpx async pools must not cross loops.
         self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
@@ -200,13 +200,13 @@ class OpenAILLM(LLM):
 
     @property
     def identity(self) -> str:
-        return f"openai:{self.base_url}:{self._model}"
+        return f"openai:{redact_url(self.base_url)}:{self._model}"
 
     def describe(self) -> dict[str, str]:
         return {
             "provider": self.provider,
             "model": self._model,
-            "base_url": self.base_url,
+            "base_url": redact_url(self.base_url),
             "api_key_env": self.api_key_env,
             "timeout_s": str(self.timeout_s),
             "max_retries": str(self.policy.max_retries),
@@ -312,10 +312,10 @@ class OpenAILLM(LLM):
         if client is None:
             client = openai.AsyncOpenAI(
                 api_key=self._api_key,
-                base_url=self.base_url,
                 max_retries=0,
                 timeout=self.timeout_s,
                 default_headers=self._extra_headers or None,
+                **client_url_args(self.base_url),
             )
             self._async_clients[loop] = client
         return client
@@ -341,6 +341,21 @@ class OpenAILLM(LLM):
         self._client.close()
         # Async clients are closed with their loops; dropping references is enough here.
         self._async_clients.clear()
+
+
+def client_url_args(base_url: str) -> dict[str, Any]:
+    """``base_url`` for the openai SDK, with a query (``?api-key=...``, as some proxies and Azure
+    gateways take the key) passed as ``default_query``: the SDK appends the route after the whole
+    base URL, which would put ``/chat/completions`` inside the query."""
+    from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+    parts = urlsplit(base_url)
+    if not parts.query:
+        return {"base_url": base_url}
+    return {
+        "base_url": urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")),
+        "default_query": dict(parse_qsl(parts.query, keep_blank_values=True)),
+    }
 
 
 def convert_openai_error(

@@ -7,6 +7,7 @@ parameters, tags, exports, reports, CLI output and error messages goes through t
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -60,3 +61,14 @@ def redact(value: Any) -> Any:
 
 
 __all__ = ["REDACTED", "redact", "redact_text", "redact_url"]
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that redacts every record's message (arguments included) before output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True

@@ -162,11 +162,16 @@ class OpenAIEmbedder(Embedder):
         self._timeout_s = timeout_s
         self._api_key_env = api_key_env
         self._batch = max(1, batch_size)
-        self._client = openai.OpenAI(api_key=key, base_url=base_url, timeout=timeout_s, max_retries=max_retries)
+        from opro.openai_backend import client_url_args
+
+        url_args = client_url_args(base_url) if base_url is not None else {}
+        self._client = openai.OpenAI(api_key=key, timeout=timeout_s, max_retries=max_retries, **url_args)
 
     @property
     def identity(self) -> str:
-        return f"openai:{self._base_url or 'api.openai.com'}:{self._model}"
+        from opro.redaction import redact_url
+
+        return f"openai:{redact_url(self._base_url or 'api.openai.com')}:{self._model}"
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out: list[list[float]] = []

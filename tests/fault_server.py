@@ -30,8 +30,14 @@ def role_reply(role: str, prompt: str) -> str:
 
 
 class FaultServer:
-    def __init__(self, *, key: str, latency_s: float = 0.0, max_requests: int = 2000, lifetime_s: float = 300.0) -> None:
+    def __init__(
+        self, *, key: str, url_key: str | None = None, latency_s: float = 0.0, max_requests: int = 2000,
+        lifetime_s: float = 300.0,
+    ) -> None:
         self.key = key
+        # A second secret some proxies take in the URL (``?api-key=``): required when set.
+        self.url_key = url_key
+        self.paths: list[str] = []
         self.latency_s = latency_s
         self.max_requests = max_requests
         self.lifetime_s = lifetime_s
@@ -53,7 +59,11 @@ class FaultServer:
                     fault = server.faults.get(role)
                 if total > server.max_requests:
                     return self._send(503, {"error": {"message": "fault server request budget exhausted"}})
-                if self.headers.get("Authorization") != f"Bearer {server.key}":
+                with server.lock:
+                    server.paths.append(self.path)
+                if self.headers.get("Authorization") != f"Bearer {server.key}" or (
+                    server.url_key is not None and f"api-key={server.url_key}" not in self.path
+                ):
                     return self._send(401, {"error": {"message": "invalid api key"}})
                 time.sleep(server.latency_s)
                 if fault is not None:
