@@ -106,21 +106,32 @@ app.add_typer(dataset_app, name="dataset")
 
 
 
-def _split_sizes(n: int, exemplar: int, optimization: int | None, heldout: int | None) -> tuple[int, int, int | None]:
-    """Defaults: ``exemplar`` examples, then half of the rest for optimization, the remainder held out."""
-    if optimization is None:
-        optimization = max(0, (n - exemplar - (heldout or 0)) // 2) if heldout is None else max(0, n - exemplar - heldout)
-    return exemplar, optimization, heldout
+def _split_sizes(
+    n: int, exemplar: int, optimization: int | None, validation: int | None, heldout: int | None
+) -> tuple[int, int, int, int | None]:
+    """Sizes not given share what the given ones leave equally (held-out: the rest)."""
+    given = exemplar + sum(v for v in (optimization, validation, heldout) if v is not None)
+    unknown = sum(v is None for v in (optimization, validation, heldout))
+    share, extra = divmod(max(0, n - given), unknown) if unknown else (0, 0)
+    return (
+        exemplar,
+        share + (extra > 0) if optimization is None else optimization,  # an odd one out goes to search
+        share if validation is None else validation,
+        heldout,
+    )
 
 
-def _save_split(dataset: object, out: object, exemplar: int, optimization: int | None, heldout: int | None, seed: int) -> None:
+def _save_split(
+    dataset: object, out: object, exemplar: int, optimization: int | None, validation: int | None,
+    heldout: int | None, seed: int,
+) -> None:
     from pathlib import Path
 
     from opro.dataset import GoldenDataset
 
     assert isinstance(dataset, GoldenDataset)
-    ex, opt, held = _split_sizes(len(dataset), exemplar, optimization, heldout)
-    split = dataset.with_split(exemplar=ex, optimization=opt, heldout=held, seed=seed)
+    ex, opt, val, held = _split_sizes(len(dataset), exemplar, optimization, validation, heldout)
+    split = dataset.with_split(exemplar=ex, optimization=opt, validation=val, heldout=held, seed=seed)
     path = split.save(Path(str(out)))
     assert split.split is not None
     sizes = ", ".join(f"{k} {v}" for k, v in split.split.sizes.items())
@@ -133,7 +144,13 @@ def _save_split(dataset: object, out: object, exemplar: int, optimization: int |
 
 
 _EXEMPLAR_OPT = typer.Option(3, "--exemplar", min=0, help="examples shown in the meta-prompt")
-_OPTIMIZATION_OPT = typer.Option(None, "--optimization", min=0, help="examples scored during search [default: half of the rest]")
+_OPTIMIZATION_OPT = typer.Option(
+    None, "--optimization", min=0, help="examples scored during search [default: an equal share of the rest]"
+)
+_VALIDATION_OPT = typer.Option(
+    None, "--validation", min=0,
+    help="examples that validate the search's finalists [default: an equal share of the rest]",
+)
 _HELDOUT_OPT = typer.Option(None, "--heldout", min=0, help="held-out examples for the final comparison [default: the rest]")
 _SEED_OPT = typer.Option(0, "--seed", help="seed of the split")
 
@@ -155,6 +172,7 @@ def dataset_generate(
     cache: bool = typer.Option(True, "--cache/--no-cache", help="use the call cache (reruns are free)"),
     exemplar: int = _EXEMPLAR_OPT,
     optimization: int | None = _OPTIMIZATION_OPT,
+    validation: int | None = _VALIDATION_OPT,
     heldout: int | None = _HELDOUT_OPT,
     seed: int = _SEED_OPT,
 ) -> None:
@@ -197,7 +215,7 @@ def dataset_generate(
         )
         if not len(result.dataset):
             raise typer.Exit(code=1)
-        _save_split(result.dataset, out, exemplar, optimization, heldout, seed)
+        _save_split(result.dataset, out, exemplar, optimization, validation, heldout, seed)
     except OproError as exc:
         raise _fail(exc) from exc
 
@@ -211,6 +229,7 @@ def dataset_import(
     contexts_field: str | None = typer.Option(None, "--contexts-field", help="field holding reference contexts [auto]"),
     exemplar: int = _EXEMPLAR_OPT,
     optimization: int | None = _OPTIMIZATION_OPT,
+    validation: int | None = _VALIDATION_OPT,
     heldout: int | None = _HELDOUT_OPT,
     seed: int = _SEED_OPT,
 ) -> None:
@@ -225,7 +244,7 @@ def dataset_import(
     }
     try:
         dataset = load_dataset(file, **fields)
-        _save_split(dataset, out, exemplar, optimization, heldout, seed)
+        _save_split(dataset, out, exemplar, optimization, validation, heldout, seed)
     except OproError as exc:
         raise _fail(exc) from exc
 
@@ -235,6 +254,7 @@ def dataset_split(
     directory: str = typer.Argument(..., help="opro dataset directory"),
     exemplar: int = _EXEMPLAR_OPT,
     optimization: int | None = _OPTIMIZATION_OPT,
+    validation: int | None = _VALIDATION_OPT,
     heldout: int | None = _HELDOUT_OPT,
     seed: int = _SEED_OPT,
 ) -> None:
@@ -246,7 +266,7 @@ def dataset_split(
         from pathlib import Path
 
         dataset = load_labelled_rag_dataset(Path(directory) / DATASET_FILE)
-        _save_split(dataset, directory, exemplar, optimization, heldout, seed)
+        _save_split(dataset, directory, exemplar, optimization, validation, heldout, seed)
     except OproError as exc:
         raise _fail(exc) from exc
 
@@ -681,6 +701,54 @@ def export(
 
 
 # ---- end section: compare / export -------------------------------------------------------------
+
+
+# ---- section: ui (owner: tracking) -------------------------------------------------------------
+
+
+@app.command()
+def ui(
+    config: Path | None = typer.Argument(None, help="Experiment TOML whose MLflow store to open."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store [default: the config's]"),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(5000, help="Port to listen on."),
+) -> None:
+    """Open the MLflow UI on a run's store, offline (no price-map download by litellm)."""
+    import os
+    import subprocess
+    import sys
+
+    from opro.errors import ConfigError, OproError
+
+    try:
+        if tracking_uri is None:
+            if config is None:
+                raise ConfigError("give the experiment's config (opro ui CONFIG.toml) or --tracking-uri URI")
+            from opro.config import load_config
+
+            tracking_uri = load_config(config).mlflow_uri
+        if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+            raise ConfigError(
+                f"no MLflow store at {tracking_uri.removeprefix('sqlite:///')}: run `opro optimize` first"
+            )
+        if not 0 < port < 65536:
+            raise ConfigError(f"--port {port} is not a TCP port (1-65535)")
+    except OproError as exc:
+        raise _fail(exc) from exc
+    # MLflow's server imports litellm (installed with dspy), which otherwise downloads its model
+    # price map at import and hangs for good on an offline machine.
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    typer.echo(f"MLflow UI on http://{host}:{port} (store {redact_url(tracking_uri)}); Ctrl-C stops it", err=True)
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
+            "--host", host, "--port", str(port), "--workers", "1"]
+    try:
+        code = subprocess.call(argv, env=env)
+    except KeyboardInterrupt:
+        code = 0
+    raise typer.Exit(code=code)
+
+
+# ---- end section: ui ---------------------------------------------------------------------------
 
 
 def _optimize_table(result: Any, *, title: str) -> Any:

@@ -149,14 +149,17 @@ def test_cli_import_split_show(tmp_path: Path) -> None:
     res = runner.invoke(app, ["dataset", "import", str(src), "--out", str(out), "--exemplar", "2", "--heldout", "4", "--seed", "3"])
     assert res.exit_code == 0, res.output
     ds = load_dataset(out)
-    assert ds.split is not None and ds.split.sizes == {"exemplar": 2, "optimization": 6, "validation": 0, "heldout": 4}
+    assert ds.split is not None and ds.split.sizes == {"exemplar": 2, "optimization": 3, "validation": 3, "heldout": 4}
     res = runner.invoke(app, ["dataset", "split", str(out), "--exemplar", "1", "--optimization", "3", "--seed", "1"])
     assert res.exit_code == 0, res.output
-    assert load_dataset(out).split.sizes == {"exemplar": 1, "optimization": 3, "validation": 0, "heldout": 8}  # type: ignore[union-attr]
+    assert load_dataset(out).split.sizes == {"exemplar": 1, "optimization": 3, "validation": 4, "heldout": 4}  # type: ignore[union-attr]
     res = runner.invoke(app, ["dataset", "show", str(out), "-n", "2"])
     assert res.exit_code == 0, res.output
     shown = " ".join(res.output.split())
-    assert "12 examples" in shown and "exemplar 1, optimization 3, validation 0, heldout 8" in shown and "Q0?" in shown
+    assert "12 examples" in shown and "exemplar 1, optimization 3, validation 4, heldout 4" in shown and "Q0?" in shown
+    res = runner.invoke(app, ["dataset", "split", str(out), "--optimization", "2", "--validation", "5", "--heldout", "2"])
+    assert res.exit_code == 0, res.output
+    assert load_dataset(out).split.sizes == {"exemplar": 3, "optimization": 2, "validation": 5, "heldout": 2}  # type: ignore[union-attr]
     res = runner.invoke(app, ["dataset", "import", str(tmp_path / "missing.csv"), "--out", str(out)])
     assert res.exit_code == 1 and "missing.csv" in res.output
 
