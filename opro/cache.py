@@ -62,6 +62,10 @@ class CallCache:
                 (key, stored.to_json(), time.time()),
             )
 
+    def delete(self, key: str) -> None:
+        with self._conn() as conn:
+            conn.execute("DELETE FROM calls WHERE key = ?", (key,))
+
     def __len__(self) -> int:
         return int(self._conn().execute("SELECT COUNT(*) FROM calls").fetchone()[0])
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from opro.redaction import redact_url
+from opro.redaction import redact_text, redact_url
 
 app = typer.Typer(
     name="opro",
@@ -37,8 +37,6 @@ def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
 
     # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
     # soft_wrap: an error names files and keys that must stay greppable and copyable whole.
-    from opro.redaction import redact_text
-
     Console(stderr=True).print(f"[bold red]error:[/] {escape(redact_text(str(exc)))}", soft_wrap=True)
     return typer.Exit(code=code)
 
@@ -515,7 +513,9 @@ def optimize(
         )
         raise typer.Exit(1)
     if index == 0:
-        console.print(f"outputs: {exp.config.output_dir}  (best_prompt.txt, history.jsonl, summary.json, score_trajectory.png)")
+        written = [n for n in ("best_prompt.txt", "history.jsonl", "summary.json", "score_trajectory.png", "optimism.png")
+                   if (exp.config.output_dir / n).is_file()]
+        console.print(f"outputs: {exp.config.output_dir}  ({', '.join(written)})")
         console.print(f"MLflow run {result.mlflow_run_id} in {redact_url(exp.config.mlflow_uri)}")
         if exp.config.tracking.register_prompt:
             console.print(f"registered: prompts:/{exp.config.prompt_name}@{exp.config.tracking.prompt_alias}")
@@ -736,8 +736,9 @@ def ui(
     except OproError as exc:
         raise _fail(exc) from exc
     # MLflow's server imports litellm (installed with dspy), which otherwise downloads its model
-    # price map at import and hangs for good on an offline machine.
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    # price map at import and hangs for good on an offline machine. Its job runner (a dozen worker
+    # processes, ~3 GB, for server-side GenAI jobs) is not needed to browse runs: off unless asked.
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     typer.echo(f"MLflow UI on http://{host}:{port} (store {redact_url(tracking_uri)}); Ctrl-C stops it", err=True)
     argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
             "--host", host, "--port", str(port), "--workers", "1"]

@@ -286,9 +286,7 @@ class Experiment:
         import optuna
 
         cfg = self.config
-        try:
-            optuna.load_study(study_name=cfg.study_name, storage=cfg.optuna_storage)
-        except KeyError:
+        if not self._study_exists():
             return None
         archived = f"{cfg.study_name}-archived-{time.strftime('%Y%m%d-%H%M%S')}"
         optuna.copy_study(from_study_name=cfg.study_name, from_storage=cfg.optuna_storage,

@@ -526,18 +526,22 @@ class CorrectnessJudge:
         if not answer.strip():
             # Nothing to judge: an empty answer is wrong, not unreadable.
             return MetricResult(self.name, SCORE_MIN, False, "empty answer"), None
-        completion = self.llm.complete(
-            self.messages(query=query, answer=answer, reference=reference), **self._options()
-        )
-        return self._result(completion), completion
+        messages = self.messages(query=query, answer=answer, reference=reference)
+        completion = self.llm.complete(messages, **self._options())
+        result = self._result(completion)
+        if result.invalid:
+            self.llm.forget(messages, **self._options())  # an unreadable reply is asked again on rerun
+        return result, completion
 
     async def aevaluate(self, *, query: str, answer: str, reference: str | None) -> MetricResult:
         if not answer.strip():
             return MetricResult(self.name, SCORE_MIN, False, "empty answer")
-        completion = await self.llm.acomplete(
-            self.messages(query=query, answer=answer, reference=reference), **self._options()
-        )
-        return self._result(completion)
+        messages = self.messages(query=query, answer=answer, reference=reference)
+        completion = await self.llm.acomplete(messages, **self._options())
+        result = self._result(completion)
+        if result.invalid:
+            self.llm.forget(messages, **self._options())
+        return result
 
     def measure(
         self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()

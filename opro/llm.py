@@ -291,6 +291,13 @@ class ChatClient:
         self.usage.record(self.role, result)
         return result
 
+    def forget(self, messages: MessagesLike, **options: Any) -> None:
+        """Drop the cached reply of this call (same arguments as :meth:`complete`), so the next
+        identical call asks the model again: for replies that turned out unusable, which a cache
+        must not replay as successes."""
+        if self.cache is not None:
+            self.cache.delete(self._prepare(messages, options)[2])
+
     def complete(self, messages: MessagesLike, **options: Any) -> Completion:
         """One call. Options: temperature, max_tokens, seed, stop, json_schema, top_logprobs, sample_index.
 

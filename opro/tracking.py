@@ -46,29 +46,25 @@ def _init_sqlite_store(tracking_uri: str, db: Path) -> MlflowClient:
 
     db.parent.mkdir(parents=True, exist_ok=True)
     with waiting_lock(db.with_name(db.name + ".lock")):
-        try:
-            client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-            client.search_experiments(max_results=1)
-            return client
-        except Exception as exc:
-            if "_alembic_tmp_" not in str(exc):
-                raise
-            # A migration that an earlier crash interrupted left its scratch table behind: drop it.
+        if db.is_file():
+            # No opro migration runs while we hold the lock: a scratch table is what an interrupted
+            # one left behind, and MLflow's next migration would fail on it for good.
             with sqlite3.connect(db) as conn:
                 names = [r[0] for r in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE '_alembic_tmp_%'")]
+                    "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE '\\_alembic\\_tmp\\_%' ESCAPE '\\'")]
                 for name in names:
                     conn.execute(f'DROP TABLE "{name}"')
-            logger.warning("repaired %s: dropped %s left by an interrupted migration", db, ", ".join(names))
+            if names:
+                logger.warning("repaired %s: dropped %s left by an interrupted migration", db, ", ".join(names))
         try:
             client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             client.search_experiments(max_results=1)
-            return client
         except Exception as exc:
             raise OproError(
                 f"the MLflow store {db} cannot be opened ({type(exc).__name__}: {str(exc)[:200]}); move it aside "
                 "and rerun (the Optuna study keeps every result, so nothing is lost)"
             ) from exc
+        return client
 
 
 def safe_params(params: Mapping[str, Any]) -> dict[str, str]:

@@ -20,12 +20,14 @@ from test_experiment import _config
 KEY = "sk-fault-test-0123456789abcdef"
 
 
-def _fault_config(tmp_path: Path, server: FaultServer, **overrides: dict) -> Path:
+def _fault_config(tmp_path: Path, server: FaultServer, *, timeout_s: float = 30.0, **overrides: dict) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = _config(tmp_path, **overrides)
     for role in ("task", "judge", "optimizer", "generator"):
         cfg["models"][role] = {
             "backend": "openai", "model": f"{'optimizer' if role == 'generator' else role}-model",
             "base_url": server.base_url, "api_key_env": "OPRO_FAULT_KEY", "max_concurrency": 2,
+            "timeout_s": timeout_s,
         }
     cfg["experiment"]["progress"] = False
     return _write_toml(cfg, tmp_path / "exp.toml")
@@ -53,10 +55,10 @@ def test_a_bad_judge_key_stops_at_the_first_judge_call(tmp_path: Path) -> None:
     assert server.counts["judge"] <= 2 and server.counts["task"] <= 2 and server.counts["optimizer"] == 0
 
 
-@pytest.mark.parametrize("fault", ["500", "503", "429", "reset", "malformed", "empty"])
+@pytest.mark.parametrize("fault", ["500", "503", "429", "timeout", "reset", "malformed", "empty"])
 def test_transient_faults_are_retried_and_the_run_completes(tmp_path: Path, fault: str) -> None:
     with FaultServer(key=KEY) as server:
-        config = _fault_config(tmp_path, server)
+        config = _fault_config(tmp_path, server, timeout_s=1.0)
         # Fault the judge for its first requests only: a flaky endpoint, not a dead one.
         server.faults["judge"] = fault
         proc = _opro("optimize", str(config), "--no-progress")
@@ -68,6 +70,52 @@ def test_transient_faults_are_retried_and_the_run_completes(tmp_path: Path, faul
     assert proc.returncode == 0, out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["validated"] and summary["initial_score"] == 2.0
+
+
+@pytest.mark.parametrize("fault", ["400", "404"])
+def test_a_bad_request_or_unknown_model_stops_at_the_first_call(tmp_path: Path, fault: str) -> None:
+    with FaultServer(key=KEY) as server:
+        server.faults["task"] = fault
+        config = _fault_config(tmp_path, server)
+        proc = _opro("optimize", str(config), "--no-progress")
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "task model:" in out and server.base_url in out and "fix [models.task]" in out and "Traceback" not in out
+    assert server.counts["task"] <= 2 and server.counts["judge"] == 0 and server.counts["optimizer"] == 0
+
+
+def _history(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "out" / "history.jsonl").read_text().splitlines()]
+    return [{k: r[k] for k in ("step", "instruction", "score", "status", "scores")} for r in rows]
+
+
+def test_kill_9_at_several_points_then_a_rerun_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    with FaultServer(key=KEY) as server:
+        reference = _opro("optimize", str(_fault_config(tmp_path / "ref", server)), "--no-progress")
+        out, _ = reference.communicate(timeout=240)
+        assert reference.returncode == 0, out
+        config = _fault_config(tmp_path / "run", server)
+        server.latency_s = 0.05
+        killed = 0
+        for point in (2, 8, 12, 15):  # requests into each process: each resumes, then is killed further on
+            start = sum(server.counts.values())
+            proc = _opro("optimize", str(config), "--no-progress")
+            deadline = time.monotonic() + 60
+            while sum(server.counts.values()) - start < point and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if proc.poll() is None:
+                proc.kill()
+                killed += 1
+            proc.communicate(timeout=30)
+        assert killed >= 3
+        server.latency_s = 0.0
+        final = _opro("optimize", str(config), "--no-progress")
+        out, _ = final.communicate(timeout=240)
+        assert final.returncode == 0, out
+    assert _history(tmp_path / "run") == _history(tmp_path / "ref")
+    summary = json.loads((tmp_path / "run" / "out" / "summary.json").read_text())
+    assert summary["validated"] and summary["best_score"] == json.loads(
+        (tmp_path / "ref" / "out" / "summary.json").read_text())["best_score"]
 
 
 def test_two_runs_on_one_folder_one_is_refused_at_once(tmp_path: Path) -> None:
@@ -119,3 +167,20 @@ def test_concurrent_mlflow_store_creation_leaves_a_usable_store(tmp_path: Path) 
 
     names = {e.name for e in MlflowClient(tracking_uri=uri).search_experiments()}
     assert {"e0", "e1", "e2"} <= names
+
+
+def test_a_store_left_mid_migration_is_repaired(tmp_path: Path) -> None:
+    import sqlite3
+
+    from opro.tracking import MlflowTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowTracker(tracking_uri=uri, experiment_name="a").start(run_name="r", params={})
+    with sqlite3.connect(tmp_path / "mlflow.db") as conn:  # what an interrupted migration leaves behind
+        conn.execute("CREATE TABLE _alembic_tmp_tags (key VARCHAR(250))")
+    tracker = MlflowTracker(tracking_uri=uri, experiment_name="b")
+    tracker.start(run_name="r", params={})
+    tracker.finish()
+    with sqlite3.connect(tmp_path / "mlflow.db") as conn:
+        left = conn.execute("SELECT name FROM sqlite_master WHERE name LIKE '_alembic_tmp_%'").fetchall()
+    assert left == []

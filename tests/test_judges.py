@@ -320,3 +320,19 @@ def test_schema_property_order_reaches_the_backend() -> None:
     CorrectnessJudge(_client(llm)).evaluate(query="q", answer="a", reference="r")
     sent = json.loads(llm.calls[0][1].json_schema or "{}")
     assert list(sent["properties"]) == ["score", "reasoning"]
+
+
+def test_an_unreadable_judge_reply_is_not_replayed_from_the_cache(tmp_path: Path) -> None:
+    from opro.cache import CallCache
+
+    replies = iter(["I cannot decide.", '{"score": 4, "reasoning": "Matches."}'])
+    llm = ScriptedLLM(default=lambda messages, options: next(replies))
+    cache = CallCache(tmp_path / "calls.sqlite")
+    judge = CorrectnessJudge(ChatClient(llm, role="judge", cache=cache))
+    first = judge.evaluate(query="q", answer="a", reference="r")
+    assert first.invalid and len(cache) == 0  # the unreadable reply was not kept as a success
+    second = judge.evaluate(query="q", answer="a", reference="r")
+    assert second.score == 4 and len(cache) == 1
+    third = judge.evaluate(query="q", answer="a", reference="r")  # a readable reply is replayed
+    assert third.score == 4 and len(cache) == 1
+    cache.close()
