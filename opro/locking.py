@@ -1,4 +1,5 @@
-"""Advisory file locks: one writer per output folder, one creator per MLflow SQLite store.
+"""Locks: one writer per output folder, one creator per MLflow SQLite store, one process per
+(study, worker index) even across machines.
 
 ``fcntl.flock`` locks belong to the open file, so the kernel releases them when the holder exits,
 kill -9 included: a lock can never go stale on one machine. The lock file records who holds it
@@ -12,10 +13,13 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from opro.errors import OproError
 
@@ -98,4 +102,69 @@ def waiting_lock(path: Path, *, timeout_s: float = 120.0) -> Iterator[None]:
         os.close(fd)
 
 
-__all__ = ["FileLock", "LockedError", "waiting_lock"]
+class StudyLease:
+    """``with StudyLease(study, key="holder:w0", what=...):`` one process per study key, across machines.
+
+    Workers on several machines share a study through its storage (PostgreSQL), not a file system,
+    so the lease lives in the study: the holder's host, pid and a heartbeat refreshed every
+    ``beat_s``. A lease is taken over only when its holder is gone: a dead pid on this host, or no
+    heartbeat for ``stale_s`` from another host (kill -9 leaves no release behind).
+    """
+
+    def __init__(self, study: Any, *, key: str, what: str, stale_s: float = 300.0, beat_s: float = 30.0) -> None:
+        self.study = study
+        self.key = key
+        self.what = what
+        self.stale_s = stale_s
+        self.beat_s = beat_s
+        self.token = uuid.uuid4().hex
+        self.since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _alive(self, held: dict[str, Any]) -> bool:
+        if held.get("host") == socket.gethostname():
+            try:
+                os.kill(int(held.get("pid", 0)), 0)
+            except ProcessLookupError:
+                return False
+            except (PermissionError, ValueError, OverflowError):
+                return True
+            return True
+        return time.time() - float(held.get("beat", 0.0)) < self.stale_s
+
+    def _beat(self) -> None:
+        self.study.set_user_attr(self.key, {
+            "host": socket.gethostname(), "pid": os.getpid(), "since": self.since, "beat": time.time(),
+            "token": self.token,
+        })
+
+    def __enter__(self) -> StudyLease:
+        held = self.study.user_attrs.get(self.key) or {}
+        if held.get("token") and held["token"] != self.token and self._alive(held):
+            raise LockedError(
+                f"{self.what} is being run by another opro process (pid {held.get('pid')} on {held.get('host')} "
+                f"since {held.get('since')}): wait for it or stop it, then rerun; a stopped process's lease is "
+                f"taken over at once on its own host, after {self.stale_s:.0f} s without a heartbeat from another"
+            )
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name=f"opro-lease-{self.key}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            with contextlib.suppress(Exception):  # a missed beat only shortens the lease
+                self._beat()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.study.set_user_attr(self.key, {})
+
+
+__all__ = ["FileLock", "LockedError", "StudyLease", "waiting_lock"]

@@ -695,6 +695,28 @@ class OPROOptimizer:
         self._n_questions = len(optimization_set)
         started = time.perf_counter()
         study = self._study()
+        from opro.locking import StudyLease
+
+        # One process per (study, worker index), wherever it runs: a second one would mark the
+        # first's running trials failed and evaluate everything twice.
+        worker = f" as worker {self.worker_index}/{self.num_workers}" if self.num_workers > 1 else ""
+        with StudyLease(study, key=f"holder:w{self.worker_index}", what=f"study {self.study_name!r}{worker}"):
+            return self._optimize_study(
+                study, program=program, optimization_set=optimization_set, exemplar_set=exemplar_set,
+                validation_set=validation_set, initial_instructions=initial_instructions, started=started,
+            )
+
+    def _optimize_study(
+        self,
+        study: optuna.Study,
+        *,
+        program: _Program,
+        optimization_set: Sequence[_Example],
+        exemplar_set: Sequence[_Example],
+        validation_set: Sequence[_Example],
+        initial_instructions: Sequence[str],
+        started: float,
+    ) -> OptimizationResult:
         self._check_fingerprint(study)
         self._load_usage(study)
         self._fail_stale_trials(study)

@@ -99,11 +99,20 @@ class MlflowTracker:
 
     def start(self, *, run_name: str, params: Mapping[str, Any], resume_run_id: str | None = None) -> str:
         if resume_run_id:
-            run = self.client.get_run(resume_run_id)
-            self.run_id = run.info.run_id
-            if run.info.status != "RUNNING":
-                self.client.update_run(self.run_id, status="RUNNING")
-            return self.run_id
+            from mlflow.exceptions import MlflowException
+
+            try:
+                run = self.client.get_run(resume_run_id)
+            except MlflowException:
+                # The study's run lives in another store (a worker or folder with its own MLflow):
+                # record this resume as a new run here rather than fail.
+                logger.warning("MLflow run %s of this study is not in %s; starting a new run",
+                               resume_run_id, redact_text(self.tracking_uri))
+            else:
+                self.run_id = run.info.run_id
+                if run.info.status != "RUNNING":
+                    self.client.update_run(self.run_id, status="RUNNING")
+                return self.run_id
         exp = self.client.get_experiment_by_name(self.experiment_name)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(
             self.experiment_name, artifact_location=self._artifact_location()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -184,3 +185,47 @@ def test_a_store_left_mid_migration_is_repaired(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "mlflow.db") as conn:
         left = conn.execute("SELECT name FROM sqlite_master WHERE name LIKE '_alembic_tmp_%'").fetchall()
     assert left == []
+
+
+def test_two_folders_on_one_study_one_is_refused_at_once(tmp_path: Path) -> None:
+    """Workers on several machines share a study through its storage, not a folder: the lease is in the study."""
+    shared = {"optuna_storage": f"sqlite:///{tmp_path / 'shared-optuna.db'}", "study_name": "shared"}
+    with FaultServer(key=KEY, latency_s=0.5) as server:
+        first_cfg = _fault_config(tmp_path / "a", server, tracking={"prompt_name": "qa-test", **shared})
+        second_cfg = _fault_config(tmp_path / "b", server, tracking={"prompt_name": "qa-test", **shared})
+        first = _opro("optimize", str(first_cfg), "--no-progress")
+        deadline = time.monotonic() + 60
+        while server.counts["judge"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = _opro("optimize", str(second_cfg), "--no-progress")
+        out2, _ = second.communicate(timeout=60)
+        out1, _ = first.communicate(timeout=240)
+        assert first.returncode == 0, out1
+        assert second.returncode == 1, out2
+        assert "study 'shared' is being run by another opro process" in out2 and f"pid {first.pid}" in out2
+        # Released at the end: the other folder can now resume the finished study (no new call).
+        calls = sum(server.counts.values())
+        again = _opro("optimize", str(second_cfg), "--no-progress")
+        out3, _ = again.communicate(timeout=120)
+        assert again.returncode == 0, out3
+        assert sum(server.counts.values()) == calls
+
+
+def test_a_dead_holder_s_study_lease_is_taken_over(tmp_path: Path) -> None:
+    import optuna
+
+    from opro.locking import LockedError, StudyLease
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with StudyLease(study, key="holder:w0", what="study 's'"), pytest.raises(LockedError, match=rf"pid {os.getpid()}"):
+        StudyLease(study, key="holder:w0", what="study 's'").__enter__()
+    study.set_user_attr("holder:w0", {"host": socket.gethostname(), "pid": int(dead.stdout), "token": "x", "beat": 0})
+    with StudyLease(study, key="holder:w0", what="study 's'"):  # its holder exited: taken over at once
+        pass
+    study.set_user_attr("holder:w0", {"host": "elsewhere", "pid": 1, "token": "y", "beat": time.time()})
+    with pytest.raises(LockedError, match="on elsewhere"):
+        StudyLease(study, key="holder:w0", what="study 's'").__enter__()
+    study.set_user_attr("holder:w0", {"host": "elsewhere", "pid": 1, "token": "y", "beat": time.time() - 301})
+    with StudyLease(study, key="holder:w0", what="study 's'"):  # no heartbeat for 5 minutes: stale
+        pass
