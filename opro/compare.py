@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, DataError
+from opro.plots import save_figure
 from opro.sources import ResolvedPrompt, resolve_prompt
 from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, compare_paired, holm_family
 
@@ -309,6 +310,12 @@ def _pct(x: float | None) -> str:
 # -- leakage --------------------------------------------------------------------------------------
 
 
+def _first_five(items: Sequence[str]) -> str:
+    """The first five items of an error listing, and how many more there are."""
+    more = f" and {len(items) - 5} more" if len(items) > 5 else ""
+    return "; ".join(items[:5]) + more
+
+
 def check_heldout_leakage(
     dataset: GoldenDataset, *, other_questions: Mapping[str, Sequence[str]] | None = None
 ) -> None:
@@ -333,11 +340,10 @@ def check_heldout_leakage(
             if key in held:
                 seen.setdefault(held[key], []).append(where)
     if seen:
-        listed = "; ".join(f"{q!r} (also in {', '.join(sorted(set(w)))})" for q, w in list(seen.items())[:5])
-        more = f" and {len(seen) - 5} more" if len(seen) > 5 else ""
+        listed = _first_five([f"{q!r} (also in {', '.join(sorted(set(w)))})" for q, w in seen.items()])
         raise DataError(
             f"refusing to call this comparison held-out: {len(seen)} held-out question(s) were seen during "
-            f"optimization: {listed}{more}. Re-split the dataset (for example another [data.split].seed in a new "
+            f"optimization: {listed}. Re-split the dataset (for example another [data.split].seed in a new "
             "output_dir) or compare with split='optimization' and do not report it as held-out"
         )
 
@@ -409,11 +415,10 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
         "or run `opro optimize` again into a new output_dir and compare that run"
     )
     if moved:
-        listed = "; ".join(f"{q!r} (was in the {n} split)" for q, n in list(moved.items())[:5])
-        more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
+        listed = _first_five([f"{q!r} (was in the {n} split)" for q, n in moved.items()])
         raise DataError(
             f"refusing to call this held-out: {len(moved)} held-out question(s) were seen by the optimization "
-            f"recorded in {where}: {listed}{more}"
+            f"recorded in {where}: {listed}"
             + (" (the split changed since it was recorded)" if changed else "") + f". To fix: {todo}"
         )
     raise DataError(
@@ -673,11 +678,7 @@ def plot_comparison(report: ComparisonReport, path: Path) -> Path:
     right.set_title("paired differences vs baseline, mean and CI", fontsize=10)
     for ax in (left, right):
         ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _wrap(label: str, width: int = 22) -> str:

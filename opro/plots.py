@@ -7,6 +7,17 @@ from pathlib import Path
 from typing import Any
 
 
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lays out, writes and closes a matplotlib figure (closed so long runs do not pile figures up)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_optimism(points: Sequence[Mapping[str, Any]], *, path: Path, title: str | None = None) -> Path:
     """Search score vs validation (and, when known, held-out) score per prompt.
 
@@ -37,11 +48,7 @@ def plot_optimism(points: Sequence[Mapping[str, Any]], *, path: Path, title: str
     ax.set_ylabel("mean judge score (1-5)")
     ax.set_title(title or "How much of the search gain survives on unseen questions")
     ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
-__all__ = ["plot_optimism"]
+__all__ = ["plot_optimism", "save_figure"]

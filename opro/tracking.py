@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, OproError
+from opro.plots import save_figure
 from opro.redaction import redact_text
 
 if TYPE_CHECKING:
@@ -262,11 +263,7 @@ def plot_trajectory(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 __all__ = [

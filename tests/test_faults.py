@@ -119,25 +119,31 @@ def test_kill_9_at_several_points_then_a_rerun_equals_an_uninterrupted_run(tmp_p
         (tmp_path / "ref" / "out" / "summary.json").read_text())["best_score"]
 
 
+def _second_is_refused_while_first_runs(server: FaultServer, first_cfg: Path, second_cfg: Path, *, refusal: str) -> None:
+    """Starts `second_cfg` once `first_cfg` has reached the judge; it must stop at once with `refusal` and the
+    holder's pid, the first must finish, and a later run of `second_cfg` must resume without a new call."""
+    first = _opro("optimize", str(first_cfg), "--no-progress")
+    deadline = time.monotonic() + 60
+    while server.counts["judge"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = _opro("optimize", str(second_cfg), "--no-progress")
+    out2, _ = second.communicate(timeout=60)
+    out1, _ = first.communicate(timeout=240)
+    assert first.returncode == 0, out1
+    assert second.returncode == 1, out2
+    assert refusal in out2 and f"pid {first.pid}" in out2
+    calls = sum(server.counts.values())
+    again = _opro("optimize", str(second_cfg), "--no-progress")
+    out3, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, out3
+    assert sum(server.counts.values()) == calls
+
+
 def test_two_runs_on_one_folder_one_is_refused_at_once(tmp_path: Path) -> None:
     with FaultServer(key=KEY, latency_s=0.05) as server:
         config = _fault_config(tmp_path, server)
-        first = _opro("optimize", str(config), "--no-progress")
-        deadline = time.monotonic() + 60
-        while sum(server.counts.values()) == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        second = _opro("optimize", str(config), "--no-progress")
-        out2, _ = second.communicate(timeout=60)
-        out1, _ = first.communicate(timeout=240)
-        assert first.returncode == 0, out1
-        assert second.returncode == 1, out2
-        assert "is in use by another opro process" in out2 and f"pid {first.pid}" in out2
-        # The folder stays usable: a rerun on the same server finishes without a new call.
-        calls = sum(server.counts.values())
-        rerun = _opro("optimize", str(config), "--no-progress")
-        out3, _ = rerun.communicate(timeout=120)
-        assert rerun.returncode == 0, out3
-        assert sum(server.counts.values()) == calls
+        # The folder stays usable afterwards.
+        _second_is_refused_while_first_runs(server, config, config, refusal="is in use by another opro process")
 
 
 def test_ctrl_c_says_how_to_resume(tmp_path: Path) -> None:
@@ -193,22 +199,10 @@ def test_two_folders_on_one_study_one_is_refused_at_once(tmp_path: Path) -> None
     with FaultServer(key=KEY, latency_s=0.5) as server:
         first_cfg = _fault_config(tmp_path / "a", server, tracking={"prompt_name": "qa-test", **shared})
         second_cfg = _fault_config(tmp_path / "b", server, tracking={"prompt_name": "qa-test", **shared})
-        first = _opro("optimize", str(first_cfg), "--no-progress")
-        deadline = time.monotonic() + 60
-        while server.counts["judge"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        second = _opro("optimize", str(second_cfg), "--no-progress")
-        out2, _ = second.communicate(timeout=60)
-        out1, _ = first.communicate(timeout=240)
-        assert first.returncode == 0, out1
-        assert second.returncode == 1, out2
-        assert "study 'shared' is being run by another opro process" in out2 and f"pid {first.pid}" in out2
-        # Released at the end: the other folder can now resume the finished study (no new call).
-        calls = sum(server.counts.values())
-        again = _opro("optimize", str(second_cfg), "--no-progress")
-        out3, _ = again.communicate(timeout=120)
-        assert again.returncode == 0, out3
-        assert sum(server.counts.values()) == calls
+        # Released at the end: the other folder can then resume the finished study.
+        _second_is_refused_while_first_runs(
+            server, first_cfg, second_cfg, refusal="study 'shared' is being run by another opro process"
+        )
 
 
 def test_a_dead_holder_s_study_lease_is_taken_over(tmp_path: Path) -> None:
