@@ -788,14 +788,19 @@ def _optimize_table(result: Any, *, title: str) -> Any:
 
 def main() -> None:
     import logging
+    import os
 
     from opro.redaction import RedactingFilter
 
-    # MLflow and alembic announce schema creation at INFO on every new store: noise next to progress bars.
+    # MLflow and alembic announce schema creation at INFO on every new store: noise next to progress
+    # bars. MLflow sets its own logger's level when it is imported, from this variable.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    # Every log line (ours, httpx's, MLflow's) passes one redaction before it reaches the terminal.
+    # Every log line (ours, httpx's, MLflow's) passes one redaction before it reaches the terminal; the
+    # handler's own level holds back libraries that set theirs to DEBUG (bm25s does).
     handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactingFilter())
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
