@@ -128,8 +128,13 @@ def _second_is_refused_while_first_runs(server: FaultServer, first_cfg: Path, se
     deadline = time.monotonic() + 60
     while server.counts["judge"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
+    # Hold the first run's requests while the second starts (its imports can take long on a loaded
+    # machine): the first must still be running when the second asks for the lock.
+    latency = server.latency_s
+    server.latency_s = 5.0
     second = _opro("optimize", str(second_cfg), "--no-progress")
-    out2, _ = second.communicate(timeout=60)
+    out2, _ = second.communicate(timeout=120)
+    server.latency_s = latency
     out1, _ = first.communicate(timeout=240)
     assert first.returncode == 0, out1
     assert second.returncode == 1, out2
