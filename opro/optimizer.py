@@ -22,7 +22,6 @@ import math
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -30,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import optuna
 
 from opro.config import OptimizerSection
-from opro.errors import ConfigError, LLMAuthError, LLMBadRequestError, LLMError, OproError
-from opro.llm import ChatClient, UsageLedger
+from opro.engine import EvaluationEngine, Gate, Pair, Scored, role_limit
+from opro.errors import ConfigError, LLMError, OproError
+from opro.llm import ChatClient, Request, UsageLedger
 from opro.metaprompt import (
     Exemplar,
     MetaPromptBuilder,
@@ -317,6 +317,11 @@ class _Live:
 
     instruction: str
     trial: optuna.trial.Trial
+    template: Any = None
+    #: Results by question index as they arrive (a score, None for an invalid judgment, or the error).
+    got: dict[int, float | LLMError | None] = field(default_factory=dict)
+    #: Minibatches whose running mean was reported (the prefix of questions in ``scores``).
+    reported: int = 0
     scores: list[float | None] = field(default_factory=list)
     n_errors: int = 0
     status: CandidateStatus = "complete"
@@ -327,10 +332,6 @@ class _Live:
 
     def n_valid(self) -> int:
         return sum(1 for s in self.scores if s is not None)
-
-
-def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 class OPROOptimizer:
@@ -352,7 +353,7 @@ class OPROOptimizer:
         output_dir: Path | None = None,
         usage: UsageLedger | None = None,
         task_workers: int = 1,
-        judge_workers: int = 1,
+        judge_workers: int | None = None,
         worker_index: int = 0,
         num_workers: int = 1,
         worker_timeout_s: float = 3600.0,
@@ -375,7 +376,9 @@ class OPROOptimizer:
         self.output_dir = output_dir
         self.usage = usage or optimizer_llm.usage
         self.task_workers = max(1, task_workers)
-        self.judge_workers = max(1, judge_workers)
+        #: None: the judge backend's max_concurrency (what its endpoint accepts).
+        self.judge_workers = None if judge_workers is None else max(1, judge_workers)
+        self._engine: EvaluationEngine | None = None
         self.worker_index = worker_index
         self.num_workers = num_workers
         self.worker_timeout_s = worker_timeout_s
@@ -480,26 +483,33 @@ class OPROOptimizer:
         accepted: list[str] = []
         rejected: list[dict[str, str]] = []
         k = self.settings.candidates_per_step
-        # A few extra samples make up for rejected candidates; bounded so a bad optimizer cannot loop.
-        for sample_index in range(3 * k):
-            if len(accepted) >= k:
-                break
-            reply = self.optimizer_llm.complete(
-                meta_prompt,
-                temperature=self.settings.temperature,
-                max_tokens=self.settings.max_tokens,
-                sample_index=step * 1000 + sample_index,
-            )
-            verdict = check_candidate(
-                extract_candidate(reply.text, answer_format=self.settings.answer_format),
-                seen=seen,
-                max_chars=self.settings.max_instruction_chars,
-            )
-            if verdict.accepted:
-                accepted.append(verdict.instruction)
-                seen.add(normalize_instruction(verdict.instruction))
-            else:
-                rejected.append({"instruction": verdict.instruction[:200], "reason": verdict.reason})
+        # k samples at once, then as many more as were rejected, read in index order: the same indices
+        # and the same accepted candidates as asking one at a time. A few extra samples make up for
+        # rejected candidates; bounded so a bad optimizer cannot loop.
+        asked = 0
+        while len(accepted) < k and asked < 3 * k:
+            want = min(k - len(accepted), 3 * k - asked)
+            replies = self.optimizer_llm.map([
+                Request(
+                    meta_prompt,
+                    temperature=self.settings.temperature,
+                    max_tokens=self.settings.max_tokens,
+                    sample_index=step * 1000 + asked + j,
+                )
+                for j in range(want)
+            ])
+            asked += want
+            for reply in replies:
+                verdict = check_candidate(
+                    extract_candidate(reply.text, answer_format=self.settings.answer_format),
+                    seen=seen,
+                    max_chars=self.settings.max_instruction_chars,
+                )
+                if verdict.accepted:
+                    accepted.append(verdict.instruction)
+                    seen.add(normalize_instruction(verdict.instruction))
+                else:
+                    rejected.append({"instruction": verdict.instruction[:200], "reason": verdict.reason})
         study.set_user_attr(key, accepted)
         study.set_user_attr(f"rejected:{step}", rejected)
         return accepted
@@ -557,18 +567,34 @@ class OPROOptimizer:
                 "archive that study and start a new one, restore the settings, or set [tracking].study_name"
             )
 
-    def _score_pair(self, program: _Program, instruction: str, example: _Example) -> float | LLMError | None:
-        try:
-            answer = program.answer(example.query, template=self.make_template(instruction))
-            verdict: _Verdict = self.judge.evaluate(
-                query=example.query, answer=answer.text, reference=example.reference_answer
-            )
-        except (LLMAuthError, LLMBadRequestError):
-            raise  # permanent: every other call would fail the same way, so stop at the first
-        except LLMError as exc:
-            logger.warning("candidate %r, question %r: %s", instruction[:60], example.query[:60], exc)
-            return exc
-        return None if verdict.invalid else verdict.score
+    def _engine_for(self, program: _Program) -> EvaluationEngine:
+        """The search's long-lived engine (one per :meth:`optimize`), or a fresh one for ``program``."""
+        if self._engine is not None and self._engine.program is program:
+            return self._engine
+        judge_slots = self.judge_workers if self.judge_workers is not None else role_limit(self.judge)
+        self._engine = EvaluationEngine(
+            program=program, judge=self.judge, task_slots=self.task_workers, judge_slots=judge_slots
+        )
+        return self._engine
+
+    def _close_engine(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    def _outcome(self, scored: Scored, instruction: str) -> float | LLMError | None:
+        if scored.error is not None:
+            logger.warning("candidate %r, question %r: %s", instruction[:60], scored.row.query[:60], scored.error)
+            return scored.error
+        return scored.score
+
+    def _can_prune(self, study: optuna.Study) -> bool:
+        """Whether the pruner can stop a candidate in this step. Every pruner here compares with
+        finished trials (trials are told at the end of their step, so: earlier steps); with none there
+        is nothing to compare with, and minibatches need not wait for the running mean."""
+        if isinstance(study.pruner, optuna.pruners.NopPruner):
+            return False
+        return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
     def _evaluate_step(
         self,
@@ -586,41 +612,70 @@ class OPROOptimizer:
             trial.set_user_attr("index", idx)
             trial.set_user_attr("worker", self.worker_index)
             trial.set_user_attr("host", socket.gethostname())
-            live.append(_Live(instruction, trial))
-        batches = _chunks(examples, self.settings.minibatch_size)
-        workers = max(self.task_workers, 1)
-        with progress_bar(
-            f"step {step}: {len(live)} candidate(s)", total=len(live) * len(examples), enabled=self.progress
-        ) as bar:
-            for b, batch in enumerate(batches):
-                active = [c for c in live if c.status == "complete"]
-                if not active:
-                    break
+            live.append(_Live(instruction, trial, template=self.make_template(instruction)))
+        n, size = len(examples), self.settings.minibatch_size
+        n_batches = max(1, math.ceil(n / size))
+        can_prune = self._can_prune(study)
+        # With a budget, minibatch b starts only once minibatch b-1 is finished and the budget is
+        # checked, as a plain loop would: where a run stops must not depend on timing.
+        budgeted = bool(self.settings.max_calls or self.settings.max_tokens_budget)
+        budget_checked: set[int] = set()
+
+        def batch_done(b: int) -> bool:
+            lo, hi = b * size, min(n, (b + 1) * size)
+            return all(all(i in c.got for i in range(lo, hi)) for c in live if c.status == "complete")
+
+        def gate(pair: Pair) -> Gate:
+            c = live[int(pair.key)]  # type: ignore[call-overload]
+            if c.status != "complete":
+                return "drop"  # pruned or out of budget: its queued questions are never asked
+            b = pair.index // size
+            if budgeted and b not in budget_checked:
+                if b > 0 and not batch_done(b - 1):
+                    return "hold"
+                budget_checked.add(b)
                 if not self._budget_left():
-                    for c in active:
-                        c.status = "budget"
-                    break
-                # Question-major order: consecutive calls share the retrieved context (KV-prefix reuse).
-                pairs = [(c, ex) for ex in batch for c in active]
-                with ThreadPoolExecutor(max_workers=workers) as pool:
-                    results = list(pool.map(lambda p: self._score_pair(program, p[0].instruction, p[1]), pairs))
-                for (c, _), result in zip(pairs, results, strict=True):
-                    if isinstance(result, LLMError):
-                        c.n_errors += 1
-                        c.scores.append(None)
-                    else:
-                        c.scores.append(result)
-                    bar.advance()
-                for c in active:
+                    for other in live:
+                        if other.status == "complete":
+                            other.status = "budget"
+                    return "drop"
+            # A candidate that may be pruned after minibatch b-1 waits for that decision.
+            if can_prune and c.reported < b:
+                return "hold"
+            return "run"
+
+        with progress_bar(f"step {step}: {len(live)} candidate(s)", total=len(live) * n, enabled=self.progress) as bar:
+
+            def on_scored(scored: Scored) -> None:
+                c = live[int(scored.pair.key)]  # type: ignore[call-overload]
+                if c.status != "complete":
+                    return
+                bar.advance()
+                c.got[scored.pair.index] = self._outcome(scored, c.instruction)
+                # Report every minibatch whose questions are all in, in order.
+                while c.reported < n_batches and c.status == "complete":
+                    b = c.reported
+                    hi = min(n, (b + 1) * size)
+                    if any(i not in c.got for i in range(b * size, hi)):
+                        break
+                    results = [c.got[i] for i in range(b * size, hi)]
+                    c.n_errors += sum(1 for r in results if isinstance(r, LLMError))
+                    c.scores.extend(None if isinstance(r, LLMError) else r for r in results)
+                    c.reported += 1
                     mean = c.mean()
                     if mean is None:
                         continue
                     # The racing pruner pairs per-question scores with the incumbent's.
                     c.trial.set_user_attr("scores", list(c.scores))
                     c.trial.report(mean, b)
-                    if b + 1 < len(batches) and c.trial.should_prune():
+                    if b + 1 < n_batches and c.trial.should_prune():
                         c.status = "pruned"
-                        bar.advance(len(examples) - len(c.scores))
+                        bar.advance(n - len(c.scores))
+
+            # Question-major order: consecutive calls share the retrieved context (KV-prefix reuse).
+            pairs = [Pair(key=k, index=i, template=c.template, example=ex)
+                     for i, ex in enumerate(examples) for k, c in enumerate(live)]
+            self._engine_for(program).run(pairs, on_scored=on_scored, gate=gate)
         records = []
         for c in live:
             mean = c.mean()
@@ -782,7 +837,9 @@ class OPROOptimizer:
             result = self._result(history, stopped=stopped, run_id=run_id, wall_s=time.perf_counter() - started,
                                   initial=initial_instructions[0], validation=validation,
                                   rejected=self._rejections(study))
+            self._close_engine()
         except BaseException as exc:
+            self._close_engine()
             with contextlib.suppress(Exception):  # the study store may be what failed
                 self._save_usage(study)
             # Never leave the MLflow run RUNNING: KILLED when the user stopped it, FAILED otherwise.
@@ -818,19 +875,24 @@ class OPROOptimizer:
         if not todo:
             return out
         # Question-major, like the search: consecutive calls share the retrieved context.
-        pairs = [(ins, ex) for ex in examples for ins in todo]
+        templates = [self.make_template(ins) for ins in todo]
+        pairs = [Pair(key=k, index=i, template=t, example=ex) for i, ex in enumerate(examples) for k, t in enumerate(templates)]
+        got: dict[tuple[int, int], float | LLMError | None] = {}
         with progress_bar(
             f"validation: {len(todo)} prompt(s) x {len(examples)} questions", total=len(pairs), enabled=self.progress
-        ) as bar, ThreadPoolExecutor(max_workers=self.task_workers) as pool:
-            results = []
-            for r in pool.map(lambda p: self._score_pair(program, p[0], p[1]), pairs):
-                results.append(r)
+        ) as bar:
+
+            def on_scored(scored: Scored) -> None:
+                k = int(scored.pair.key)  # type: ignore[call-overload]
+                got[(k, scored.pair.index)] = self._outcome(scored, todo[k])
                 bar.advance()
-        for ins in todo:
-            scores = [None if isinstance(r, LLMError) else r for (i, _), r in zip(pairs, results, strict=True) if i == ins]
-            n_errors = sum(1 for (i, _), r in zip(pairs, results, strict=True) if i == ins and isinstance(r, LLMError))
+
+            self._engine_for(program).run(pairs, on_scored=on_scored)
+        for k, ins in enumerate(todo):
+            results = [got[(k, i)] for i in range(len(examples))]
+            scores = [None if isinstance(r, LLMError) else r for r in results]
             out[ins] = scores
-            if n_errors == 0:  # a rerun retries the questions that failed
+            if not any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
                 study.set_user_attr(f"validation:{_sha(normalize_instruction(ins))}", scores)
         return out
 
