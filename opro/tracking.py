@@ -95,8 +95,15 @@ class MlflowTracker:
     def __init__(self, *, tracking_uri: str, experiment_name: str) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
-        self.client = _client(tracking_uri)
+        self._client: MlflowClient | None = None
         self.run_id: str | None = None
+
+    @property
+    def client(self) -> MlflowClient:
+        """Opened (and the store created) on first use, so building a tracker costs nothing up front."""
+        if self._client is None:
+            self._client = _client(self.tracking_uri)
+        return self._client
 
     def start(self, *, run_name: str, params: Mapping[str, Any], resume_run_id: str | None = None) -> str:
         if resume_run_id:
