@@ -218,7 +218,7 @@ def main() -> None:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="opro-bench-") as tmp, FaultServer(
         key=KEY, latency_s=args.latency, max_requests=10**7, lifetime_s=6 * 3600, keep_alive=True,
-        distinct_instructions=True,
+        distinct=True,
     ) as server:
         base = Path(tmp)
         _write_data(base, 3 + 2 * args.questions)

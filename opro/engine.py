@@ -158,6 +158,9 @@ class EvaluationEngine:
         self.task_slots = max(1, task_slots if task_slots is not None else role_limit(program))
         self.judge_slots = max(1, judge_slots if judge_slots is not None else role_limit(judge))
         self._pool: ThreadPoolExecutor | None = None
+        # Until one judgment came back, answers wait for their judges instead of streaming on: a judge
+        # that refuses every call (a bad key) then costs at most task_slots answers.
+        self._judged = False
 
     @property
     def serial(self) -> bool:
@@ -258,8 +261,11 @@ class EvaluationEngine:
                 p, a = to_judge.pop(0)
                 pool.submit(grade, p, a)
                 judging += 1
-            if asking < self.task_slots and pending:
-                for p in self._next(pending, gate, self.task_slots - asking):
+            room = self.task_slots - asking
+            if not self._judged:
+                room -= judging + len(to_judge)
+            if room > 0 and pending:
+                for p in self._next(pending, gate, room):
                     pool.submit(ask, p)
                     asking += 1
             if not (asking or judging or to_judge):
@@ -274,12 +280,14 @@ class EvaluationEngine:
                 continue
             if kind == "row":
                 judging -= 1
+                self._judged = True
                 on_scored(Scored(pair, payload))
                 continue
             if kind == "answer_error":
                 asking -= 1
             else:
                 judging -= 1
+                self._judged = self._judged or (isinstance(payload, LLMError) and not payload.permanent)
             if isinstance(payload, LLMError) and not payload.permanent:
                 on_scored(_error_scored(pair, payload))
                 continue

@@ -21,6 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -343,6 +344,27 @@ def make_pruner(settings: OptimizerSettings) -> optuna.pruners.BasePruner:
     return RacingPruner(confidence=settings.race_confidence, warmup=settings.prune_warmup_minibatches)
 
 
+def _storage(url: str) -> str | optuna.storages.BaseStorage:
+    """A SQLite study in WAL mode with ``synchronous=NORMAL``: the search writes a few attributes per
+    candidate and minibatch, and a full fsync each (tens of ms) would stall the requests. A commit
+    still survives a killed process; only a power cut can lose the last ones."""
+    if not url.startswith("sqlite:///"):
+        return url
+    from sqlalchemy import event
+
+    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+
+    def pragmas(conn: Any, _record: Any) -> None:
+        cursor = conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(storage.engine, "connect", pragmas)
+    storage.engine.dispose()  # connections opened while creating the schema get the pragmas too
+    return storage
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
@@ -426,6 +448,8 @@ class OPROOptimizer:
         #: None: the judge backend's max_concurrency (what its endpoint accepts).
         self.judge_workers = None if judge_workers is None else max(1, judge_workers)
         self._engine: EvaluationEngine | None = None
+        self._tracking: ThreadPoolExecutor | None = None
+        self._tracking_jobs: list[Future[Any]] = []
         self.worker_index = worker_index
         self.num_workers = num_workers
         self.worker_timeout_s = worker_timeout_s
@@ -457,7 +481,7 @@ class OPROOptimizer:
         for attempt in range(5):
             try:
                 return optuna.create_study(
-                    storage=self.storage,
+                    storage=_storage(self.storage),
                     study_name=self.study_name,
                     direction="maximize",
                     pruner=make_pruner(self.settings),
@@ -797,6 +821,10 @@ class OPROOptimizer:
                     mean = c.mean()
                     if mean is None:
                         continue
+                    if not can_prune:
+                        # Nobody waits for this report: the storage write runs beside the requests.
+                        reports.append(bookkeeper.submit(self._report, c, mean, b, step))
+                        continue
                     try:
                         # The racing pruner pairs per-question scores with the incumbent's.
                         c.trial.set_user_attr("scores", list(c.scores))
@@ -812,7 +840,11 @@ class OPROOptimizer:
             # Question-major order: consecutive calls share the retrieved context (KV-prefix reuse).
             pairs = [Pair(key=k, index=i, template=c.template, example=ex)
                      for i, ex in enumerate(examples) for k, c in enumerate(live)]
-            self._engine_for(program).run(pairs, on_scored=on_scored, gate=gate)
+            reports: list[Future[None]] = []
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="opro-study") as bookkeeper:
+                self._engine_for(program).run(pairs, on_scored=on_scored, gate=gate)
+            for job in reports:
+                job.result()
         # Usage first, then the trials: a worker that sees every candidate finished sees its usage too.
         self._save_usage(study)
         records = []
@@ -867,6 +899,12 @@ class OPROOptimizer:
                 )
             )
         return records
+
+    def _report(self, c: _Live, mean: float, b: int, step: int) -> None:
+        try:
+            c.trial.report(mean, b)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self._lost(c, step)
 
     def _lost(self, c: _Live, step: int) -> None:
         c.lost = True
@@ -960,9 +998,17 @@ class OPROOptimizer:
         self._fail_stale_trials(study)
         history = self._records(study)
         run_id = study.user_attrs.get("mlflow_run_id")
+        run_started: Future[str] | None = None
         if self.tracker is not None and self.worker_index == 0:
-            run_id = self.tracker.start(run_name=self.study_name, params=self.run_params, resume_run_id=run_id)
-            study.set_user_attr("mlflow_run_id", run_id)
+            tracker, resume = self.tracker, run_id
+
+            def start_run() -> str:
+                rid = tracker.start(run_name=self.study_name, params=self.run_params, resume_run_id=resume)
+                study.set_user_attr("mlflow_run_id", rid)
+                return rid
+
+            # MLflow's store set-up and run start take seconds: done beside the first step's requests.
+            run_started = self._track(start_run)
         exemplar_pool = [Exemplar(e.query, e.reference_answer) for e in exemplar_set]
         stopped = "steps"
         best_so_far = -math.inf
@@ -995,11 +1041,13 @@ class OPROOptimizer:
                     steps_without_gain = 0
                 elif step > 0:
                     steps_without_gain += 1
-                self._log_step(study, step, history, best_so_far)
+                if self.tracker is not None and self.worker_index == 0:
+                    self._track(self._log_step, study, step, history, best_so_far)
+                self._tracking_check()
                 if any(r.status == "budget" and r.step == step for r in history):
                     stopped = "budget"
                     break
-                if self.worker_index == 0 and step < self.settings.steps and not self._budget_left():
+                if self.worker_index == 0 and not self._budget_left():
                     # Only worker 0 decides from the usage totals (each worker's view of them lags);
                     # the others read its decision from the study.
                     stopped = self._stop(study, step + 1, "budget")
@@ -1009,6 +1057,8 @@ class OPROOptimizer:
                     break
             history = self._records(study)
             self._load_others_usage(study)
+            if run_started is not None:
+                run_id = run_started.result()
             validation = None
             if self.worker_index == 0 and self.settings.finalists > 0:
                 validation = self._validate(study, program, validation_set, history, initial_instructions[0].strip())
@@ -1023,6 +1073,8 @@ class OPROOptimizer:
             # Never leave the MLflow run RUNNING: KILLED when the user stopped it, FAILED otherwise;
             # another worker ends it FAILED when it gives up on a worker 0 that is gone.
             if self.tracker is not None and self.worker_index == 0:
+                with contextlib.suppress(Exception):  # the tracking store may be what failed
+                    self._tracking_done()
                 self.tracker.finish(status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
             elif self.tracker is not None and self._abandoned and run_id:
                 with contextlib.suppress(Exception):
@@ -1180,8 +1232,33 @@ class OPROOptimizer:
             verdict=verdict,
         )
 
+    # -- MLflow, off the critical path ---------------------------------------------------------
+    def _track(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run a tracking call on the one tracking thread, in order, while the search goes on."""
+        if self._tracking is None:
+            self._tracking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opro-mlflow")
+        job = self._tracking.submit(fn, *args, **kwargs)
+        self._tracking_jobs.append(job)
+        return job
+
+    def _tracking_check(self) -> None:
+        """Raise the error of a tracking call that failed (a broken MLflow store) at a step boundary."""
+        for job in self._tracking_jobs:
+            if job.done() and job.exception() is not None:
+                self._tracking_done()
+
+    def _tracking_done(self) -> None:
+        """Wait for every queued tracking call; raise the first failure."""
+        jobs, self._tracking_jobs = self._tracking_jobs, []
+        if self._tracking is not None:
+            self._tracking.shutdown(wait=True)
+            self._tracking = None
+        for job in jobs:
+            job.result()
+
     def _log_step(self, study: optuna.Study, step: int, history: Sequence[CandidateRecord], best: float) -> None:
-        """Worker 0 logs every candidate of a finished step, whichever worker evaluated it, once per run.
+        """Worker 0 logs every candidate of a finished step, whichever worker evaluated it, once per run
+        (on the tracking thread, after the run started).
 
         The MLflow step of a candidate is its position in the (step, proposal index) order, the
         same with any number of workers."""
@@ -1301,6 +1378,7 @@ class OPROOptimizer:
             )
         if self.tracker is None:
             return
+        self._tracking_done()
         # A rerun of a finished study changes nothing: no second registry version, no repeated metrics.
         digest = _sha(json.dumps(
             {k: v for k, v in result.summary().items() if k not in ("usage", "wall_s")}, sort_keys=True, default=str

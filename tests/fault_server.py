@@ -10,6 +10,7 @@ itself after ``lifetime_s``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -59,7 +60,7 @@ def role_reply(role: str, prompt: str) -> str:
 class FaultServer:
     def __init__(
         self, *, key: str, url_key: str | None = None, latency_s: float = 0.0, max_requests: int = 2000,
-        lifetime_s: float = 300.0, keep_alive: bool = False, distinct_instructions: bool = False,
+        lifetime_s: float = 300.0, keep_alive: bool = False, distinct: bool = False,
     ) -> None:
         self.key = key
         # A second secret some proxies take in the URL (``?api-key=``): required when set.
@@ -76,8 +77,9 @@ class FaultServer:
         self.first_s: float | None = None
         self.last_s: float | None = None
         self.lock = threading.Lock()
-        # Benchmarks: every optimizer sample proposes a new instruction (none rejected as a duplicate).
-        self.distinct_instructions = distinct_instructions
+        # Benchmarks: every optimizer sample proposes a new instruction (none rejected as a duplicate)
+        # and every prompt gets its own answer, so no call is a cache hit of another.
+        self.distinct = distinct
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -129,8 +131,10 @@ class FaultServer:
                     text = dspy_reply(system, variant)
                     if text is None:
                         text = role_reply(role, prompt + f" sample {body.get('seed') or 0}")
-                        if role == "optimizer" and server.distinct_instructions:
+                        if role == "optimizer" and server.distinct:
                             text = text.replace("</INS>", f" (variant {body.get('seed') or 0})</INS>")
+                        if role == "task" and server.distinct:  # one answer per prompt: no two judge calls alike
+                            text += f" [{hashlib.sha1(prompt.encode()).hexdigest()[:8]}]"
                     texts.append(text)
                 self._send(200, {
                     "id": "x", "object": "chat.completion", "created": 0, "model": body.get("model"),
