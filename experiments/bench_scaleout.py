@@ -122,7 +122,7 @@ def main() -> None:
     single: tuple[float, list[tuple[Any, ...]]] | None = None
     with tempfile.TemporaryDirectory(prefix="opro-bench-scaleout-") as tmp, FaultServer(
         key=KEY, latency_s=args.latency, max_requests=10**7, lifetime_s=6 * 3600, keep_alive=True,
-        distinct_instructions=True,
+        distinct=True,
     ) as server:
         base = Path(tmp)
         _write_data(base, 5 + args.questions)

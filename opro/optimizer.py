@@ -286,6 +286,20 @@ class EarlierStepsMedianPruner(optuna.pruners.BasePruner):
         return bool(best < float(np.median(others)))
 
 
+def check_worker_spec(worker_index: int, num_workers: int) -> None:
+    """Refuse a ``--worker I/N`` that names no worker (``0/0``, ``2/2``), saying what to write instead."""
+    if num_workers < 1:
+        raise ConfigError(
+            f"--worker {worker_index}/{num_workers}: N is the number of workers sharing the study and must be "
+            ">= 1 (for one process leave --worker out, for two start --worker 0/2 and --worker 1/2)"
+        )
+    if not 0 <= worker_index < num_workers:
+        raise ConfigError(
+            f"--worker {worker_index}/{num_workers}: the index I must be within 0..{num_workers - 1} "
+            f"(workers are numbered from 0: --worker 0/{num_workers} to --worker {num_workers - 1}/{num_workers})"
+        )
+
+
 def paired_valid(a: Sequence[float | None], b: Sequence[float | None]) -> tuple[list[float], list[float]]:
     """The scores of ``a`` and ``b`` on the questions (positions) both scored validly."""
     pairs = [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
@@ -422,16 +436,7 @@ class OPROOptimizer:
         register_prompt: tuple[str, str] | None = None,
         fingerprint: Mapping[str, str] | None = None,
     ) -> None:
-        if num_workers < 1:
-            raise OproError(
-                f"--worker {worker_index}/{num_workers}: N is the number of workers sharing the study and must be "
-                ">= 1 (for one process leave --worker out, for two start --worker 0/2 and --worker 1/2)"
-            )
-        if not 0 <= worker_index < num_workers:
-            raise OproError(
-                f"--worker {worker_index}/{num_workers}: the index I must be within 0..{num_workers - 1} "
-                f"(workers are numbered from 0: --worker 0/{num_workers} to --worker {num_workers - 1}/{num_workers})"
-            )
+        check_worker_spec(worker_index, num_workers)
         self.optimizer_llm = optimizer_llm
         self.judge = judge
         self.make_template = make_template

@@ -168,7 +168,7 @@ def _scale_out(
         procs.append(_opro(*args))
         return procs[-1]
 
-    with FaultServer(key=KEY, latency_s=0.3, distinct_instructions=True, max_requests=5000, lifetime_s=500) as server:
+    with FaultServer(key=KEY, latency_s=0.3, distinct=True, max_requests=5000, lifetime_s=500) as server:
         reference = _worker_config(tmp_path / "single", server)  # one worker, local SQLite stores
         shared = {"optuna_storage": f"{postgres}/opro", "mlflow_uri": mlflow_server, "study_name": "shared",
                   "worker_wait_s": 60.0}
