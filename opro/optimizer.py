@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import optuna
 
+from opro.claims import RETRY_STATUSES as RETRY_STATUSES  # where it was defined before; re-exported
 from opro.config import OptimizerSection
 from opro.engine import EvaluationEngine, Gate, Pair, Scored, role_limit
 from opro.errors import ConfigError, LLMError, OproError

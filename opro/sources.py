@@ -117,10 +117,14 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
     stored = _study_summary(config) if own and config is not None and not summary_path.is_file() else None
     if not summary_path.is_file() and stored is None:
         hint = f"`opro optimize {config.source}`" if config is not None else "`opro optimize CONFIG.toml`"
+        if own and config is not None:
+            raise DataError(
+                f"prompt {spec!r}: {run_dir} has no summary.json and the study {config.study_name!r} in "
+                f"{redact_url(config.optuna_storage)} holds no finished optimization; run {hint} first "
+                "(with several workers: wait for worker 0 to finish)"
+            )
         raise DataError(
-            f"prompt {spec!r}: {run_dir} has no summary.json"
-            + (f" and the study {config.study_name!r} holds no finished optimization" if own and config else "")
-            + f": no finished optimization there; run {hint} first"
+            f"prompt {spec!r}: {run_dir} has no summary.json: no finished optimization there; run {hint} first"
         )
     if stored is not None and config is not None:
         where = f"the study {config.study_name!r} in {redact_url(config.optuna_storage)}"
