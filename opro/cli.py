@@ -468,6 +468,12 @@ def optimize(
         index, count = (int(x) for x in worker.split("/"))
     except ValueError:
         raise _fail(ValueError(f"--worker must look like I/N (for example 0/2), got {worker!r}")) from None
+    from opro.optimizer import check_worker_spec
+
+    try:
+        check_worker_spec(index, count)
+    except OproError as exc:
+        raise _fail(exc) from exc
     console = Console()
     try:
         exp = Experiment.from_file(config, progress=False if no_progress else None)

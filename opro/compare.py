@@ -510,7 +510,7 @@ def compare_prompts(
     into them or one of their specs. ``extra_metrics`` are names from :data:`EXTRA_METRICS` or metric
     objects accepted by :func:`opro.evaluation.evaluate_examples`.
     """
-    from opro.evaluation import evaluate_examples
+    from opro.evaluation import evaluate_templates
 
     started = time.perf_counter()
     if split not in SPLITS:
@@ -541,16 +541,17 @@ def compare_prompts(
     metrics += make_extra_metrics([m for m in extra_metrics if isinstance(m, str)], experiment=experiment)
     show = experiment.progress if progress is None else progress
     results: list[PromptScores] = []
-    for p in resolved:
-        logger.info("evaluating %s on %d %s questions", p.label, len(examples), split)
-        report = evaluate_examples(
-            program=experiment.program,
-            template=p.template,
-            examples=examples,
-            judge=experiment.judge,
-            extra_metrics=metrics,
-            progress=show,
-        )
+    logger.info("evaluating %d prompts on %d %s questions", len(resolved), len(examples), split)
+    # All prompts in one stream: the endpoints stay busy instead of draining between prompts.
+    reports = evaluate_templates(
+        program=experiment.program,
+        templates=[p.template for p in resolved],
+        examples=examples,
+        judge=experiment.judge,
+        extra_metrics=metrics,
+        progress=show,
+    )
+    for p, report in zip(resolved, reports, strict=True):
         scores = tuple(r.score if r.scored else None for r in report.rows)
         valid = [s for s in scores if s is not None]
         results.append(

@@ -203,6 +203,12 @@ class TrackingSection:
     register_prompt: bool = True
     prompt_name: str = ""
     prompt_alias: str = "latest-best"
+    #: Seconds a worker of a shared study waits for a worker that is not running (worker 0's
+    #: proposals, or a missing worker's candidates) before it gives up, naming that worker.
+    worker_wait_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
 
 
 @dataclass(frozen=True)
@@ -254,6 +260,7 @@ _RANGES: dict[str, tuple[str, dict[str, tuple[float | None, float | None, str]]]
     "DataSection": ("data", {"max_chunks": (0, None, "0 uses every chunk")}),
     "RAGSection": ("rag", {"answer_max_tokens": (1, None, "the task model's answer length")}),
     "JudgeSection": ("judge", {"max_tokens": (1, None, "the judge's reply length")}),
+    "TrackingSection": ("tracking", {"worker_wait_s": (1, 86400, "seconds a worker waits for a missing one")}),
     "OptimizerSection": (
         "optimizer",
         {

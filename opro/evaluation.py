@@ -11,10 +11,8 @@ import csv
 import json
 import math
 import statistics
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -245,108 +243,73 @@ def evaluate_examples(
 ) -> EvaluationReport:
     """Answer each example with ``program`` under ``template``, then judge the answer.
 
-    Runs up to ``min(workers, backend max_concurrency)`` examples at once (an in-process model
-    reports 1). An :class:`~opro.errors.LLMError` on one example becomes an error row; more than
-    ``max_errors`` such rows (``None``: no limit) stop the run with an LLMError, as does every
-    example failing.
+    Answers up to ``min(workers, task backend max_concurrency)`` examples at once and judges up to
+    ``min(workers, judge backend max_concurrency)`` (an in-process model reports 1), a judgment
+    starting as soon as its answer exists. An :class:`~opro.errors.LLMError` on one example becomes
+    an error row; more than ``max_errors`` such rows (``None``: no limit) stop the run with an
+    LLMError, as does every example failing.
     """
+    return evaluate_templates(
+        program=program, templates=[template], examples=examples, judge=judge, extra_metrics=extra_metrics,
+        workers=workers, max_errors=max_errors, progress=progress,
+    )[0]
+
+
+def evaluate_templates(
+    *,
+    program: Program,
+    templates: Sequence[QATemplate],
+    examples: Sequence[Any],
+    judge: Judge,
+    extra_metrics: Sequence[ExtraMetric] = (),
+    workers: int | None = None,
+    max_errors: int | None = None,
+    progress: bool = True,
+) -> list[EvaluationReport]:
+    """:func:`evaluate_examples` for several templates on the same examples, all pairs in one stream
+    (question-major, so consecutive answers share their retrieved context); one report per template.
+    ``max_errors`` counts per template."""
+    from opro.engine import EvaluationEngine, Pair, Scored, role_limit
+
     if max_errors is not None and max_errors < 0:
         raise ConfigError(f"max_errors={max_errors} must be >= 0 (or None for no limit)")
     items = list(examples)
     judge_name = _metric_name(judge)
-    n_workers = _concurrency(workers, program, judge, *extra_metrics)
+    metric_cap = min((role_limit(m, default=10**9) for m in extra_metrics), default=10**9)
+    task_slots = _concurrency(workers, program)
+    judge_slots = min(_concurrency(workers, judge), metric_cap)
     started = time.perf_counter()
+    rows: list[list[EvaluationRow | None]] = [[None] * len(items) for _ in templates]
+    errors = [0] * len(templates)
+    pairs = [Pair(key=t, index=i, template=tpl, example=ex) for i, ex in enumerate(items) for t, tpl in enumerate(templates)]
 
-    def run(example: Any) -> EvaluationRow:
-        query = _field(example, "query")
-        reference = _field(example, "reference_answer", "reference")
-        try:
-            answer = program.answer(query, template=template)
-            text = str(answer.text)
-            contexts = tuple(_context_text(c) for c in getattr(answer, "contexts", ()))
-            completion = getattr(answer, "completion", None)
-            verdict = judge.evaluate(query=query, answer=text, reference=reference)
-            metrics = {
-                _metric_name(m): _run_metric(
-                    m, query=query, answer=text, reference=reference, contexts=contexts
-                ).score
-                for m in extra_metrics
-            }
-        except LLMError as exc:
-            if exc.permanent:
-                raise  # a bad key or request fails every example the same way: stop at the first
-            return EvaluationRow(query=query, reference=reference, error=f"{type(exc).__name__}: {exc}")
-        return EvaluationRow(
-            query=query,
-            reference=reference,
-            answer=text,
-            contexts=contexts,
-            score=verdict.score,
-            passing=verdict.passing,
-            invalid=verdict.invalid,
-            invalid_reason=verdict.invalid_reason,
-            feedback=verdict.feedback,
-            expected_score=verdict.expected_score,
-            metrics=metrics,
-            prompt_tokens=int(getattr(completion, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(completion, "completion_tokens", 0) or 0),
-            latency_s=float(getattr(completion, "latency_s", 0.0) or 0.0),
-        )
+    with progress_bar(f"evaluating ({judge_name})", total=len(pairs), enabled=progress) as bar:
 
-    rows: list[EvaluationRow | None] = [None] * len(items)
-    errors = 0
-    lock = threading.Lock()
-
-    def record(index: int, row: EvaluationRow) -> None:
-        nonlocal errors
-        with lock:
-            rows[index] = row
+        def record(scored: Scored) -> None:
+            t, row = int(scored.pair.key), scored.row  # type: ignore[call-overload]
+            rows[t][scored.pair.index] = row
+            bar.advance()
             if row.error is not None:
-                errors += 1
-                if max_errors is not None and errors > max_errors:
+                errors[t] += 1
+                if max_errors is not None and errors[t] > max_errors:
                     raise LLMError(
-                        f"evaluation stopped: {errors} examples failed, more than max_errors={max_errors}; "
+                        f"evaluation stopped: {errors[t]} examples failed, more than max_errors={max_errors}; "
                         f"last error on {row.query[:80]!r}: {row.error}"
                     )
 
-    with progress_bar(f"evaluating ({judge_name})", total=len(items), enabled=progress) as bar:
-        if n_workers == 1:
-            for i, ex in enumerate(items):
-                record(i, run(ex))
-                bar.advance()
-        else:
-            _run_pool(items, run, record, bar.advance, n_workers)
+        with EvaluationEngine(
+            program=program, judge=judge, metrics=extra_metrics, task_slots=task_slots, judge_slots=judge_slots
+        ) as engine:
+            engine.run(pairs, on_scored=record)
 
-    done = tuple(r for r in rows if r is not None)
-    if done and all(r.error is not None for r in done):
-        raise LLMError(f"evaluation failed: all {len(done)} examples failed; first error: {done[0].error}")
-    return EvaluationReport(rows=done, judge=judge_name, wall_s=time.perf_counter() - started)
-
-
-def _run_pool(
-    items: Sequence[Any],
-    run: Callable[[Any], EvaluationRow],
-    record: Callable[[int, EvaluationRow], None],
-    advance: Callable[[], None],
-    n_workers: int,
-) -> None:
-    # Submit lazily (at most n_workers in flight) so a max_errors stop does not leave a queue behind.
-    with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        pending: dict[Future[EvaluationRow], int] = {}
-        next_index = 0
-        try:
-            while next_index < len(items) or pending:
-                while next_index < len(items) and len(pending) < n_workers:
-                    pending[pool.submit(run, items[next_index])] = next_index
-                    next_index += 1
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    index = pending.pop(fut)
-                    record(index, fut.result())
-                    advance()
-        finally:
-            for fut in pending:
-                fut.cancel()
+    wall_s = time.perf_counter() - started
+    reports = []
+    for per_template in rows:
+        done = tuple(r for r in per_template if r is not None)
+        if done and all(r.error is not None for r in done):
+            raise LLMError(f"evaluation failed: all {len(done)} examples failed; first error: {done[0].error}")
+        reports.append(EvaluationReport(rows=done, judge=judge_name, wall_s=wall_s))
+    return reports
 
 
 def mean_or_nan(report: EvaluationReport) -> float:
@@ -354,4 +317,4 @@ def mean_or_nan(report: EvaluationReport) -> float:
     return report.mean if report.mean is not None else math.nan
 
 
-__all__ = ["EvaluationReport", "EvaluationRow", "evaluate_examples", "mean_or_nan"]
+__all__ = ["EvaluationReport", "EvaluationRow", "evaluate_examples", "evaluate_templates", "mean_or_nan"]

@@ -301,7 +301,9 @@ class Experiment:
 
         cfg = self.config
         tracker = None
-        if worker_index == 0:
+        # Every worker of a shared study gets the tracker: worker 0 records the run, another one
+        # ends it FAILED when it gives up on a worker 0 that is gone.
+        if worker_index == 0 or num_workers > 1:
             tracker = MlflowTracker(
                 tracking_uri=cfg.mlflow_uri, experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name
             )
@@ -315,12 +317,13 @@ class Experiment:
             study_name=cfg.study_name,
             seed=cfg.experiment.seed,
             tracker=tracker,
-            run_params=self.run_params() if tracker is not None else None,
+            run_params=self.run_params() if worker_index == 0 else None,
             output_dir=cfg.output_dir,
             usage=self.usage,
             task_workers=self.client("task").llm.max_concurrency,
             worker_index=worker_index,
             num_workers=num_workers,
+            worker_timeout_s=cfg.tracking.worker_wait_s,
             progress=self.progress,
             register_prompt=(cfg.prompt_name, cfg.tracking.prompt_alias) if cfg.tracking.register_prompt else None,
             fingerprint=self.fingerprint(),

@@ -118,6 +118,15 @@ class LLM(ABC):
     async def agenerate(self, messages: tuple[Message, ...], options: GenerationOptions) -> Completion:
         return await asyncio.to_thread(self.generate, messages, options)
 
+    @property
+    def slots(self) -> threading.BoundedSemaphore:
+        """At most ``max_concurrency`` calls of this backend at once, whoever the callers are: the limit
+        the endpoint sees. Created on first use (``setdefault`` is atomic, so racing threads share one)."""
+        sem = self.__dict__.get("_opro_slots")
+        if sem is None:
+            sem = self.__dict__.setdefault("_opro_slots", threading.BoundedSemaphore(max(1, self.max_concurrency)))
+        return sem  # type: ignore[no-any-return]
+
     def describe(self) -> dict[str, str]:
         """Settings safe to log (never secrets)."""
         return {"provider": self.provider, "model": self.model}
@@ -310,7 +319,9 @@ class ChatClient:
             return hit
         started = time.perf_counter()
         try:
-            return self._store(key, self.llm.generate(msgs, opts), started)
+            with self.llm.slots:
+                result = self.llm.generate(msgs, opts)
+            return self._store(key, result, started)
         except LLMError as exc:
             exc.role = exc.role or self.role  # the message then names the [models.ROLE] table to fix
             raise
@@ -321,8 +332,16 @@ class ChatClient:
         if hit is not None:
             return hit
         started = time.perf_counter()
+        slots = self.llm.slots
+        # Never block the event loop on the backend's limit: poll for a free slot.
+        while not slots.acquire(blocking=False):
+            await asyncio.sleep(0.002)
         try:
-            return self._store(key, await self.llm.agenerate(msgs, opts), started)
+            try:
+                result = await self.llm.agenerate(msgs, opts)
+            finally:
+                slots.release()
+            return self._store(key, result, started)
         except LLMError as exc:
             exc.role = exc.role or self.role
             raise

@@ -102,6 +102,22 @@ def waiting_lock(path: Path, *, timeout_s: float = 120.0) -> Iterator[None]:
         os.close(fd)
 
 
+def lease_alive(held: dict[str, Any], *, stale_s: float = 300.0) -> bool:
+    """Whether the process that holds the lease ``held`` still runs: on this host by its pid, from
+    another host by a heartbeat younger than ``stale_s``. A released lease (no token) is not alive."""
+    if not held.get("token"):
+        return False
+    if held.get("host") == socket.gethostname():
+        try:
+            os.kill(int(held.get("pid", 0)), 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, ValueError, OverflowError):
+            return True
+        return True
+    return time.time() - float(held.get("beat", 0.0)) < stale_s
+
+
 class StudyLease:
     """``with StudyLease(study, key="holder:w0", what=...):`` one process per study key, across machines.
 
@@ -111,8 +127,19 @@ class StudyLease:
     heartbeat for ``stale_s`` from another host (kill -9 leaves no release behind).
     """
 
-    def __init__(self, study: Any, *, key: str, what: str, stale_s: float = 300.0, beat_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        study: Any,
+        *,
+        key: str,
+        what: str,
+        stale_s: float = 300.0,
+        beat_s: float = 30.0,
+        info: dict[str, Any] | None = None,
+    ) -> None:
         self.study = study
+        #: Extra fields kept in the lease (a worker's N), for the other processes to check.
+        self.info = dict(info or {})
         self.key = key
         self.what = what
         self.stale_s = stale_s
@@ -123,20 +150,12 @@ class StudyLease:
         self._thread: threading.Thread | None = None
 
     def _alive(self, held: dict[str, Any]) -> bool:
-        if held.get("host") == socket.gethostname():
-            try:
-                os.kill(int(held.get("pid", 0)), 0)
-            except ProcessLookupError:
-                return False
-            except (PermissionError, ValueError, OverflowError):
-                return True
-            return True
-        return time.time() - float(held.get("beat", 0.0)) < self.stale_s
+        return lease_alive(held, stale_s=self.stale_s)
 
     def _beat(self) -> None:
         self.study.set_user_attr(self.key, {
             "host": socket.gethostname(), "pid": os.getpid(), "since": self.since, "beat": time.time(),
-            "token": self.token,
+            "token": self.token, **self.info,
         })
 
     def __enter__(self) -> StudyLease:
@@ -164,7 +183,8 @@ class StudyLease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
-            self.study.set_user_attr(self.key, {})
+            # No token: nobody holds it. ``released`` says which process let it go, cleanly.
+            self.study.set_user_attr(self.key, {"released": self.token})
 
 
-__all__ = ["FileLock", "LockedError", "StudyLease", "waiting_lock"]
+__all__ = ["FileLock", "LockedError", "StudyLease", "lease_alive", "waiting_lock"]

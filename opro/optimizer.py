@@ -19,19 +19,20 @@ import hashlib
 import json
 import logging
 import math
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import optuna
 
+from opro.claims import RETRY_STATUSES as RETRY_STATUSES  # where it was defined before; re-exported
 from opro.config import OptimizerSection
-from opro.errors import ConfigError, LLMAuthError, LLMBadRequestError, LLMError, OproError
-from opro.llm import ChatClient, UsageLedger
+from opro.engine import EvaluationEngine, Gate, Pair, Scored, role_limit
+from opro.errors import ConfigError, LLMError, OproError
+from opro.llm import ChatClient, Request, UsageLedger
 from opro.metaprompt import (
     Exemplar,
     MetaPromptBuilder,
@@ -50,8 +51,6 @@ logger = logging.getLogger(__name__)
 
 OptimizerSettings = OptimizerSection
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
-#: Statuses a rerun evaluates again: the endpoint failed or the budget ran out, not the candidate.
-RETRY_STATUSES: frozenset[str] = frozenset({"failed", "budget"})
 
 
 class _Example(Protocol):
@@ -94,6 +93,9 @@ class CandidateRecord:
     status: CandidateStatus
     trial_number: int
     scores: tuple[float | None, ...] = ()
+    #: Position among the step's proposals: the order of the history and the tie-breaker, whichever
+    #: worker evaluated the candidate and whatever its trial number.
+    index: int = 0
 
     @property
     def pruned(self) -> bool:
@@ -222,8 +224,30 @@ class OptimizationResult:
         }
 
 
+def _step_of(trial: optuna.trial.FrozenTrial) -> int:
+    return int(trial.user_attrs.get("step", 0))
+
+
+def _earlier_complete(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> list[optuna.trial.FrozenTrial]:
+    """Complete candidates of the steps before ``trial``'s: what a pruning decision may compare with.
+
+    Candidates of the same step are left out: which of them finished first depends on timing and on
+    how many workers share the step, and a decision must not.
+    """
+    step = _step_of(trial)
+    return [
+        t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.value is not None and _step_of(t) < step
+    ]
+
+
+def _rank(t: optuna.trial.FrozenTrial) -> tuple[float, int, int]:
+    """Best first by value, ties to the earlier step, then the lower proposal index (not trial number)."""
+    return (float(t.value or 0.0), -_step_of(t), -int(t.user_attrs.get("index", 0)))
+
+
 class BestSoFarPruner(optuna.pruners.BasePruner):
-    """Prune a candidate whose running mean is ``margin`` below the best finished candidate.
+    """Prune a candidate whose running mean is ``margin`` below the best candidate of earlier steps.
 
     ``warmup`` minibatches are always run, so one unlucky question cannot end a candidate.
     """
@@ -236,13 +260,45 @@ class BestSoFarPruner(optuna.pruners.BasePruner):
         step = trial.last_step
         if step is None or step + 1 < self.warmup:
             return False
-        finished = [
-            t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.value is not None
-        ]
+        finished = [float(t.value) for t in _earlier_complete(study, trial) if t.value is not None]
         if not finished:
             return False
         return trial.intermediate_values[step] < max(finished) - self.margin
+
+
+class EarlierStepsMedianPruner(optuna.pruners.BasePruner):
+    """Optuna's median rule over the candidates of earlier steps: prune when the best running mean so
+    far is below the median of their running means after the same minibatch."""
+
+    def __init__(self, *, warmup: int = 1) -> None:
+        self.warmup = warmup
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None or step + 1 < self.warmup:
+            return False
+        others = [t.intermediate_values[step] for t in _earlier_complete(study, trial) if step in t.intermediate_values]
+        others = [v for v in others if not math.isnan(v)]
+        if not others:
+            return False
+        import numpy as np
+
+        best = max(v for k, v in trial.intermediate_values.items() if k <= step)
+        return bool(best < float(np.median(others)))
+
+
+def check_worker_spec(worker_index: int, num_workers: int) -> None:
+    """Refuse a ``--worker I/N`` that names no worker (``0/0``, ``2/2``), saying what to write instead."""
+    if num_workers < 1:
+        raise ConfigError(
+            f"--worker {worker_index}/{num_workers}: N is the number of workers sharing the study and must be "
+            ">= 1 (for one process leave --worker out, for two start --worker 0/2 and --worker 1/2)"
+        )
+    if not 0 <= worker_index < num_workers:
+        raise ConfigError(
+            f"--worker {worker_index}/{num_workers}: the index I must be within 0..{num_workers - 1} "
+            f"(workers are numbered from 0: --worker 0/{num_workers} to --worker {num_workers - 1}/{num_workers})"
+        )
 
 
 def paired_valid(a: Sequence[float | None], b: Sequence[float | None]) -> tuple[list[float], list[float]]:
@@ -283,14 +339,10 @@ class RacingPruner(optuna.pruners.BasePruner):
         if step is None or step + 1 < self.warmup:
             return False
         mine = trial.user_attrs.get("scores") or []
-        my_step = int(trial.user_attrs.get("step", 0))
-        earlier = [
-            t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.value is not None and int(t.user_attrs.get("step", 0)) < my_step
-        ]
+        earlier = _earlier_complete(study, trial)
         if not earlier:
             return False
-        incumbent = max(earlier, key=lambda t: (t.value, -t.number))
+        incumbent = max(earlier, key=_rank)
         a, b = paired_valid(mine, incumbent.user_attrs.get("scores") or [])
         if len(a) < max(2, self.min_pairs):
             return False
@@ -301,10 +353,31 @@ def make_pruner(settings: OptimizerSettings) -> optuna.pruners.BasePruner:
     if settings.pruner == "none":
         return optuna.pruners.NopPruner()
     if settings.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=max(0, settings.prune_warmup_minibatches - 1))
+        return EarlierStepsMedianPruner(warmup=settings.prune_warmup_minibatches)
     if settings.pruner == "best":
         return BestSoFarPruner(margin=settings.prune_margin, warmup=settings.prune_warmup_minibatches)
     return RacingPruner(confidence=settings.race_confidence, warmup=settings.prune_warmup_minibatches)
+
+
+def _storage(url: str) -> str | optuna.storages.BaseStorage:
+    """A SQLite study in WAL mode with ``synchronous=NORMAL``: the search writes a few attributes per
+    candidate and minibatch, and a full fsync each (tens of ms) would stall the requests. A commit
+    still survives a killed process; only a power cut can lose the last ones."""
+    if not url.startswith("sqlite:///"):
+        return url
+    from sqlalchemy import event
+
+    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+
+    def pragmas(conn: Any, _record: Any) -> None:
+        cursor = conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(storage.engine, "connect", pragmas)
+    storage.engine.dispose()  # connections opened while creating the schema get the pragmas too
+    return storage
 
 
 def _sha(text: str) -> str:
@@ -317,6 +390,14 @@ class _Live:
 
     instruction: str
     trial: optuna.trial.Trial
+    template: Any = None
+    index: int = 0
+    #: Another worker took this candidate over (this one's heartbeat was missed): its results are dropped.
+    lost: bool = False
+    #: Results by question index as they arrive (a score, None for an invalid judgment, or the error).
+    got: dict[int, float | LLMError | None] = field(default_factory=dict)
+    #: Minibatches whose running mean was reported (the prefix of questions in ``scores``).
+    reported: int = 0
     scores: list[float | None] = field(default_factory=list)
     n_errors: int = 0
     status: CandidateStatus = "complete"
@@ -327,10 +408,6 @@ class _Live:
 
     def n_valid(self) -> int:
         return sum(1 for s in self.scores if s is not None)
-
-
-def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 class OPROOptimizer:
@@ -352,7 +429,7 @@ class OPROOptimizer:
         output_dir: Path | None = None,
         usage: UsageLedger | None = None,
         task_workers: int = 1,
-        judge_workers: int = 1,
+        judge_workers: int | None = None,
         worker_index: int = 0,
         num_workers: int = 1,
         worker_timeout_s: float = 3600.0,
@@ -360,8 +437,7 @@ class OPROOptimizer:
         register_prompt: tuple[str, str] | None = None,
         fingerprint: Mapping[str, str] | None = None,
     ) -> None:
-        if not 0 <= worker_index < num_workers:
-            raise OproError(f"worker index {worker_index} must be in [0, {num_workers})")
+        check_worker_spec(worker_index, num_workers)
         self.optimizer_llm = optimizer_llm
         self.judge = judge
         self.make_template = make_template
@@ -375,13 +451,20 @@ class OPROOptimizer:
         self.output_dir = output_dir
         self.usage = usage or optimizer_llm.usage
         self.task_workers = max(1, task_workers)
-        self.judge_workers = max(1, judge_workers)
+        #: None: the judge backend's max_concurrency (what its endpoint accepts).
+        self.judge_workers = None if judge_workers is None else max(1, judge_workers)
+        self._engine: EvaluationEngine | None = None
+        self._tracking: ThreadPoolExecutor | None = None
+        self._tracking_jobs: list[Future[Any]] = []
         self.worker_index = worker_index
         self.num_workers = num_workers
         self.worker_timeout_s = worker_timeout_s
         self.progress = progress
         self.register_prompt = register_prompt
         self.fingerprint = dict(fingerprint or {})
+        #: This process's lease token (see :meth:`optimize`): its claims on candidates carry it.
+        self._token = ""
+        self._abandoned = False
         self._n_questions = 0
         # Usage recorded in the study by earlier processes: budgets and totals cover the whole study.
         self._prior_usage: dict[str, dict[str, Any]] = {}
@@ -404,7 +487,7 @@ class OPROOptimizer:
         for attempt in range(5):
             try:
                 return optuna.create_study(
-                    storage=self.storage,
+                    storage=_storage(self.storage),
                     study_name=self.study_name,
                     direction="maximize",
                     pruner=make_pruner(self.settings),
@@ -437,20 +520,22 @@ class OPROOptimizer:
                     status=attrs.get("status", "complete"),
                     trial_number=t.number,
                     scores=tuple(attrs.get("scores", ())),
+                    index=int(attrs.get("index", 0)),
                 )
             )
         # A rerun re-evaluates failed and budget-stopped candidates: the latest attempt stands.
         latest: dict[tuple[int, str], CandidateRecord] = {}
         for r in sorted(out, key=lambda r: r.trial_number):
             latest[(r.step, normalize_instruction(r.instruction))] = r
-        return sorted(latest.values(), key=lambda r: r.trial_number)
+        # By (step, proposal index): the same order whichever worker evaluated what, and after restarts.
+        return sorted(latest.values(), key=lambda r: (r.step, r.index, r.trial_number))
 
     def _fail_stale_trials(self, study: optuna.Study) -> None:
         """Trials this worker left RUNNING when it was interrupted: mark them failed, they are re-run."""
 
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             if t.user_attrs.get("worker") == self.worker_index:
-                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     # -- proposals ---------------------------------------------------------------------------
     def _propose(
@@ -460,9 +545,6 @@ class OPROOptimizer:
         stored = study.user_attrs.get(key)
         if stored is not None:
             return list(stored)
-        if self.worker_index != 0:
-            # Worker 0 proposes; the others read its proposals from the shared study.
-            return list(self._wait_for(lambda: study.user_attrs.get(key), what=f"worker 0's proposals for step {step}"))
         # Pruned candidates stay visible with their running mean, marked partial.
         scored = [
             ScoredInstruction(
@@ -480,38 +562,126 @@ class OPROOptimizer:
         accepted: list[str] = []
         rejected: list[dict[str, str]] = []
         k = self.settings.candidates_per_step
-        # A few extra samples make up for rejected candidates; bounded so a bad optimizer cannot loop.
-        for sample_index in range(3 * k):
-            if len(accepted) >= k:
-                break
-            reply = self.optimizer_llm.complete(
-                meta_prompt,
-                temperature=self.settings.temperature,
-                max_tokens=self.settings.max_tokens,
-                sample_index=step * 1000 + sample_index,
-            )
-            verdict = check_candidate(
-                extract_candidate(reply.text, answer_format=self.settings.answer_format),
-                seen=seen,
-                max_chars=self.settings.max_instruction_chars,
-            )
-            if verdict.accepted:
-                accepted.append(verdict.instruction)
-                seen.add(normalize_instruction(verdict.instruction))
-            else:
-                rejected.append({"instruction": verdict.instruction[:200], "reason": verdict.reason})
+        # k samples at once, then as many more as were rejected, read in index order: the same indices
+        # and the same accepted candidates as asking one at a time. A few extra samples make up for
+        # rejected candidates; bounded so a bad optimizer cannot loop.
+        asked = 0
+        while len(accepted) < k and asked < 3 * k:
+            want = min(k - len(accepted), 3 * k - asked)
+            replies = self.optimizer_llm.map([
+                Request(
+                    meta_prompt,
+                    temperature=self.settings.temperature,
+                    max_tokens=self.settings.max_tokens,
+                    sample_index=step * 1000 + asked + j,
+                )
+                for j in range(want)
+            ])
+            asked += want
+            for reply in replies:
+                verdict = check_candidate(
+                    extract_candidate(reply.text, answer_format=self.settings.answer_format),
+                    seen=seen,
+                    max_chars=self.settings.max_instruction_chars,
+                )
+                if verdict.accepted:
+                    accepted.append(verdict.instruction)
+                    seen.add(normalize_instruction(verdict.instruction))
+                else:
+                    rejected.append({"instruction": verdict.instruction[:200], "reason": verdict.reason})
         study.set_user_attr(key, accepted)
         study.set_user_attr(f"rejected:{step}", rejected)
         return accepted
 
-    def _wait_for(self, probe: Callable[[], Any], *, what: str) -> Any:
-        deadline = time.monotonic() + self.worker_timeout_s
-        while time.monotonic() < deadline:
-            value = probe()
-            if value is not None:
-                return value
-            time.sleep(1.0)
-        raise OproError(f"worker {self.worker_index}: timed out after {self.worker_timeout_s:.0f}s waiting for {what}")
+    def _await_proposals(self, study: optuna.Study, step: int) -> list[str] | None:
+        """Worker 0's proposals for ``step`` (worker 0 proposes; the others read them from the study),
+        or None when worker 0 stopped the search before ``step``. Waits as long as worker 0 runs, and
+        ``worker_timeout_s`` for a worker 0 that does not."""
+        from opro.claims import describe_lease
+        from opro.locking import lease_alive
+
+        key = f"proposals:{step}"
+        missing_since: float | None = None
+        last_note = time.monotonic()
+        poll = 0.05
+        while True:
+            attrs = study.user_attrs
+            if key in attrs:
+                return list(attrs[key])
+            held = attrs.get("holder:w0") or {}
+            stop = attrs.get(f"stopped:{step}") or {}
+            if stop.get("token") and stop["token"] in (held.get("token"), held.get("released")):
+                logger.info("worker %d: worker 0 stopped the search before step %d (%s)", self.worker_index, step,
+                            stop.get("reason"))
+                return None
+            now = time.monotonic()
+            if lease_alive(held):
+                missing_since = None
+            elif missing_since is None:
+                missing_since = now
+            elif now - missing_since > self.worker_timeout_s:
+                self._abandoned = True
+                raise OproError(
+                    f"worker {self.worker_index}: waited {self.worker_timeout_s:.0f} s for the proposals of step {step}, "
+                    f"but {describe_lease(0, held, now=time.time())} is not running: start it (`opro optimize CONFIG "
+                    f"--worker 0/{self.num_workers}` resumes the study) and rerun this worker; finished work is kept. "
+                    "[tracking].worker_wait_s sets how long a worker waits for a missing one"
+                )
+            if now - last_note > 30:
+                logger.warning("worker %d: waiting for the proposals of step %d from %s", self.worker_index, step,
+                               describe_lease(0, held, now=time.time()))
+                last_note = now
+            time.sleep(poll)
+            poll = min(1.0, poll * 1.5)
+
+    def _evaluate_claimed(
+        self, study: optuna.Study, step: int, proposals: Sequence[str], program: _Program, examples: Sequence[_Example]
+    ) -> list[CandidateRecord]:
+        """Claim and evaluate candidates of ``step`` until every proposal has a result, by this worker
+        or another; claims of stopped workers are taken over. Returns this worker's new records."""
+        from opro.claims import claim, describe_lease, live_workers, release_stale, step_state
+
+        n = len(proposals)
+        mine: list[CandidateRecord] = []
+        poll, last_note = 0.05, time.monotonic()
+        while True:
+            state = step_state(study, step, proposals)
+            if release_stale(study, state):
+                continue
+            free = state.free(n)
+            if free:
+                # An even share for the live workers, each starting at its own place in the free list,
+                # so that workers joining together rarely reach for the same candidates.
+                share = max(1, math.ceil(n / max(1, len(live_workers(study.user_attrs)))))
+                start = (self.worker_index * share) % len(free)
+                take = sorted((free[start:] + free[:start])[:share])
+                won = claim(study, step=step, items=[(i, proposals[i]) for i in take], token=self._token,
+                            worker=self.worker_index)
+                if won:
+                    new = self._evaluate_step(study, step, won, program, examples)
+                    mine.extend(new)
+                    if new and all(r.status == "failed" and r.n_errors for r in new):
+                        # The endpoint is down, not the candidates bad: stop before paying for more.
+                        raise OproError(
+                            f"every call of step {step} failed ({sum(r.n_errors for r in new)} errors; see the "
+                            "warnings above): fix the endpoint and rerun the same command; finished work is kept "
+                            "and the failed candidates are evaluated again"
+                        )
+                    poll = 0.05
+                continue
+            if len(state.done) >= n:
+                return mine
+            now = time.monotonic()
+            if now - last_note > 30:
+                attrs = study.user_attrs
+                who = sorted({int(t.user_attrs.get("worker", -1)) for t in state.claimed.values()})
+                logger.warning(
+                    "worker %d: step %d waits for %d candidate(s) of %s", self.worker_index, step, len(state.claimed),
+                    ", ".join(describe_lease(w, attrs.get(f"holder:w{w}") or {}, now=time.time()) for w in who),
+                )
+                last_note = now
+            time.sleep(poll)
+            poll = min(1.0, poll * 1.5)
 
     # -- evaluation --------------------------------------------------------------------------
     def study_usage(self) -> dict[str, dict[str, Any]]:
@@ -522,8 +692,12 @@ class OPROOptimizer:
         study.set_user_attr(f"usage:w{self.worker_index}", merge_usage(self._prior_usage, self.usage.as_dict()))
 
     def _load_usage(self, study: optuna.Study) -> None:
+        self._prior_usage = dict(study.user_attrs.get(f"usage:w{self.worker_index}") or {})
+        self._load_others_usage(study)
+
+    def _load_others_usage(self, study: optuna.Study) -> None:
+        """The other workers' usage as they last saved it (before telling their candidates' trials)."""
         mine = f"usage:w{self.worker_index}"
-        self._prior_usage = dict(study.user_attrs.get(mine) or {})
         others: dict[str, dict[str, Any]] = {}
         for key, value in study.user_attrs.items():
             if key.startswith("usage:w") and key != mine:
@@ -557,72 +731,132 @@ class OPROOptimizer:
                 "archive that study and start a new one, restore the settings, or set [tracking].study_name"
             )
 
-    def _score_pair(self, program: _Program, instruction: str, example: _Example) -> float | LLMError | None:
-        try:
-            answer = program.answer(example.query, template=self.make_template(instruction))
-            verdict: _Verdict = self.judge.evaluate(
-                query=example.query, answer=answer.text, reference=example.reference_answer
-            )
-        except (LLMAuthError, LLMBadRequestError):
-            raise  # permanent: every other call would fail the same way, so stop at the first
-        except LLMError as exc:
-            logger.warning("candidate %r, question %r: %s", instruction[:60], example.query[:60], exc)
-            return exc
-        return None if verdict.invalid else verdict.score
+    def _engine_for(self, program: _Program) -> EvaluationEngine:
+        """The search's long-lived engine (one per :meth:`optimize`), or a fresh one for ``program``."""
+        if self._engine is not None and self._engine.program is program:
+            return self._engine
+        judge_slots = self.judge_workers if self.judge_workers is not None else role_limit(self.judge)
+        self._engine = EvaluationEngine(
+            program=program, judge=self.judge, task_slots=self.task_workers, judge_slots=judge_slots
+        )
+        return self._engine
+
+    def _close_engine(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    def _outcome(self, scored: Scored, instruction: str) -> float | LLMError | None:
+        if scored.error is not None:
+            logger.warning("candidate %r, question %r: %s", instruction[:60], scored.row.query[:60], scored.error)
+            return scored.error
+        return scored.score
+
+    def _can_prune(self, study: optuna.Study, step: int) -> bool:
+        """Whether the pruner can stop a candidate in this step. Every pruner here compares with the
+        complete candidates of earlier steps; with none there is nothing to compare with, and
+        minibatches need not wait for the running mean."""
+        if isinstance(study.pruner, optuna.pruners.NopPruner):
+            return False
+        return any(
+            _step_of(t) < step for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        )
 
     def _evaluate_step(
         self,
         study: optuna.Study,
         step: int,
-        instructions: Sequence[str],
+        claimed: Sequence[tuple[int, str, optuna.trial.Trial]],
         program: _Program,
         examples: Sequence[_Example],
     ) -> list[CandidateRecord]:
-        live: list[_Live] = []
-        for idx, instruction in enumerate(instructions):
-            trial = study.ask()
-            trial.set_user_attr("instruction", instruction)
-            trial.set_user_attr("step", step)
-            trial.set_user_attr("index", idx)
-            trial.set_user_attr("worker", self.worker_index)
-            trial.set_user_attr("host", socket.gethostname())
-            live.append(_Live(instruction, trial))
-        batches = _chunks(examples, self.settings.minibatch_size)
-        workers = max(self.task_workers, 1)
-        with progress_bar(
-            f"step {step}: {len(live)} candidate(s)", total=len(live) * len(examples), enabled=self.progress
-        ) as bar:
-            for b, batch in enumerate(batches):
-                active = [c for c in live if c.status == "complete"]
-                if not active:
-                    break
+        """Evaluate the candidates this worker claimed (proposal index, instruction, trial), in lockstep."""
+        live = [
+            _Live(instruction, trial, template=self.make_template(instruction), index=idx)
+            for idx, instruction, trial in claimed
+        ]
+        n, size = len(examples), self.settings.minibatch_size
+        n_batches = max(1, math.ceil(n / size))
+        can_prune = self._can_prune(study, step)
+        # With a budget, minibatch b starts only once minibatch b-1 is finished and the budget is
+        # checked, as a plain loop would: where a run stops must not depend on timing.
+        budgeted = bool(self.settings.max_calls or self.settings.max_tokens_budget)
+        budget_checked: set[int] = set()
+
+        def batch_done(b: int) -> bool:
+            lo, hi = b * size, min(n, (b + 1) * size)
+            return all(all(i in c.got for i in range(lo, hi)) for c in live if c.status == "complete")
+
+        def gate(pair: Pair) -> Gate:
+            c = live[int(pair.key)]  # type: ignore[call-overload]
+            if c.status != "complete" or c.lost:
+                return "drop"  # pruned, out of budget or taken over: its queued questions are never asked
+            b = pair.index // size
+            if budgeted and b not in budget_checked:
+                if b > 0 and not batch_done(b - 1):
+                    return "hold"
+                budget_checked.add(b)
                 if not self._budget_left():
-                    for c in active:
-                        c.status = "budget"
-                    break
-                # Question-major order: consecutive calls share the retrieved context (KV-prefix reuse).
-                pairs = [(c, ex) for ex in batch for c in active]
-                with ThreadPoolExecutor(max_workers=workers) as pool:
-                    results = list(pool.map(lambda p: self._score_pair(program, p[0].instruction, p[1]), pairs))
-                for (c, _), result in zip(pairs, results, strict=True):
-                    if isinstance(result, LLMError):
-                        c.n_errors += 1
-                        c.scores.append(None)
-                    else:
-                        c.scores.append(result)
-                    bar.advance()
-                for c in active:
+                    for other in live:
+                        if other.status == "complete":
+                            other.status = "budget"
+                    return "drop"
+            # A candidate that may be pruned after minibatch b-1 waits for that decision.
+            if can_prune and c.reported < b:
+                return "hold"
+            return "run"
+
+        with progress_bar(f"step {step}: {len(live)} candidate(s)", total=len(live) * n, enabled=self.progress) as bar:
+
+            def on_scored(scored: Scored) -> None:
+                c = live[int(scored.pair.key)]  # type: ignore[call-overload]
+                if c.status != "complete" or c.lost:
+                    return
+                bar.advance()
+                c.got[scored.pair.index] = self._outcome(scored, c.instruction)
+                # Report every minibatch whose questions are all in, in order.
+                while c.reported < n_batches and c.status == "complete":
+                    b = c.reported
+                    hi = min(n, (b + 1) * size)
+                    if any(i not in c.got for i in range(b * size, hi)):
+                        break
+                    results = [c.got[i] for i in range(b * size, hi)]
+                    c.n_errors += sum(1 for r in results if isinstance(r, LLMError))
+                    c.scores.extend(None if isinstance(r, LLMError) else r for r in results)
+                    c.reported += 1
                     mean = c.mean()
                     if mean is None:
                         continue
-                    # The racing pruner pairs per-question scores with the incumbent's.
-                    c.trial.set_user_attr("scores", list(c.scores))
-                    c.trial.report(mean, b)
-                    if b + 1 < len(batches) and c.trial.should_prune():
+                    if not can_prune:
+                        # Nobody waits for this report: the storage write runs beside the requests.
+                        reports.append(bookkeeper.submit(self._report, c, mean, b, step))
+                        continue
+                    try:
+                        # The racing pruner pairs per-question scores with the incumbent's.
+                        c.trial.set_user_attr("scores", list(c.scores))
+                        c.trial.report(mean, b)
+                        prune = b + 1 < n_batches and c.trial.should_prune()
+                    except optuna.exceptions.UpdateFinishedTrialError:
+                        self._lost(c, step)
+                        return
+                    if prune:
                         c.status = "pruned"
-                        bar.advance(len(examples) - len(c.scores))
+                        bar.advance(n - len(c.scores))
+
+            # Question-major order: consecutive calls share the retrieved context (KV-prefix reuse).
+            pairs = [Pair(key=k, index=i, template=c.template, example=ex)
+                     for i, ex in enumerate(examples) for k, c in enumerate(live)]
+            reports: list[Future[None]] = []
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="opro-study") as bookkeeper:
+                self._engine_for(program).run(pairs, on_scored=on_scored, gate=gate)
+            for job in reports:
+                job.result()
+        # Usage first, then the trials: a worker that sees every candidate finished sees its usage too.
+        self._save_usage(study)
         records = []
         for c in live:
+            if c.lost:
+                continue
             mean = c.mean()
             n_scored = c.n_valid()
             n_invalid = len(c.scores) - n_scored - c.n_errors
@@ -644,14 +878,18 @@ class OPROOptimizer:
                 "status": status,
                 "scores": list(c.scores),
             }
-            for k, v in attrs.items():
-                c.trial.set_user_attr(k, v)
-            if status == "complete":
-                study.tell(c.trial, mean)
-            elif status in ("failed", "incomplete"):
-                study.tell(c.trial, state=optuna.trial.TrialState.FAIL)
-            else:
-                study.tell(c.trial, state=optuna.trial.TrialState.PRUNED)
+            try:
+                for k, v in attrs.items():
+                    c.trial.set_user_attr(k, v)
+                if status == "complete":
+                    study.tell(c.trial, mean)
+                elif status in ("failed", "incomplete"):
+                    study.tell(c.trial, state=optuna.trial.TrialState.FAIL)
+                else:
+                    study.tell(c.trial, state=optuna.trial.TrialState.PRUNED)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                self._lost(c, step)
+                continue
             records.append(
                 CandidateRecord(
                     step=step,
@@ -663,9 +901,23 @@ class OPROOptimizer:
                     status=status,
                     trial_number=c.trial.number,
                     scores=tuple(c.scores),
+                    index=c.index,
                 )
             )
         return records
+
+    def _report(self, c: _Live, mean: float, b: int, step: int) -> None:
+        try:
+            c.trial.report(mean, b)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self._lost(c, step)
+
+    def _lost(self, c: _Live, step: int) -> None:
+        c.lost = True
+        logger.warning(
+            "worker %d: candidate %d of step %d was taken over by another worker (this worker's heartbeat was "
+            "missed): its result here is dropped", self.worker_index, c.index, step,
+        )
 
     # -- the loop ----------------------------------------------------------------------------
     def optimize(
@@ -694,17 +946,47 @@ class OPROOptimizer:
             )
         self._n_questions = len(optimization_set)
         started = time.perf_counter()
+        if self.num_workers > 1 and self.storage.startswith("sqlite"):
+            logger.warning(
+                "%d workers share the study through a SQLite file: that works only for processes on this machine "
+                "and serializes every write; for workers on several machines use PostgreSQL "
+                "([tracking].optuna_storage = \"postgresql+psycopg2://...\", see the README's Scaling out)",
+                self.num_workers,
+            )
         study = self._study()
         from opro.locking import StudyLease
 
         # One process per (study, worker index), wherever it runs: a second one would mark the
         # first's running trials failed and evaluate everything twice.
         worker = f" as worker {self.worker_index}/{self.num_workers}" if self.num_workers > 1 else ""
-        with StudyLease(study, key=f"holder:w{self.worker_index}", what=f"study {self.study_name!r}{worker}"):
+        lease = StudyLease(study, key=f"holder:w{self.worker_index}", what=f"study {self.study_name!r}{worker}",
+                           info={"of": self.num_workers})
+        with lease:
+            self._token = lease.token
+            self._check_workers(study)
             return self._optimize_study(
                 study, program=program, optimization_set=optimization_set, exemplar_set=exemplar_set,
                 validation_set=validation_set, initial_instructions=initial_instructions, started=started,
             )
+
+    def _check_workers(self, study: optuna.Study) -> None:
+        """Refuse to work beside live workers started with another N (each must say the same
+        ``--worker I/N``); record N in the study. Checked after taking the lease, so of two processes
+        starting together at least one sees the other."""
+        from opro.claims import live_workers
+
+        others = {i: h for i, h in live_workers(study.user_attrs).items() if i != self.worker_index}
+        wrong = {i: h for i, h in others.items() if h.get("of") != self.num_workers}
+        if wrong:
+            shown = ", ".join(
+                f"--worker {i}/{h.get('of', '?')} (pid {h.get('pid')} on {h.get('host')})" for i, h in sorted(wrong.items())
+            )
+            raise ConfigError(
+                f"study {self.study_name!r} is being worked on by {shown}, but this process was started as "
+                f"--worker {self.worker_index}/{self.num_workers}: every worker of a study must be started with the "
+                "same N. Stop this one and start it with the N the others use (or stop the others first)"
+            )
+        study.set_user_attr("workers", self.num_workers)
 
     def _optimize_study(
         self,
@@ -721,78 +1003,99 @@ class OPROOptimizer:
         self._load_usage(study)
         self._fail_stale_trials(study)
         history = self._records(study)
-        run_id = study.user_attrs.get("mlflow_run_id") if self.worker_index == 0 else None
+        run_id = study.user_attrs.get("mlflow_run_id")
+        run_started: Future[str] | None = None
         if self.tracker is not None and self.worker_index == 0:
-            run_id = self.tracker.start(run_name=self.study_name, params=self.run_params, resume_run_id=run_id)
-            study.set_user_attr("mlflow_run_id", run_id)
+            tracker, resume = self.tracker, run_id
+
+            def start_run() -> str:
+                rid = tracker.start(run_name=self.study_name, params=self.run_params, resume_run_id=resume)
+                study.set_user_attr("mlflow_run_id", rid)
+                return rid
+
+            # MLflow's store set-up and run start take seconds: done beside the first step's requests.
+            run_started = self._track(start_run)
         exemplar_pool = [Exemplar(e.query, e.reference_answer) for e in exemplar_set]
         stopped = "steps"
         best_so_far = -math.inf
         steps_without_gain = 0
         try:
             for step in range(self.settings.steps + 1):
-                done_here = {
-                    normalize_instruction(r.instruction)
-                    for r in history
-                    if r.step == step and r.status not in RETRY_STATUSES
-                }
+                self._load_others_usage(study)
                 if step == 0:
-                    proposals = list(dict.fromkeys(i.strip() for i in initial_instructions if i.strip()))
-                else:
+                    proposals: list[str] | None = list(
+                        dict.fromkeys(i.strip() for i in initial_instructions if i.strip())
+                    )
+                elif self.worker_index == 0:
                     if not self._budget_left():
-                        stopped = "budget"
+                        stopped = self._stop(study, step, "budget")
                         break
                     proposals = self._propose(study, step, history, exemplar_pool)
-                mine = [
-                    p for i, p in enumerate(proposals)
-                    if i % self.num_workers == self.worker_index and normalize_instruction(p) not in done_here
-                ]
-                if mine:
-                    new = self._evaluate_step(study, step, mine, program, optimization_set)
-                    self._save_usage(study)
-                    history = self._records(study)
-                    self._log_candidates(new)
-                    if all(r.status == "failed" and r.n_errors for r in new):
-                        # The endpoint is down, not the candidates bad: stop before paying for more.
-                        raise OproError(
-                            f"every call of step {step} failed ({sum(r.n_errors for r in new)} errors; see the "
-                            "warnings above): fix the endpoint and rerun the same command; finished work is kept "
-                            "and the failed candidates are evaluated again"
-                        )
-                if self.num_workers > 1:
-                    history = self._wait_for_step(study, step, len(proposals))
-                step_best = max((r.score for r in history if r.step == step and r.status == "complete" and r.score is not None), default=-math.inf)
+                else:
+                    proposals = self._await_proposals(study, step)
+                if proposals is None:  # worker 0 stopped the search (its budget check)
+                    stopped = "budget"
+                    break
+                self._evaluate_claimed(study, step, proposals, program, optimization_set)
+                history = self._records(study)
+                step_best = max(
+                    (r.score for r in history if r.step == step and r.status == "complete" and r.score is not None),
+                    default=-math.inf,
+                )
                 if step_best > best_so_far + 1e-9:
                     best_so_far = step_best
                     steps_without_gain = 0
                 elif step > 0:
                     steps_without_gain += 1
-                if mine and self.tracker is not None and self.worker_index == 0 and best_so_far > -math.inf:
-                    self.tracker.log_metrics({"search_best_score": best_so_far}, step=step)
-                if any(r.status == "budget" and r.step == step for r in history) or not self._budget_left():
+                if self.tracker is not None and self.worker_index == 0:
+                    self._track(self._log_step, study, step, history, best_so_far)
+                self._tracking_check()
+                if any(r.status == "budget" and r.step == step for r in history):
                     stopped = "budget"
+                    break
+                if self.worker_index == 0 and not self._budget_left():
+                    # Only worker 0 decides from the usage totals (each worker's view of them lags);
+                    # the others read its decision from the study.
+                    stopped = self._stop(study, step + 1, "budget")
                     break
                 if self.settings.patience and steps_without_gain >= self.settings.patience:
                     stopped = "patience"
                     break
             history = self._records(study)
+            self._load_others_usage(study)
+            if run_started is not None:
+                run_id = run_started.result()
             validation = None
             if self.worker_index == 0 and self.settings.finalists > 0:
                 validation = self._validate(study, program, validation_set, history, initial_instructions[0].strip())
             result = self._result(history, stopped=stopped, run_id=run_id, wall_s=time.perf_counter() - started,
                                   initial=initial_instructions[0], validation=validation,
                                   rejected=self._rejections(study))
+            self._close_engine()
         except BaseException as exc:
+            self._close_engine()
             with contextlib.suppress(Exception):  # the study store may be what failed
                 self._save_usage(study)
-            # Never leave the MLflow run RUNNING: KILLED when the user stopped it, FAILED otherwise.
+            # Never leave the MLflow run RUNNING: KILLED when the user stopped it, FAILED otherwise;
+            # another worker ends it FAILED when it gives up on a worker 0 that is gone.
             if self.tracker is not None and self.worker_index == 0:
+                with contextlib.suppress(Exception):  # the tracking store may be what failed
+                    self._tracking_done()
                 self.tracker.finish(status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            elif self.tracker is not None and self._abandoned and run_id:
+                with contextlib.suppress(Exception):
+                    self.tracker.run_id = str(run_id)
+                    self.tracker.finish(status="FAILED")
             raise
         self._save_usage(study)
         if self.worker_index == 0:
             self._write_outputs(result, study)
         return result
+
+    def _stop(self, study: optuna.Study, step: int, reason: str) -> str:
+        """Worker 0 records that the search stops before ``step``, for the workers waiting for its proposals."""
+        study.set_user_attr(f"stopped:{step}", {"reason": reason, "token": self._token})
+        return reason
 
     @staticmethod
     def _rejections(study: optuna.Study) -> tuple[dict[str, str], ...]:
@@ -818,19 +1121,24 @@ class OPROOptimizer:
         if not todo:
             return out
         # Question-major, like the search: consecutive calls share the retrieved context.
-        pairs = [(ins, ex) for ex in examples for ins in todo]
+        templates = [self.make_template(ins) for ins in todo]
+        pairs = [Pair(key=k, index=i, template=t, example=ex) for i, ex in enumerate(examples) for k, t in enumerate(templates)]
+        got: dict[tuple[int, int], float | LLMError | None] = {}
         with progress_bar(
             f"validation: {len(todo)} prompt(s) x {len(examples)} questions", total=len(pairs), enabled=self.progress
-        ) as bar, ThreadPoolExecutor(max_workers=self.task_workers) as pool:
-            results = []
-            for r in pool.map(lambda p: self._score_pair(program, p[0], p[1]), pairs):
-                results.append(r)
+        ) as bar:
+
+            def on_scored(scored: Scored) -> None:
+                k = int(scored.pair.key)  # type: ignore[call-overload]
+                got[(k, scored.pair.index)] = self._outcome(scored, todo[k])
                 bar.advance()
-        for ins in todo:
-            scores = [None if isinstance(r, LLMError) else r for (i, _), r in zip(pairs, results, strict=True) if i == ins]
-            n_errors = sum(1 for (i, _), r in zip(pairs, results, strict=True) if i == ins and isinstance(r, LLMError))
+
+            self._engine_for(program).run(pairs, on_scored=on_scored)
+        for k, ins in enumerate(todo):
+            results = [got[(k, i)] for i in range(len(examples))]
+            scores = [None if isinstance(r, LLMError) else r for r in results]
             out[ins] = scores
-            if n_errors == 0:  # a rerun retries the questions that failed
+            if not any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
                 study.set_user_attr(f"validation:{_sha(normalize_instruction(ins))}", scores)
         return out
 
@@ -849,7 +1157,7 @@ class OPROOptimizer:
         complete = [r for r in history if r.status == "complete" and r.score is not None]
         finalists = sorted(
             (r for r in complete if normalize_instruction(r.instruction) != initial_key),
-            key=lambda r: (-(r.score or 0.0), r.trial_number),
+            key=lambda r: (-(r.score or 0.0), r.step, r.index),
         )[: s.finalists]
         n = len(validation_set)
         scores = self._score_on(study, program, [initial, *(f.instruction for f in finalists)], validation_set)
@@ -897,7 +1205,10 @@ class OPROOptimizer:
                 )
             )
         winners = [r for r in records if r.significant]
-        winner = max(winners, key=lambda r: (r.validation_score or 0.0, -r.trial_number)) if winners else None
+        # Ties to the better search rank (the finalists' order), not to a trial number.
+        winner = (
+            max(winners, key=lambda r: (r.validation_score or 0.0, -records.index(r))) if winners else None
+        )
         if not finalists:
             verdict = "no candidate besides the initial instruction completed the search: nothing to validate"
         elif winner is None:
@@ -927,20 +1238,51 @@ class OPROOptimizer:
             verdict=verdict,
         )
 
-    def _wait_for_step(self, study: optuna.Study, step: int, n: int) -> list[CandidateRecord]:
-        def probe() -> list[CandidateRecord] | None:
-            records = self._records(study)
-            return records if sum(1 for r in records if r.step == step) >= n else None
+    # -- MLflow, off the critical path ---------------------------------------------------------
+    def _track(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run a tracking call on the one tracking thread, in order, while the search goes on."""
+        if self._tracking is None:
+            self._tracking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opro-mlflow")
+        job = self._tracking.submit(fn, *args, **kwargs)
+        self._tracking_jobs.append(job)
+        return job
 
-        return list(self._wait_for(probe, what=f"the other workers to finish step {step}"))
+    def _tracking_check(self) -> None:
+        """Raise the error of a tracking call that failed (a broken MLflow store) at a step boundary."""
+        for job in self._tracking_jobs:
+            if job.done() and job.exception() is not None:
+                self._tracking_done()
 
-    def _log_candidates(self, records: Sequence[CandidateRecord]) -> None:
-        if self.tracker is None:
+    def _tracking_done(self) -> None:
+        """Wait for every queued tracking call; raise the first failure."""
+        jobs, self._tracking_jobs = self._tracking_jobs, []
+        if self._tracking is not None:
+            self._tracking.shutdown(wait=True)
+            self._tracking = None
+        for job in jobs:
+            job.result()
+
+    def _log_step(self, study: optuna.Study, step: int, history: Sequence[CandidateRecord], best: float) -> None:
+        """Worker 0 logs every candidate of a finished step, whichever worker evaluated it, once per run
+        (on the tracking thread, after the run started).
+
+        The MLflow step of a candidate is its position in the (step, proposal index) order, the
+        same with any number of workers."""
+        if self.tracker is None or self.worker_index != 0 or self.tracker.run_id is None:
             return
-        for r in records:
+        key = f"mlflow_logged:{self.tracker.run_id}"
+        logged = list(study.user_attrs.get(key) or [])
+        if step in logged:
+            return
+        for position, r in enumerate(history):
+            if r.step != step:
+                continue
             metrics = {"candidate_score": r.score} if r.score is not None else {}
             metrics["candidate_step"] = float(r.step)
-            self.tracker.log_metrics(metrics, step=r.trial_number)
+            self.tracker.log_metrics(metrics, step=position)
+        if best > -math.inf:
+            self.tracker.log_metrics({"search_best_score": best}, step=step)
+        study.set_user_attr(key, [*logged, step])
 
     def _result(
         self,
@@ -977,7 +1319,7 @@ class OPROOptimizer:
         }
         if validation is None:
             # No validation stage: the search's arg-max, labelled as the in-sample score it is.
-            best = max(complete, key=lambda r: (r.score, -r.trial_number))
+            best = max(complete, key=lambda r: (r.score, -r.step, -r.index))
             return OptimizationResult(
                 best_instruction=best.instruction,
                 best_template=self.template_text(self.make_template(best.instruction)),
@@ -1012,6 +1354,9 @@ class OPROOptimizer:
         )
 
     def _write_outputs(self, result: OptimizationResult, study: optuna.Study) -> None:
+        # The summary in the study too: `opro compare best` / `opro export best` work from the stores
+        # on any machine, not only in worker 0's output folder.
+        study.set_user_attr("summary", json.loads(json.dumps(result.summary(), default=str)))
         out = self.output_dir
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
@@ -1039,6 +1384,7 @@ class OPROOptimizer:
             )
         if self.tracker is None:
             return
+        self._tracking_done()
         # A rerun of a finished study changes nothing: no second registry version, no repeated metrics.
         digest = _sha(json.dumps(
             {k: v for k, v in result.summary().items() if k not in ("usage", "wall_s")}, sort_keys=True, default=str
@@ -1141,6 +1487,7 @@ def optimism_points(result: OptimizationResult) -> list[dict[str, Any]]:
 __all__ = [
     "BestSoFarPruner",
     "CandidateRecord",
+    "EarlierStepsMedianPruner",
     "FinalistRecord",
     "OPROOptimizer",
     "OptimizationResult",

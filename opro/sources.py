@@ -1,7 +1,9 @@
 """Where a prompt comes from: one spec syntax shared by ``opro compare`` and ``opro export``.
 
 ============================  ==================================================================
-``best``                      the best prompt of the config's optimization (its ``summary.json``)
+``best``                      the best prompt of the config's optimization (its ``summary.json``, else
+                              the summary worker 0 left in the study: any worker or machine with the
+                              stores can use it)
 ``run:DIR`` / ``run:X.toml``  the best prompt of the optimization in DIR (or that config's output);
                               a bare ``X.toml`` path means the same
 ``initial``                   the config's first initial instruction (``initial:2``: the third)
@@ -78,25 +80,66 @@ def run_dir_of(target: str | Path) -> Path:
     return p.resolve()
 
 
+def _study_summary(config: OproConfig) -> dict[str, Any] | None:
+    """The summary worker 0 stored in the config's Optuna study, or None (no study, not finished)."""
+    import optuna
+
+    storage = config.optuna_storage
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+        return None  # loading would create an empty database file
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=config.study_name, storage=storage)
+    except KeyError:
+        return None
+    except Exception as exc:  # an unreachable server, a missing driver: say which store
+        raise DataError(
+            f"the Optuna study {config.study_name!r} in {redact_url(storage)} cannot be read "
+            f"({type(exc).__name__}: {str(exc)[:200]})"
+        ) from exc
+    summary = study.user_attrs.get("summary")
+    return dict(summary) if isinstance(summary, Mapping) else None
+
+
+def _config_of(target: str | Path) -> OproConfig | None:
+    p = Path(target).expanduser()
+    if p.suffix != ".toml":
+        return None
+    from opro.config import load_config
+
+    return load_config(p)
+
+
 def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -> ResolvedPrompt:
     summary_path = run_dir / "summary.json"
-    if not summary_path.is_file():
+    where = str(summary_path)
+    own = config is not None and run_dir.resolve() == config.output_dir.resolve()
+    stored = _study_summary(config) if own and config is not None and not summary_path.is_file() else None
+    if not summary_path.is_file() and stored is None:
         hint = f"`opro optimize {config.source}`" if config is not None else "`opro optimize CONFIG.toml`"
+        if own and config is not None:
+            raise DataError(
+                f"prompt {spec!r}: {run_dir} has no summary.json and the study {config.study_name!r} in "
+                f"{redact_url(config.optuna_storage)} holds no finished optimization; run {hint} first "
+                "(with several workers: wait for worker 0 to finish)"
+            )
         raise DataError(
             f"prompt {spec!r}: {run_dir} has no summary.json: no finished optimization there; run {hint} first"
         )
+    if stored is not None and config is not None:
+        where = f"the study {config.study_name!r} in {redact_url(config.optuna_storage)}"
     try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        summary = stored if stored is not None else json.loads(summary_path.read_text(encoding="utf-8"))
         best_template = str(summary["best_template"])
         best_instruction = str(summary["best_instruction"])
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise DataError(f"{summary_path}: not an opro optimization summary ({exc!r})") from exc
+        raise DataError(f"{where}: not an opro optimization summary ({exc!r})") from exc
     template = QATemplate.from_template_text(best_template)
     if template.template_text != best_template:
         # Not the default base template: keep the full template exactly as it was scored.
         template = QATemplate(instruction="", base=best_template)
     if template.instruction and template.instruction != best_instruction.strip():
-        raise DataError(f"{summary_path}: best_template does not contain best_instruction; the file was edited?")
+        raise DataError(f"{where}: best_template does not contain best_instruction; the file was edited?")
     provenance = {
         "source": spec,
         "run_dir": str(run_dir),
@@ -106,6 +149,8 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
         "initial_score": summary.get("initial_score"),
         "initial_instruction": summary.get("initial_instruction"),
     }
+    if stored is not None:
+        provenance["summary_from"] = where
     dataset_dir = run_dir / "dataset"
     if (dataset_dir / "rag_dataset.json").is_file():
         try:
@@ -219,7 +264,7 @@ def resolve_prompt(
         target = s[4:].strip()
         if not target:
             raise ConfigError("prompt 'run:' needs a directory or config: run:runs/quickstart or run:experiments/x.toml")
-        return _from_run(s, run_dir_of(target), config, s)
+        return _from_run(s, run_dir_of(target), _config_of(target) or config, s)
     if s.startswith("prompts:"):
         return _from_registry(s, config, tracking_uri)
     if s.startswith("file:"):
@@ -230,7 +275,7 @@ def resolve_prompt(
                               provenance={"source": "literal"})
     path = Path(s).expanduser()
     if path.is_file() and path.suffix == ".toml":  # an experiment config: its optimization's best
-        return _from_run(s, run_dir_of(path), config, path.stem)
+        return _from_run(s, run_dir_of(path), _config_of(path) or config, path.stem)
     if path.is_file():
         return _from_file(s, path, config)
     if path.is_dir():

@@ -57,6 +57,8 @@ def _init_sqlite_store(tracking_uri: str, db: Path) -> MlflowClient:
                     conn.execute(f'DROP TABLE "{name}"')
             if names:
                 logger.warning("repaired %s: dropped %s left by an interrupted migration", db, ", ".join(names))
+        new = not db.is_file()
+        copied = new and _copy_empty_store(db)
         try:
             client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             client.search_experiments(max_results=1)
@@ -65,7 +67,60 @@ def _init_sqlite_store(tracking_uri: str, db: Path) -> MlflowClient:
                 f"the MLflow store {db} cannot be opened ({type(exc).__name__}: {str(exc)[:200]}); move it aside "
                 "and rerun (the Optuna study keeps every result, so nothing is lost)"
             ) from exc
+        if new and not copied:
+            _save_empty_store(db)
         return client
+
+
+def _empty_store_path() -> Path:
+    import mlflow
+
+    from opro.paths import cache_dir
+
+    return cache_dir() / "mlflow" / f"empty-store-{mlflow.__version__}.sqlite"
+
+
+def _copy_empty_store(db: Path) -> bool:
+    """Start a new SQLite store from a copy of an empty, migrated one (kept per MLflow version in the
+    cache dir): building the schema through MLflow's ~50 migrations costs about 5 s of CPU, a copy
+    milliseconds. The copy's default experiment gets the artifact folder MLflow itself would give it."""
+    import sqlite3
+
+    template = _empty_store_path()
+    if not template.is_file():
+        return False
+    try:
+        with sqlite3.connect(template) as src, sqlite3.connect(db) as dst:
+            src.backup(dst)
+            dst.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                        (str(Path.cwd() / "mlruns" / "0"),))
+    except sqlite3.Error as exc:  # a damaged template: build the store the slow way
+        logger.warning("cannot copy the empty MLflow store %s (%s); creating the store from scratch", template, exc)
+        db.unlink(missing_ok=True)
+        return False
+    return True
+
+
+def _save_empty_store(db: Path) -> None:
+    """Keep a copy of a store MLflow just created (nothing in it yet) for :func:`_copy_empty_store`."""
+    import os
+    import sqlite3
+
+    template = _empty_store_path()
+    if template.is_file():
+        return
+    tmp = template.with_name(f"{template.name}.{os.getpid()}.tmp")
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        with sqlite3.connect(db) as src, sqlite3.connect(tmp) as dst:
+            if src.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] != 1:
+                return  # not empty any more (another process already uses it): do not keep its data
+            src.backup(dst)
+        os.replace(tmp, template)
+    except (OSError, sqlite3.Error) as exc:  # only a speed-up: never fail a run for it
+        logger.debug("cannot keep an empty MLflow store at %s: %s", template, exc)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def safe_params(params: Mapping[str, Any]) -> dict[str, str]:
@@ -95,8 +150,15 @@ class MlflowTracker:
     def __init__(self, *, tracking_uri: str, experiment_name: str) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
-        self.client = _client(tracking_uri)
+        self._client: MlflowClient | None = None
         self.run_id: str | None = None
+
+    @property
+    def client(self) -> MlflowClient:
+        """Opened (and the store created) on first use, so building a tracker costs nothing up front."""
+        if self._client is None:
+            self._client = _client(self.tracking_uri)
+        return self._client
 
     def start(self, *, run_name: str, params: Mapping[str, Any], resume_run_id: str | None = None) -> str:
         if resume_run_id:

@@ -2,12 +2,15 @@
 
 Roles are told apart by the request's model name (``task-model``, ``judge-model``,
 ``optimizer-model``). ``faults[role]`` makes every request of that role fail in one of the ways
-real endpoints fail. Bounded: 127.0.0.1 only, at most ``max_requests`` answered, stops with the
-context manager (or by itself after ``lifetime_s``).
+real endpoints fail. ``in_flight`` / ``peak`` count the requests being answered per role (what a
+rate-limited endpoint would see), ``first_s`` / ``last_s`` bound the time the server was busy.
+Bounded: 127.0.0.1 only, at most ``max_requests`` answered, stops with the context manager (or by
+itself after ``lifetime_s``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -17,6 +20,31 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 FAULTS = ("429", "500", "503", "timeout", "reset", "malformed", "empty", "401", "400", "404")
+
+
+_DSPY_FIELD = re.compile(r"\d+\. `(\w+)` \(([^)]*)\)")
+
+
+def dspy_reply(system: str, variant: int) -> str | None:
+    """A reply in DSPy's chat-adapter format filling the output fields its system message asks for
+    (None when the request is not DSPy's): instructions differ per ``variant``, scores are 5."""
+    if "Your output fields are:" not in system:
+        return None
+    section = system.split("Your output fields are:", 1)[1].split("All interactions will be structured", 1)[0]
+    parts = []
+    for name, kind in _DSPY_FIELD.findall(section):
+        if kind.startswith(("int", "float")):
+            value = "5"
+        elif kind.startswith("bool"):
+            value = "True"
+        elif "prefix" in name:
+            value = "Answer:"
+        elif "instruction" in name:
+            value = f"Answer from the context, in one sentence (variant {variant})."
+        else:
+            value = "Using the context: yes."
+        parts.append(f"[[ ## {name} ## ]]\n{value}")
+    return "\n\n".join([*parts, "[[ ## completed ## ]]"])
 
 
 def role_reply(role: str, prompt: str) -> str:
@@ -32,7 +60,7 @@ def role_reply(role: str, prompt: str) -> str:
 class FaultServer:
     def __init__(
         self, *, key: str, url_key: str | None = None, latency_s: float = 0.0, max_requests: int = 2000,
-        lifetime_s: float = 300.0,
+        lifetime_s: float = 300.0, keep_alive: bool = False, distinct: bool = False,
     ) -> None:
         self.key = key
         # A second secret some proxies take in the URL (``?api-key=``): required when set.
@@ -43,10 +71,21 @@ class FaultServer:
         self.lifetime_s = lifetime_s
         self.faults: dict[str, str] = {}
         self.counts: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+        self.peak_total = 0
+        self.first_s: float | None = None
+        self.last_s: float | None = None
         self.lock = threading.Lock()
+        # Benchmarks: every optimizer sample proposes a new instruction (none rejected as a duplicate)
+        # and every prompt gets its own answer, so no call is a cache hit of another.
+        self.distinct = distinct
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1 keeps connections open between requests, as real endpoints do.
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -55,6 +94,20 @@ class FaultServer:
                 role = str(body.get("model", "")).removesuffix("-model")
                 with server.lock:
                     server.counts[role] += 1
+                    server.in_flight[role] += 1
+                    server.peak[role] = max(server.peak[role], server.in_flight[role])
+                    server.peak_total = max(server.peak_total, sum(server.in_flight.values()))
+                    if server.first_s is None:
+                        server.first_s = time.time()
+                try:
+                    self._answer(body, role)
+                finally:
+                    with server.lock:
+                        server.in_flight[role] -= 1
+                        server.last_s = time.time()
+
+            def _answer(self, body: dict[str, Any], role: str) -> None:
+                with server.lock:
                     total = sum(server.counts.values())
                     fault = server.faults.get(role)
                 if total > server.max_requests:
@@ -70,12 +123,25 @@ class FaultServer:
                     return self._fault(fault)
                 messages = body.get("messages") or [{}]
                 prompt = str(messages[-1].get("content", ""))
-                text = role_reply(role, prompt + f" sample {body.get('seed') or 0}")
+                system = str(messages[0].get("content", "")) if messages[0].get("role") == "system" else ""
+                texts = []
+                for i in range(int(body.get("n") or 1)):  # DSPy's COPRO asks for several choices at once
+                    with server.lock:
+                        variant = sum(server.counts.values()) * 10 + i
+                    text = dspy_reply(system, variant)
+                    if text is None:
+                        text = role_reply(role, prompt + f" sample {body.get('seed') or 0}")
+                        if role == "optimizer" and server.distinct:
+                            text = text.replace("</INS>", f" (variant {body.get('seed') or 0})</INS>")
+                        if role == "task" and server.distinct:  # one answer per prompt: no two judge calls alike
+                            text += f" [{hashlib.sha1(prompt.encode()).hexdigest()[:8]}]"
+                    texts.append(text)
                 self._send(200, {
                     "id": "x", "object": "chat.completion", "created": 0, "model": body.get("model"),
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4,
-                              "total_tokens": (len(prompt) + len(text)) // 4},
+                    "choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
+                                for i, t in enumerate(texts)],
+                    "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": sum(len(t) for t in texts) // 4,
+                              "total_tokens": (len(prompt) + sum(len(t) for t in texts)) // 4},
                 })
 
             def _fault(self, fault: str) -> None:

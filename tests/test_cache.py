@@ -85,3 +85,31 @@ def test_two_processes_share_one_file(tmp_path: Path) -> None:
     hit = cache.get("p1-99")
     assert hit is not None and hit.text == "answer 99"
     cache.close()
+
+
+def test_concurrent_callers_share_a_bounded_number_of_connections_and_see_their_own_writes(tmp_path: Path) -> None:
+    cache = CallCache(tmp_path / "c.sqlite", max_readers=2)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(30):
+                cache.put(f"t{t}-{i}", _completion(i))
+                hit = cache.get(f"t{t}-{i}")  # visible at once, committed or not
+                assert hit is not None and hit.text == f"answer {i}"
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and cache._n_readers <= 2
+    cache.delete("t0-0")
+    assert cache.get("t0-0") is None
+    cache.close()
+    # Everything queued was committed by close(): a fresh instance (another process) reads it all.
+    again = CallCache(tmp_path / "c.sqlite")
+    assert len(again) == 16 * 30 - 1 and again.get("t15-29") is not None
+    again.close()

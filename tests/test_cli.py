@@ -80,3 +80,6 @@ def test_cli_errors_are_clear(scripted_config: Path, tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--split 'train'" in result.output
     result = runner.invoke(app, ["optimize", str(scripted_config), "--worker", "two"])
     assert result.exit_code == 2 and "I/N" in result.output
+    result = runner.invoke(app, ["optimize", str(scripted_config), "--worker", "0/0"])
+    assert result.exit_code != 0 and "--worker 0/0: N is the number of workers" in result.output
+    assert "Traceback" not in result.output

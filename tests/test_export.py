@@ -181,3 +181,26 @@ def test_cli_export(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert bad.exit_code == 2 and "pass its config" in bad.output
     bad = runner.invoke(app, ["export", f"run:{run_dir}", "--format", "yaml"])
     assert bad.exit_code == 2 and "is not one of" in bad.output
+
+
+def test_best_comes_from_the_study_where_the_output_folder_has_no_summary(tmp_path: Path) -> None:
+    """Another worker or machine shares the stores, not worker 0's folder: `best` reads the study."""
+    import optuna
+
+    from opro.config import config_from_dict
+
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    cfg = config_from_dict({"experiment": {"name": "t", "output_dir": "elsewhere"},
+                            "tracking": {"optuna_storage": storage, "study_name": "s"}}, base_dir=tmp_path)
+    with pytest.raises(DataError, match=r"has no summary\.json and the study 's' in .* holds no finished optimization"):
+        resolve_prompt("best", config=cfg)  # no study yet (and no database file is created for it)
+    assert not (tmp_path / "shared.db").exists()
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    with pytest.raises(DataError, match=r"the study 's' in .* holds no finished optimization; run .* worker 0"):
+        resolve_prompt("best", config=cfg)
+    template = QATemplate(instruction="Answer from the context.")
+    study.set_user_attr("summary", {"best_template": template.template_text, "best_instruction": template.instruction,
+                                    "best_score": 4.5, "study_name": "s", "mlflow_run_id": "r1"})
+    prompt = resolve_prompt("best", config=cfg)
+    assert prompt.template.template_text == template.template_text
+    assert prompt.provenance["summary_from"].startswith("the study 's'") and prompt.provenance["optimization_score"] == 4.5

@@ -340,3 +340,41 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     workers = {t.user_attrs["worker"] for t in study.trials}
     assert workers == {0, 1}
     assert len(study.trials) == 10  # nothing evaluated twice
+
+
+def _history_of(result: object) -> list[tuple[object, ...]]:
+    return [(r.step, r.instruction, r.score, r.status, r.scores) for r in result.history]  # type: ignore[attr-defined]
+
+
+def test_one_and_32_workers_give_the_same_history_and_the_same_calls(tmp_path: Path) -> None:
+    """The streaming engine's results do not depend on which worker finished first: with pruning
+    (racing) and with a call budget, 1 and 32 workers give the same history and ask the same calls."""
+    import random
+
+    def jittered(reply):  # type: ignore[no-untyped-def]
+        rng = random.Random(0)
+
+        def respond(messages, options):  # type: ignore[no-untyped-def]
+            time.sleep(rng.random() * 0.003)  # shuffles completion order under concurrency
+            return reply(messages, options)
+
+        return respond
+
+    outcomes = []
+    for workers, settings in [(w, s) for s in ({"pruner": "race"}, {"max_calls": 150}) for w in (1, 32)]:
+        run_dir = tmp_path / f"{workers}-{len(outcomes)}"
+        opt, rig, program = _optimizer(
+            run_dir, steps=3, candidates_per_step=4, minibatch_size=2, prune_warmup_minibatches=1, **settings
+        )
+        for llm in (rig.task, rig.judge, rig.optimizer):
+            llm.max_concurrency = workers
+            llm._default = jittered(llm._default)
+        opt.task_workers, opt.judge_workers = workers, workers
+        result = opt.optimize(program=program, optimization_set=_examples(8),  # type: ignore[arg-type]
+                              exemplar_set=_examples(3), initial_instructions=["Answer the question."])
+        calls = sorted(m[-1].content for m, _ in rig.task.calls + rig.judge.calls + rig.optimizer.calls)
+        outcomes.append((workers, settings, _history_of(result), calls, result.stopped_reason))
+    (_, _, h1, c1, s1), (_, _, h32, c32, s32), (_, _, b1, d1, t1), (_, _, b32, d32, t32) = outcomes
+    assert any(row[3] == "pruned" for row in h1), h1  # the racing pruner did stop someone
+    assert h1 == h32 and c1 == c32 and s1 == s32
+    assert t1 == "budget" and b1 == b32 and d1 == d32 and t1 == t32

@@ -1,0 +1,253 @@
+"""Throughput of `opro optimize` / `opro compare` and DSPy on one loopback OpenAI-compatible server.
+
+The server (tests/fault_server.py) answers every request after ``--latency`` seconds, per role
+(task, judge, optimizer: told apart by the model name; DSPy's requests get replies in its chat
+format) and counts the requests in flight. Each run is a separate process started here; the table
+gives, per run:
+
+- requests: what the server answered; window: first request to last reply (seconds);
+- req/s inside the window, the ideal W/L (W requests in flight, each taking L) and their ratio;
+- peak: most requests in flight at the server;
+- CPU ms/req: the client process's CPU time inside the window per request (/proc sampling);
+- start / end: process start to first request, last reply to process exit (fixed cost).
+
+Usage (about 2 minutes at L = 0.2 s):
+
+    PYTHONPATH=$PWD LITELLM_LOCAL_MODEL_COST_MAP=True python experiments/bench_throughput.py --latency 0.2
+
+It is a benchmark, not a test: nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sk-bench-0123456789abcdef"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Row:
+    run: str
+    workers: int
+    requests: int
+    window_s: float
+    peak: int
+    cpu_s: float
+    start_s: float
+    end_s: float
+    rc: int
+
+    def cells(self, latency: float) -> list[str]:
+        rps = self.requests / self.window_s if self.window_s > 0 else 0.0
+        ideal = self.workers / latency if latency > 0 else float("nan")
+        return [
+            self.run, str(self.workers), str(self.requests), f"{self.window_s:.1f}", f"{rps:.1f}",
+            f"{ideal:.0f}" if latency > 0 else "-", f"{rps / ideal:.2f}" if latency > 0 else "-", str(self.peak),
+            f"{1000 * self.cpu_s / max(1, self.requests):.2f}", f"{self.start_s:.1f}", f"{self.end_s:.1f}",
+            "" if self.rc == 0 else f"exit {self.rc}",
+        ]
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def _measure(server: object, cmd: list[str], *, run: str, workers: int, env: dict[str, str]) -> Row:
+    with server.lock:  # type: ignore[attr-defined]
+        server.counts.clear()  # type: ignore[attr-defined]
+        server.peak.clear()  # type: ignore[attr-defined]
+        server.peak_total = 0  # type: ignore[attr-defined]
+        server.first_s = server.last_s = None  # type: ignore[attr-defined]
+    started = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    samples: list[tuple[float, float]] = []
+
+    def sample() -> None:  # the client's CPU clock, to charge it only for the window
+        while proc.poll() is None:
+            cpu = _cpu_s(proc.pid)
+            if cpu is not None:
+                samples.append((time.time(), cpu))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, _ = proc.communicate()
+    ended = time.time()
+    sampler.join()
+    if proc.returncode != 0:
+        print(out[-3000:], file=sys.stderr)
+    first, last = server.first_s or started, server.last_s or ended  # type: ignore[attr-defined]
+
+    def cpu_at(t: float) -> float:
+        before = [c for s, c in samples if s <= t]
+        return before[-1] if before else (samples[0][1] if samples else 0.0)
+
+    return Row(
+        run=run, workers=workers, requests=sum(server.counts.values()), window_s=last - first,  # type: ignore[attr-defined]
+        peak=server.peak_total, cpu_s=cpu_at(last) - cpu_at(first), start_s=first - started,  # type: ignore[attr-defined]
+        end_s=ended - last, rc=proc.returncode,
+    )
+
+
+def _write_data(base: Path, n_questions: int) -> None:
+    docs = base / "docs"
+    docs.mkdir(parents=True, exist_ok=True)
+    for d in range(8):
+        lines = [f"Fact {d}-{i}: the value of item {d}-{i} is {d * 100 + i}." for i in range(60)]
+        (docs / f"doc{d}.txt").write_text("\n".join(lines) + "\n")
+    rows = [{"question": f"What is the value of item {i % 8}-{i % 60}?", "answer": f"{(i % 8) * 100 + i % 60}."}
+            for i in range(n_questions)]
+    (base / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def _config(base: Path, name: str, url: str, workers: int, args: argparse.Namespace) -> Path:
+    models = "\n".join(
+        f'[models.{role}]\nbackend = "openai"\nmodel = "{model}-model"\nbase_url = "{url}"\n'
+        f'api_key_env = "OPRO_BENCH_KEY"\nmax_concurrency = {workers}\ntimeout_s = 60\n'
+        for role, model in (("task", "task"), ("judge", "judge"), ("optimizer", "optimizer"), ("generator", "optimizer"))
+    )
+    text = f"""[experiment]
+name = "{name}"
+output_dir = "{name}"
+cache_path = "{name}/calls.sqlite"
+progress = false
+
+[data]
+docs = ["docs"]
+dataset = "qa.jsonl"
+query_field = "question"
+answer_field = "answer"
+
+[data.split]
+exemplar = 3
+optimization = {args.questions}
+validation = 0
+heldout = {args.questions}
+seed = 0
+
+[rag]
+chunk_size = 128
+chunk_overlap = 0
+initial_instructions = ["Answer the question."]
+
+[optimizer]
+steps = {args.steps}
+candidates_per_step = {args.candidates}
+minibatch_size = {args.minibatch}
+pruner = "none"
+finalists = 0
+
+{models}"""
+    path = base / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def dspy_child(args: argparse.Namespace) -> None:
+    """Runs inside its own process: DSPy's Evaluate or COPRO on the bench server."""
+    import dspy
+    from dspy.teleprompt import COPRO
+
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+
+    def lm(role: str, **kw: object) -> dspy.LM:
+        return dspy.LM(f"openai/{role}-model", api_base=args.base_url, api_key=KEY, cache=False, num_retries=0, **kw)
+
+    task, judge, prompt_model = lm("task"), lm("judge"), lm("optimizer")
+    dspy.configure(lm=task)
+    facts = [f"Fact {d}-{i}: the value of item {d}-{i} is {d * 100 + i}." for d in range(8) for i in range(60)]
+    examples = [
+        dspy.Example(context=facts[(i % 8) * 60 + i % 60], question=f"What is the value of item {i % 8}-{i % 60}?",
+                     reference=f"{(i % 8) * 100 + i % 60}.").with_inputs("context", "question")
+        for i in range(args.questions)
+    ]
+    grader = dspy.Predict("question, answer, reference -> score: int")
+
+    def metric(example: dspy.Example, pred: dspy.Prediction, trace: object = None) -> float:
+        with dspy.context(lm=judge):
+            return float(grader(question=example.question, answer=pred.answer, reference=example.reference).score) / 5
+
+    program = dspy.Predict("context, question -> answer")
+    if args.dspy_child == "evaluate":
+        dspy.Evaluate(devset=examples, metric=metric, num_threads=args.threads, display_progress=False)(program)
+    else:
+        COPRO(prompt_model=prompt_model, metric=metric, breadth=args.candidates, depth=args.steps,
+              init_temperature=1.0).compile(
+            program, trainset=examples, eval_kwargs={"num_threads": args.threads, "display_progress": False}
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds the server takes per request")
+    parser.add_argument("--workers", default="1,8,32,128", help="max_concurrency / num_threads values")
+    parser.add_argument("--questions", type=int, default=40, help="optimization (and held-out) questions")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--candidates", type=int, default=4)
+    parser.add_argument("--minibatch", type=int, default=2)
+    parser.add_argument("--runs", default="optimize,compare,dspy-evaluate,dspy-copro", help="which runs")
+    parser.add_argument("--dspy-child", choices=("evaluate", "copro"), help=argparse.SUPPRESS)
+    parser.add_argument("--base-url", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.dspy_child:
+        dspy_child(args)
+        return
+
+    sys.path.insert(0, str(ROOT / "tests"))  # the loopback fake server the network tests use
+    from fault_server import FaultServer
+
+    runs = args.runs.split(",")
+    env = {**os.environ, "OPRO_BENCH_KEY": KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="opro-bench-") as tmp, FaultServer(
+        key=KEY, latency_s=args.latency, max_requests=10**7, lifetime_s=6 * 3600, keep_alive=True,
+        distinct=True,
+    ) as server:
+        base = Path(tmp)
+        _write_data(base, 3 + 2 * args.questions)
+        env["OPRO_CACHE_DIR"] = str(base / "cache")  # a cold call cache: every run pays for its calls
+        opro = [sys.executable, "-c", "from opro.cli import main; main()"]
+        for w in (int(x) for x in args.workers.split(",")):
+            cfg = _config(base, f"w{w}", server.base_url, w, args)
+            if "optimize" in runs or "compare" in runs:
+                rows.append(_measure(server, [*opro, "optimize", str(cfg), "--no-progress"],
+                                     run="opro optimize", workers=w, env=env))
+            if "compare" in runs:
+                prompts = [f"text:Answer from the context, variant {i}." for i in range(args.candidates)]
+                cmd = [*opro, "compare", str(cfg), "--no-progress", "--no-mlflow",
+                       *(x for p in prompts for x in ("-p", p)), "--baseline", "initial"]
+                rows.append(_measure(server, cmd, run="opro compare", workers=w, env=env))
+            child = [sys.executable, __file__, "--base-url", server.base_url, "--threads", str(w),
+                     "--questions", str(args.questions), "--steps", str(args.steps), "--candidates", str(args.candidates)]
+            if "dspy-evaluate" in runs:
+                rows.append(_measure(server, [*child, "--dspy-child", "evaluate"], run="dspy Evaluate", workers=w, env=env))
+            if "dspy-copro" in runs:
+                rows.append(_measure(server, [*child, "--dspy-child", "copro"], run="dspy COPRO", workers=w, env=env))
+    head = ["run", "W", "requests", "window s", "req/s", "W/L", "ratio", "peak", "CPU ms/req", "start s", "end s", ""]
+    table = [head, *(r.cells(args.latency) for r in rows)]
+    print(f"\nL = {args.latency:g} s; {args.questions} questions; {args.steps} steps x {args.candidates} candidates\n")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for cells in table[1:]:
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

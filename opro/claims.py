@@ -1,0 +1,159 @@
+"""Work sharing between the workers of one study: every candidate of a step is claimed once.
+
+A worker claims a candidate by creating its Optuna trial (RUNNING, with the step, the proposal
+index and the worker's lease token as attributes) in one transaction; the claim that stands for a
+proposal index is the lowest-numbered one whose worker is alive. Trial numbers are assigned under a
+lock on the study row, so a later claimer always sees the earlier claim and steps back: two workers
+never evaluate the same candidate, whatever their timing. A claim whose worker stopped (its lease,
+see :class:`opro.locking.StudyLease`, is released, its pid is gone, or its heartbeat is stale) is
+failed by whoever sees it, and the candidate is claimed again, so workers may join or leave at any
+time and every candidate is still evaluated exactly once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from opro.locking import lease_alive
+from opro.metaprompt import normalize_instruction
+
+#: Statuses a new process evaluates again: the endpoint failed or the budget ran out, not the candidate.
+RETRY_STATUSES: frozenset[str] = frozenset({"failed", "budget"})
+LEASE_PREFIX = "holder:w"
+
+
+def live_workers(attrs: Mapping[str, Any], *, stale_s: float = 300.0) -> dict[int, dict[str, Any]]:
+    """The live leases of a study (its user attributes), by worker index."""
+    out: dict[int, dict[str, Any]] = {}
+    for key, held in attrs.items():
+        if key.startswith(LEASE_PREFIX) and isinstance(held, dict) and lease_alive(held, stale_s=stale_s):
+            out[int(key.removeprefix(LEASE_PREFIX))] = held
+    return out
+
+
+def describe_lease(index: int, held: Mapping[str, Any], *, now: float) -> str:
+    """``worker 1 (pid 42 on host-a, last heartbeat 12 s ago)``, or what is known of a stopped one."""
+    if held.get("token"):
+        beat = held.get("beat")
+        ago = f", last heartbeat {now - float(beat):.0f} s ago" if beat else ""
+        return f"worker {index} (pid {held.get('pid')} on {held.get('host')}{ago})"
+    if held.get("released"):
+        return f"worker {index} (finished or stopped; not running now)"
+    return f"worker {index} (not started)"
+
+
+@dataclass
+class StepState:
+    """Who evaluates what in one step, read from the study."""
+
+    #: Proposal index -> the finished trial that stands for it.
+    done: dict[int, optuna.trial.FrozenTrial] = field(default_factory=dict)
+    #: Proposal index -> the standing claim of a live worker.
+    claimed: dict[int, optuna.trial.FrozenTrial] = field(default_factory=dict)
+    #: Running claims whose worker stopped: to be failed, and their candidates claimed again.
+    stale: list[optuna.trial.FrozenTrial] = field(default_factory=list)
+
+    def free(self, n: int) -> list[int]:
+        return [i for i in range(n) if i not in self.done and i not in self.claimed]
+
+
+def step_state(study: optuna.Study, step: int, proposals: Sequence[str], *, stale_s: float = 300.0) -> StepState:
+    """The state of ``step``'s candidates. A candidate is matched by its normalized instruction, so
+    trials written before proposal indices were recorded count too.
+
+    A finished candidate whose status says the endpoint failed or the budget ran out stands only
+    while the process that evaluated it runs: a new process evaluates it again (resume semantics).
+    """
+    keys = {normalize_instruction(p): i for i, p in enumerate(proposals)}
+    live = {held.get("token") for held in live_workers(study.user_attrs, stale_s=stale_s).values()}
+    state = StepState()
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        a = t.user_attrs
+        if a.get("step") != step or "instruction" not in a:
+            continue
+        i = keys.get(normalize_instruction(a["instruction"]))
+        if i is None:
+            continue
+        if t.state == optuna.trial.TrialState.RUNNING:
+            if a.get("claim") in live:
+                state.claimed.setdefault(i, t)
+            elif a.get("claim"):
+                state.stale.append(t)
+            continue
+        status = a.get("status")
+        if status is None or t.state == optuna.trial.TrialState.WAITING:
+            continue  # a claim that lost, or one taken over: not a result
+        if status in RETRY_STATUSES and a.get("claim") not in live:
+            continue
+        state.done[i] = t
+    for i in state.done:
+        state.claimed.pop(i, None)
+    return state
+
+
+def claim(
+    study: optuna.Study,
+    *,
+    step: int,
+    items: Sequence[tuple[int, str]],
+    token: str,
+    worker: int,
+    stale_s: float = 300.0,
+) -> list[tuple[int, str, optuna.trial.Trial]]:
+    """Claim the candidates ``items`` (proposal index, instruction) of ``step``; returns those won."""
+    storage = study._storage  # the public ask() cannot create a trial and its attributes in one transaction
+    created: list[tuple[int, str, int]] = []
+    for index, instruction in items:
+        template = optuna.trial.FrozenTrial(
+            number=-1,
+            state=optuna.trial.TrialState.RUNNING,
+            value=None,
+            datetime_start=datetime.datetime.now(),
+            datetime_complete=None,
+            params={},
+            distributions={},
+            user_attrs={
+                "instruction": instruction, "step": step, "index": index, "worker": worker,
+                "host": socket.gethostname(), "claim": token,
+            },
+            system_attrs={},
+            intermediate_values={},
+            trial_id=-1,
+        )
+        created.append((index, instruction, storage.create_new_trial(study._study_id, template_trial=template)))
+    state = step_state(study, step, [ins for _, ins in items], stale_s=stale_s)
+    won: list[tuple[int, str, optuna.trial.Trial]] = []
+    for pos, (index, instruction, trial_id) in enumerate(created):
+        standing = state.claimed.get(pos)
+        if pos not in state.done and standing is not None and standing._trial_id == trial_id:
+            won.append((index, instruction, optuna.trial.Trial(study, trial_id)))
+        else:
+            # Another worker claimed it first: step back. A failed trial without a status is no result.
+            number = storage.get_trial(trial_id).number
+            study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    return won
+
+
+def release_stale(study: optuna.Study, state: StepState) -> int:
+    """Fail the claims of stopped workers, so their candidates can be claimed again."""
+    for t in state.stale:
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    return len(state.stale)
+
+
+__all__ = [
+    "LEASE_PREFIX",
+    "RETRY_STATUSES",
+    "StepState",
+    "claim",
+    "describe_lease",
+    "live_workers",
+    "release_stale",
+    "step_state",
+]

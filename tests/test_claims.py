@@ -1,0 +1,201 @@
+"""Workers of one study: every candidate claimed once, the single-worker history with any number of
+workers, stopped workers' candidates taken over, mismatched specs refused, a missing worker named."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import optuna
+import pytest
+from test_optimizer import _examples, _history_of, _optimizer
+
+from opro.claims import claim, step_state
+from opro.config import OptimizerSection
+from opro.errors import ConfigError, OproError
+from opro.optimizer import BestSoFarPruner, EarlierStepsMedianPruner, OPROOptimizer
+
+SETTINGS: dict[str, Any] = {
+    "steps": 2, "candidates_per_step": 4, "minibatch_size": 2, "pruner": "race", "prune_warmup_minibatches": 1,
+}
+
+
+def _jitter(rig: Any, seed: int) -> None:
+    """Replies arrive in a shuffled order: which worker finishes first varies."""
+    rng = random.Random(seed)
+    for llm in (rig.task, rig.judge, rig.optimizer):
+        reply = llm._default
+
+        def respond(messages: Any, options: Any, reply: Any = reply) -> Any:
+            time.sleep(rng.random() * 0.004)
+            return reply(messages, options)
+
+        llm._default = respond
+
+
+def _run_workers(tmp_path: Path, n: int, *, seed: int = 0) -> dict[int, Any]:
+    """``n`` workers (threads, each with its own models and optimizer) on one SQLite study."""
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            opt, rig, program = _optimizer(tmp_path, **SETTINGS)
+            _jitter(rig, seed + index)
+            opt.worker_index, opt.num_workers, opt.worker_timeout_s = index, n, 60.0
+            results[index] = opt.optimize(program=program, optimization_set=_examples(6),  # type: ignore[arg-type]
+                                          exemplar_set=_examples(3), initial_instructions=["Answer the question."])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return results
+
+
+def _results_per_candidate(storage: str) -> dict[tuple[int, int], int]:
+    study = optuna.load_study(study_name="test", storage=storage)
+    out: dict[tuple[int, int], int] = {}
+    for t in study.trials:
+        if t.user_attrs.get("status") is not None:
+            key = (t.user_attrs["step"], t.user_attrs["index"])
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def test_one_two_and_three_workers_give_the_same_history(tmp_path: Path) -> None:
+    """Racing pruner, shuffled reply order: the history (order, scores, pruning decisions) and the
+    best are the single worker's with 2 and 3 workers, and each candidate is evaluated exactly once."""
+    single = _run_workers(tmp_path / "one", 1)[0]
+    assert any(r.status == "pruned" for r in single.history), single.history  # the pruner did decide
+    for n in (2, 3):
+        results = _run_workers(tmp_path / f"n{n}", n, seed=10 * n)
+        for index, result in results.items():
+            assert _history_of(result) == _history_of(single), (n, index)
+            assert result.best_instruction == single.best_instruction
+        counts = _results_per_candidate(f"sqlite:///{tmp_path / f'n{n}' / 'optuna.db'}")
+        assert len(counts) == len(single.history) and set(counts.values()) == {1}, counts
+        study = optuna.load_study(study_name="test", storage=f"sqlite:///{tmp_path / f'n{n}' / 'optuna.db'}")
+        assert study.user_attrs["workers"] == n
+        # The summary counts every worker's calls, not worker 0's alone.
+        usage = results[0].usage
+        per_worker = [study.user_attrs[f"usage:w{i}"] for i in range(n)]
+        assert usage["judge"]["calls"] == sum(u.get("judge", {}).get("calls", 0) for u in per_worker)
+        assert usage["judge"]["calls"] == results[1].usage["judge"]["calls"]
+
+
+def test_a_stopped_workers_claims_are_taken_over(tmp_path: Path) -> None:
+    """A worker killed mid-step leaves running claims behind: they are failed and evaluated again,
+    once, and the history is the uninterrupted run's."""
+    single = _run_workers(tmp_path / "one", 1)[0]
+    storage = f"sqlite:///{tmp_path / 'two' / 'optuna.db'}"
+    opt, _rig, program = _optimizer(tmp_path / "two", **SETTINGS)
+    study = opt._study()
+    holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": "gone", "of": 2, "beat": time.time()}
+    study.set_user_attr("holder:w1", holder)
+    won = claim(study, step=0, items=[(0, "Answer the question.")], token="gone", worker=1)
+    assert len(won) == 1
+    won[0][2].report(1.0, 0)  # it had started, then its process was killed:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    study.set_user_attr("holder:w1", {**holder, "pid": int(dead.stdout)})
+    opt.worker_index, opt.num_workers = 0, 2
+    result = opt.optimize(program=program, optimization_set=_examples(6), exemplar_set=_examples(3),  # type: ignore[arg-type]
+                          initial_instructions=["Answer the question."])
+    assert _history_of(result) == _history_of(single)
+    assert set(_results_per_candidate(storage).values()) == {1}
+    after = optuna.load_study(study_name="test", storage=storage)
+    stale = [t for t in after.trials if t.user_attrs.get("claim") == "gone"]
+    assert [t.state for t in stale] == [optuna.trial.TrialState.FAIL]
+
+
+def test_a_claim_is_won_once(tmp_path: Path) -> None:
+    opt, _rig, _program = _optimizer(tmp_path)
+    study = opt._study()
+    for i, token in enumerate(("a", "b")):
+        study.set_user_attr(f"holder:w{i}", {"host": socket.gethostname(), "pid": os.getpid(), "token": token})
+    first = claim(study, step=1, items=[(0, "x"), (1, "y")], token="a", worker=0)
+    second = claim(study, step=1, items=[(0, "x"), (1, "y")], token="b", worker=1)
+    assert [i for i, _, _ in first] == [0, 1] and second == []
+    state = step_state(study, 1, ["x", "y"])
+    assert sorted(state.claimed) == [0, 1] and not state.free(2)
+    study.set_user_attr("holder:w0", {"released": "a"})  # worker 0 stopped: its claims are free again
+    state = step_state(study, 1, ["x", "y"])
+    assert len(state.stale) == 2 and state.free(2) == [0, 1]
+
+
+def test_mismatched_worker_specs_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(OproError, match=r"--worker 0/0: N is the number of workers .* must be >= 1"):
+        OPROOptimizer(optimizer_llm=_optimizer(tmp_path)[0].optimizer_llm, judge=None,  # type: ignore[arg-type]
+                      make_template=str, template_text=str, storage="sqlite://", study_name="s",
+                      worker_index=0, num_workers=0)
+    with pytest.raises(OproError, match=r"--worker 2/2: the index I must be within 0\.\.1"):
+        OPROOptimizer(optimizer_llm=_optimizer(tmp_path)[0].optimizer_llm, judge=None,  # type: ignore[arg-type]
+                      make_template=str, template_text=str, storage="sqlite://", study_name="s",
+                      worker_index=2, num_workers=2)
+    opt, _rig, program = _optimizer(tmp_path, steps=1)
+    study = opt._study()
+    # Worker 0 of 2 is running (this process, so its lease is alive): a worker 1 of 3 is refused.
+    study.set_user_attr("holder:w0", {"host": socket.gethostname(), "pid": os.getpid(), "token": "t", "of": 2})
+    opt.worker_index, opt.num_workers = 1, 3
+    with pytest.raises(ConfigError, match=r"being worked on by --worker 0/2 .* started as --worker 1/3: every worker"):
+        opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]
+    assert not study.trials  # refused before evaluating anything
+
+
+def test_a_missing_worker_0_is_named_and_the_run_ends_failed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    class Tracker:
+        run_id: str | None = None
+        statuses: ClassVar[list[str]] = []
+
+        def finish(self, *, status: str = "FINISHED") -> None:
+            self.statuses.append(f"{self.run_id}:{status}")
+
+    opt, _rig, program = _optimizer(tmp_path, steps=1)
+    study = opt._study()
+    study.set_user_attr("mlflow_run_id", "run-1")
+    opt.worker_index, opt.num_workers, opt.worker_timeout_s = 1, 2, 1.0
+    opt.tracker = Tracker()  # type: ignore[assignment]
+    with caplog.at_level("WARNING"), pytest.raises(OproError, match=r"worker 1: waited 1 s for the proposals of step 1, "
+                                                   r"but worker 0 \(not started\) is not running: start it"):
+        # Worker 1 evaluates step 0 (the initial instructions) alone, then needs worker 0's proposals.
+        opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]
+    assert opt.tracker.statuses == ["run-1:FAILED"]  # type: ignore[attr-defined]
+    assert "SQLite" in caplog.text  # N > 1 workers on a SQLite study: warned
+
+
+def _trial(step: int, value: float, intermediate: dict[int, float], state: Any = None) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(
+        value=value if state is None else None, state=optuna.trial.TrialState.COMPLETE if state is None else state,
+        user_attrs={"step": step, "index": 0}, intermediate_values=intermediate,
+    )
+
+
+@pytest.mark.parametrize("pruner", [BestSoFarPruner(margin=0.5, warmup=1), EarlierStepsMedianPruner(warmup=1)])
+def test_pruners_compare_only_with_earlier_steps(pruner: optuna.pruners.BasePruner) -> None:
+    """A same-step candidate that happened to finish first (on another worker) never decides."""
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(_trial(2, 5.0, {0: 5.0}))  # same step, finished first
+    current = _trial(2, 0.0, {0: 2.0}, state=optuna.trial.TrialState.RUNNING)
+    assert pruner.prune(study, current) is False
+    study.add_trial(_trial(1, 4.0, {0: 4.0}))  # an earlier step
+    assert pruner.prune(study, current) is True
+
+
+def test_worker_wait_is_a_checked_setting() -> None:
+    from opro.config import TrackingSection
+
+    assert TrackingSection().worker_wait_s == 600.0
+    with pytest.raises(ConfigError, match=r"\[tracking\]\.worker_wait_s must be within 1\.\.86400, got 0"):
+        TrackingSection(worker_wait_s=0)
+    assert OptimizerSection().pruner == "race"

@@ -1,0 +1,29 @@
+"""MLflow stores: a new SQLite store starts from a copy of an empty migrated one, and works like one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opro.tracking import MlflowTracker, _empty_store_path
+
+
+def test_a_new_store_is_a_copy_of_an_empty_one_and_keeps_nothing_of_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPRO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    first = MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}", experiment_name="a")
+    first.start(run_name="r", params={"x": 1})
+    first.finish()
+    assert _empty_store_path().is_file()  # kept when the first store was built, before anything was in it
+
+    second = MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", experiment_name="b")
+    run_id = second.start(run_name="r", params={"y": 2})
+    second.log_metrics({"m": 1.0}, step=0)
+    second.finish()
+    client = second.client
+    assert [e.name for e in client.search_experiments()] == ["b", "Default"]
+    assert client.get_run(run_id).data.params == {"y": "2"}
+    assert client.get_experiment("0").artifact_location == str(tmp_path / "mlruns" / "0")
