@@ -62,6 +62,8 @@ class CalibrationVerdict:
     cached: bool
     #: 0: the calibration call; 1: its repeat without the cache (test-retest).
     repeat: int = 0
+    #: Logit judges: the most likely score (the discrete score a generated reply would give).
+    most_likely: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class CalibrationReport:
     auc: float | None
     separation: float | None
     invalid_rate: float | None
+    #: Logit judges: the AUC of the most likely score alone (what the discrete score would separate).
+    auc_most_likely: float | None
     s_per_call: float | None
     calls: int
     cache_hits: int
@@ -138,6 +142,8 @@ class CalibrationReport:
             parts.append(f"test-retest sd {f(self.retest.sd)} (exact {f(self.retest.exact, '.0%')}, n={self.retest.n})")
         if self.s_per_call is not None:
             parts.append(f"{self.s_per_call:.2f} s/call")
+        if self.auc_most_likely is not None:
+            parts.append(f"AUC of the most likely score alone {f(self.auc_most_likely)}")
         return f"{self.n_questions} questions of {self.dataset}: " + ", ".join(parts)
 
 
@@ -230,6 +236,10 @@ def summarize(
         seed=seed,
         conditions=stats,
         auc=auc(scores.get("reference", []), scores.get("wrong", [])),
+        auc_most_likely=auc(
+            [float(v.most_likely) for v in first if v.item.condition == "reference" and v.most_likely is not None],
+            [float(v.most_likely) for v in first if v.item.condition == "wrong" and v.most_likely is not None],
+        ),
         separation=ref_mean - wrong_mean if ref_mean is not None and wrong_mean is not None else None,
         invalid_rate=sum(v.score is None for v in first) / len(first),
         s_per_call=statistics.fmean(uncached) if uncached else None,
@@ -242,9 +252,16 @@ def summarize(
 
 
 def _judge_one(judge: CorrectnessJudge, item: CalibrationItem, repeat: int) -> CalibrationVerdict:
+    from opro.judges import score_distribution
+
     started = time.perf_counter()
     result, completion = judge.evaluate_with_completion(query=item.query, answer=item.answer, reference=item.reference)
+    most_likely = None
+    if completion is not None and completion.finish_reason == "choices" and result.score is not None:
+        dist = score_distribution(completion)
+        most_likely = max(dist, key=lambda s: dist[s]) if dist else None
     return CalibrationVerdict(
+        most_likely=most_likely,
         item=item,
         score=result.score,
         invalid_reason=result.invalid_reason,
@@ -410,13 +427,14 @@ def write_calibration(
     for key, repeat in (("verdicts", 0), ("retest", 1)):
         with paths[key].open("w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
-            writer.writerow(["condition", "question", "score", "invalid_reason", "latency_s", "cached", "query", "reference", "answer"])
+            writer.writerow(["condition", "question", "score", "most_likely", "invalid_reason", "latency_s", "cached",
+                             "query", "reference", "answer"])
             for v in verdicts:
                 if v.repeat != repeat:
                     continue
                 writer.writerow([
                     v.item.condition, v.item.question, "" if v.score is None else f"{v.score:.4f}",
-                    v.invalid_reason or "", f"{v.latency_s:.3f}", v.cached, v.item.query, v.item.reference, v.item.answer,
+                    "" if v.most_likely is None else v.most_likely, v.invalid_reason or "", f"{v.latency_s:.3f}", v.cached, v.item.query, v.item.reference, v.item.answer,
                 ])
     if plot:
         paths["plot"] = plot_calibration(verdicts, path=detail / "score_distributions.png", title=report.method)

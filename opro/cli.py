@@ -531,7 +531,8 @@ def _print_calibration(report: Any) -> None:
     console.print(table)
     retest = report.retest
     lines = [
-        f"AUC reference vs wrong: {f(report.auc, '.3f')}   separation: {f(report.separation)}",
+        f"AUC reference vs wrong: {f(report.auc, '.3f')}   separation: {f(report.separation)}"
+        + (f"   (most likely score alone: AUC {f(report.auc_most_likely, '.3f')})" if report.auc_most_likely is not None else ""),
         f"invalid replies: {f(report.invalid_rate, '.1%')}",
         f"seconds per uncached judge call: {f(report.s_per_call)} ({report.calls} calls, {report.cache_hits} cache hits)",
     ]

@@ -85,7 +85,7 @@ def test_summary_statistics_from_hand_made_verdicts() -> None:
     assert report.retest is not None
     assert report.retest.n == 2 and report.retest.exact == 0.5 and report.retest.within_1 == 1.0
     assert report.retest.sd == pytest.approx(((1.0**2 + 0.0) / 2 / 2) ** 0.5)
-    assert report.n_questions == 2
+    assert report.n_questions == 2 and report.auc_most_likely is None  # no logit judge here
     again = CalibrationReport.from_dict(json.loads(json.dumps(report.to_dict())))
     assert again == report
 
@@ -116,6 +116,9 @@ def test_run_judge_scores_from_logits_and_retests_without_the_cache(tmp_path: Pa
     expected_right = (5 * 0.6 + 4 * 0.3 + 3 * 0.05) / 0.95
     assert report.condition("reference").mean == pytest.approx(expected_right, abs=1e-3)  # type: ignore[union-attr]
     assert report.auc == 1.0 and report.invalid_rate == 0.0
+    assert report.auc_most_likely == 1.0
+    assert {v.most_likely for v in verdicts if v.item.condition == "reference"} == {5}
+    assert {v.most_likely for v in verdicts if v.item.condition == "wrong"} == {1}
     assert report.retest is not None and report.retest.exact == 1.0 and report.retest.sd == 0.0
     # A warm rerun makes no call except the retest repeats, which never use the cache.
     llm.calls.clear()
