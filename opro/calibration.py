@@ -101,6 +101,7 @@ class CalibrationReport:
     invalid_rate: float | None
     #: Logit judges: the AUC of the most likely score alone (what the discrete score would separate).
     auc_most_likely: float | None
+    #: Mean seconds of one judge call, as recorded when it was made (cache hits keep that figure).
     s_per_call: float | None
     calls: int
     cache_hits: int
@@ -219,7 +220,9 @@ def summarize(
     )
     means = {s.condition: s.mean for s in stats}
     ref_mean, wrong_mean = means.get("reference"), means.get("wrong")
-    uncached = [v.latency_s for v in verdicts if not v.cached]
+    # A cached verdict carries the latency recorded when its call was made, so a report rebuilt from
+    # the cache still says what a call cost.
+    latencies = [v.latency_s for v in verdicts if v.latency_s > 0]
     repeats = {(v.item.condition, v.item.question): v for v in verdicts if v.repeat == 1}
     pairs = [
         (v.score, r.score)
@@ -242,8 +245,8 @@ def summarize(
         ),
         separation=ref_mean - wrong_mean if ref_mean is not None and wrong_mean is not None else None,
         invalid_rate=sum(v.score is None for v in first) / len(first),
-        s_per_call=statistics.fmean(uncached) if uncached else None,
-        calls=len(uncached),
+        s_per_call=statistics.fmean(latencies) if latencies else None,
+        calls=sum(not v.cached for v in verdicts),
         cache_hits=sum(v.cached for v in verdicts),
         retest=_retest(pairs) if repeats else None,
         signature=dict(signature or {}),
@@ -334,8 +337,11 @@ def calibrate_experiment(
     examples = list(experiment.dataset.examples)
     if len(examples) < 2:
         raise DataError(f"{config.source}: the dataset has {len(examples)} question(s); calibration needs at least 2")
-    picked = random.Random(seed).sample(range(len(examples)), k=min(n, len(examples)))
-    chosen = [examples[i] for i in picked]
+    # A seeded order of all questions, cut at n: a smaller n is a prefix of a larger one, so a rerun
+    # with fewer (or more) questions reuses every cached call.
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    chosen = [examples[i] for i in order[:n]]
     answers = None
     if "task" in conditions:
         template = experiment.template(config.rag.initial_instructions[0])

@@ -59,7 +59,8 @@ def test_wrong_answers_are_another_questions_reference() -> None:
 
 def _verdict(condition: str, q: int, score: float | None, *, repeat: int = 0, cached: bool = False) -> CalibrationVerdict:
     item = CalibrationItem(condition, q, f"q{q}", f"r{q}", "a")
-    return CalibrationVerdict(item, score, None if score is not None else "bad", 2.0 if not cached else 0.0, cached, repeat)
+    # A cache hit keeps the latency its call had; a None score (invalid) took no measurable time here.
+    return CalibrationVerdict(item, score, None if score is not None else "bad", 2.0 if score else 0.0, cached, repeat)
 
 
 def test_summary_statistics_from_hand_made_verdicts() -> None:
