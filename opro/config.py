@@ -132,8 +132,10 @@ class JudgeSection:
     max_tokens: int = 256
     #: ``reply``: parse the score from the judge's generated reply; ``logits``: read the
     #: probability-weighted score from the logits at the score position (llamacpp only, nothing
-    #: decoded); ``auto``: logits where the backend can, else the reply.
-    score_from: Literal["reply", "logits", "auto"] = "reply"
+    #: decoded); ``auto`` (default): logits where the backend can, else the reply. On 40 AlexNet
+    #: questions the logit score separated right from wrong answers better than the reply's
+    #: (README, "Measured"), for less work per call.
+    score_from: Literal["reply", "logits", "auto"] = "auto"
 
     def __post_init__(self) -> None:
         _check_ranges(self)
