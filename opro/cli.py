@@ -367,6 +367,8 @@ def judge_agreement(
     labels: str | None = typer.Option(None, "--labels", help="Human labels CSV/JSON with query and score."),
     template: str = typer.Option("llamaindex", "--template", help="Judge template: llamaindex, prometheus, fewshot or a file."),
     template_b: str | None = typer.Option(None, "--template-b", help="Template for judge B (default: --template)."),
+    score_from_a: str = typer.Option("reply", "--score-from-a", help="Judge A's score: reply, logits (llamacpp) or auto."),
+    score_from_b: str = typer.Option("reply", "--score-from-b", help="Judge B's score: reply, logits (llamacpp) or auto."),
     cache: str | None = typer.Option(None, "--cache", help="LLM call cache file (default: the opro cache dir)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the call cache."),
 ) -> None:
@@ -378,7 +380,7 @@ def judge_agreement(
     from opro.backends import ModelPool
     from opro.cache import CallCache
     from opro.errors import OproError
-    from opro.judges import CorrectnessJudge
+    from opro.judges import SCORE_SOURCES, CorrectnessJudge
     from opro.llm import ChatClient
     from opro.paths import default_call_cache_path
 
@@ -390,16 +392,19 @@ def judge_agreement(
         call_cache = None if no_cache else CallCache(cache or default_call_cache_path())
         with ModelPool() as pool:
 
-            def scores_of(spec: str, tmpl: str) -> list[float | None]:
+            def scores_of(spec: str, tmpl: str, score_from: str) -> list[float | None]:
+                if score_from not in SCORE_SOURCES:
+                    raise OproError(f"--score-from-a/-b must be reply, logits or auto, got {score_from!r}")
                 client = ChatClient(pool.get(parse_model_spec(spec)), role="judge", cache=call_cache)
-                return judge_scores(CorrectnessJudge(client, template=tmpl), rows)
+                judge = CorrectnessJudge(client, template=tmpl, score_from=score_from)  # type: ignore[arg-type]
+                return judge_scores(judge, rows)
 
             if judge_a is None:
                 if all(r["score"] is None for r in rows):
                     raise OproError(f"{answers} has no 'score' column to use as judge A; pass --judge-a SPEC")
                 scores_a, name_a = [r["score"] for r in rows], "file scores"
             else:
-                scores_a, name_a = scores_of(judge_a, template), judge_a
+                scores_a, name_a = scores_of(judge_a, template, score_from_a), judge_a
             if labels is not None:
                 by_query = load_labels(labels)
                 missing = [r["query"] for r in rows if r["query"] not in by_query]
@@ -408,7 +413,7 @@ def judge_agreement(
                 scores_b, name_b = [by_query.get(r["query"]) for r in rows], "labels"
             else:
                 assert judge_b is not None
-                scores_b, name_b = scores_of(judge_b, template_b or template), judge_b
+                scores_b, name_b = scores_of(judge_b, template_b or template, score_from_b), judge_b
     except OproError as exc:
         raise _fail(exc) from exc
 
@@ -440,6 +445,105 @@ def judge_agreement(
         dist.add_row(str(score), str(report.distribution_a[score]), str(report.distribution_b[score]))
     console.print(stats)
     console.print(dist)
+
+
+@judge_app.command("calibrate")
+def judge_calibrate(
+    config: Path = typer.Argument(..., help="Experiment TOML: its [data].dataset, models, retrieval and [judge] are used."),
+    n: int = typer.Option(40, "--n", help="Questions sampled from the dataset (seeded)."),
+    seed: int | None = typer.Option(None, "--seed", help="Sampling seed (default: [experiment].seed)."),
+    conditions: str = typer.Option("reference,wrong,task", "--conditions", help="Comma list of reference, wrong, task."),
+    retest: int = typer.Option(5, "--retest", help="Answers per condition judged a second time without the cache."),
+    judge: str | None = typer.Option(
+        None, "--judge", help="Judge model instead of [models.judge]: llamacpp:NAME or openai:MODEL[@BASE_URL]."
+    ),
+    template: str | None = typer.Option(None, "--template", help="Judge template instead of [judge].template."),
+    score_from: str | None = typer.Option(None, "--score-from", help="reply, logits or auto instead of [judge].score_from."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Judge reply length instead of [judge].max_tokens."),
+    mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the calibration as an MLflow run."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Measure how well the judge tells right answers from wrong ones, and its noise.
+
+    Writes <output_dir>/judge_calibration.json (shown beside gains by optimize and compare), a CSV of
+    every verdict and a plot under <output_dir>/judge_calibration/.
+    """
+    import dataclasses
+
+    from opro.agreement import parse_model_spec
+    from opro.calibration import calibrate_experiment, log_calibration_to_mlflow, write_calibration
+    from opro.config import JudgeSection, load_config
+    from opro.errors import OproError
+    from opro.experiment import Experiment
+
+    try:
+        cfg = load_config(config)
+        overrides: dict[str, Any] = {}
+        if template is not None:
+            overrides["template"] = template
+        if score_from is not None:
+            overrides["score_from"] = score_from
+        if max_tokens is not None:
+            overrides["max_tokens"] = max_tokens
+        if overrides:
+            if overrides.get("score_from", "reply") not in ("reply", "logits", "auto"):
+                raise OproError(f"--score-from must be reply, logits or auto, got {score_from!r}")
+            cfg = dataclasses.replace(cfg, judge=JudgeSection(**{**dataclasses.asdict(cfg.judge), **overrides}))
+        if judge is not None:
+            cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, judge=parse_model_spec(judge)))
+        exp = Experiment(cfg, progress=progress)
+        try:
+            report, verdicts = calibrate_experiment(
+                exp, n=n, seed=seed, conditions=[c.strip() for c in conditions.split(",") if c.strip()],
+                retest=retest, progress=progress,
+            )
+        finally:
+            exp.close()
+        paths = write_calibration(report, verdicts, output_dir=cfg.output_dir)
+        run_id = None
+        if mlflow:
+            run_id = log_calibration_to_mlflow(
+                report, paths, tracking_uri=cfg.mlflow_uri,
+                experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
+            )
+    except OproError as exc:
+        raise _fail(exc) from exc
+    _print_calibration(report)
+    for path in paths.values():
+        typer.echo(f"wrote {path}")
+    if run_id:
+        typer.echo(f"MLflow run {run_id}")
+
+
+def _print_calibration(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def f(x: float | None, spec: str = ".2f") -> str:
+        return "n/a" if x is None else format(x, spec)
+
+    table = Table(title=f"judge calibration: {report.judge} ({report.method}), {report.n_questions} questions of {report.dataset}")
+    for col in ("condition", "answers", "invalid", "mean", "scores 1/2/3/4/5"):
+        table.add_column(col, justify="left" if col == "condition" else "right")
+    for c in report.conditions:
+        table.add_row(c.condition, str(c.n), str(c.n_invalid), f(c.mean), "/".join(str(c.distribution[k]) for k in range(1, 6)))
+    console = Console()
+    console.print(table)
+    retest = report.retest
+    lines = [
+        f"AUC reference vs wrong: {f(report.auc, '.3f')}   separation: {f(report.separation)}"
+        + (f"   (most likely score alone: AUC {f(report.auc_most_likely, '.3f')})" if report.auc_most_likely is not None else ""),
+        f"invalid replies: {f(report.invalid_rate, '.1%')}",
+        f"seconds per uncached judge call: {f(report.s_per_call)} ({report.calls} calls, {report.cache_hits} cache hits)",
+    ]
+    if retest is not None:
+        lines.append(
+            f"test-retest ({retest.n} repeated calls without the cache): exact {f(retest.exact, '.0%')}, "
+            f"within 1 {f(retest.within_1, '.0%')}, mean |difference| {f(retest.mean_abs_difference, '.3f')}, "
+            f"sd per call {f(retest.sd, '.3f')}"
+        )
+    for line in lines:
+        console.print(line)
 
 
 # ---- end section: evaluate / judge -------------------------------------------------------------
@@ -497,6 +601,9 @@ def optimize(
         f"{result.wall_s:.0f}s; search scores on {len(exp.dataset.examples_in('optimization'))} optimization questions"
     )
     console.print(escape(result.headline()))
+    from opro.calibration import judge_noise_note
+
+    console.print(judge_noise_note(exp.config), markup=False, soft_wrap=True)
     from opro.dataset import split_shortfall
 
     shrunk = split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None
@@ -650,6 +757,8 @@ def compare(
     console.print(report.multiplicity())
     for sentence in report.sentences():
         console.print(f"- {sentence}")
+    if report.judge_noise:
+        console.print(f"- {report.judge_noise}", markup=False, soft_wrap=True)
     console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
     if saved.mlflow_run_id:
         console.print(f"MLflow comparison run {saved.mlflow_run_id} in {redact_url(tracking_uri or exp.config.mlflow_uri)}")

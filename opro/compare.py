@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opro.calibration import judge_noise_note
 from opro.errors import ConfigError, DataError
 from opro.plots import save_figure
 from opro.sources import ResolvedPrompt, resolve_prompt
@@ -103,6 +104,8 @@ class ComparisonReport:
     config: str = ""
     usage: Mapping[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    #: The judge's measured noise (`opro judge calibrate`), or how to measure it: shown beside the gains.
+    judge_noise: str = ""
 
     @property
     def baseline_prompt(self) -> PromptScores:
@@ -172,6 +175,7 @@ class ComparisonReport:
             "config": self.config,
             "usage": dict(self.usage),
             "wall_s": round(self.wall_s, 2),
+            "judge_noise": self.judge_noise,
             "prompts": prompts,
         }
 
@@ -270,6 +274,8 @@ class ComparisonReport:
         lines += ["", "| " + " | ".join(self._columns()) + " |", "|" + "---|" * len(self._columns())]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self._rows()]
         lines += ["", "## Verdict", ""] + [f"- {s}" for s in self.sentences()]
+        if self.judge_noise:
+            lines.append(f"- {self.judge_noise}")
         lines += ["", "## Prompts", ""]
         for p in self.prompts:
             lines += [f"**{p.label}** (`{p.spec}`):", "", "```text", p.template_text, "```", ""]
@@ -609,6 +615,7 @@ def compare_prompts(
         config=cfg.source,
         usage=experiment.usage.as_dict(),
         wall_s=time.perf_counter() - started,
+        judge_noise=judge_noise_note(cfg),
     )
 
 

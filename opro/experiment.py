@@ -138,6 +138,7 @@ class Experiment:
             structured=j.structured,
             expected_score=j.expected_score,
             max_tokens=j.max_tokens,
+            score_from=j.score_from,
         )
 
     # -- dataset -----------------------------------------------------------------------------

@@ -23,33 +23,33 @@ from opro.llm import ChatClient, Completion, Message
 from opro.progress import ProgressBar, progress_bar
 from opro.retrieval import Chunk
 
-# The reference notebook's question query (LlamaIndex DatasetGenerator's default), verbatim.
+# The question query LlamaIndex's DatasetGenerator builds inline (the reference notebook's
+# "Teacher/Professor" query). The library does not export it, so it cannot be loaded from there; kept
+# word for word so that generated datasets (and the README's figures) stay reproducible.
 DEFAULT_QUESTION_QUERY = (
     "You are a Teacher/Professor. Your task is to setup {num_questions_per_chunk} questions for an upcoming "
     "quiz/examination. The questions should be diverse in nature across the document. Restrict the questions "
     "to the context information provided."
 )
-# LlamaIndex's DEFAULT_QUESTION_GENERATION_PROMPT plus an output-format line.
+
+
+def _llamaindex_prompts() -> tuple[str, str]:
+    """LlamaIndex's question-generation and text-QA prompt texts, the library's own objects."""
+    from llama_index.core.evaluation import dataset_generation
+    from llama_index.core.prompts import default_prompts
+
+    return dataset_generation.DEFAULT_QUESTION_GENERATION_PROMPT, default_prompts.DEFAULT_TEXT_QA_PROMPT_TMPL
+
+
+_LI_QUESTION_PROMPT, _LI_TEXT_QA_PROMPT = _llamaindex_prompts()
+# LlamaIndex's DEFAULT_QUESTION_GENERATION_PROMPT plus our output-format line (small local models need
+# it to produce a parseable list).
 DEFAULT_QUESTION_TEMPLATE = (
-    "Context information is below.\n"
-    "---------------------\n"
-    "{context_str}\n"
-    "---------------------\n"
-    "Given the context information and not prior knowledge.\n"
-    "generate only questions based on the below query.\n"
-    "{query_str}\n"
-    "Write exactly {num_questions_per_chunk} questions, one per line, numbered 1., 2., ... and nothing else."
+    _LI_QUESTION_PROMPT
+    + "Write exactly {num_questions_per_chunk} questions, one per line, numbered 1., 2., ... and nothing else."
 )
 # LlamaIndex's DEFAULT_TEXT_QA_PROMPT_TMPL (what its generator answers with).
-DEFAULT_ANSWER_TEMPLATE = (
-    "Context information is below.\n"
-    "---------------------\n"
-    "{context_str}\n"
-    "---------------------\n"
-    "Given the context information and not prior knowledge, answer the query.\n"
-    "Query: {query_str}\n"
-    "Answer: "
-)
+DEFAULT_ANSWER_TEMPLATE = _LI_TEXT_QA_PROMPT
 
 _NOT_IN_CONTEXT = re.compile(
     r"(context|text|passage|document|information provided)[^.]{0,40}\b(does not|doesn't|do not|did not|is not|isn't)\b"

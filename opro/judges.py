@@ -28,81 +28,52 @@ OutputFormat = Literal["score_first", "result_tag", "score_label", "any"]
 
 # --- built-in templates ----------------------------------------------------------------------------
 
-# LlamaIndex CorrectnessEvaluator (llama_index/core/evaluation/correctness.py), verbatim.
-_LLAMAINDEX_SYSTEM = """
-You are an expert evaluation system for a question answering chatbot.
+# LlamaIndex's CorrectnessEvaluator prompt is the library's own object, read at run time (so it stays in
+# sync with the installed llama-index-core); see _llamaindex_correctness().
 
-You are given the following information:
-- a user query, and
-- a generated answer
-
-You may also be given a reference answer to use for reference in your evaluation.
-
-Your job is to judge the relevance and correctness of the generated answer.
-Output a single score that represents a holistic evaluation.
-You must return your response in a line with only the score.
-Do not return answers in any other format.
-On a separate line provide your reasoning for the score as well.
-
-Follow these guidelines for scoring:
-- Your score has to be between 1 and 5, where 1 is the worst and 5 is the best.
-- If the generated answer is not relevant to the user query, \
-you should give a score of 1.
-- If the generated answer is relevant but contains mistakes, \
-you should give a score between 2 and 3.
-- If the generated answer is relevant and fully correct, \
-you should give a score between 4 and 5.
-
-Example Response:
-4.0
-The generated answer has the exact same metrics as the reference answer, \
-    but it is not as concise.
-
-"""
-
-_LLAMAINDEX_USER = """
-## User Query
-{query}
-
-## Reference Answer
-{reference_answer}
-
-## Generated Answer
-{generated_answer}
-"""
-
-# Prometheus 2 absolute grading (prometheus-eval ABS_SYSTEM_PROMPT / ABSOLUTE_PROMPT) with a
-# correctness rubric adapted from the LlamaIndex Prometheus evaluation notebook.
+# Absolute grading in the style of Prometheus 2 (feedback, then "[RESULT] N"), in our own words, with
+# our correctness rubric. prometheus-eval is not a dependency: its prompt is not copied here.
 _PROMETHEUS_SYSTEM = (
-    "You are a fair judge assistant tasked with providing clear, objective feedback based on specific "
-    "criteria, ensuring each assessment reflects the absolute standards set for performance."
+    "You are a fair, strict grader. You grade one response against a reference answer and a score rubric, "
+    "and you apply the rubric the same way to every response."
 )
 
-_PROMETHEUS_USER = """###Task Description:
-An instruction (might include an Input inside it), a response to evaluate, a reference answer that gets a score of 5, and a score rubric representing a evaluation criteria are given.
-1. Write a detailed feedback that assess the quality of the response strictly based on the given score rubric, not evaluating in general.
-2. After writing a feedback, write a score that is an integer between 1 and 5. You should refer to the score rubric.
-3. The output format should look as follows: "Feedback: (write a feedback for criteria) [RESULT] (an integer number between 1 and 5)"
-4. Please do not generate any other opening, closing, and explanations.
+_PROMETHEUS_USER = """Grade the response to the instruction below.
+First write a short feedback that applies the score rubric to the response (not a general opinion), then
+give an integer score from 1 to 5. Write the result as: "Feedback: <feedback> [RESULT] <score>".
 
-###The instruction to evaluate:
-{query}
+Instruction: {query}
 
-###Response to evaluate:
-{generated_answer}
+Response to grade: {generated_answer}
 
-###Reference Answer (Score 5):
-{reference_answer}
+Reference answer (scores 5): {reference_answer}
 
-###Score Rubrics:
-[Is the response correct, accurate and factual compared with the reference answer?]
-Score 1: The response is not relevant to the question or contradicts the reference answer.
-Score 2: The response is relevant but mostly incorrect or misses the key facts of the reference answer.
-Score 3: The response is relevant and partly correct, but some key facts are missing or wrong.
-Score 4: The response is correct and agrees with the reference answer, with minor omissions or imprecision.
-Score 5: The response is fully correct and complete according to the reference answer.
+Score rubric: is the response correct and factual compared with the reference answer?
+Score 1: the response answers a different question, contradicts the reference, or gives no answer.
+Score 2: the response is on topic but its key facts differ from the reference.
+Score 3: the response is partly correct: some key facts of the reference are missing or wrong.
+Score 4: the response agrees with the reference, with a minor omission or imprecision.
+Score 5: the response states the key facts of the reference and nothing contradicts it.
 
-###Feedback: """
+Feedback: """
+
+# Our short rubric: the two failures a small judge misses ("answers a different question",
+# "contradicts the reference") are named as score 1, and the judge is told to compare facts, not
+# fluency. Short on purpose: it is paid on every candidate and question.
+_RUBRIC_SYSTEM = """You check an answer against the reference answer of a question. Compare facts, not wording or style.
+Score from 1 to 5:
+5 = states the key facts of the reference; nothing contradicts it.
+4 = agrees with the reference but misses a detail or is vague.
+3 = partly right: some key facts of the reference are missing or wrong.
+2 = on topic, but its key facts differ from the reference.
+1 = answers a different question, contradicts the reference, or gives no answer.
+A fluent, true-sounding answer that does not answer this question with the reference's facts scores 1."""
+
+_RUBRIC_USER = """Question: {query}
+
+Reference answer: {reference_answer}
+
+Answer to grade: {generated_answer}"""
 
 # One short worked example per score: small judges need anchors (Databricks: GPT-3.5 became usable
 # as a judge only with one example per score). Kept short because the embedded judge runs on CPU.
@@ -210,10 +181,20 @@ class JudgeTemplate:
         return cls(name=p.stem, system="", user=text, output_format="any")
 
 
+def _llamaindex_correctness() -> JudgeTemplate:
+    """LlamaIndex's CorrectnessEvaluator system and user templates, the library's own strings."""
+    from llama_index.core.evaluation import correctness
+
+    return JudgeTemplate(
+        "llamaindex", correctness.DEFAULT_SYSTEM_TEMPLATE, correctness.DEFAULT_USER_TEMPLATE, "score_first"
+    )
+
+
 BUILTIN_TEMPLATES: dict[str, JudgeTemplate] = {
-    "llamaindex": JudgeTemplate("llamaindex", _LLAMAINDEX_SYSTEM, _LLAMAINDEX_USER, "score_first"),
+    "llamaindex": _llamaindex_correctness(),
     "prometheus": JudgeTemplate("prometheus", _PROMETHEUS_SYSTEM, _PROMETHEUS_USER, "result_tag"),
     "fewshot": JudgeTemplate("fewshot", _FEWSHOT_SYSTEM, _FEWSHOT_USER, "score_label"),
+    "rubric": JudgeTemplate("rubric", _RUBRIC_SYSTEM, _RUBRIC_USER, "any"),
 }
 
 
@@ -403,9 +384,32 @@ def expected_score_from_logprobs(completion: Completion, score_char: int, score:
     return sum(v * p for v, p in probs.items()) / total
 
 
+def score_distribution(completion: Completion) -> dict[int, float]:
+    """``{score: probability}`` over 1..5 from a :meth:`~opro.llm.ChatClient.choose` completion
+    (probabilities over the whole vocabulary: they sum to the mass the judge put on a score)."""
+    steps = completion.top_logprobs or ()
+    if not steps:
+        return {}
+    out: dict[int, float] = {}
+    for token, logprob in steps[0].items():
+        value = _DIGITS.get(token.strip())
+        if value is not None:
+            out[int(value)] = out.get(int(value), 0.0) + math.exp(logprob)
+    return out
+
+
 # --- correctness judge -----------------------------------------------------------------------------
 
 _SCORE_ENUM = [1, 2, 3, 4, 5]
+ScoreFrom = Literal["reply", "logits", "auto"]
+SCORE_SOURCES: tuple[str, ...] = ("reply", "logits", "auto")
+#: The logit judge reads the next token after this assistant prefix: the reply the JSON instruction
+#: asks for, up to its score (Qwen's tokenizer splits digits, so " 4" is a space then "4").
+SCORE_PREFIX = '{"score": '
+SCORE_CHOICES: tuple[str, ...] = ("1", "2", "3", "4", "5")
+_SCORE_FIRST_INSTRUCTION = (
+    'Respond only with a JSON object {"score": <integer 1-5>, "reasoning": "<one or two sentences>"}.'
+)
 
 
 def correctness_schema(*, reasoning_first: bool) -> dict[str, Any]:
@@ -451,6 +455,8 @@ class CorrectnessJudge:
         expected_score: bool = False,
         max_tokens: int = 256,
         temperature: float = 0.0,
+        score_from: ScoreFrom = "reply",
+        min_score_mass: float = 0.5,
     ) -> None:
         if not SCORE_MIN <= threshold <= SCORE_MAX:
             raise ConfigError(f"CorrectnessJudge threshold={threshold} must lie in 1..5 (default 4.0)")
@@ -466,19 +472,45 @@ class CorrectnessJudge:
         self.expected_score = expected_score
         self.max_tokens = max_tokens
         self.temperature = temperature
+        if score_from not in SCORE_SOURCES:
+            raise ConfigError(f"CorrectnessJudge score_from={score_from!r} is not one of {', '.join(SCORE_SOURCES)}")
+        if score_from == "logits" and not llm.llm.supports_choice_logprobs:
+            raise ConfigError(
+                f"judge score_from='logits' needs a backend that reads next-token logits (llamacpp); "
+                f"{llm.llm.provider} cannot: use score_from = 'auto' or 'reply'"
+            )
+        if not 0.0 < min_score_mass <= 1.0:
+            raise ConfigError(f"CorrectnessJudge min_score_mass={min_score_mass} must lie in (0, 1]")
+        self.score_from = score_from
+        self.min_score_mass = min_score_mass
 
     @property
     def uses_json_schema(self) -> bool:
         return self.structured and self.llm.llm.supports_json_schema
 
+    @property
+    def uses_logits(self) -> bool:
+        """Whether the score is read from the logits at the score position (no decoding)."""
+        return self.score_from == "logits" or (
+            self.score_from == "auto" and self.llm.llm.supports_choice_logprobs
+        )
+
+    @property
+    def method(self) -> str:
+        """A short description of how this judge scores, for reports and calibration records."""
+        if self.uses_logits:
+            return f"{self.template.name}, expected score from logits"
+        how = "JSON reply" if self.uses_json_schema else "text reply"
+        return f"{self.template.name}, {how}, max_tokens {self.max_tokens}"
+
     def _json_instruction(self) -> str | None:
+        if self.uses_logits:
+            return _SCORE_FIRST_INSTRUCTION
         if not self.uses_json_schema:
             return None
         if self.reasoning_first:
             return 'Respond only with a JSON object {"reasoning": "<one or two sentences>", "score": <integer 1-5>}.'
-        return (
-            'Respond only with a JSON object {"score": <integer 1-5>, "reasoning": "<one or two sentences>"}.'
-        )
+        return _SCORE_FIRST_INSTRUCTION
 
     def messages(self, *, query: str, answer: str, reference: str | None) -> tuple[Message, ...]:
         """The exact messages sent to the judge (useful to inspect or to cache-warm)."""
@@ -514,6 +546,31 @@ class CorrectnessJudge:
             expected_score=expected,
         )
 
+    def _logit_result(self, completion: Completion) -> MetricResult:
+        dist = score_distribution(completion)
+        mass = sum(dist.values())
+        if mass < self.min_score_mass:
+            return MetricResult.invalid_result(
+                self.name,
+                f"the judge put only {mass:.0%} of its next-token probability on the scores 1..5 "
+                f"(min_score_mass {self.min_score_mass:.0%})",
+            )
+        expected = sum(s * p for s, p in dist.items()) / mass
+        best = max(dist, key=lambda s: dist[s])
+        shown = ", ".join(f"{s}: {p / mass:.2f}" for s, p in sorted(dist.items()))
+        return MetricResult(
+            name=self.name,
+            score=round(expected, 4),
+            passing=expected >= self.threshold,
+            feedback=f"score read from logits: most likely {best}, expected {expected:.2f} (p {shown})",
+            invalid=False,
+            invalid_reason=None,
+            expected_score=round(expected, 4),
+        )
+
+    def _choose_args(self, query: str, answer: str, reference: str | None) -> tuple[tuple[Message, ...], str]:
+        return self.messages(query=query, answer=answer, reference=reference), SCORE_PREFIX
+
     def evaluate(self, *, query: str, answer: str, reference: str | None) -> MetricResult:
         """Judge one answer. LLM errors propagate (the batch runner isolates them per item)."""
         return self.evaluate_with_completion(query=query, answer=answer, reference=reference)[0]
@@ -526,6 +583,10 @@ class CorrectnessJudge:
         if not answer.strip():
             # Nothing to judge: an empty answer is wrong, not unreadable.
             return MetricResult(self.name, SCORE_MIN, False, "empty answer"), None
+        if self.uses_logits:
+            messages, prefix = self._choose_args(query, answer, reference)
+            completion = self.llm.choose(messages, prefix=prefix, choices=SCORE_CHOICES)
+            return self._logit_result(completion), completion
         messages = self.messages(query=query, answer=answer, reference=reference)
         completion = self.llm.complete(messages, **self._options())
         result = self._result(completion)
@@ -536,6 +597,9 @@ class CorrectnessJudge:
     async def aevaluate(self, *, query: str, answer: str, reference: str | None) -> MetricResult:
         if not answer.strip():
             return MetricResult(self.name, SCORE_MIN, False, "empty answer")
+        if self.uses_logits:
+            messages, prefix = self._choose_args(query, answer, reference)
+            return self._logit_result(await self.llm.achoose(messages, prefix=prefix, choices=SCORE_CHOICES))
         messages = self.messages(query=query, answer=answer, reference=reference)
         completion = await self.llm.acomplete(messages, **self._options())
         result = self._result(completion)
@@ -552,72 +616,20 @@ class CorrectnessJudge:
 
 # --- YES/NO judges (faithfulness, relevancy) ----------------------------------------------------------
 
-# LlamaIndex FaithfulnessEvaluator / RelevancyEvaluator default templates, verbatim.
-_FAITHFULNESS_EVAL = (
-    "Please tell if a given piece of information "
-    "is supported by the context.\n"
-    "You need to answer with either YES or NO.\n"
-    "Answer YES if any of the context supports the information, even "
-    "if most of the context is unrelated. "
-    "Some examples are provided below. \n\n"
-    "Information: Apple pie is generally double-crusted.\n"
-    "Context: An apple pie is a fruit pie in which the principal filling "
-    "ingredient is apples. \n"
-    "Apple pie is often served with whipped cream, ice cream "
-    "('apple pie à la mode'), custard or cheddar cheese.\n"
-    "It is generally double-crusted, with pastry both above "
-    "and below the filling; the upper crust may be solid or "
-    "latticed (woven of crosswise strips).\n"
-    "Answer: YES\n"
-    "Information: Apple pies tastes bad.\n"
-    "Context: An apple pie is a fruit pie in which the principal filling "
-    "ingredient is apples. \n"
-    "Apple pie is often served with whipped cream, ice cream "
-    "('apple pie à la mode'), custard or cheddar cheese.\n"
-    "It is generally double-crusted, with pastry both above "
-    "and below the filling; the upper crust may be solid or "
-    "latticed (woven of crosswise strips).\n"
-    "Answer: NO\n"
-    "Information: {query_str}\n"
-    "Context: {context_str}\n"
-    "Answer: "
-)
-_FAITHFULNESS_REFINE = (
-    "We want to understand if the following information is present "
-    "in the context information: {query_str}\n"
-    "We have provided an existing YES/NO answer: {existing_answer}\n"
-    "We have the opportunity to refine the existing answer "
-    "(only if needed) with some more context below.\n"
-    "------------\n"
-    "{context_msg}\n"
-    "------------\n"
-    "If the existing answer was already YES, still answer YES. "
-    "If the information is present in the new context, answer YES. "
-    "Otherwise answer NO.\n"
-)
-_RELEVANCY_EVAL = (
-    "Your task is to evaluate if the response for the query \
-    is in line with the context information provided.\n"
-    "You have two options to answer. Either YES/ NO.\n"
-    "Answer - YES, if the response for the query \
-    is in line with context information otherwise NO.\n"
-    "Query and Response: \n {query_str}\n"
-    "Context: \n {context_str}\n"
-    "Answer: "
-)
-_RELEVANCY_REFINE = (
-    "We want to understand if the following query and response is"
-    "in line with the context information: \n {query_str}\n"
-    "We have provided an existing YES/NO answer: \n {existing_answer}\n"
-    "We have the opportunity to refine the existing answer "
-    "(only if needed) with some more context below.\n"
-    "------------\n"
-    "{context_msg}\n"
-    "------------\n"
-    "If the existing answer was already YES, still answer YES. "
-    "If the information is present in the new context, answer YES. "
-    "Otherwise answer NO.\n"
-)
+# LlamaIndex's FaithfulnessEvaluator / RelevancyEvaluator default templates: the library's own
+# PromptTemplate texts, read at run time.
+def _llamaindex_yes_no_templates() -> tuple[str, str, str, str]:
+    from llama_index.core.evaluation import faithfulness, relevancy
+
+    return (
+        faithfulness.DEFAULT_EVAL_TEMPLATE.template,
+        faithfulness.DEFAULT_REFINE_TEMPLATE.template,
+        relevancy.DEFAULT_EVAL_TEMPLATE.template,
+        relevancy.DEFAULT_REFINE_TEMPLATE.template,
+    )
+
+
+_FAITHFULNESS_EVAL, _FAITHFULNESS_REFINE, _RELEVANCY_EVAL, _RELEVANCY_REFINE = _llamaindex_yes_no_templates()
 
 # A verdict word counts only where a verdict sits: after a label ("Verdict: NO because ..."), alone or
 # followed by punctuation at a line start ("No, the context ..."), or closing a line ("... about it: YES").
@@ -816,6 +828,7 @@ class RelevancyJudge(_YesNoJudge):
 
 __all__ = [
     "BUILTIN_TEMPLATES",
+    "SCORE_SOURCES",
     "CorrectnessJudge",
     "FaithfulnessJudge",
     "JudgeTemplate",
@@ -827,4 +840,5 @@ __all__ = [
     "pack_contexts",
     "parse_score",
     "parse_yes_no",
+    "score_distribution",
 ]

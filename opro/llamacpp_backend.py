@@ -7,6 +7,10 @@
 - KV-prefix reuse is left on: llama-cpp-python keeps the evaluated tokens between calls and only
   evaluates the part of the next prompt that differs, so we never call ``reset()``. Prompts that
   share a long prefix (one instruction, many questions) get cheaper.
+- :meth:`LlamaCppLLM.choice_logprobs` renders the chat with the GGUF's template, appends an
+  assistant prefix and reads the next-token logits at the last position only (no ``logits_all``,
+  nothing decoded): a judge's score distribution for the price of a prefill, with the same
+  KV-prefix reuse as generation.
 - The model loads lazily on the first call, so a run whose calls all hit the cache never loads it.
 - ``identity`` is ``llamacpp:<sha256 of the GGUF>``, taken from the pack's known checksum or a
   hash cached by path, size and mtime (:func:`opro.models.gguf_sha256`).
@@ -49,6 +53,7 @@ class LlamaCppLLM(LLM):
     provider = "llamacpp"
     max_concurrency = 1
     supports_json_schema = True
+    supports_choice_logprobs = True
 
     def __init__(
         self,
@@ -93,6 +98,7 @@ class LlamaCppLLM(LLM):
         self.kv_reuse = kv_reuse
         self._lock = threading.Lock()
         self._llama: Llama | None = None
+        self._formatter: Any = None
         self.load_s: float | None = None
 
     # -- identity ------------------------------------------------------------------------------
@@ -217,11 +223,92 @@ class LlamaCppLLM(LLM):
             finish_reason=choice.get("finish_reason"),
         )
 
+    def _render(self, llama: Llama, messages: tuple[Message, ...]) -> str:
+        """The prompt text ``create_chat_completion`` would build: the GGUF's own chat template."""
+        if self._formatter is None:
+            template = llama.metadata.get("tokenizer.chat_template")
+            if not template:
+                raise LLMBadRequestError(
+                    f"{self.path.name} carries no chat template (tokenizer.chat_template), so its prompt cannot "
+                    "be rendered for logit scoring; use a judge that generates its score",
+                    model=self._model,
+                    provider=self.provider,
+                )
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            def text(token: int) -> str:
+                return llama._model.token_get_text(token) if token != -1 else ""
+
+            self._formatter = Jinja2ChatFormatter(
+                template=template, eos_token=text(llama.token_eos()), bos_token=text(llama.token_bos())
+            )
+        prompt: str = self._formatter(messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
+        return prompt
+
+    def _choice_tokens(self, llama: Llama, choices: tuple[str, ...]) -> list[int]:
+        ids: list[int] = []
+        for choice in choices:
+            tokens = llama.tokenize(choice.encode("utf-8"), add_bos=False, special=False)
+            if len(tokens) != 1:
+                raise LLMBadRequestError(
+                    f"choice {choice!r} is {len(tokens)} tokens in {self._model}'s vocabulary; logit scoring "
+                    "needs single-token choices (such as the digits 1..5)",
+                    model=self._model,
+                    provider=self.provider,
+                )
+            ids.append(tokens[0])
+        return ids
+
+    def choice_logprobs(self, messages: tuple[Message, ...], *, prefix: str, choices: tuple[str, ...]) -> Completion:
+        import numpy as np
+
+        if not choices:
+            raise LLMBadRequestError("choice_logprobs needs at least one choice", model=self._model, provider=self.provider)
+        with self._lock:
+            llama = self._load_locked()
+            started = time.perf_counter()
+            try:
+                # Tokenized as the chat handler does (the template adds its special tokens itself).
+                tokens = llama.tokenize(
+                    (self._render(llama, messages) + prefix).encode("utf-8"), add_bos=False, special=True
+                )
+                if len(tokens) > self.n_ctx:
+                    raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {self.n_ctx}")
+                ids = self._choice_tokens(llama, choices)
+                # KV-prefix reuse as in Llama.generate: keep the evaluated tokens this prompt shares
+                # (at least one token is evaluated so the last position's logits are fresh).
+                keep = 0
+                if self.kv_reuse:
+                    keep = min(llama.longest_token_prefix(llama._input_ids.tolist(), tokens), len(tokens) - 1)
+                llama.n_tokens = keep
+                llama.eval(tokens[keep:])
+                # Without logits_all llama.cpp keeps the logits of the batch's last position only.
+                logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(-1), shape=(llama.n_vocab(),))
+                logits = logits.astype(np.float64)
+                top = float(logits.max())
+                log_norm = top + float(np.log(np.exp(logits - top).sum()))
+            except LLMError:
+                raise
+            except Exception as exc:
+                raise self._error(exc) from exc
+            latency = time.perf_counter() - started
+        logprobs = {choice: float(logits[i]) - log_norm for choice, i in zip(choices, ids, strict=True)}
+        return Completion(
+            text=max(logprobs, key=lambda c: logprobs[c]),
+            model=self._model,
+            prompt_tokens=len(tokens),
+            completion_tokens=0,
+            latency_s=latency,
+            top_logprobs=(logprobs,),
+            finish_reason="choices",
+        )
+
     def close(self) -> None:
         with self._lock:
             if self._llama is not None:
                 self._llama.close()
                 self._llama = None
+                self._formatter = None
 
 
 __all__ = ["LlamaCppLLM"]

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from opro.errors import LLMError
+from opro.errors import LLMBadRequestError, LLMError
 
 if TYPE_CHECKING:
     from opro.cache import CallCache
@@ -100,6 +100,8 @@ class LLM(ABC):
     max_concurrency: int = 8
     supports_json_schema: bool = False
     supports_logprobs: bool = False
+    #: Can score the next token after an assistant prefix without decoding (:meth:`choice_logprobs`).
+    supports_choice_logprobs: bool = False
 
     @property
     @abstractmethod
@@ -126,6 +128,21 @@ class LLM(ABC):
         if sem is None:
             sem = self.__dict__.setdefault("_opro_slots", threading.BoundedSemaphore(max(1, self.max_concurrency)))
         return sem  # type: ignore[no-any-return]
+
+    def choice_logprobs(self, messages: tuple[Message, ...], *, prefix: str, choices: tuple[str, ...]) -> Completion:
+        """Log-probabilities of each of ``choices`` as the next token of the assistant's reply after
+        ``prefix``, read from one forward pass (nothing is decoded).
+
+        The completion's ``text`` is the most likely choice and ``top_logprobs`` holds one step:
+        ``{choice: logprob}`` over the whole vocabulary, so their probabilities may sum to less than 1.
+        Backends that cannot do this (remote chat APIs) leave ``supports_choice_logprobs`` False.
+        """
+        raise LLMBadRequestError(
+            f"{self.provider} backend {self.model!r} cannot score choices from logits; "
+            "use a judge that generates its score",
+            model=self.model,
+            provider=self.provider,
+        )
 
     def describe(self) -> dict[str, str]:
         """Settings safe to log (never secrets)."""
@@ -209,6 +226,18 @@ def cache_key(identity: str, messages: tuple[Message, ...], options: GenerationO
         "messages": [[m.role, m.content] for m in messages],
         "options": asdict(options),
         "sample": sample_index if options.temperature > 0 else 0,
+    }
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def choice_cache_key(identity: str, messages: tuple[Message, ...], *, prefix: str, choices: tuple[str, ...]) -> str:
+    """Stable key of one :meth:`ChatClient.choose` call (a different kind of call than a completion)."""
+    payload = {
+        "identity": identity,
+        "messages": [[m.role, m.content] for m in messages],
+        "choice_prefix": prefix,
+        "choices": list(choices),
     }
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
@@ -346,6 +375,29 @@ class ChatClient:
             exc.role = exc.role or self.role
             raise
 
+    def choose(self, messages: MessagesLike, *, prefix: str, choices: Sequence[str]) -> Completion:
+        """The next-token log-probabilities of ``choices`` after the assistant ``prefix`` (see
+        :meth:`LLM.choice_logprobs`), cached and counted like :meth:`complete`. Check
+        ``self.llm.supports_choice_logprobs`` first."""
+        msgs = as_messages(messages)
+        wanted = tuple(choices)
+        key = choice_cache_key(self.llm.identity, msgs, prefix=prefix, choices=wanted)
+        hit = self._lookup(key)
+        if hit is not None:
+            return hit
+        started = time.perf_counter()
+        try:
+            with self.llm.slots:
+                result = self.llm.choice_logprobs(msgs, prefix=prefix, choices=wanted)
+            return self._store(key, result, started)
+        except LLMError as exc:
+            exc.role = exc.role or self.role
+            raise
+
+    async def achoose(self, messages: MessagesLike, *, prefix: str, choices: Sequence[str]) -> Completion:
+        # The backend call blocks (one forward pass): run it, with its cache look-up, off the event loop.
+        return await asyncio.to_thread(self.choose, messages, prefix=prefix, choices=choices)
+
     def map(self, requests: Sequence[Request], *, workers: int | None = None) -> list[Completion]:
         """Run many calls, concurrently up to what the backend allows; results in input order."""
         n = max(1, min(workers or self.llm.max_concurrency, self.llm.max_concurrency, len(requests) or 1))
@@ -386,4 +438,5 @@ __all__ = [
     "UsageLedger",
     "as_messages",
     "cache_key",
+    "choice_cache_key",
 ]

@@ -6,6 +6,7 @@ Like DSPy's ``DummyLM``: it ships in the package so users can test their own pip
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -15,6 +16,8 @@ from opro.errors import LLMBadRequestError
 from opro.llm import LLM, Completion, GenerationOptions, Message, cache_key
 
 Responder = Callable[[tuple[Message, ...], GenerationOptions], str]
+#: For :meth:`ScriptedLLM.choice_logprobs`: messages and assistant prefix -> ``{choice: probability}``.
+ChoiceResponder = Callable[[tuple[Message, ...], str], Mapping[str, float]]
 
 
 class ScriptedLLM(LLM):
@@ -24,6 +27,8 @@ class ScriptedLLM(LLM):
       a callable taking messages and options) gives the reply.
     - ``replies``: replies returned in order, then ``default``.
     - ``recording``: a JSONL file of ``{"key": ..., "text": ...}`` keyed like the call cache.
+    - ``choices``: a callable giving next-token probabilities for :meth:`choice_logprobs` (logit
+      judges); without it the backend cannot score choices, like a remote chat API.
     """
 
     provider = "scripted"
@@ -39,7 +44,10 @@ class ScriptedLLM(LLM):
         default: str | Responder | None = None,
         recording: str | Path | None = None,
         model: str = "scripted",
+        choices: ChoiceResponder | None = None,
     ) -> None:
+        self._choices = choices
+        self.supports_choice_logprobs = choices is not None
         self._rules = [(re.compile(p, re.S), r) for p, r in rules]
         self._replies = list(replies)
         self._default = default
@@ -87,6 +95,22 @@ class ScriptedLLM(LLM):
             completion_tokens=len(text.split()),
             latency_s=1e-6,
             finish_reason="stop",
+        )
+
+    def choice_logprobs(self, messages: tuple[Message, ...], *, prefix: str, choices: tuple[str, ...]) -> Completion:
+        if self._choices is None:
+            return super().choice_logprobs(messages, prefix=prefix, choices=choices)
+        with self._lock:
+            self.calls.append((messages, GenerationOptions(max_tokens=0)))
+        probs = self._choices(messages, prefix)
+        logprobs = {c: math.log(p) if (p := float(probs.get(c, 0.0))) > 0 else -1e9 for c in choices}
+        return Completion(
+            text=max(logprobs, key=lambda c: logprobs[c]),
+            model=self._model,
+            prompt_tokens=sum(len(m.content.split()) for m in messages),
+            latency_s=1e-6,
+            top_logprobs=(logprobs,),
+            finish_reason="choices",
         )
 
     @staticmethod

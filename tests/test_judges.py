@@ -103,11 +103,14 @@ def test_llamaindex_template_is_verbatim() -> None:
 
 def test_prometheus_and_fewshot_shapes() -> None:
     p = BUILTIN_TEMPLATES["prometheus"].render(query="q", answer="a", reference="r")[-1].content
-    assert "###Reference Answer (Score 5):\nr" in p and "[RESULT]" in p
+    assert "Reference answer (scores 5): r" in p and "[RESULT]" in p
     assert all(f"Score {i}:" in p for i in range(1, 6))
     f = BUILTIN_TEMPLATES["fewshot"].system
     assert all(f"-> Score: {i}" in f for i in range(1, 6))
     assert len(f) < 1500  # kept short for the CPU judge
+    r = BUILTIN_TEMPLATES["rubric"]
+    assert all(f"{i} = " in r.system for i in range(1, 6)) and "different question" in r.system
+    assert len(r.system) + len(r.user) < 800  # paid on every candidate and question
 
 
 def test_missing_reference_placeholder_text() -> None:
@@ -335,4 +338,108 @@ def test_an_unreadable_judge_reply_is_not_replayed_from_the_cache(tmp_path: Path
     assert second.score == 4 and len(cache) == 1
     third = judge.evaluate(query="q", answer="a", reference="r")  # a readable reply is replayed
     assert third.score == 4 and len(cache) == 1
+    cache.close()
+
+
+# --- prompts that come from the library that owns them ------------------------------------------------
+
+
+def test_llamaindex_templates_in_use_are_the_librarys_objects() -> None:
+    from llama_index.core.evaluation import correctness, dataset_generation, faithfulness, relevancy
+    from llama_index.core.prompts import default_prompts
+
+    import opro.generation as generation
+    import opro.judges as judges
+
+    li = BUILTIN_TEMPLATES["llamaindex"]
+    assert li.system is correctness.DEFAULT_SYSTEM_TEMPLATE
+    assert li.user is correctness.DEFAULT_USER_TEMPLATE
+    assert FaithfulnessJudge(_client(ScriptedLLM())).eval_template is faithfulness.DEFAULT_EVAL_TEMPLATE.template
+    assert FaithfulnessJudge(_client(ScriptedLLM())).refine_template is faithfulness.DEFAULT_REFINE_TEMPLATE.template
+    assert RelevancyJudge(_client(ScriptedLLM())).eval_template is relevancy.DEFAULT_EVAL_TEMPLATE.template
+    assert RelevancyJudge(_client(ScriptedLLM())).refine_template is relevancy.DEFAULT_REFINE_TEMPLATE.template
+    assert judges._RELEVANCY_REFINE is relevancy.DEFAULT_REFINE_TEMPLATE.template
+    assert generation.DEFAULT_ANSWER_TEMPLATE is default_prompts.DEFAULT_TEXT_QA_PROMPT_TMPL
+    assert generation._LI_QUESTION_PROMPT is dataset_generation.DEFAULT_QUESTION_GENERATION_PROMPT
+    assert generation.DEFAULT_QUESTION_TEMPLATE.startswith(dataset_generation.DEFAULT_QUESTION_GENERATION_PROMPT)
+
+
+# --- the logit judge: the score read at the score position ---------------------------------------------
+
+
+def _choices_llm(probs: dict[str, float]) -> ScriptedLLM:
+    return ScriptedLLM(choices=lambda messages, prefix: probs)
+
+
+def test_logit_judge_returns_the_expected_score_and_the_most_likely_one() -> None:
+    llm = _choices_llm({"4": 0.5, "5": 0.3, "3": 0.1})
+    judge = CorrectnessJudge(_client(llm), score_from="logits", threshold=4.0)
+    r = judge.evaluate(query="q", answer="a", reference="r")
+    expected = (4 * 0.5 + 5 * 0.3 + 3 * 0.1) / 0.9
+    assert r.score == pytest.approx(expected, abs=1e-4) and r.expected_score == r.score
+    assert r.passing and "most likely 4" in r.feedback
+    sent = llm.calls[0][0]
+    assert sent[-1].content.rstrip().endswith('"reasoning": "<one or two sentences>"}.')  # the score-first JSON ask
+
+
+def test_logit_judge_without_mass_on_the_scores_is_invalid_not_guessed() -> None:
+    judge = CorrectnessJudge(_client(_choices_llm({"5": 0.2})), score_from="logits")
+    r = judge.evaluate(query="q", answer="a", reference="r")
+    assert r.invalid and r.score is None and "20%" in (r.invalid_reason or "")
+
+
+def test_logit_scoring_needs_a_backend_that_reads_logits() -> None:
+    with pytest.raises(ConfigError, match="score_from='logits'"):
+        CorrectnessJudge(_client(ScriptedLLM()), score_from="logits")
+    auto = CorrectnessJudge(_client(ScriptedLLM(default='{"score": 3, "reasoning": "x"}')), score_from="auto")
+    assert not auto.uses_logits  # a remote-style backend keeps the generated JSON score
+    assert auto.evaluate(query="q", answer="a", reference="r").score == 3.0
+    with pytest.raises(ConfigError, match="score_from"):
+        CorrectnessJudge(_client(ScriptedLLM()), score_from="vibes")  # type: ignore[arg-type]
+
+
+def test_logit_judge_async_path_matches_the_sync_one() -> None:
+    judge = CorrectnessJudge(_client(_choices_llm({"2": 1.0})), score_from="logits")
+    r = asyncio.run(judge.aevaluate(query="q", answer="a", reference="r"))
+    assert r.score == 2.0 and not r.passing
+
+
+def test_choose_is_cached_and_counted(tmp_path: Path) -> None:
+    from opro.cache import CallCache
+    from opro.llm import UsageLedger
+
+    llm = _choices_llm({"5": 0.9})
+    cache = CallCache(tmp_path / "calls.sqlite")
+    usage = UsageLedger()
+    client = ChatClient(llm, role="judge", cache=cache, usage=usage)
+    first = client.choose("grade this", prefix="{", choices=("1", "5"))
+    second = client.choose("grade this", prefix="{", choices=("1", "5"))
+    assert first.text == "5" and not first.cached and second.cached
+    assert len(llm.calls) == 1
+    assert usage.snapshot()["judge"].calls == 1 and usage.snapshot()["judge"].cache_hits == 1
+    other = client.choose("grade this", prefix="[", choices=("1", "5"))  # another prefix, another call
+    assert not other.cached and len(llm.calls) == 2
+    cache.close()
+
+
+@pytest.mark.embedded
+def test_embedded_logit_judge_scores_without_decoding_and_reruns_from_cache(
+    embedded_strong_llm: LLM, tmp_path: Path
+) -> None:
+    """The real 1.5B judge read at the score position: a valid distribution, a right answer above a wrong one."""
+    from opro.cache import CallCache
+
+    cache = CallCache(tmp_path / "calls.sqlite")
+    client = ChatClient(embedded_strong_llm, role="judge", cache=cache)
+    judge = CorrectnessJudge(client, score_from="logits")
+    query = "Which activation function did AlexNet use?"
+    reference = "AlexNet used the ReLU (rectified linear unit) activation."
+    good = judge.evaluate(query=query, answer="It used ReLU activations.", reference=reference)
+    bad = judge.evaluate(query=query, answer="It was trained on the MNIST digits dataset.", reference=reference)
+    assert not good.invalid and not bad.invalid
+    assert good.score is not None and bad.score is not None and 1.0 <= bad.score < good.score <= 5.0
+    assert good.expected_score == good.score and "most likely" in good.feedback
+    before = client.usage.snapshot()["judge"].calls
+    again = judge.evaluate(query=query, answer="It used ReLU activations.", reference=reference)
+    assert again.score == good.score and client.usage.snapshot()["judge"].calls == before  # warm: no call
     cache.close()

@@ -1,0 +1,519 @@
+"""Judge calibration: does the correctness judge tell right answers from wrong ones, and how noisy is it?
+
+For questions of a labelled dataset the judge scores three kinds of answers:
+
+- ``reference``: the reference answer itself (should score high),
+- ``wrong``: the reference answer of another question (a cyclic shift, so never its own),
+- ``task``: the task model's answers through the RAG program (somewhere in between).
+
+:func:`calibrate` returns a :class:`CalibrationReport`: per-condition mean and score distribution,
+invalid replies, the AUC of reference vs wrong (the probability that a right answer outscores a
+wrong one, ties counted half), their separation, seconds per uncached call and the test-retest
+agreement of repeated (uncached) calls. :func:`write_calibration` stores it in the run's output
+folder, where ``opro optimize`` and ``opro compare`` read it to print the judge's measured noise
+beside their gains (:func:`judge_noise_note`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opro.errors import ConfigError, DataError
+from opro.llm import UsageLedger
+
+if TYPE_CHECKING:
+    from opro.config import OproConfig
+    from opro.dataset import Example
+    from opro.experiment import Experiment
+    from opro.judges import CorrectnessJudge
+
+CONDITIONS: tuple[str, ...] = ("reference", "wrong", "task")
+CALIBRATION_FILE = "judge_calibration.json"
+CALIBRATION_DIR = "judge_calibration"
+
+
+@dataclass(frozen=True)
+class CalibrationItem:
+    """One answer to judge: ``question`` indexes the sampled questions."""
+
+    condition: str
+    question: int
+    query: str
+    reference: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class CalibrationVerdict:
+    item: CalibrationItem
+    score: float | None
+    invalid_reason: str | None
+    latency_s: float
+    cached: bool
+    #: 0: the calibration call; 1: its repeat without the cache (test-retest).
+    repeat: int = 0
+    #: Logit judges: the most likely score (the discrete score a generated reply would give).
+    most_likely: int | None = None
+
+
+@dataclass(frozen=True)
+class ConditionStats:
+    condition: str
+    n: int
+    n_invalid: int
+    mean: float | None
+    #: Scores rounded half up onto 1..5.
+    distribution: dict[int, int]
+
+
+@dataclass(frozen=True)
+class RetestStats:
+    """Agreement of the same judge call made twice (the second without the cache)."""
+
+    n: int
+    exact: float | None
+    within_1: float | None
+    mean_abs_difference: float | None
+    #: Standard deviation of one call's score around its repeat's: sd(first - second) / sqrt(2).
+    sd: float | None
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    judge: str
+    method: str
+    dataset: str
+    n_questions: int
+    seed: int
+    conditions: tuple[ConditionStats, ...]
+    auc: float | None
+    separation: float | None
+    invalid_rate: float | None
+    #: Logit judges: the AUC of the most likely score alone (what the discrete score would separate).
+    auc_most_likely: float | None
+    #: Mean seconds of one judge call, as recorded when it was made (cache hits keep that figure).
+    s_per_call: float | None
+    calls: int
+    cache_hits: int
+    retest: RetestStats | None
+    #: The judge settings it was measured with (see :func:`judge_signature`).
+    signature: dict[str, Any] = field(default_factory=dict)
+    created: str = ""
+
+    def condition(self, name: str) -> ConditionStats | None:
+        return next((c for c in self.conditions if c.condition == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "calibration") -> CalibrationReport:
+        try:
+            conditions = tuple(
+                ConditionStats(**{**c, "distribution": {int(k): int(v) for k, v in c["distribution"].items()}})
+                for c in data["conditions"]
+            )
+            retest = RetestStats(**data["retest"]) if data.get("retest") else None
+            return cls(**{**data, "conditions": conditions, "retest": retest})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DataError(f"{where} is not an opro judge calibration ({exc}); rerun `opro judge calibrate`") from exc
+
+    def summary(self) -> str:
+        def f(x: float | None, spec: str = ".2f") -> str:
+            return "n/a" if x is None else format(x, spec)
+
+        ref, wrong = self.condition("reference"), self.condition("wrong")
+        parts = [
+            f"AUC right vs wrong {f(self.auc)}",
+            f"reference {f(ref.mean if ref else None)} vs wrong {f(wrong.mean if wrong else None)} "
+            f"(separation {f(self.separation)})",
+            f"invalid {f(self.invalid_rate, '.1%')}",
+        ]
+        if self.retest is not None:
+            parts.append(f"test-retest sd {f(self.retest.sd)} (exact {f(self.retest.exact, '.0%')}, n={self.retest.n})")
+        if self.s_per_call is not None:
+            parts.append(f"{self.s_per_call:.2f} s/call")
+        if self.auc_most_likely is not None:
+            parts.append(f"AUC of the most likely score alone {f(self.auc_most_likely)}")
+        return f"{self.n_questions} questions of {self.dataset}: " + ", ".join(parts)
+
+
+def auc(positives: Sequence[float], negatives: Sequence[float]) -> float | None:
+    """P(positive > negative) + P(tie) / 2: the Mann-Whitney AUC; None when either side is empty."""
+    if not positives or not negatives:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
+    return wins / (len(positives) * len(negatives))
+
+
+def build_items(examples: Sequence[Example], *, task_answers: Sequence[str] | None = None) -> list[CalibrationItem]:
+    """Reference, wrong (the next question's reference) and, when given, task-model items, by question."""
+    if len(examples) < 2:
+        raise DataError(f"judge calibration needs at least 2 questions (wrong answers come from another); got {len(examples)}")
+    if task_answers is not None and len(task_answers) != len(examples):
+        raise DataError(f"{len(task_answers)} task answers for {len(examples)} questions")
+    items: list[CalibrationItem] = []
+    n = len(examples)
+    # Grouped by question: the judge prompt's prefix up to the answer is shared, so llama.cpp's KV
+    # cache evaluates it once per question.
+    for i, ex in enumerate(examples):
+        answers = {"reference": ex.reference_answer, "wrong": examples[(i + 1) % n].reference_answer}
+        if task_answers is not None:
+            answers["task"] = task_answers[i]
+        for condition, answer in answers.items():
+            items.append(CalibrationItem(condition, i, ex.query, ex.reference_answer, answer))
+    return items
+
+
+def _category(score: float) -> int:
+    return min(max(int(score + 0.5), 1), 5)
+
+
+def _retest(pairs: Sequence[tuple[float, float]]) -> RetestStats:
+    n = len(pairs)
+    if not n:
+        return RetestStats(0, None, None, None, None)
+    diffs = [a - b for a, b in pairs]
+    return RetestStats(
+        n=n,
+        exact=sum(_category(a) == _category(b) for a, b in pairs) / n,
+        within_1=sum(abs(_category(a) - _category(b)) <= 1 for a, b in pairs) / n,
+        mean_abs_difference=sum(abs(d) for d in diffs) / n,
+        sd=math.sqrt(sum(d * d for d in diffs) / n / 2),
+    )
+
+
+def summarize(
+    verdicts: Sequence[CalibrationVerdict],
+    *,
+    judge: str,
+    method: str,
+    dataset: str,
+    seed: int,
+    signature: Mapping[str, Any] | None = None,
+) -> CalibrationReport:
+    """The statistics of a list of verdicts (pure: unit-testable without a model)."""
+    first = [v for v in verdicts if v.repeat == 0]
+    if not first:
+        raise DataError("no judge verdicts to summarize")
+    conditions = [c for c in CONDITIONS if any(v.item.condition == c for v in first)]
+    scores = {c: [v.score for v in first if v.item.condition == c and v.score is not None] for c in conditions}
+    stats = tuple(
+        ConditionStats(
+            condition=c,
+            n=sum(v.item.condition == c for v in first),
+            n_invalid=sum(v.item.condition == c and v.score is None for v in first),
+            mean=statistics.fmean(scores[c]) if scores[c] else None,
+            distribution={k: Counter(_category(s) for s in scores[c]).get(k, 0) for k in range(1, 6)},
+        )
+        for c in conditions
+    )
+    means = {s.condition: s.mean for s in stats}
+    ref_mean, wrong_mean = means.get("reference"), means.get("wrong")
+    # A cached verdict carries the latency recorded when its call was made, so a report rebuilt from
+    # the cache still says what a call cost.
+    latencies = [v.latency_s for v in verdicts if v.latency_s > 0]
+    repeats = {(v.item.condition, v.item.question): v for v in verdicts if v.repeat == 1}
+    pairs = [
+        (v.score, r.score)
+        for v in first
+        if (r := repeats.get((v.item.condition, v.item.question))) is not None
+        and v.score is not None
+        and r.score is not None
+    ]
+    return CalibrationReport(
+        judge=judge,
+        method=method,
+        dataset=dataset,
+        n_questions=len({v.item.question for v in first}),
+        seed=seed,
+        conditions=stats,
+        auc=auc(scores.get("reference", []), scores.get("wrong", [])),
+        auc_most_likely=auc(
+            [float(v.most_likely) for v in first if v.item.condition == "reference" and v.most_likely is not None],
+            [float(v.most_likely) for v in first if v.item.condition == "wrong" and v.most_likely is not None],
+        ),
+        separation=ref_mean - wrong_mean if ref_mean is not None and wrong_mean is not None else None,
+        invalid_rate=sum(v.score is None for v in first) / len(first),
+        s_per_call=statistics.fmean(latencies) if latencies else None,
+        calls=sum(not v.cached for v in verdicts),
+        cache_hits=sum(v.cached for v in verdicts),
+        retest=_retest(pairs) if repeats else None,
+        signature=dict(signature or {}),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _judge_one(judge: CorrectnessJudge, item: CalibrationItem, repeat: int) -> CalibrationVerdict:
+    from opro.judges import score_distribution
+
+    started = time.perf_counter()
+    result, completion = judge.evaluate_with_completion(query=item.query, answer=item.answer, reference=item.reference)
+    most_likely = None
+    if completion is not None and completion.finish_reason == "choices" and result.score is not None:
+        dist = score_distribution(completion)
+        most_likely = max(dist, key=lambda s: dist[s]) if dist else None
+    return CalibrationVerdict(
+        most_likely=most_likely,
+        item=item,
+        score=result.score,
+        invalid_reason=result.invalid_reason,
+        latency_s=completion.latency_s if completion is not None else time.perf_counter() - started,
+        cached=bool(completion is not None and completion.cached),
+        repeat=repeat,
+    )
+
+
+def run_judge(
+    judge: CorrectnessJudge, items: Sequence[CalibrationItem], *, retest: int = 0, progress: bool = True
+) -> list[CalibrationVerdict]:
+    """Judge every item, then repeat the first ``retest`` items of each condition without the cache.
+
+    The repeats measure the judge's own noise (a greedy llama.cpp judge is close to deterministic;
+    a sampled or remote judge is not); they are never stored, so a rerun repeats them again.
+    """
+    from opro.progress import progress_bar
+
+    conditions = [c for c in CONDITIONS if any(i.condition == c for i in items)]
+    again = [i for c in conditions for i in [i for i in items if i.condition == c][:retest]]
+    uncached = copy_judge_without_cache(judge) if again else None
+    verdicts: list[CalibrationVerdict] = []
+    with progress_bar("judge calibration", total=len(items) + len(again), enabled=progress) as bar:
+        for item in items:
+            verdicts.append(_judge_one(judge, item, 0))
+            bar.advance()
+        for item in again:
+            assert uncached is not None
+            verdicts.append(_judge_one(uncached, item, 1))
+            bar.advance()
+    return verdicts
+
+
+def copy_judge_without_cache(judge: CorrectnessJudge) -> CorrectnessJudge:
+    """The same judge on a client without the call cache (its calls counted in a ledger of its own)."""
+    import copy
+
+    twin = copy.copy(judge)
+    twin.llm = replace(judge.llm, cache=None, usage=UsageLedger())
+    return twin
+
+
+def calibrate_experiment(
+    experiment: Experiment,
+    *,
+    n: int = 40,
+    seed: int | None = None,
+    conditions: Sequence[str] = CONDITIONS,
+    retest: int = 5,
+    progress: bool = True,
+) -> tuple[CalibrationReport, list[CalibrationVerdict]]:
+    """Calibrate an experiment's judge on ``n`` seeded questions of its dataset (all splits: the judge
+    is not what the search tunes). Task answers come from its RAG program with the first initial
+    instruction. Every call goes through the experiment's call cache, except the retest repeats."""
+    import random
+
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown or not {"reference", "wrong"} <= set(conditions):
+        raise ConfigError(
+            f"calibration conditions {list(conditions)}: use reference and wrong, optionally task "
+            f"(unknown: {unknown})"
+        )
+    if n < 2:
+        raise ConfigError(f"judge calibration needs --n >= 2 questions, got {n}")
+    if retest < 0:
+        raise ConfigError(f"--retest must be >= 0, got {retest}")
+    config = experiment.config
+    seed = config.experiment.seed if seed is None else seed
+    examples = list(experiment.dataset.examples)
+    if len(examples) < 2:
+        raise DataError(f"{config.source}: the dataset has {len(examples)} question(s); calibration needs at least 2")
+    # A seeded order of all questions, cut at n: a smaller n is a prefix of a larger one, so a rerun
+    # with fewer (or more) questions reuses every cached call.
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    chosen = [examples[i] for i in order[:n]]
+    answers = None
+    if "task" in conditions:
+        template = experiment.template(config.rag.initial_instructions[0])
+        answers = [
+            a.text for a in experiment.program.answer_many([e.query for e in chosen], template=template, progress=progress)
+        ]
+    items = build_items(chosen, task_answers=answers)
+    judge = experiment.judge
+    verdicts = run_judge(judge, items, retest=retest, progress=progress)
+    report = summarize(
+        verdicts,
+        judge=judge.llm.model,
+        method=judge.method,
+        dataset=config.data.dataset or ", ".join(config.data.docs),
+        seed=seed,
+        signature=judge_signature(config),
+    )
+    return report, verdicts
+
+
+def log_calibration_to_mlflow(
+    report: CalibrationReport, paths: Mapping[str, Path], *, tracking_uri: str, experiment_name: str
+) -> str:
+    """One MLflow run (tag ``opro.kind = judge-calibration``) with the statistics and the files."""
+    from opro.tracking import MlflowTracker
+
+    tracker = MlflowTracker(tracking_uri=tracking_uri, experiment_name=experiment_name)
+    params = {f"judge.{k}": v for k, v in report.signature.items()}
+    params.update({"calibration.n_questions": report.n_questions, "calibration.seed": report.seed,
+                   "calibration.dataset": report.dataset, "judge.method": report.method})
+    run_id = tracker.start(run_name="judge-calibration", params=params)
+    tracker.set_tags({"opro.kind": "judge-calibration"})
+    metrics: dict[str, float] = {}
+    for name, value in (
+        ("judge_auc", report.auc),
+        ("judge_separation", report.separation),
+        ("judge_invalid_rate", report.invalid_rate),
+        ("judge_s_per_call", report.s_per_call),
+        ("judge_retest_sd", report.retest.sd if report.retest else None),
+        ("judge_retest_exact", report.retest.exact if report.retest else None),
+    ):
+        if value is not None:
+            metrics[name] = value
+    for c in report.conditions:
+        if c.mean is not None:
+            metrics[f"judge_mean_{c.condition}"] = c.mean
+    tracker.log_metrics(metrics, step=0)
+    for path in paths.values():
+        tracker.log_artifact(path, artifact_path="judge_calibration")
+    tracker.finish()
+    return run_id
+
+
+# --- where calibrations live, and how runs report them ---------------------------------------------
+
+
+def judge_signature(config: OproConfig) -> dict[str, Any]:
+    """The settings that make two judges the same judge (model spec without secrets, [judge] table)."""
+    j = config.judge
+    signature = {
+        "model": config.models.judge.safe_dict(),
+        "template": j.template,
+        "structured": j.structured,
+        "max_tokens": j.max_tokens,
+        "score_from": j.score_from,
+    }
+    # As stored in JSON, so a loaded signature compares equal to a fresh one.
+    loaded: dict[str, Any] = json.loads(json.dumps(signature, default=str))
+    return loaded
+
+
+def write_calibration(
+    report: CalibrationReport, verdicts: Sequence[CalibrationVerdict], *, output_dir: Path, plot: bool = True
+) -> dict[str, Path]:
+    """``<output_dir>/judge_calibration.json`` (read by optimize / compare) and, in
+    ``<output_dir>/judge_calibration/``, every verdict as CSV and the score-distribution plot."""
+    from opro.redaction import redact_text
+
+    detail = output_dir / CALIBRATION_DIR
+    detail.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {
+        "summary": output_dir / CALIBRATION_FILE,
+        "verdicts": detail / "verdicts.csv",
+        "retest": detail / "retest.csv",
+    }
+    paths["summary"].write_text(redact_text(json.dumps(report.to_dict(), indent=2)), encoding="utf-8")
+    # verdicts.csv has the columns `opro judge agreement --answers` reads (query, answer, reference,
+    # score), so another judge can be compared on the same answers.
+    for key, repeat in (("verdicts", 0), ("retest", 1)):
+        with paths[key].open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["condition", "question", "score", "most_likely", "invalid_reason", "latency_s", "cached",
+                             "query", "reference", "answer"])
+            for v in verdicts:
+                if v.repeat != repeat:
+                    continue
+                writer.writerow([
+                    v.item.condition, v.item.question, "" if v.score is None else f"{v.score:.4f}",
+                    "" if v.most_likely is None else v.most_likely, v.invalid_reason or "", f"{v.latency_s:.3f}", v.cached, v.item.query, v.item.reference, v.item.answer,
+                ])
+    if plot:
+        paths["plot"] = plot_calibration(verdicts, path=detail / "score_distributions.png", title=report.method)
+    return paths
+
+
+def plot_calibration(verdicts: Sequence[CalibrationVerdict], *, path: Path, title: str) -> Path:
+    """Histogram of the judge's scores per condition (0.25-wide bins: logit scores are continuous)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from opro.plots import save_figure
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    bins = [1 + 0.25 * k for k in range(17)]
+    for c in CONDITIONS:
+        scores = [v.score for v in verdicts if v.repeat == 0 and v.item.condition == c and v.score is not None]
+        if scores:
+            ax.hist(scores, bins=bins, alpha=0.55, label=f"{c} (n={len(scores)})")
+    ax.set_xlabel("judge score")
+    ax.set_ylabel("answers")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def load_calibration(output_dir: Path) -> CalibrationReport | None:
+    """The calibration stored in a run's output folder, or None when there is none."""
+    path = output_dir / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path} cannot be read ({exc}); rerun `opro judge calibrate`") from exc
+    return CalibrationReport.from_dict(data, where=str(path))
+
+
+def judge_noise_note(config: OproConfig) -> str:
+    """One line for a run's summary: the judge's measured noise, or how to measure it."""
+    hint = f"run `opro judge calibrate {config.source}` to measure it"
+    try:
+        report = load_calibration(config.output_dir)
+    except DataError as exc:
+        return f"judge noise: unknown ({exc})"
+    if report is None:
+        return f"judge noise: not measured for this judge; {hint}"
+    if report.signature and report.signature != judge_signature(config):
+        return f"judge noise: the stored calibration ({report.created}) is for other judge settings; {hint}"
+    return f"judge noise ({report.method}): {report.summary()}"
+
+
+__all__ = [
+    "CALIBRATION_DIR",
+    "CALIBRATION_FILE",
+    "CONDITIONS",
+    "CalibrationItem",
+    "CalibrationReport",
+    "CalibrationVerdict",
+    "ConditionStats",
+    "RetestStats",
+    "auc",
+    "build_items",
+    "calibrate_experiment",
+    "copy_judge_without_cache",
+    "judge_noise_note",
+    "judge_signature",
+    "load_calibration",
+    "log_calibration_to_mlflow",
+    "plot_calibration",
+    "run_judge",
+    "summarize",
+    "write_calibration",
+]
