@@ -559,6 +559,15 @@ def evaluate(
                 max_errors=max_errors,
                 progress=exp.progress,
             )
+            genai = None
+            if exp.config.tracking.genai:
+                from opro.genai import PromptEvaluation, genai_logger
+
+                genai = genai_logger(exp).log_evaluations(
+                    [PromptEvaluation(label=resolved.label, template=resolved.template, report=report,
+                                      tags={"opro.spec": resolved.spec})],
+                    dataset=exp.dataset, split=split, source="evaluate", run_name_prefix="evaluate: ",
+                )
         finally:
             exp.close()
     except OproError as exc:
@@ -571,6 +580,9 @@ def evaluate(
         stem = exp.config.output_dir / "evaluate" / f"{split}-{resolved.kind}"
         written = [report.to_csv(stem.with_suffix(".csv")), report.to_json(stem.with_suffix(".json"))]
     console.print("per-question table: " + ", ".join(str(w) for w in written))
+    if genai is not None:
+        console.print(f"MLflow evaluation run {genai.run_ids[0]} ({len(genai.runs[0].trace_ids)} traces) in "
+                      f"{redact_url(exp.config.mlflow_uri)}")
 
 
 # ---- end section: optimize ---------------------------------------------------------------------
@@ -647,6 +659,8 @@ def compare(
     console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
     if saved.mlflow_run_id:
         console.print(f"MLflow comparison run {saved.mlflow_run_id} in {redact_url(tracking_uri or exp.config.mlflow_uri)}")
+    if saved.evaluation_run_ids:
+        console.print(f"MLflow evaluation runs (one per prompt, per-question traces): {', '.join(saved.evaluation_run_ids)}")
     if decision is not None:
         console.print(decision.message(), markup=False, soft_wrap=True)
         if not decision.granted:

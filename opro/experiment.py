@@ -355,6 +355,10 @@ class Experiment:
             )
             if record is not None:
                 self._record_split(record)
+                if self.config.tracking.genai:
+                    from opro.genai import log_validation_evaluations
+
+                    log_validation_evaluations(result, experiment=self)
             return result
 
     def _record_split(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
