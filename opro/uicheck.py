@@ -122,7 +122,8 @@ class UICheck:
     url: str
     found: tuple[str, ...]
     missing: tuple[str, ...]
-    dom_chars: int
+    #: The rendered page (HTML entities unescaped).
+    dom: str
 
     @property
     def ok(self) -> bool:
@@ -137,6 +138,7 @@ def check_evaluation_ui(
     compare_to: str,
     expect: Sequence[str],
     screenshot_path: Path | None = None,
+    screenshot_size: tuple[int, int] = (1400, 900),
     attempts: int = 3,
 ) -> UICheck:
     """Open the evaluation-run comparison of ``run_id`` against ``compare_to`` and look for ``expect``.
@@ -156,9 +158,8 @@ def check_evaluation_ui(
             if not missing:
                 break
         if screenshot_path is not None:
-            screenshot(url, screenshot_path)
-    return UICheck(url=url, found=tuple(t for t in expect if t not in missing), missing=tuple(missing),
-                   dom_chars=len(dom))
+            screenshot(url, screenshot_path, size=screenshot_size)
+    return UICheck(url=url, found=tuple(t for t in expect if t not in missing), missing=tuple(missing), dom=dom)
 
 
 __all__ = [

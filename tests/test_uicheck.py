@@ -37,5 +37,8 @@ def test_the_evaluation_run_comparison_page_shows_every_question(
         expect=[*report.questions, "correctness"],
         screenshot_path=shot,
     )
-    assert check.ok, f"{check.url}: the rendered page ({check.dom_chars} chars) lacks {list(check.missing)[:3]}"
+    assert check.ok, f"{check.url}: the rendered page ({len(check.dom)} chars) lacks {list(check.missing)[:3]}"
+    # one judge-assessment cell per question row, plus the column header
+    assert check.dom.count("correctness_assessment_column") >= len(report.questions) + 1
+    assert "compare pair: best" in check.dom and "compare pair: initial" in check.dom
     assert shot.stat().st_size > 10_000
