@@ -361,9 +361,12 @@ app.add_typer(judge_app, name="judge")
 def judge_agreement(
     answers: str = typer.Option(..., "--answers", help="Evaluation CSV/JSON with query, answer, reference (and score)."),
     judge_a: str | None = typer.Option(
-        None, "--judge-a", help="Judge A: llamacpp:NAME, openai:MODEL[@BASE_URL]. Default: the file's 'score' column."
+        None, "--judge-a", help="Judge A: llamacpp:NAME, openai:MODEL[@BASE_URL]; prefix mlflow: for MLflow's built-in "
+        "correctness judge on that model (yes = 5, no = 1). Default: the file's 'score' column."
     ),
-    judge_b: str | None = typer.Option(None, "--judge-b", help="Judge B model spec (or use --labels)."),
+    judge_b: str | None = typer.Option(
+        None, "--judge-b", help="Judge B model spec, e.g. mlflow:openai:MODEL@BASE_URL (or use --labels)."
+    ),
     labels: str | None = typer.Option(None, "--labels", help="Human labels CSV/JSON with query and score."),
     template: str = typer.Option("llamaindex", "--template", help="Judge template: llamaindex, prometheus, fewshot or a file."),
     template_b: str | None = typer.Option(None, "--template-b", help="Template for judge B (default: --template)."),
@@ -391,7 +394,13 @@ def judge_agreement(
         with ModelPool() as pool:
 
             def scores_of(spec: str, tmpl: str) -> list[float | None]:
-                client = ChatClient(pool.get(parse_model_spec(spec)), role="judge", cache=call_cache)
+                mlflow_judge = spec.startswith("mlflow:")
+                model = parse_model_spec(spec.removeprefix("mlflow:"))
+                client = ChatClient(pool.get(model), role="judge", cache=call_cache)
+                if mlflow_judge:
+                    from opro.genai import MlflowCorrectnessJudge
+
+                    return judge_scores(MlflowCorrectnessJudge(client), rows)
                 return judge_scores(CorrectnessJudge(client, template=tmpl), rows)
 
             if judge_a is None:
@@ -438,6 +447,11 @@ def judge_agreement(
     dist.add_column("B", justify="right")
     for score in report.distribution_a:
         dist.add_row(str(score), str(report.distribution_a[score]), str(report.distribution_b[score]))
+    if any(s is not None and s.startswith("mlflow:") for s in (judge_a, judge_b)):
+        # A yes/no judge against a 1-5 one: what can agree is the verdict at opro's pass mark (4).
+        pairs = [(a >= 4.0, b >= 4.0) for a, b in zip(scores_a, scores_b, strict=True) if a is not None and b is not None]
+        same = sum(x == y for x, y in pairs)
+        stats.add_row("pass / fail agreement (score >= 4)", f"{same / len(pairs):.3f}" if pairs else "n/a")
     console.print(stats)
     console.print(dist)
 

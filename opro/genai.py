@@ -25,8 +25,10 @@ them, so the rest of opro keeps its explicit per-store clients.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, redirect_stdout
@@ -343,6 +345,143 @@ class GenAILogger:
         )
 
 
+# -- judges both ways: opro's as MLflow scorers, MLflow's correctness judge as opro's ------------
+
+
+def _feedback(result: Any, *, name: str, source_id: str) -> Any:
+    from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType, Feedback
+
+    source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE, source_id=redact_text(source_id) or "opro")
+    if result.invalid or result.score is None:
+        return Feedback(name=name, source=source, rationale=redact_text(result.feedback) or None,
+                        error=AssessmentError(error_code="INVALID_JUDGE_REPLY",
+                                              error_message=redact_text(result.invalid_reason or "no score")))
+    return Feedback(name=name, value=float(result.score), rationale=redact_text(result.feedback) or None,
+                    source=source)
+
+
+def _first_text(value: Any, keys: Sequence[str]) -> str:
+    if isinstance(value, Mapping):
+        for k in keys:
+            if value.get(k) is not None:
+                return str(value[k])
+        texts = [v for v in value.values() if isinstance(v, str)]
+        return texts[0] if len(texts) == 1 else json.dumps(value, default=str)
+    return "" if value is None else str(value)
+
+
+def _retrieved(trace: Any) -> list[str]:
+    """The chunks of a trace's retriever spans (MLflow's Document dicts), in order."""
+    out: list[str] = []
+    for span in getattr(getattr(trace, "data", None), "spans", None) or []:
+        if span.span_type == "RETRIEVER" and isinstance(span.outputs, list):
+            out.extend(str(d.get("page_content", "")) for d in span.outputs if isinstance(d, Mapping))
+    return out
+
+
+def judge_scorer(judge: Any, *, name: str | None = None) -> Any:
+    """An opro judge as an MLflow scorer: ``mlflow.genai.evaluate(data, scorers=[judge_scorer(judge)])``.
+
+    Works with :class:`~opro.judges.CorrectnessJudge` (question, answer, ``expected_response``) and
+    with the context judges (:class:`~opro.judges.FaithfulnessJudge`, :class:`~opro.judges.RelevancyJudge`),
+    which read the retrieved chunks from the trace's retriever spans. The judge keeps its own client, so
+    calls go through opro's call cache: scoring answers opro already judged makes no new LLM call.
+    The question is read from ``inputs`` (``question`` or ``query``), the reference from
+    ``expectations`` (``expected_response``).
+    """
+    from mlflow.genai.scorers import scorer
+
+    label = name or str(getattr(judge, "name", type(judge).__name__))
+    model = str(getattr(getattr(judge, "llm", None), "model", "") or "")
+
+    def score(inputs: dict[str, Any], outputs: Any, expectations: dict[str, Any] | None = None,
+              trace: Any = None) -> Any:
+        query = _first_text(inputs, ("question", "query"))
+        answer = _first_text(outputs, ("answer", "response", "content"))
+        reference = _first_text(expectations or {}, (EXPECTED_RESPONSE, "reference", "reference_answer"))
+        measure = getattr(judge, "measure", None)
+        if callable(measure):
+            result = measure(query=query, answer=answer, reference=reference or None, contexts=_retrieved(trace))
+        else:
+            result = judge.evaluate(query=query, answer=answer, reference=reference or None)
+        return _feedback(result, name=label, source_id=model)
+
+    return scorer(score, name=label)
+
+
+_MLFLOW_VERDICT_SCHEMA = {
+    "additionalProperties": False,
+    "properties": {"rationale": {"type": "string"}, "result": {"enum": ["yes", "no"], "type": "string"}},
+    "required": ["rationale", "result"],
+    "type": "object",
+}
+
+
+class MlflowCorrectnessJudge:
+    """MLflow's built-in correctness judge (``mlflow.genai.judges.is_correct``) as an opro judge.
+
+    Its prompt (MLflow's own text, read from the installed MLflow) asks whether the reference answer's
+    facts are supported by the answer, and the verdict is yes / no with a rationale. opro reads it as
+    5 (yes) or 1 (no) on its 1-5 scale, ``passing`` = yes, so ``opro judge agreement`` can set it
+    beside opro's correctness judge (compare pass / fail agreement; a binary judge cannot agree
+    exactly with a 1-5 one on 2, 3 or 4).
+
+    The call goes through an opro :class:`~opro.llm.ChatClient` (any configured OpenAI-compatible
+    endpoint or embedded model, with opro's cache, retries and key handling) rather than MLflow's
+    LiteLLM path, which takes no base URL for a self-hosted server and would reach the network.
+    """
+
+    name = "mlflow_correctness"
+
+    def __init__(self, llm: Any, *, max_tokens: int = 256, structured: bool = True) -> None:
+        self.llm = llm
+        self.max_tokens = max_tokens
+        self.structured = structured
+
+    def _options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"temperature": 0.0, "max_tokens": self.max_tokens}
+        if self.structured and self.llm.llm.supports_json_schema:
+            options["json_schema"] = _MLFLOW_VERDICT_SCHEMA
+        return options
+
+    def messages(self, *, query: str, answer: str, reference: str | None) -> tuple[Any, ...]:
+        from mlflow.genai.judges.prompts.correctness import get_prompt
+
+        from opro.llm import Message
+
+        return (Message("user", get_prompt(request=query, response=answer, expected_response=reference or "")),)
+
+    def evaluate(self, *, query: str, answer: str, reference: str | None) -> Any:
+        from opro.metrics import MetricResult
+
+        messages = self.messages(query=query, answer=answer, reference=reference)
+        completion = self.llm.complete(messages, **self._options())
+        verdict, rationale = parse_yes_no_verdict(completion.text)
+        if verdict is None:
+            self.llm.forget(messages, **self._options())  # an unreadable reply is asked again on rerun
+            return MetricResult.invalid_result(self.name, f"no yes/no result in reply: {completion.text.strip()[:160]!r}",
+                                               feedback=completion.text.strip())
+        return MetricResult(self.name, 5.0 if verdict else 1.0, verdict, rationale)
+
+
+_RESULT_RE = re.compile(r'"result"\s*:\s*"\s*(yes|no)\s*"', re.I)
+
+
+def parse_yes_no_verdict(text: str) -> tuple[bool | None, str]:
+    """``(True/False, rationale)`` from MLflow's ``{"rationale": ..., "result": "yes|no"}`` reply; None if absent."""
+    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, dict) and str(data.get("result", "")).strip().lower() in ("yes", "no"):
+        return str(data["result"]).strip().lower() == "yes", str(data.get("rationale", ""))
+    found = {m.group(1).lower() for m in _RESULT_RE.finditer(text)}
+    if len(found) == 1:
+        return found.pop() == "yes", text.strip()
+    return None, text.strip()
+
+
 # -- the three places opro records evaluations -------------------------------------------------
 
 
@@ -556,9 +695,12 @@ __all__ = [
     "EvaluationRunRecord",
     "GenAILogger",
     "GenAIRecord",
+    "MlflowCorrectnessJudge",
     "PromptEvaluation",
     "dataset_name",
     "genai_logger",
+    "judge_scorer",
     "log_comparison_evaluations",
     "log_validation_evaluations",
+    "parse_yes_no_verdict",
 ]

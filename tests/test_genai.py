@@ -148,3 +148,91 @@ def test_genai_records_can_be_switched_off(tmp_path: Path) -> None:
     finally:
         exp.close()
     assert saved.mlflow_run_id is not None and saved.evaluation_run_ids == ()
+
+
+def test_opro_judges_are_mlflow_scorers(tmp_path: Path) -> None:
+    import mlflow
+
+    from opro.genai import _use_store, genai_logger, judge_scorer  # noqa: F401
+    from opro.judges import CorrectnessJudge, FaithfulnessJudge
+    from opro.llm import ChatClient
+    from opro.scripted import ScriptedLLM
+    from opro.tracking import MlflowTracker
+
+    judge_llm = ScriptedLLM(rules=[
+        (r"Paris", json.dumps({"score": 5, "reasoning": "names the capital"})),
+        (r"Context information", "YES"),  # faithfulness: supported by the chunks
+    ], default=json.dumps({"score": 2, "reasoning": "wrong city"}), model="judge")
+    client = ChatClient(judge_llm, role="judge")
+    data = [
+        {"inputs": {"question": "What is the capital of France?"}, "outputs": "Paris.",
+         "expectations": {"expected_response": "Paris"}},
+        {"inputs": {"question": "What is the capital of Italy?"}, "outputs": "Milan.",
+         "expectations": {"expected_response": "Rome"}},
+    ]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp_id = MlflowTracker(tracking_uri=uri, experiment_name="scorers").experiment_id()
+    with _use_store(uri, exp_id):
+        result = mlflow.genai.evaluate(
+            data=data, scorers=[judge_scorer(CorrectnessJudge(client)), judge_scorer(FaithfulnessJudge(client))]
+        )
+    assert result.metrics["correctness/mean"] == pytest.approx(3.5)  # 5 and 2
+    frame = result.result_df
+    assert sorted(frame["correctness/value"]) == [2.0, 5.0]
+    # no retrieval span in these traces: faithfulness has no contexts and says so, as an error, not a score
+    assert "faithfulness/value" not in frame or frame["faithfulness/value"].isna().all()
+    n_calls = len(judge_llm.calls)
+    assert n_calls == 2  # one correctness call per row; faithfulness made none without contexts
+
+
+def test_mlflow_correctness_judge_as_opro_judge() -> None:
+    from mlflow.genai.judges.prompts.correctness import CORRECTNESS_PROMPT_INSTRUCTIONS
+
+    from opro.genai import MlflowCorrectnessJudge, parse_yes_no_verdict
+    from opro.llm import ChatClient
+    from opro.scripted import ScriptedLLM
+
+    llm = ScriptedLLM(rules=[
+        (r"Paris", json.dumps({"rationale": "Let's think step by step. Supported.", "result": "yes"})),
+        (r"Milan", json.dumps({"rationale": "Let's think step by step. Rome is not Milan.", "result": "no"})),
+    ], default="I cannot tell", model="judge")
+    judge = MlflowCorrectnessJudge(ChatClient(llm, role="judge"))
+    yes = judge.evaluate(query="Capital of France?", answer="Paris.", reference="Paris")
+    no = judge.evaluate(query="Capital of Italy?", answer="Milan.", reference="Rome")
+    bad = judge.evaluate(query="Capital of Spain?", answer="Madrid.", reference="Madrid")
+    assert (yes.score, yes.passing, no.score, no.passing) == (5.0, True, 1.0, False)
+    assert "Rome is not Milan" in no.feedback
+    assert bad.invalid and bad.score is None and "no yes/no result" in (bad.invalid_reason or "")
+    # MLflow's own prompt text, and its verdict schema on a backend that takes JSON schemas
+    sent, options = llm.calls[0]
+    assert CORRECTNESS_PROMPT_INSTRUCTIONS.split("{{")[0] in sent[-1].content
+    assert options.json_schema is not None
+    assert json.loads(options.json_schema)["properties"]["result"]["enum"] == ["yes", "no"]
+    assert parse_yes_no_verdict('```json\n{"result": "no", "rationale": "r"}\n```') == (False, "r")
+    assert parse_yes_no_verdict('... "result": "yes" ... "result": "no"')[0] is None
+
+
+def test_judge_agreement_with_mlflow_correctness_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from typer.testing import CliRunner
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fault_server import FaultServer
+
+    from opro.cli import app
+
+    rows = [{"query": f"Question {i}?", "answer": f"Answer {i}.", "reference": f"Answer {i}.", "score": s}
+            for i, s in enumerate([5, 4, 2, 1])]
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps(rows))
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    with FaultServer(key="k") as server:
+        result = CliRunner().invoke(app, [
+            "judge", "agreement", "--answers", str(answers), "--judge-b", f"mlflow:openai:judge-model@{server.base_url}",
+            "--cache", str(tmp_path / "calls.sqlite"),
+        ])
+        assert result.exit_code == 0, result.output
+        assert server.counts["judge"] == 4
+    # the fake judge's reply has no yes/no result: every verdict is invalid and dropped, and said so
+    assert "pairs dropped (invalid / unlabelled)" in result.output and "pass / fail agreement" in result.output
