@@ -35,7 +35,7 @@ def _traces(client: Any, run_id: str) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
-    config = optimized(tmp_path_factory.mktemp("genai"))
+    config = optimized(tmp_path_factory.mktemp("genai"), genai=True)
     exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
     try:
         report = compare_prompts(experiment=exp, prompts=["initial", "best"])
@@ -138,9 +138,7 @@ def test_optimize_records_its_validation_stage_once(compared: tuple[Path, Any, A
 
 
 def test_genai_records_can_be_switched_off(tmp_path: Path) -> None:
-    config = optimized(tmp_path)
-    text = config.read_text().replace("[tracking]\n", "[tracking]\ngenai = false\n")
-    config.write_text(text)
+    config = optimized(tmp_path, genai=False)
     exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
     try:
         report = compare_prompts(experiment=exp, prompts=["initial", "best"])
@@ -148,6 +146,10 @@ def test_genai_records_can_be_switched_off(tmp_path: Path) -> None:
     finally:
         exp.close()
     assert saved.mlflow_run_id is not None and saved.evaluation_run_ids == ()
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    assert not client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")
+    assert not list(client.search_datasets(experiment_ids=[exp_id]))
 
 
 def test_opro_judges_are_mlflow_scorers(tmp_path: Path) -> None:
@@ -236,3 +238,33 @@ def test_judge_agreement_with_mlflow_correctness_judge(tmp_path: Path, monkeypat
         assert server.counts["judge"] == 4
     # the fake judge's reply has no yes/no result: every verdict is invalid and dropped, and said so
     assert "pairs dropped (invalid / unlabelled)" in result.output and "pass / fail agreement" in result.output
+
+
+def test_credentials_in_urls_never_reach_the_records(tmp_path: Path) -> None:
+    from opro.dataset import Example, GoldenDataset
+    from opro.evaluation import EvaluationReport, EvaluationRow
+    from opro.genai import GenAILogger, PromptEvaluation
+    from opro.prompts import QATemplate
+
+    secret = "sk-live-0123456789"
+    q = f"What does https://user:{secret}@example.com/v1 serve?"
+    dataset = GoldenDataset((Example(q, f"A model at https://example.com/?api-key={secret}.", (f"ctx https://h.example/?key={secret}",)),
+                             Example("Another question?", "Yes."))).with_split(
+        exemplar=0, optimization=0, validation=0, heldout=2, seed=0)
+    rows = tuple(
+        EvaluationRow(query=e.query, reference=e.reference_answer, answer=f"See https://u:{secret}@h.example/x",
+                      contexts=(f"doc https://h.example/?token={secret}",), score=4.0, passing=True,
+                      feedback=f"matches https://h.example/?sig={secret}", prompt_tokens=12, completion_tokens=3)
+        for e in dataset.examples
+    )
+    db = tmp_path / "mlflow.db"
+    log = GenAILogger(tracking_uri=f"sqlite:///{db}", experiment_name="secrets", dataset_prefix="s",
+                      prompt_name="qa-secrets", task_model="task", judge_model=f"judge@https://k:{secret}@judge.example")
+    record = log.log_evaluations(
+        [PromptEvaluation(label="p", template=QATemplate(instruction="Answer."), report=EvaluationReport(rows=rows))],
+        dataset=dataset, split="heldout", source="test",
+    )
+    assert len(record.runs[0].trace_ids) == 2
+    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert secret.encode() not in stored
+    assert b"***" in stored  # redacted, not dropped
