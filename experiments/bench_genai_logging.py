@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -81,20 +82,23 @@ genai = {"true" if genai else "false"}
     return path
 
 
-def run_once(server: FaultServer, *, genai: bool, args: argparse.Namespace) -> tuple[float, int]:
+def run_once(server: FaultServer, *, genai: bool, args: argparse.Namespace) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory(prefix="bench-genai-") as tmp:
         config = write_config(Path(tmp), base_url=server.base_url, genai=genai, questions=args.questions,
                               validation=args.validation, steps=args.steps, candidates=args.candidates,
                               concurrency=args.concurrency)
         env = {**os.environ, "OPRO_BENCH_KEY": KEY, "PYTHONPATH": str(ROOT), "OPRO_CACHE_DIR": str(Path(tmp) / "cache")}
         before = sum(server.counts.values())
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "opro.cli", "optimize", str(config), "--no-progress"],
                               env=env, capture_output=True, text=True, timeout=1800)
         wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime + after.ru_stime) - (usage.ru_utime + usage.ru_stime)
         if proc.returncode != 0:
             raise SystemExit(f"optimize failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        return wall, sum(server.counts.values()) - before
+        return wall, cpu, sum(server.counts.values()) - before
 
 
 def main() -> None:
@@ -108,18 +112,23 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
     walls: dict[bool, list[float]] = {True: [], False: []}
+    cpus: dict[bool, list[float]] = {True: [], False: []}
     calls: dict[bool, list[int]] = {True: [], False: []}
     with FaultServer(key=KEY, latency_s=args.latency, max_requests=1_000_000, lifetime_s=7200) as server:
         for i in range(args.repeats):
             for genai in ((False, True) if i % 2 == 0 else (True, False)):
-                wall, n = run_once(server, genai=genai, args=args)
+                wall, cpu, n = run_once(server, genai=genai, args=args)
                 walls[genai].append(wall)
+                cpus[genai].append(cpu)
                 calls[genai].append(n)
-                print(f"repeat {i + 1}: genai={'on ' if genai else 'off'} {wall:7.2f} s, {n} LLM requests", flush=True)
+                print(f"repeat {i + 1}: genai={'on ' if genai else 'off'} wall {wall:7.2f} s, CPU {cpu:6.2f} s, "
+                      f"{n} LLM requests", flush=True)
     off, on = statistics.median(walls[False]), statistics.median(walls[True])
     print(f"\nlatency {args.latency} s per call, {args.questions} questions ({args.validation} validation), "
           f"{args.steps} steps x {args.candidates} candidates, concurrency {args.concurrency}, {args.repeats} repeats")
     print(f"median wall: genai off {off:.2f} s, on {on:.2f} s; overhead {on - off:+.2f} s = {100 * (on - off) / off:+.1f}%")
+    c_off, c_on = statistics.median(cpus[False]), statistics.median(cpus[True])
+    print(f"median CPU (opro process): genai off {c_off:.2f} s, on {c_on:.2f} s; overhead {c_on - c_off:+.2f} s")
     print(f"LLM requests per run: off {sorted(set(calls[False]))}, on {sorted(set(calls[True]))}")
 
 

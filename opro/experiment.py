@@ -346,6 +346,11 @@ class Experiment:
             if fresh:
                 self.archive_study()
             record = self._record_split() if worker_index == 0 else None
+            prewarm = None
+            if record is not None and self.config.tracking.genai:
+                from opro.genai import Prewarm
+
+                prewarm = Prewarm(self)  # imports and dataset registration overlap the search
             result = self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
                 program=self.program,
                 optimization_set=ds.examples_in("optimization"),
@@ -355,10 +360,11 @@ class Experiment:
             )
             if record is not None:
                 self._record_split(record)
-                if self.config.tracking.genai:
+                if prewarm is not None:
                     from opro.genai import log_validation_evaluations
 
-                    log_validation_evaluations(result, experiment=self)
+                    prewarm.wait()  # it registered the dataset splits
+                    log_validation_evaluations(result, experiment=self, register_datasets=False)
             return result
 
     def _record_split(self, record: dict[str, Any] | None = None) -> dict[str, Any]:

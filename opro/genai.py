@@ -31,7 +31,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from io import StringIO
 from typing import TYPE_CHECKING, Any
@@ -66,6 +66,8 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
     """MLflow's global tracking URI, registry URI and active experiment, for one call, restored after."""
     # mlflow.genai imports litellm, which otherwise downloads its price map and hangs offline.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import sys
+
     import mlflow
     from mlflow.tracking import _model_registry, fluent
     from mlflow.tracking._tracking_service import utils as tracking_utils
@@ -73,7 +75,12 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
     _import_harness()
     # The replay always emits its trace: MLflow's check that predict_fn traces (one extra call) is moot.
     env = {"MLFLOW_EXPERIMENT_ID": experiment_id, "MLFLOW_GENAI_EVAL_SKIP_TRACE_VALIDATION": "True"}
+    # Each evaluate imports the Databricks SDK first (5-30 s on a busy 2-core machine) so that its
+    # worker threads could use it; off Databricks nothing does. Hide it for the call unless loaded.
+    hide_sdk = not tracking_uri.startswith("databricks") and "databricks.sdk" not in sys.modules
     with _STORE_LOCK:
+        if hide_sdk:
+            sys.modules["databricks.sdk"] = None  # type: ignore[assignment]
         old_experiment = fluent._active_experiment_id
         old_env = {k: os.environ.get(k) for k in env}
         old_registry = _model_registry.utils._registry_uri
@@ -91,6 +98,8 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
                 else:
                     os.environ[k] = v
             _model_registry.utils._registry_uri = old_registry
+            if hide_sdk and sys.modules.get("databricks.sdk", 0) is None:
+                del sys.modules["databricks.sdk"]
 
 
 def _import_harness() -> None:
@@ -327,6 +336,8 @@ class GenAILogger:
             with _use_store(self.tracking_uri, exp_id), mlflow.start_run(run_id=run_id), _quiet():
                 mlflow.log_params({"template": redact_text(ev.template.template_text)[:6000], "split": split,
                                    "n_questions": len(rows)})
+                if version is not None:
+                    self.client.link_prompt_version_to_run(run_id, version)
                 result = mlflow.genai.evaluate(data=ds, predict_fn=replay, scorers=[verdict])
                 summary = _summary_metrics(ev.report)
                 if summary:
@@ -532,7 +543,38 @@ def log_comparison_evaluations(
     )
 
 
-def log_validation_evaluations(result: OptimizationResult, *, experiment: Experiment) -> GenAIRecord | None:
+class Prewarm:
+    """Do the GenAI records' fixed costs while the search runs: import MLflow's evaluation harness and
+    register the dataset splits, in a background thread.
+
+    The search waits on its models (HTTP or llama.cpp, both release the GIL), so this costs it
+    nothing measurable, and the validation stage's records at the end only pay for their own runs.
+    A failure here is kept and raised by :meth:`wait`, where the records are written.
+    """
+
+    def __init__(self, experiment: Experiment) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(experiment,), name="opro-genai-prewarm", daemon=True)
+        self._thread.start()
+
+    def _run(self, experiment: Experiment) -> None:
+        try:
+            _import_harness()
+            import mlflow.genai.scorers  # noqa: F401  (what evaluate imports on its first call)
+
+            genai_logger(experiment).register_datasets(experiment.dataset)
+        except BaseException as exc:  # handed to the caller of wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def log_validation_evaluations(
+    result: OptimizationResult, *, experiment: Experiment, register_datasets: bool = True
+) -> GenAIRecord | None:
     """The validation stage of an optimization as evaluation runs: the initial instruction and each finalist.
 
     The validation stage keeps scores only, so its answers and verdicts are read back through the
@@ -544,7 +586,8 @@ def log_validation_evaluations(result: OptimizationResult, *, experiment: Experi
 
     log = genai_logger(experiment)
     dataset = experiment.dataset
-    log.register_datasets(dataset)
+    if register_datasets:  # every split, not only the validation one its runs use
+        log.register_datasets(dataset)
     v = result.validation
     if v is None or experiment.cache is None:
         if v is not None:
@@ -599,8 +642,9 @@ def _summary_metrics(report: EvaluationReport) -> dict[str, float]:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    # mlflow.genai.evaluate prints a summary and a progress bar; opro prints its own report.
-    with redirect_stdout(StringIO()):
+    # mlflow.genai.evaluate prints a summary (stdout) and a progress bar (stderr); opro prints its own
+    # report. Log records still pass: handlers keep the stream they were made with.
+    with redirect_stdout(StringIO()), redirect_stderr(StringIO()):
         yield
 
 
@@ -625,9 +669,11 @@ class _Replay:
             root.set_inputs({"question": question})
             root.set_attribute("opro.replayed", True)
             if self.prompt is not None:
-                # As an app would: loading the prompt inside the trace links the version to the trace
-                # and to the evaluation run.
-                mlflow.genai.load_prompt(f"prompts:/{self.prompt.name}/{self.prompt.version}")
+                # What mlflow.genai.load_prompt does inside a trace, without its registry lookup and
+                # run link per row (the run is linked once): the version is linked to this trace.
+                from mlflow.tracing.trace_manager import InMemoryTraceManager
+
+                InMemoryTraceManager.get_instance().register_prompt(trace_id=root.trace_id, prompt=self.prompt)
             contexts = [redact_text(c) for c in row.contexts]
             with mlflow.start_span(name="retrieve", span_type=SpanType.RETRIEVER) as span:
                 span.set_inputs({"query": question})
@@ -696,6 +742,7 @@ __all__ = [
     "GenAILogger",
     "GenAIRecord",
     "MlflowCorrectnessJudge",
+    "Prewarm",
     "PromptEvaluation",
     "dataset_name",
     "genai_logger",

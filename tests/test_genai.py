@@ -33,16 +33,9 @@ def _traces(client: Any, run_id: str) -> list[Any]:
     return list(client.search_traces(locations=[exp_id], run_id=run_id, max_results=500))
 
 
-@pytest.fixture(scope="module")
-def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
-    config = optimized(tmp_path_factory.mktemp("genai"), genai=True)
-    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
-    try:
-        report = compare_prompts(experiment=exp, prompts=["initial", "best"])
-        saved = save_comparison(report, experiment=exp, name="pair")
-    finally:
-        exp.close()
-    return config, report, saved
+@pytest.fixture
+def compared(genai_compared: tuple[Path, Any, Any]) -> tuple[Path, Any, Any]:
+    return genai_compared
 
 
 def test_the_split_dataset_is_registered_as_evaluation_datasets(compared: tuple[Path, Any, Any]) -> None:
@@ -268,3 +261,22 @@ def test_credentials_in_urls_never_reach_the_records(tmp_path: Path) -> None:
     stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert secret.encode() not in stored
     assert b"***" in stored  # redacted, not dropped
+
+
+def test_cli_evaluate_records_an_evaluation_run(compared: tuple[Path, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import opro.experiment
+    from opro.cli import app
+
+    config, _, _ = compared
+    monkeypatch.setattr(opro.experiment, "ModelPool", scripted_pool)
+    result = CliRunner().invoke(app, ["evaluate", str(config), "--prompt", "best", "--split", "heldout", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "MLflow evaluation run" in result.output and "(10 traces)" in result.output
+    assert "Evaluating" not in result.output  # MLflow's own progress bar stays quiet
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'evaluate'")
+    assert len(runs) == 1 and runs[0].data.tags["opro.spec"] == "best"
+    assert runs[0].data.metrics["correctness/mean"] == 5.0

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_genai import _client, compared  # noqa: F401  (the module fixture: an optimized, compared run)
+from test_genai import _client
 
 from opro.errors import OproError
 
 
 def test_the_evaluation_run_comparison_page_shows_every_question(
-    compared: tuple[Path, Any, Any], tmp_path: Path  # noqa: F811
+    genai_compared: tuple[Path, Any, Any], tmp_path: Path
 ) -> None:
     from opro.uicheck import check_evaluation_ui, find_chromium
 
@@ -24,7 +24,7 @@ def test_the_evaluation_run_comparison_page_shows_every_question(
         find_chromium()
     except OproError as exc:
         pytest.fail(f"the browser check needs Chromium: {exc}")
-    config, report, saved = compared
+    config, report, saved = genai_compared
     client = _client(config)
     baseline, best = saved.evaluation_run_ids
     exp_id = client.get_run(best).info.experiment_id
