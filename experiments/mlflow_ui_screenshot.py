@@ -24,8 +24,8 @@ def main() -> None:
     parser.add_argument("config", type=Path)
     parser.add_argument("--comparison", required=True, help="the --name of the `opro compare` run")
     parser.add_argument("--out", type=Path, default=Path("docs/mlflow_evaluation_runs.png"))
-    parser.add_argument("--size", default="1600x900", help="window size WIDTHxHEIGHT")
-    parser.add_argument("--colors", type=int, default=64, help="PNG palette size (smaller file)")
+    parser.add_argument("--size", default="2400x1000", help="window size WIDTHxHEIGHT (wide: the assessment columns show)")
+    parser.add_argument("--colors", type=int, default=96, help="PNG palette size (smaller file)")
     args = parser.parse_args()
     cfg = load_config(args.config)
     log = GenAILogger(tracking_uri=cfg.mlflow_uri, experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
