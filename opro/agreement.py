@@ -19,6 +19,7 @@ from opro.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from opro.backends import ModelSpec
+    from opro.evaluation import Judge
     from opro.judges import CorrectnessJudge
 
 LABELS = (1, 2, 3, 4, 5)
@@ -219,7 +220,7 @@ def parse_model_spec(text: str) -> ModelSpec:
 
 
 def judge_scores(
-    judge: CorrectnessJudge, rows: Sequence[dict[str, Any]], *, progress: bool = True
+    judge: CorrectnessJudge | Judge, rows: Sequence[dict[str, Any]], *, progress: bool = True
 ) -> list[float | None]:
     """The judge's score of every answer row (None for an invalid reply)."""
     from opro.progress import progress_bar

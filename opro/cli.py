@@ -361,9 +361,12 @@ app.add_typer(judge_app, name="judge")
 def judge_agreement(
     answers: str = typer.Option(..., "--answers", help="Evaluation CSV/JSON with query, answer, reference (and score)."),
     judge_a: str | None = typer.Option(
-        None, "--judge-a", help="Judge A: llamacpp:NAME, openai:MODEL[@BASE_URL]. Default: the file's 'score' column."
+        None, "--judge-a", help="Judge A: llamacpp:NAME, openai:MODEL[@BASE_URL]; prefix mlflow: for MLflow's built-in "
+        "correctness judge on that model (yes = 5, no = 1). Default: the file's 'score' column."
     ),
-    judge_b: str | None = typer.Option(None, "--judge-b", help="Judge B model spec (or use --labels)."),
+    judge_b: str | None = typer.Option(
+        None, "--judge-b", help="Judge B model spec, e.g. mlflow:openai:MODEL@BASE_URL (or use --labels)."
+    ),
     labels: str | None = typer.Option(None, "--labels", help="Human labels CSV/JSON with query and score."),
     template: str = typer.Option("llamaindex", "--template", help="Judge template: llamaindex, prometheus, fewshot or a file."),
     template_b: str | None = typer.Option(None, "--template-b", help="Template for judge B (default: --template)."),
@@ -395,7 +398,13 @@ def judge_agreement(
             def scores_of(spec: str, tmpl: str, score_from: str) -> list[float | None]:
                 if score_from not in SCORE_SOURCES:
                     raise OproError(f"--score-from-a/-b must be reply, logits or auto, got {score_from!r}")
-                client = ChatClient(pool.get(parse_model_spec(spec)), role="judge", cache=call_cache)
+                mlflow_judge = spec.startswith("mlflow:")
+                model = parse_model_spec(spec.removeprefix("mlflow:"))
+                client = ChatClient(pool.get(model), role="judge", cache=call_cache)
+                if mlflow_judge:
+                    from opro.genai import MlflowCorrectnessJudge
+
+                    return judge_scores(MlflowCorrectnessJudge(client), rows)
                 judge = CorrectnessJudge(client, template=tmpl, score_from=score_from)  # type: ignore[arg-type]
                 return judge_scores(judge, rows)
 
@@ -443,6 +452,11 @@ def judge_agreement(
     dist.add_column("B", justify="right")
     for score in report.distribution_a:
         dist.add_row(str(score), str(report.distribution_a[score]), str(report.distribution_b[score]))
+    if any(s is not None and s.startswith("mlflow:") for s in (judge_a, judge_b)):
+        # A yes/no judge against a 1-5 one: what can agree is the verdict at opro's pass mark (4).
+        pairs = [(a >= 4.0, b >= 4.0) for a, b in zip(scores_a, scores_b, strict=True) if a is not None and b is not None]
+        same = sum(x == y for x, y in pairs)
+        stats.add_row("pass / fail agreement (score >= 4)", f"{same / len(pairs):.3f}" if pairs else "n/a")
     console.print(stats)
     console.print(dist)
 
@@ -672,6 +686,15 @@ def evaluate(
                 max_errors=max_errors,
                 progress=exp.progress,
             )
+            genai = None
+            if exp.config.tracking.genai:
+                from opro.genai import PromptEvaluation, genai_logger
+
+                genai = genai_logger(exp).log_evaluations(
+                    [PromptEvaluation(label=resolved.label, template=resolved.template, report=report,
+                                      tags={"opro.spec": resolved.spec})],
+                    dataset=exp.dataset, split=split, source="evaluate", run_name_prefix="evaluate: ",
+                )
         finally:
             exp.close()
     except OproError as exc:
@@ -684,6 +707,9 @@ def evaluate(
         stem = exp.config.output_dir / "evaluate" / f"{split}-{resolved.kind}"
         written = [report.to_csv(stem.with_suffix(".csv")), report.to_json(stem.with_suffix(".json"))]
     console.print("per-question table: " + ", ".join(str(w) for w in written))
+    if genai is not None:
+        console.print(f"MLflow evaluation run {genai.run_ids[0]} ({len(genai.runs[0].trace_ids)} traces) in "
+                      f"{redact_url(exp.config.mlflow_uri)}")
 
 
 # ---- end section: optimize ---------------------------------------------------------------------
@@ -762,6 +788,8 @@ def compare(
     console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
     if saved.mlflow_run_id:
         console.print(f"MLflow comparison run {saved.mlflow_run_id} in {redact_url(tracking_uri or exp.config.mlflow_uri)}")
+    if saved.evaluation_run_ids:
+        console.print(f"MLflow evaluation runs (one per prompt, per-question traces): {', '.join(saved.evaluation_run_ids)}")
     if decision is not None:
         console.print(decision.message(), markup=False, soft_wrap=True)
         if not decision.granted:

@@ -799,6 +799,8 @@ def promote(
 class SavedComparison:
     directory: Path
     mlflow_run_id: str | None
+    #: One MLflow GenAI evaluation run per compared prompt (``[tracking].genai``), in prompt order.
+    evaluation_run_ids: tuple[str, ...] = ()
 
 
 def default_compare_dir(experiment: Experiment, name: str | None = None) -> Path:
@@ -817,11 +819,16 @@ def save_comparison(
     mlflow: bool = True,
     tracking_uri: str | None = None,
 ) -> SavedComparison:
-    """Write the report files and log them as an MLflow run tagged ``opro.kind=comparison``."""
+    """Write the report files and log them as an MLflow run tagged ``opro.kind=comparison``.
+
+    With ``[tracking].genai`` each prompt's evaluation also becomes an MLflow evaluation run
+    (per-question traces with the judge's verdict), see :mod:`opro.genai`.
+    """
     out = Path(directory) if directory is not None else default_compare_dir(experiment, name)
     report.write(out)
     plot_survival(report, summary_path=experiment.config.output_dir / "summary.json", path=out / "optimism.png")
     run_id = None
+    evaluation_run_ids: tuple[str, ...] = ()
     if mlflow:
         run_id = log_comparison(
             report,
@@ -831,7 +838,13 @@ def save_comparison(
             run_name=f"compare {out.name}",
             params={k: v for k, v in experiment.run_params().items() if not k.startswith("optimizer.")},
         )
-    return SavedComparison(directory=out, mlflow_run_id=run_id)
+        if experiment.config.tracking.genai:
+            from opro.genai import log_comparison_evaluations
+
+            genai = log_comparison_evaluations(report, experiment=experiment, name=out.name, tracking_uri=tracking_uri,
+                                               comparison_run_id=run_id)
+            evaluation_run_ids = genai.run_ids
+    return SavedComparison(directory=out, mlflow_run_id=run_id, evaluation_run_ids=evaluation_run_ids)
 
 
 def log_comparison(

@@ -209,6 +209,9 @@ class TrackingSection:
     optuna_storage: str = ""
     study_name: str = ""
     register_prompt: bool = True
+    #: MLflow 3 GenAI records of finished evaluations: evaluation datasets, evaluation runs with
+    #: per-question traces and judge assessments (opro.genai). The search's candidates stay metrics.
+    genai: bool = True
     prompt_name: str = ""
     prompt_alias: str = "latest-best"
     #: Seconds a worker of a shared study waits for a worker that is not running (worker 0's

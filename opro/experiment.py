@@ -350,6 +350,11 @@ class Experiment:
             if fresh:
                 self.archive_study()
             record = self._record_split() if worker_index == 0 else None
+            prewarm = None
+            if record is not None and self.config.tracking.genai:
+                from opro.genai import Prewarm
+
+                prewarm = Prewarm(self)  # imports and dataset registration overlap the search
             result = self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
                 program=self.program,
                 optimization_set=ds.examples_in("optimization"),
@@ -359,6 +364,11 @@ class Experiment:
             )
             if record is not None:
                 self._record_split(record)
+                if prewarm is not None:
+                    from opro.genai import log_validation_evaluations
+
+                    prewarm.wait()  # it registered the dataset splits
+                    log_validation_evaluations(result, experiment=self, register_datasets=False)
             return result
 
     def _record_split(self, record: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -176,11 +176,7 @@ class MlflowTracker:
                 if run.info.status != "RUNNING":
                     self.client.update_run(self.run_id, status="RUNNING")
                 return self.run_id
-        exp = self.client.get_experiment_by_name(self.experiment_name)
-        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(
-            self.experiment_name, artifact_location=self._artifact_location()
-        )
-        run = self.client.create_run(exp_id, run_name=run_name, tags={"opro.kind": "optimization"})
+        run = self.client.create_run(self.experiment_id(), run_name=run_name, tags={"opro.kind": "optimization"})
         self.run_id = run.info.run_id
         from mlflow.entities import Param
 
@@ -188,6 +184,13 @@ class MlflowTracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
         return self.run_id
+
+    def experiment_id(self) -> str:
+        """The experiment's id, created (artifacts beside a SQLite store) if it does not exist yet."""
+        exp = self.client.get_experiment_by_name(self.experiment_name)
+        if exp is not None:
+            return str(exp.experiment_id)
+        return str(self.client.create_experiment(self.experiment_name, artifact_location=self._artifact_location()))
 
     def _artifact_location(self) -> str | None:
         # A SQLite store would put artifacts in ./mlruns of whatever directory the process runs in;

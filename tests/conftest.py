@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -53,3 +54,24 @@ def embedded_task_llm() -> Iterator[LLM]:
 def embedded_strong_llm() -> Iterator[LLM]:
     """The 1.5B strong model (qwen2.5-coder-1.5b-instruct): judge, optimizer, generator."""
     yield from _embedded("qwen2.5-coder-1.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def genai_compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    """A scripted optimization with the MLflow GenAI records on, then `compare` of initial vs best
+    (saved as "pair"): (config path, ComparisonReport, SavedComparison). Shared by test_genai and
+    test_uicheck, so the optimization runs once per session."""
+    from test_compare import optimized
+    from test_experiment import _pool
+
+    from opro.compare import compare_prompts, save_comparison
+    from opro.experiment import Experiment
+
+    config = optimized(tmp_path_factory.mktemp("genai"), genai=True)
+    exp = Experiment.from_file(config, pool=_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"])
+        saved = save_comparison(report, experiment=exp, name="pair")
+    finally:
+        exp.close()
+    return config, report, saved

@@ -20,8 +20,11 @@ It used ReLU activations and dropout. It was trained on two GPUs.
 """
 
 
-def write_config(tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1) -> Path:
-    """A scripted experiment TOML over 24 questions; returns its path."""
+def write_config(
+    tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1, genai: bool = False
+) -> Path:
+    """A scripted experiment TOML over 24 questions; returns its path. ``genai``: the MLflow GenAI
+    records (tested in test_genai; off elsewhere for speed)."""
     (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
     (tmp_path / "docs" / "alexnet.txt").write_text(DOC)
     rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(24)]
@@ -76,6 +79,7 @@ minibatch_size = 2
 
 [tracking]
 prompt_name = "qa-{name}"
+genai = {"true" if genai else "false"}
 """
     )
     return path

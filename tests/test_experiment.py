@@ -77,7 +77,8 @@ def _config(tmp_path: Path, **overrides: dict) -> dict:
             "generator": {"backend": "scripted", "model": "optimizer"},
         },
         "optimizer": {"steps": 2, "candidates_per_step": 2, "minibatch_size": 2},
-        "tracking": {"prompt_name": "qa-test"},
+        # The MLflow GenAI records (evaluation runs, traces) are tested in test_genai; off here for speed.
+        "tracking": {"prompt_name": "qa-test", "genai": False},
     }
     for section, values in overrides.items():
         cfg.setdefault(section, {}).update(values)
@@ -222,7 +223,7 @@ def test_duplicates_that_shrink_the_split_are_reported(tmp_path: Path, monkeypat
         '[models.optimizer]\nbackend = "scripted"\nmodel = "optimizer"\n'
         '[models.generator]\nbackend = "scripted"\nmodel = "optimizer"\n'
         '[optimizer]\nsteps = 1\ncandidates_per_step = 2\nminibatch_size = 2\nfinalists = 0\n'
-        '[tracking]\nprompt_name = "qa-t"\n'
+        '[tracking]\nprompt_name = "qa-t"\ngenai = false\n'
     )
     monkeypatch.setattr("opro.experiment.ModelPool", _pool)
     monkeypatch.setenv("COLUMNS", "400")

@@ -1,0 +1,753 @@
+"""MLflow 3 GenAI records of finished evaluations: evaluation datasets, evaluation runs, traces, assessments.
+
+opro's evaluations (``opro compare``, ``opro evaluate``, the validation stage of ``opro optimize``)
+end in per-question rows: the question, the retrieved chunks, the answer, token usage and the
+judge's score and reasoning. This module turns those finished rows into the objects MLflow 3's
+GenAI UI is built on:
+
+- each split of the golden dataset as an *evaluation dataset* (inputs: ``question``; expectations:
+  ``expected_response``, the reference answer, and ``reference_contexts``) linked to the experiment;
+- each prompt's evaluation as an *evaluation run* made by :func:`mlflow.genai.evaluate`, whose rows
+  are traces (a retriever span with the chunks, an LLM span with the rendered prompt, the answer
+  and token usage) carrying the judge's verdict as feedback assessments;
+- the prompt as a Prompt Registry version linked to its runs and traces.
+
+Nothing is asked of an LLM here: ``mlflow.genai.evaluate`` gets a *replay* ``predict_fn`` that
+re-emits each finished row as a trace, and a scorer that returns the verdict the judge already
+gave. Re-scoring would be a new judge call (or, with opro's call cache, a lookup) for the same
+number. The search's candidates stay numeric metrics of the optimization run: only finished
+evaluations are traced, so the search loop is never slowed (see experiments/bench_genai_logging.py).
+
+``mlflow.genai.evaluate`` and the tracing API read MLflow's process-wide tracking URI and active
+experiment; :func:`_use_store` sets both for the duration of one call under a lock and restores
+them, so the rest of opro keeps its explicit per-store clients.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from io import StringIO
+from typing import TYPE_CHECKING, Any
+
+from opro.errors import OproError
+from opro.redaction import redact_text
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from opro.compare import ComparisonReport
+    from opro.dataset import GoldenDataset
+    from opro.evaluation import EvaluationReport, EvaluationRow
+    from opro.experiment import Experiment
+    from opro.optimizer import OptimizationResult
+    from opro.prompts import QATemplate
+
+logger = logging.getLogger(__name__)
+
+#: The expectation key MLflow's built-in Correctness judge reads the reference answer from.
+EXPECTED_RESPONSE = "expected_response"
+REFERENCE_CONTEXTS = "reference_contexts"
+#: Feedback names on each trace.
+CORRECTNESS = "correctness"
+PASSING = "passing"
+
+_STORE_LOCK = threading.RLock()
+
+
+@contextmanager
+def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
+    """MLflow's global tracking URI, registry URI and active experiment, for one call, restored after."""
+    # mlflow.genai imports litellm, which otherwise downloads its price map and hangs offline.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import sys
+
+    import mlflow
+    from mlflow.tracking import _model_registry, fluent
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    _import_harness()
+    # The replay always emits its trace: MLflow's check that predict_fn traces (one extra call) is moot.
+    env = {"MLFLOW_EXPERIMENT_ID": experiment_id, "MLFLOW_GENAI_EVAL_SKIP_TRACE_VALIDATION": "True"}
+    # Each evaluate imports the Databricks SDK first (5-30 s on a busy 2-core machine) so that its
+    # worker threads could use it; off Databricks nothing does. Hide it for the call unless loaded.
+    hide_sdk = not tracking_uri.startswith("databricks") and "databricks.sdk" not in sys.modules
+    with _STORE_LOCK:
+        if hide_sdk:
+            sys.modules["databricks.sdk"] = None  # type: ignore[assignment]
+        old_experiment = fluent._active_experiment_id
+        old_env = {k: os.environ.get(k) for k in env}
+        old_registry = _model_registry.utils._registry_uri
+        try:
+            with tracking_utils._use_tracking_uri(tracking_uri):
+                mlflow.set_registry_uri(tracking_uri)
+                mlflow.set_experiment(experiment_id=experiment_id)
+                os.environ.update(env)
+                yield
+        finally:
+            fluent._active_experiment_id = old_experiment
+            for k, v in old_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            _model_registry.utils._registry_uri = old_registry
+            if hide_sdk and sys.modules.get("databricks.sdk", 0) is None:
+                del sys.modules["databricks.sdk"]
+
+
+def _import_harness() -> None:
+    """Import MLflow's evaluation harness without importing litellm, unless something else already did.
+
+    The harness imports litellm eagerly (3-10 s) only so that LLM scorers in its worker threads never
+    import it for the first time there; opro's scorers make no LLM calls. Blocking the import for
+    this one module load keeps ``opro compare`` and ``opro optimize`` that much faster.
+    """
+    import sys
+
+    if "mlflow.genai.evaluation.harness" in sys.modules or "litellm" in sys.modules:
+        return
+    sys.modules["litellm"] = None  # type: ignore[assignment]  # `import litellm` raises ImportError
+    try:
+        import mlflow.genai.evaluation.harness  # noqa: F401
+    finally:
+        del sys.modules["litellm"]
+
+
+@dataclass(frozen=True)
+class PromptEvaluation:
+    """One prompt's finished evaluation: the template it ran with and its per-question rows."""
+
+    label: str
+    template: QATemplate
+    report: EvaluationReport
+    #: Extra tags for its evaluation run (``opro.spec``, ``opro.role``...).
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvaluationRunRecord:
+    label: str
+    run_id: str
+    prompt_uri: str | None
+    trace_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GenAIRecord:
+    """What :meth:`GenAILogger.log_evaluations` wrote."""
+
+    experiment_id: str
+    dataset_name: str
+    dataset_id: str
+    runs: tuple[EvaluationRunRecord, ...]
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        return tuple(r.run_id for r in self.runs)
+
+
+def dataset_name(prefix: str, split: str, content_hash: str) -> str:
+    """One evaluation dataset per split and dataset content: a changed dataset never merges into an old one."""
+    return f"{prefix}.{split}.{content_hash[:8]}"
+
+
+def _records(examples: Sequence[Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "inputs": {"question": redact_text(e.query)},
+            "expectations": {
+                EXPECTED_RESPONSE: redact_text(e.reference_answer),
+                REFERENCE_CONTEXTS: [redact_text(c) for c in e.reference_contexts],
+            },
+        }
+        for e in examples
+    ]
+
+
+class GenAILogger:
+    """Writes evaluation datasets and evaluation runs into one MLflow store and experiment."""
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str,
+        experiment_name: str,
+        dataset_prefix: str,
+        prompt_name: str | None = None,
+        task_model: str = "",
+        judge_name: str = CORRECTNESS,
+        judge_model: str = "",
+        judge_threshold: float = 4.0,
+        context_separator: str = "\n\n",
+    ) -> None:
+        from opro.tracking import MlflowTracker
+
+        self.tracking_uri = tracking_uri
+        self._tracker = MlflowTracker(tracking_uri=tracking_uri, experiment_name=experiment_name)
+        self.client: MlflowClient = self._tracker.client
+        self.dataset_prefix = dataset_prefix
+        self.prompt_name = prompt_name
+        self.task_model = task_model
+        self.judge_name = judge_name
+        self.judge_model = judge_model
+        self.judge_threshold = judge_threshold
+        self.context_separator = context_separator
+
+    @property
+    def experiment_id(self) -> str:
+        return self._tracker.experiment_id()
+
+    # -- datasets ----------------------------------------------------------------------------
+    def register_dataset(self, dataset: GoldenDataset, *, split: str) -> Any:
+        """The ``split`` of ``dataset`` as an MLflow evaluation dataset linked to the experiment.
+
+        Idempotent: an existing dataset of the same name (split + content hash) is reused, and
+        records merge by their inputs, so a rerun adds nothing.
+        """
+        from mlflow.genai import datasets as mlflow_datasets
+
+        examples = dataset.examples_in(split)  # type: ignore[arg-type]
+        name = dataset_name(self.dataset_prefix, split, dataset.content_hash)
+        exp_id = self.experiment_id
+        with _use_store(self.tracking_uri, exp_id):
+            found = mlflow_datasets.search_datasets(experiment_ids=[exp_id], filter_string=f"name = '{name}'")
+            existing = [d for d in found if d.name == name]
+            if existing:
+                ds = existing[0]
+            else:
+                ds = mlflow_datasets.create_dataset(
+                    name=name,
+                    experiment_id=[exp_id],
+                    tags={"opro.split": split, "opro.dataset_hash": dataset.content_hash,
+                          "opro.n_questions": str(len(examples))},
+                )
+            if examples and _record_count(ds) < len(examples):
+                ds.merge_records(_records(examples))
+        return ds
+
+    def records(self, dataset_id: str) -> list[dict[str, Any]]:
+        """The records of an evaluation dataset in this store (``inputs``, ``expectations``...)."""
+        from mlflow.genai import datasets as mlflow_datasets
+
+        with _use_store(self.tracking_uri, self.experiment_id):
+            df = mlflow_datasets.get_dataset(dataset_id=dataset_id).to_df()
+        return list(df.to_dict(orient="records"))
+
+    def register_datasets(self, dataset: GoldenDataset) -> dict[str, Any]:
+        """Every non-empty split of ``dataset`` (see :meth:`register_dataset`)."""
+        from opro.dataset import SPLIT_NAMES
+
+        return {s: self.register_dataset(dataset, split=s) for s in SPLIT_NAMES if dataset.examples_in(s)}
+
+    # -- prompts -----------------------------------------------------------------------------
+    def prompt_version(self, template_text: str, *, commit_message: str) -> Any | None:
+        """The registry version holding ``template_text``: an existing one, else a new version."""
+        if not self.prompt_name:
+            return None
+        from mlflow.exceptions import MlflowException
+
+        from opro.tracking import to_mlflow_template
+
+        wanted = to_mlflow_template(template_text)
+
+        def find() -> Any | None:
+            token = None
+            while True:
+                try:
+                    page = self.client.search_prompt_versions(self.prompt_name, max_results=100, page_token=token)
+                except MlflowException:
+                    return None  # no such prompt yet
+                for v in page:
+                    if str(v.template) == wanted:
+                        return v
+                token = page.token
+                if not token:
+                    return None
+
+        found = find()
+        if found is not None:
+            return found
+        number = self._tracker.register_prompt(
+            name=self.prompt_name, template_text=template_text, alias=None, commit_message=commit_message,
+            tags={"opro.source": "evaluation"},
+        )
+        return self.client.get_prompt_version(self.prompt_name, number)
+
+    # -- evaluation runs ---------------------------------------------------------------------
+    def log_evaluations(
+        self,
+        evaluations: Sequence[PromptEvaluation],
+        *,
+        dataset: GoldenDataset,
+        split: str,
+        source: str,
+        run_name_prefix: str = "",
+        tags: Mapping[str, str] | None = None,
+    ) -> GenAIRecord:
+        """One ``mlflow.genai.evaluate`` run per prompt over the split's evaluation dataset."""
+        ds = self.register_dataset(dataset, split=split)
+        questions = {e.query for e in dataset.examples_in(split)}  # type: ignore[arg-type]
+        runs = []
+        for ev in evaluations:
+            outside = [r.query for r in ev.report.rows if r.query not in questions]
+            if outside:
+                raise OproError(
+                    f"evaluation of {ev.label!r}: {len(outside)} question(s) are not in the {split} split "
+                    f"(first: {outside[0][:80]!r}); log an evaluation of that split's questions"
+                )
+            runs.append(self._log_one(ev, ds=ds, split=split, source=source, prefix=run_name_prefix,
+                                      tags=dict(tags or {})))
+        return GenAIRecord(experiment_id=self.experiment_id, dataset_name=ds.name, dataset_id=ds.dataset_id,
+                           runs=tuple(runs))
+
+    def _log_one(
+        self, ev: PromptEvaluation, *, ds: Any, split: str, source: str, prefix: str, tags: dict[str, str]
+    ) -> EvaluationRunRecord:
+        import mlflow
+
+        version = self.prompt_version(
+            ev.template.template_text, commit_message=f"opro {source}: {ev.label[:80]} on the {split} split"
+        )
+        rows = {r.query: r for r in ev.report.rows}
+        replay = _Replay(rows=rows, template=ev.template, separator=self.context_separator, model=self.task_model,
+                         prompt=version)
+        verdict = _recorded_verdict_scorer(rows, judge_model=self.judge_model, threshold=self.judge_threshold)
+        exp_id = self.experiment_id
+        run_tags = {
+            "opro.kind": "evaluation",
+            "opro.source": source,
+            "opro.split": split,
+            "opro.prompt_label": redact_text(ev.label)[:250],
+            "opro.judge": self.judge_name,
+            **{k: redact_text(str(v))[:5000] for k, v in {**tags, **ev.tags}.items()},
+        }
+        if version is not None:
+            run_tags["opro.prompt_uri"] = f"prompts:/{version.name}/{version.version}"
+        run = self.client.create_run(exp_id, run_name=f"{prefix}{ev.label}"[:250], tags=run_tags)
+        run_id = run.info.run_id
+        try:
+            with _use_store(self.tracking_uri, exp_id), mlflow.start_run(run_id=run_id), _quiet():
+                mlflow.log_params({"template": redact_text(ev.template.template_text)[:6000], "split": split,
+                                   "n_questions": len(rows)})
+                if version is not None:
+                    self.client.link_prompt_version_to_run(run_id, version)
+                result = mlflow.genai.evaluate(data=ds, predict_fn=replay, scorers=[verdict])
+                summary = _summary_metrics(ev.report)
+                if summary:
+                    mlflow.log_metrics(summary)
+        except Exception:
+            self.client.set_terminated(run_id, status="FAILED")
+            raise
+        traces = self.client.search_traces(locations=[exp_id], run_id=run_id, max_results=1000)
+        trace_ids = tuple(t.info.trace_id for t in traces)
+        logger.info("evaluation run %s: %d traces, metrics %s", run_id, len(trace_ids), result.metrics)
+        return EvaluationRunRecord(
+            label=ev.label,
+            run_id=run_id,
+            prompt_uri=None if version is None else f"prompts:/{version.name}/{version.version}",
+            trace_ids=trace_ids,
+        )
+
+
+# -- judges both ways: opro's as MLflow scorers, MLflow's correctness judge as opro's ------------
+
+
+def _feedback(result: Any, *, name: str, source_id: str) -> Any:
+    from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType, Feedback
+
+    source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE, source_id=redact_text(source_id) or "opro")
+    if result.invalid or result.score is None:
+        return Feedback(name=name, source=source, rationale=redact_text(result.feedback) or None,
+                        error=AssessmentError(error_code="INVALID_JUDGE_REPLY",
+                                              error_message=redact_text(result.invalid_reason or "no score")))
+    return Feedback(name=name, value=float(result.score), rationale=redact_text(result.feedback) or None,
+                    source=source)
+
+
+def _first_text(value: Any, keys: Sequence[str]) -> str:
+    if isinstance(value, Mapping):
+        for k in keys:
+            if value.get(k) is not None:
+                return str(value[k])
+        texts = [v for v in value.values() if isinstance(v, str)]
+        return texts[0] if len(texts) == 1 else json.dumps(value, default=str)
+    return "" if value is None else str(value)
+
+
+def _retrieved(trace: Any) -> list[str]:
+    """The chunks of a trace's retriever spans (MLflow's Document dicts), in order."""
+    out: list[str] = []
+    for span in getattr(getattr(trace, "data", None), "spans", None) or []:
+        if span.span_type == "RETRIEVER" and isinstance(span.outputs, list):
+            out.extend(str(d.get("page_content", "")) for d in span.outputs if isinstance(d, Mapping))
+    return out
+
+
+def judge_scorer(judge: Any, *, name: str | None = None) -> Any:
+    """An opro judge as an MLflow scorer: ``mlflow.genai.evaluate(data, scorers=[judge_scorer(judge)])``.
+
+    Works with :class:`~opro.judges.CorrectnessJudge` (question, answer, ``expected_response``) and
+    with the context judges (:class:`~opro.judges.FaithfulnessJudge`, :class:`~opro.judges.RelevancyJudge`),
+    which read the retrieved chunks from the trace's retriever spans. The judge keeps its own client, so
+    calls go through opro's call cache: scoring answers opro already judged makes no new LLM call.
+    The question is read from ``inputs`` (``question`` or ``query``), the reference from
+    ``expectations`` (``expected_response``).
+    """
+    from mlflow.genai.scorers import scorer
+
+    label = name or str(getattr(judge, "name", type(judge).__name__))
+    model = str(getattr(getattr(judge, "llm", None), "model", "") or "")
+
+    def score(inputs: dict[str, Any], outputs: Any, expectations: dict[str, Any] | None = None,
+              trace: Any = None) -> Any:
+        query = _first_text(inputs, ("question", "query"))
+        answer = _first_text(outputs, ("answer", "response", "content"))
+        reference = _first_text(expectations or {}, (EXPECTED_RESPONSE, "reference", "reference_answer"))
+        measure = getattr(judge, "measure", None)
+        if callable(measure):
+            result = measure(query=query, answer=answer, reference=reference or None, contexts=_retrieved(trace))
+        else:
+            result = judge.evaluate(query=query, answer=answer, reference=reference or None)
+        return _feedback(result, name=label, source_id=model)
+
+    return scorer(score, name=label)
+
+
+_MLFLOW_VERDICT_SCHEMA = {
+    "additionalProperties": False,
+    "properties": {"rationale": {"type": "string"}, "result": {"enum": ["yes", "no"], "type": "string"}},
+    "required": ["rationale", "result"],
+    "type": "object",
+}
+
+
+class MlflowCorrectnessJudge:
+    """MLflow's built-in correctness judge (``mlflow.genai.judges.is_correct``) as an opro judge.
+
+    Its prompt (MLflow's own text, read from the installed MLflow) asks whether the reference answer's
+    facts are supported by the answer, and the verdict is yes / no with a rationale. opro reads it as
+    5 (yes) or 1 (no) on its 1-5 scale, ``passing`` = yes, so ``opro judge agreement`` can set it
+    beside opro's correctness judge (compare pass / fail agreement; a binary judge cannot agree
+    exactly with a 1-5 one on 2, 3 or 4).
+
+    The call goes through an opro :class:`~opro.llm.ChatClient` (any configured OpenAI-compatible
+    endpoint or embedded model, with opro's cache, retries and key handling) rather than MLflow's
+    LiteLLM path, which takes no base URL for a self-hosted server and would reach the network.
+    """
+
+    name = "mlflow_correctness"
+
+    def __init__(self, llm: Any, *, max_tokens: int = 256, structured: bool = True) -> None:
+        self.llm = llm
+        self.max_tokens = max_tokens
+        self.structured = structured
+
+    def _options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"temperature": 0.0, "max_tokens": self.max_tokens}
+        if self.structured and self.llm.llm.supports_json_schema:
+            options["json_schema"] = _MLFLOW_VERDICT_SCHEMA
+        return options
+
+    def messages(self, *, query: str, answer: str, reference: str | None) -> tuple[Any, ...]:
+        from mlflow.genai.judges.prompts.correctness import get_prompt
+
+        from opro.llm import Message
+
+        return (Message("user", get_prompt(request=query, response=answer, expected_response=reference or "")),)
+
+    def evaluate(self, *, query: str, answer: str, reference: str | None) -> Any:
+        from opro.metrics import MetricResult
+
+        messages = self.messages(query=query, answer=answer, reference=reference)
+        completion = self.llm.complete(messages, **self._options())
+        verdict, rationale = parse_yes_no_verdict(completion.text)
+        if verdict is None:
+            self.llm.forget(messages, **self._options())  # an unreadable reply is asked again on rerun
+            return MetricResult.invalid_result(self.name, f"no yes/no result in reply: {completion.text.strip()[:160]!r}",
+                                               feedback=completion.text.strip())
+        return MetricResult(self.name, 5.0 if verdict else 1.0, verdict, rationale)
+
+
+_RESULT_RE = re.compile(r'"result"\s*:\s*"\s*(yes|no)\s*"', re.I)
+
+
+def parse_yes_no_verdict(text: str) -> tuple[bool | None, str]:
+    """``(True/False, rationale)`` from MLflow's ``{"rationale": ..., "result": "yes|no"}`` reply; None if absent."""
+    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, dict) and str(data.get("result", "")).strip().lower() in ("yes", "no"):
+        return str(data["result"]).strip().lower() == "yes", str(data.get("rationale", ""))
+    found = {m.group(1).lower() for m in _RESULT_RE.finditer(text)}
+    if len(found) == 1:
+        return found.pop() == "yes", text.strip()
+    return None, text.strip()
+
+
+# -- the three places opro records evaluations -------------------------------------------------
+
+
+def genai_logger(experiment: Experiment, *, tracking_uri: str | None = None) -> GenAILogger:
+    """A logger on the experiment's MLflow store (or ``tracking_uri``), experiment and prompt name."""
+    from opro.rag import CONTEXT_SEPARATOR
+
+    cfg = experiment.config
+    return GenAILogger(
+        tracking_uri=tracking_uri or cfg.mlflow_uri,
+        experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
+        dataset_prefix=cfg.experiment.name,
+        prompt_name=cfg.prompt_name,
+        task_model=experiment.spec("task").model,
+        judge_name=f"{CORRECTNESS} ({cfg.judge.template})",
+        judge_model=experiment.spec("judge").model,
+        judge_threshold=cfg.judge.threshold,
+        context_separator=CONTEXT_SEPARATOR,
+    )
+
+
+def log_comparison_evaluations(
+    report: ComparisonReport,
+    *,
+    experiment: Experiment,
+    name: str,
+    tracking_uri: str | None = None,
+    comparison_run_id: str | None = None,
+) -> GenAIRecord:
+    """One evaluation run per compared prompt, so MLflow's evaluation-run comparison pairs them by question."""
+    from opro.prompts import QATemplate
+
+    evaluations = [
+        PromptEvaluation(
+            label=p.label,
+            template=QATemplate.from_template_text(p.template_text),
+            report=p.evaluation,
+            tags={"opro.spec": p.spec, "opro.role": "baseline" if i == report.baseline else "compared"},
+        )
+        for i, p in enumerate(report.prompts)
+    ]
+    tags = {"opro.comparison": name}
+    if comparison_run_id:
+        tags["opro.comparison_run_id"] = comparison_run_id
+    return genai_logger(experiment, tracking_uri=tracking_uri).log_evaluations(
+        evaluations, dataset=experiment.dataset, split=report.split, source="compare",
+        run_name_prefix=f"compare {name}: ", tags=tags,
+    )
+
+
+class Prewarm:
+    """Do the GenAI records' fixed costs while the search runs: import MLflow's evaluation harness and
+    register the dataset splits, in a background thread.
+
+    The search waits on its models (HTTP or llama.cpp, both release the GIL), so this costs it
+    nothing measurable, and the validation stage's records at the end only pay for their own runs.
+    A failure here is kept and raised by :meth:`wait`, where the records are written.
+    """
+
+    def __init__(self, experiment: Experiment) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(experiment,), name="opro-genai-prewarm", daemon=True)
+        self._thread.start()
+
+    def _run(self, experiment: Experiment) -> None:
+        try:
+            _import_harness()
+            import mlflow.genai.scorers  # noqa: F401  (what evaluate imports on its first call)
+
+            genai_logger(experiment).register_datasets(experiment.dataset)
+        except BaseException as exc:  # handed to the caller of wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def log_validation_evaluations(
+    result: OptimizationResult, *, experiment: Experiment, register_datasets: bool = True
+) -> GenAIRecord | None:
+    """The validation stage of an optimization as evaluation runs: the initial instruction and each finalist.
+
+    The validation stage keeps scores only, so its answers and verdicts are read back through the
+    experiment's call cache (the same calls, answered from the cache: no new LLM work; a judge
+    reply that was unreadable is not cached and is asked again). Without a cache this would repeat
+    every call, so it is skipped with a warning. Recorded once per optimization run.
+    """
+    from opro.evaluation import evaluate_examples
+
+    log = genai_logger(experiment)
+    dataset = experiment.dataset
+    if register_datasets:  # every split, not only the validation one its runs use
+        log.register_datasets(dataset)
+    v = result.validation
+    if v is None or experiment.cache is None:
+        if v is not None:
+            logger.warning("validation traces need the call cache ([experiment].cache = true); not recorded")
+        return None
+    if result.mlflow_run_id and log.client.search_runs(
+        [log.experiment_id],
+        filter_string=f"tags.`opro.optimization_run_id` = '{result.mlflow_run_id}' and tags.`opro.source` = 'validation'",
+        max_results=1,
+    ):
+        return None  # a rerun of a finished optimization: already recorded
+    prompts = [("initial", result.initial_instruction, "initial")]
+    for i, f in enumerate(v.finalists, start=1):
+        returned = v.winner is not None and f.instruction == v.winner.instruction
+        prompts.append((f"finalist {i}", f.instruction, "returned finalist" if returned else "finalist"))
+    evaluations = []
+    for label, instruction, role in prompts:
+        template = experiment.template(instruction)
+        report = evaluate_examples(
+            program=experiment.program, template=template, examples=dataset.examples_in("validation"),
+            judge=experiment.judge, progress=False,
+        )
+        evaluations.append(PromptEvaluation(label=label, template=template, report=report,
+                                            tags={"opro.role": role, "opro.instruction": instruction[:5000]}))
+    tags = {"opro.study": result.study_name}
+    if result.mlflow_run_id:
+        tags["opro.optimization_run_id"] = result.mlflow_run_id
+    return log.log_evaluations(evaluations, dataset=dataset, split="validation", source="validation",
+                               run_name_prefix=f"validate {result.study_name}: ", tags=tags)
+
+
+def _record_count(ds: Any) -> int:
+    try:
+        return len(ds.to_df())
+    except Exception:  # a new, empty dataset has no frame yet
+        return 0
+
+
+def _summary_metrics(report: EvaluationReport) -> dict[str, float]:
+    out: dict[str, float] = {
+        "opro/n_questions": float(report.n),
+        "opro/n_scored": float(report.n_scored),
+        "opro/n_invalid": float(report.n_invalid),
+        "opro/n_errors": float(report.n_errors),
+    }
+    if report.mean is not None:
+        out["opro/mean_score"] = report.mean
+    if report.pass_rate is not None:
+        out["opro/pass_rate"] = report.pass_rate
+    return out
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    # mlflow.genai.evaluate prints a summary (stdout) and a progress bar (stderr); opro prints its own
+    # report. Log records still pass: handlers keep the stream they were made with.
+    with redirect_stdout(StringIO()), redirect_stderr(StringIO()):
+        yield
+
+
+class _Replay:
+    """A ``predict_fn`` that re-emits a finished row as a trace: retrieval, then the LLM call."""
+
+    def __init__(self, *, rows: Mapping[str, EvaluationRow], template: Any, separator: str, model: str,
+                 prompt: Any | None) -> None:
+        self.rows = {redact_text(q): r for q, r in rows.items()}
+        self.template = template
+        self.separator = separator
+        self.model = model
+        self.prompt = prompt
+
+    def __call__(self, question: str) -> str:
+        import mlflow
+        from mlflow.entities import Document, SpanType
+        from mlflow.tracing.constant import SpanAttributeKey
+
+        row = self.rows[question]
+        with mlflow.start_span(name="rag", span_type=SpanType.CHAIN) as root:
+            root.set_inputs({"question": question})
+            root.set_attribute("opro.replayed", True)
+            if self.prompt is not None:
+                # What mlflow.genai.load_prompt does inside a trace, without its registry lookup and
+                # run link per row (the run is linked once): the version is linked to this trace.
+                from mlflow.tracing.trace_manager import InMemoryTraceManager
+
+                InMemoryTraceManager.get_instance().register_prompt(trace_id=root.trace_id, prompt=self.prompt)
+            contexts = [redact_text(c) for c in row.contexts]
+            with mlflow.start_span(name="retrieve", span_type=SpanType.RETRIEVER) as span:
+                span.set_inputs({"query": question})
+                span.set_outputs([Document(page_content=c, metadata={"rank": i + 1}).to_dict()
+                                  for i, c in enumerate(contexts)])
+            if row.error is not None:
+                raise _ReplayedError(redact_text(row.error))
+            prompt = redact_text(self.template.format(context_str=self.separator.join(row.contexts), query_str=row.query))
+            with mlflow.start_span(name="answer", span_type=SpanType.LLM) as span:
+                span.set_inputs({"messages": [{"role": "user", "content": prompt}]})
+                span.set_outputs({"choices": [{"index": 0, "message": {"role": "assistant",
+                                                                      "content": redact_text(row.answer)}}]})
+                span.set_attribute(SpanAttributeKey.CHAT_USAGE, {
+                    "input_tokens": row.prompt_tokens,
+                    "output_tokens": row.completion_tokens,
+                    "total_tokens": row.prompt_tokens + row.completion_tokens,
+                })
+                if self.model:
+                    span.set_attribute(SpanAttributeKey.MODEL, redact_text(self.model))
+                span.set_attribute("opro.latency_s", row.latency_s)
+            answer = redact_text(row.answer)
+            root.set_outputs(answer)
+        return answer
+
+
+class _ReplayedError(RuntimeError):
+    """The row's own failure (an LLM error on that question), re-raised so the trace shows it."""
+
+
+def _recorded_verdict_scorer(rows: Mapping[str, EvaluationRow], *, judge_model: str, threshold: float) -> Any:
+    """A scorer that returns the verdict opro's judge gave each question (no new judge call)."""
+    from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType, Feedback
+    from mlflow.genai.scorers import scorer
+
+    by_question = {redact_text(q): r for q, r in rows.items()}
+    source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE, source_id=redact_text(judge_model) or "opro")
+
+    @scorer(name=CORRECTNESS)
+    def correctness(inputs: dict[str, Any]) -> list[Feedback]:
+        row = by_question[inputs["question"]]
+        if row.error is not None or row.invalid or row.score is None:
+            why = row.error or row.invalid_reason or "no score"
+            code = "LLM_ERROR" if row.error is not None else "INVALID_JUDGE_REPLY"
+            return [Feedback(name=CORRECTNESS, error=AssessmentError(error_code=code, error_message=redact_text(why)),
+                             source=source, rationale=redact_text(row.feedback) or None)]
+        feedbacks = [
+            Feedback(name=CORRECTNESS, value=float(row.score), rationale=redact_text(row.feedback) or None,
+                     source=source, metadata={"scale": "1-5", "threshold": str(threshold)}),
+            Feedback(name=PASSING, value=bool(row.passing), source=source,
+                     rationale=f"judge score {row.score:g} {'>=' if row.passing else '<'} threshold {threshold:g}"),
+        ]
+        for name, value in row.metrics.items():
+            if value is not None:
+                feedbacks.append(Feedback(name=name, value=float(value), source=source))
+        return feedbacks
+
+    return correctness
+
+
+__all__ = [
+    "CORRECTNESS",
+    "EXPECTED_RESPONSE",
+    "PASSING",
+    "REFERENCE_CONTEXTS",
+    "EvaluationRunRecord",
+    "GenAILogger",
+    "GenAIRecord",
+    "MlflowCorrectnessJudge",
+    "Prewarm",
+    "PromptEvaluation",
+    "dataset_name",
+    "genai_logger",
+    "judge_scorer",
+    "log_comparison_evaluations",
+    "log_validation_evaluations",
+    "parse_yes_no_verdict",
+]

@@ -1,0 +1,282 @@
+"""MLflow 3 GenAI records on scripted models: evaluation datasets, evaluation runs, traces, assessments."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_compare import optimized
+from test_experiment import _pool as scripted_pool
+
+from opro.compare import compare_prompts, save_comparison
+from opro.experiment import Experiment
+
+
+def _client(config: Path) -> Any:
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{config.parent / 'out' / 'mlflow.db'}"
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _logger(config: Path) -> Any:
+    from opro.genai import GenAILogger
+
+    return GenAILogger(tracking_uri=f"sqlite:///{config.parent / 'out' / 'mlflow.db'}", experiment_name="t",
+                       dataset_prefix="t")
+
+
+def _traces(client: Any, run_id: str) -> list[Any]:
+    exp_id = client.get_run(run_id).info.experiment_id
+    return list(client.search_traces(locations=[exp_id], run_id=run_id, max_results=500))
+
+
+@pytest.fixture
+def compared(genai_compared: tuple[Path, Any, Any]) -> tuple[Path, Any, Any]:
+    return genai_compared
+
+
+def test_the_split_dataset_is_registered_as_evaluation_datasets(compared: tuple[Path, Any, Any]) -> None:
+    config, report, _ = compared
+    client = _client(config)
+    exp = client.get_experiment_by_name("t")
+    names = {d.name: d for d in client.search_datasets(experiment_ids=[exp.experiment_id])}
+    by_split = {n.split(".")[1]: d for n, d in names.items()}
+    assert set(by_split) == {"exemplar", "optimization", "validation", "heldout"}
+    heldout = by_split["heldout"]
+    assert heldout.tags["opro.split"] == "heldout" and heldout.tags["opro.n_questions"] == "10"
+    records = _logger(config).records(heldout.dataset_id)
+    assert len(records) == 10
+    assert {r["inputs"]["question"] for r in records} == set(report.questions)
+    assert all(r["expectations"]["expected_response"].startswith("Answer ") for r in records)
+    assert all("reference_contexts" in r["expectations"] for r in records)
+
+
+def test_compare_makes_one_evaluation_run_per_prompt_with_traces_and_verdicts(
+    compared: tuple[Path, Any, Any],
+) -> None:
+    config, report, saved = compared
+    client = _client(config)
+    assert len(saved.evaluation_run_ids) == 2
+    for prompt, run_id in zip(report.prompts, saved.evaluation_run_ids, strict=True):
+        run = client.get_run(run_id)
+        tags = run.data.tags
+        assert tags["mlflow.runType"] == "genai_evaluate" and tags["opro.source"] == "compare"
+        assert tags["opro.comparison_run_id"] == saved.mlflow_run_id and tags["opro.spec"] == prompt.spec
+        # the prompt version holds exactly the compared template and is linked to the run
+        name, version = tags["opro.prompt_uri"].removeprefix("prompts:/").split("/")
+        assert json.loads(tags["mlflow.linkedPrompts"]) == [{"name": name, "version": version}]
+        template = client.get_prompt_version(name, version).template
+        assert template.replace("{{", "{").replace("}}", "}") == prompt.template_text
+        assert run.data.metrics["correctness/mean"] == pytest.approx(prompt.mean.estimate)
+        assert run.data.metrics["opro/n_questions"] == 10
+        assert [i.dataset.name for i in run.inputs.dataset_inputs] == [f"t.heldout.{prompt_hash(config)}"]
+
+        traces = _traces(client, run_id)
+        assert len(traces) == 10
+        rows = {r.query: r for r in prompt.evaluation.rows}
+        for trace in traces:
+            spans = {s.span_type: s for s in trace.data.spans}
+            assert {"RETRIEVER", "LLM"} <= set(spans)
+            question = spans["RETRIEVER"].inputs["query"]
+            row = rows[question]
+            assert [d["page_content"] for d in spans["RETRIEVER"].outputs] == list(row.contexts)
+            llm = spans["LLM"]
+            assert question in llm.inputs["messages"][0]["content"]
+            assert prompt.instruction in llm.inputs["messages"][0]["content"]
+            assert llm.outputs["choices"][0]["message"]["content"] == row.answer
+            assert llm.get_attribute("mlflow.chat.tokenUsage")["input_tokens"] == row.prompt_tokens
+            feedback = {a.name: a for a in trace.info.assessments if a.feedback is not None}
+            assert feedback["correctness"].value == row.score
+            assert feedback["correctness"].rationale == (row.feedback or None)
+            assert feedback["passing"].value is row.passing
+            expectations = {a.name: a.value for a in trace.info.assessments if a.expectation is not None}
+            assert expectations["expected_response"] == row.reference
+            assert json.loads(trace.info.tags["mlflow.linkedPrompts"]) == [{"name": name, "version": version}]
+
+
+def prompt_hash(config: Path) -> str:
+    from opro.dataset import load_dataset
+
+    return load_dataset(config.parent / "out" / "dataset").content_hash[:8]
+
+
+def test_optimize_records_its_validation_stage_once(compared: tuple[Path, Any, Any]) -> None:
+    config, _, _ = compared
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+
+    def validation_runs() -> list[Any]:
+        return list(client.search_runs([exp_id], filter_string="tags.`opro.source` = 'validation'"))
+
+    runs = validation_runs()
+    summary = json.loads((config.parent / "out" / "summary.json").read_text())
+    finalists = summary["validation"]["finalists"]
+    assert len(runs) == 1 + len(finalists)
+    by_label = {r.data.tags["opro.prompt_label"]: r for r in runs}
+    assert by_label["initial"].data.metrics["correctness/mean"] == summary["validation"]["initial_score"]
+    for i, f in enumerate(finalists, start=1):
+        assert by_label[f"finalist {i}"].data.metrics["correctness/mean"] == pytest.approx(f["validation_score"])
+    assert all(r.data.tags["opro.optimization_run_id"] == summary["mlflow_run_id"] for r in runs)
+    assert all(len(_traces(client, r.info.run_id)) == 8 for r in runs)
+
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        exp.optimize()  # a finished study: nothing new is recorded
+    finally:
+        exp.close()
+    assert len(validation_runs()) == len(runs)
+
+
+def test_genai_records_can_be_switched_off(tmp_path: Path) -> None:
+    config = optimized(tmp_path, genai=False)
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"])
+        saved = save_comparison(report, experiment=exp, name="off")
+    finally:
+        exp.close()
+    assert saved.mlflow_run_id is not None and saved.evaluation_run_ids == ()
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    assert not client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")
+    assert not list(client.search_datasets(experiment_ids=[exp_id]))
+
+
+def test_opro_judges_are_mlflow_scorers(tmp_path: Path) -> None:
+    import mlflow
+
+    from opro.genai import _use_store, genai_logger, judge_scorer  # noqa: F401
+    from opro.judges import CorrectnessJudge, FaithfulnessJudge
+    from opro.llm import ChatClient
+    from opro.scripted import ScriptedLLM
+    from opro.tracking import MlflowTracker
+
+    judge_llm = ScriptedLLM(rules=[
+        (r"Paris", json.dumps({"score": 5, "reasoning": "names the capital"})),
+        (r"Context information", "YES"),  # faithfulness: supported by the chunks
+    ], default=json.dumps({"score": 2, "reasoning": "wrong city"}), model="judge")
+    client = ChatClient(judge_llm, role="judge")
+    data = [
+        {"inputs": {"question": "What is the capital of France?"}, "outputs": "Paris.",
+         "expectations": {"expected_response": "Paris"}},
+        {"inputs": {"question": "What is the capital of Italy?"}, "outputs": "Milan.",
+         "expectations": {"expected_response": "Rome"}},
+    ]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp_id = MlflowTracker(tracking_uri=uri, experiment_name="scorers").experiment_id()
+    with _use_store(uri, exp_id):
+        result = mlflow.genai.evaluate(
+            data=data, scorers=[judge_scorer(CorrectnessJudge(client)), judge_scorer(FaithfulnessJudge(client))]
+        )
+    assert result.metrics["correctness/mean"] == pytest.approx(3.5)  # 5 and 2
+    frame = result.result_df
+    assert sorted(frame["correctness/value"]) == [2.0, 5.0]
+    # no retrieval span in these traces: faithfulness has no contexts and says so, as an error, not a score
+    assert "faithfulness/value" not in frame or frame["faithfulness/value"].isna().all()
+    n_calls = len(judge_llm.calls)
+    assert n_calls == 2  # one correctness call per row; faithfulness made none without contexts
+
+
+def test_mlflow_correctness_judge_as_opro_judge() -> None:
+    from mlflow.genai.judges.prompts.correctness import CORRECTNESS_PROMPT_INSTRUCTIONS
+
+    from opro.genai import MlflowCorrectnessJudge, parse_yes_no_verdict
+    from opro.llm import ChatClient
+    from opro.scripted import ScriptedLLM
+
+    llm = ScriptedLLM(rules=[
+        (r"Paris", json.dumps({"rationale": "Let's think step by step. Supported.", "result": "yes"})),
+        (r"Milan", json.dumps({"rationale": "Let's think step by step. Rome is not Milan.", "result": "no"})),
+    ], default="I cannot tell", model="judge")
+    judge = MlflowCorrectnessJudge(ChatClient(llm, role="judge"))
+    yes = judge.evaluate(query="Capital of France?", answer="Paris.", reference="Paris")
+    no = judge.evaluate(query="Capital of Italy?", answer="Milan.", reference="Rome")
+    bad = judge.evaluate(query="Capital of Spain?", answer="Madrid.", reference="Madrid")
+    assert (yes.score, yes.passing, no.score, no.passing) == (5.0, True, 1.0, False)
+    assert "Rome is not Milan" in no.feedback
+    assert bad.invalid and bad.score is None and "no yes/no result" in (bad.invalid_reason or "")
+    # MLflow's own prompt text, and its verdict schema on a backend that takes JSON schemas
+    sent, options = llm.calls[0]
+    assert CORRECTNESS_PROMPT_INSTRUCTIONS.split("{{")[0] in sent[-1].content
+    assert options.json_schema is not None
+    assert json.loads(options.json_schema)["properties"]["result"]["enum"] == ["yes", "no"]
+    assert parse_yes_no_verdict('```json\n{"result": "no", "rationale": "r"}\n```') == (False, "r")
+    assert parse_yes_no_verdict('... "result": "yes" ... "result": "no"')[0] is None
+
+
+def test_judge_agreement_with_mlflow_correctness_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from typer.testing import CliRunner
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fault_server import FaultServer
+
+    from opro.cli import app
+
+    rows = [{"query": f"Question {i}?", "answer": f"Answer {i}.", "reference": f"Answer {i}.", "score": s}
+            for i, s in enumerate([5, 4, 2, 1])]
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps(rows))
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    with FaultServer(key="k") as server:
+        result = CliRunner().invoke(app, [
+            "judge", "agreement", "--answers", str(answers), "--judge-b", f"mlflow:openai:judge-model@{server.base_url}",
+            "--cache", str(tmp_path / "calls.sqlite"),
+        ])
+        assert result.exit_code == 0, result.output
+        assert server.counts["judge"] == 4
+    # the fake judge's reply has no yes/no result: every verdict is invalid and dropped, and said so
+    assert "pairs dropped (invalid / unlabelled)" in result.output and "pass / fail agreement" in result.output
+
+
+def test_credentials_in_urls_never_reach_the_records(tmp_path: Path) -> None:
+    from opro.dataset import Example, GoldenDataset
+    from opro.evaluation import EvaluationReport, EvaluationRow
+    from opro.genai import GenAILogger, PromptEvaluation
+    from opro.prompts import QATemplate
+
+    secret = "sk-live-0123456789"
+    q = f"What does https://user:{secret}@example.com/v1 serve?"
+    dataset = GoldenDataset((Example(q, f"A model at https://example.com/?api-key={secret}.", (f"ctx https://h.example/?key={secret}",)),
+                             Example("Another question?", "Yes."))).with_split(
+        exemplar=0, optimization=0, validation=0, heldout=2, seed=0)
+    rows = tuple(
+        EvaluationRow(query=e.query, reference=e.reference_answer, answer=f"See https://u:{secret}@h.example/x",
+                      contexts=(f"doc https://h.example/?token={secret}",), score=4.0, passing=True,
+                      feedback=f"matches https://h.example/?sig={secret}", prompt_tokens=12, completion_tokens=3)
+        for e in dataset.examples
+    )
+    db = tmp_path / "mlflow.db"
+    log = GenAILogger(tracking_uri=f"sqlite:///{db}", experiment_name="secrets", dataset_prefix="s",
+                      prompt_name="qa-secrets", task_model="task", judge_model=f"judge@https://k:{secret}@judge.example")
+    record = log.log_evaluations(
+        [PromptEvaluation(label="p", template=QATemplate(instruction="Answer."), report=EvaluationReport(rows=rows))],
+        dataset=dataset, split="heldout", source="test",
+    )
+    assert len(record.runs[0].trace_ids) == 2
+    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert secret.encode() not in stored
+    assert b"***" in stored  # redacted, not dropped
+
+
+def test_cli_evaluate_records_an_evaluation_run(compared: tuple[Path, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import opro.experiment
+    from opro.cli import app
+
+    config, _, _ = compared
+    monkeypatch.setattr(opro.experiment, "ModelPool", scripted_pool)
+    result = CliRunner().invoke(app, ["evaluate", str(config), "--prompt", "best", "--split", "heldout", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "MLflow evaluation run" in result.output and "(10 traces)" in result.output
+    assert "Evaluating" not in result.output  # MLflow's own progress bar stays quiet
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'evaluate'")
+    assert len(runs) == 1 and runs[0].data.tags["opro.spec"] == "best"
+    assert runs[0].data.metrics["correctness/mean"] == 5.0
