@@ -31,13 +31,13 @@ import optuna
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError, LLMAuthError, LLMBadRequestError, LLMError, OproError
+from opro.exemplars import ExemplarOutcome, ExemplarPicker
 from opro.llm import ChatClient, UsageLedger
 from opro.metaprompt import (
     Exemplar,
     MetaPromptBuilder,
     ScoredInstruction,
     check_candidate,
-    draw_exemplars,
     extract_candidate,
     normalize_instruction,
 )
@@ -386,6 +386,9 @@ class OPROOptimizer:
         # Usage recorded in the study by earlier processes: budgets and totals cover the whole study.
         self._prior_usage: dict[str, dict[str, Any]] = {}
         self._others_usage: dict[str, dict[str, Any]] = {}
+        self.exemplar_picker = ExemplarPicker(
+            strategy=self.settings.exemplar_strategy, k=self.settings.exemplars, seed=seed
+        )
         self.meta = MetaPromptBuilder(
             template_text=template_text(make_template("<INS>")),
             max_history=self.settings.max_history,
@@ -453,8 +456,30 @@ class OPROOptimizer:
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL)
 
     # -- proposals ---------------------------------------------------------------------------
+    def _exemplar_outcome(self, program: _Program, instruction: str, exemplar: Exemplar) -> ExemplarOutcome:
+        """An exemplar answered with ``instruction`` and judged, for the feedback-aware strategies."""
+        try:
+            answer = program.answer(exemplar.query, template=self.make_template(instruction))
+            verdict = self.judge.evaluate(query=exemplar.query, answer=answer.text, reference=exemplar.answer)
+        except (LLMAuthError, LLMBadRequestError):
+            raise
+        except LLMError as exc:
+            logger.warning("exemplar %r: %s", exemplar.query[:60], exc)
+            return ExemplarOutcome(answer="", score=None, passing=None)
+        if getattr(verdict, "invalid", False):
+            return ExemplarOutcome(answer=answer.text, score=None, passing=None)
+        return ExemplarOutcome(
+            answer=answer.text, score=verdict.score, passing=getattr(verdict, "passing", None),
+            reason=str(getattr(verdict, "feedback", "") or ""),
+        )
+
     def _propose(
-        self, study: optuna.Study, step: int, history: Sequence[CandidateRecord], exemplar_pool: Sequence[Exemplar]
+        self,
+        study: optuna.Study,
+        step: int,
+        history: Sequence[CandidateRecord],
+        exemplar_pool: Sequence[Exemplar],
+        program: _Program | None = None,
     ) -> list[str]:
         key = f"proposals:{step}"
         stored = study.user_attrs.get(key)
@@ -471,7 +496,12 @@ class OPROOptimizer:
             for r in history
             if r.score is not None and r.status in ("complete", "pruned")
         ]
-        exemplars = draw_exemplars(exemplar_pool, k=self.settings.exemplars, step=step, seed=self.seed)
+        complete = [r for r in history if r.status == "complete" and r.score is not None]
+        best = max(complete, key=lambda r: (r.score, -r.trial_number)).instruction if complete else None
+        exemplars = self.exemplar_picker.pick(
+            exemplar_pool, step=step, best_instruction=best,
+            scorer=None if program is None else (lambda ins, ex: self._exemplar_outcome(program, ins, ex)),
+        )
         meta_prompt = self.meta.render(history=scored, exemplars=exemplars)
         if self.output_dir is not None:
             (self.output_dir / "metaprompts").mkdir(parents=True, exist_ok=True)
@@ -742,7 +772,7 @@ class OPROOptimizer:
                     if not self._budget_left():
                         stopped = "budget"
                         break
-                    proposals = self._propose(study, step, history, exemplar_pool)
+                    proposals = self._propose(study, step, history, exemplar_pool, program)
                 mine = [
                     p for i, p in enumerate(proposals)
                     if i % self.num_workers == self.worker_index and normalize_instruction(p) not in done_here
