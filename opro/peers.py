@@ -50,7 +50,7 @@ BUDGETED_ROLES = ("task", "judge")
 class PeerSettings:
     """The budget and each method's knobs (sized so each can spend the budget, not far more)."""
 
-    budget: int = 48
+    budget: int = 18
     methods: tuple[str, ...] = METHODS
     #: Threads of DSPy's evaluations (the embedded backend serializes calls anyway).
     num_threads: int = 1
@@ -58,13 +58,13 @@ class PeerSettings:
     opro_steps: int = 10
     opro_candidates: int = 2
     copro_breadth: int = 3
-    copro_depth: int = 3
-    mipro_candidates: int = 4
-    mipro_trials: int = 6
-    gepa_minibatch: int = 3
+    copro_depth: int = 2
+    mipro_candidates: int = 3
+    mipro_trials: int = 4
+    gepa_minibatch: int = 2
     #: Sampling temperature of the proposer (every method).
     temperature: float = 1.0
-    proposer_max_tokens: int = 400
+    proposer_max_tokens: int = 256
 
     def __post_init__(self) -> None:
         if self.budget < 2:
@@ -88,7 +88,8 @@ class MethodResult:
     #: The winner's mean 1-5 judge score on the questions the method selected on, as it measured it.
     search_score: float | None
     search_questions: int
-    #: ``budget``: stopped at the budget (best-so-far returned); ``finished``: the method ended by itself.
+    #: ``budget``: stopped at the budget (best-so-far returned); ``finished``: the method ended by itself
+    #: (opro: ``steps``); ``failed (Error)``: the method raised (best-so-far returned, see the log).
     stopped: str
     wall_s: float
 
@@ -137,7 +138,7 @@ class PeersReport:
         for row in self.rows():
             calls = "-" if row["calls_used"] is None else f"{row['calls_used']}" + (
                 " (stopped)" if row["stopped"] == "budget" else ""
-            )
+            ) + (f" {row['stopped']}" if str(row["stopped"]).startswith("failed") else "")
             search = "-" if row["search_score"] is None else f"{row['search_score']:.2f} on {row['search_questions']} q"
             mean = "-" if row["heldout_mean"] is None else (
                 f"{row['heldout_mean']:.2f} [{row['heldout_ci'][0]:.2f}, {row['heldout_ci'][1]:.2f}]"
@@ -216,6 +217,7 @@ def run_opro(
         progress=False,
     )
     initial = cfg.rag.initial_instructions[0]
+    stopped = "budget"
     try:
         result = optimizer.optimize(
             program=exp.program, optimization_set=opt_set, exemplar_set=ds.examples_in("exemplar"),
@@ -224,14 +226,15 @@ def run_opro(
         return result.best_instruction, result.best_search_score, len(opt_set), result.stopped_reason
     except Exception as exc:
         if not raised_by_budget(exc):
-            raise
+            logger.warning("%s failed: %s: %s", name, type(exc).__name__, str(exc)[:500])
+            stopped = f"failed ({type(exc).__name__})"
     # Stopped mid-candidate by the budget: the best candidate that completed (the initial one if none).
     study = optuna.load_study(study_name=name, storage=storage)
     done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.value is not None]
     if not done:
-        return initial, None, 0, "budget"
+        return initial, None, 0, stopped
     best = max(done, key=lambda t: (t.value, -t.number))
-    return str(best.user_attrs["instruction"]), float(best.value), len(opt_set), "budget"  # type: ignore[arg-type]
+    return str(best.user_attrs["instruction"]), float(best.value), len(opt_set), stopped  # type: ignore[arg-type]
 
 
 # -- DSPy ------------------------------------------------------------------------------------------
@@ -293,12 +296,16 @@ def run_dspy(
                 raise ConfigError(f"unknown DSPy method {method!r}")
         except Exception as exc:
             if not (raised_by_budget(exc) or budget.exhausted):
-                raise
-            stopped = "budget"
-    if budget.exhausted:
-        # Reached the budget (DSPy may also swallow the refused calls as errors and finish): the
-        # best instruction judged on every scored question, by the log, not the optimizer's totals.
-        stopped = "budget"
+                # The method itself failed (e.g. the proposer's replies could not be parsed): report
+                # it, with the best instruction it had judged, rather than lose the other methods.
+                logger.warning("%s failed: %s: %s", method, type(exc).__name__, str(exc)[:500])
+                stopped = f"failed ({type(exc).__name__})"
+            else:
+                stopped = "budget"
+    if budget.exhausted or compiled is None:
+        # Reached the budget (DSPy may also swallow the refused calls as errors and finish) or failed:
+        # the best instruction judged on every scored question, by the log, not the optimizer's totals.
+        stopped = "budget" if budget.exhausted else stopped
         best = log.best(questions)
         complete = best is not None and best[2] == len(questions)
         instruction = best[0] if complete and best is not None else initial

@@ -52,6 +52,16 @@ def _text(content: Any) -> str:
     return "".join(getattr(p, "text", "") or "" for p in content)
 
 
+def _json_schema(response_format: Any) -> dict[str, Any] | None:
+    """The JSON schema of a ``response_format`` (``{"type": "json_schema", "schema": ...}``), if any."""
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return None
+    # lm15's canonical form holds the schema at the top; OpenAI's wire form under "json_schema".
+    spec = response_format.get("json_schema") or response_format
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    return dict(schema) if isinstance(schema, dict) else None
+
+
 class _ChatClientEngine:
     """A DSPy engine (``complete(Request) -> Response``) over an opro ChatClient.
 
@@ -64,6 +74,12 @@ class _ChatClientEngine:
         self.client = client
         self._lock = threading.Lock()
         self._seen: dict[str, int] = {}
+        # Capabilities DSPy reads from a custom engine: structured output where the opro backend can
+        # constrain replies (llama.cpp grammars, OpenAI), so DSPy's JSONAdapter sends its schema.
+        self.supports_response_schema = bool(client.llm.supports_json_schema)
+        self.supported_params = {"temperature", "max_tokens", "stop", "seed"} | (
+            {"response_format"} if client.llm.supports_json_schema else set()
+        )
 
     def _call(self, request: Any) -> tuple[tuple[Message, ...], dict[str, Any]]:
         messages: list[Message] = []
@@ -81,10 +97,15 @@ class _ChatClientEngine:
         }
         if cfg.seed is not None:
             options["seed"] = int(cfg.seed)
+        schema = _json_schema(cfg.response_format)
+        if schema is not None:
+            # DSPy's JSONAdapter (GEPA's proposer) asks for structured output: a grammar-constrained
+            # backend (llama.cpp) then always returns parseable JSON, even from a small model.
+            options["json_schema"] = schema
         if options["temperature"] > 0:
             key = cache_key(self.client.llm.identity, tuple(messages), self.client._options(
                 temperature=options["temperature"], max_tokens=options["max_tokens"], seed=options.get("seed"),
-                stop=options["stop"], json_schema=None, top_logprobs=None, sample_index=0,
+                stop=options["stop"], json_schema=schema, top_logprobs=None, sample_index=0,
             ), 0)
             with self._lock:
                 options["sample_index"] = self._seen.get(key, 0)
