@@ -16,7 +16,6 @@ from opro.peers import BudgetedExperiment, PeerSettings, run_method, run_peers
 from opro.scripted import ScriptedLLM
 
 
-
 def _qa_file(tmp_path: Path, n: int = 20) -> Path:
     rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(n)]
     path = tmp_path / "qa.jsonl"
