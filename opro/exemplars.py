@@ -74,7 +74,8 @@ class ExemplarPicker:
     def _with_failure(ex: Exemplar, outcome: ExemplarOutcome) -> Exemplar:
         if outcome.score is None or outcome.passing is not False:
             return ex  # answered right, or the judgment was unreadable: shown as a plain exemplar
-        reason = " ".join(outcome.reason.split())
+        # One line: the judge's first sentence line is the part a meta-prompt has room for.
+        reason = " ".join(next((line for line in outcome.reason.splitlines() if line.strip()), "").split())
         return replace(ex, model_answer=outcome.answer.strip(), score=outcome.score, reason=reason)
 
 
