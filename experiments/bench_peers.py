@@ -29,6 +29,7 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # DSPy imports LiteLLM: stay offline
 
 from opro.config import load_config
+from opro.errors import OproError
 from opro.peers import METHODS, BudgetedExperiment, PeerSettings, log_to_mlflow, run_peers
 
 HERE = Path(__file__).resolve().parent
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="DSPy evaluation threads (default 1)")
     args = parser.parse_args(argv)
 
-    cfg = load_config(args.config)
+    try:
+        cfg = load_config(args.config)
+    except OproError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     out = cfg.output_dir / "peers"
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
