@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         exp.close()
     print(report.table())
     for r in report.results:
-        print(f"{r.method}: {r.calls_used} task+judge calls ({r.calls_by_role}), {r.proposer_calls} proposer calls, "
+        print(f"{r.method}: {r.calls_used} task+judge calls ({r.calls_by_role}; {r.model_calls} answered by the "
+              f"models, the rest by the cache), {r.proposer_calls} proposer calls, "
               f"{r.stopped}, {r.wall_s:.0f} s; instruction: {r.instruction}")
     usage = exp.usage.as_dict()
     real = sum(int(u["calls"]) for u in usage.values())

@@ -83,8 +83,10 @@ class MethodResult:
     #: Task + judge calls the method asked for (cache hits included), at most the budget.
     calls_used: int
     calls_by_role: dict[str, int]
-    #: Proposer (optimizer-role) calls: not budgeted, reported for completeness.
+    #: Proposer (optimizer-role) calls asked for: not budgeted, reported for completeness.
     proposer_calls: int
+    #: Of the task + judge calls, those the models answered (the rest came from opro's call cache).
+    model_calls: int
     #: The winner's mean 1-5 judge score on the questions the method selected on, as it measured it.
     search_score: float | None
     search_questions: int
@@ -181,10 +183,11 @@ class BudgetedExperiment(Experiment):
             client.budget = budget
 
 
-def _proposer_calls(exp: Experiment, before: dict[str, dict[str, Any]]) -> int:
-    now = exp.usage.as_dict().get("optimizer", {})
-    was = before.get("optimizer", {})
-    return int(now.get("calls", 0) + now.get("cache_hits", 0) - was.get("calls", 0) - was.get("cache_hits", 0))
+def _calls_since(exp: Experiment, before: dict[str, dict[str, Any]], roles: Sequence[str], *, hits: bool) -> int:
+    """Calls of ``roles`` in the usage ledger since ``before`` (with cache hits when ``hits``)."""
+    now = exp.usage.as_dict()
+    keys = ("calls", "cache_hits") if hits else ("calls",)
+    return sum(int(now.get(r, {}).get(k, 0)) - int(before.get(r, {}).get(k, 0)) for r in roles for k in keys)
 
 
 # -- opro ------------------------------------------------------------------------------------------
@@ -336,7 +339,8 @@ def run_method(exp: BudgetedExperiment, method: str, *, settings: PeerSettings, 
         exp.set_budget(None)
     result = MethodResult(
         method=method, instruction=" ".join(instruction.split()), calls_used=budget.used,
-        calls_by_role=budget.by_role(), proposer_calls=_proposer_calls(exp, before), search_score=score,
+        calls_by_role=budget.by_role(), proposer_calls=_calls_since(exp, before, ["optimizer"], hits=True),
+        model_calls=_calls_since(exp, before, BUDGETED_ROLES, hits=False), search_score=score,
         search_questions=n, stopped=stopped, wall_s=time.perf_counter() - started,
     )
     logger.info("%s: %d task + judge calls, %s; instruction %r", method, result.calls_used, stopped, result.instruction[:80])

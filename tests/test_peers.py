@@ -147,3 +147,11 @@ def test_the_budget_stops_each_method_at_the_budget(tmp_path: Path, method: str)
     assert result.stopped == "budget"
     assert result.calls_used == 10  # every allowed call was made; the refused one is not counted
     assert result.instruction  # a best-so-far is returned
+
+
+def test_calls_answered_by_the_cache_are_charged_but_counted_apart(peers: tuple) -> None:
+    report, _, _, _ = peers
+    first, *later = report.results
+    assert 0 < first.model_calls <= first.calls_used
+    # Later methods score the same initial instruction on the same questions: cache hits, still charged.
+    assert all(r.model_calls < r.calls_used for r in later)
