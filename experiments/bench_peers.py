@@ -11,8 +11,8 @@ Writes to ``<output_dir>/peers/``: ``peers.md`` (the table), ``peers.json``, ``p
 held-out scores and paired differences), one MLflow run per row (experiment ``bench_peers``), and
 ``bench_peers.log``.
 
-    python experiments/bench_peers.py                       # embedded models, budget 18
-    python experiments/bench_peers.py --budget 60 --methods opro,gepa
+    python experiments/bench_peers.py                       # embedded models, budget 12
+    python experiments/bench_peers.py --budget 40 --methods opro,gepa
     python experiments/bench_peers.py --config my_endpoint.toml   # any OpenAI-compatible models
 """
 
@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(HERE / "bench_peers.toml"))
-    parser.add_argument("--budget", type=int, default=18, help="task + judge calls per method (default 18)")
+    parser.add_argument("--budget", type=int, default=12, help="task + judge calls per method (default 12)")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {','.join(METHODS)}")
     parser.add_argument("--threads", type=int, default=1, help="DSPy evaluation threads (default 1)")
     args = parser.parse_args(argv)
