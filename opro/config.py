@@ -153,6 +153,10 @@ class OptimizerSection:
     max_history: int = 20
     min_history_score: float = 0.0
     exemplars: int = 3
+    #: ``random``: drawn without replacement across steps; ``failures``: the drawn questions the best
+    #: instruction so far gets wrong are shown with its answer and the judge's reason; ``hardest``:
+    #: the exemplar questions it scores lowest. Both score exemplar questions only (extra calls).
+    exemplar_strategy: Literal["random", "hardest", "failures"] = "random"
     score_scale: Literal["1-5", "0-100"] = "1-5"
     answer_format: Literal["ins", "brackets"] = "ins"
     max_instruction_chars: int = 400

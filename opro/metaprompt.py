@@ -52,6 +52,15 @@ class ScoredInstruction:
 class Exemplar:
     query: str
     answer: str
+    #: Set for a failure (``exemplar_strategy = "failures"``): what the task model answered with the
+    #: best instruction so far, its judge score and the judge's one-line reason.
+    model_answer: str | None = None
+    score: float | None = None
+    reason: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.model_answer is not None
 
 
 @dataclass(frozen=True)
@@ -105,10 +114,19 @@ class MetaPromptBuilder:
         ]
         shown = []
         for ex in exemplars:
-            shown.append(
+            text = (
                 f"Question: {_clip(ex.query, self.max_exemplar_chars)}\n"
                 f"Expected answer: {_clip(ex.answer, self.max_exemplar_chars)}\n"
             )
+            if ex.failed:
+                score = "" if ex.score is None else f", judged {ex.score:g} of 5"
+                text += (
+                    f"Answer given with the best instruction so far (wrong{score}): "
+                    f"{_clip(ex.model_answer or '(empty)', self.max_exemplar_chars)}\n"
+                )
+                if ex.reason:
+                    text += f"Why it is wrong: {_clip(ex.reason.splitlines()[0], 200)}\n"
+            shown.append(text)
         return self.meta_template.format(
             score_description=self.score_description(),
             history="\n".join(lines) if lines else "(none yet)",
@@ -124,11 +142,27 @@ def _show_template(template_text: str) -> str:
 
 
 def draw_exemplars(pool: Sequence[Exemplar], *, k: int, step: int, seed: int) -> list[Exemplar]:
-    """k exemplars for this step: re-drawn each step, reproducible from (seed, step)."""
-    if k <= 0 or not pool:
+    """k exemplars for step ``step`` (1, 2, ...), drawn without replacement across steps while the pool
+    lasts: the pool is shuffled (seeded) and the steps take consecutive slices of it; when it runs
+    out, a new seeded shuffle starts. Reproducible from (seed, step) alone, so a resumed run draws
+    the same exemplars. With k >= the pool size every step shows the whole pool."""
+    items = list(pool)
+    if k <= 0 or not items:
         return []
-    rng = random.Random(f"{seed}:{step}")
-    return rng.sample(list(pool), min(k, len(pool)))
+    if k >= len(items):
+        return random.Random(f"{seed}:{step}").sample(items, len(items))
+    start = max(0, step - 1) * k
+    out: list[Exemplar] = []
+    while len(out) < k:
+        epoch, offset = divmod(start + len(out), len(items))
+        order = random.Random(f"{seed}:epoch:{epoch}").sample(items, len(items))
+        taken = {id(e) for e in out}
+        candidate = order[offset]
+        if id(candidate) in taken:  # a slice across two shuffles: skip what this step already shows
+            start += 1
+            continue
+        out.append(candidate)
+    return out
 
 
 def _clip(text: str, limit: int) -> str:

@@ -31,14 +31,14 @@ import optuna
 from opro.claims import RETRY_STATUSES as RETRY_STATUSES  # where it was defined before; re-exported
 from opro.config import OptimizerSection
 from opro.engine import EvaluationEngine, Gate, Pair, Scored, role_limit
-from opro.errors import ConfigError, LLMError, OproError
+from opro.errors import ConfigError, LLMAuthError, LLMBadRequestError, LLMError, OproError
+from opro.exemplars import ExemplarOutcome, ExemplarPicker
 from opro.llm import ChatClient, Request, UsageLedger
 from opro.metaprompt import (
     Exemplar,
     MetaPromptBuilder,
     ScoredInstruction,
     check_candidate,
-    draw_exemplars,
     extract_candidate,
     normalize_instruction,
 )
@@ -469,6 +469,9 @@ class OPROOptimizer:
         # Usage recorded in the study by earlier processes: budgets and totals cover the whole study.
         self._prior_usage: dict[str, dict[str, Any]] = {}
         self._others_usage: dict[str, dict[str, Any]] = {}
+        self.exemplar_picker = ExemplarPicker(
+            strategy=self.settings.exemplar_strategy, k=self.settings.exemplars, seed=seed
+        )
         self.meta = MetaPromptBuilder(
             template_text=template_text(make_template("<INS>")),
             max_history=self.settings.max_history,
@@ -538,8 +541,30 @@ class OPROOptimizer:
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     # -- proposals ---------------------------------------------------------------------------
+    def _exemplar_outcome(self, program: _Program, instruction: str, exemplar: Exemplar) -> ExemplarOutcome:
+        """An exemplar answered with ``instruction`` and judged, for the feedback-aware strategies."""
+        try:
+            answer = program.answer(exemplar.query, template=self.make_template(instruction))
+            verdict = self.judge.evaluate(query=exemplar.query, answer=answer.text, reference=exemplar.answer)
+        except (LLMAuthError, LLMBadRequestError):
+            raise
+        except LLMError as exc:
+            logger.warning("exemplar %r: %s", exemplar.query[:60], exc)
+            return ExemplarOutcome(answer="", score=None, passing=None)
+        if getattr(verdict, "invalid", False):
+            return ExemplarOutcome(answer=answer.text, score=None, passing=None)
+        return ExemplarOutcome(
+            answer=answer.text, score=verdict.score, passing=getattr(verdict, "passing", None),
+            reason=str(getattr(verdict, "feedback", "") or ""),
+        )
+
     def _propose(
-        self, study: optuna.Study, step: int, history: Sequence[CandidateRecord], exemplar_pool: Sequence[Exemplar]
+        self,
+        study: optuna.Study,
+        step: int,
+        history: Sequence[CandidateRecord],
+        exemplar_pool: Sequence[Exemplar],
+        program: _Program | None = None,
     ) -> list[str]:
         key = f"proposals:{step}"
         stored = study.user_attrs.get(key)
@@ -553,7 +578,12 @@ class OPROOptimizer:
             for r in history
             if r.score is not None and r.status in ("complete", "pruned")
         ]
-        exemplars = draw_exemplars(exemplar_pool, k=self.settings.exemplars, step=step, seed=self.seed)
+        complete = [r for r in history if r.status == "complete" and r.score is not None]
+        best = max(complete, key=lambda r: (r.score, -r.step, -r.index)).instruction if complete else None
+        exemplars = self.exemplar_picker.pick(
+            exemplar_pool, step=step, best_instruction=best,
+            scorer=None if program is None else (lambda ins, ex: self._exemplar_outcome(program, ins, ex)),
+        )
         meta_prompt = self.meta.render(history=scored, exemplars=exemplars)
         if self.output_dir is not None:
             (self.output_dir / "metaprompts").mkdir(parents=True, exist_ok=True)
@@ -1030,7 +1060,7 @@ class OPROOptimizer:
                     if not self._budget_left():
                         stopped = self._stop(study, step, "budget")
                         break
-                    proposals = self._propose(study, step, history, exemplar_pool)
+                    proposals = self._propose(study, step, history, exemplar_pool, program)
                 else:
                     proposals = self._await_proposals(study, step)
                 if proposals is None:  # worker 0 stopped the search (its budget check)
