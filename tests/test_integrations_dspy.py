@@ -50,9 +50,11 @@ def test_the_lm_adapter_caches_and_counts_calls_in_opros_ledger(tmp_path: Path) 
 
 def test_several_samples_are_distinct_calls_and_reproducible(tmp_path: Path) -> None:
     llm = ScriptedLLM(default=lambda m, o: f"sample seed {o.seed}")
-    lm = OproLM(_client(tmp_path, llm), temperature=1.0)
-    samples = lm("Propose an instruction.", n=3)
+    first = _client(tmp_path, llm)
+    samples = OproLM(first, temperature=1.0)("Propose an instruction.", n=3)
     assert len(set(samples)) == 3
+    assert first.cache is not None
+    first.cache.close()  # a finished run commits its cache's queued writes
     again = OproLM(_client(tmp_path, llm), temperature=1.0)("Propose an instruction.", n=3)
     assert again == samples and len(llm.calls) == 3  # a fresh run replays them from the cache
 
