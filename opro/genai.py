@@ -82,7 +82,8 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
         if hide_sdk:
             sys.modules["databricks.sdk"] = None  # type: ignore[assignment]
         old_experiment = fluent._active_experiment_id
-        old_env = {k: os.environ.get(k) for k in env}
+        # mlflow.set_registry_uri also exports MLFLOW_REGISTRY_URI, which would outlive the call.
+        old_env = {k: os.environ.get(k) for k in (*env, "MLFLOW_REGISTRY_URI")}
         old_registry = _model_registry.utils._registry_uri
         try:
             with tracking_utils._use_tracking_uri(tracking_uri):

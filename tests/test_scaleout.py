@@ -216,8 +216,10 @@ def _scale_out(
         if t.number in killed_claims:
             assert t.state == optuna.trial.TrialState.FAIL  # the killed worker's claim: taken over
     assert set(results.values()) == {1} and len(results) == len(_history(tmp_path / "single"))
-    evaluated_by = {t.user_attrs["worker"] for t in study.trials if t.user_attrs.get("status") is not None}
-    assert len(evaluated_by) >= 2, evaluated_by
+    # Work was shared: worker 1 held a claim (the wait above), whoever finished the candidates. Which
+    # worker evaluates what depends on how fast each process starts, so only the claims are asserted.
+    claimed_by = {t.user_attrs["worker"] for t in study.trials if "worker" in t.user_attrs}
+    assert {0, 1} <= claimed_by, claimed_by
 
     # The MLflow run on the server holds every worker's candidates and usage, and ended FINISHED.
     from mlflow import MlflowClient
