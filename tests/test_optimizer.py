@@ -333,13 +333,16 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     r0, r1 = results[0], results[1]
     assert len(r0.history) == len(r1.history) == 2 + 2 * 4  # type: ignore[attr-defined]
     assert r0.best_score == r1.best_score  # type: ignore[attr-defined]
-    # Only worker 0 asked the optimizer model; both answered and judged.
+    # Only worker 0 asked the optimizer model. Which worker claims which candidate depends on when each
+    # thread reaches the study (claims are shared among the live workers), so only the result is asserted:
+    # the same history for both and every candidate evaluated exactly once. tests/test_scaleout.py checks
+    # that a second worker process claims work.
     assert rigs[0].optimizer.calls and not rigs[1].optimizer.calls
-    assert rigs[0].judge.calls and rigs[1].judge.calls
+    assert rigs[0].judge.calls or rigs[1].judge.calls
     study = optuna.load_study(study_name="test", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-    workers = {t.user_attrs["worker"] for t in study.trials}
-    assert workers == {0, 1}
-    assert len(study.trials) == 10  # nothing evaluated twice
+    evaluated = [t for t in study.trials if t.user_attrs.get("status") is not None]
+    assert len(evaluated) == 10  # nothing evaluated twice
+    assert len({(t.user_attrs["step"], t.user_attrs["index"]) for t in evaluated}) == 10
 
 
 def _history_of(result: object) -> list[tuple[object, ...]]:
