@@ -163,6 +163,11 @@ def _to_score(value: Any) -> float | None:
 def load_labels(path: str | Path) -> dict[str, float | None]:
     """Human (or other) labels by query from a CSV/JSON/JSONL file with ``query`` and a score field
     (``score``, ``human_score``, ``label`` or ``rating``). Blank or non-numeric scores load as None."""
+    records, field = _label_records(path)
+    return {str(r["query"]): _to_score(r.get(field)) for r in records}
+
+
+def _label_records(path: str | Path) -> tuple[list[dict[str, Any]], str]:
     records = read_records(path)
     if not records:
         raise DataError(f"{path}: no label rows")
@@ -171,7 +176,26 @@ def load_labels(path: str | Path) -> dict[str, float | None]:
         raise DataError(
             f"{path}: label rows need a 'query' field and one of {_SCORE_FIELDS}; found {sorted(records[0])}"
         )
-    return {str(r["query"]): _to_score(r.get(field)) for r in records}
+    return records, field
+
+
+def match_labels(rows: Sequence[dict[str, Any]], path: str | Path) -> list[float | None]:
+    """The label of every answer row, None where the file has none.
+
+    Labels are matched by query, or by query *and* answer when the label file has an ``answer``
+    column: a calibration's ``verdicts.csv`` judges several answers per question (reference, wrong,
+    task), so the query alone would not say which answer a score belongs to.
+    """
+    records, field = _label_records(path)
+    by_answer = "answer" in records[0]
+    labels: dict[tuple[str, str | None], float | None] = {}
+    for r in records:
+        key = (str(r["query"]), str(r["answer"]) if by_answer else None)
+        if key in labels and labels[key] != _to_score(r.get(field)):
+            what = "query and answer" if by_answer else "query (add an 'answer' column to tell them apart)"
+            raise DataError(f"{path}: two different scores for the same {what}: {key[0][:80]!r}")
+        labels[key] = _to_score(r.get(field))
+    return [labels.get((str(r["query"]), str(r["answer"]) if by_answer else None)) for r in rows]
 
 
 def load_answers(path: str | Path) -> list[dict[str, Any]]:
@@ -243,6 +267,7 @@ __all__ = [
     "judge_scores",
     "load_answers",
     "load_labels",
+    "match_labels",
     "parse_model_spec",
     "read_records",
     "weighted_kappa",

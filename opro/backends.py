@@ -54,6 +54,10 @@ class ModelSpec:
     max_concurrency: int | None = None
     #: llamacpp only: keep every position's logits so ``top_logprobs`` works (costs memory).
     logprobs: bool = False
+    #: openai only: constrain JSON replies with ``response_format`` ``json_schema``. Set it to false
+    #: for servers that reject that type (llama-cpp-python's server accepts only text/json_object);
+    #: the judges then ask for JSON in the prompt and parse the text.
+    json_schema: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -78,6 +82,10 @@ class ModelSpec:
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}.")
         if self.max_concurrency is not None and (not isinstance(self.max_concurrency, int) or self.max_concurrency < 1):
             raise ConfigError(f"max_concurrency must be a positive integer or None, got {self.max_concurrency!r}.")
+        if not isinstance(self.json_schema, bool):
+            raise ConfigError(f"json_schema must be true or false, got {self.json_schema!r}.")
+        if not self.json_schema and self.backend == "llamacpp":
+            raise ConfigError("json_schema = false is only used by backend 'openai' (llama.cpp always supports schemas).")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, where: str = "model") -> ModelSpec:
@@ -149,7 +157,9 @@ class ModelPool:
             ident = EMBEDDED_MODELS[spec.model].target() if spec.model in EMBEDDED_MODELS else spec.model
             path = Path(ident).expanduser().resolve()
             return ("llamacpp", str(path), spec.n_ctx, spec.n_threads, spec.logprobs)
-        return ("openai", spec.base_url, spec.model, spec.api_key_env, spec.timeout_s, spec.max_concurrency)
+        return (
+            "openai", spec.base_url, spec.model, spec.api_key_env, spec.timeout_s, spec.max_concurrency, spec.json_schema
+        )
 
     def _create(self, spec: ModelSpec) -> LLM:
         if spec.backend == "llamacpp":
@@ -173,6 +183,7 @@ class ModelPool:
             max_retries=self.max_retries,
             max_retry_wait_s=self.max_retry_wait_s,
             max_concurrency=spec.max_concurrency or 8,
+            json_schema=spec.json_schema,
         )
 
     def _scripted_backend(self, spec: ModelSpec) -> LLM:

@@ -367,7 +367,10 @@ def judge_agreement(
     judge_b: str | None = typer.Option(
         None, "--judge-b", help="Judge B model spec, e.g. mlflow:openai:MODEL@BASE_URL (or use --labels)."
     ),
-    labels: str | None = typer.Option(None, "--labels", help="Human labels CSV/JSON with query and score."),
+    labels: str | None = typer.Option(
+        None, "--labels", help="Labels CSV/JSON with query and score (and answer): human labels, or another "
+        "judge's calibration verdicts.csv."
+    ),
     template: str = typer.Option("llamaindex", "--template", help="Judge template: llamaindex, prometheus, fewshot or a file."),
     template_b: str | None = typer.Option(None, "--template-b", help="Template for judge B (default: --template)."),
     score_from_a: str = typer.Option("reply", "--score-from-a", help="Judge A's score: reply, logits (llamacpp) or auto."),
@@ -379,7 +382,7 @@ def judge_agreement(
     from rich.console import Console
     from rich.table import Table
 
-    from opro.agreement import agreement, judge_scores, load_answers, load_labels, parse_model_spec
+    from opro.agreement import agreement, judge_scores, load_answers, match_labels, parse_model_spec
     from opro.backends import ModelPool
     from opro.cache import CallCache
     from opro.errors import OproError
@@ -415,11 +418,13 @@ def judge_agreement(
             else:
                 scores_a, name_a = scores_of(judge_a, template, score_from_a), judge_a
             if labels is not None:
-                by_query = load_labels(labels)
-                missing = [r["query"] for r in rows if r["query"] not in by_query]
-                if len(missing) == len(rows):
-                    raise OproError(f"no query of {answers} appears in {labels}; labels are matched by exact query text")
-                scores_b, name_b = [by_query.get(r["query"]) for r in rows], "labels"
+                scores_b = match_labels(rows, labels)
+                if all(x is None for x in scores_b):
+                    raise OproError(
+                        f"no answer of {answers} has a label in {labels}; labels are matched by exact query text "
+                        "(and answer text when the label file has an 'answer' column)"
+                    )
+                name_b = "labels"
             else:
                 assert judge_b is not None
                 scores_b, name_b = scores_of(judge_b, template_b or template, score_from_b), judge_b

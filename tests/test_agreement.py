@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from opro.agreement import agreement, hamming, load_labels, weighted_kappa
+from opro.agreement import agreement, hamming, load_labels, match_labels, weighted_kappa
 from opro.errors import DataError
 
 
@@ -80,6 +80,26 @@ def test_load_labels_csv_and_json(tmp_path: Path) -> None:
     bad.write_text(json.dumps([{"question": "Q", "score": 2}]), encoding="utf-8")
     with pytest.raises(DataError, match="'query'"):
         load_labels(bad)
+
+
+def test_labels_match_by_query_and_answer_when_the_file_has_answers(tmp_path: Path) -> None:
+    # A calibration's verdicts.csv judges two answers per question: matching by query alone would
+    # give both the same label.
+    rows = [
+        {"query": "Q1", "answer": "right", "reference": "r"},
+        {"query": "Q1", "answer": "wrong", "reference": "r"},
+        {"query": "Q2", "answer": "other", "reference": "r"},
+    ]
+    verdicts = tmp_path / "verdicts.csv"
+    verdicts.write_text("condition,query,answer,score\nreference,Q1,right,4.2\nwrong,Q1,wrong,1.5\n", encoding="utf-8")
+    assert match_labels(rows, verdicts) == [4.2, 1.5, None]
+    by_query = tmp_path / "labels.csv"
+    by_query.write_text("query,score\nQ1,3\nQ2,5\n", encoding="utf-8")
+    assert match_labels(rows, by_query) == [3.0, 3.0, 5.0]
+    clash = tmp_path / "clash.csv"
+    clash.write_text("query,score\nQ1,3\nQ1,4\n", encoding="utf-8")
+    with pytest.raises(DataError, match="two different scores for the same query"):
+        match_labels(rows, clash)
 
 
 def test_load_answers_and_model_spec(tmp_path: Path) -> None:

@@ -33,6 +33,8 @@ def test_defaults_and_embedded_roles() -> None:
         ({"n_ctx": 10}, "n_ctx"),
         ({"timeout_s": 0}, "timeout_s"),
         ({"max_concurrency": 0}, "max_concurrency"),
+        ({"json_schema": "no"}, "json_schema must be true or false"),
+        ({"json_schema": False}, "only used by backend 'openai'"),
     ],
 )
 def test_spec_validation(kwargs: dict[str, object], message: str) -> None:

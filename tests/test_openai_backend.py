@@ -376,3 +376,19 @@ def test_bad_settings_are_rejected() -> None:
         OpenAILLM(model="m", base_url="http://localhost:1/v1", timeout_s=0)
     with pytest.raises(ConfigError, match="max_retries"):
         OpenAILLM(model="m", base_url="http://localhost:1/v1", max_retries=-1)
+
+
+def test_json_schema_off_sends_no_response_format(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Servers such as llama-cpp-python's reject response_format type json_schema with a 500; the
+    # model setting json_schema = false must keep it out of the request, and the pool must pass it on.
+    from opro.backends import ModelPool, ModelSpec
+
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    server.script(ok('{"score": 4}'))
+    with ModelPool() as pool:
+        llm = pool.get(
+            ModelSpec(backend="openai", model="m", base_url=server.url, api_key_env="OPRO_TEST_KEY", json_schema=False)
+        )
+        assert llm.supports_json_schema is False
+        llm.generate(MSGS, GenerationOptions(max_tokens=5, json_schema='{"type":"object"}'))
+    assert "response_format" not in server.requests[0]["json"]
