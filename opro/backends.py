@@ -38,7 +38,7 @@ class ModelSpec:
     """The backend and model of one role.
 
     - ``llamacpp``: ``model`` is an embedded model name or a GGUF path; uses ``n_threads``,
-      ``n_ctx`` and ``logprobs``.
+      ``n_ctx``, ``logprobs`` and ``batch_width``.
     - ``openai``: ``model`` is the server's model id; uses ``base_url``, ``api_key_env``,
       ``timeout_s``, ``max_concurrency`` (logprobs are always available there).
     - ``scripted``: ``model`` names a backend registered with the pool (tests) or a recording file.
@@ -54,6 +54,8 @@ class ModelSpec:
     max_concurrency: int | None = None
     #: llamacpp only: keep every position's logits so ``top_logprobs`` works (costs memory).
     logprobs: bool = False
+    #: llamacpp only: the most greedy answers of one question decoded together (1: one at a time).
+    batch_width: int = 4
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -74,6 +76,8 @@ class ModelSpec:
             raise ConfigError(f"n_threads must be a positive integer or None (all cores), got {self.n_threads!r}.")
         if not isinstance(self.n_ctx, int) or self.n_ctx < 256:
             raise ConfigError(f"n_ctx must be an integer >= 256, got {self.n_ctx!r}.")
+        if not isinstance(self.batch_width, int) or isinstance(self.batch_width, bool) or self.batch_width < 1:
+            raise ConfigError(f"batch_width must be a positive integer (1: no batching), got {self.batch_width!r}.")
         if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}.")
         if self.max_concurrency is not None and (not isinstance(self.max_concurrency, int) or self.max_concurrency < 1):
@@ -148,7 +152,7 @@ class ModelPool:
             # Same file -> same model, whether named by pack name or by path.
             ident = EMBEDDED_MODELS[spec.model].target() if spec.model in EMBEDDED_MODELS else spec.model
             path = Path(ident).expanduser().resolve()
-            return ("llamacpp", str(path), spec.n_ctx, spec.n_threads, spec.logprobs)
+            return ("llamacpp", str(path), spec.n_ctx, spec.n_threads, spec.logprobs, spec.batch_width)
         return ("openai", spec.base_url, spec.model, spec.api_key_env, spec.timeout_s, spec.max_concurrency)
 
     def _create(self, spec: ModelSpec) -> LLM:
@@ -162,6 +166,7 @@ class ModelPool:
                 n_batch=self.n_batch,
                 verbose=self.verbose,
                 logprobs=spec.logprobs,
+                batch_width=spec.batch_width,
             )
         from opro.openai_backend import OpenAILLM
 
