@@ -81,7 +81,9 @@ def _run(width: int, cache: CallCache) -> tuple[list[tuple[int, int, str, float 
 
 def test_batched_engine_gives_the_serial_rows_and_caches_every_call(tmp_path: Path) -> None:
     serial, serial_llm, _ = _run(1, CallCache(tmp_path / "serial.sqlite"))
-    batched, batched_llm, task = _run(4, CallCache(tmp_path / "batched.sqlite"))
+    cache = CallCache(tmp_path / "batched.sqlite")
+    batched, batched_llm, task = _run(4, cache)
+    cache.close()  # a finished run has committed its calls (the writer thread may lag on a busy machine)
     assert batched == serial and len(serial) == 3 * 2 + 2 * 2
     assert serial_llm.batches == []  # width 1: one call at a time, no batch API
     # One batch per question, each holding that question's live candidates.
