@@ -38,7 +38,7 @@ class ModelSpec:
     """The backend and model of one role.
 
     - ``llamacpp``: ``model`` is an embedded model name or a GGUF path; uses ``n_threads``,
-      ``n_ctx`` and ``logprobs``.
+      ``n_ctx``, ``logprobs`` and ``batch_width``.
     - ``openai``: ``model`` is the server's model id; uses ``base_url``, ``api_key_env``,
       ``timeout_s``, ``max_concurrency`` (logprobs are always available there).
     - ``scripted``: ``model`` names a backend registered with the pool (tests) or a recording file.
@@ -58,6 +58,8 @@ class ModelSpec:
     #: for servers that reject that type (llama-cpp-python's server accepts only text/json_object);
     #: the judges then ask for JSON in the prompt and parse the text.
     json_schema: bool = True
+    #: llamacpp only: the most greedy answers of one question decoded together (1: one at a time).
+    batch_width: int = 4
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -78,6 +80,8 @@ class ModelSpec:
             raise ConfigError(f"n_threads must be a positive integer or None (all cores), got {self.n_threads!r}.")
         if not isinstance(self.n_ctx, int) or self.n_ctx < 256:
             raise ConfigError(f"n_ctx must be an integer >= 256, got {self.n_ctx!r}.")
+        if not isinstance(self.batch_width, int) or isinstance(self.batch_width, bool) or self.batch_width < 1:
+            raise ConfigError(f"batch_width must be a positive integer (1: no batching), got {self.batch_width!r}.")
         if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}.")
         if self.max_concurrency is not None and (not isinstance(self.max_concurrency, int) or self.max_concurrency < 1):
@@ -156,7 +160,7 @@ class ModelPool:
             # Same file -> same model, whether named by pack name or by path.
             ident = EMBEDDED_MODELS[spec.model].target() if spec.model in EMBEDDED_MODELS else spec.model
             path = Path(ident).expanduser().resolve()
-            return ("llamacpp", str(path), spec.n_ctx, spec.n_threads, spec.logprobs)
+            return ("llamacpp", str(path), spec.n_ctx, spec.n_threads, spec.logprobs, spec.batch_width)
         return (
             "openai", spec.base_url, spec.model, spec.api_key_env, spec.timeout_s, spec.max_concurrency, spec.json_schema
         )
@@ -172,6 +176,7 @@ class ModelPool:
                 n_batch=self.n_batch,
                 verbose=self.verbose,
                 logprobs=spec.logprobs,
+                batch_width=spec.batch_width,
             )
         from opro.openai_backend import OpenAILLM
 

@@ -14,7 +14,10 @@ counters) is single-threaded and results do not depend on which worker finished 
 
 With one slot for both roles (an in-process llama.cpp model) the pairs run one after another in
 the given order, answer then judge, exactly as a plain loop would: consecutive task calls keep
-sharing their retrieved context as a KV prefix.
+sharing their retrieved context as a KV prefix. When the task backend decodes several calls at once
+(:attr:`opro.llm.LLM.supports_batch`, llama.cpp's ``batch_width``) and the program can answer a group
+(``answer_group``), consecutive runnable pairs of the same question are answered in one batch, then
+judged one by one in order: the same answers (greedy decoding), far fewer decode steps.
 """
 
 from __future__ import annotations
@@ -127,6 +130,15 @@ def answer_then_judge(*, program: Any, judge: Any, pair: Pair, metrics: Sequence
         return _error_scored(pair, exc)
 
 
+def batch_limit(program: Any) -> int:
+    """How many answers of one question ``program`` can have decoded together (1: one at a time)."""
+    llm = getattr(getattr(program, "llm", None), "llm", None)
+    width = getattr(llm, "batch_width", 1)
+    if not getattr(llm, "supports_batch", False) or not hasattr(program, "answer_group"):
+        return 1
+    return width if isinstance(width, int) and width > 1 else 1
+
+
 def role_limit(part: Any, default: int = 1) -> int:
     """The ``max_concurrency`` of the backend behind a program, judge or metric (``part.llm.llm``)."""
     limit = getattr(getattr(getattr(part, "llm", None), "llm", None), "max_concurrency", None)
@@ -157,6 +169,7 @@ class EvaluationEngine:
         self.metrics = tuple(metrics)
         self.task_slots = max(1, task_slots if task_slots is not None else role_limit(program))
         self.judge_slots = max(1, judge_slots if judge_slots is not None else role_limit(judge))
+        self.batch_width = batch_limit(program)
         self._pool: ThreadPoolExecutor | None = None
         # Until one judgment came back, answers wait for their judges instead of streaming on: a judge
         # that refuses every call (a bad key) then costs at most task_slots answers.
@@ -232,7 +245,63 @@ class EvaluationEngine:
                 if pending:
                     raise EngineStalled(f"{len(pending)} pair(s) held with nothing running")
                 return
+            if self.batch_width > 1:
+                taken += self._same_question(pending, gate, taken[0], self.batch_width - 1)
+            if len(taken) > 1:
+                self._answer_group_then_judge(taken, on_scored, gate)
+                continue
             on_scored(answer_then_judge(program=self.program, judge=self.judge, pair=taken[0], metrics=self.metrics))
+
+    @staticmethod
+    def _same_question(
+        pending: list[Pair], gate: Callable[[Pair], Gate] | None, first: Pair, limit: int
+    ) -> list[Pair]:
+        """Up to ``limit`` runnable pairs of ``first``'s question that follow it in ``pending``; the
+        scan stops at the first pair of another question (it is asked later, in order)."""
+        query = _field(first.example, "query")
+        taken: list[Pair] = []
+        kept: list[Pair] = []
+        for i, p in enumerate(pending):
+            if len(taken) >= limit or p.index != first.index or _field(p.example, "query") != query:
+                kept.extend(pending[i:])
+                break
+            decision = "run" if gate is None else gate(p)
+            if decision == "run":
+                taken.append(p)
+            elif decision == "hold":
+                kept.append(p)
+        pending[:] = kept
+        return taken
+
+    def _answer_group_then_judge(
+        self, taken: list[Pair], on_scored: Callable[[Scored], None], gate: Callable[[Pair], Gate] | None
+    ) -> None:
+        """Answer one question under several templates in one batch, then judge each answer in order."""
+        first = taken[0].example
+        query, reference = _field(first, "query"), _field(first, "reference_answer", "reference")
+        results = self.program.answer_group(query, templates=[p.template for p in taken])
+        for pair, result in zip(taken, results, strict=True):
+            if isinstance(result, LLMError):
+                if result.permanent:
+                    raise result
+                on_scored(_error_scored(pair, result))
+                continue
+            if gate is not None and gate(pair) == "drop":
+                continue  # pruned while its batch was decoded: the judge call is saved
+            answered = Answered(
+                query=query,
+                reference=reference,
+                text=str(result.text),
+                contexts=tuple(_context_text(c) for c in result.contexts),
+                completion=result.completion,
+            )
+            try:
+                scored = Scored(pair, judge_answer(self.judge, self.metrics, answered))
+            except LLMError as exc:
+                if exc.permanent:
+                    raise
+                scored = _error_scored(pair, exc)
+            on_scored(scored)
 
     def _run_streaming(
         self, pending: list[Pair], on_scored: Callable[[Scored], None], gate: Callable[[Pair], Gate] | None
@@ -303,6 +372,7 @@ __all__ = [
     "Scored",
     "answer",
     "answer_then_judge",
+    "batch_limit",
     "judge_answer",
     "role_limit",
 ]

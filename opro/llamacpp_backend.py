@@ -11,6 +11,14 @@
   assistant prefix and reads the next-token logits at the last position only (no ``logits_all``,
   nothing decoded): a judge's score distribution for the price of a prefill, with the same
   KV-prefix reuse as generation.
+- :meth:`LlamaCppLLM.generate_many` answers several greedy calls together: the prompts' common
+  token prefix is evaluated once (or kept from the previous call) on sequence 0 and copied to the
+  other sequences in the KV cache (``llama_memory_seq_cp``), their different tails are prefilled in
+  one batch, and every step decodes one token of each live sequence in one ``llama_decode``. On a CPU
+  a decode step costs about the same for 1 or 4 sequences (it reads the weights once), so answers of
+  a question's candidates come almost for the price of one. The stop rules are those of
+  ``create_chat_completion`` (end-of-generation token, stop strings, ``max_tokens``), so the text is
+  the one-at-a-time text (tested). Sampled, grammar-constrained or logprob calls run one at a time.
 - The model loads lazily on the first call, so a run whose calls all hit the cache never loads it.
 - ``identity`` is ``llamacpp:<sha256 of the GGUF>``, taken from the pack's known checksum or a
   hash cached by path, size and mtime (:func:`opro.models.gguf_sha256`).
@@ -18,10 +26,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +58,20 @@ def _import_llama() -> Any:
     return llama_cpp
 
 
+@dataclass
+class _Seq:
+    """One sequence of a batched generation: its prompt, the tokens so far and how it ended."""
+
+    index: int
+    prompt: list[int]
+    max_tokens: int
+    stops: list[bytes]
+    tokens: list[int] = field(default_factory=list)
+    text: bytes = b""
+    finish: str | None = None
+    multibyte_fix: int = 0
+
+
 class LlamaCppLLM(LLM):
     """Chat completions from a local GGUF model."""
 
@@ -54,6 +79,7 @@ class LlamaCppLLM(LLM):
     max_concurrency = 1
     supports_json_schema = True
     supports_choice_logprobs = True
+    supports_batch = True
 
     def __init__(
         self,
@@ -65,6 +91,7 @@ class LlamaCppLLM(LLM):
         verbose: bool = False,
         logprobs: bool = False,
         kv_reuse: bool = True,
+        batch_width: int = 4,
     ) -> None:
         """``model_path``: an embedded model name (assembled on demand) or a path to a GGUF file.
 
@@ -83,6 +110,8 @@ class LlamaCppLLM(LLM):
             raise ConfigError(f"n_ctx must be >= 256, got {n_ctx}")
         if n_batch < 1:
             raise ConfigError(f"n_batch must be >= 1, got {n_batch}")
+        if batch_width < 1:
+            raise ConfigError(f"batch_width must be >= 1, got {batch_width}")
         if n_threads is not None and n_threads < 1:
             raise ConfigError(f"n_threads must be >= 1 or None (all cores), got {n_threads}")
         name = os.fspath(model_path)
@@ -96,6 +125,7 @@ class LlamaCppLLM(LLM):
         self.verbose = verbose
         self.supports_logprobs = logprobs
         self.kv_reuse = kv_reuse
+        self.batch_width = batch_width
         self._lock = threading.Lock()
         self._llama: Llama | None = None
         self._formatter: Any = None
@@ -151,8 +181,42 @@ class LlamaCppLLM(LLM):
                 )
             except (ValueError, RuntimeError, OSError) as exc:
                 raise ModelPackError(f"llama.cpp cannot load {self.path}: {exc}") from exc
+            if self.batch_width > 1:
+                self._multi_sequence_context(self._llama)
             self.load_s = time.perf_counter() - started
         return self._llama
+
+    def _multi_sequence_context(self, llama: Llama) -> None:
+        """Give the model a context that holds ``batch_width + 1`` sequences in one KV cache.
+
+        ``Llama`` creates its context with one sequence and no way to ask for more, so the context is
+        created again from the same parameters (a unified KV cache: a split one would give each
+        sequence n_ctx / n_seq cells, too few for a long shared prefix).
+        """
+        from llama_cpp import _internals
+
+        params = llama.context_params
+        params.n_seq_max = self.batch_width + 1
+        params.kv_unified = True
+        try:
+            ctx = _internals.LlamaContext(model=llama._model, params=params, verbose=self.verbose)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelPackError(f"llama.cpp cannot create a {self.batch_width}-sequence context: {exc}") from exc
+        old = llama._ctx
+        llama._ctx = llama._stack.enter_context(contextlib.closing(ctx))
+        old.close()
+        llama.n_tokens = 0
+
+    def prompt_tokens(self, messages: tuple[Message, ...], *, prefix: str = "") -> list[int]:
+        """The token ids a call evaluates: the chat rendered with the GGUF's template (plus an
+        assistant ``prefix``, as :meth:`choice_logprobs` appends). Loads the model."""
+        with self._lock:
+            llama = self._load_locked()
+            return self._prompt_tokens_locked(llama, messages, prefix)
+
+    def _prompt_tokens_locked(self, llama: Llama, messages: tuple[Message, ...], prefix: str = "") -> list[int]:
+        # Tokenized as the chat handler does (the template adds its special tokens itself).
+        return list(llama.tokenize((self._render(llama, messages) + prefix).encode("utf-8"), add_bos=False, special=True))
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` in this model's vocabulary (loads the model)."""
@@ -268,10 +332,7 @@ class LlamaCppLLM(LLM):
             llama = self._load_locked()
             started = time.perf_counter()
             try:
-                # Tokenized as the chat handler does (the template adds its special tokens itself).
-                tokens = llama.tokenize(
-                    (self._render(llama, messages) + prefix).encode("utf-8"), add_bos=False, special=True
-                )
+                tokens = self._prompt_tokens_locked(llama, messages, prefix)
                 if len(tokens) > self.n_ctx:
                     raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {self.n_ctx}")
                 ids = self._choice_tokens(llama, choices)
@@ -303,12 +364,219 @@ class LlamaCppLLM(LLM):
             finish_reason="choices",
         )
 
+    # -- batched generation ------------------------------------------------------------------------
+
+    @staticmethod
+    def _batchable(options: GenerationOptions) -> bool:
+        return options.temperature == 0.0 and options.json_schema is None and not options.top_logprobs
+
+    def generate_many(
+        self, calls: Sequence[tuple[tuple[Message, ...], GenerationOptions]]
+    ) -> list[Completion | LLMError]:
+        """Several calls; greedy plain-text calls are decoded together, ``batch_width`` at a time
+        (the others, and every call when ``batch_width`` is 1, one after another)."""
+        out: list[Completion | LLMError | None] = [None] * len(calls)
+        group = [i for i, (_, options) in enumerate(calls) if self._batchable(options)]
+        if self.batch_width < 2 or len(group) < 2 or not self.kv_reuse:
+            group = []
+        for i, result in zip(group, self._generate_batched([calls[i] for i in group]), strict=True):
+            out[i] = result
+        for i, (messages, options) in enumerate(calls):
+            if out[i] is None:
+                try:
+                    out[i] = self.generate(messages, options)
+                except LLMError as exc:
+                    out[i] = exc
+        return [r for r in out if r is not None]
+
+    def _generate_batched(
+        self, calls: Sequence[tuple[tuple[Message, ...], GenerationOptions]]
+    ) -> list[Completion | LLMError]:
+        results: list[Completion | LLMError | None] = [None] * len(calls)
+        with self._lock:
+            llama = self._load_locked()
+            seqs: list[_Seq] = []
+            for i, (messages, options) in enumerate(calls):
+                try:
+                    tokens = self._prompt_tokens_locked(llama, messages)
+                    if len(tokens) >= self.n_ctx:
+                        raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {self.n_ctx}")
+                except LLMError as exc:
+                    results[i] = exc
+                    continue
+                except Exception as exc:
+                    results[i] = self._error(exc)
+                    continue
+                # As create_completion: max_tokens cut to what the context leaves; the template's
+                # end-of-turn text is a stop string too.
+                max_tokens = options.max_tokens if options.max_tokens > 0 else self.n_ctx - len(tokens)
+                max_tokens = min(max_tokens, self.n_ctx - len(tokens))
+                stops = [s.encode("utf-8") for s in (*options.stop, *self._template_stops(llama))]
+                seqs.append(_Seq(index=i, prompt=tokens, max_tokens=max_tokens, stops=stops))
+            for group in self._groups(seqs):
+                started = time.perf_counter()
+                try:
+                    self._decode_group(llama, group)
+                except Exception as exc:
+                    error = self._error(exc)
+                    for seq in group:
+                        results[seq.index] = error
+                    continue
+                share = (time.perf_counter() - started) / len(group)
+                for seq in group:
+                    results[seq.index] = Completion(
+                        text=seq.text.decode("utf-8", errors="ignore"),
+                        model=self._model,
+                        prompt_tokens=len(seq.prompt),
+                        completion_tokens=len(seq.tokens),
+                        latency_s=share,
+                        finish_reason=seq.finish,
+                    )
+        return [r for r in results if r is not None]
+
+    def _template_stops(self, llama: Llama) -> list[str]:
+        if self._formatter is None:
+            self._render(llama, (Message("user", ""),))
+        stop = self._formatter(messages=[{"role": "user", "content": ""}]).stop
+        return [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+
+    def _groups(self, seqs: list[_Seq]) -> list[list[_Seq]]:
+        """At most ``batch_width`` sequences whose prompts and replies fit the KV cache together."""
+        groups: list[list[_Seq]] = []
+        current: list[_Seq] = []
+        for seq in seqs:
+            trial = [*current, seq]
+            prefix = _common_prefix([s.prompt for s in trial])
+            need = prefix + sum(len(s.prompt) - prefix + s.max_tokens for s in trial)
+            if current and (len(trial) > self.batch_width or need > self.n_ctx):
+                groups.append(current)
+                trial = [seq]
+            current = trial
+        if current:
+            groups.append(current)
+        return groups
+
+    def _decode_group(self, llama: Llama, group: list[_Seq]) -> None:
+        """Greedy decoding of ``group`` with a shared prefix, the stop rules of ``create_completion``."""
+        import llama_cpp
+        import numpy as np
+
+        mem = llama_cpp.llama_get_memory(llama._ctx.ctx)
+        prefix = min(_common_prefix([s.prompt for s in group]), min(len(s.prompt) for s in group) - 1)
+        # Sequence 0 keeps what the previous call left that this prefix shares (KV-prefix reuse).
+        keep = min(llama.longest_token_prefix(llama._input_ids[: llama.n_tokens].tolist(), group[0].prompt), prefix)
+        for seq_id in range(1, self.batch_width + 1):
+            llama_cpp.llama_memory_seq_rm(mem, seq_id, -1, -1)
+        llama.n_tokens = keep
+        if prefix > keep:
+            llama.eval(group[0].prompt[keep:prefix])  # on sequence 0, n_batch tokens per decode
+        else:
+            llama._ctx.kv_cache_seq_rm(0, prefix, -1)
+        # Sequence j + 1 gets a copy of the prefix's cells (shared, not duplicated, in a unified cache).
+        for j in range(len(group)):
+            llama_cpp.llama_memory_seq_cp(mem, 0, j + 1, -1, -1)
+        vocab = llama._model.vocab
+        n_vocab = llama.n_vocab()
+        capacity = max(self.n_batch, len(group))
+        batch = llama_cpp.llama_batch_init(capacity, 0, 1)
+        try:
+            # The tails, then one token per live sequence per step; logits at each sequence's last token.
+            pending = [(j, s.prompt[prefix:], prefix) for j, s in enumerate(group)]
+            while pending:
+                rows = _fill(batch, pending, capacity)  # what did not fit stays in pending
+                if llama_cpp.llama_decode(llama._ctx.ctx, batch) != 0:
+                    raise RuntimeError("llama_decode failed (the KV cache may be full: lower batch_width or raise n_ctx)")
+                for j, row in rows:
+                    seq = group[j]
+                    logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row), shape=(n_vocab,))
+                    token = int(np.argmax(logits))
+                    if self._step(llama, vocab, seq, token):
+                        pending.append((j, [token], len(seq.prompt) + len(seq.tokens) - 1))
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            for seq_id in range(1, self.batch_width + 1):
+                llama_cpp.llama_memory_seq_rm(mem, seq_id, -1, -1)
+        # What sequence 0 holds now is the shared prefix: the next call can reuse it.
+        llama._ctx.kv_cache_seq_rm(0, prefix, -1)
+        llama.input_ids[:prefix] = group[0].prompt[:prefix]
+        llama.n_tokens = prefix
+
+    @staticmethod
+    def _step(llama: Llama, vocab: Any, seq: _Seq, token: int) -> bool:
+        """Take ``token`` as create_completion does; False once the sequence is finished."""
+        import llama_cpp
+
+        if llama_cpp.llama_vocab_is_eog(vocab, token):
+            seq.text = llama.detokenize(seq.tokens, prev_tokens=seq.prompt)
+            seq.finish = "stop"
+            return False
+        seq.tokens.append(token)
+        all_text = llama.detokenize(seq.tokens, prev_tokens=seq.prompt)
+        # An incomplete UTF-8 character is neither a stop nor the end (create_completion's rule).
+        for k, char in enumerate(all_text[-3:]):
+            k = 3 - k
+            for num, pattern in ((2, 192), (3, 224), (4, 240)):
+                if num > k and pattern & char == pattern:
+                    seq.multibyte_fix = num - k
+        if seq.multibyte_fix > 0:
+            seq.multibyte_fix -= 1
+            return True
+        hits = [s for s in seq.stops if s in all_text]
+        if hits:
+            seq.text = all_text[: all_text.index(hits[0])]
+            seq.finish = "stop"
+            return False
+        if len(seq.tokens) >= seq.max_tokens:
+            seq.text = all_text
+            seq.finish = "length"
+            return False
+        return True
+
     def close(self) -> None:
         with self._lock:
             if self._llama is not None:
                 self._llama.close()
                 self._llama = None
                 self._formatter = None
+
+
+def _fill(batch: Any, pending: list[tuple[int, list[int], int]], capacity: int) -> list[tuple[int, int]]:
+    """Put the pending (sequence, tokens, first position) runs into ``batch``, up to ``capacity``
+    tokens; what does not fit stays in ``pending`` for the next decode. Returns (sequence, batch
+    row) of each run that ended in this batch: its last token's logits are computed."""
+    n = 0
+    rows: list[tuple[int, int]] = []
+    rest: list[tuple[int, list[int], int]] = []
+    for j, tokens, pos in pending:
+        take = tokens[: capacity - n]
+        for k, token in enumerate(take):
+            batch.token[n] = token
+            batch.pos[n] = pos + k
+            batch.n_seq_id[n] = 1
+            batch.seq_id[n][0] = j + 1
+            batch.logits[n] = False
+            n += 1
+        if len(take) < len(tokens):
+            rest.append((j, tokens[len(take) :], pos + len(take)))
+        else:
+            batch.logits[n - 1] = True
+            rows.append((j, n - 1))
+    batch.n_tokens = n
+    pending[:] = rest
+    return rows
+
+
+def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix all ``prompts`` share."""
+    if not prompts:
+        return 0
+    first = prompts[0]
+    n = min(len(p) for p in prompts)
+    for i in range(n):
+        token = first[i]
+        if any(p[i] != token for p in prompts[1:]):
+            return i
+    return n
 
 
 __all__ = ["LlamaCppLLM"]

@@ -102,6 +102,8 @@ class LLM(ABC):
     supports_logprobs: bool = False
     #: Can score the next token after an assistant prefix without decoding (:meth:`choice_logprobs`).
     supports_choice_logprobs: bool = False
+    #: :meth:`generate_many` decodes several calls together (faster than one after another).
+    supports_batch: bool = False
 
     @property
     @abstractmethod
@@ -119,6 +121,20 @@ class LLM(ABC):
 
     async def agenerate(self, messages: tuple[Message, ...], options: GenerationOptions) -> Completion:
         return await asyncio.to_thread(self.generate, messages, options)
+
+    def generate_many(
+        self, calls: Sequence[tuple[tuple[Message, ...], GenerationOptions]]
+    ) -> list[Completion | LLMError]:
+        """Run several calls; each result is the call's completion or its :class:`LLMError`, in input
+        order. This default runs them one after another; backends with ``supports_batch`` decode
+        them together, with the same replies."""
+        out: list[Completion | LLMError] = []
+        for messages, options in calls:
+            try:
+                out.append(self.generate(messages, options))
+            except LLMError as exc:
+                out.append(exc)
+        return out
 
     @property
     def slots(self) -> threading.BoundedSemaphore:
@@ -354,6 +370,28 @@ class ChatClient:
         except LLMError as exc:
             exc.role = exc.role or self.role  # the message then names the [models.ROLE] table to fix
             raise
+
+    def complete_many(self, calls: Sequence[tuple[MessagesLike, Mapping[str, Any]]]) -> list[Completion | LLMError]:
+        """Several calls at once: ``(messages, options)`` pairs with :meth:`complete`'s options.
+
+        Each call is cached and counted on its own (a warm rerun makes no call, an interrupted batch
+        keeps what was stored); the misses go to the backend's :meth:`LLM.generate_many` together,
+        which decodes them in one batch where the backend can. Results in input order: a completion,
+        or the call's :class:`LLMError` (permanent errors included: the caller decides)."""
+        prepared = [self._prepare(messages, options) for messages, options in calls]
+        out: list[Completion | LLMError | None] = [self._lookup(key) for _, _, key in prepared]
+        missing = [i for i, hit in enumerate(out) if hit is None]
+        if missing:
+            started = time.perf_counter()
+            with self.llm.slots:
+                results = self.llm.generate_many([prepared[i][:2] for i in missing])
+            for i, result in zip(missing, results, strict=True):
+                if isinstance(result, LLMError):
+                    result.role = result.role or self.role
+                    out[i] = result
+                else:
+                    out[i] = self._store(prepared[i][2], result, started)
+        return [r for r in out if r is not None]
 
     async def acomplete(self, messages: MessagesLike, **options: Any) -> Completion:
         msgs, opts, key = self._prepare(messages, options)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from opro.errors import ConfigError, PromptError
+from opro.errors import ConfigError, LLMError, PromptError
 from opro.llm import ChatClient, Completion, Message
 from opro.progress import progress_bar
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
@@ -92,6 +92,20 @@ class RAGProgram:
             [Message("user", prompt)], temperature=self.temperature, max_tokens=self.max_tokens
         )
         return Answer(query=query, text=completion.text.strip(), contexts=contexts, completion=completion)
+
+    def answer_group(self, query: str, *, templates: Sequence[QATemplate]) -> list[Answer | LLMError]:
+        """One question under several templates, asked together: retrieval runs once and the calls go
+        to the backend as one batch (:meth:`ChatClient.complete_many`), which a llama.cpp model decodes
+        together over their shared prefix. Each call is cached on its own; a failed call gives its
+        :class:`LLMError` in its place."""
+        contexts = tuple(self.retriever.retrieve(query))
+        context_str = self.context_separator.join(c.text for c in contexts)
+        options = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        calls = [([Message("user", t.format(context_str=context_str, query_str=query))], options) for t in templates]
+        return [
+            r if isinstance(r, LLMError) else Answer(query=query, text=r.text.strip(), contexts=contexts, completion=r)
+            for r in self.llm.complete_many(calls)
+        ]
 
     def answer_many(
         self,

@@ -110,3 +110,28 @@ def test_context_overflow_is_a_clear_error(embedded_task_llm: LLM) -> None:
     long = "word " * 5000
     with pytest.raises(LLMBadRequestError, match=r"prompt has \d+ tokens but the context window \(n_ctx\) is 4096"):
         embedded_task_llm.generate((Message("user", long),), GenerationOptions(max_tokens=4))
+
+
+def test_batched_decoding_gives_the_one_at_a_time_answers(embedded_task_llm: LLM) -> None:
+    # One question under three instructions (a shared context prefix, different tails), plus a stop
+    # string and an overflowing call: a batch gives each call what a call on its own gives.
+    llm = embedded_task_llm
+    assert llm.supports_batch and llm.batch_width >= 3  # type: ignore[attr-defined]
+    context = "AlexNet won the ImageNet challenge in 2012. It was trained on two GTX 580 GPUs by Alex Krizhevsky. "
+    calls = [
+        ((Message("user", f"{context}\nQuery: Who trained AlexNet?\n{ins}\nAnswer: "),), GenerationOptions(max_tokens=12))
+        for ins in ("Answer briefly.", "Answer in one full sentence.", "List the facts you used.")
+    ]
+    calls.append(((Message("user", f"{context}\nQuery: When?\nAnswer: "),), GenerationOptions(max_tokens=12, stop=("20",))))
+    calls.append(((Message("user", "word " * 5000),), GenerationOptions(max_tokens=4)))
+    one_by_one = []
+    for messages, options in calls[:-1]:
+        c = llm.generate(messages, options)
+        one_by_one.append((c.text, c.completion_tokens, c.finish_reason))
+    batched = llm.generate_many(calls)
+    assert isinstance(batched[-1], LLMBadRequestError)
+    assert [(c.text, c.completion_tokens, c.finish_reason) for c in batched[:-1]] == one_by_one  # type: ignore[union-attr]
+    assert {r for _, _, r in one_by_one} == {"stop", "length"}  # both ways of ending were compared
+    # The model is left as a one-at-a-time call expects it.
+    again = llm.generate(*calls[1])
+    assert (again.text, again.completion_tokens) == one_by_one[1][:2]
