@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: How often, at most, a worker waiting on the study looks again (proposals, other workers' candidates):
+#: each second of polling is a second both workers may sit idle at every step's end.
+_MAX_POLL_S = 0.2
+
 OptimizerSettings = OptimizerSection
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
 
@@ -662,7 +666,7 @@ class OPROOptimizer:
                                describe_lease(0, held, now=time.time()))
                 last_note = now
             time.sleep(poll)
-            poll = min(1.0, poll * 1.5)
+            poll = min(_MAX_POLL_S, poll * 1.5)
 
     def _evaluate_claimed(
         self, study: optuna.Study, step: int, proposals: Sequence[str], program: _Program, examples: Sequence[_Example]
@@ -711,7 +715,7 @@ class OPROOptimizer:
                 )
                 last_note = now
             time.sleep(poll)
-            poll = min(1.0, poll * 1.5)
+            poll = min(_MAX_POLL_S, poll * 1.5)
 
     # -- evaluation --------------------------------------------------------------------------
     def study_usage(self) -> dict[str, dict[str, Any]]:

@@ -187,10 +187,19 @@ class MlflowTracker:
 
     def experiment_id(self) -> str:
         """The experiment's id, created (artifacts beside a SQLite store) if it does not exist yet."""
+        from mlflow.exceptions import MlflowException
+
         exp = self.client.get_experiment_by_name(self.experiment_name)
         if exp is not None:
             return str(exp.experiment_id)
-        return str(self.client.create_experiment(self.experiment_name, artifact_location=self._artifact_location()))
+        try:
+            return str(self.client.create_experiment(self.experiment_name, artifact_location=self._artifact_location()))
+        except MlflowException:
+            # Another client (the GenAI records' thread, another worker) created it meanwhile.
+            exp = self.client.get_experiment_by_name(self.experiment_name)
+            if exp is None:
+                raise
+            return str(exp.experiment_id)
 
     def _artifact_location(self) -> str | None:
         # A SQLite store would put artifacts in ./mlruns of whatever directory the process runs in;

@@ -233,7 +233,8 @@ def _scale_out(
     per_worker = [study.user_attrs.get(f"usage:w{i}") or {} for i in range(3)]
     assert summary["usage"]["judge"]["calls"] == sum(u.get("judge", {}).get("calls", 0) for u in per_worker)
     assert run.data.metrics["judge_calls"] == summary["usage"]["judge"]["calls"]
-    assert summary["usage"]["judge"]["calls"] > per_worker[0].get("judge", {}).get("calls", 0)
+    # (Not asserted: that another worker's usage is in that sum. Whether the joining worker evaluates
+    # anything depends on timing: worker 0 may take every candidate the killed worker gave up.)
 
     # Another machine (a folder without summary.json) exports the best prompt from the stores.
     from typer.testing import CliRunner
