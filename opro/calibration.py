@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, DataError
 from opro.llm import UsageLedger
+from opro.rundir import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     from opro.judges import CorrectnessJudge
 
 CONDITIONS: tuple[str, ...] = ("reference", "wrong", "task")
-CALIBRATION_FILE = "judge_calibration.json"
-CALIBRATION_DIR = "judge_calibration"
 
 
 @dataclass(frozen=True)
@@ -420,10 +419,11 @@ def write_calibration(
     ``<output_dir>/judge_calibration/``, every verdict as CSV and the score-distribution plot."""
     from opro.redaction import redact_text
 
-    detail = output_dir / CALIBRATION_DIR
+    run = RunDir(output_dir)
+    detail = run.calibration_dir
     detail.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {
-        "summary": output_dir / CALIBRATION_FILE,
+        "summary": run.calibration,
         "verdicts": detail / "verdicts.csv",
         "retest": detail / "retest.csv",
     }
@@ -471,7 +471,7 @@ def plot_calibration(verdicts: Sequence[CalibrationVerdict], *, path: Path, titl
 
 def load_calibration(output_dir: Path) -> CalibrationReport | None:
     """The calibration stored in a run's output folder, or None when there is none."""
-    path = output_dir / CALIBRATION_FILE
+    path = RunDir(output_dir).calibration
     if not path.is_file():
         return None
     try:

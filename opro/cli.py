@@ -640,8 +640,7 @@ def optimize(
         )
         raise typer.Exit(1)
     if index == 0:
-        written = [n for n in ("best_prompt.txt", "history.jsonl", "summary.json", "score_trajectory.png", "optimism.png")
-                   if (exp.config.output_dir / n).is_file()]
+        written = [p.name for p in exp.run_dir.optimize_outputs()]
         console.print(f"outputs: {exp.config.output_dir}  ({', '.join(written)})")
         console.print(f"MLflow run {result.mlflow_run_id} in {redact_url(exp.config.mlflow_uri)}")
         if exp.config.tracking.register_prompt:
@@ -704,7 +703,7 @@ def evaluate(
     if out is not None:
         written = [report.to_json(out) if out.suffix == ".json" else report.to_csv(out)]
     else:
-        stem = exp.config.output_dir / "evaluate" / f"{split}-{resolved.kind}"
+        stem = exp.run_dir.evaluate / f"{split}-{resolved.kind}"
         written = [report.to_csv(stem.with_suffix(".csv")), report.to_json(stem.with_suffix(".json"))]
     console.print("per-question table: " + ", ".join(str(w) for w in written))
     if genai is not None:
@@ -827,7 +826,9 @@ def export(
         if target is None and format in ("llamaindex", "dspy"):
             if cfg is None:
                 raise ConfigError(f"--format {format} writes files: give --out PATH or --config CONFIG.toml")
-            target = cfg.output_dir / "export"
+            from opro.rundir import RunDir
+
+            target = RunDir(cfg.output_dir).export
         result = export_prompt(
             resolved, format=format, out=target, config=cfg,  # type: ignore[arg-type]
             name=name, alias=alias, tracking_uri=tracking_uri, snippet=snippet,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from opro.calibration import judge_noise_note
 from opro.errors import ConfigError, DataError
 from opro.plots import save_figure
+from opro.rundir import RunDir
 from opro.sources import ResolvedPrompt, resolve_prompt
 from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, compare_paired, holm_family
 
@@ -354,7 +355,6 @@ def check_heldout_leakage(
         )
 
 
-SPLIT_RECORD_FILE = "split_record.json"
 LEAKAGE_RECORDED = "held-out questions checked against the split recorded by `opro optimize` and against the current split"
 LEAKAGE_CURRENT_ONLY = (
     "held-out questions checked against the current split only: no split record of `opro optimize` was found"
@@ -363,25 +363,7 @@ LEAKAGE_CURRENT_ONLY = (
 
 def load_split_record(output_dir: str | Path) -> dict[str, Any] | None:
     """The split record `opro optimize` left in ``output_dir`` (``split_record.json``, else ``summary.json``)."""
-    out = Path(output_dir)
-    for path, key in ((out / SPLIT_RECORD_FILE, None), (out / "summary.json", "split_record")):
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataError(f"{path}: cannot be read as JSON ({exc}); delete it and run `opro optimize` again") from exc
-        record = data.get(key) if key and isinstance(data, Mapping) else data
-        if record is None and key:
-            continue
-        if not (
-            isinstance(record, Mapping)
-            and isinstance(record.get("split_sha256"), str)
-            and isinstance(record.get("questions"), Mapping)
-        ):
-            raise DataError(f"{path}: not a split record (needs 'split_sha256' and 'questions'); run `opro optimize` again")
-        return dict(record)
-    return None
+    return RunDir(Path(output_dir)).read_split_record()
 
 
 def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str, Any], where: str = "the split record") -> None:
@@ -451,13 +433,13 @@ def _run_questions(prompt: ResolvedPrompt, own_dir: Path) -> dict[str, list[str]
         return {}
     from opro.dataset import load_dataset
 
-    ds_dir = prompt.run_dir / "dataset"
-    if not (ds_dir / "rag_dataset.json").is_file():
+    run = RunDir(prompt.run_dir)
+    if not run.has_dataset():
         raise DataError(
             f"prompt {prompt.spec!r}: {prompt.run_dir} has no dataset/ directory, so its optimization questions are "
             "unknown and the held-out check cannot be made; compare that run's own config instead"
         )
-    ds = load_dataset(ds_dir)
+    ds = load_dataset(run.dataset)
     if ds.split is None:
         return {}
     return {
@@ -807,7 +789,7 @@ def default_compare_dir(experiment: Experiment, name: str | None = None) -> Path
     stamp = name or datetime.now().strftime("%Y%m%d-%H%M%S")
     if not re.fullmatch(r"[\w.\-]+", stamp):
         raise ConfigError(f"comparison name {stamp!r}: use letters, digits, '_', '-' and '.' only")
-    return experiment.config.output_dir / "compare" / stamp
+    return RunDir(experiment.config.output_dir).compare / stamp
 
 
 def save_comparison(
@@ -826,7 +808,7 @@ def save_comparison(
     """
     out = Path(directory) if directory is not None else default_compare_dir(experiment, name)
     report.write(out)
-    plot_survival(report, summary_path=experiment.config.output_dir / "summary.json", path=out / "optimism.png")
+    plot_survival(report, summary_path=RunDir(experiment.config.output_dir).summary, path=out / "optimism.png")
     run_id = None
     evaluation_run_ids: tuple[str, ...] = ()
     if mlflow:

@@ -21,6 +21,7 @@ from opro.errors import DataError
 from opro.llm import ChatClient, UsageLedger
 from opro.paths import cache_dir, default_call_cache_path
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.rundir import RunDir
 
 if TYPE_CHECKING:
     from llama_index.core import Document
@@ -39,6 +40,7 @@ class Experiment:
 
     def __init__(self, config: OproConfig, *, pool: ModelPool | None = None, progress: bool | None = None) -> None:
         self.config = config
+        self.run_dir = RunDir(config.output_dir)
         self.pool = pool or ModelPool()
         self.progress = config.experiment.progress if progress is None else progress
         self.usage = UsageLedger()
@@ -78,7 +80,7 @@ class Experiment:
             if entry == BUILTIN_PYTHON_REFERENCE:
                 from opro.corpus import write_quickstart_corpus
 
-                paths.append(write_quickstart_corpus(self.config.output_dir / "corpus"))
+                paths.append(write_quickstart_corpus(self.run_dir.corpus))
             else:
                 paths.append(self.config.resolve(entry))
         result = load_documents(paths, skip_bad=self.config.data.skip_bad)
@@ -144,7 +146,7 @@ class Experiment:
     # -- dataset -----------------------------------------------------------------------------
     @property
     def dataset_dir(self) -> Path:
-        return self.config.output_dir / "dataset"
+        return self.run_dir.dataset
 
     def _dataset_fingerprint(self) -> str:
         d = self.config.data
@@ -338,9 +340,8 @@ class Experiment:
         """
         from opro.locking import FileLock
 
-        name = ".opro.lock" if num_workers == 1 else f".opro-worker-{worker_index}.lock"
         lock = FileLock(
-            self.config.output_dir / name,
+            self.run_dir.lock(worker_index=worker_index, num_workers=num_workers),
             what=f"the output folder {self.config.output_dir}" + (f" (worker {worker_index})" if num_workers > 1 else ""),
             hint="wait for that run to finish (a rerun then resumes it) or stop it; to run two optimizations "
             "side by side give them different [experiment].output_dir",
@@ -375,26 +376,19 @@ class Experiment:
         """What this optimization saw (:func:`opro.dataset.split_record`), for the held-out guard of
         compare / evaluate: ``split_record.json`` before the search (so a crashed run is covered), then
         ``summary.json`` and the Optuna study after it."""
-        from opro.compare import SPLIT_RECORD_FILE
         from opro.dataset import split_record
 
-        out = self.config.output_dir
         if record is None:
             record = split_record(self.dataset)
-            path = out / SPLIT_RECORD_FILE
+            path = self.run_dir.split_record
             if path.is_file() and self._study_exists():
                 # The study's record stands: a changed split is refused by the fingerprint check, and
                 # overwriting the record first would let compare's guard accept the new split.
                 kept: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
                 return kept
-            out.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=2), encoding="utf-8")
+            self.run_dir.write_split_record(record)
             return record
-        summary = out / "summary.json"
-        if summary.is_file():
-            data = json.loads(summary.read_text(encoding="utf-8"))
-            data["split_record"] = record
-            summary.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        self.run_dir.add_to_summary("split_record", record)
         import optuna
 
         study = optuna.load_study(study_name=self.config.study_name, storage=self.config.optuna_storage)

@@ -43,6 +43,7 @@ from opro.metaprompt import (
     normalize_instruction,
 )
 from opro.progress import progress_bar
+from opro.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.tracking import MlflowTracker
@@ -586,8 +587,7 @@ class OPROOptimizer:
         )
         meta_prompt = self.meta.render(history=scored, exemplars=exemplars)
         if self.output_dir is not None:
-            (self.output_dir / "metaprompts").mkdir(parents=True, exist_ok=True)
-            (self.output_dir / "metaprompts" / f"step_{step:03d}.txt").write_text(meta_prompt, encoding="utf-8")
+            RunDir(self.output_dir).write_metaprompt(step, meta_prompt)
         seen = {normalize_instruction(r.instruction) for r in history}
         accepted: list[str] = []
         rejected: list[dict[str, str]] = []
@@ -1387,14 +1387,13 @@ class OPROOptimizer:
         # The summary in the study too: `opro compare best` / `opro export best` work from the stores
         # on any machine, not only in worker 0's output folder.
         study.set_user_attr("summary", json.loads(json.dumps(result.summary(), default=str)))
-        out = self.output_dir
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "best_prompt.txt").write_text(result.best_template, encoding="utf-8")
-            with (out / "history.jsonl").open("w", encoding="utf-8") as fh:
-                for r in result.history:
-                    fh.write(json.dumps({**asdict(r), "pruned": r.pruned, "partial": r.partial}) + "\n")
-            (out / "summary.json").write_text(json.dumps(result.summary(), indent=2), encoding="utf-8")
+        if self.output_dir is not None:
+            out = RunDir(self.output_dir)
+            out.write_result(
+                best_template=result.best_template,
+                history=[{**asdict(r), "pruned": r.pruned, "partial": r.partial} for r in result.history],
+                summary=result.summary(),
+            )
             from opro.plots import plot_optimism
             from opro.tracking import plot_trajectory
 
@@ -1402,10 +1401,10 @@ class OPROOptimizer:
                 steps=[r.step for r in result.history],
                 scores=[r.score for r in result.history],
                 pruned=[r.pruned for r in result.history],
-                path=out / "score_trajectory.png",
+                path=out.trajectory_plot,
             )
             if result.validation is not None and result.validation.finalists:
-                plot_optimism(optimism_points(result), path=out / "optimism.png")
+                plot_optimism(optimism_points(result), path=out.optimism_plot)
         if result.rejected and not any(r.step > 0 for r in result.history):
             reasons = sorted({r["reason"] for r in result.rejected})
             logger.warning(
@@ -1426,7 +1425,6 @@ class OPROOptimizer:
 
     def _log_result(self, result: OptimizationResult) -> None:
         assert self.tracker is not None
-        out = self.output_dir
         metrics: dict[str, float] = {"best_score": result.best_score}
         if result.best_search_score is not None:
             metrics["best_search_score"] = result.best_search_score
@@ -1451,12 +1449,12 @@ class OPROOptimizer:
                  f"{role}_tokens": u["prompt_tokens"] + u["completion_tokens"]},
                 step=0,
             )
-        if out is not None:
-            for name in ("best_prompt.txt", "history.jsonl", "summary.json", "score_trajectory.png", "optimism.png"):
-                if (out / name).exists():
-                    self.tracker.log_artifact(out / name)
-            if (out / "metaprompts").is_dir():
-                self.tracker.log_artifact(out / "metaprompts", artifact_path="metaprompts")
+        if self.output_dir is not None:
+            out = RunDir(self.output_dir)
+            for path in out.optimize_outputs():
+                self.tracker.log_artifact(path)
+            if out.metaprompts.is_dir():
+                self.tracker.log_artifact(out.metaprompts, artifact_path="metaprompts")
         self.tracker.set_tags({
             "opro.best_instruction": result.best_instruction[:5000],
             "opro.score_basis": result.score_basis,
