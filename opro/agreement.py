@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from opro.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from opro.backends import ModelSpec
     from opro.evaluation import Judge
     from opro.judges import CorrectnessJudge
+    from opro.llm.pool import ModelSpec
 
 LABELS = (1, 2, 3, 4, 5)
 
@@ -204,7 +204,7 @@ def parse_model_spec(text: str) -> ModelSpec:
     ``llamacpp:NAME_OR_GGUF``, ``openai:MODEL`` or ``openai:MODEL@BASE_URL`` (key from
     ``$OPENAI_API_KEY``), or a bare embedded model name / GGUF path (llama.cpp).
     """
-    from opro.backends import BACKENDS, ModelSpec
+    from opro.llm.pool import BACKENDS, ModelSpec
 
     backend, sep, rest = text.partition(":")
     if not sep or backend not in BACKENDS:

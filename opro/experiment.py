@@ -14,11 +14,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opro.backends import ModelPool, ModelSpec
-from opro.cache import CallCache
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
 from opro.errors import DataError
 from opro.llm import ChatClient, UsageLedger
+from opro.llm.cache import CallCache
+from opro.llm.pool import ModelPool, ModelSpec
 from opro.paths import cache_dir, default_call_cache_path
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.rundir import RunDir

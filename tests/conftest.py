@@ -28,8 +28,8 @@ def _embedded(name: str) -> Iterator[LLM]:
     except ImportError:
         _skip("llama-cpp-python is not installed (pip install llama-cpp-python)")
     from opro.errors import ModelPackError
-    from opro.llamacpp_backend import LlamaCppLLM
-    from opro.models import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
+    from opro.llm.llamacpp import LlamaCppLLM
+    from opro.llm.packs import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
 
     pack = EMBEDDED_MODELS[name]
     missing = [] if is_assembled(pack) else pack.missing()

@@ -13,8 +13,6 @@ from test_experiment import _config, _judge_reply
 from typer.testing import CliRunner
 
 import opro.experiment
-from opro.backends import ModelPool
-from opro.cache import CallCache
 from opro.calibration import (
     CALIBRATION_FILE,
     CalibrationItem,
@@ -33,7 +31,9 @@ from opro.dataset import Example
 from opro.errors import DataError
 from opro.judges import CorrectnessJudge
 from opro.llm import ChatClient, Message
-from opro.scripted import ScriptedLLM
+from opro.llm.cache import CallCache
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
 
 EXAMPLES = [Example(query=f"Who designed network {i}?", reference_answer=f"Person {i} designed it.") for i in range(4)]
 

@@ -11,9 +11,9 @@ from test_experiment import _config, _judge_reply, _task_reply
 from typer.testing import CliRunner
 
 import opro.experiment
-from opro.backends import ModelPool
 from opro.cli import app
-from opro.scripted import ScriptedLLM
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
 
 
 def _pool(optimizer_reply: str) -> ModelPool:

@@ -18,7 +18,6 @@ def _keys(cls: type) -> set[str]:
 
 
 def test_configuration_reference_lists_every_key() -> None:
-    from opro.backends import ModelSpec
     from opro.config import (
         DataSection,
         EmbeddingsSection,
@@ -29,6 +28,7 @@ def test_configuration_reference_lists_every_key() -> None:
         SplitSection,
         TrackingSection,
     )
+    from opro.llm.pool import ModelSpec
 
     doc = (ROOT / "docs" / "configuration.md").read_text()
     sections = re.split(r"^#+ ", doc, flags=re.M)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from opro.backends import ModelPool
 from opro.config import config_from_dict, load_config
 from opro.errors import ConfigError, DataError
 from opro.experiment import Experiment
 from opro.llm import GenerationOptions, Message
-from opro.scripted import ScriptedLLM
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
 
 SECRET = "sk-test-DO-NOT-LOG-7f3a9c"
 

@@ -25,7 +25,7 @@ from opro.errors import (
     LLMTimeoutError,
 )
 from opro.llm import ChatClient, GenerationOptions, Message
-from opro.openai_backend import OpenAILLM, parse_retry_after
+from opro.llm.openai import OpenAILLM, parse_retry_after
 
 SECRET = "sk-test-very-secret-0123456789"
 

@@ -13,12 +13,12 @@ import pytest
 from mlflow import MlflowClient
 from test_experiment import _config, _judge_reply, _optimizer_reply, _task_reply
 
-from opro.backends import ModelPool
 from opro.config import config_from_dict
 from opro.errors import ConfigError, LLMAuthError, LLMServerError, OproError
 from opro.experiment import Experiment
 from opro.llm import GenerationOptions, Message
-from opro.scripted import ScriptedLLM
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
 
 
 class Switch:

@@ -34,8 +34,8 @@ from test_faults import KEY, _opro
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
 from opro.llm import ChatClient
+from opro.llm.scripted import ScriptedLLM
 from opro.optimizer import OPROOptimizer
-from opro.scripted import ScriptedLLM
 
 
 def _missing(reason: str) -> None:
