@@ -349,7 +349,7 @@ def test_llamaindex_templates_in_use_are_the_librarys_objects() -> None:
     from llama_index.core.prompts import default_prompts
 
     import opro.generation as generation
-    import opro.judges.correctness as judges
+    import opro.judges.templates as judges
 
     li = BUILTIN_TEMPLATES["llamaindex"]
     assert li.system is correctness.DEFAULT_SYSTEM_TEMPLATE
@@ -358,7 +358,7 @@ def test_llamaindex_templates_in_use_are_the_librarys_objects() -> None:
     assert FaithfulnessJudge(_client(ScriptedLLM())).refine_template is faithfulness.DEFAULT_REFINE_TEMPLATE.template
     assert RelevancyJudge(_client(ScriptedLLM())).eval_template is relevancy.DEFAULT_EVAL_TEMPLATE.template
     assert RelevancyJudge(_client(ScriptedLLM())).refine_template is relevancy.DEFAULT_REFINE_TEMPLATE.template
-    assert judges._RELEVANCY_REFINE is relevancy.DEFAULT_REFINE_TEMPLATE.template
+    assert judges.RELEVANCY_REFINE is relevancy.DEFAULT_REFINE_TEMPLATE.template
     assert generation.DEFAULT_ANSWER_TEMPLATE is default_prompts.DEFAULT_TEXT_QA_PROMPT_TMPL
     assert generation._LI_QUESTION_PROMPT is dataset_generation.DEFAULT_QUESTION_GENERATION_PROMPT
     assert generation.DEFAULT_QUESTION_TEMPLATE.startswith(dataset_generation.DEFAULT_QUESTION_GENERATION_PROMPT)
