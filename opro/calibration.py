@@ -448,25 +448,14 @@ def write_calibration(
 
 
 def plot_calibration(verdicts: Sequence[CalibrationVerdict], *, path: Path, title: str) -> Path:
-    """Histogram of the judge's scores per condition (0.25-wide bins: logit scores are continuous)."""
-    import matplotlib
+    """Histogram of the judge's scores per condition (first verdicts only, not the retests)."""
+    from opro.plots import plot_score_histograms
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from opro.plots import save_figure
-
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    bins = [1 + 0.25 * k for k in range(17)]
-    for c in CONDITIONS:
-        scores = [v.score for v in verdicts if v.repeat == 0 and v.item.condition == c and v.score is not None]
-        if scores:
-            ax.hist(scores, bins=bins, alpha=0.55, label=f"{c} (n={len(scores)})")
-    ax.set_xlabel("judge score")
-    ax.set_ylabel("answers")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    return save_figure(fig, path)
+    groups = {
+        c: [v.score for v in verdicts if v.repeat == 0 and v.item.condition == c and v.score is not None]
+        for c in CONDITIONS
+    }
+    return plot_score_histograms(groups, path=path, title=title)
 
 
 def load_calibration(output_dir: Path) -> CalibrationReport | None:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from opro.calibration import judge_noise_note
 from opro.errors import ConfigError, DataError
-from opro.plots import save_figure
 from opro.rundir import RunDir
 from opro.sources import ResolvedPrompt, resolve_prompt
 from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, compare_paired, holm_family
@@ -628,47 +627,22 @@ def _dedupe_labels(prompts: list[ResolvedPrompt]) -> None:
 
 def plot_comparison(report: ComparisonReport, path: Path) -> Path:
     """Left: each prompt's scores (jittered) with mean and CI. Right: paired differences vs baseline."""
-    import matplotlib
+    from opro.plots import plot_paired_scores
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    def ci(c: ConfidenceInterval | None) -> tuple[float, float, float] | None:
+        return None if c is None else (c.estimate, c.low, c.high)
 
-    rng = np.random.default_rng(0)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    labels = [_wrap(p.label) for p in report.prompts]
-    for i, p in enumerate(report.prompts):
-        valid = np.array([s for s in p.scores if s is not None], dtype=float)
-        if len(valid):
-            left.scatter(i + rng.uniform(-0.18, 0.18, len(valid)), valid + rng.uniform(-0.08, 0.08, len(valid)),
-                         s=16, alpha=0.5, color=f"C{i % 10}")
-        if p.mean is not None:
-            left.errorbar([i + 0.3], [p.mean.estimate], yerr=[[p.mean.estimate - p.mean.low], [p.mean.high - p.mean.estimate]],
-                          fmt="o", color="black", capsize=4)
-    left.axhline(report.judge_threshold, color="grey", linestyle=":", linewidth=1)
-    left.set_xticks(range(len(labels)), labels, fontsize=8)
-    left.set_ylim(0.6, 5.4)
-    left.set_ylabel("judge score (1-5)")
-    left.set_title(f"scores per question ({report.split}), mean and {report.level:.0%} CI", fontsize=10)
-    others = [(i, v) for i, v in enumerate(report.versus) if v is not None]
-    base = report.baseline_prompt
-    for k, (i, v) in enumerate(others):
-        p = report.prompts[i]
-        diffs = np.array([x - y for x, y in zip(p.scores, base.scores, strict=True) if x is not None and y is not None])
-        if len(diffs):
-            right.scatter(k + rng.uniform(-0.18, 0.18, len(diffs)), diffs + rng.uniform(-0.08, 0.08, len(diffs)),
-                          s=16, alpha=0.5, color=f"C{i % 10}")
-            d = v.stats.difference
-            right.errorbar([k + 0.3], [d.estimate], yerr=[[d.estimate - d.low], [d.high - d.estimate]],
-                           fmt="o", color="black", capsize=4)
-    right.axhline(0.0, color="grey", linewidth=1)
-    right.set_xticks(range(len(others)), [labels[i] for i, _ in others], fontsize=8)
-    right.set_ylim(-4.4, 4.4)
-    right.set_ylabel(f"score - {base.label}")
-    right.set_title("paired differences vs baseline, mean and CI", fontsize=10)
-    for ax in (left, right):
-        ax.grid(alpha=0.3, axis="y")
-    return save_figure(fig, path)
+    return plot_paired_scores(
+        labels=[_wrap(p.label) for p in report.prompts],
+        scores=[p.scores for p in report.prompts],
+        means=[ci(p.mean) for p in report.prompts],
+        baseline=report.prompts.index(report.baseline_prompt),
+        differences=[None if v is None else ci(v.stats.difference) for v in report.versus],
+        threshold=report.judge_threshold,
+        title=f"scores per question ({report.split}), mean and {report.level:.0%} CI",
+        baseline_label=report.baseline_prompt.label,
+        path=path,
+    )
 
 
 def _wrap(label: str, width: int = 22) -> str:

@@ -1394,8 +1394,7 @@ class OPROOptimizer:
                 history=[{**asdict(r), "pruned": r.pruned, "partial": r.partial} for r in result.history],
                 summary=result.summary(),
             )
-            from opro.plots import plot_optimism
-            from opro.tracking import plot_trajectory
+            from opro.plots import plot_optimism, plot_trajectory
 
             plot_trajectory(
                 steps=[r.step for r in result.history],
