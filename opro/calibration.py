@@ -87,6 +87,10 @@ class RetestStats:
     sd: float | None
 
 
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
 @dataclass(frozen=True)
 class CalibrationReport:
     judge: str
@@ -114,6 +118,34 @@ class CalibrationReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def rich_table(self) -> Any:
+        """Answers, invalid replies, mean and score distribution per condition."""
+        from rich.table import Table
+
+        table = Table(title=f"judge calibration: {self.judge} ({self.method}), {self.n_questions} questions of {self.dataset}")
+        for col in ("condition", "answers", "invalid", "mean", "scores 1/2/3/4/5"):
+            table.add_column(col, justify="left" if col == "condition" else "right")
+        for c in self.conditions:
+            table.add_row(c.condition, str(c.n), str(c.n_invalid), _fmt(c.mean), "/".join(str(c.distribution[k]) for k in range(1, 6)))
+        return table
+
+    def lines(self) -> list[str]:
+        """Separation, invalid rate, cost and test-retest noise, one line each."""
+        f, retest = _fmt, self.retest
+        lines = [
+            f"AUC reference vs wrong: {f(self.auc, '.3f')}   separation: {f(self.separation)}"
+            + (f"   (most likely score alone: AUC {f(self.auc_most_likely, '.3f')})" if self.auc_most_likely is not None else ""),
+            f"invalid replies: {f(self.invalid_rate, '.1%')}",
+            f"seconds per uncached judge call: {f(self.s_per_call)} ({self.calls} calls, {self.cache_hits} cache hits)",
+        ]
+        if retest is not None:
+            lines.append(
+                f"test-retest ({retest.n} repeated calls without the cache): exact {f(retest.exact, '.0%')}, "
+                f"within 1 {f(retest.within_1, '.0%')}, mean |difference| {f(retest.mean_abs_difference, '.3f')}, "
+                f"sd per call {f(retest.sd, '.3f')}"
+            )
+        return lines
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "calibration") -> CalibrationReport:

@@ -374,7 +374,6 @@ def judge_agreement(
 ) -> None:
     """Compare two judges (or a judge and human labels) on the same answers."""
     from rich.console import Console
-    from rich.table import Table
 
     from opro.agreement import agreement, judge_scores, load_answers, load_labels, parse_model_spec
     from opro.errors import OproError
@@ -417,36 +416,10 @@ def judge_agreement(
             scores_b, name_b = scores_of(judge_b, template_b or template, score_from_b), judge_b
 
     report = agreement(scores_a, scores_b)
+    # A yes/no judge against a 1-5 one: what can agree is the verdict at opro's pass mark (4).
+    verdicts = any(s is not None and s.startswith("mlflow:") for s in (judge_a, judge_b))
+    stats, dist = report.rich_tables(name_a=name_a, name_b=name_b, scores=(scores_a, scores_b) if verdicts else None)
     console = Console()
-    stats = Table(title=f"judge agreement: A = {name_a}, B = {name_b}")
-    stats.add_column("statistic")
-    stats.add_column("value", justify="right")
-
-    def f(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.3f}"
-
-    for label, value in [
-        ("pairs scored by both", str(report.n)),
-        ("pairs dropped (invalid / unlabelled)", str(report.n_dropped)),
-        ("exact agreement", f(report.exact)),
-        ("within 1 point", f(report.within_1)),
-        ("quadratic weighted kappa", f(report.kappa)),
-        ("mean A", f(report.mean_a)),
-        ("mean B", f(report.mean_b)),
-        ("mean difference A - B", f(report.mean_difference)),
-    ]:
-        stats.add_row(label, value)
-    dist = Table(title="score distributions")
-    dist.add_column("score", justify="right")
-    dist.add_column("A", justify="right")
-    dist.add_column("B", justify="right")
-    for score in report.distribution_a:
-        dist.add_row(str(score), str(report.distribution_a[score]), str(report.distribution_b[score]))
-    if any(s is not None and s.startswith("mlflow:") for s in (judge_a, judge_b)):
-        # A yes/no judge against a 1-5 one: what can agree is the verdict at opro's pass mark (4).
-        pairs = [(a >= 4.0, b >= 4.0) for a, b in zip(scores_a, scores_b, strict=True) if a is not None and b is not None]
-        same = sum(x == y for x, y in pairs)
-        stats.add_row("pass / fail agreement (score >= 4)", f"{same / len(pairs):.3f}" if pairs else "n/a")
     console.print(stats)
     console.print(dist)
 
@@ -474,6 +447,8 @@ def judge_calibrate(
     every verdict and a plot under <output_dir>/judge_calibration/.
     """
     import dataclasses
+
+    from rich.console import Console
 
     from opro.agreement import parse_model_spec
     from opro.calibration import calibrate_experiment, log_calibration_to_mlflow, write_calibration
@@ -510,42 +485,14 @@ def judge_calibrate(
             report, paths, tracking_uri=cfg.mlflow_uri,
             experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
         )
-    _print_calibration(report)
+    console = Console()
+    console.print(report.rich_table())
+    for line in report.lines():
+        console.print(line)
     for path in paths.values():
         typer.echo(f"wrote {path}")
     if run_id:
         typer.echo(f"MLflow run {run_id}")
-
-
-def _print_calibration(report: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    def f(x: float | None, spec: str = ".2f") -> str:
-        return "n/a" if x is None else format(x, spec)
-
-    table = Table(title=f"judge calibration: {report.judge} ({report.method}), {report.n_questions} questions of {report.dataset}")
-    for col in ("condition", "answers", "invalid", "mean", "scores 1/2/3/4/5"):
-        table.add_column(col, justify="left" if col == "condition" else "right")
-    for c in report.conditions:
-        table.add_row(c.condition, str(c.n), str(c.n_invalid), f(c.mean), "/".join(str(c.distribution[k]) for k in range(1, 6)))
-    console = Console()
-    console.print(table)
-    retest = report.retest
-    lines = [
-        f"AUC reference vs wrong: {f(report.auc, '.3f')}   separation: {f(report.separation)}"
-        + (f"   (most likely score alone: AUC {f(report.auc_most_likely, '.3f')})" if report.auc_most_likely is not None else ""),
-        f"invalid replies: {f(report.invalid_rate, '.1%')}",
-        f"seconds per uncached judge call: {f(report.s_per_call)} ({report.calls} calls, {report.cache_hits} cache hits)",
-    ]
-    if retest is not None:
-        lines.append(
-            f"test-retest ({retest.n} repeated calls without the cache): exact {f(retest.exact, '.0%')}, "
-            f"within 1 {f(retest.within_1, '.0%')}, mean |difference| {f(retest.mean_abs_difference, '.3f')}, "
-            f"sd per call {f(retest.sd, '.3f')}"
-        )
-    for line in lines:
-        console.print(line)
 
 
 # ---- end section: evaluate / judge -------------------------------------------------------------
@@ -566,7 +513,6 @@ def optimize(
     """Run the OPRO loop: search on the optimization split, validate the finalists, return a validated winner."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     from opro.errors import ConfigError
     from opro.experiment import Experiment
@@ -592,7 +538,7 @@ def optimize(
             markup=False, soft_wrap=True,
         )
         raise typer.Exit(130) from None
-    console.print(_optimize_table(result, title=f"opro optimize: {exp.config.experiment.name}"))
+    console.print(result.rich_table(title=f"opro optimize: {exp.config.experiment.name}"))
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(
         f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
@@ -607,13 +553,7 @@ def optimize(
     shrunk = split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None
     if shrunk:
         console.print(f"[yellow]warning:[/] {escape(shrunk)}")
-    usage = Table(title="LLM usage by role")
-    for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
-        usage.add_column(col, justify="right")
-    for role, u in result.usage.items():
-        usage.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
-                      str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
-    console.print(usage)
+    console.print(result.usage_table())
     if exp.config.optimizer.steps > 0 and index == 0 and not any(r.step > 0 for r in result.history):
         reasons = sorted({r["reason"] for r in result.rejected}) or ["the optimizer returned nothing"]
         console.print(
@@ -865,40 +805,6 @@ def ui(
 
 
 # ---- end section: ui ---------------------------------------------------------------------------
-
-
-def _optimize_table(result: Any, *, title: str) -> Any:
-    """Initial, finalists and the returned instruction: search score beside validation score."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column("")
-    table.add_column("search score\n(in-sample)", justify="right")
-    table.add_column("validation score\n[95% CI]", justify="right")
-    table.add_column("vs initial\n(Holm p)", justify="right")
-    table.add_column("instruction")
-
-    def fmt(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.2f}"
-
-    def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
-        return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
-
-    v = result.validation
-    if v is None:
-        table.add_row("initial", fmt(result.initial_score), "-", "-", escape(result.initial_instruction))
-        table.add_row("best (search)", fmt(result.best_search_score), "-", "not validated", escape(result.best_instruction))
-        return table
-    table.add_row("initial", fmt(result.initial_score), with_ci(v.initial_score, v.initial_ci), "",
-                  escape(result.initial_instruction), style="bold" if not result.validated else None)
-    for i, f in enumerate(v.finalists, start=1):
-        diff = "n/a" if f.difference is None else f"{f.difference:+.2f} (p={f.p_adjusted:.2g})"
-        returned = v.winner is not None and f.instruction == v.winner.instruction
-        table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
-                      with_ci(f.validation_score, f.validation_ci), diff, escape(f.instruction),
-                      style="bold" if returned else None)
-    return table
 
 
 def main() -> None:

@@ -224,6 +224,51 @@ class OptimizationResult:
             "wall_s": round(self.wall_s, 2),
         }
 
+    def rich_table(self, *, title: str) -> Any:
+        """Initial, finalists and the returned instruction: search score beside validation score."""
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title=title)
+        table.add_column("")
+        table.add_column("search score\n(in-sample)", justify="right")
+        table.add_column("validation score\n[95% CI]", justify="right")
+        table.add_column("vs initial\n(Holm p)", justify="right")
+        table.add_column("instruction")
+
+        def fmt(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.2f}"
+
+        def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
+            return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+        v = self.validation
+        if v is None:
+            table.add_row("initial", fmt(self.initial_score), "-", "-", escape(self.initial_instruction))
+            table.add_row("best (search)", fmt(self.best_search_score), "-", "not validated", escape(self.best_instruction))
+            return table
+        table.add_row("initial", fmt(self.initial_score), with_ci(v.initial_score, v.initial_ci), "",
+                      escape(self.initial_instruction), style="bold" if not self.validated else None)
+        for i, f in enumerate(v.finalists, start=1):
+            diff = "n/a" if f.difference is None else f"{f.difference:+.2f} (p={f.p_adjusted:.2g})"
+            returned = v.winner is not None and f.instruction == v.winner.instruction
+            table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
+                          with_ci(f.validation_score, f.validation_ci), diff, escape(f.instruction),
+                          style="bold" if returned else None)
+        return table
+
+    def usage_table(self) -> Any:
+        """Calls, cache hits, tokens and wall time per role."""
+        from rich.table import Table
+
+        usage = Table(title="LLM usage by role")
+        for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
+            usage.add_column(col, justify="right")
+        for role, u in self.usage.items():
+            usage.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
+                          str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
+        return usage
+
 
 def _step_of(trial: optuna.trial.FrozenTrial) -> int:
     return int(trial.user_attrs.get("step", 0))
