@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import optuna
 
@@ -32,6 +32,7 @@ from opro.claims import RETRY_STATUSES as RETRY_STATUSES  # where it was defined
 from opro.config import OptimizerSection
 from opro.engine import EvaluationEngine, Gate, Pair, Scored, role_limit
 from opro.errors import ConfigError, LLMAuthError, LLMBadRequestError, LLMError, OproError
+from opro.evaluation import Judge, Program, QAExample
 from opro.exemplars import ExemplarOutcome, ExemplarPicker
 from opro.llm import ChatClient, Request, UsageLedger
 from opro.metaprompt import (
@@ -52,33 +53,6 @@ logger = logging.getLogger(__name__)
 
 OptimizerSettings = OptimizerSection
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
-
-
-class _Example(Protocol):
-    @property
-    def query(self) -> str: ...
-    @property
-    def reference_answer(self) -> str: ...
-
-
-class _Answer(Protocol):
-    @property
-    def text(self) -> str: ...
-
-
-class _Program(Protocol):
-    def answer(self, query: str, *, template: Any = ...) -> _Answer: ...
-
-
-class _Verdict(Protocol):
-    @property
-    def score(self) -> float | None: ...
-    @property
-    def invalid(self) -> bool: ...
-
-
-class _Judge(Protocol):
-    def evaluate(self, *, query: str, answer: str, reference: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -463,7 +437,7 @@ class OPROOptimizer:
         self,
         *,
         optimizer_llm: ChatClient,
-        judge: _Judge,
+        judge: Judge,
         make_template: Callable[[str], Any],
         template_text: Callable[[Any], str],
         settings: OptimizerSettings | None = None,
@@ -587,7 +561,7 @@ class OPROOptimizer:
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     # -- proposals ---------------------------------------------------------------------------
-    def _exemplar_outcome(self, program: _Program, instruction: str, exemplar: Exemplar) -> ExemplarOutcome:
+    def _exemplar_outcome(self, program: Program, instruction: str, exemplar: Exemplar) -> ExemplarOutcome:
         """An exemplar answered with ``instruction`` and judged, for the feedback-aware strategies."""
         try:
             answer = program.answer(exemplar.query, template=self.make_template(instruction))
@@ -610,7 +584,7 @@ class OPROOptimizer:
         step: int,
         history: Sequence[CandidateRecord],
         exemplar_pool: Sequence[Exemplar],
-        program: _Program | None = None,
+        program: Program | None = None,
     ) -> list[str]:
         key = f"proposals:{step}"
         stored = study.user_attrs.get(key)
@@ -710,7 +684,7 @@ class OPROOptimizer:
             poll = min(1.0, poll * 1.5)
 
     def _evaluate_claimed(
-        self, study: optuna.Study, step: int, proposals: Sequence[str], program: _Program, examples: Sequence[_Example]
+        self, study: optuna.Study, step: int, proposals: Sequence[str], program: Program, examples: Sequence[QAExample]
     ) -> list[CandidateRecord]:
         """Claim and evaluate candidates of ``step`` until every proposal has a result, by this worker
         or another; claims of stopped workers are taken over. Returns this worker's new records."""
@@ -806,7 +780,7 @@ class OPROOptimizer:
                 "archive that study and start a new one, restore the settings, or set [tracking].study_name"
             )
 
-    def _engine_for(self, program: _Program) -> EvaluationEngine:
+    def _engine_for(self, program: Program) -> EvaluationEngine:
         """The search's long-lived engine (one per :meth:`optimize`), or a fresh one for ``program``."""
         if self._engine is not None and self._engine.program is program:
             return self._engine
@@ -842,8 +816,8 @@ class OPROOptimizer:
         study: optuna.Study,
         step: int,
         claimed: Sequence[tuple[int, str, optuna.trial.Trial]],
-        program: _Program,
-        examples: Sequence[_Example],
+        program: Program,
+        examples: Sequence[QAExample],
     ) -> list[CandidateRecord]:
         """Evaluate the candidates this worker claimed (proposal index, instruction, trial), in lockstep."""
         live = [
@@ -998,10 +972,10 @@ class OPROOptimizer:
     def optimize(
         self,
         *,
-        program: _Program,
-        optimization_set: Sequence[_Example],
-        exemplar_set: Sequence[_Example] = (),
-        validation_set: Sequence[_Example] = (),
+        program: Program,
+        optimization_set: Sequence[QAExample],
+        exemplar_set: Sequence[QAExample] = (),
+        validation_set: Sequence[QAExample] = (),
         initial_instructions: Sequence[str],
     ) -> OptimizationResult:
         """Search on ``optimization_set``; then re-score the finalists on ``validation_set``.
@@ -1067,10 +1041,10 @@ class OPROOptimizer:
         self,
         study: optuna.Study,
         *,
-        program: _Program,
-        optimization_set: Sequence[_Example],
-        exemplar_set: Sequence[_Example],
-        validation_set: Sequence[_Example],
+        program: Program,
+        optimization_set: Sequence[QAExample],
+        exemplar_set: Sequence[QAExample],
+        validation_set: Sequence[QAExample],
         initial_instructions: Sequence[str],
         started: float,
     ) -> OptimizationResult:
@@ -1182,7 +1156,7 @@ class OPROOptimizer:
 
     # -- validation --------------------------------------------------------------------------
     def _score_on(
-        self, study: optuna.Study, program: _Program, instructions: Sequence[str], examples: Sequence[_Example]
+        self, study: optuna.Study, program: Program, instructions: Sequence[str], examples: Sequence[QAExample]
     ) -> dict[str, list[float | None]]:
         """Per-question validation scores of each instruction, kept in the study so a rerun asks nothing."""
         out: dict[str, list[float | None]] = {}
@@ -1220,8 +1194,8 @@ class OPROOptimizer:
     def _validate(
         self,
         study: optuna.Study,
-        program: _Program,
-        validation_set: Sequence[_Example],
+        program: Program,
+        validation_set: Sequence[QAExample],
         history: Sequence[CandidateRecord],
         initial: str,
     ) -> ValidationResult:
