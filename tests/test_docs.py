@@ -59,7 +59,8 @@ def _readme_commands() -> list[str]:
 
 
 def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_compare import scripted_pool, write_config
+    from fakes import scripted_pool
+    from test_compare import write_config
 
     from opro.cli import app
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import scripted_pool
 from test_compare import optimized
-from test_experiment import _pool as scripted_pool
 
 from opro.compare import compare_prompts, save_comparison
 from opro.experiment import Experiment
