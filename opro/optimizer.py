@@ -30,8 +30,8 @@ import optuna
 
 from opro.claims import RETRY_STATUSES as RETRY_STATUSES  # where it was defined before; re-exported
 from opro.config import OptimizerSection
-from opro.engine import EvaluationEngine, Gate, Pair, Scored, role_limit
-from opro.errors import ConfigError, LLMAuthError, LLMBadRequestError, LLMError, OproError
+from opro.engine import EvaluationEngine, Gate, Pair, Scored, answer_then_judge, role_limit
+from opro.errors import ConfigError, LLMError, OproError
 from opro.evaluation import Judge, Program, QAExample
 from opro.exemplars import ExemplarOutcome, ExemplarPicker
 from opro.llm import ChatClient, Request, UsageLedger
@@ -563,20 +563,16 @@ class OPROOptimizer:
     # -- proposals ---------------------------------------------------------------------------
     def _exemplar_outcome(self, program: Program, instruction: str, exemplar: Exemplar) -> ExemplarOutcome:
         """An exemplar answered with ``instruction`` and judged, for the feedback-aware strategies."""
-        try:
-            answer = program.answer(exemplar.query, template=self.make_template(instruction))
-            verdict = self.judge.evaluate(query=exemplar.query, answer=answer.text, reference=exemplar.answer)
-        except (LLMAuthError, LLMBadRequestError):
-            raise
-        except LLMError as exc:
-            logger.warning("exemplar %r: %s", exemplar.query[:60], exc)
+        pair = Pair(key="exemplar", index=0, template=self.make_template(instruction),
+                    example={"query": exemplar.query, "reference_answer": exemplar.answer})
+        scored = answer_then_judge(program=program, judge=self.judge, pair=pair)  # permanent errors raise
+        row = scored.row
+        if scored.error is not None:
+            logger.warning("exemplar %r: %s", exemplar.query[:60], scored.error)
             return ExemplarOutcome(answer="", score=None, passing=None)
-        if getattr(verdict, "invalid", False):
-            return ExemplarOutcome(answer=answer.text, score=None, passing=None)
-        return ExemplarOutcome(
-            answer=answer.text, score=verdict.score, passing=getattr(verdict, "passing", None),
-            reason=str(getattr(verdict, "feedback", "") or ""),
-        )
+        if row.invalid:
+            return ExemplarOutcome(answer=row.answer, score=None, passing=None)
+        return ExemplarOutcome(answer=row.answer, score=row.score, passing=row.passing, reason=row.feedback)
 
     def _propose(
         self,
