@@ -18,8 +18,8 @@ import uuid
 from rich.console import Console
 from rich.table import Table
 
-from opro.llamacpp_backend import LlamaCppLLM
 from opro.llm import GenerationOptions, Message
+from opro.llm.llamacpp import LlamaCppLLM
 
 FILLER = (
     "AlexNet is a convolutional neural network designed by Alex Krizhevsky with Ilya Sutskever and "

@@ -39,8 +39,8 @@ from typing import Any
 
 from opro.config import load_config
 from opro.experiment import Experiment
-from opro.llamacpp_backend import LlamaCppLLM
 from opro.llm import ROLES, Completion, GenerationOptions, Message
+from opro.llm.llamacpp import LlamaCppLLM
 
 FILLER = (
     "AlexNet is a convolutional neural network designed by Alex Krizhevsky with Ilya Sutskever and "

@@ -14,10 +14,10 @@ import argparse
 import time
 from pathlib import Path
 
-from opro.backends import ModelPool, ModelSpec
 from opro.dataset import load_dataset
 from opro.documents import load_documents
 from opro.llm import ChatClient
+from opro.llm.pool import ModelPool, ModelSpec
 from opro.prompts import QATemplate
 from opro.rag import RAGProgram
 from opro.retrieval import build_retriever

@@ -75,9 +75,9 @@ def bench_retrieval(args: argparse.Namespace) -> None:
 
 
 def bench_generation(args: argparse.Namespace) -> None:
-    from opro.backends import ModelPool, ModelSpec
     from opro.generation import generate_examples
     from opro.llm import ChatClient
+    from opro.llm.pool import ModelPool, ModelSpec
 
     docs = load_documents(args.data / "source_files").documents
     chunks = chunk_documents(docs, chunk_size=args.gen_chunk_size, chunk_overlap=args.gen_chunk_size // 8)

@@ -38,8 +38,8 @@ import numpy as np
 
 from opro.config import OptimizerSection
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
+from opro.llm.scripted import ScriptedLLM
 from opro.optimizer import OPROOptimizer
-from opro.scripted import ScriptedLLM
 
 INITIAL = "Answer the question."
 BASE_LEVEL = 3.0

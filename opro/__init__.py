@@ -18,10 +18,10 @@ _EXPORTS: dict[str, str] = {
     "Completion": "opro.llm",
     "Message": "opro.llm",
     "UsageLedger": "opro.llm",
-    "CallCache": "opro.cache",
-    "ScriptedLLM": "opro.scripted",
-    "ModelSpec": "opro.backends",
-    "ModelPool": "opro.backends",
+    "CallCache": "opro.llm.cache",
+    "ScriptedLLM": "opro.llm.scripted",
+    "ModelSpec": "opro.llm.pool",
+    "ModelPool": "opro.llm.pool",
     # configuration and the main job
     "OproConfig": "opro.config",
     "load_config": "opro.config",
@@ -117,8 +117,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from opro.backends import ModelPool, ModelSpec
-    from opro.cache import CallCache
     from opro.compare import compare_prompts
     from opro.config import OproConfig, load_config
     from opro.dataset import Example, GoldenDataset, load_dataset
@@ -130,10 +128,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from opro.generation import generate_dataset
     from opro.judges import CorrectnessJudge, FaithfulnessJudge, RelevancyJudge
     from opro.llm import LLM, ChatClient, Completion, Message, UsageLedger
+    from opro.llm.cache import CallCache
+    from opro.llm.pool import ModelPool, ModelSpec
+    from opro.llm.scripted import ScriptedLLM
     from opro.metrics import MetricResult
     from opro.optimizer import CandidateRecord, OPROOptimizer, OptimizationResult
     from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, QATemplate
     from opro.rag import RAGProgram
     from opro.retrieval import build_retriever
-    from opro.scripted import ScriptedLLM
     from opro.sources import resolve_prompt

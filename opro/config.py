@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from opro.backends import ModelSpec
 from opro.errors import ConfigError
+from opro.llm.pool import ModelSpec
 from opro.prompts import DEFAULT_INSTRUCTION
 
 #: ``docs`` entry that stands for the offline quickstart corpus (CPython's own language reference).

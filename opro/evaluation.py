@@ -12,13 +12,13 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opro.errors import ConfigError, DataError, LLMError
-from opro.metrics import MetricResult
+from opro.metrics import Metric, MetricResult, as_metric
 from opro.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -42,9 +42,18 @@ class Judge(Protocol):
     def evaluate(self, *, query: str, answer: str, reference: str | None) -> MetricResult: ...
 
 
-# An extra metric: an object with ``measure(*, query, answer, reference, contexts)`` (the judges in
-# opro.judges), a metric ``__call__(*, answer, reference)`` (opro.metrics), or such a plain callable.
-ExtraMetric = Any
+class QAExample(Protocol):
+    """What the search and the evaluation read from an example (:class:`opro.dataset.Example`)."""
+
+    @property
+    def query(self) -> str: ...
+    @property
+    def reference_answer(self) -> str: ...
+
+
+# An extra metric: a :class:`~opro.metrics.Metric` (the judges, opro.metrics), or a plain function
+# ``fn(*, answer, reference) -> MetricResult`` (see :func:`opro.metrics.as_metric`).
+ExtraMetric = Metric | Callable[..., MetricResult]
 
 
 @dataclass(frozen=True)
@@ -199,18 +208,14 @@ def _context_text(ctx: Any) -> str:
     return ctx if isinstance(ctx, str) else str(getattr(ctx, "text", ctx))
 
 
-def _metric_name(metric: ExtraMetric) -> str:
+def _metric_name(metric: Any) -> str:
     return str(getattr(metric, "name", None) or getattr(metric, "__name__", type(metric).__name__))
 
 
 def _run_metric(
     metric: ExtraMetric, *, query: str, answer: str, reference: str, contexts: Sequence[str]
 ) -> MetricResult:
-    measure = getattr(metric, "measure", None)
-    if callable(measure):
-        result = measure(query=query, answer=answer, reference=reference, contexts=contexts)
-    else:
-        result = metric(answer=answer, reference=reference)
+    result = as_metric(metric).measure(query=query, answer=answer, reference=reference, contexts=contexts)
     if not isinstance(result, MetricResult):
         raise ConfigError(
             f"extra metric {_metric_name(metric)!r} returned {type(result).__name__}, not MetricResult"

@@ -14,13 +14,14 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opro.backends import ModelPool, ModelSpec
-from opro.cache import CallCache
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
 from opro.errors import DataError
-from opro.llm import ChatClient, UsageLedger
-from opro.paths import cache_dir, default_call_cache_path
+from opro.llm import ChatClient
+from opro.llm.factory import ClientFactory, open_cache
+from opro.llm.pool import ModelPool, ModelSpec
+from opro.paths import cache_dir
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.rundir import RunDir
 
 if TYPE_CHECKING:
     from llama_index.core import Document
@@ -39,13 +40,15 @@ class Experiment:
 
     def __init__(self, config: OproConfig, *, pool: ModelPool | None = None, progress: bool | None = None) -> None:
         self.config = config
-        self.pool = pool or ModelPool()
+        self.run_dir = RunDir(config.output_dir)
         self.progress = config.experiment.progress if progress is None else progress
-        self.usage = UsageLedger()
-        self.cache: CallCache | None = None
-        if config.experiment.cache:
-            path = config.resolve(config.experiment.cache_path) if config.experiment.cache_path else default_call_cache_path()
-            self.cache = CallCache(path)
+        exp = config.experiment
+        self.models = ClientFactory(
+            pool=pool or ModelPool(),
+            cache=open_cache(config.resolve(exp.cache_path) if exp.cache_path else None, enabled=exp.cache),
+            seed=exp.seed,
+        )
+        self.pool, self.cache, self.usage = self.models.pool, self.models.cache, self.models.usage
         self._clients: dict[str, ChatClient] = {}
 
     @classmethod
@@ -59,13 +62,7 @@ class Experiment:
 
     def client(self, role: str) -> ChatClient:
         if role not in self._clients:
-            self._clients[role] = ChatClient(
-                self.pool.get(self.spec(role)),
-                role=role,
-                cache=self.cache,
-                usage=self.usage,
-                seed=self.config.experiment.seed,
-            )
+            self._clients[role] = self.models.client(self.spec(role), role=role)
         return self._clients[role]
 
     # -- documents, retrieval, program -------------------------------------------------------
@@ -78,7 +75,7 @@ class Experiment:
             if entry == BUILTIN_PYTHON_REFERENCE:
                 from opro.corpus import write_quickstart_corpus
 
-                paths.append(write_quickstart_corpus(self.config.output_dir / "corpus"))
+                paths.append(write_quickstart_corpus(self.run_dir.corpus))
             else:
                 paths.append(self.config.resolve(entry))
         result = load_documents(paths, skip_bad=self.config.data.skip_bad)
@@ -144,7 +141,7 @@ class Experiment:
     # -- dataset -----------------------------------------------------------------------------
     @property
     def dataset_dir(self) -> Path:
-        return self.config.output_dir / "dataset"
+        return self.run_dir.dataset
 
     def _dataset_fingerprint(self) -> str:
         d = self.config.data
@@ -338,9 +335,8 @@ class Experiment:
         """
         from opro.locking import FileLock
 
-        name = ".opro.lock" if num_workers == 1 else f".opro-worker-{worker_index}.lock"
         lock = FileLock(
-            self.config.output_dir / name,
+            self.run_dir.lock(worker_index=worker_index, num_workers=num_workers),
             what=f"the output folder {self.config.output_dir}" + (f" (worker {worker_index})" if num_workers > 1 else ""),
             hint="wait for that run to finish (a rerun then resumes it) or stop it; to run two optimizations "
             "side by side give them different [experiment].output_dir",
@@ -375,26 +371,19 @@ class Experiment:
         """What this optimization saw (:func:`opro.dataset.split_record`), for the held-out guard of
         compare / evaluate: ``split_record.json`` before the search (so a crashed run is covered), then
         ``summary.json`` and the Optuna study after it."""
-        from opro.compare import SPLIT_RECORD_FILE
         from opro.dataset import split_record
 
-        out = self.config.output_dir
         if record is None:
             record = split_record(self.dataset)
-            path = out / SPLIT_RECORD_FILE
+            path = self.run_dir.split_record
             if path.is_file() and self._study_exists():
                 # The study's record stands: a changed split is refused by the fingerprint check, and
                 # overwriting the record first would let compare's guard accept the new split.
                 kept: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
                 return kept
-            out.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=2), encoding="utf-8")
+            self.run_dir.write_split_record(record)
             return record
-        summary = out / "summary.json"
-        if summary.is_file():
-            data = json.loads(summary.read_text(encoding="utf-8"))
-            data["split_record"] = record
-            summary.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        self.run_dir.add_to_summary("split_record", record)
         import optuna
 
         study = optuna.load_study(study_name=self.config.study_name, storage=self.config.optuna_storage)
@@ -402,9 +391,7 @@ class Experiment:
         return record
 
     def close(self) -> None:
-        self.pool.close()
-        if self.cache is not None:
-            self.cache.close()
+        self.models.close()
 
 
 def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None) -> OptimizationResult:

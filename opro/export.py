@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from opro.errors import ConfigError, DataError, PromptError
 from opro.prompts import TEMPLATE_VARIABLES, QATemplate
 from opro.redaction import redact
+from opro.rundir import RunDir
 from opro.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def _models_from_run(run_dir: Path, run_id: str) -> dict[str, dict[str, Any]]:
 
 def _latest_comparison(run_dir: Path, template_text: str) -> dict[str, Any] | None:
     """This template's result in the newest ``compare/*/report.json`` of the run, if any."""
-    reports = sorted((run_dir / "compare").glob("*/report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    reports = RunDir(run_dir).comparison_reports()
     for path in reports:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -13,6 +13,7 @@ import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from opro.errors import ConfigError
 
@@ -37,17 +38,56 @@ class MetricResult:
         )
 
 
-class Metric:
-    """A reference-based metric: ``metric(answer=..., reference=...) -> MetricResult``.
+@runtime_checkable
+class Metric(Protocol):
+    """What every metric is, LLM judge or not: a ``name`` and :meth:`measure`.
 
-    Subclasses set ``name`` and implement :meth:`__call__`. Extra metrics in
-    :func:`opro.evaluation.evaluate_examples` follow this protocol.
+    The judges (:mod:`opro.judges`), the reference metrics below and the extra metrics of
+    :func:`opro.evaluation.evaluate_examples` all measure one answer through this one call.
+    """
+
+    name: str
+
+    def measure(
+        self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()
+    ) -> MetricResult: ...
+
+
+class ReferenceMetric(Metric):
+    """A metric of the answer against the reference only: ``metric(answer=..., reference=...)``.
+
+    Subclasses set ``name`` and implement :meth:`__call__`; :meth:`measure` calls it.
     """
 
     name: str = "metric"
 
     def __call__(self, *, answer: str, reference: str) -> MetricResult:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def measure(
+        self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()
+    ) -> MetricResult:
+        return self(answer=answer, reference=reference or "")
+
+
+class FunctionMetric(ReferenceMetric):
+    """A plain function ``fn(*, answer, reference) -> MetricResult`` (such as :func:`token_f1`) as a metric."""
+
+    def __init__(self, fn: Callable[..., MetricResult], *, name: str | None = None) -> None:
+        self.fn = fn
+        self.name = name or str(getattr(fn, "__name__", type(fn).__name__))
+
+    def __call__(self, *, answer: str, reference: str) -> MetricResult:
+        return self.fn(answer=answer, reference=reference)
+
+
+def as_metric(metric: Metric | Callable[..., MetricResult]) -> Metric:
+    """``metric`` itself when it has :meth:`Metric.measure`, else the function wrapped as one."""
+    if callable(getattr(metric, "measure", None)):
+        return metric  # type: ignore[return-value]
+    if callable(metric):
+        return FunctionMetric(metric)
+    raise ConfigError(f"{metric!r:.80} is not a metric: give an object with measure(...) or a function of answer, reference")
 
 
 # --- SQuAD normalization ---------------------------------------------------------------------------
@@ -107,7 +147,7 @@ def cosine_similarity(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / (na * nb)
 
 
-class TokenF1(Metric):
+class TokenF1(ReferenceMetric):
     name = "token_f1"
 
     def __init__(self, *, threshold: float = 0.5) -> None:
@@ -117,7 +157,7 @@ class TokenF1(Metric):
         return token_f1(answer=answer, reference=reference, threshold=self.threshold)
 
 
-class ExactMatch(Metric):
+class ExactMatch(ReferenceMetric):
     name = "exact_match"
 
     def __call__(self, *, answer: str, reference: str) -> MetricResult:
@@ -127,7 +167,7 @@ class ExactMatch(Metric):
 Embedder = Callable[[Sequence[str]], Sequence[Sequence[float]]]
 
 
-class EmbeddingSimilarity(Metric):
+class EmbeddingSimilarity(ReferenceMetric):
     """Cosine similarity of answer and reference embeddings.
 
     ``embedder`` maps a list of texts to a list of vectors (for example a LlamaIndex embedding
@@ -162,9 +202,12 @@ __all__ = [
     "Embedder",
     "EmbeddingSimilarity",
     "ExactMatch",
+    "FunctionMetric",
     "Metric",
     "MetricResult",
+    "ReferenceMetric",
     "TokenF1",
+    "as_metric",
     "cosine_similarity",
     "exact_match",
     "normalize_answer",

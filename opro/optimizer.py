@@ -24,14 +24,15 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import optuna
 
 from opro.claims import RETRY_STATUSES as RETRY_STATUSES  # where it was defined before; re-exported
 from opro.config import OptimizerSection
-from opro.engine import EvaluationEngine, Gate, Pair, Scored, role_limit
-from opro.errors import ConfigError, LLMAuthError, LLMBadRequestError, LLMError, OproError
+from opro.engine import EvaluationEngine, Gate, Pair, Scored, answer_then_judge, role_limit
+from opro.errors import ConfigError, LLMError, OproError
+from opro.evaluation import Judge, Program, QAExample
 from opro.exemplars import ExemplarOutcome, ExemplarPicker
 from opro.llm import ChatClient, Request, UsageLedger
 from opro.metaprompt import (
@@ -43,6 +44,7 @@ from opro.metaprompt import (
     normalize_instruction,
 )
 from opro.progress import progress_bar
+from opro.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.tracking import MlflowTracker
@@ -55,33 +57,6 @@ _MAX_POLL_S = 0.2
 
 OptimizerSettings = OptimizerSection
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
-
-
-class _Example(Protocol):
-    @property
-    def query(self) -> str: ...
-    @property
-    def reference_answer(self) -> str: ...
-
-
-class _Answer(Protocol):
-    @property
-    def text(self) -> str: ...
-
-
-class _Program(Protocol):
-    def answer(self, query: str, *, template: Any = ...) -> _Answer: ...
-
-
-class _Verdict(Protocol):
-    @property
-    def score(self) -> float | None: ...
-    @property
-    def invalid(self) -> bool: ...
-
-
-class _Judge(Protocol):
-    def evaluate(self, *, query: str, answer: str, reference: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -226,6 +201,51 @@ class OptimizationResult:
             "usage": self.usage,
             "wall_s": round(self.wall_s, 2),
         }
+
+    def rich_table(self, *, title: str) -> Any:
+        """Initial, finalists and the returned instruction: search score beside validation score."""
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title=title)
+        table.add_column("")
+        table.add_column("search score\n(in-sample)", justify="right")
+        table.add_column("validation score\n[95% CI]", justify="right")
+        table.add_column("vs initial\n(Holm p)", justify="right")
+        table.add_column("instruction")
+
+        def fmt(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.2f}"
+
+        def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
+            return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+        v = self.validation
+        if v is None:
+            table.add_row("initial", fmt(self.initial_score), "-", "-", escape(self.initial_instruction))
+            table.add_row("best (search)", fmt(self.best_search_score), "-", "not validated", escape(self.best_instruction))
+            return table
+        table.add_row("initial", fmt(self.initial_score), with_ci(v.initial_score, v.initial_ci), "",
+                      escape(self.initial_instruction), style="bold" if not self.validated else None)
+        for i, f in enumerate(v.finalists, start=1):
+            diff = "n/a" if f.difference is None else f"{f.difference:+.2f} (p={f.p_adjusted:.2g})"
+            returned = v.winner is not None and f.instruction == v.winner.instruction
+            table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
+                          with_ci(f.validation_score, f.validation_ci), diff, escape(f.instruction),
+                          style="bold" if returned else None)
+        return table
+
+    def usage_table(self) -> Any:
+        """Calls, cache hits, tokens and wall time per role."""
+        from rich.table import Table
+
+        usage = Table(title="LLM usage by role")
+        for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
+            usage.add_column(col, justify="right")
+        for role, u in self.usage.items():
+            usage.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
+                          str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
+        return usage
 
 
 def _step_of(trial: optuna.trial.FrozenTrial) -> int:
@@ -421,7 +441,7 @@ class OPROOptimizer:
         self,
         *,
         optimizer_llm: ChatClient,
-        judge: _Judge,
+        judge: Judge,
         make_template: Callable[[str], Any],
         template_text: Callable[[Any], str],
         settings: OptimizerSettings | None = None,
@@ -545,22 +565,18 @@ class OPROOptimizer:
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     # -- proposals ---------------------------------------------------------------------------
-    def _exemplar_outcome(self, program: _Program, instruction: str, exemplar: Exemplar) -> ExemplarOutcome:
+    def _exemplar_outcome(self, program: Program, instruction: str, exemplar: Exemplar) -> ExemplarOutcome:
         """An exemplar answered with ``instruction`` and judged, for the feedback-aware strategies."""
-        try:
-            answer = program.answer(exemplar.query, template=self.make_template(instruction))
-            verdict = self.judge.evaluate(query=exemplar.query, answer=answer.text, reference=exemplar.answer)
-        except (LLMAuthError, LLMBadRequestError):
-            raise
-        except LLMError as exc:
-            logger.warning("exemplar %r: %s", exemplar.query[:60], exc)
+        pair = Pair(key="exemplar", index=0, template=self.make_template(instruction),
+                    example={"query": exemplar.query, "reference_answer": exemplar.answer})
+        scored = answer_then_judge(program=program, judge=self.judge, pair=pair)  # permanent errors raise
+        row = scored.row
+        if scored.error is not None:
+            logger.warning("exemplar %r: %s", exemplar.query[:60], scored.error)
             return ExemplarOutcome(answer="", score=None, passing=None)
-        if getattr(verdict, "invalid", False):
-            return ExemplarOutcome(answer=answer.text, score=None, passing=None)
-        return ExemplarOutcome(
-            answer=answer.text, score=verdict.score, passing=getattr(verdict, "passing", None),
-            reason=str(getattr(verdict, "feedback", "") or ""),
-        )
+        if row.invalid:
+            return ExemplarOutcome(answer=row.answer, score=None, passing=None)
+        return ExemplarOutcome(answer=row.answer, score=row.score, passing=row.passing, reason=row.feedback)
 
     def _propose(
         self,
@@ -568,7 +584,7 @@ class OPROOptimizer:
         step: int,
         history: Sequence[CandidateRecord],
         exemplar_pool: Sequence[Exemplar],
-        program: _Program | None = None,
+        program: Program | None = None,
     ) -> list[str]:
         key = f"proposals:{step}"
         stored = study.user_attrs.get(key)
@@ -590,8 +606,7 @@ class OPROOptimizer:
         )
         meta_prompt = self.meta.render(history=scored, exemplars=exemplars)
         if self.output_dir is not None:
-            (self.output_dir / "metaprompts").mkdir(parents=True, exist_ok=True)
-            (self.output_dir / "metaprompts" / f"step_{step:03d}.txt").write_text(meta_prompt, encoding="utf-8")
+            RunDir(self.output_dir).write_metaprompt(step, meta_prompt)
         seen = {normalize_instruction(r.instruction) for r in history}
         accepted: list[str] = []
         rejected: list[dict[str, str]] = []
@@ -669,7 +684,7 @@ class OPROOptimizer:
             poll = min(_MAX_POLL_S, poll * 1.5)
 
     def _evaluate_claimed(
-        self, study: optuna.Study, step: int, proposals: Sequence[str], program: _Program, examples: Sequence[_Example]
+        self, study: optuna.Study, step: int, proposals: Sequence[str], program: Program, examples: Sequence[QAExample]
     ) -> list[CandidateRecord]:
         """Claim and evaluate candidates of ``step`` until every proposal has a result, by this worker
         or another; claims of stopped workers are taken over. Returns this worker's new records."""
@@ -765,7 +780,7 @@ class OPROOptimizer:
                 "archive that study and start a new one, restore the settings, or set [tracking].study_name"
             )
 
-    def _engine_for(self, program: _Program) -> EvaluationEngine:
+    def _engine_for(self, program: Program) -> EvaluationEngine:
         """The search's long-lived engine (one per :meth:`optimize`), or a fresh one for ``program``."""
         if self._engine is not None and self._engine.program is program:
             return self._engine
@@ -801,8 +816,8 @@ class OPROOptimizer:
         study: optuna.Study,
         step: int,
         claimed: Sequence[tuple[int, str, optuna.trial.Trial]],
-        program: _Program,
-        examples: Sequence[_Example],
+        program: Program,
+        examples: Sequence[QAExample],
     ) -> list[CandidateRecord]:
         """Evaluate the candidates this worker claimed (proposal index, instruction, trial), in lockstep."""
         live = [
@@ -957,10 +972,10 @@ class OPROOptimizer:
     def optimize(
         self,
         *,
-        program: _Program,
-        optimization_set: Sequence[_Example],
-        exemplar_set: Sequence[_Example] = (),
-        validation_set: Sequence[_Example] = (),
+        program: Program,
+        optimization_set: Sequence[QAExample],
+        exemplar_set: Sequence[QAExample] = (),
+        validation_set: Sequence[QAExample] = (),
         initial_instructions: Sequence[str],
     ) -> OptimizationResult:
         """Search on ``optimization_set``; then re-score the finalists on ``validation_set``.
@@ -1026,10 +1041,10 @@ class OPROOptimizer:
         self,
         study: optuna.Study,
         *,
-        program: _Program,
-        optimization_set: Sequence[_Example],
-        exemplar_set: Sequence[_Example],
-        validation_set: Sequence[_Example],
+        program: Program,
+        optimization_set: Sequence[QAExample],
+        exemplar_set: Sequence[QAExample],
+        validation_set: Sequence[QAExample],
         initial_instructions: Sequence[str],
         started: float,
     ) -> OptimizationResult:
@@ -1141,7 +1156,7 @@ class OPROOptimizer:
 
     # -- validation --------------------------------------------------------------------------
     def _score_on(
-        self, study: optuna.Study, program: _Program, instructions: Sequence[str], examples: Sequence[_Example]
+        self, study: optuna.Study, program: Program, instructions: Sequence[str], examples: Sequence[QAExample]
     ) -> dict[str, list[float | None]]:
         """Per-question validation scores of each instruction, kept in the study so a rerun asks nothing."""
         out: dict[str, list[float | None]] = {}
@@ -1179,8 +1194,8 @@ class OPROOptimizer:
     def _validate(
         self,
         study: optuna.Study,
-        program: _Program,
-        validation_set: Sequence[_Example],
+        program: Program,
+        validation_set: Sequence[QAExample],
         history: Sequence[CandidateRecord],
         initial: str,
     ) -> ValidationResult:
@@ -1391,25 +1406,23 @@ class OPROOptimizer:
         # The summary in the study too: `opro compare best` / `opro export best` work from the stores
         # on any machine, not only in worker 0's output folder.
         study.set_user_attr("summary", json.loads(json.dumps(result.summary(), default=str)))
-        out = self.output_dir
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "best_prompt.txt").write_text(result.best_template, encoding="utf-8")
-            with (out / "history.jsonl").open("w", encoding="utf-8") as fh:
-                for r in result.history:
-                    fh.write(json.dumps({**asdict(r), "pruned": r.pruned, "partial": r.partial}) + "\n")
-            (out / "summary.json").write_text(json.dumps(result.summary(), indent=2), encoding="utf-8")
-            from opro.plots import plot_optimism
-            from opro.tracking import plot_trajectory
+        if self.output_dir is not None:
+            out = RunDir(self.output_dir)
+            out.write_result(
+                best_template=result.best_template,
+                history=[{**asdict(r), "pruned": r.pruned, "partial": r.partial} for r in result.history],
+                summary=result.summary(),
+            )
+            from opro.plots import plot_optimism, plot_trajectory
 
             plot_trajectory(
                 steps=[r.step for r in result.history],
                 scores=[r.score for r in result.history],
                 pruned=[r.pruned for r in result.history],
-                path=out / "score_trajectory.png",
+                path=out.trajectory_plot,
             )
             if result.validation is not None and result.validation.finalists:
-                plot_optimism(optimism_points(result), path=out / "optimism.png")
+                plot_optimism(optimism_points(result), path=out.optimism_plot)
         if result.rejected and not any(r.step > 0 for r in result.history):
             reasons = sorted({r["reason"] for r in result.rejected})
             logger.warning(
@@ -1430,7 +1443,6 @@ class OPROOptimizer:
 
     def _log_result(self, result: OptimizationResult) -> None:
         assert self.tracker is not None
-        out = self.output_dir
         metrics: dict[str, float] = {"best_score": result.best_score}
         if result.best_search_score is not None:
             metrics["best_search_score"] = result.best_search_score
@@ -1455,12 +1467,12 @@ class OPROOptimizer:
                  f"{role}_tokens": u["prompt_tokens"] + u["completion_tokens"]},
                 step=0,
             )
-        if out is not None:
-            for name in ("best_prompt.txt", "history.jsonl", "summary.json", "score_trajectory.png", "optimism.png"):
-                if (out / name).exists():
-                    self.tracker.log_artifact(out / name)
-            if (out / "metaprompts").is_dir():
-                self.tracker.log_artifact(out / "metaprompts", artifact_path="metaprompts")
+        if self.output_dir is not None:
+            out = RunDir(self.output_dir)
+            for path in out.optimize_outputs():
+                self.tracker.log_artifact(path)
+            if out.metaprompts.is_dir():
+                self.tracker.log_artifact(out.metaprompts, artifact_path="metaprompts")
         self.tracker.set_tags({
             "opro.best_instruction": result.best_instruction[:5000],
             "opro.score_basis": result.score_basis,

@@ -170,10 +170,7 @@ class BudgetedExperiment(Experiment):
         if role not in BUDGETED_ROLES:
             return super().client(role)
         if role not in self._clients:
-            self._clients[role] = BudgetedChatClient(
-                self.pool.get(self.spec(role)), role=role, cache=self.cache, usage=self.usage,
-                seed=self.config.experiment.seed,
-            )
+            self._clients[role] = self.models.client(self.spec(role), role=role, kind=BudgetedChatClient)
         return self._clients[role]
 
     def set_budget(self, budget: CallBudget | None) -> None:

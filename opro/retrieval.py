@@ -162,7 +162,7 @@ class OpenAIEmbedder(Embedder):
         self._timeout_s = timeout_s
         self._api_key_env = api_key_env
         self._batch = max(1, batch_size)
-        from opro.openai_backend import client_url_args
+        from opro.llm.openai import client_url_args
 
         url_args = client_url_args(base_url) if base_url is not None else {}
         self._client = openai.OpenAI(api_key=key, timeout=timeout_s, max_retries=max_retries, **url_args)
@@ -183,7 +183,7 @@ class OpenAIEmbedder(Embedder):
                 import openai
 
                 if isinstance(exc, openai.OpenAIError):
-                    from opro.openai_backend import DEFAULT_BASE_URL, convert_openai_error
+                    from opro.llm.openai import DEFAULT_BASE_URL, convert_openai_error
 
                     raise convert_openai_error(
                         exc,

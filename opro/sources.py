@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from opro.errors import ConfigError, DataError, PromptError
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.redaction import redact_url
+from opro.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -111,7 +112,7 @@ def _config_of(target: str | Path) -> OproConfig | None:
 
 
 def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -> ResolvedPrompt:
-    summary_path = run_dir / "summary.json"
+    summary_path = RunDir(run_dir).summary
     where = str(summary_path)
     own = config is not None and run_dir.resolve() == config.output_dir.resolve()
     stored = _study_summary(config) if own and config is not None and not summary_path.is_file() else None
@@ -151,8 +152,8 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
     }
     if stored is not None:
         provenance["summary_from"] = where
-    dataset_dir = run_dir / "dataset"
-    if (dataset_dir / "rag_dataset.json").is_file():
+    dataset_dir = RunDir(run_dir).dataset
+    if RunDir(run_dir).has_dataset():
         try:
             from opro.dataset import load_dataset
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, OproError
-from opro.plots import save_figure
 from opro.redaction import redact_text
 
 if TYPE_CHECKING:
@@ -286,65 +285,10 @@ def load_registered_template(*, tracking_uri: str, uri: str) -> str:
     return from_mlflow_template(str(prompt.template))
 
 
-def plot_trajectory(
-    *,
-    steps: Sequence[int],
-    scores: Sequence[float | None],
-    pruned: Sequence[bool],
-    path: Path,
-    title: str = "OPRO: instruction score by step",
-) -> Path:
-    """Every candidate as a point (pruned ones hollow), best-so-far as a line, like the OPRO paper."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    done = [(s, v) for s, v, p in zip(steps, scores, pruned, strict=True) if v is not None and not p]
-    cut = [(s, v) for s, v, p in zip(steps, scores, pruned, strict=True) if v is not None and p]
-    def spread(points: list[tuple[int, float]]) -> list[float]:
-        # Candidates of one step often tie; fan them out a little so every point shows.
-        seen: dict[tuple[int, float], int] = {}
-        xs = []
-        for s, v in points:
-            k = seen.get((s, v), 0)
-            seen[(s, v)] = k + 1
-            xs.append(s + 0.06 * ((k + 1) // 2) * (1 if k % 2 else -1))
-        return xs
-
-    if done:
-        ax.scatter(spread(done), [v for _, v in done], s=30, alpha=0.75, label="candidate")
-    if cut:
-        ax.scatter(spread(cut), [v for _, v in cut], s=30, facecolors="none", edgecolors="grey",
-                   label="pruned (partial mean)")
-    if done:
-        by_step: dict[int, float] = {}
-        for s, v in done:
-            by_step[s] = max(v, by_step.get(s, float("-inf")))
-        best, xs, ys = float("-inf"), [], []
-        for s in sorted(by_step):
-            best = max(best, by_step[s])
-            xs.append(s)
-            ys.append(best)
-        ax.step(xs, ys, where="post", color="C3", linewidth=2, label="best so far")
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step (0 = initial instructions)")
-    ax.set_ylabel("mean judge score (1-5)")
-    ax.set_ylim(0.8, 5.2)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    return save_figure(fig, path)
-
-
 __all__ = [
     "MlflowTracker",
     "from_mlflow_template",
     "load_registered_template",
-    "plot_trajectory",
     "safe_params",
     "to_mlflow_template",
 ]

@@ -28,8 +28,8 @@ def _embedded(name: str) -> Iterator[LLM]:
     except ImportError:
         _skip("llama-cpp-python is not installed (pip install llama-cpp-python)")
     from opro.errors import ModelPackError
-    from opro.llamacpp_backend import LlamaCppLLM
-    from opro.models import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
+    from opro.llm.llamacpp import LlamaCppLLM
+    from opro.llm.packs import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
 
     pack = EMBEDDED_MODELS[name]
     missing = [] if is_assembled(pack) else pack.missing()
@@ -61,14 +61,14 @@ def genai_compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, 
     """A scripted optimization with the MLflow GenAI records on, then `compare` of initial vs best
     (saved as "pair"): (config path, ComparisonReport, SavedComparison). Shared by test_genai and
     test_uicheck, so the optimization runs once per session."""
+    from fakes import scripted_pool
     from test_compare import optimized
-    from test_experiment import _pool
 
     from opro.compare import compare_prompts, save_comparison
     from opro.experiment import Experiment
 
     config = optimized(tmp_path_factory.mktemp("genai"), genai=True)
-    exp = Experiment.from_file(config, pool=_pool(), progress=False)
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
     try:
         report = compare_prompts(experiment=exp, prompts=["initial", "best"])
         saved = save_comparison(report, experiment=exp, name="pair")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from opro.backends import ModelPool, ModelSpec, create_llm
 from opro.errors import ConfigError
-from opro.models import EMBEDDED_MODELS, EMBEDDED_STRONG_MODEL, EMBEDDED_TASK_MODEL, is_assembled
-from opro.scripted import ScriptedLLM
+from opro.llm.packs import EMBEDDED_MODELS, EMBEDDED_STRONG_MODEL, EMBEDDED_TASK_MODEL, is_assembled
+from opro.llm.pool import ModelPool, ModelSpec, create_llm
+from opro.llm.scripted import ScriptedLLM
 
 
 def test_defaults_and_embedded_roles() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from opro.budget import BudgetedChatClient, BudgetExhaustedError, CallBudget, raised_by_budget
-from opro.cache import CallCache
 from opro.errors import OproError
 from opro.llm import UsageLedger
-from opro.scripted import ScriptedLLM
+from opro.llm.cache import CallCache
+from opro.llm.scripted import ScriptedLLM
 
 
 def test_the_budget_refuses_the_call_past_the_limit_and_counts_cache_hits(tmp_path: Path) -> None:

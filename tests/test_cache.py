@@ -6,8 +6,8 @@ import multiprocessing as mp
 import threading
 from pathlib import Path
 
-from opro.cache import CallCache
 from opro.llm import Completion
+from opro.llm.cache import CallCache
 
 
 def _completion(i: int) -> Completion:

@@ -8,13 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from test_cli import _write_toml
-from test_experiment import _config, _judge_reply
+from fakes import experiment_config, judge_reply, write_toml
 from typer.testing import CliRunner
 
 import opro.experiment
-from opro.backends import ModelPool
-from opro.cache import CallCache
 from opro.calibration import (
     CALIBRATION_FILE,
     CalibrationItem,
@@ -33,7 +30,9 @@ from opro.dataset import Example
 from opro.errors import DataError
 from opro.judges import CorrectnessJudge
 from opro.llm import ChatClient, Message
-from opro.scripted import ScriptedLLM
+from opro.llm.cache import CallCache
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
 
 EXAMPLES = [Example(query=f"Who designed network {i}?", reference_answer=f"Person {i} designed it.") for i in range(4)]
 
@@ -130,15 +129,15 @@ def test_run_judge_scores_from_logits_and_retests_without_the_cache(tmp_path: Pa
 
 @pytest.fixture
 def calibrate_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    judge = ScriptedLLM(default=_judge_reply, model="judge")
+    judge = ScriptedLLM(default=judge_reply, model="judge")
     pool = ModelPool(scripted={"task": ScriptedLLM(default="Using the context: yes.", model="task"), "judge": judge})
     monkeypatch.setattr(opro.experiment, "ModelPool", lambda: pool)
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    return _write_toml(_config(tmp_path), tmp_path / "exp.toml")
+    return write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
 
 
 def test_cli_judge_calibrate_writes_the_report_and_runs_show_it(calibrate_config: Path, tmp_path: Path) -> None:
-    cfg = config_from_dict(_config(tmp_path), base_dir=tmp_path, source=str(calibrate_config))
+    cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source=str(calibrate_config))
     assert "not measured" in judge_noise_note(cfg) and "opro judge calibrate" in judge_noise_note(cfg)
     runner = CliRunner()
     result = runner.invoke(
@@ -158,7 +157,7 @@ def test_cli_judge_calibrate_writes_the_report_and_runs_show_it(calibrate_config
     note = judge_noise_note(cfg)
     assert "AUC right vs wrong 0.50" in note and "6 questions" in note
     # Other judge settings: the stored calibration no longer applies.
-    other = config_from_dict(_config(tmp_path, judge={"template": "fewshot"}), base_dir=tmp_path, source="x.toml")
+    other = config_from_dict(experiment_config(tmp_path, judge={"template": "fewshot"}), base_dir=tmp_path, source="x.toml")
     assert "other judge settings" in judge_noise_note(other)
     assert CALIBRATION_FILE == "judge_calibration.json"
 

@@ -6,44 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
-from test_experiment import _config, _pool
+from fakes import experiment_config, scripted_pool, write_toml
 from typer.testing import CliRunner
 
 import opro.experiment
 from opro.cli import app
 
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return str(v)
-
-
-def _write_toml(data: dict, path: Path) -> Path:
-    lines: list[str] = []
-
-    def table(prefix: str, d: dict) -> None:
-        scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
-        if prefix:
-            lines.append(f"[{prefix}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
-        for k, v in d.items():
-            if isinstance(v, dict):
-                table(f"{prefix}.{k}" if prefix else k, v)
-
-    table("", data)
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 @pytest.fixture
 def scripted_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: _pool())
-    return _write_toml(_config(tmp_path), tmp_path / "exp.toml")
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
+    return write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
 
 
 def test_optimize_then_evaluate(scripted_config: Path, tmp_path: Path) -> None:

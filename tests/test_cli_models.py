@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opro.cli import app
-from opro.models import EMBEDDED_MODELS, EMBEDDED_TASK_MODEL, is_assembled
+from opro.llm.packs import EMBEDDED_MODELS, EMBEDDED_TASK_MODEL, is_assembled
 
 runner = CliRunner()
 

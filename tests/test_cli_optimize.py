@@ -6,20 +6,19 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import _write_toml
-from test_experiment import _config, _judge_reply, _task_reply
+from fakes import experiment_config, judge_reply, task_reply, write_toml
 from typer.testing import CliRunner
 
 import opro.experiment
-from opro.backends import ModelPool
 from opro.cli import app
-from opro.scripted import ScriptedLLM
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
 
 
 def _pool(optimizer_reply: str) -> ModelPool:
     return ModelPool(scripted={
-        "task": ScriptedLLM(default=_task_reply, model="task"),
-        "judge": ScriptedLLM(default=_judge_reply, model="judge"),
+        "task": ScriptedLLM(default=task_reply, model="task"),
+        "judge": ScriptedLLM(default=judge_reply, model="judge"),
         "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
     })
 
@@ -27,7 +26,7 @@ def _pool(optimizer_reply: str) -> ModelPool:
 def test_optimize_prints_search_and_validation_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reply = "<INS>Answer from the context, in one sentence.</INS>"
     monkeypatch.setattr(opro.experiment, "ModelPool", lambda: _pool(reply))
-    config = _write_toml(_config(tmp_path), tmp_path / "exp.toml")
+    config = write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
     result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "search score" in result.output and "validation score" in result.output
@@ -39,7 +38,7 @@ def test_optimize_prints_search_and_validation_scores(tmp_path: Path, monkeypatc
 def test_no_usable_proposal_is_an_error_that_lists_the_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Every proposal breaks the template (a stray brace) or repeats the initial instruction.
     monkeypatch.setattr(opro.experiment, "ModelPool", lambda: _pool("<INS>Answer the {question}.</INS>"))
-    config = _write_toml(_config(tmp_path), tmp_path / "exp.toml")
+    config = write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
     result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"], terminal_width=200)
     assert result.exit_code == 1, result.output
     assert "the optimizer proposed no usable instruction in 2 step(s)" in result.output

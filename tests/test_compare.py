@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_experiment import _pool as scripted_pool  # the scripted task, judge and optimizer models
+from fakes import scripted_pool
 from typer.testing import CliRunner
 
 from opro.compare import check_heldout_leakage, compare_prompts, save_comparison

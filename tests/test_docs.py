@@ -18,7 +18,6 @@ def _keys(cls: type) -> set[str]:
 
 
 def test_configuration_reference_lists_every_key() -> None:
-    from opro.backends import ModelSpec
     from opro.config import (
         DataSection,
         EmbeddingsSection,
@@ -29,6 +28,7 @@ def test_configuration_reference_lists_every_key() -> None:
         SplitSection,
         TrackingSection,
     )
+    from opro.llm.pool import ModelSpec
 
     doc = (ROOT / "docs" / "configuration.md").read_text()
     sections = re.split(r"^#+ ", doc, flags=re.M)
@@ -59,7 +59,8 @@ def _readme_commands() -> list[str]:
 
 
 def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_compare import scripted_pool, write_config
+    from fakes import scripted_pool
+    from test_compare import write_config
 
     from opro.cli import app
 

@@ -15,7 +15,7 @@ from opro.errors import LLMAuthError
 from opro.evaluation import evaluate_templates
 from opro.judges import CorrectnessJudge
 from opro.llm import ChatClient, Completion
-from opro.openai_backend import OpenAILLM
+from opro.llm.openai import OpenAILLM
 
 KEY = "sk-engine-test-0123456789abcdef"
 

@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opro.cache import CallCache
 from opro.engine import EvaluationEngine, Pair, Scored
 from opro.errors import LLMError
 from opro.judges import CorrectnessJudge
 from opro.llm import ChatClient, Completion, GenerationOptions, Message
+from opro.llm.cache import CallCache
+from opro.llm.scripted import ScriptedLLM
 from opro.prompts import QATemplate
 from opro.rag import RAGProgram
 from opro.retrieval import RetrievedContext
-from opro.scripted import ScriptedLLM
 
 
 @dataclass(frozen=True)

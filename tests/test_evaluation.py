@@ -12,8 +12,8 @@ from opro.errors import ConfigError, LLMError, LLMServerError
 from opro.evaluation import EvaluationReport, EvaluationRow, evaluate_examples
 from opro.judges import CorrectnessJudge, FaithfulnessJudge
 from opro.llm import ChatClient, Completion
+from opro.llm.scripted import ScriptedLLM
 from opro.metrics import TokenF1, exact_match
-from opro.scripted import ScriptedLLM
 
 
 @dataclass(frozen=True)

@@ -7,88 +7,17 @@ import re
 from pathlib import Path
 
 import pytest
+from fakes import DOC, SECRET, experiment_config, qa_file, scripted_pool
 
-from opro.backends import ModelPool
 from opro.config import config_from_dict, load_config
 from opro.errors import ConfigError, DataError
 from opro.experiment import Experiment
-from opro.llm import GenerationOptions, Message
-from opro.scripted import ScriptedLLM
-
-SECRET = "sk-test-DO-NOT-LOG-7f3a9c"
-
-DOC = """AlexNet won the ImageNet challenge in 2012. It was designed by Alex Krizhevsky.
-It used ReLU activations and dropout. It was trained on two GPUs.
-The network has five convolutional layers and three fully connected layers.
-"""
-
-
-def _qa_file(tmp_path: Path, n: int = 20) -> Path:
-    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(n)]
-    path = tmp_path / "qa.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows))
-    return path
-
-
-def _judge_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    text = messages[-1].content
-    # Answers produced under an instruction mentioning "context" score 5, others 2.
-    score = 5 if "context" in text.lower() else 2
-    return json.dumps({"score": score, "reasoning": "scripted"})
-
-
-def _task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    prompt = messages[-1].content
-    return "Using the context: yes." if "context" in prompt.split("---------------------")[0].lower() else "Yes."
-
-
-def _optimizer_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    i = (options.seed or 0) % 1000
-    return f"<INS>Answer from the context, variant {i}.</INS>" if i % 2 else f"<INS>Answer plainly, variant {i}.</INS>"
-
-
-def _pool() -> ModelPool:
-    return ModelPool(
-        scripted={
-            "task": ScriptedLLM(default=_task_reply, model="task"),
-            "judge": ScriptedLLM(default=_judge_reply, model="judge"),
-            "optimizer": ScriptedLLM(default=_optimizer_reply, model="optimizer"),
-        }
-    )
-
-
-def _config(tmp_path: Path, **overrides: dict) -> dict:
-    (tmp_path / "docs").mkdir(exist_ok=True)
-    (tmp_path / "docs" / "alexnet.txt").write_text(DOC)
-    cfg = {
-        "experiment": {"name": "t", "output_dir": "out", "cache_path": "calls.sqlite"},
-        "data": {
-            "docs": ["docs"],
-            "dataset": str(_qa_file(tmp_path)),
-            "query_field": "question",
-            "answer_field": "answer",
-            "split": {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": 4, "seed": 1},
-        },
-        "rag": {"chunk_size": 64, "chunk_overlap": 0, "initial_instructions": ["Answer the question."]},
-        "models": {
-            "task": {"backend": "scripted", "model": "task", "api_key_env": "OPENAI_API_KEY"},
-            "judge": {"backend": "scripted", "model": "judge"},
-            "optimizer": {"backend": "scripted", "model": "optimizer"},
-            "generator": {"backend": "scripted", "model": "optimizer"},
-        },
-        "optimizer": {"steps": 2, "candidates_per_step": 2, "minibatch_size": 2},
-        # The MLflow GenAI records (evaluation runs, traces) are tested in test_genai; off here for speed.
-        "tracking": {"prompt_name": "qa-test", "genai": False},
-    }
-    for section, values in overrides.items():
-        cfg.setdefault(section, {}).update(values)
-    return cfg
 
 
 def test_experiment_end_to_end_on_scripted_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
-    cfg = config_from_dict(_config(tmp_path), base_dir=tmp_path, source="test.toml")
-    exp = Experiment(cfg, pool=_pool(), progress=False)
+    cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="test.toml")
+    exp = Experiment(cfg, pool=scripted_pool(), progress=False)
     result = exp.optimize()
     exp.close()
 
@@ -135,11 +64,11 @@ def test_experiment_end_to_end_on_scripted_models(tmp_path: Path, monkeypatch: p
 
 
 def test_rerun_with_warm_cache_and_same_storage_makes_no_calls(tmp_path: Path) -> None:
-    cfg = config_from_dict(_config(tmp_path), base_dir=tmp_path, source="test.toml")
-    first = Experiment(cfg, pool=_pool(), progress=False)
+    cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="test.toml")
+    first = Experiment(cfg, pool=scripted_pool(), progress=False)
     r1 = first.optimize()
     first.close()
-    pool = _pool()
+    pool = scripted_pool()
     again = Experiment(cfg, pool=pool, progress=False)
     r2 = again.optimize()
     again.close()
@@ -149,10 +78,10 @@ def test_rerun_with_warm_cache_and_same_storage_makes_no_calls(tmp_path: Path) -
 
 def test_split_larger_than_dataset_is_a_clear_error(tmp_path: Path) -> None:
     cfg = config_from_dict(
-        _config(tmp_path, data={"split": {"exemplar": 9, "optimization": 9, "validation": 0, "heldout": 9}}), base_dir=tmp_path, source="t.toml"
+        experiment_config(tmp_path, data={"split": {"exemplar": 9, "optimization": 9, "validation": 0, "heldout": 9}}), base_dir=tmp_path, source="t.toml"
     )
     with pytest.raises(DataError, match=r"asks for 27 examples .* has 20"):
-        Experiment(cfg, pool=_pool(), progress=False).dataset  # noqa: B018
+        Experiment(cfg, pool=scripted_pool(), progress=False).dataset  # noqa: B018
 
 
 @pytest.mark.parametrize(
@@ -167,7 +96,7 @@ def test_split_larger_than_dataset_is_a_clear_error(tmp_path: Path) -> None:
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, patch: dict, message: str) -> None:
-    cfg = _config(tmp_path)
+    cfg = experiment_config(tmp_path)
     for section, values in patch.items():
         cfg[section] = {**cfg.get(section, {}), **values}
     with pytest.raises(ConfigError, match=message):
@@ -185,20 +114,20 @@ def test_shipped_experiment_configs_load() -> None:
 
 
 def test_question_answer_records_load_without_naming_the_fields(tmp_path: Path) -> None:
-    raw = _config(tmp_path)
+    raw = experiment_config(tmp_path)
     del raw["data"]["query_field"], raw["data"]["answer_field"]
-    exp = Experiment(config_from_dict(raw, base_dir=tmp_path, source="t.toml"), pool=_pool(), progress=False)
+    exp = Experiment(config_from_dict(raw, base_dir=tmp_path, source="t.toml"), pool=scripted_pool(), progress=False)
     assert exp.dataset.examples[0].query == "Fact number 0 about AlexNet?"
 
 
 def test_an_imported_folder_keeps_its_own_split_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from opro.dataset import import_qa
 
-    folder = import_qa(_qa_file(tmp_path), query_field="question", answer_field="answer").with_split(
+    folder = import_qa(qa_file(tmp_path), query_field="question", answer_field="answer").with_split(
         exemplar=1, optimization=4, heldout=5, seed=9
     ).save(tmp_path / "folder")
-    raw = _config(tmp_path, data={"dataset": str(folder)})
-    exp = Experiment(config_from_dict(raw, base_dir=tmp_path, source="t.toml"), pool=_pool(), progress=False)
+    raw = experiment_config(tmp_path, data={"dataset": str(folder)})
+    exp = Experiment(config_from_dict(raw, base_dir=tmp_path, source="t.toml"), pool=scripted_pool(), progress=False)
     with caplog.at_level("WARNING"):
         ds = exp.dataset
     assert ds.split is not None and ds.split.seed == 9
@@ -225,7 +154,7 @@ def test_duplicates_that_shrink_the_split_are_reported(tmp_path: Path, monkeypat
         '[optimizer]\nsteps = 1\ncandidates_per_step = 2\nminibatch_size = 2\nfinalists = 0\n'
         '[tracking]\nprompt_name = "qa-t"\ngenai = false\n'
     )
-    monkeypatch.setattr("opro.experiment.ModelPool", _pool)
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
     monkeypatch.setenv("COLUMNS", "400")
     res = CliRunner().invoke(app, ["optimize", str(tmp_path / "t.toml"), "--no-progress"])
     assert res.exit_code == 0, res.output

@@ -14,16 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import experiment_config, write_toml
 from fault_server import FaultServer
-from test_cli import _write_toml
-from test_experiment import _config
 
 KEY = "sk-fault-test-0123456789abcdef"
 
 
 def _fault_config(tmp_path: Path, server: FaultServer, *, timeout_s: float = 30.0, **overrides: dict) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    cfg = _config(tmp_path, **overrides)
+    cfg = experiment_config(tmp_path, **overrides)
     for role in ("task", "judge", "optimizer", "generator"):
         cfg["models"][role] = {
             "backend": "openai", "model": f"{'optimizer' if role == 'generator' else role}-model",
@@ -31,7 +30,7 @@ def _fault_config(tmp_path: Path, server: FaultServer, *, timeout_s: float = 30.
             "timeout_s": timeout_s,
         }
     cfg["experiment"]["progress"] = False
-    return _write_toml(cfg, tmp_path / "exp.toml")
+    return write_toml(cfg, tmp_path / "exp.toml")
 
 
 def _opro(*args: str, **kwargs: object) -> subprocess.Popen[str]:

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import scripted_pool
 from test_compare import optimized
-from test_experiment import _pool as scripted_pool
 
 from opro.compare import compare_prompts, save_comparison
 from opro.experiment import Experiment
@@ -151,7 +151,7 @@ def test_opro_judges_are_mlflow_scorers(tmp_path: Path) -> None:
     from opro.genai import _use_store, genai_logger, judge_scorer  # noqa: F401
     from opro.judges import CorrectnessJudge, FaithfulnessJudge
     from opro.llm import ChatClient
-    from opro.scripted import ScriptedLLM
+    from opro.llm.scripted import ScriptedLLM
     from opro.tracking import MlflowTracker
 
     judge_llm = ScriptedLLM(rules=[
@@ -185,7 +185,7 @@ def test_mlflow_correctness_judge_as_opro_judge() -> None:
 
     from opro.genai import MlflowCorrectnessJudge, parse_yes_no_verdict
     from opro.llm import ChatClient
-    from opro.scripted import ScriptedLLM
+    from opro.llm.scripted import ScriptedLLM
 
     llm = ScriptedLLM(rules=[
         (r"Paris", json.dumps({"rationale": "Let's think step by step. Supported.", "result": "yes"})),

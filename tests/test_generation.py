@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from opro.cache import CallCache
 from opro.errors import ConfigError
 from opro.generation import (
     DEFAULT_QUESTION_QUERY,
@@ -17,8 +16,9 @@ from opro.generation import (
     select_chunks,
 )
 from opro.llm import ChatClient, GenerationOptions, Message
+from opro.llm.cache import CallCache
+from opro.llm.scripted import ScriptedLLM
 from opro.retrieval import Chunk
-from opro.scripted import ScriptedLLM
 
 PAD = " This sentence pads the chunk to a realistic length for generation." * 4
 CHUNKS = [
@@ -142,9 +142,9 @@ def test_generation_on_the_embedded_strong_model(embedded_strong_llm: object, tm
 def test_cli_generate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from opro.backends import ModelPool, ModelSpec
     from opro.cli import app
     from opro.dataset import load_dataset
+    from opro.llm.pool import ModelPool, ModelSpec
 
     seen: list[ModelSpec] = []
 

@@ -10,14 +10,14 @@ import pytest
 
 dspy = pytest.importorskip("dspy")
 
-from opro.cache import CallCache  # noqa: E402
 from opro.errors import ConfigError  # noqa: E402
 from opro.integrations.dspy import OproLM, OproRAG, ScoreLog, judge_metric, to_dspy_examples  # noqa: E402
 from opro.judges import CorrectnessJudge  # noqa: E402
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger  # noqa: E402
+from opro.llm.cache import CallCache  # noqa: E402
+from opro.llm.scripted import ScriptedLLM  # noqa: E402
 from opro.rag import RAGProgram  # noqa: E402
 from opro.retrieval import RetrievedContext  # noqa: E402
-from opro.scripted import ScriptedLLM  # noqa: E402
 
 
 class _Retriever:

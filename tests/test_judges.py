@@ -22,7 +22,7 @@ from opro.judges import (
     parse_yes_no,
 )
 from opro.llm import LLM, ChatClient, Completion, GenerationOptions, Message
-from opro.scripted import ScriptedLLM
+from opro.llm.scripted import ScriptedLLM
 
 # (reply, expected score or None) — replies as small judges really write them.
 PARSER_TABLE = [
@@ -326,7 +326,7 @@ def test_schema_property_order_reaches_the_backend() -> None:
 
 
 def test_an_unreadable_judge_reply_is_not_replayed_from_the_cache(tmp_path: Path) -> None:
-    from opro.cache import CallCache
+    from opro.llm.cache import CallCache
 
     replies = iter(["I cannot decide.", '{"score": 4, "reasoning": "Matches."}'])
     llm = ScriptedLLM(default=lambda messages, options: next(replies))
@@ -349,7 +349,7 @@ def test_llamaindex_templates_in_use_are_the_librarys_objects() -> None:
     from llama_index.core.prompts import default_prompts
 
     import opro.generation as generation
-    import opro.judges as judges
+    import opro.judges.templates as judges
 
     li = BUILTIN_TEMPLATES["llamaindex"]
     assert li.system is correctness.DEFAULT_SYSTEM_TEMPLATE
@@ -358,7 +358,7 @@ def test_llamaindex_templates_in_use_are_the_librarys_objects() -> None:
     assert FaithfulnessJudge(_client(ScriptedLLM())).refine_template is faithfulness.DEFAULT_REFINE_TEMPLATE.template
     assert RelevancyJudge(_client(ScriptedLLM())).eval_template is relevancy.DEFAULT_EVAL_TEMPLATE.template
     assert RelevancyJudge(_client(ScriptedLLM())).refine_template is relevancy.DEFAULT_REFINE_TEMPLATE.template
-    assert judges._RELEVANCY_REFINE is relevancy.DEFAULT_REFINE_TEMPLATE.template
+    assert judges.RELEVANCY_REFINE is relevancy.DEFAULT_REFINE_TEMPLATE.template
     assert generation.DEFAULT_ANSWER_TEMPLATE is default_prompts.DEFAULT_TEXT_QA_PROMPT_TMPL
     assert generation._LI_QUESTION_PROMPT is dataset_generation.DEFAULT_QUESTION_GENERATION_PROMPT
     assert generation.DEFAULT_QUESTION_TEMPLATE.startswith(dataset_generation.DEFAULT_QUESTION_GENERATION_PROMPT)
@@ -405,8 +405,8 @@ def test_logit_judge_async_path_matches_the_sync_one() -> None:
 
 
 def test_choose_is_cached_and_counted(tmp_path: Path) -> None:
-    from opro.cache import CallCache
     from opro.llm import UsageLedger
+    from opro.llm.cache import CallCache
 
     llm = _choices_llm({"5": 0.9})
     cache = CallCache(tmp_path / "calls.sqlite")
@@ -427,7 +427,7 @@ def test_embedded_logit_judge_scores_without_decoding_and_reruns_from_cache(
     embedded_strong_llm: LLM, tmp_path: Path
 ) -> None:
     """The real 1.5B judge read at the score position: a valid distribution, a right answer above a wrong one."""
-    from opro.cache import CallCache
+    from opro.llm.cache import CallCache
 
     cache = CallCache(tmp_path / "calls.sqlite")
     client = ChatClient(embedded_strong_llm, role="judge", cache=cache)

@@ -70,7 +70,7 @@ def test_seed_is_honoured_and_reproducible(embedded_task_llm: LLM) -> None:
 
 
 def test_top_logprobs_with_logprobs_enabled(embedded_task_llm: LLM) -> None:
-    from opro.llamacpp_backend import LlamaCppLLM
+    from opro.llm.llamacpp import LlamaCppLLM
 
     llm = LlamaCppLLM(model_path="qwen2.5-coder-0.5b-instruct", n_ctx=512, logprobs=True)
     try:

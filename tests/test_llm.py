@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from opro.cache import CallCache
 from opro.llm import (
     ChatClient,
     Completion,
@@ -22,7 +21,8 @@ from opro.llm import (
     as_messages,
     cache_key,
 )
-from opro.scripted import ScriptedLLM
+from opro.llm.cache import CallCache
+from opro.llm.scripted import ScriptedLLM
 
 
 def echo(messages: tuple[Message, ...], options: GenerationOptions) -> str:

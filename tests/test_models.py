@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from opro import models
 from opro.errors import ModelPackError
-from opro.models import ModelPack, PackPart, PartLocation, assemble_pack, is_assembled
+from opro.llm import packs as models
+from opro.llm.packs import ModelPack, PackPart, PartLocation, assemble_pack, is_assembled
 
 
 def make_pack(tmp_path: Path, chunks: list[bytes], *, sha256: str | None = None, name: str = "fake") -> ModelPack:

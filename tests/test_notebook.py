@@ -17,7 +17,7 @@ def _require_embedded_task_model() -> None:
         import llama_cpp  # noqa: F401
     except ImportError:
         pytest.skip("llama-cpp-python is not installed")
-    from opro.models import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
+    from opro.llm.packs import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
 
     pack = EMBEDDED_MODELS["qwen2.5-coder-0.5b-instruct"]
     if not is_assembled(pack) and pack.missing():

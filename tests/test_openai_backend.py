@@ -25,7 +25,7 @@ from opro.errors import (
     LLMTimeoutError,
 )
 from opro.llm import ChatClient, GenerationOptions, Message
-from opro.openai_backend import OpenAILLM, parse_retry_after
+from opro.llm.openai import OpenAILLM, parse_retry_after
 
 SECRET = "sk-test-very-secret-0123456789"
 
@@ -381,7 +381,7 @@ def test_bad_settings_are_rejected() -> None:
 def test_json_schema_off_sends_no_response_format(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
     # Servers such as llama-cpp-python's reject response_format type json_schema with a 500; the
     # model setting json_schema = false must keep it out of the request, and the pool must pass it on.
-    from opro.backends import ModelPool, ModelSpec
+    from opro.llm.pool import ModelPool, ModelSpec
 
     monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
     server.script(ok('{"score": 4}'))

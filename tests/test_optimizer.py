@@ -15,11 +15,11 @@ from pathlib import Path
 
 import optuna
 
-from opro.cache import CallCache
 from opro.config import OptimizerSection
 from opro.llm import ChatClient, UsageLedger
+from opro.llm.cache import CallCache
+from opro.llm.scripted import ScriptedLLM
 from opro.optimizer import OPROOptimizer
-from opro.scripted import ScriptedLLM
 
 # The fakes are also written into a child process's script (resume test), so they live in a string.
 FAKES = textwrap.dedent(
@@ -199,11 +199,11 @@ CHILD = textwrap.dedent(
     import sys, time
     from pathlib import Path
     sys.path.insert(0, {tests!r})
-    from opro.cache import CallCache
+    from opro.llm.cache import CallCache
     from opro.config import OptimizerSection
     from opro.llm import ChatClient, UsageLedger
     from opro.optimizer import OPROOptimizer
-    from opro.scripted import ScriptedLLM
+    from opro.llm.scripted import ScriptedLLM
     exec({fakes!r})
     slow = float(sys.argv[1])
 

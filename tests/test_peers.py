@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from opro.backends import ModelPool
 from opro.config import config_from_dict
 from opro.llm import GenerationOptions, Message
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
 from opro.peers import BudgetedExperiment, PeerSettings, run_method, run_peers
-from opro.scripted import ScriptedLLM
 
 
 def _qa_file(tmp_path: Path, n: int = 20) -> Path:

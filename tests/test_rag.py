@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from opro.cache import CallCache
 from opro.errors import PromptError
 from opro.llm import ChatClient
+from opro.llm.cache import CallCache
+from opro.llm.scripted import ScriptedLLM
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.rag import (
     TEXT_QA_KEY,
@@ -18,7 +19,6 @@ from opro.rag import (
     template_from_query_engine,
 )
 from opro.retrieval import Chunk, build_retriever
-from opro.scripted import ScriptedLLM
 
 CHUNKS = [
     Chunk(id="c1", text="The Eiffel Tower is in Paris and was completed in 1889.", metadata={"page": 1}),

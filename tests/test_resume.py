@@ -10,15 +10,15 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from fakes import experiment_config, judge_reply, optimizer_reply, task_reply
 from mlflow import MlflowClient
-from test_experiment import _config, _judge_reply, _optimizer_reply, _task_reply
 
-from opro.backends import ModelPool
 from opro.config import config_from_dict
 from opro.errors import ConfigError, LLMAuthError, LLMServerError, OproError
 from opro.experiment import Experiment
 from opro.llm import GenerationOptions, Message
-from opro.scripted import ScriptedLLM
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
 
 
 class Switch:
@@ -32,16 +32,16 @@ class Switch:
         if self.fault is not None:
             raise self.fault()
         self.calls += 1
-        return _judge_reply(messages, options)
+        return judge_reply(messages, options)
 
 
 def _run(tmp_path: Path, judge: Callable[..., str], **overrides: dict) -> tuple[Experiment, object]:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    cfg = config_from_dict(_config(tmp_path, **overrides), base_dir=tmp_path, source="t.toml")
+    cfg = config_from_dict(experiment_config(tmp_path, **overrides), base_dir=tmp_path, source="t.toml")
     pool = ModelPool(scripted={
-        "task": ScriptedLLM(default=_task_reply, model="task"),
+        "task": ScriptedLLM(default=task_reply, model="task"),
         "judge": ScriptedLLM(default=judge, model="judge"),
-        "optimizer": ScriptedLLM(default=_optimizer_reply, model="optimizer"),
+        "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
     })
     exp = Experiment(cfg, pool=pool, progress=False)
     try:
@@ -107,11 +107,11 @@ def test_a_changed_setting_refuses_to_resume_and_fresh_starts_over(tmp_path: Pat
     _run(tmp_path, Switch())
     with pytest.raises(ConfigError, match=r"other settings .*rag\.top_k: '2' -> '3'.*--fresh"):
         _run(tmp_path, Switch(), rag={"top_k": 3})
-    cfg = config_from_dict(_config(tmp_path, rag={"top_k": 3}), base_dir=tmp_path, source="t.toml")
+    cfg = config_from_dict(experiment_config(tmp_path, rag={"top_k": 3}), base_dir=tmp_path, source="t.toml")
     pool = ModelPool(scripted={
-        "task": ScriptedLLM(default=_task_reply, model="task"),
-        "judge": ScriptedLLM(default=_judge_reply, model="judge"),
-        "optimizer": ScriptedLLM(default=_optimizer_reply, model="optimizer"),
+        "task": ScriptedLLM(default=task_reply, model="task"),
+        "judge": ScriptedLLM(default=judge_reply, model="judge"),
+        "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
     })
     exp = Experiment(cfg, pool=pool, progress=False)
     try:

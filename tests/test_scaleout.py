@@ -26,16 +26,15 @@ from typing import Any
 
 import optuna
 import pytest
+from fakes import experiment_config, write_toml
 from fault_server import FaultServer
-from test_cli import _write_toml
-from test_experiment import _config
 from test_faults import KEY, _opro
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
 from opro.llm import ChatClient
+from opro.llm.scripted import ScriptedLLM
 from opro.optimizer import OPROOptimizer
-from opro.scripted import ScriptedLLM
 
 
 def _missing(reason: str) -> None:
@@ -126,7 +125,7 @@ def mlflow_server(postgres: str, tmp_path_factory: pytest.TempPathFactory) -> It
 def _worker_config(folder: Path, server: FaultServer, **tracking: Any) -> Path:
     """One machine's config: its own folder, dataset copy and call cache; the shared stores in [tracking]."""
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = _config(folder, optimizer={"steps": 2, "candidates_per_step": 4, "minibatch_size": 2, "finalists": 1},
+    cfg = experiment_config(folder, optimizer={"steps": 2, "candidates_per_step": 4, "minibatch_size": 2, "finalists": 1},
                   tracking=tracking)
     for role in ("task", "judge", "optimizer", "generator"):
         cfg["models"][role] = {
@@ -134,7 +133,7 @@ def _worker_config(folder: Path, server: FaultServer, **tracking: Any) -> Path:
             "base_url": server.base_url, "api_key_env": "OPRO_FAULT_KEY", "max_concurrency": 2, "timeout_s": 30.0,
         }
     cfg["experiment"]["progress"] = False
-    return _write_toml(cfg, folder / "exp.toml")
+    return write_toml(cfg, folder / "exp.toml")
 
 
 def _history(folder: Path) -> list[tuple[Any, ...]]:

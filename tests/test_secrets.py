@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fakes import experiment_config, write_toml
 from fault_server import FaultServer
-from test_cli import _write_toml
-from test_experiment import _config
 
 KEY = "sk-secret-header-5f1d2c3b4a"
 URL_KEY = "urlsecret-9e8d7c6b5a"
@@ -43,14 +42,14 @@ def test_no_secret_in_any_file_or_output_of_a_full_run(tmp_path: Path) -> None:
     secrets = (KEY, URL_KEY)
     outputs: list[str] = []
     with FaultServer(key=KEY, url_key=URL_KEY) as server:
-        cfg = _config(tmp_path, optimizer={"steps": 1, "candidates_per_step": 2, "minibatch_size": 2, "finalists": 1})
+        cfg = experiment_config(tmp_path, optimizer={"steps": 1, "candidates_per_step": 2, "minibatch_size": 2, "finalists": 1})
         for role in ("task", "judge", "optimizer", "generator"):
             cfg["models"][role] = {
                 "backend": "openai", "model": f"{'optimizer' if role == 'generator' else role}-model",
                 "base_url": f"{server.base_url}?api-key={URL_KEY}", "api_key_env": "OPRO_SECRET_TEST_KEY",
             }
         cfg["experiment"]["progress"] = False
-        config = _write_toml(cfg, tmp_path / "exp.toml")
+        config = write_toml(cfg, tmp_path / "exp.toml")
         steps = [
             ("optimize", str(config), "--no-progress"),
             ("evaluate", str(config), "--split", "heldout", "--no-progress"),

@@ -16,9 +16,9 @@ import pytest
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
+from opro.llm.scripted import ScriptedLLM
 from opro.metaprompt import MetaPromptBuilder, ScoredInstruction
 from opro.optimizer import OPROOptimizer, OptimizationResult, RacingPruner
-from opro.scripted import ScriptedLLM
 
 INITIAL = "Answer the question."
 

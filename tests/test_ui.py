@@ -11,8 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from test_cli import _write_toml
-from test_experiment import _config
+from fakes import experiment_config, write_toml
 
 
 def _free_port() -> int:
@@ -30,7 +29,7 @@ def test_ui_serves_the_config_store_within_a_bound(tmp_path: Path) -> None:
     from opro.config import load_config
     from opro.tracking import MlflowTracker
 
-    config = _write_toml(_config(tmp_path), tmp_path / "exp.toml")
+    config = write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
     tracker = MlflowTracker(tracking_uri=load_config(config).mlflow_uri, experiment_name="ui-probe")
     tracker.start(run_name="r", params={})
     tracker.finish()
@@ -62,7 +61,7 @@ def test_ui_serves_the_config_store_within_a_bound(tmp_path: Path) -> None:
 
 
 def test_ui_without_a_store_says_run_optimize_first(tmp_path: Path) -> None:
-    config = _write_toml(_config(tmp_path), tmp_path / "exp.toml")
+    config = write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
     proc = subprocess.run([sys.executable, "-c", "from opro.cli import main; main()", "ui", str(config)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no MLflow store at" in proc.stderr and "opro optimize" in proc.stderr

@@ -21,7 +21,7 @@
   the one-at-a-time text (tested). Sampled, grammar-constrained or logprob calls run one at a time.
 - The model loads lazily on the first call, so a run whose calls all hit the cache never loads it.
 - ``identity`` is ``llamacpp:<sha256 of the GGUF>``, taken from the pack's known checksum or a
-  hash cached by path, size and mtime (:func:`opro.models.gguf_sha256`).
+  hash cached by path, size and mtime (:func:`opro.llm.packs.gguf_sha256`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, LLMBadRequestError, LLMError, ModelPackError
 from opro.llm import LLM, Completion, GenerationOptions, Message
-from opro.models import EMBEDDED_MODELS, gguf_sha256
-from opro.models import model_path as resolve_model_path
+from opro.llm.packs import EMBEDDED_MODELS, gguf_sha256
+from opro.llm.packs import model_path as resolve_model_path
 
 if TYPE_CHECKING:
     from llama_cpp import Llama

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from opro.errors import LLMBadRequestError, LLMError
 
 if TYPE_CHECKING:
-    from opro.cache import CallCache
+    from opro.llm.cache import CallCache
 
 Role = Literal["system", "user", "assistant"]
 ROLES = ("task", "judge", "optimizer", "generator")

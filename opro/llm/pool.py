@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 
 from opro.errors import ConfigError
 from opro.llm import LLM
-from opro.models import EMBEDDED_STRONG_MODEL, EMBEDDED_TASK_MODEL
+from opro.llm.packs import EMBEDDED_STRONG_MODEL, EMBEDDED_TASK_MODEL
 
 Backend = Literal["llamacpp", "openai", "scripted"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -155,7 +155,7 @@ class ModelPool:
 
     def _key(self, spec: ModelSpec) -> tuple[Any, ...]:
         if spec.backend == "llamacpp":
-            from opro.models import EMBEDDED_MODELS
+            from opro.llm.packs import EMBEDDED_MODELS
 
             # Same file -> same model, whether named by pack name or by path.
             ident = EMBEDDED_MODELS[spec.model].target() if spec.model in EMBEDDED_MODELS else spec.model
@@ -167,7 +167,7 @@ class ModelPool:
 
     def _create(self, spec: ModelSpec) -> LLM:
         if spec.backend == "llamacpp":
-            from opro.llamacpp_backend import LlamaCppLLM
+            from opro.llm.llamacpp import LlamaCppLLM
 
             return LlamaCppLLM(
                 model_path=spec.model,
@@ -178,7 +178,7 @@ class ModelPool:
                 logprobs=spec.logprobs,
                 batch_width=spec.batch_width,
             )
-        from opro.openai_backend import OpenAILLM
+        from opro.llm.openai import OpenAILLM
 
         return OpenAILLM(
             model=spec.model,
@@ -195,7 +195,7 @@ class ModelPool:
         if spec.model in self._scripted:
             return self._scripted[spec.model]
         if os.path.isfile(spec.model):
-            from opro.scripted import ScriptedLLM
+            from opro.llm.scripted import ScriptedLLM
 
             with self._lock:
                 key = ("scripted", str(Path(spec.model).resolve()))

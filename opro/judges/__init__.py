@@ -1,0 +1,34 @@
+"""LLM judges: the correctness judge (1-5 against a reference) and the yes/no judges (faithfulness,
+relevancy), their templates and the parsers that read their replies.
+
+:mod:`~opro.judges.templates` (prompts as data), :mod:`~opro.judges.parsing` (reading replies),
+:mod:`~opro.judges.correctness` and :mod:`~opro.judges.yesno` (one module per kind of judge).
+"""
+
+from opro.judges.correctness import SCORE_SOURCES, CorrectnessJudge, correctness_schema
+from opro.judges.parsing import (
+    ParsedScore,
+    expected_score_from_logprobs,
+    parse_score,
+    parse_yes_no,
+    score_distribution,
+)
+from opro.judges.templates import BUILTIN_TEMPLATES, JudgeTemplate, get_template
+from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge, pack_contexts
+
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "SCORE_SOURCES",
+    "CorrectnessJudge",
+    "FaithfulnessJudge",
+    "JudgeTemplate",
+    "ParsedScore",
+    "RelevancyJudge",
+    "correctness_schema",
+    "expected_score_from_logprobs",
+    "get_template",
+    "pack_contexts",
+    "parse_score",
+    "parse_yes_no",
+    "score_distribution",
+]

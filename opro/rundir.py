@@ -1,0 +1,191 @@
+"""The run directory (``[experiment].output_dir``): the one module that knows its layout.
+
+Everything an optimization, a comparison, an evaluation, a calibration or an export leaves in the
+output folder is named here, and the files other commands read back (the summary, the split record,
+the saved dataset, the newest comparison reports) are read here::
+
+    OUTPUT_DIR/
+      summary.json  history.jsonl  best_prompt.txt      what `opro optimize` returned
+      score_trajectory.png  optimism.png                its plots
+      metaprompts/step_NNN.txt                          every meta-prompt sent to the optimizer
+      split_record.json                                 the split the search saw (held-out guard)
+      dataset/                                          the split golden dataset every command uses
+      compare/NAME/   evaluate/   export/   corpus/      later commands' outputs
+      judge_calibration.json  judge_calibration/        `opro judge calibrate`
+      .opro.lock  .opro-worker-I.lock                   one process per folder (and worker)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opro.errors import DataError
+
+SUMMARY_FILE = "summary.json"
+HISTORY_FILE = "history.jsonl"
+BEST_PROMPT_FILE = "best_prompt.txt"
+TRAJECTORY_PLOT = "score_trajectory.png"
+OPTIMISM_PLOT = "optimism.png"
+METAPROMPTS_DIR = "metaprompts"
+SPLIT_RECORD_FILE = "split_record.json"
+DATASET_DIR = "dataset"
+COMPARE_DIR = "compare"
+EVALUATE_DIR = "evaluate"
+EXPORT_DIR = "export"
+CORPUS_DIR = "corpus"
+CALIBRATION_FILE = "judge_calibration.json"
+CALIBRATION_DIR = "judge_calibration"
+
+#: What `opro optimize` writes at the top of the folder, in the order it is listed and logged.
+OPTIMIZE_OUTPUTS = (BEST_PROMPT_FILE, HISTORY_FILE, SUMMARY_FILE, TRAJECTORY_PLOT, OPTIMISM_PLOT)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths in, and reads and writes of, one output folder."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    # -- paths -------------------------------------------------------------------------------
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY_FILE
+
+    @property
+    def history(self) -> Path:
+        return self.root / HISTORY_FILE
+
+    @property
+    def best_prompt(self) -> Path:
+        return self.root / BEST_PROMPT_FILE
+
+    @property
+    def trajectory_plot(self) -> Path:
+        return self.root / TRAJECTORY_PLOT
+
+    @property
+    def optimism_plot(self) -> Path:
+        return self.root / OPTIMISM_PLOT
+
+    @property
+    def metaprompts(self) -> Path:
+        return self.root / METAPROMPTS_DIR
+
+    @property
+    def split_record(self) -> Path:
+        return self.root / SPLIT_RECORD_FILE
+
+    @property
+    def dataset(self) -> Path:
+        return self.root / DATASET_DIR
+
+    @property
+    def compare(self) -> Path:
+        return self.root / COMPARE_DIR
+
+    @property
+    def evaluate(self) -> Path:
+        return self.root / EVALUATE_DIR
+
+    @property
+    def export(self) -> Path:
+        return self.root / EXPORT_DIR
+
+    @property
+    def corpus(self) -> Path:
+        return self.root / CORPUS_DIR
+
+    @property
+    def calibration(self) -> Path:
+        return self.root / CALIBRATION_FILE
+
+    @property
+    def calibration_dir(self) -> Path:
+        return self.root / CALIBRATION_DIR
+
+    def lock(self, *, worker_index: int = 0, num_workers: int = 1) -> Path:
+        return self.root / (".opro.lock" if num_workers == 1 else f".opro-worker-{worker_index}.lock")
+
+    def optimize_outputs(self) -> list[Path]:
+        """The files of :data:`OPTIMIZE_OUTPUTS` that exist."""
+        return [self.root / name for name in OPTIMIZE_OUTPUTS if (self.root / name).is_file()]
+
+    def has_dataset(self) -> bool:
+        return (self.dataset / "rag_dataset.json").is_file()
+
+    # -- writes ------------------------------------------------------------------------------
+    def write_metaprompt(self, step: int, text: str) -> Path:
+        self.metaprompts.mkdir(parents=True, exist_ok=True)
+        path = self.metaprompts / f"step_{step:03d}.txt"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def write_result(self, *, best_template: str, history: Iterable[Mapping[str, Any]], summary: Mapping[str, Any]) -> None:
+        """``best_prompt.txt``, ``history.jsonl`` (one record a line) and ``summary.json``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.best_prompt.write_text(best_template, encoding="utf-8")
+        with self.history.open("w", encoding="utf-8") as fh:
+            for record in history:
+                fh.write(json.dumps(record) + "\n")
+        self.summary.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+
+    def write_split_record(self, record: Mapping[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.split_record.write_text(json.dumps(record, indent=2), encoding="utf-8")
+
+    def add_to_summary(self, key: str, value: Any) -> bool:
+        """Set one key of ``summary.json``, if there is one; says whether there was."""
+        if not self.summary.is_file():
+            return False
+        data = json.loads(self.summary.read_text(encoding="utf-8"))
+        data[key] = value
+        self.summary.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        return True
+
+    # -- reads -------------------------------------------------------------------------------
+    def read_json(self, path: Path) -> Any:
+        """A JSON file of this folder; a clear :class:`DataError` when it cannot be read."""
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"{path}: cannot be read as JSON ({exc}); delete it and run `opro optimize` again") from exc
+
+    def read_split_record(self) -> dict[str, Any] | None:
+        """The split record `opro optimize` left (``split_record.json``, else the one in ``summary.json``)."""
+        for path, key in ((self.split_record, None), (self.summary, "split_record")):
+            if not path.is_file():
+                continue
+            data = self.read_json(path)
+            record = data.get(key) if key and isinstance(data, Mapping) else data
+            if record is None and key:
+                continue
+            if not (
+                isinstance(record, Mapping)
+                and isinstance(record.get("split_sha256"), str)
+                and isinstance(record.get("questions"), Mapping)
+            ):
+                raise DataError(f"{path}: not a split record (needs 'split_sha256' and 'questions'); run `opro optimize` again")
+            return dict(record)
+        return None
+
+    def comparison_reports(self) -> list[Path]:
+        """Every ``compare/*/report.json``, newest first."""
+        return sorted(self.compare.glob("*/report.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+__all__ = [
+    "BEST_PROMPT_FILE",
+    "CALIBRATION_DIR",
+    "CALIBRATION_FILE",
+    "OPTIMIZE_OUTPUTS",
+    "SPLIT_RECORD_FILE",
+    "SUMMARY_FILE",
+    "RunDir",
+]
