@@ -166,6 +166,23 @@ def test_success_maps_text_usage_and_request(server: FakeServer, llm: OpenAILLM)
     assert body["response_format"]["json_schema"]["schema"] == {"type": "object"}
 
 
+def test_extra_headers_and_unicode_reach_the_server_on_the_sync_path(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    backend = OpenAILLM(model="fake-model", base_url=server.url, api_key_env="OPRO_TEST_KEY",
+                        extra_headers={"X-Team": "rag"}, max_retries=0)
+    try:
+        server.script(ok("Köln"))
+        c = backend.generate((Message("user", "Où est Köln?"),), OPTS)
+    finally:
+        backend.close()
+    assert c.text == "Köln"
+    req = server.requests[0]
+    assert req["headers"]["X-Team"] == "rag"
+    assert req["json"]["messages"][0]["content"] == "Où est Köln?"
+
+
 def test_top_logprobs_are_requested_and_mapped(server: FakeServer, llm: OpenAILLM) -> None:
     server.script(ok("4", logprobs=True))
     c = llm.generate(MSGS, GenerationOptions(top_logprobs=2))
