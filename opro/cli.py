@@ -552,7 +552,9 @@ def optimize(
     console.print(escape(result.headline()))
     from opro.calibration import judge_noise_note
 
-    console.print(judge_noise_note(exp.config), markup=False, soft_wrap=True)
+    noise = judge_noise_note(exp.config)
+    console.print(noise, markup=False, soft_wrap=True)
+    exp.run_dir.add_to_summary("judge_noise", noise)  # the record says it too, beside the gain
     from opro.dataset import split_shortfall
 
     shrunk = split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None

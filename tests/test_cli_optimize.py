@@ -33,6 +33,8 @@ def test_optimize_prints_search_and_validation_scores(tmp_path: Path, monkeypatc
     assert "a finalist beat the initial instruction on 8 validation questions by +3.00" in result.output
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["score_basis"] == "validation" and summary["validated"] is True
+    # No calibration was run: the record says the judge's noise is not measured, and how to measure it.
+    assert summary["judge_noise"].startswith("judge noise: not measured") and "opro judge calibrate" in summary["judge_noise"]
 
 
 def test_no_usable_proposal_is_an_error_that_lists_the_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
