@@ -22,6 +22,7 @@ judged one by one in order: the same answers (greedy decoding), far fewer decode
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 from collections.abc import Callable, Hashable, Sequence
@@ -76,7 +77,10 @@ def answer(program: Any, template: Any, example: Any) -> Answered:
     """Ask ``program`` the example's question under ``template``. Raises :class:`LLMError`."""
     query = _field(example, "query")
     reference = _field(example, "reference_answer", "reference")
-    result = program.answer(query, template=template)
+    return _answered(query, reference, program.answer(query, template=template))
+
+
+def _answered(query: str, reference: str, result: Any) -> Answered:
     return Answered(
         query=query,
         reference=reference,
@@ -120,14 +124,19 @@ def _error_scored(pair: Pair, exc: LLMError) -> Scored:
     return Scored(pair, EvaluationRow(query=query, reference=reference, error=f"{type(exc).__name__}: {exc}"), exc)
 
 
-def answer_then_judge(*, program: Any, judge: Any, pair: Pair, metrics: Sequence[Any] = ()) -> Scored:
-    """One pair, answer then judge, in the calling thread. Permanent LLM errors are raised."""
+def _guarded(pair: Pair, row: Callable[[], EvaluationRow]) -> Scored:
+    """The pair's row, or its error row for a transient LLM error. Permanent ones are raised."""
     try:
-        return Scored(pair, judge_answer(judge, metrics, answer(program, pair.template, pair.example)))
+        return Scored(pair, row())
     except LLMError as exc:
         if exc.permanent:
             raise  # a bad key or request fails every pair the same way: stop at the first
         return _error_scored(pair, exc)
+
+
+def answer_then_judge(*, program: Any, judge: Any, pair: Pair, metrics: Sequence[Any] = ()) -> Scored:
+    """One pair, answer then judge, in the calling thread. Permanent LLM errors are raised."""
+    return _guarded(pair, lambda: judge_answer(judge, metrics, answer(program, pair.template, pair.example)))
 
 
 def batch_limit(program: Any) -> int:
@@ -217,18 +226,24 @@ class EvaluationEngine:
             self._run_streaming(list(pairs), on_scored, gate)
 
     @staticmethod
-    def _next(pending: list[Pair], gate: Callable[[Pair], Gate] | None, limit: int) -> list[Pair]:
-        """Take up to ``limit`` runnable pairs off ``pending`` (in order), dropping the dropped ones."""
-        if gate is None:
+    def _next(
+        pending: list[Pair], gate: Callable[[Pair], Gate] | None, limit: int, *, same_as: Pair | None = None
+    ) -> list[Pair]:
+        """Take up to ``limit`` runnable pairs off ``pending`` (in order), dropping the dropped ones.
+        With ``same_as``, only pairs of its question: the scan stops at the first pair of another
+        question (that one is asked later, in order)."""
+        if gate is None and same_as is None:
             taken = pending[:limit]
             del pending[:limit]
             return taken
+        query = None if same_as is None else _field(same_as.example, "query")
         taken, kept = [], []
         for i, p in enumerate(pending):
-            if len(taken) >= limit:
+            other = same_as is not None and (p.index != same_as.index or _field(p.example, "query") != query)
+            if len(taken) >= limit or other:
                 kept.extend(pending[i:])
                 break
-            decision = gate(p)
+            decision = "run" if gate is None else gate(p)
             if decision == "run":
                 taken.append(p)
             elif decision == "hold":
@@ -246,32 +261,11 @@ class EvaluationEngine:
                     raise EngineStalled(f"{len(pending)} pair(s) held with nothing running")
                 return
             if self.batch_width > 1:
-                taken += self._same_question(pending, gate, taken[0], self.batch_width - 1)
+                taken += self._next(pending, gate, self.batch_width - 1, same_as=taken[0])
             if len(taken) > 1:
                 self._answer_group_then_judge(taken, on_scored, gate)
                 continue
             on_scored(answer_then_judge(program=self.program, judge=self.judge, pair=taken[0], metrics=self.metrics))
-
-    @staticmethod
-    def _same_question(
-        pending: list[Pair], gate: Callable[[Pair], Gate] | None, first: Pair, limit: int
-    ) -> list[Pair]:
-        """Up to ``limit`` runnable pairs of ``first``'s question that follow it in ``pending``; the
-        scan stops at the first pair of another question (it is asked later, in order)."""
-        query = _field(first.example, "query")
-        taken: list[Pair] = []
-        kept: list[Pair] = []
-        for i, p in enumerate(pending):
-            if len(taken) >= limit or p.index != first.index or _field(p.example, "query") != query:
-                kept.extend(pending[i:])
-                break
-            decision = "run" if gate is None else gate(p)
-            if decision == "run":
-                taken.append(p)
-            elif decision == "hold":
-                kept.append(p)
-        pending[:] = kept
-        return taken
 
     def _answer_group_then_judge(
         self, taken: list[Pair], on_scored: Callable[[Scored], None], gate: Callable[[Pair], Gate] | None
@@ -288,20 +282,8 @@ class EvaluationEngine:
                 continue
             if gate is not None and gate(pair) == "drop":
                 continue  # pruned while its batch was decoded: the judge call is saved
-            answered = Answered(
-                query=query,
-                reference=reference,
-                text=str(result.text),
-                contexts=tuple(_context_text(c) for c in result.contexts),
-                completion=result.completion,
-            )
-            try:
-                scored = Scored(pair, judge_answer(self.judge, self.metrics, answered))
-            except LLMError as exc:
-                if exc.permanent:
-                    raise
-                scored = _error_scored(pair, exc)
-            on_scored(scored)
+            answered = _answered(query, reference, result)
+            on_scored(_guarded(pair, functools.partial(judge_answer, self.judge, self.metrics, answered)))
 
     def _run_streaming(
         self, pending: list[Pair], on_scored: Callable[[Scored], None], gate: Callable[[Pair], Gate] | None
