@@ -31,27 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _loopback import models_toml, write_data  # this folder is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-bench-0123456789abcdef"
 
 
-def _write_data(base: Path, n_questions: int) -> None:
-    docs = base / "docs"
-    docs.mkdir(parents=True, exist_ok=True)
-    for d in range(8):
-        lines = [f"Fact {d}-{i}: the value of item {d}-{i} is {d * 100 + i}." for i in range(60)]
-        (docs / f"doc{d}.txt").write_text("\n".join(lines) + "\n")
-    rows = [{"question": f"What is the value of item {i % 8}-{i % 60}?", "answer": f"{(i % 8) * 100 + i % 60}."}
-            for i in range(n_questions)]
-    (base / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-
-
 def _config(base: Path, name: str, url: str, storage: str, study: str, args: argparse.Namespace) -> Path:
-    models = "\n".join(
-        f'[models.{role}]\nbackend = "openai"\nmodel = "{model}-model"\nbase_url = "{url}"\n'
-        f'api_key_env = "OPRO_BENCH_KEY"\nmax_concurrency = {args.concurrency}\ntimeout_s = 60\n'
-        for role, model in (("task", "task"), ("judge", "judge"), ("optimizer", "optimizer"), ("generator", "optimizer"))
-    )
+    models = models_toml(url, args.concurrency)
     text = f"""[experiment]
 name = "{name}"
 output_dir = "{name}"
@@ -125,7 +112,7 @@ def main() -> None:
         distinct=True,
     ) as server:
         base = Path(tmp)
-        _write_data(base, 5 + args.questions)
+        write_data(base, 5 + args.questions)
         storage = args.storage or f"sqlite:///{base / 'optuna.db'}"
         for n in (int(x) for x in args.workers.split(",")):
             study = f"bench-{n}-{int(time.time())}"

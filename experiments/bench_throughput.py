@@ -21,7 +21,6 @@ It is a benchmark, not a test: nothing here is asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from _loopback import models_toml, write_data  # this folder is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-bench-0123456789abcdef"
@@ -104,23 +105,8 @@ def _measure(server: object, cmd: list[str], *, run: str, workers: int, env: dic
     )
 
 
-def _write_data(base: Path, n_questions: int) -> None:
-    docs = base / "docs"
-    docs.mkdir(parents=True, exist_ok=True)
-    for d in range(8):
-        lines = [f"Fact {d}-{i}: the value of item {d}-{i} is {d * 100 + i}." for i in range(60)]
-        (docs / f"doc{d}.txt").write_text("\n".join(lines) + "\n")
-    rows = [{"question": f"What is the value of item {i % 8}-{i % 60}?", "answer": f"{(i % 8) * 100 + i % 60}."}
-            for i in range(n_questions)]
-    (base / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-
-
 def _config(base: Path, name: str, url: str, workers: int, args: argparse.Namespace) -> Path:
-    models = "\n".join(
-        f'[models.{role}]\nbackend = "openai"\nmodel = "{model}-model"\nbase_url = "{url}"\n'
-        f'api_key_env = "OPRO_BENCH_KEY"\nmax_concurrency = {workers}\ntimeout_s = 60\n'
-        for role, model in (("task", "task"), ("judge", "judge"), ("optimizer", "optimizer"), ("generator", "optimizer"))
-    )
+    models = models_toml(url, workers)
     text = f"""[experiment]
 name = "{name}"
 output_dir = "{name}"
@@ -221,7 +207,7 @@ def main() -> None:
         distinct=True,
     ) as server:
         base = Path(tmp)
-        _write_data(base, 3 + 2 * args.questions)
+        write_data(base, 3 + 2 * args.questions)
         env["OPRO_CACHE_DIR"] = str(base / "cache")  # a cold call cache: every run pays for its calls
         opro = [sys.executable, "-c", "from opro.cli import main; main()"]
         for w in (int(x) for x in args.workers.split(",")):
