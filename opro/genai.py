@@ -78,9 +78,15 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
     # Each evaluate imports the Databricks SDK first (5-30 s on a busy 2-core machine) so that its
     # worker threads could use it; off Databricks nothing does. Hide it for the call unless loaded.
     hide_sdk = not tracking_uri.startswith("databricks") and "databricks.sdk" not in sys.modules
+    # Each predict_fn call runs in MLflow's retry context, which imports litellm (3-10 s of CPU, 2,400
+    # modules with openai) to ask whether litellm's retries are active; opro's replay and scorers
+    # make no LLM calls. Hidden for the call unless something already loaded it.
+    hide_litellm = "litellm" not in sys.modules
     with _STORE_LOCK:
         if hide_sdk:
             sys.modules["databricks.sdk"] = None  # type: ignore[assignment]
+        if hide_litellm:
+            sys.modules["litellm"] = None  # type: ignore[assignment]
         old_experiment = fluent._active_experiment_id
         # mlflow.set_registry_uri also exports MLFLOW_REGISTRY_URI, which would outlive the call.
         old_env = {k: os.environ.get(k) for k in (*env, "MLFLOW_REGISTRY_URI")}
@@ -101,6 +107,8 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
             _model_registry.utils._registry_uri = old_registry
             if hide_sdk and sys.modules.get("databricks.sdk", 0) is None:
                 del sys.modules["databricks.sdk"]
+            if hide_litellm and sys.modules.get("litellm", 0) is None:
+                del sys.modules["litellm"]
 
 
 def _import_harness() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -280,3 +281,32 @@ def test_cli_evaluate_records_an_evaluation_run(compared: tuple[Path, Any, Any],
     runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'evaluate'")
     assert len(runs) == 1 and runs[0].data.tags["opro.spec"] == "best"
     assert runs[0].data.metrics["correctness/mean"] == 5.0
+
+
+def test_recording_an_evaluation_does_not_import_litellm(tmp_path: Path) -> None:
+    """MLflow's evaluate asks litellm (2,400 modules, seconds of CPU) whether its retries are on; opro's
+    replay makes no LLM calls, so the records must not pay for that import."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from opro.dataset import Example, GoldenDataset
+from opro.evaluation import EvaluationReport, EvaluationRow
+from opro.genai import GenAILogger, PromptEvaluation
+from opro.prompts import QATemplate
+ds = GoldenDataset(tuple(Example(f"Question {{i}}?", f"Answer {{i}}.") for i in range(3))).with_split(
+    exemplar=0, optimization=0, validation=0, heldout=3, seed=0)
+rows = tuple(EvaluationRow(query=e.query, reference=e.reference_answer, answer="a", score=4.0, passing=True)
+             for e in ds.examples)
+log = GenAILogger(tracking_uri="sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="l", dataset_prefix="l")
+record = log.log_evaluations([PromptEvaluation(label="p", template=QATemplate(instruction="Answer."),
+                                               report=EvaluationReport(rows=rows))],
+                             dataset=ds, split="heldout", source="test")
+assert len(record.runs[0].trace_ids) == 3, record
+print("litellm" in sys.modules and sys.modules["litellm"] is not None)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
