@@ -2,7 +2,10 @@
 
 Chunks come from llama-index-core's ``SentenceSplitter``. A built index is persisted under
 ``index_dir`` keyed by a sha256 of the chunk texts and the settings, so a rerun loads it instead of
-rebuilding (that matters for dense retrieval, where building means embedding every chunk).
+rebuilding (that matters for dense retrieval, where building means embedding every chunk). The
+chunks themselves are kept there too, keyed by the documents and the chunk settings: the splitter's
+first use (sentence tokenizer and token counter loaded) costs seconds in every process otherwise,
+and every process of a run (resume, each scale-out worker, compare, evaluate) chunks the same text.
 Retrieval results are memoized per ``(query, top_k)``: an OPRO run asks the same questions for
 every candidate instruction.
 """
@@ -405,6 +408,43 @@ def index_key(chunks: Sequence[Chunk], settings: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
+CHUNKS_FORMAT = 1  # bump when chunk_documents' output changes for the same input
+
+
+def _chunks_key(documents: Sequence[Document], *, chunk_size: int, chunk_overlap: int) -> str:
+    """sha256 of what shapes the chunks: the documents (id, text, metadata), the sizes, the splitter's version."""
+    from importlib.metadata import version
+
+    h = hashlib.sha256()
+    h.update(json.dumps({"format": CHUNKS_FORMAT, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
+                         "llama_index_core": version("llama-index-core")}, sort_keys=True).encode("utf-8"))
+    for d in documents:
+        h.update(b"\0")
+        h.update(json.dumps([d.doc_id, d.text, d.metadata], sort_keys=True, default=str).encode("utf-8"))
+    return h.hexdigest()
+
+
+def cached_chunks(
+    documents: Iterable[Document], *, chunk_size: int, chunk_overlap: int, cache_dir: str | Path
+) -> list[Chunk]:
+    """:func:`chunk_documents`, kept in ``cache_dir`` under a key of its inputs (see :func:`_chunks_key`)."""
+    docs = list(documents)
+    path = Path(cache_dir) / f"chunks-{_chunks_key(docs, chunk_size=chunk_size, chunk_overlap=chunk_overlap)[:24]}.json"
+    if path.is_file():
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+            return [Chunk(id=r["id"], text=r["text"], metadata=r["metadata"]) for r in rows]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable (cut short, edited): chunk again and rewrite it
+    chunks = chunk_documents(docs, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump([{"id": c.id, "text": c.text, "metadata": dict(c.metadata)} for c in chunks], f, default=str)
+    os.replace(tmp, path)
+    return chunks
+
+
 def build_retriever(
     *,
     documents: Iterable[Document] | None = None,
@@ -418,12 +458,18 @@ def build_retriever(
     stemmer: Stemmer = "none",
     progress: bool = True,
 ) -> Retriever:
-    """Chunk ``documents`` (or take ready ``chunks``) and build, or load from ``index_dir``, a retriever."""
+    """Chunk ``documents`` (or take ready ``chunks``) and build, or load from ``index_dir``, a retriever.
+
+    With ``index_dir``, the chunks are kept there too (:func:`cached_chunks`).
+    """
     if (documents is None) == (chunks is None):
         raise ConfigError("give exactly one of documents= or chunks=")
     if chunks is None:
         assert documents is not None
-        chunks = chunk_documents(documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+        if index_dir is None:
+            chunks = chunk_documents(documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+        else:
+            chunks = cached_chunks(documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap, cache_dir=index_dir)
     if kind not in ("bm25", "dense"):
         raise ConfigError(f"unknown retriever kind {kind!r}; use 'bm25' or 'dense'")
     settings: dict[str, Any] = {"kind": kind, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap}
@@ -496,6 +542,7 @@ __all__ = [
     "RetrieverKind",
     "SentenceTransformerEmbedder",
     "build_retriever",
+    "cached_chunks",
     "chunk_documents",
     "context_overlap",
     "index_key",

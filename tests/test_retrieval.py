@@ -19,6 +19,7 @@ from opro.retrieval import (
     OpenAIEmbedder,
     SentenceTransformerEmbedder,
     build_retriever,
+    cached_chunks,
     chunk_documents,
     context_overlap,
     is_hit,
@@ -49,6 +50,37 @@ def test_chunk_documents_uses_sizes_and_keeps_metadata() -> None:
     assert chunk_documents([doc], chunk_size=128, chunk_overlap=16) == small  # deterministic
     with pytest.raises(ConfigError, match="chunk_overlap"):
         chunk_documents([doc], chunk_size=64, chunk_overlap=64)
+
+
+def test_chunks_are_cached_by_documents_and_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import opro.retrieval as retrieval
+
+    docs = [Document(text=" ".join(TOPICS.values()) * 3, id_="d1", metadata={"page": 1})]
+    first = cached_chunks(docs, chunk_size=32, chunk_overlap=0, cache_dir=tmp_path)
+    assert first == chunk_documents(docs, chunk_size=32, chunk_overlap=0)
+    assert len(list(tmp_path.glob("chunks-*.json"))) == 1
+
+    def no_splitter(*a: object, **k: object) -> list[Chunk]:
+        raise AssertionError("chunked again")
+
+    monkeypatch.setattr(retrieval, "chunk_documents", no_splitter)
+    assert cached_chunks(docs, chunk_size=32, chunk_overlap=0, cache_dir=tmp_path) == first  # from the file
+    # A different size, text or metadata is a different key: chunked again.
+    for changed in ({"chunk_size": 48}, {"docs": [Document(text=docs[0].text + " More.", id_="d1", metadata={"page": 1})]},
+                    {"docs": [Document(text=docs[0].text, id_="d1", metadata={"page": 2})]}):
+        with pytest.raises(AssertionError, match="chunked again"):
+            cached_chunks(changed.get("docs", docs), chunk_size=changed.get("chunk_size", 32), chunk_overlap=0,  # type: ignore[arg-type]
+                          cache_dir=tmp_path)
+    monkeypatch.undo()
+    # A file cut short is chunked again and rewritten, not an error.
+    (path,) = tmp_path.glob("chunks-*.json")
+    path.write_text(path.read_text()[:20])
+    assert cached_chunks(docs, chunk_size=32, chunk_overlap=0, cache_dir=tmp_path) == first
+    assert json.loads(path.read_text())[0]["id"] == first[0].id
+    # build_retriever with an index_dir goes through the cache.
+    monkeypatch.setattr(retrieval, "chunk_documents", no_splitter)
+    r = build_retriever(documents=docs, chunk_size=32, chunk_overlap=0, top_k=1, index_dir=tmp_path)
+    assert r.retrieve("Which animal purrs?")[0].text
 
 
 def test_bm25_ranks_the_matching_chunk_first_and_memoizes() -> None:
