@@ -118,6 +118,14 @@ def screenshot(url: str, path: Path, *, size: tuple[int, int] = (1400, 900), bud
     return path
 
 
+def _on_page(text: str, dom: str) -> bool:
+    """Whether ``text`` is on the page as it is, or as the UI shows it inside JSON (a request column
+    renders ``{"question": ...}``, so a question with quotes or backslashes appears escaped)."""
+    import json
+
+    return text in dom or json.dumps(text, ensure_ascii=False)[1:-1] in dom
+
+
 @dataclass(frozen=True)
 class UICheck:
     url: str
@@ -155,7 +163,7 @@ def check_evaluation_ui(
         missing: list[str] = list(expect)
         for attempt in range(attempts):
             dom = html.unescape(render(url, budget_ms=25_000 * (attempt + 1)))
-            missing = [t for t in expect if t not in dom]
+            missing = [t for t in expect if not _on_page(t, dom)]
             if not missing:
                 break
         if screenshot_path is not None:

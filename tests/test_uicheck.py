@@ -42,3 +42,13 @@ def test_the_evaluation_run_comparison_page_shows_every_question(
     assert check.dom.count("correctness_assessment_column") >= len(report.questions) + 1
     assert "compare pair: best" in check.dom and "compare pair: initial" in check.dom
     assert shot.stat().st_size > 10_000
+
+
+def test_a_question_with_quotes_is_found_as_the_ui_renders_it_in_json() -> None:
+    from opro.uicheck import _on_page
+
+    q = 'How does the "with" statement differ from the "try" statement?'
+    dom = '<td>{ "question": "How does the \\"with\\" statement differ from the \\"try\\" statement?" }</td>'
+    assert _on_page(q, dom)
+    assert _on_page("plain question?", "<td>plain question?</td>")
+    assert not _on_page('What does "if" do?', dom)
