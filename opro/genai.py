@@ -37,9 +37,11 @@ from io import StringIO
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import OproError
+from opro.recorders import Recorder
 from opro.redaction import redact_text
 
 if TYPE_CHECKING:
+    import optuna
     from mlflow import MlflowClient
 
     from opro.compare import ComparisonReport
@@ -573,6 +575,20 @@ class Prewarm:
             raise self._error
 
 
+class ValidationTraces(Recorder):
+    """The recorder that logs the validation stage of the finished
+    search as evaluation runs (:func:`log_validation_evaluations`), once ``prewarm`` registered the
+    dataset splits. Goes after :class:`opro.recorders.MlflowRecorder`: it links to that run."""
+
+    def __init__(self, experiment: Experiment, *, prewarm: Prewarm) -> None:
+        self.experiment = experiment
+        self.prewarm = prewarm
+
+    def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
+        self.prewarm.wait()  # it registered the dataset splits
+        log_validation_evaluations(result, experiment=self.experiment, register_datasets=False)
+
+
 def log_validation_evaluations(
     result: OptimizationResult, *, experiment: Experiment, register_datasets: bool = True
 ) -> GenAIRecord | None:
@@ -745,6 +761,7 @@ __all__ = [
     "MlflowCorrectnessJudge",
     "Prewarm",
     "PromptEvaluation",
+    "ValidationTraces",
     "dataset_name",
     "genai_logger",
     "judge_scorer",

@@ -19,6 +19,8 @@ from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
 from opro.metaprompt import MetaPromptBuilder, ScoredInstruction
 from opro.optimizer import OPROOptimizer, OptimizationResult, RacingPruner
+from opro.recorders import RunDirRecorder
+from opro.rundir import RunDir
 
 INITIAL = "Answer the question."
 
@@ -250,9 +252,9 @@ def test_summary_and_outputs_label_the_score_and_show_the_optimism(tmp_path: Pat
         settings=OptimizerSection(steps=1, candidates_per_step=2, minibatch_size=3, pruner="none", finalists=2),
         storage=f"sqlite:///{tmp_path / 'o.db'}",
         study_name="s",
-        output_dir=tmp_path / "out",
         usage=usage,
         progress=False,
+        recorders=[RunDirRecorder(RunDir(tmp_path / "out"))],
     )
     program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0]),
                                      role="task", usage=usage))
