@@ -19,7 +19,6 @@ from opro.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from opro.evaluation import Judge
-    from opro.judges import CorrectnessJudge
     from opro.llm.pool import ModelSpec
 
 LABELS = (1, 2, 3, 4, 5)
@@ -284,7 +283,7 @@ def parse_model_spec(text: str) -> ModelSpec:
 
 
 def judge_scores(
-    judge: CorrectnessJudge | Judge, rows: Sequence[dict[str, Any]], *, progress: bool = True
+    judge: Judge, rows: Sequence[dict[str, Any]], *, progress: bool = True
 ) -> list[float | None]:
     """The judge's score of every answer row (None for an invalid reply)."""
     from opro.progress import progress_bar
@@ -293,7 +292,7 @@ def judge_scores(
     with progress_bar("judging", total=len(rows), enabled=progress) as bar:
         for r in rows:
             scores.append(
-                judge.evaluate(query=r["query"], answer=r["answer"], reference=r["reference"]).score
+                judge.measure(query=r["query"], answer=r["answer"], reference=r["reference"]).score
             )
             bar.advance()
     return scores

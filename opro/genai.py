@@ -477,6 +477,10 @@ class MlflowCorrectnessJudge:
                                                feedback=completion.text.strip())
         return MetricResult(self.name, 5.0 if verdict else 1.0, verdict, rationale)
 
+    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> Any:
+        """The :class:`~opro.metrics.Metric` entry point (contexts are not part of MLflow's correctness prompt)."""
+        return self.evaluate(query=query, answer=answer, reference=reference)
+
 
 _RESULT_RE = re.compile(r'"result"\s*:\s*"\s*(yes|no)\s*"', re.I)
 

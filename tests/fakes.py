@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ class KeywordJudge:
     def __init__(self, client: ChatClient) -> None:
         self.client = client
 
-    def evaluate(self, *, query: str, answer: str, reference: str) -> KeywordVerdict:
+    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> KeywordVerdict:
         reply = self.client.complete(f"Grade.\nAnswer: {answer}\nReference: {reference}").text
         score = float(reply) if reply.strip() else None
         return KeywordVerdict(score, score is None)
