@@ -143,7 +143,7 @@ class EchoProgram:
 
 
 @dataclass(frozen=True)
-class KeywordVerdict:
+class Verdict:
     score: float | None
     invalid: bool
 
@@ -154,10 +154,10 @@ class KeywordJudge:
     def __init__(self, client: ChatClient) -> None:
         self.client = client
 
-    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> KeywordVerdict:
+    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> Verdict:
         reply = self.client.complete(f"Grade.\nAnswer: {answer}\nReference: {reference}").text
         score = float(reply) if reply.strip() else None
-        return KeywordVerdict(score, score is None)
+        return Verdict(score, score is None)
 
 
 def keyword_task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
+from fakes import EchoProgram, Ex, Verdict
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
@@ -23,28 +23,6 @@ from opro.recorders import RunDirRecorder
 from opro.rundir import RunDir
 
 INITIAL = "Answer the question."
-
-
-@dataclass(frozen=True)
-class Ex:
-    query: str
-    reference_answer: str
-
-
-class EchoProgram:
-    """Answers with the instruction it was given, so the judge can see which prompt wrote the answer."""
-
-    def __init__(self, client: ChatClient) -> None:
-        self.client = client
-
-    def answer(self, query: str, *, template: Any) -> Any:
-        return self.client.complete(f"{template}\nQuery: {query}")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    score: float | None
-    invalid: bool
 
 
 class ReplyJudge:
