@@ -30,6 +30,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ class ReplyJudge:
     def __init__(self, client: ChatClient) -> None:
         self.client = client
 
-    def evaluate(self, *, query: str, answer: str, reference: str) -> Verdict:
+    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> Verdict:
         reply = self.client.complete(f"Grade.\nQuestion: {query}\nAnswer: {answer}\nReference: {reference}").text
         return Verdict(float(reply), False)
 

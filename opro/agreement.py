@@ -7,8 +7,6 @@ and over 95% within one point; the Prometheus-vs-GPT-4 study reported Hamming di
 
 from __future__ import annotations
 
-import csv
-import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +17,6 @@ from opro.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from opro.evaluation import Judge
-    from opro.judges import CorrectnessJudge
     from opro.llm.pool import ModelSpec
 
 LABELS = (1, 2, 3, 4, 5)
@@ -170,25 +167,9 @@ _SCORE_FIELDS = ("score", "human_score", "label", "rating")
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a CSV, JSON (a list, or an object with ``rows``/``examples``) or JSONL file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DataError(f"cannot read {p}: {exc}") from exc
-    suffix = p.suffix.lower()
-    try:
-        if suffix == ".csv":
-            return [dict(r) for r in csv.DictReader(text.splitlines())]
-        if suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        data = json.loads(text)
-    except (json.JSONDecodeError, csv.Error) as exc:
-        raise DataError(f"{p} is not valid {suffix.lstrip('.') or 'JSON'}: {exc}") from exc
-    if isinstance(data, dict):
-        data = data.get("rows", data.get("examples"))
-    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise DataError(f"{p}: expected a list of records (or an object with 'rows' or 'examples')")
-    return data
+    from opro.dataset import read_records as located_records
+
+    return [dict(r) for _, r in located_records(path, list_keys=("rows", "examples"))]
 
 
 def _to_score(value: Any) -> float | None:
@@ -284,7 +265,7 @@ def parse_model_spec(text: str) -> ModelSpec:
 
 
 def judge_scores(
-    judge: CorrectnessJudge | Judge, rows: Sequence[dict[str, Any]], *, progress: bool = True
+    judge: Judge, rows: Sequence[dict[str, Any]], *, progress: bool = True
 ) -> list[float | None]:
     """The judge's score of every answer row (None for an invalid reply)."""
     from opro.progress import progress_bar
@@ -293,7 +274,7 @@ def judge_scores(
     with progress_bar("judging", total=len(rows), enabled=progress) as bar:
         for r in rows:
             scores.append(
-                judge.evaluate(query=r["query"], answer=r["answer"], reference=r["reference"]).score
+                judge.measure(query=r["query"], answer=r["answer"], reference=r["reference"]).score
             )
             bar.advance()
     return scores

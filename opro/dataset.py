@@ -462,8 +462,13 @@ def _pick_field(explicit: str | None, candidates: Sequence[str], keys: Iterable[
     )
 
 
-def _records(p: Path) -> list[tuple[str, Mapping[str, Any]]]:
-    """(location, record) pairs from JSON (list or {'examples'/'data': [...]}), JSONL or CSV."""
+def read_records(
+    path: str | Path, *, list_keys: Sequence[str] = ("examples", "data")
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """(location, record) pairs from a JSON file (a list, or an object whose first present key of
+    ``list_keys`` holds the list), a JSONL or a CSV file; empty when the file holds no record. The
+    location (``FILE: line N``) is what an error about the record names."""
+    p = Path(path)
     suffix = p.suffix.lower()
     out: list[tuple[str, Mapping[str, Any]]] = []
     if suffix == ".jsonl":
@@ -491,17 +496,16 @@ def _records(p: Path) -> list[tuple[str, Mapping[str, Any]]]:
     elif suffix == ".json":
         data = _read_json(p)
         if isinstance(data, Mapping):
-            data = data.get("examples", data.get("data"))
+            data = next((data[k] for k in list_keys if k in data), None)
         if not isinstance(data, list):
-            raise DataError(f"{p}: expected a JSON list of records (or an object with an 'examples' list)")
+            keys = " or ".join(repr(k) for k in list_keys)
+            raise DataError(f"{p}: expected a JSON list of records (or an object with a {keys} list)")
         for n, rec in enumerate(data):
             if not isinstance(rec, Mapping):
                 raise DataError(f"{p}: record {n}: expected a JSON object, got {type(rec).__name__}")
             out.append((f"{p}: record {n}", rec))
     else:
         raise DataError(f"{p}: unsupported dataset file type {suffix!r}; use .json, .jsonl or .csv (or an opro dataset dir)")
-    if not out:
-        raise DataError(f"{p}: no records found")
     return out
 
 
@@ -536,7 +540,9 @@ def import_qa(
     ``reference_answer_by``; default null (unknown), as LlamaIndex allows.
     """
     p = Path(path)
-    records = _records(p)
+    records = read_records(p)
+    if not records:
+        raise DataError(f"{p}: no records found")
     first_where, first = records[0]
     qf = _pick_field(query_field, QUERY_FIELDS, first.keys(), what="query", where=first_where)
     af = _pick_field(answer_field, ANSWER_FIELDS, first.keys(), what="answer", where=first_where)
@@ -577,6 +583,7 @@ __all__ = [
     "make_split",
     "normalize_question",
     "question_hash",
+    "read_records",
     "related_groups",
     "same_question",
     "split_hash",

@@ -93,7 +93,7 @@ def _answered(query: str, reference: str, result: Any) -> Answered:
 def judge_answer(judge: Any, metrics: Sequence[Any], answered: Answered) -> EvaluationRow:
     """Score an answer with the judge, then each extra metric. Raises :class:`LLMError`."""
     a = answered
-    verdict = judge.evaluate(query=a.query, answer=a.text, reference=a.reference)
+    verdict = judge.measure(query=a.query, answer=a.text, reference=a.reference, contexts=a.contexts)
     scores = {
         _metric_name(m): _run_metric(m, query=a.query, answer=a.text, reference=a.reference, contexts=a.contexts).score
         for m in metrics

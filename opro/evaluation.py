@@ -38,8 +38,9 @@ class Program(Protocol):
     def answer(self, query: str, *, template: QATemplate) -> Any: ...
 
 
-class Judge(Protocol):
-    def evaluate(self, *, query: str, answer: str, reference: str | None) -> MetricResult: ...
+#: The judge whose score the search maximizes and every evaluation reports: a :class:`~opro.metrics.Metric`
+#: like any other (the engine calls its ``measure``).
+Judge = Metric
 
 
 class QAExample(Protocol):

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from opro.judges import CorrectnessJudge
     from opro.optimizer import OPROOptimizer, OptimizationResult
     from opro.rag import RAGProgram
+    from opro.recorders import Recorder
     from opro.retrieval import Retriever
 
 logger = logging.getLogger(__name__)
@@ -293,18 +295,37 @@ class Experiment:
         logger.warning("archived study %r as %r; starting a fresh study", cfg.study_name, archived)
         return archived
 
-    def optimizer(self, *, worker_index: int = 0, num_workers: int = 1) -> OPROOptimizer:
-        from opro.optimizer import OPROOptimizer
+    def recorders(self, *, worker_index: int = 0, num_workers: int = 1, extra: Sequence[Recorder] = ()) -> list[Recorder]:
+        """What the search leaves behind: the run directory, then the MLflow run and registry version
+        (whose artifacts are the run directory's files), then ``extra``."""
+        from opro.recorders import MlflowRecorder, RunDirRecorder
         from opro.tracking import MlflowTracker
 
         cfg = self.config
-        tracker = None
-        # Every worker of a shared study gets the tracker: worker 0 records the run, another one
-        # ends it FAILED when it gives up on a worker 0 that is gone.
+        recorders: list[Recorder] = [RunDirRecorder(self.run_dir)]
+        # Every worker of a shared study gets the MLflow recorder: worker 0 records the run, another
+        # one ends it FAILED when it gives up on a worker 0 that is gone.
         if worker_index == 0 or num_workers > 1:
             tracker = MlflowTracker(
                 tracking_uri=cfg.mlflow_uri, experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name
             )
+            recorders.append(MlflowRecorder(
+                tracker,
+                params=self.run_params() if worker_index == 0 else None,
+                run_dir=self.run_dir,
+                register_prompt=(cfg.prompt_name, cfg.tracking.prompt_alias) if cfg.tracking.register_prompt else None,
+            ))
+        return [*recorders, *extra]
+
+    def optimizer(
+        self, *, worker_index: int = 0, num_workers: int = 1, recorders: Sequence[Recorder] | None = None
+    ) -> OPROOptimizer:
+        """The search, with :meth:`recorders` unless ``recorders`` are given."""
+        from opro.optimizer import OPROOptimizer
+
+        cfg = self.config
+        if recorders is None:
+            recorders = self.recorders(worker_index=worker_index, num_workers=num_workers)
         return OPROOptimizer(
             optimizer_llm=self.client("optimizer"),
             judge=self.judge,
@@ -314,17 +335,14 @@ class Experiment:
             storage=cfg.optuna_storage,
             study_name=cfg.study_name,
             seed=cfg.experiment.seed,
-            tracker=tracker,
-            run_params=self.run_params() if worker_index == 0 else None,
-            output_dir=cfg.output_dir,
             usage=self.usage,
             task_workers=self.client("task").llm.max_concurrency,
             worker_index=worker_index,
             num_workers=num_workers,
             worker_timeout_s=cfg.tracking.worker_wait_s,
             progress=self.progress,
-            register_prompt=(cfg.prompt_name, cfg.tracking.prompt_alias) if cfg.tracking.register_prompt else None,
             fingerprint=self.fingerprint(),
+            recorders=recorders,
         )
 
     def optimize(self, *, worker_index: int = 0, num_workers: int = 1, fresh: bool = False) -> OptimizationResult:
@@ -346,12 +364,14 @@ class Experiment:
             if fresh:
                 self.archive_study()
             record = self._record_split() if worker_index == 0 else None
-            prewarm = None
+            extra: list[Recorder] = []
             if record is not None and self.config.tracking.genai:
-                from opro.genai import Prewarm
+                from opro.genai import Prewarm, ValidationTraces
 
-                prewarm = Prewarm(self)  # imports and dataset registration overlap the search
-            result = self.optimizer(worker_index=worker_index, num_workers=num_workers).optimize(
+                # Imports and dataset registration overlap the search; the traces follow the MLflow run.
+                extra.append(ValidationTraces(self, prewarm=Prewarm(self)))
+            recorders = self.recorders(worker_index=worker_index, num_workers=num_workers, extra=extra)
+            result = self.optimizer(worker_index=worker_index, num_workers=num_workers, recorders=recorders).optimize(
                 program=self.program,
                 optimization_set=ds.examples_in("optimization"),
                 exemplar_set=ds.examples_in("exemplar"),
@@ -360,11 +380,6 @@ class Experiment:
             )
             if record is not None:
                 self._record_split(record)
-                if prewarm is not None:
-                    from opro.genai import log_validation_evaluations
-
-                    prewarm.wait()  # it registered the dataset splits
-                    log_validation_evaluations(result, experiment=self, register_datasets=False)
             return result
 
     def _record_split(self, record: dict[str, Any] | None = None) -> dict[str, Any]:

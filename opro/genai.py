@@ -37,9 +37,11 @@ from io import StringIO
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import OproError
+from opro.recorders import Recorder
 from opro.redaction import redact_text
 
 if TYPE_CHECKING:
+    import optuna
     from mlflow import MlflowClient
 
     from opro.compare import ComparisonReport
@@ -483,6 +485,10 @@ class MlflowCorrectnessJudge:
                                                feedback=completion.text.strip())
         return MetricResult(self.name, 5.0 if verdict else 1.0, verdict, rationale)
 
+    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> Any:
+        """The :class:`~opro.metrics.Metric` entry point (contexts are not part of MLflow's correctness prompt)."""
+        return self.evaluate(query=query, answer=answer, reference=reference)
+
 
 _RESULT_RE = re.compile(r'"result"\s*:\s*"\s*(yes|no)\s*"', re.I)
 
@@ -579,6 +585,20 @@ class Prewarm:
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+class ValidationTraces(Recorder):
+    """The recorder that logs the validation stage of the finished
+    search as evaluation runs (:func:`log_validation_evaluations`), once ``prewarm`` registered the
+    dataset splits. Goes after :class:`opro.recorders.MlflowRecorder`: it links to that run."""
+
+    def __init__(self, experiment: Experiment, *, prewarm: Prewarm) -> None:
+        self.experiment = experiment
+        self.prewarm = prewarm
+
+    def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
+        self.prewarm.wait()  # it registered the dataset splits
+        log_validation_evaluations(result, experiment=self.experiment, register_datasets=False)
 
 
 def log_validation_evaluations(
@@ -753,6 +773,7 @@ __all__ = [
     "MlflowCorrectnessJudge",
     "Prewarm",
     "PromptEvaluation",
+    "ValidationTraces",
     "dataset_name",
     "genai_logger",
     "judge_scorer",

@@ -44,10 +44,9 @@ from opro.metaprompt import (
     normalize_instruction,
 )
 from opro.progress import progress_bar
-from opro.rundir import RunDir
 
 if TYPE_CHECKING:
-    from opro.tracking import MlflowTracker
+    from opro.recorders import Recorder
 
 logger = logging.getLogger(__name__)
 
@@ -448,9 +447,6 @@ class OPROOptimizer:
         storage: str,
         study_name: str,
         seed: int = 0,
-        tracker: MlflowTracker | None = None,
-        run_params: dict[str, Any] | None = None,
-        output_dir: Path | None = None,
         usage: UsageLedger | None = None,
         task_workers: int = 1,
         judge_workers: int | None = None,
@@ -458,8 +454,8 @@ class OPROOptimizer:
         num_workers: int = 1,
         worker_timeout_s: float = 3600.0,
         progress: bool = True,
-        register_prompt: tuple[str, str] | None = None,
         fingerprint: Mapping[str, str] | None = None,
+        recorders: Sequence[Recorder] = (),
     ) -> None:
         check_worker_spec(worker_index, num_workers)
         self.optimizer_llm = optimizer_llm
@@ -470,21 +466,17 @@ class OPROOptimizer:
         self.storage = storage
         self.study_name = study_name
         self.seed = seed
-        self.tracker = tracker
-        self.run_params = run_params or {}
-        self.output_dir = output_dir
         self.usage = usage or optimizer_llm.usage
         self.task_workers = max(1, task_workers)
         #: None: the judge backend's max_concurrency (what its endpoint accepts).
         self.judge_workers = None if judge_workers is None else max(1, judge_workers)
         self._engine: EvaluationEngine | None = None
-        self._tracking: ThreadPoolExecutor | None = None
-        self._tracking_jobs: list[Future[Any]] = []
         self.worker_index = worker_index
         self.num_workers = num_workers
         self.worker_timeout_s = worker_timeout_s
         self.progress = progress
-        self.register_prompt = register_prompt
+        #: What the search leaves behind (run directory, MLflow, ...), called in this order.
+        self.recorders = tuple(recorders)
         self.fingerprint = dict(fingerprint or {})
         #: This process's lease token (see :meth:`optimize`): its claims on candidates carry it.
         self._token = ""
@@ -605,8 +597,8 @@ class OPROOptimizer:
             scorer=None if program is None else (lambda ins, ex: self._exemplar_outcome(program, ins, ex)),
         )
         meta_prompt = self.meta.render(history=scored, exemplars=exemplars)
-        if self.output_dir is not None:
-            RunDir(self.output_dir).write_metaprompt(step, meta_prompt)
+        for recorder in self.recorders:
+            recorder.on_meta_prompt(step=step, text=meta_prompt)
         seen = {normalize_instruction(r.instruction) for r in history}
         accepted: list[str] = []
         rejected: list[dict[str, str]] = []
@@ -1052,18 +1044,9 @@ class OPROOptimizer:
         self._load_usage(study)
         self._fail_stale_trials(study)
         history = self._records(study)
-        run_id = study.user_attrs.get("mlflow_run_id")
-        run_started: Future[str] | None = None
-        if self.tracker is not None and self.worker_index == 0:
-            tracker, resume = self.tracker, run_id
-
-            def start_run() -> str:
-                rid = tracker.start(run_name=self.study_name, params=self.run_params, resume_run_id=resume)
-                study.set_user_attr("mlflow_run_id", rid)
-                return rid
-
-            # MLflow's store set-up and run start take seconds: done beside the first step's requests.
-            run_started = self._track(start_run)
+        lead = self.worker_index == 0
+        for recorder in self.recorders:
+            recorder.on_search_start(study, lead=lead)
         exemplar_pool = [Exemplar(e.query, e.reference_answer) for e in exemplar_set]
         stopped = "steps"
         best_so_far = -math.inf
@@ -1096,9 +1079,9 @@ class OPROOptimizer:
                     steps_without_gain = 0
                 elif step > 0:
                     steps_without_gain += 1
-                if self.tracker is not None and self.worker_index == 0:
-                    self._track(self._log_step, study, step, history, best_so_far)
-                self._tracking_check()
+                if lead:
+                    for recorder in self.recorders:
+                        recorder.on_step(study, step=step, history=history, best_score=best_so_far)
                 if any(r.status == "budget" and r.step == step for r in history):
                     stopped = "budget"
                     break
@@ -1112,33 +1095,27 @@ class OPROOptimizer:
                     break
             history = self._records(study)
             self._load_others_usage(study)
-            if run_started is not None:
-                run_id = run_started.result()
+            for recorder in self.recorders:
+                recorder.on_search_end(study)
             validation = None
             if self.worker_index == 0 and self.settings.finalists > 0:
                 validation = self._validate(study, program, validation_set, history, initial_instructions[0].strip())
-            result = self._result(history, stopped=stopped, run_id=run_id, wall_s=time.perf_counter() - started,
+            result = self._result(history, stopped=stopped, wall_s=time.perf_counter() - started,
                                   initial=initial_instructions[0], validation=validation,
                                   rejected=self._rejections(study))
+            for recorder in self.recorders:
+                result = recorder.annotate(result)
             self._close_engine()
         except BaseException as exc:
             self._close_engine()
             with contextlib.suppress(Exception):  # the study store may be what failed
                 self._save_usage(study)
-            # Never leave the MLflow run RUNNING: KILLED when the user stopped it, FAILED otherwise;
-            # another worker ends it FAILED when it gives up on a worker 0 that is gone.
-            if self.tracker is not None and self.worker_index == 0:
-                with contextlib.suppress(Exception):  # the tracking store may be what failed
-                    self._tracking_done()
-                self.tracker.finish(status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
-            elif self.tracker is not None and self._abandoned and run_id:
-                with contextlib.suppress(Exception):
-                    self.tracker.run_id = str(run_id)
-                    self.tracker.finish(status="FAILED")
+            for recorder in self.recorders:
+                recorder.on_search_failed(study, exc, abandoned=self._abandoned)
             raise
         self._save_usage(study)
-        if self.worker_index == 0:
-            self._write_outputs(result, study)
+        if lead:
+            self._record_result(result, study)
         return result
 
     def _stop(self, study: optuna.Study, step: int, reason: str) -> str:
@@ -1287,58 +1264,11 @@ class OPROOptimizer:
             verdict=verdict,
         )
 
-    # -- MLflow, off the critical path ---------------------------------------------------------
-    def _track(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
-        """Run a tracking call on the one tracking thread, in order, while the search goes on."""
-        if self._tracking is None:
-            self._tracking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opro-mlflow")
-        job = self._tracking.submit(fn, *args, **kwargs)
-        self._tracking_jobs.append(job)
-        return job
-
-    def _tracking_check(self) -> None:
-        """Raise the error of a tracking call that failed (a broken MLflow store) at a step boundary."""
-        for job in self._tracking_jobs:
-            if job.done() and job.exception() is not None:
-                self._tracking_done()
-
-    def _tracking_done(self) -> None:
-        """Wait for every queued tracking call; raise the first failure."""
-        jobs, self._tracking_jobs = self._tracking_jobs, []
-        if self._tracking is not None:
-            self._tracking.shutdown(wait=True)
-            self._tracking = None
-        for job in jobs:
-            job.result()
-
-    def _log_step(self, study: optuna.Study, step: int, history: Sequence[CandidateRecord], best: float) -> None:
-        """Worker 0 logs every candidate of a finished step, whichever worker evaluated it, once per run
-        (on the tracking thread, after the run started).
-
-        The MLflow step of a candidate is its position in the (step, proposal index) order, the
-        same with any number of workers."""
-        if self.tracker is None or self.worker_index != 0 or self.tracker.run_id is None:
-            return
-        key = f"mlflow_logged:{self.tracker.run_id}"
-        logged = list(study.user_attrs.get(key) or [])
-        if step in logged:
-            return
-        for position, r in enumerate(history):
-            if r.step != step:
-                continue
-            metrics = {"candidate_score": r.score} if r.score is not None else {}
-            metrics["candidate_step"] = float(r.step)
-            self.tracker.log_metrics(metrics, step=position)
-        if best > -math.inf:
-            self.tracker.log_metrics({"search_best_score": best}, step=step)
-        study.set_user_attr(key, [*logged, step])
-
     def _result(
         self,
         history: list[CandidateRecord],
         *,
         stopped: str,
-        run_id: str | None,
         wall_s: float,
         initial: str,
         validation: ValidationResult | None,
@@ -1358,11 +1288,10 @@ class OPROOptimizer:
             "history": tuple(history),
             "usage": self.study_usage(),
             "stopped_reason": stopped,
-            "mlflow_run_id": run_id,
+            "mlflow_run_id": None,  # where the search was recorded: filled in by the recorders' annotate
             "study_name": self.study_name,
             "storage": self.storage,
             "wall_s": wall_s,
-            "output_dir": self.output_dir,
             "validation": validation,
             "rejected": rejected,
         }
@@ -1402,101 +1331,18 @@ class OPROOptimizer:
             **common,  # type: ignore[arg-type]
         )
 
-    def _write_outputs(self, result: OptimizationResult, study: optuna.Study) -> None:
+    def _record_result(self, result: OptimizationResult, study: optuna.Study) -> None:
         # The summary in the study too: `opro compare best` / `opro export best` work from the stores
-        # on any machine, not only in worker 0's output folder.
+        # on any machine, not only in the lead's output folder.
         study.set_user_attr("summary", json.loads(json.dumps(result.summary(), default=str)))
-        if self.output_dir is not None:
-            out = RunDir(self.output_dir)
-            out.write_result(
-                best_template=result.best_template,
-                history=[{**asdict(r), "pruned": r.pruned, "partial": r.partial} for r in result.history],
-                summary=result.summary(),
-            )
-            from opro.plots import plot_optimism, plot_trajectory
-
-            plot_trajectory(
-                steps=[r.step for r in result.history],
-                scores=[r.score for r in result.history],
-                pruned=[r.pruned for r in result.history],
-                path=out.trajectory_plot,
-            )
-            if result.validation is not None and result.validation.finalists:
-                plot_optimism(optimism_points(result), path=out.optimism_plot)
         if result.rejected and not any(r.step > 0 for r in result.history):
             reasons = sorted({r["reason"] for r in result.rejected})
             logger.warning(
                 "the optimizer proposed no usable instruction: %d proposal(s) rejected (%s)",
                 len(result.rejected), "; ".join(reasons),
             )
-        if self.tracker is None:
-            return
-        self._tracking_done()
-        # A rerun of a finished study changes nothing: no second registry version, no repeated metrics.
-        digest = _sha(json.dumps(
-            {k: v for k, v in result.summary().items() if k not in ("usage", "wall_s")}, sort_keys=True, default=str
-        ))
-        if study.user_attrs.get("recorded_result") != digest:
-            self._log_result(result)
-            study.set_user_attr("recorded_result", digest)
-        self.tracker.finish()
-
-    def _log_result(self, result: OptimizationResult) -> None:
-        assert self.tracker is not None
-        metrics: dict[str, float] = {"best_score": result.best_score}
-        if result.best_search_score is not None:
-            metrics["best_search_score"] = result.best_search_score
-        if result.initial_score is not None:
-            metrics["initial_score"] = result.initial_score
-        v = result.validation
-        if v is not None:
-            if v.initial_score is not None:
-                metrics["initial_validation_score"] = v.initial_score
-            metrics["gain"] = result.gain if result.gain is not None else 0.0
-            for i, f in enumerate(v.finalists):
-                if f.validation_score is not None:
-                    self.tracker.log_metrics(
-                        {"finalist_search_score": f.search_score, "finalist_validation_score": f.validation_score,
-                         "finalist_p_adjusted": f.p_adjusted},
-                        step=i,
-                    )
-        self.tracker.log_metrics(metrics, step=max((r.step for r in result.history), default=0))
-        for role, u in result.usage.items():
-            self.tracker.log_metrics(
-                {f"{role}_calls": u["calls"], f"{role}_cache_hits": u["cache_hits"],
-                 f"{role}_tokens": u["prompt_tokens"] + u["completion_tokens"]},
-                step=0,
-            )
-        if self.output_dir is not None:
-            out = RunDir(self.output_dir)
-            for path in out.optimize_outputs():
-                self.tracker.log_artifact(path)
-            if out.metaprompts.is_dir():
-                self.tracker.log_artifact(out.metaprompts, artifact_path="metaprompts")
-        self.tracker.set_tags({
-            "opro.best_instruction": result.best_instruction[:5000],
-            "opro.score_basis": result.score_basis,
-            "opro.validated": str(result.validated).lower(),
-            "opro.headline": result.headline()[:5000],
-        })
-        if self.register_prompt is not None:
-            name, alias = self.register_prompt
-            version = self.tracker.register_prompt(
-                name=name,
-                template_text=result.best_template,
-                alias=alias,
-                commit_message=(
-                    f"opro study {self.study_name}: {result.score_basis} score {result.best_score:.3f}"
-                    + ("" if result.validated or result.score_basis == "search" else " (initial instruction: no validated gain)")
-                ),
-                tags={
-                    "opro.score": f"{result.best_score:.4f}",
-                    "opro.score_basis": result.score_basis,
-                    "opro.validated": str(result.validated).lower(),
-                    "opro.run_id": str(result.mlflow_run_id),
-                },
-            )
-            self.tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})
+        for recorder in self.recorders:
+            recorder.on_result(study, result)
 
 
 def merge_usage(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -61,8 +61,7 @@ def genai_compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, 
     """A scripted optimization with the MLflow GenAI records on, then `compare` of initial vs best
     (saved as "pair"): (config path, ComparisonReport, SavedComparison). Shared by test_genai and
     test_uicheck, so the optimization runs once per session."""
-    from fakes import scripted_pool
-    from test_compare import optimized
+    from fakes import optimized, scripted_pool
 
     from opro.compare import compare_prompts, save_comparison
     from opro.experiment import Experiment

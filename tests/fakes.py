@@ -1,15 +1,28 @@
-"""Shared test doubles: scripted task / judge / optimizer models, an experiment config on them, and
-a TOML writer. Imported by the tests (``from fakes import ...``); fixtures built on them are in
+"""Shared test doubles: scripted task / judge / optimizer models, an experiment config on them, a
+TOML writer, and the "keyword world" the OPRO loop is tested in. Imported by the tests
+(``from fakes import ...``) and by the child processes they start; fixtures built on them are in
 ``conftest.py``."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from opro.llm import GenerationOptions, Message
+from opro.config import OptimizerSection
+from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
+from opro.llm.cache import CallCache
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
+from opro.optimizer import OPROOptimizer
+from opro.recorders import RunDirRecorder
+from opro.rundir import RunDir
 
 SECRET = "sk-test-DO-NOT-LOG-7f3a9c"
 
@@ -81,7 +94,6 @@ def experiment_config(tmp_path: Path, **overrides: dict) -> dict:
     return cfg
 
 
-
 def toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -107,3 +119,218 @@ def write_toml(data: dict, path: Path) -> Path:
     table("", data)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+# -- the keyword world: the OPRO loop on scripted models (test_optimizer, test_claims) ---------------
+#: An instruction scores one point per keyword it holds; candidates without one score 1 everywhere.
+KEYWORDS = ("context", "precise", "cite", "brief")
+
+
+@dataclass(frozen=True)
+class Ex:
+    query: str
+    reference_answer: str
+
+
+class EchoProgram:
+    """Answers with the instruction itself, through a real ChatClient (cache, usage)."""
+
+    def __init__(self, client: ChatClient) -> None:
+        self.client = client
+
+    def answer(self, query: str, *, template: Any) -> Any:
+        return self.client.complete(f"{template}\nQuery: {query}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    score: float | None
+    invalid: bool
+
+
+class KeywordJudge:
+    """Scores an answer by how many keywords its instruction has, through a real ChatClient."""
+
+    def __init__(self, client: ChatClient) -> None:
+        self.client = client
+
+    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> Verdict:
+        reply = self.client.complete(f"Grade.\nAnswer: {answer}\nReference: {reference}").text
+        score = float(reply) if reply.strip() else None
+        return Verdict(score, score is None)
+
+
+def keyword_task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    return messages[-1].content.split("\nQuery:")[0]
+
+
+def keyword_judge_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    text = messages[-1].content
+    answer = text.split("Answer: ", 1)[1].split("\nReference:")[0].lower()
+    hits = sum(1 for k in KEYWORDS if k in answer)
+    found = re.search(r"ref(\d+)", text)
+    qnum = int(found.group(1)) if found else 0
+    # Candidates with no keyword do badly on every question; others gain one point per keyword.
+    return str(min(5, 1 + hits + (qnum % 2 if hits else 0)))
+
+
+def keyword_optimizer_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    words = ["Use the context", "Be precise", "Cite sources", "Be brief", "Answer well", "Try hard"]
+    i = (options.seed or 0) % 1000
+    picks = [words[(i + j) % len(words)] for j in range(1 + i % 3)]
+    return "<INS>" + ". ".join(picks) + f" (v{i}).</INS>"
+
+
+def keyword_examples(n: int) -> list[Ex]:
+    return [Ex(f"question {i}?", f"ref{i}") for i in range(n)]
+
+
+@dataclass
+class Rig:
+    """The scripted models behind a keyword optimizer, and its usage ledger."""
+
+    task: ScriptedLLM
+    judge: ScriptedLLM
+    optimizer: ScriptedLLM
+    usage: UsageLedger
+
+
+def keyword_optimizer(
+    tmp_path: Path, *, cache: CallCache | None = None, **settings: object
+) -> tuple[OPROOptimizer, Rig, EchoProgram]:
+    """An OPROOptimizer in the keyword world, recording into ``tmp_path/out``, its study in
+    ``tmp_path/optuna.db`` (study "test"). ``settings`` override the [optimizer] section."""
+    usage = UsageLedger()
+    task = ScriptedLLM(default=keyword_task_reply)
+    judge_llm = ScriptedLLM(default=keyword_judge_reply)
+    opt_llm = ScriptedLLM(default=keyword_optimizer_reply)
+    program = EchoProgram(ChatClient(task, role="task", cache=cache, usage=usage))
+    judge = KeywordJudge(ChatClient(judge_llm, role="judge", cache=cache, usage=usage))
+    # The search itself (no validation stage: tests/test_selection.py covers that).
+    base: dict[str, Any] = {"steps": 3, "candidates_per_step": 3, "minibatch_size": 2, "pruner": "none", "finalists": 0}
+    base.update(settings)
+    opt = OPROOptimizer(
+        optimizer_llm=ChatClient(opt_llm, role="optimizer", cache=cache, usage=usage),
+        judge=judge,
+        make_template=lambda ins: ins,
+        template_text=lambda t: f"{t}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: ",
+        settings=OptimizerSection(**base),
+        storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+        study_name="test",
+        usage=usage,
+        progress=False,
+        recorders=[RunDirRecorder(RunDir(tmp_path / "out"))],
+    )
+    return opt, Rig(task, judge_llm, opt_llm, usage), program
+
+
+def history_of(result: Any) -> list[tuple[object, ...]]:
+    """What must not depend on workers or timing: every candidate's step, instruction, score, status, scores."""
+    return [(r.step, r.instruction, r.score, r.status, r.scores) for r in result.history]
+
+
+# -- a scripted experiment on disk (compare, genai, docs) -----------------------------------------------
+COMPARE_DOC = """AlexNet won the ImageNet challenge in 2012. It was designed by Alex Krizhevsky.
+It used ReLU activations and dropout. It was trained on two GPUs.
+"""
+
+
+def write_config(
+    tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1, genai: bool = False
+) -> Path:
+    """A scripted experiment TOML over 24 questions; returns its path. ``genai``: the MLflow GenAI
+    records (tested in test_genai; off elsewhere for speed)."""
+    (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "docs" / "alexnet.txt").write_text(COMPARE_DOC)
+    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(24)]
+    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        f"""
+[experiment]
+name = "{name}"
+output_dir = "{out}"
+cache_path = "calls.sqlite"
+progress = false
+
+[data]
+docs = ["docs"]
+dataset = "qa.jsonl"
+query_field = "question"
+answer_field = "answer"
+
+[data.split]
+exemplar = 2
+optimization = 3
+validation = 8
+heldout = {heldout}
+seed = {seed}
+
+[rag]
+chunk_size = 64
+chunk_overlap = 0
+initial_instructions = ["Answer the question."]
+
+[models.task]
+backend = "scripted"
+model = "task"
+
+[models.judge]
+backend = "scripted"
+model = "judge"
+
+[models.optimizer]
+backend = "scripted"
+model = "optimizer"
+
+[models.generator]
+backend = "scripted"
+model = "optimizer"
+
+[optimizer]
+steps = 1
+candidates_per_step = 2
+minibatch_size = 2
+
+[tracking]
+prompt_name = "qa-{name}"
+genai = {"true" if genai else "false"}
+"""
+    )
+    return path
+
+
+def optimized(tmp_path: Path, **kwargs: object) -> Path:
+    """:func:`write_config`, then a finished scripted optimization of it; returns the config path."""
+    from opro.experiment import Experiment
+
+    path = write_config(tmp_path, **kwargs)  # type: ignore[arg-type]
+    exp = Experiment.from_file(path, pool=scripted_pool(), progress=False)
+    try:
+        result = exp.optimize()
+    finally:
+        exp.close()
+    assert result.best_score == 5.0 and result.initial_score == 2.0
+    return path
+
+
+def mlflow_client(config: Path) -> Any:
+    """An MlflowClient on the store of a :func:`write_config` experiment (``out/mlflow.db``)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{config.parent / 'out' / 'mlflow.db'}"
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+# -- `opro` processes against the loopback fault server (test_faults, test_scaleout) --------------------
+#: The key the fault server accepts; configs name it as OPRO_FAULT_KEY.
+FAULT_KEY = "sk-fault-test-0123456789abcdef"
+
+
+def opro_process(*args: str, **kwargs: object) -> subprocess.Popen[str]:
+    """``opro ARGS`` in a child process with OPRO_FAULT_KEY set; stdout and stderr together."""
+    env = {**os.environ, "OPRO_FAULT_KEY": FAULT_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    return subprocess.Popen(
+        [sys.executable, "-c", "from opro.cli import main; main()", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs,  # type: ignore[call-overload]
+    )

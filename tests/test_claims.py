@@ -15,12 +15,15 @@ from typing import Any, ClassVar
 
 import optuna
 import pytest
-from test_optimizer import _examples, _history_of, _optimizer
+from fakes import history_of as _history_of
+from fakes import keyword_examples as _examples
+from fakes import keyword_optimizer as _optimizer
 
 from opro.claims import claim, step_state
 from opro.config import OptimizerSection
 from opro.errors import ConfigError, OproError
 from opro.optimizer import BestSoFarPruner, EarlierStepsMedianPruner, OPROOptimizer
+from opro.recorders import MlflowRecorder
 
 SETTINGS: dict[str, Any] = {
     "steps": 2, "candidates_per_step": 4, "minibatch_size": 2, "pruner": "race", "prune_warmup_minibatches": 1,
@@ -165,12 +168,13 @@ def test_a_missing_worker_0_is_named_and_the_run_ends_failed(tmp_path: Path, cap
     study = opt._study()
     study.set_user_attr("mlflow_run_id", "run-1")
     opt.worker_index, opt.num_workers, opt.worker_timeout_s = 1, 2, 1.0
-    opt.tracker = Tracker()  # type: ignore[assignment]
+    tracker = Tracker()
+    opt.recorders = (MlflowRecorder(tracker),)  # type: ignore[arg-type]
     with caplog.at_level("WARNING"), pytest.raises(OproError, match=r"worker 1: waited 1 s for the proposals of step 1, "
                                                    r"but worker 0 \(not started\) is not running: start it"):
         # Worker 1 evaluates step 0 (the initial instructions) alone, then needs worker 0's proposals.
         opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]
-    assert opt.tracker.statuses == ["run-1:FAILED"]  # type: ignore[attr-defined]
+    assert tracker.statuses == ["run-1:FAILED"]
     assert "SQLite" in caplog.text  # N > 1 workers on a SQLite study: warned
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fakes import scripted_pool
+from fakes import optimized, scripted_pool, write_config
 from typer.testing import CliRunner
 
 from opro.compare import check_heldout_leakage, compare_prompts, save_comparison
@@ -14,86 +14,6 @@ from opro.dataset import Example, GoldenDataset
 from opro.errors import ConfigError, DataError
 from opro.experiment import Experiment
 from opro.sources import resolve_prompt
-
-DOC = """AlexNet won the ImageNet challenge in 2012. It was designed by Alex Krizhevsky.
-It used ReLU activations and dropout. It was trained on two GPUs.
-"""
-
-
-def write_config(
-    tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1, genai: bool = False
-) -> Path:
-    """A scripted experiment TOML over 24 questions; returns its path. ``genai``: the MLflow GenAI
-    records (tested in test_genai; off elsewhere for speed)."""
-    (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "docs" / "alexnet.txt").write_text(DOC)
-    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(24)]
-    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    path = tmp_path / f"{name}.toml"
-    path.write_text(
-        f"""
-[experiment]
-name = "{name}"
-output_dir = "{out}"
-cache_path = "calls.sqlite"
-progress = false
-
-[data]
-docs = ["docs"]
-dataset = "qa.jsonl"
-query_field = "question"
-answer_field = "answer"
-
-[data.split]
-exemplar = 2
-optimization = 3
-validation = 8
-heldout = {heldout}
-seed = {seed}
-
-[rag]
-chunk_size = 64
-chunk_overlap = 0
-initial_instructions = ["Answer the question."]
-
-[models.task]
-backend = "scripted"
-model = "task"
-
-[models.judge]
-backend = "scripted"
-model = "judge"
-
-[models.optimizer]
-backend = "scripted"
-model = "optimizer"
-
-[models.generator]
-backend = "scripted"
-model = "optimizer"
-
-[optimizer]
-steps = 1
-candidates_per_step = 2
-minibatch_size = 2
-
-[tracking]
-prompt_name = "qa-{name}"
-genai = {"true" if genai else "false"}
-"""
-    )
-    return path
-
-
-def optimized(tmp_path: Path, **kwargs: object) -> Path:
-    path = write_config(tmp_path, **kwargs)  # type: ignore[arg-type]
-    exp = Experiment.from_file(path, pool=scripted_pool(), progress=False)
-    try:
-        result = exp.optimize()
-    finally:
-        exp.close()
-    assert result.best_score == 5.0 and result.initial_score == 2.0
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -59,8 +59,7 @@ def _readme_commands() -> list[str]:
 
 
 def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fakes import scripted_pool
-    from test_compare import write_config
+    from fakes import scripted_pool, write_config
 
     from opro.cli import app
 

@@ -4,6 +4,7 @@ answers and judgments pipelined, gates that hold and drop queued pairs, permanen
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,7 +75,7 @@ class _Echo:
 
 
 class _Judge:
-    def evaluate(self, *, query: str, answer: str, reference: str) -> object:
+    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> object:
         if answer.startswith("bad-key"):
             raise LLMAuthError("invalid api key", model="judge")
         return type("V", (), {"score": 3.0, "invalid": False})()

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import FAULT_KEY as KEY
 from fakes import experiment_config, write_toml
+from fakes import opro_process as _opro
 from fault_server import FaultServer
-
-KEY = "sk-fault-test-0123456789abcdef"
 
 
 def _fault_config(tmp_path: Path, server: FaultServer, *, timeout_s: float = 30.0, **overrides: dict) -> Path:
@@ -31,14 +31,6 @@ def _fault_config(tmp_path: Path, server: FaultServer, *, timeout_s: float = 30.
         }
     cfg["experiment"]["progress"] = False
     return write_toml(cfg, tmp_path / "exp.toml")
-
-
-def _opro(*args: str, **kwargs: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "OPRO_FAULT_KEY": KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    return subprocess.Popen(
-        [sys.executable, "-c", "from opro.cli import main; main()", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs,  # type: ignore[call-overload]
-    )
 
 
 def test_a_bad_judge_key_stops_at_the_first_judge_call(tmp_path: Path) -> None:

@@ -8,18 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import scripted_pool
-from test_compare import optimized
+from fakes import mlflow_client as _client
+from fakes import optimized, scripted_pool
 
 from opro.compare import compare_prompts, save_comparison
 from opro.experiment import Experiment
-
-
-def _client(config: Path) -> Any:
-    from mlflow import MlflowClient
-
-    uri = f"sqlite:///{config.parent / 'out' / 'mlflow.db'}"
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def _logger(config: Path) -> Any:

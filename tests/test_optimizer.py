@@ -10,114 +10,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+from fakes import Rig
+from fakes import history_of as _history_of
+from fakes import keyword_examples as _examples
+from fakes import keyword_optimizer as _optimizer
 
-from opro.config import OptimizerSection
-from opro.llm import ChatClient, UsageLedger
 from opro.llm.cache import CallCache
-from opro.llm.scripted import ScriptedLLM
-from opro.optimizer import OPROOptimizer
-
-# The fakes are also written into a child process's script (resume test), so they live in a string.
-FAKES = textwrap.dedent(
-    '''
-    import re
-    from dataclasses import dataclass
-
-    from opro.llm import ChatClient
-
-    KEYWORDS = ("context", "precise", "cite", "brief")
-
-
-    @dataclass(frozen=True)
-    class Ex:
-        query: str
-        reference_answer: str
-
-
-    class EchoProgram:
-        """Answers with the instruction itself, through a real ChatClient (cache, usage)."""
-
-        def __init__(self, client: ChatClient) -> None:
-            self.client = client
-
-        def answer(self, query, *, template):
-            return self.client.complete(f"{template}\\nQuery: {query}")
-
-
-    class KeywordJudge:
-        """Scores an answer by how many keywords its instruction has, through a real ChatClient."""
-
-        def __init__(self, client: ChatClient, slow: float = 0.0) -> None:
-            self.client = client
-
-        def evaluate(self, *, query, answer, reference):
-            reply = self.client.complete(f"Grade.\\nAnswer: {answer}\\nReference: {reference}").text
-            score = float(reply) if reply.strip() else None
-            return type("V", (), {"score": score, "invalid": score is None})()
-
-
-    def task_reply(messages, options):
-        return messages[-1].content.split("\\nQuery:")[0]
-
-
-    def judge_reply(messages, options):
-        text = messages[-1].content
-        answer = text.split("Answer: ", 1)[1].split("\\nReference:")[0].lower()
-        hits = sum(1 for k in KEYWORDS if k in answer)
-        qnum = int(re.search(r"ref(\\d+)", text).group(1))
-        # Candidates with no keyword do badly on every question; others gain one point per keyword.
-        return str(min(5, 1 + hits + (qnum % 2 if hits else 0)))
-
-
-    def optimizer_reply(messages, options):
-        words = ["Use the context", "Be precise", "Cite sources", "Be brief", "Answer well", "Try hard"]
-        i = (options.seed or 0) % 1000
-        picks = [words[(i + j) % len(words)] for j in range(1 + i % 3)]
-        return "<INS>" + ". ".join(picks) + f" (v{i}).</INS>"
-    '''
-)
-exec(FAKES)
-
-
-def _examples(n: int) -> list:
-    return [Ex(f"question {i}?", f"ref{i}") for i in range(n)]  # type: ignore[name-defined]  # noqa: F821
-
-
-@dataclass
-class Rig:
-    task: ScriptedLLM
-    judge: ScriptedLLM
-    optimizer: ScriptedLLM
-    usage: UsageLedger
-
-
-def _optimizer(tmp_path: Path, *, cache: CallCache | None = None, **settings: object) -> tuple[OPROOptimizer, Rig, object]:
-    usage = UsageLedger()
-    task = ScriptedLLM(default=task_reply)  # type: ignore[name-defined]  # noqa: F821
-    judge_llm = ScriptedLLM(default=judge_reply)  # type: ignore[name-defined]  # noqa: F821
-    opt_llm = ScriptedLLM(default=optimizer_reply)  # type: ignore[name-defined]  # noqa: F821
-    program = EchoProgram(ChatClient(task, role="task", cache=cache, usage=usage))  # type: ignore[name-defined]  # noqa: F821
-    judge = KeywordJudge(ChatClient(judge_llm, role="judge", cache=cache, usage=usage))  # type: ignore[name-defined]  # noqa: F821
-    # The search itself (no validation stage: tests/test_selection.py covers that).
-    base = {"steps": 3, "candidates_per_step": 3, "minibatch_size": 2, "pruner": "none", "finalists": 0}
-    base.update(settings)
-    opt = OPROOptimizer(
-        optimizer_llm=ChatClient(opt_llm, role="optimizer", cache=cache, usage=usage),
-        judge=judge,
-        make_template=lambda ins: ins,
-        template_text=lambda t: f"{t}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: ",
-        settings=OptimizerSection(**base),  # type: ignore[arg-type]
-        storage=f"sqlite:///{tmp_path / 'optuna.db'}",
-        study_name="test",
-        output_dir=tmp_path / "out",
-        usage=usage,
-        progress=False,
-    )
-    return opt, Rig(task, judge_llm, opt_llm, usage), program
 
 
 def test_loop_finds_the_best_and_keeps_complete_history(tmp_path: Path) -> None:
@@ -199,24 +100,28 @@ CHILD = textwrap.dedent(
     import sys, time
     from pathlib import Path
     sys.path.insert(0, {tests!r})
+    from fakes import (
+        EchoProgram, Ex, KeywordJudge, keyword_judge_reply, keyword_optimizer_reply, keyword_task_reply,
+    )
     from opro.llm.cache import CallCache
     from opro.config import OptimizerSection
     from opro.llm import ChatClient, UsageLedger
     from opro.optimizer import OPROOptimizer
     from opro.llm.scripted import ScriptedLLM
-    exec({fakes!r})
+    from opro.recorders import RunDirRecorder
+    from opro.rundir import RunDir
     slow = float(sys.argv[1])
 
     def slow_judge(messages, options):
         time.sleep(slow)
-        return judge_reply(messages, options)
+        return keyword_judge_reply(messages, options)
 
     tmp = Path({tmp!r})
     cache = CallCache(tmp / "calls.sqlite")
     usage = UsageLedger()
-    task = ScriptedLLM(default=task_reply)
+    task = ScriptedLLM(default=keyword_task_reply)
     judge = ScriptedLLM(default=slow_judge)
-    optimizer = ScriptedLLM(default=optimizer_reply)
+    optimizer = ScriptedLLM(default=keyword_optimizer_reply)
     opt = OPROOptimizer(
         optimizer_llm=ChatClient(optimizer, role="optimizer", cache=cache, usage=usage),
         judge=KeywordJudge(ChatClient(judge, role="judge", cache=cache, usage=usage)),
@@ -225,9 +130,9 @@ CHILD = textwrap.dedent(
         settings=OptimizerSection(steps=3, candidates_per_step=3, minibatch_size=2, pruner="none", finalists=0),
         storage="sqlite:///" + str(tmp / "optuna.db"),
         study_name="resume",
-        output_dir=tmp / "out",
         usage=usage,
         progress=False,
+        recorders=[RunDirRecorder(RunDir(tmp / "out"))],
     )
     res = opt.optimize(program=EchoProgram(ChatClient(task, role="task", cache=cache, usage=usage)),
                        optimization_set=[Ex(f"question {{i}}?", f"ref{{i}}") for i in range(4)],
@@ -254,7 +159,7 @@ def test_resume_after_kill_loses_nothing_and_repeats_no_call(tmp_path: Path) -> 
     ref_dir = tmp_path / "ref"
     ref_dir.mkdir()
     ref_script = ref_dir / "child.py"
-    ref_script.write_text(CHILD.format(tests=tests_dir, fakes=FAKES, tmp=str(ref_dir)))
+    ref_script.write_text(CHILD.format(tests=tests_dir, tmp=str(ref_dir)))
     ref = _run_child(ref_script, 0.0)
     ref_out, ref_err = ref.communicate(timeout=300)
     assert ref.returncode == 0, ref_err
@@ -266,7 +171,7 @@ def test_resume_after_kill_loses_nothing_and_repeats_no_call(tmp_path: Path) -> 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     script = run_dir / "child.py"
-    script.write_text(CHILD.format(tests=tests_dir, fakes=FAKES, tmp=str(run_dir)))
+    script.write_text(CHILD.format(tests=tests_dir, tmp=str(run_dir)))
     child = _run_child(script, 0.05, start_new_session=True)
     storage = f"sqlite:///{run_dir / 'optuna.db'}"
     deadline = time.monotonic() + 120
@@ -317,8 +222,6 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
         try:
             opt, rig, program = _optimizer(tmp_path, steps=2, candidates_per_step=4)
             opt.worker_index, opt.num_workers, opt.worker_timeout_s = index, 2, 60.0
-            if index == 1:
-                opt.tracker = None
             rigs[index] = rig
             results[index] = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer.", "Reply."])  # type: ignore[arg-type]
         except BaseException as exc:  # surfaced below
@@ -343,10 +246,6 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     evaluated = [t for t in study.trials if t.user_attrs.get("status") is not None]
     assert len(evaluated) == 10  # nothing evaluated twice
     assert len({(t.user_attrs["step"], t.user_attrs["index"]) for t in evaluated}) == 10
-
-
-def _history_of(result: object) -> list[tuple[object, ...]]:
-    return [(r.step, r.instruction, r.score, r.status, r.scores) for r in result.history]  # type: ignore[attr-defined]
 
 
 def test_one_and_32_workers_give_the_same_history_and_the_same_calls(tmp_path: Path) -> None:

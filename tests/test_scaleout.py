@@ -26,9 +26,10 @@ from typing import Any
 
 import optuna
 import pytest
+from fakes import FAULT_KEY as KEY
 from fakes import experiment_config, write_toml
+from fakes import opro_process as _opro
 from fault_server import FaultServer
-from test_faults import KEY, _opro
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
+from fakes import EchoProgram, Ex, Verdict
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
@@ -19,30 +19,10 @@ from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
 from opro.metaprompt import MetaPromptBuilder, ScoredInstruction
 from opro.optimizer import OPROOptimizer, OptimizationResult, RacingPruner
+from opro.recorders import RunDirRecorder
+from opro.rundir import RunDir
 
 INITIAL = "Answer the question."
-
-
-@dataclass(frozen=True)
-class Ex:
-    query: str
-    reference_answer: str
-
-
-class EchoProgram:
-    """Answers with the instruction it was given, so the judge can see which prompt wrote the answer."""
-
-    def __init__(self, client: ChatClient) -> None:
-        self.client = client
-
-    def answer(self, query: str, *, template: Any) -> Any:
-        return self.client.complete(f"{template}\nQuery: {query}")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    score: float | None
-    invalid: bool
 
 
 class ReplyJudge:
@@ -51,7 +31,7 @@ class ReplyJudge:
     def __init__(self, client: ChatClient) -> None:
         self.client = client
 
-    def evaluate(self, *, query: str, answer: str, reference: str) -> Verdict:
+    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> Verdict:
         reply = self.client.complete(f"Grade.\nQuestion: {query}\nAnswer: {answer}\nReference: {reference}").text
         try:
             return Verdict(float(reply), False)
@@ -250,9 +230,9 @@ def test_summary_and_outputs_label_the_score_and_show_the_optimism(tmp_path: Pat
         settings=OptimizerSection(steps=1, candidates_per_step=2, minibatch_size=3, pruner="none", finalists=2),
         storage=f"sqlite:///{tmp_path / 'o.db'}",
         study_name="s",
-        output_dir=tmp_path / "out",
         usage=usage,
         progress=False,
+        recorders=[RunDirRecorder(RunDir(tmp_path / "out"))],
     )
     program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0]),
                                      role="task", usage=usage))

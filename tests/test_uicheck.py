@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_genai import _client
+from fakes import mlflow_client as _client
 
 from opro.errors import OproError
 
