@@ -98,3 +98,17 @@ def test_batched_engine_gives_the_serial_rows_and_caches_every_call(tmp_path: Pa
 def test_batches_never_exceed_the_width(tmp_path: Path) -> None:
     _, llm, _ = _run(2, CallCache(tmp_path / "w2.sqlite"))
     assert llm.batches == [2, 2, 2, 2]  # 3 candidates: a batch of 2 and one call (no batch API)
+
+
+def test_the_same_call_twice_in_a_batch_is_decoded_once(tmp_path: Path) -> None:
+    """Two compared prompts with the same text send the same calls: one decode, the copy answered from
+    it (and counted as a cache hit), so they cannot get different answers from batch numerics."""
+    llm = BatchingLLM(4)
+    client = ChatClient(llm, role="task", cache=CallCache(tmp_path / "calls.sqlite"))
+    same = ([Message("user", "What is 2 + 2?")], {"max_tokens": 8})
+    other = ([Message("user", "What is 3 + 3?")], {"max_tokens": 8})
+    got = client.complete_many([same, other, same])
+    assert llm.batches == [2]
+    assert [c.text for c in got] == [got[0].text, got[1].text, got[0].text]  # type: ignore[union-attr]
+    assert client.usage.as_dict()["task"]["calls"] == 2
+    assert client.usage.as_dict()["task"]["cache_hits"] == 1

@@ -380,7 +380,14 @@ class ChatClient:
         or the call's :class:`LLMError` (permanent errors included: the caller decides)."""
         prepared = [self._prepare(messages, options) for messages, options in calls]
         out: list[Completion | LLMError | None] = [self._lookup(key) for _, _, key in prepared]
-        missing = [i for i, hit in enumerate(out) if hit is None]
+        # One request per distinct call: the same call twice in a batch (two compared prompts with
+        # the same text) is asked once and answered from it, as the cache would answer it one at a
+        # time; decoded twice, the copies could differ (batch numerics) and cost a second decode.
+        first: dict[str, int] = {}
+        for i, hit in enumerate(out):
+            if hit is None:
+                first.setdefault(prepared[i][2], i)
+        missing = list(first.values())
         if missing:
             started = time.perf_counter()
             with self.llm.slots:
@@ -391,6 +398,13 @@ class ChatClient:
                     out[i] = result
                 else:
                     out[i] = self._store(prepared[i][2], result, started)
+            for i, hit in enumerate(out):
+                if hit is None:
+                    got = out[first[prepared[i][2]]]
+                    if isinstance(got, Completion):
+                        got = replace(got, cached=True)
+                        self.usage.record(self.role, got)
+                    out[i] = got
         return [r for r in out if r is not None]
 
     async def acomplete(self, messages: MessagesLike, **options: Any) -> Completion:
