@@ -197,3 +197,30 @@ def test_usage_ledger_is_thread_safe() -> None:
     for t in threads:
         t.join()
     assert usage.snapshot()["task"].calls == 2000
+
+
+def test_the_same_call_from_two_threads_at_once_is_sent_once(cache: CallCache) -> None:
+    """Two threads asking the same call while it is in flight: one request, the other reads the cache."""
+    slow = threading.Event()
+
+    def reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        slow.wait(5)  # keep the first call in flight until the second has asked
+        return "four"
+
+    llm = ScriptedLLM(default=reply)
+    llm.max_concurrency = 8
+    client = ChatClient(llm, role="task", cache=cache)
+    other = ChatClient(llm, role="task", cache=None)  # no cache: nothing to wait for, always sent
+    got: list[Completion] = []
+    threads = [threading.Thread(target=lambda: got.append(client.complete("2 + 2?", max_tokens=4))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    slow.set()
+    for t in threads:
+        t.join(10)
+    assert [c.text for c in got] == ["four"] * 3
+    assert len(llm.calls) == 1 and sorted(c.cached for c in got) == [False, True, True]
+    other.complete("2 + 2?", max_tokens=4)
+    other.complete("2 + 2?", max_tokens=4)
+    assert len(llm.calls) == 3

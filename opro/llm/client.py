@@ -14,8 +14,9 @@ import json
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -276,6 +277,31 @@ class Request:
     sample_index: int = 0
 
 
+class _InFlight:
+    """One lock per call key while that call is being asked: a second thread asking the same call waits
+    and then reads the first one's reply from the cache, instead of sending it again."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
 @dataclass
 class ChatClient:
     """A backend serving one role, with the call cache and usage accounting."""
@@ -286,6 +312,7 @@ class ChatClient:
     usage: UsageLedger = field(default_factory=UsageLedger)
     #: Base seed; a call's seed is ``seed + sample_index`` so k samples differ but reproduce.
     seed: int = 0
+    _inflight: _InFlight = field(default_factory=_InFlight, repr=False, compare=False)
 
     def _options(
         self,
@@ -362,6 +389,11 @@ class ChatClient:
         hit = self._lookup(key)
         if hit is not None:
             return hit
+        with self._inflight.hold(key) if self.cache is not None else nullcontext():
+            hit = self._lookup(key)  # asked meanwhile by another thread
+            return hit if hit is not None else self._ask(msgs, opts, key)
+
+    def _ask(self, msgs: tuple[Message, ...], opts: GenerationOptions, key: str) -> Completion:
         started = time.perf_counter()
         try:
             with self.llm.slots:
@@ -437,10 +469,15 @@ class ChatClient:
         hit = self._lookup(key)
         if hit is not None:
             return hit
+        with self._inflight.hold(key) if self.cache is not None else nullcontext():
+            hit = self._lookup(key)  # asked meanwhile by another thread
+            return hit if hit is not None else self._ask_choice(msgs, key, prefix=prefix, choices=wanted)
+
+    def _ask_choice(self, msgs: tuple[Message, ...], key: str, *, prefix: str, choices: tuple[str, ...]) -> Completion:
         started = time.perf_counter()
         try:
             with self.llm.slots:
-                result = self.llm.choice_logprobs(msgs, prefix=prefix, choices=wanted)
+                result = self.llm.choice_logprobs(msgs, prefix=prefix, choices=choices)
             return self._store(key, result, started)
         except LLMError as exc:
             exc.role = exc.role or self.role
