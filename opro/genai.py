@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from opro.dataset import GoldenDataset
     from opro.evaluation import EvaluationReport, EvaluationRow
     from opro.experiment import Experiment
+    from opro.metrics import Metric
     from opro.optimizer import OptimizationResult
     from opro.prompts import QATemplate
 
@@ -401,8 +402,9 @@ def _retrieved(trace: Any) -> list[str]:
     return out
 
 
-def judge_scorer(judge: Any, *, name: str | None = None) -> Any:
-    """An opro judge as an MLflow scorer: ``mlflow.genai.evaluate(data, scorers=[judge_scorer(judge)])``.
+def judge_scorer(judge: Metric, *, name: str | None = None) -> Any:
+    """An opro :class:`~opro.metrics.Metric` (judge or not) as an MLflow scorer:
+    ``mlflow.genai.evaluate(data, scorers=[judge_scorer(judge)])``.
 
     Works with :class:`~opro.judges.CorrectnessJudge` (question, answer, ``expected_response``) and
     with the context judges (:class:`~opro.judges.FaithfulnessJudge`, :class:`~opro.judges.RelevancyJudge`),
@@ -421,11 +423,7 @@ def judge_scorer(judge: Any, *, name: str | None = None) -> Any:
         query = _first_text(inputs, ("question", "query"))
         answer = _first_text(outputs, ("answer", "response", "content"))
         reference = _first_text(expectations or {}, (EXPECTED_RESPONSE, "reference", "reference_answer"))
-        measure = getattr(judge, "measure", None)
-        if callable(measure):
-            result = measure(query=query, answer=answer, reference=reference or None, contexts=_retrieved(trace))
-        else:
-            result = judge.evaluate(query=query, answer=answer, reference=reference or None)
+        result = judge.measure(query=query, answer=answer, reference=reference or None, contexts=_retrieved(trace))
         return _feedback(result, name=label, source_id=model)
 
     return scorer(score, name=label)

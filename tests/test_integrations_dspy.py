@@ -4,6 +4,7 @@ opro's RAG program asks, and the judge metric gives DSPy a score and GEPA its fe
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from opro.judges import CorrectnessJudge  # noqa: E402
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger  # noqa: E402
 from opro.llm.cache import CallCache  # noqa: E402
 from opro.llm.scripted import ScriptedLLM  # noqa: E402
+from opro.metrics import MetricResult  # noqa: E402
 from opro.rag import RAGProgram  # noqa: E402
 from opro.retrieval import RetrievedContext  # noqa: E402
 
@@ -118,3 +120,17 @@ def test_structured_output_reaches_the_backend_as_a_json_schema(tmp_path: Path) 
     lm = OproLM(_client(tmp_path, ScriptedLLM(default=reply)))
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
         assert dspy.Predict("question -> answer")(question="q").answer == "ok"
+
+
+def test_the_judge_metric_takes_any_metric_through_measure() -> None:
+    class Graded:
+        """A Metric with no ``evaluate``: the adapter must go through the protocol."""
+
+        name = "graded"
+
+        def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> MetricResult:
+            return MetricResult(name=self.name, score=5.0 if answer == reference else 1.0, passing=None)
+
+    example = dspy.Example(question="When?", answer="2012.").with_inputs("question")
+    assert judge_metric(Graded())(example, dspy.Prediction(answer="2012.")) == 1.0
+    assert judge_metric(Graded())(example, dspy.Prediction(answer="2010.")) == 0.0

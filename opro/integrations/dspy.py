@@ -35,6 +35,7 @@ from opro.llm import ChatClient, Completion, Message, Role, cache_key
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 
 if TYPE_CHECKING:
+    from opro.metrics import Metric
     from opro.rag import RAGProgram
 
 #: The signature of :class:`OproRAG` (the same as ``opro export --format dspy``).
@@ -230,11 +231,11 @@ class ScoreLog:
 
 
 def judge_metric(
-    judge: Any, *, feedback: bool = False, log: ScoreLog | None = None
+    judge: Metric, *, feedback: bool = False, log: ScoreLog | None = None
 ) -> Callable[..., Any]:
     """A DSPy metric ``metric(example, prediction, trace=None, pred_name=None, pred_trace=None)``.
 
-    ``judge`` is an opro judge with ``evaluate(query=, answer=, reference=)`` (e.g.
+    ``judge`` is any opro :class:`~opro.metrics.Metric` that grades against the reference on 1-5 (e.g.
     :class:`~opro.judges.CorrectnessJudge`); the example needs ``question`` and ``answer`` fields, the
     prediction an ``answer``. The score is the judge's 1-5 grade rescaled to 0..1 (DSPy optimizers and
     GEPA's perfect score of 1 expect that range); an unreadable judgment scores 0. With
@@ -248,7 +249,7 @@ def judge_metric(
         question = str(example.question)
         reference = str(example.answer)
         answer = str(getattr(prediction, "answer", "") or "")
-        result = judge.evaluate(query=question, answer=answer, reference=reference)
+        result = judge.measure(query=question, answer=answer, reference=reference)
         score = None if getattr(result, "invalid", False) else result.score
         reason = str(getattr(result, "feedback", "") or getattr(result, "invalid_reason", "") or "")
         if log is not None:
