@@ -1,5 +1,6 @@
-"""What the loopback benchmarks (``bench_throughput.py``, ``bench_scaleout.py``) share: a synthetic
-corpus with its QA file, and the ``[models.*]`` tables pointing every role at one fake server."""
+"""What the loopback benchmarks (``bench_throughput.py``, ``bench_scaleout.py``, ``bench_genai_logging.py``)
+share: a synthetic corpus with its QA file, the ``[models.*]`` tables pointing every role at one fake
+server, and the experiment TOML around them."""
 
 from __future__ import annotations
 
@@ -28,3 +29,38 @@ def models_toml(url: str, concurrency: int) -> str:
         f'api_key_env = "{KEY_ENV}"\nmax_concurrency = {concurrency}\ntimeout_s = 60\n'
         for role, model in (("task", "task"), ("judge", "judge"), ("optimizer", "optimizer"), ("generator", "optimizer"))
     )
+
+
+def write_config(
+    path: Path,
+    *,
+    name: str,
+    url: str,
+    concurrency: int,
+    split: dict[str, int],
+    optimizer: dict[str, object],
+    output_dir: str | None = None,
+    cache_path: str | None = None,
+    chunk_size: int = 128,
+    tracking: dict[str, object] | None = None,
+) -> Path:
+    """An experiment TOML on the loopback corpus: ``split`` and ``optimizer`` become their tables as
+    given, every role points at ``url`` (:func:`models_toml`)."""
+
+    def table(header: str, values: dict[str, object]) -> str:
+        body = "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+        return f"[{header}]\n{body}"
+
+    out = output_dir or name
+    text = "\n".join([
+        table("experiment", {"name": name, "output_dir": out, "cache_path": cache_path or f"{out}/calls.sqlite",
+                             "progress": False}),
+        table("data", {"docs": ["docs"], "dataset": "qa.jsonl", "query_field": "question", "answer_field": "answer"}),
+        table("data.split", {"seed": 0, **split}),
+        table("rag", {"chunk_size": chunk_size, "chunk_overlap": 0, "initial_instructions": ["Answer the question."]}),
+        table("optimizer", optimizer),
+        *([table("tracking", tracking)] if tracking else []),
+        models_toml(url, concurrency),
+    ])
+    path.write_text(text)
+    return path

@@ -13,7 +13,6 @@ fresh call cache; modes alternate so drift on a shared machine hits both.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -26,68 +25,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from _loopback import KEY_ENV, write_config, write_data  # noqa: E402  (this folder is on sys.path as a script)
 from fault_server import FaultServer  # noqa: E402
 
 KEY = "bench-key"
-DOC = "AlexNet won the ImageNet challenge in 2012. It was designed by Alex Krizhevsky. It used ReLU and dropout.\n"
 
 
-def write_config(folder: Path, *, base_url: str, genai: bool, questions: int, validation: int, steps: int,
+def bench_config(folder: Path, *, base_url: str, genai: bool, questions: int, validation: int, steps: int,
                  candidates: int, concurrency: int) -> Path:
-    (folder / "docs").mkdir(parents=True)
-    (folder / "docs" / "alexnet.txt").write_text(DOC * 20)
-    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(questions)]
-    (folder / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    optimization = questions - 2 - validation - 2
-    models = "\n".join(
-        f'[models.{role}]\nbackend = "openai"\nmodel = "{model}-model"\nbase_url = "{base_url}"\n'
-        f'api_key_env = "OPRO_BENCH_KEY"\nmax_concurrency = {concurrency}\n'
-        for role, model in (("task", "task"), ("judge", "judge"), ("optimizer", "optimizer"), ("generator", "optimizer"))
+    write_data(folder, questions)
+    return write_config(
+        folder / "bench.toml", name="bench", url=base_url, concurrency=concurrency, output_dir="out",
+        cache_path="calls.sqlite",
+        split={"exemplar": 2, "optimization": questions - 2 - validation - 2, "validation": validation, "heldout": 2},
+        optimizer={"steps": steps, "candidates_per_step": candidates, "pruner": "none"},
+        tracking={"genai": genai},
     )
-    path = folder / "bench.toml"
-    path.write_text(f"""
-[experiment]
-name = "bench"
-output_dir = "out"
-cache_path = "calls.sqlite"
-progress = false
-
-[data]
-docs = ["docs"]
-dataset = "qa.jsonl"
-query_field = "question"
-answer_field = "answer"
-
-[data.split]
-exemplar = 2
-optimization = {optimization}
-validation = {validation}
-heldout = 2
-seed = 0
-
-[rag]
-chunk_size = 64
-chunk_overlap = 0
-initial_instructions = ["Answer the question."]
-
-{models}
-[optimizer]
-steps = {steps}
-candidates_per_step = {candidates}
-pruner = "none"
-
-[tracking]
-genai = {"true" if genai else "false"}
-""")
-    return path
 
 
 def run_once(server: FaultServer, *, genai: bool, args: argparse.Namespace) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory(prefix="bench-genai-") as tmp:
-        config = write_config(Path(tmp), base_url=server.base_url, genai=genai, questions=args.questions,
+        config = bench_config(Path(tmp), base_url=server.base_url, genai=genai, questions=args.questions,
                               validation=args.validation, steps=args.steps, candidates=args.candidates,
                               concurrency=args.concurrency)
-        env = {**os.environ, "OPRO_BENCH_KEY": KEY, "PYTHONPATH": str(ROOT), "OPRO_CACHE_DIR": str(Path(tmp) / "cache")}
+        env = {**os.environ, KEY_ENV: KEY, "PYTHONPATH": str(ROOT), "OPRO_CACHE_DIR": str(Path(tmp) / "cache")}
         before = sum(server.counts.values())
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()

@@ -31,54 +31,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _loopback import models_toml, write_data  # this folder is on sys.path when run as a script
+from _loopback import write_config, write_data  # this folder is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-bench-0123456789abcdef"
 
 
 def _config(base: Path, name: str, url: str, storage: str, study: str, args: argparse.Namespace) -> Path:
-    models = models_toml(url, args.concurrency)
-    text = f"""[experiment]
-name = "{name}"
-output_dir = "{name}"
-cache_path = "{name}/calls.sqlite"
-progress = false
-
-[data]
-docs = ["docs"]
-dataset = "qa.jsonl"
-query_field = "question"
-answer_field = "answer"
-
-[data.split]
-exemplar = 3
-optimization = {args.questions}
-validation = 0
-heldout = 2
-seed = 0
-
-[rag]
-chunk_size = 128
-chunk_overlap = 0
-initial_instructions = ["Answer the question."]
-
-[optimizer]
-steps = {args.steps}
-candidates_per_step = {args.candidates}
-minibatch_size = {args.minibatch}
-pruner = "{args.pruner}"
-finalists = 0
-
-[tracking]
-optuna_storage = "{storage}"
-study_name = "{study}"
-register_prompt = false
-
-{models}"""
-    path = base / f"{name}.toml"
-    path.write_text(text)
-    return path
+    return write_config(
+        base / f"{name}.toml", name=name, url=url, concurrency=args.concurrency,
+        split={"exemplar": 3, "optimization": args.questions, "validation": 0, "heldout": 2},
+        optimizer={"steps": args.steps, "candidates_per_step": args.candidates, "minibatch_size": args.minibatch,
+                   "pruner": args.pruner, "finalists": 0},
+        tracking={"optuna_storage": storage, "study_name": study, "register_prompt": False},
+    )
 
 
 def _history(folder: Path) -> list[tuple[Any, ...]]:

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _loopback import models_toml, write_data  # this folder is on sys.path when run as a script
+from _loopback import write_config, write_data  # this folder is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-bench-0123456789abcdef"
@@ -106,42 +106,12 @@ def _measure(server: object, cmd: list[str], *, run: str, workers: int, env: dic
 
 
 def _config(base: Path, name: str, url: str, workers: int, args: argparse.Namespace) -> Path:
-    models = models_toml(url, workers)
-    text = f"""[experiment]
-name = "{name}"
-output_dir = "{name}"
-cache_path = "{name}/calls.sqlite"
-progress = false
-
-[data]
-docs = ["docs"]
-dataset = "qa.jsonl"
-query_field = "question"
-answer_field = "answer"
-
-[data.split]
-exemplar = 3
-optimization = {args.questions}
-validation = 0
-heldout = {args.questions}
-seed = 0
-
-[rag]
-chunk_size = 128
-chunk_overlap = 0
-initial_instructions = ["Answer the question."]
-
-[optimizer]
-steps = {args.steps}
-candidates_per_step = {args.candidates}
-minibatch_size = {args.minibatch}
-pruner = "none"
-finalists = 0
-
-{models}"""
-    path = base / f"{name}.toml"
-    path.write_text(text)
-    return path
+    return write_config(
+        base / f"{name}.toml", name=name, url=url, concurrency=workers,
+        split={"exemplar": 3, "optimization": args.questions, "validation": 0, "heldout": args.questions},
+        optimizer={"steps": args.steps, "candidates_per_step": args.candidates, "minibatch_size": args.minibatch,
+                   "pruner": "none", "finalists": 0},
+    )
 
 
 def dspy_child(args: argparse.Namespace) -> None:
