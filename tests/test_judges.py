@@ -3,6 +3,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -352,13 +354,13 @@ def test_llamaindex_templates_in_use_are_the_librarys_objects() -> None:
     import opro.judges.templates as judges
 
     li = BUILTIN_TEMPLATES["llamaindex"]
-    assert li.system is correctness.DEFAULT_SYSTEM_TEMPLATE
-    assert li.user is correctness.DEFAULT_USER_TEMPLATE
-    assert FaithfulnessJudge(_client(ScriptedLLM())).eval_template is faithfulness.DEFAULT_EVAL_TEMPLATE.template
-    assert FaithfulnessJudge(_client(ScriptedLLM())).refine_template is faithfulness.DEFAULT_REFINE_TEMPLATE.template
-    assert RelevancyJudge(_client(ScriptedLLM())).eval_template is relevancy.DEFAULT_EVAL_TEMPLATE.template
-    assert RelevancyJudge(_client(ScriptedLLM())).refine_template is relevancy.DEFAULT_REFINE_TEMPLATE.template
-    assert judges.RELEVANCY_REFINE is relevancy.DEFAULT_REFINE_TEMPLATE.template
+    assert li.system == correctness.DEFAULT_SYSTEM_TEMPLATE  # read from the installed source, not copied
+    assert li.user == correctness.DEFAULT_USER_TEMPLATE
+    assert FaithfulnessJudge(_client(ScriptedLLM())).eval_template == faithfulness.DEFAULT_EVAL_TEMPLATE.template
+    assert FaithfulnessJudge(_client(ScriptedLLM())).refine_template == faithfulness.DEFAULT_REFINE_TEMPLATE.template
+    assert RelevancyJudge(_client(ScriptedLLM())).eval_template == relevancy.DEFAULT_EVAL_TEMPLATE.template
+    assert RelevancyJudge(_client(ScriptedLLM())).refine_template == relevancy.DEFAULT_REFINE_TEMPLATE.template
+    assert relevancy.DEFAULT_REFINE_TEMPLATE.template == judges.RELEVANCY_REFINE
     assert generation.DEFAULT_ANSWER_TEMPLATE is default_prompts.DEFAULT_TEXT_QA_PROMPT_TMPL
     assert generation._LI_QUESTION_PROMPT is dataset_generation.DEFAULT_QUESTION_GENERATION_PROMPT
     assert generation.DEFAULT_QUESTION_TEMPLATE.startswith(dataset_generation.DEFAULT_QUESTION_GENERATION_PROMPT)
@@ -443,3 +445,18 @@ def test_embedded_logit_judge_scores_without_decoding_and_reruns_from_cache(
     again = judge.evaluate(query=query, answer="It used ReLU activations.", reference=reference)
     assert again.score == good.score and client.usage.snapshot()["judge"].calls == before  # warm: no call
     cache.close()
+
+
+def test_the_judges_read_llamaindex_templates_without_importing_llama_index() -> None:
+    # Importing llama_index.core costs about 3 s; a run with cached chunks must not pay it for prompt text.
+    code = "import sys, opro.judges, opro.judges.yesno; print('llama_index.core' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_template_text_from_an_unrecognised_source_is_none_so_the_caller_imports() -> None:
+    from opro.judges.templates import _module_strings
+
+    assert _module_strings("llama_index.core.evaluation.no_such_module", ("X",)) is None
+    assert _module_strings("llama_index.core.evaluation.correctness", ("NO_SUCH_NAME",)) is None
+    assert _module_strings("no_such_package.mod", ("X",)) is None

@@ -4,6 +4,8 @@ files) and LlamaIndex's faithfulness / relevancy templates. The parsers that rea
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import re
 import tomllib
 from collections.abc import Mapping
@@ -169,13 +171,49 @@ class JudgeTemplate:
         return cls(name=p.stem, system="", user=text, output_format="any")
 
 
-def _llamaindex_correctness() -> JudgeTemplate:
-    """LlamaIndex's CorrectnessEvaluator system and user templates, the library's own strings."""
-    from llama_index.core.evaluation import correctness
+def _module_strings(module: str, names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The string constants ``names`` of ``module`` (for a ``PromptTemplate("...")``, its text), read
+    from the module's source file without importing it.
 
-    return JudgeTemplate(
-        "llamaindex", correctness.DEFAULT_SYSTEM_TEMPLATE, correctness.DEFAULT_USER_TEMPLATE, "score_first"
-    )
+    ``None`` when the file or a plain string literal is not found (then the caller imports)."""
+    package, _, leaf = module.rpartition(".")
+    try:
+        top, _, rest = package.partition(".")
+        spec = importlib.util.find_spec(top)  # the top-level (namespace) package only: no package code runs
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        for location in spec.submodule_search_locations:
+            path = Path(location, *rest.split("."), f"{leaf}.py") if rest else Path(location, f"{leaf}.py")
+            if path.is_file():
+                break
+        else:
+            return None
+        found: dict[str, str] = {}
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+                continue
+            value = node.value
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "PromptTemplate":
+                value = value.args[0] if len(value.args) == 1 and not value.keywords else value  # its template text
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                found[node.targets[0].id] = value.value
+    except (ImportError, OSError, SyntaxError, ValueError):
+        return None
+    return tuple(found[n] for n in names) if all(n in found for n in names) else None
+
+
+def _llamaindex_correctness() -> JudgeTemplate:
+    """LlamaIndex's CorrectnessEvaluator system and user templates, the installed library's own strings.
+
+    Read from its source rather than imported: importing ``llama_index.core`` costs about 3 s, which a
+    run whose chunks are cached (resume, compare, a second worker) otherwise never pays."""
+    names = ("DEFAULT_SYSTEM_TEMPLATE", "DEFAULT_USER_TEMPLATE")
+    strings = _module_strings("llama_index.core.evaluation.correctness", names)
+    if strings is None:  # an installed layout we do not recognise: import it
+        from llama_index.core.evaluation import correctness
+
+        strings = (correctness.DEFAULT_SYSTEM_TEMPLATE, correctness.DEFAULT_USER_TEMPLATE)
+    return JudgeTemplate("llamaindex", strings[0], strings[1], "score_first")
 
 
 BUILTIN_TEMPLATES: dict[str, JudgeTemplate] = {
@@ -204,8 +242,13 @@ def get_template(template: str | Path | JudgeTemplate) -> JudgeTemplate:
 # --- YES/NO judges (faithfulness, relevancy) ----------------------------------------------------------
 
 # LlamaIndex's FaithfulnessEvaluator / RelevancyEvaluator default templates: the library's own
-# PromptTemplate texts, read at run time.
+# PromptTemplate texts, read at run time from its source (as the correctness template above).
 def _llamaindex_yes_no_templates() -> tuple[str, str, str, str]:
+    names = ("DEFAULT_EVAL_TEMPLATE", "DEFAULT_REFINE_TEMPLATE")
+    faith = _module_strings("llama_index.core.evaluation.faithfulness", names)
+    rel = _module_strings("llama_index.core.evaluation.relevancy", names)
+    if faith is not None and rel is not None:
+        return faith[0], faith[1], rel[0], rel[1]
     from llama_index.core.evaluation import faithfulness, relevancy
 
     return (
