@@ -558,28 +558,38 @@ def log_comparison_evaluations(
 
 class Prewarm:
     """Do the GenAI records' fixed costs while the search runs: import MLflow's evaluation harness and
-    register the dataset splits, in a background thread.
+    register the dataset splits, in a background thread started by :meth:`start`.
 
-    The search waits on its models (HTTP or llama.cpp, both release the GIL), so this costs it
-    nothing measurable, and the validation stage's records at the end only pay for their own runs.
-    A failure here is kept and raised by :meth:`wait`, where the records are written.
+    Started when the search starts, not before: until the first requests are out, the process is
+    busy with its own imports and set-up, and a second thread importing MLflow (seconds of CPU under
+    the same GIL) only delays the first request. Once the search waits on its models (HTTP or
+    llama.cpp, both release the GIL) this costs it nothing measurable, and the validation stage's
+    records at the end only pay for their own runs. A failure here is kept and raised by
+    :meth:`wait`, where the records are written.
     """
 
     def __init__(self, experiment: Experiment) -> None:
+        self._experiment = experiment
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(experiment,), name="opro-genai-prewarm", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
-    def _run(self, experiment: Experiment) -> None:
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="opro-genai-prewarm", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
         try:
             _import_harness()
             import mlflow.genai.scorers  # noqa: F401  (what evaluate imports on its first call)
 
-            genai_logger(experiment).register_datasets(experiment.dataset)
+            genai_logger(self._experiment).register_datasets(self._experiment.dataset)
         except BaseException as exc:  # handed to the caller of wait()
             self._error = exc
 
     def wait(self) -> None:
+        self.start()
+        assert self._thread is not None
         self._thread.join()
         if self._error is not None:
             raise self._error
@@ -593,6 +603,9 @@ class ValidationTraces(Recorder):
     def __init__(self, experiment: Experiment, *, prewarm: Prewarm) -> None:
         self.experiment = experiment
         self.prewarm = prewarm
+
+    def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
+        self.prewarm.start()
 
     def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
         self.prewarm.wait()  # it registered the dataset splits

@@ -303,3 +303,22 @@ print("litellm" in sys.modules and sys.modules["litellm"] is not None)
                          env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_the_prewarm_starts_with_the_search_not_with_its_set_up() -> None:
+    # Before the first request the process is busy with its own imports; a thread importing MLflow
+    # then only delays that request. The prewarm waits for on_search_start.
+    import threading
+
+    from opro.genai import Prewarm, ValidationTraces
+
+    class Broken:  # the thread's work fails on it: what it would record is not what this tests
+        def __getattr__(self, name: str) -> Any:
+            raise RuntimeError("no experiment here")
+
+    prewarm = Prewarm(Broken())  # type: ignore[arg-type]
+    traces = ValidationTraces(Broken(), prewarm=prewarm)  # type: ignore[arg-type]
+    assert not any(t.name == "opro-genai-prewarm" for t in threading.enumerate())
+    traces.on_search_start(None, lead=True)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="no experiment here"):
+        prewarm.wait()  # the failure is handed to whoever writes the records
