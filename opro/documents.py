@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 SUPPORTED_EXTENSIONS: tuple[str, ...] = (".pdf", ".txt", ".md")
 
+#: Bump when the documents loaded from the same files change (text clean-up, metadata, ids): caches
+#: keyed by the files' bytes (:func:`opro.retrieval.files_chunks_key`) must not outlive it.
+LOADER_FORMAT = 1
+
 # Metadata that should not be shown to the LLM nor counted against the chunk size.
 _HIDDEN_METADATA = ("file_path", "page")
 
@@ -149,6 +153,19 @@ def _expand(path: Path) -> list[Path]:
     return files
 
 
+def source_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """The files :func:`load_documents` reads for ``paths``, in its order (directories expanded)."""
+    items = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+    if not items:
+        raise DataError("no document paths given")
+    files: list[Path] = []
+    for item in items:
+        for f in _expand(item):
+            if f not in files:
+                files.append(f)
+    return files
+
+
 def load_documents(paths: str | Path | Iterable[str | Path], *, skip_bad: bool = False) -> LoadResult:
     """Load files and directories (recursively) into LlamaIndex ``Document`` objects.
 
@@ -159,14 +176,7 @@ def load_documents(paths: str | Path | Iterable[str | Path], *, skip_bad: bool =
     Raises :class:`DataError` listing every bad file unless ``skip_bad`` is set; then the bad files
     are reported in :attr:`LoadResult.skipped` (loading still fails if nothing usable is left).
     """
-    items = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
-    if not items:
-        raise DataError("no document paths given")
-    files: list[Path] = []
-    for item in items:
-        for f in _expand(item):
-            if f not in files:
-                files.append(f)
+    files = source_files(paths)
     documents: list[Document] = []
     skipped: list[SkippedFile] = []
     for f in files:
@@ -190,4 +200,6 @@ def load_documents(paths: str | Path | Iterable[str | Path], *, skip_bad: bool =
     return LoadResult(documents=tuple(documents), skipped=tuple(skipped))
 
 
-__all__ = ["SUPPORTED_EXTENSIONS", "LoadResult", "SkippedFile", "load_documents", "load_file"]
+__all__ = [
+    "LOADER_FORMAT", "SUPPORTED_EXTENSIONS", "LoadResult", "SkippedFile", "load_documents", "load_file", "source_files",
+]

@@ -69,9 +69,8 @@ class Experiment:
 
     # -- documents, retrieval, program -------------------------------------------------------
     @functools.cached_property
-    def documents(self) -> list[Document]:
-        from opro.documents import load_documents
-
+    def document_paths(self) -> list[Path]:
+        """``[data].docs`` as paths (the built-in corpus written to the run directory)."""
         paths: list[Path] = []
         for entry in self.config.data.docs:
             if entry == BUILTIN_PYTHON_REFERENCE:
@@ -80,18 +79,33 @@ class Experiment:
                 paths.append(write_quickstart_corpus(self.run_dir.corpus))
             else:
                 paths.append(self.config.resolve(entry))
-        result = load_documents(paths, skip_bad=self.config.data.skip_bad)
+        return paths
+
+    @functools.cached_property
+    def documents(self) -> list[Document]:
+        from opro.documents import load_documents
+
+        result = load_documents(self.document_paths, skip_bad=self.config.data.skip_bad)
         for skipped in result.skipped:
             logger.warning("skipped %s: %s", skipped.path, skipped.reason)
         return list(result.documents)
 
     @functools.cached_property
     def retriever(self) -> Retriever:
-        from opro.retrieval import build_retriever
+        from opro.documents import source_files
+        from opro.retrieval import build_retriever, chunk_documents, files_chunks_key, kept_chunks
 
         rag = self.config.rag
+        # Keyed by the files' bytes, so a run whose chunks are kept (resume, compare, another worker)
+        # loads no document: no PDF parsing and no LlamaIndex import (seconds of start-up).
+        key = files_chunks_key(source_files(self.document_paths), chunk_size=rag.chunk_size,
+                               chunk_overlap=rag.chunk_overlap, skip_bad=self.config.data.skip_bad)
+        chunks = kept_chunks(
+            cache_dir() / "indexes" / f"chunks-files-{key[:24]}.json",
+            lambda: chunk_documents(self.documents, chunk_size=rag.chunk_size, chunk_overlap=rag.chunk_overlap),
+        )
         return build_retriever(
-            documents=self.documents,
+            chunks=chunks,
             chunk_size=rag.chunk_size,
             chunk_overlap=rag.chunk_overlap,
             kind=rag.retriever,
@@ -364,13 +378,13 @@ class Experiment:
             if fresh:
                 self.archive_study()
             record = self._record_split() if worker_index == 0 else None
-            extra: list[Recorder] = []
+            recorders = self.recorders(worker_index=worker_index, num_workers=num_workers)
             if record is not None and self.config.tracking.genai:
-                from opro.genai import Prewarm, ValidationTraces
+                from opro.genai import ValidationTraces
+                from opro.recorders import MlflowRecorder
 
-                # Imports and dataset registration overlap the search; the traces follow the MLflow run.
-                extra.append(ValidationTraces(self, prewarm=Prewarm(self)))
-            recorders = self.recorders(worker_index=worker_index, num_workers=num_workers, extra=extra)
+                tracking = next(r for r in recorders if isinstance(r, MlflowRecorder))
+                recorders.append(ValidationTraces(self, tracking=tracking))  # after the run it links to
             result = self.optimizer(worker_index=worker_index, num_workers=num_workers, recorders=recorders).optimize(
                 program=self.program,
                 optimization_set=ds.examples_in("optimization"),

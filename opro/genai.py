@@ -31,13 +31,14 @@ import os
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from io import StringIO
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import OproError
-from opro.recorders import Recorder
+from opro.recorders import MlflowRecorder, Recorder
 from opro.redaction import redact_text
 
 if TYPE_CHECKING:
@@ -556,59 +557,40 @@ def log_comparison_evaluations(
     )
 
 
-class Prewarm:
-    """Do the GenAI records' fixed costs while the search runs: import MLflow's evaluation harness and
-    register the dataset splits, in a background thread started by :meth:`start`.
+def _prewarm(experiment: Experiment) -> None:
+    """The GenAI records' fixed costs, paid while the search runs: MLflow's evaluation harness
+    imported and the dataset splits registered."""
+    _import_harness()
+    import mlflow.genai.scorers  # noqa: F401  (what evaluate imports on its first call)
 
-    Started when the search starts, not before: until the first requests are out, the process is
-    busy with its own imports and set-up, and a second thread importing MLflow (seconds of CPU under
-    the same GIL) only delays the first request. Once the search waits on its models (HTTP or
-    llama.cpp, both release the GIL) this costs it nothing measurable, and the validation stage's
-    records at the end only pay for their own runs. A failure here is kept and raised by
-    :meth:`wait`, where the records are written.
-    """
-
-    def __init__(self, experiment: Experiment) -> None:
-        self._experiment = experiment
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="opro-genai-prewarm", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            _import_harness()
-            import mlflow.genai.scorers  # noqa: F401  (what evaluate imports on its first call)
-
-            genai_logger(self._experiment).register_datasets(self._experiment.dataset)
-        except BaseException as exc:  # handed to the caller of wait()
-            self._error = exc
-
-    def wait(self) -> None:
-        self.start()
-        assert self._thread is not None
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+    genai_logger(experiment).register_datasets(experiment.dataset)
 
 
 class ValidationTraces(Recorder):
-    """The recorder that logs the validation stage of the finished
-    search as evaluation runs (:func:`log_validation_evaluations`), once ``prewarm`` registered the
-    dataset splits. Goes after :class:`opro.recorders.MlflowRecorder`: it links to that run."""
+    """The recorder that logs the validation stage of the finished search as evaluation runs
+    (:func:`log_validation_evaluations`). Goes after ``tracking``, whose run it links to.
 
-    def __init__(self, experiment: Experiment, *, prewarm: Prewarm) -> None:
+    When the search starts it queues the records' fixed costs (:func:`_prewarm`: seconds of imports
+    and the dataset registration) on ``tracking``'s one background thread, behind the run's start:
+    the search then waits on its models (HTTP or llama.cpp, both release the GIL), so this costs it
+    nothing measurable, and one thread imports MLflow (two threads importing it at once can meet a
+    partially initialised module). Not started earlier: until the first requests are out, the
+    process is busy with its own set-up and a thread importing MLflow only delays them.
+    """
+
+    def __init__(self, experiment: Experiment, *, tracking: MlflowRecorder) -> None:
         self.experiment = experiment
-        self.prewarm = prewarm
+        self.tracking = tracking
+        self._prewarmed: Future[None] | None = None
 
     def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
-        self.prewarm.start()
+        self._prewarmed = self.tracking.in_background(_prewarm, self.experiment)
 
     def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
-        self.prewarm.wait()  # it registered the dataset splits
+        if self._prewarmed is None:
+            _prewarm(self.experiment)
+        else:
+            self._prewarmed.result()  # it registered the dataset splits
         log_validation_evaluations(result, experiment=self.experiment, register_datasets=False)
 
 
@@ -782,7 +764,6 @@ __all__ = [
     "GenAILogger",
     "GenAIRecord",
     "MlflowCorrectnessJudge",
-    "Prewarm",
     "PromptEvaluation",
     "ValidationTraces",
     "dataset_name",

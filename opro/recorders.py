@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from opro.rundir import RunDir
 
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
     from opro.optimizer import CandidateRecord, OptimizationResult
     from opro.tracking import MlflowTracker
+
+
+T = TypeVar("T")
 
 
 class Recorder(Protocol):
@@ -147,6 +150,12 @@ class MlflowRecorder(Recorder):
         job = self._pool.submit(fn, *args, **kwargs)
         self._jobs.append(job)
         return job
+
+    def in_background(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn`` on the tracking thread after what is queued (the run's start): other MLflow
+        work that should not hold the search up, and no second thread importing MLflow. Its failure
+        is raised like a tracking call's."""
+        return self._track(fn, *args)
 
     def _check(self) -> None:
         """Raise the error of a tracking call that failed (a broken MLflow store)."""

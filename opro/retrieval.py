@@ -424,25 +424,48 @@ def _chunks_key(documents: Sequence[Document], *, chunk_size: int, chunk_overlap
     return h.hexdigest()
 
 
-def cached_chunks(
-    documents: Iterable[Document], *, chunk_size: int, chunk_overlap: int, cache_dir: str | Path
-) -> list[Chunk]:
-    """:func:`chunk_documents`, kept in ``cache_dir`` under a key of its inputs (see :func:`_chunks_key`)."""
-    docs = list(documents)
-    path = Path(cache_dir) / f"chunks-{_chunks_key(docs, chunk_size=chunk_size, chunk_overlap=chunk_overlap)[:24]}.json"
+def files_chunks_key(files: Sequence[Path], *, chunk_size: int, chunk_overlap: int, skip_bad: bool) -> str:
+    """sha256 of what shapes the chunks of ``files`` (as :func:`opro.documents.source_files` lists
+    them): each file's path and bytes, the loader's and splitter's versions, the sizes. Computed
+    without loading a document: a run whose chunks are kept skips PDF parsing and LlamaIndex's import."""
+    from importlib.metadata import version
+
+    from opro.documents import LOADER_FORMAT
+
+    h = hashlib.sha256()
+    h.update(json.dumps({"format": CHUNKS_FORMAT, "loader": LOADER_FORMAT, "chunk_size": chunk_size,
+                         "chunk_overlap": chunk_overlap, "skip_bad": skip_bad,
+                         "llama_index_core": version("llama-index-core")}, sort_keys=True).encode("utf-8"))
+    for f in files:
+        h.update(b"\0" + str(f).encode("utf-8") + b"\0")
+        h.update(hashlib.sha256(Path(f).read_bytes()).digest())
+    return h.hexdigest()
+
+
+def kept_chunks(path: Path, make: Callable[[], list[Chunk]]) -> list[Chunk]:
+    """The chunks kept at ``path``, or ``make()``'s, then kept there (written atomically)."""
     if path.is_file():
         try:
             rows = json.loads(path.read_text(encoding="utf-8"))
             return [Chunk(id=r["id"], text=r["text"], metadata=r["metadata"]) for r in rows]
         except (OSError, ValueError, KeyError, TypeError):
             pass  # unreadable (cut short, edited): chunk again and rewrite it
-    chunks = chunk_documents(docs, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    chunks = make()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump([{"id": c.id, "text": c.text, "metadata": dict(c.metadata)} for c in chunks], f, default=str)
     os.replace(tmp, path)
     return chunks
+
+
+def cached_chunks(
+    documents: Iterable[Document], *, chunk_size: int, chunk_overlap: int, cache_dir: str | Path
+) -> list[Chunk]:
+    """:func:`chunk_documents`, kept in ``cache_dir`` under a key of its inputs (see :func:`_chunks_key`)."""
+    docs = list(documents)
+    path = Path(cache_dir) / f"chunks-{_chunks_key(docs, chunk_size=chunk_size, chunk_overlap=chunk_overlap)[:24]}.json"
+    return kept_chunks(path, lambda: chunk_documents(docs, chunk_size=chunk_size, chunk_overlap=chunk_overlap))
 
 
 def build_retriever(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,22 @@ def test_cli_errors_are_clear(scripted_config: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["optimize", str(scripted_config), "--worker", "0/0"])
     assert result.exit_code != 0 and "--worker 0/0: N is the number of workers" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "stream", "text"),
+    [
+        (["--help"], 0, "stdout", "optimize"),
+        (["optimize", "no-such-config.toml"], 2, "stderr", "config file not found: no-such-config.toml"),
+        (["no-such-command"], 2, "stderr", "No such command"),
+    ],
+)
+def test_the_command_exits_with_its_code_and_all_its_output_after_skipping_teardown(
+    args: list[str], code: int, stream: str, text: str, tmp_path: Path
+) -> None:
+    # main() ends the process with os._exit after the exit handlers: the code and every buffered
+    # line (stdout is a pipe here, so block-buffered) must still come out.
+    proc = subprocess.run([sys.executable, "-m", "opro.cli", *args], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=120)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert text in getattr(proc, stream)

@@ -161,3 +161,22 @@ def test_duplicates_that_shrink_the_split_are_reported(tmp_path: Path, monkeypat
     out = " ".join(res.output.split())
     assert "search scores on 2 optimization questions" in out
     assert "split came out smaller than requested" in out and "optimization 2 (asked 3)" in out
+
+
+def test_kept_chunks_spare_loading_the_documents_until_a_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import opro.documents
+
+    monkeypatch.setenv("OPRO_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="test.toml")
+    first = Experiment(cfg, pool=scripted_pool(), progress=False).retriever
+    loads: list[object] = []
+    real = opro.documents.load_documents
+    monkeypatch.setattr(opro.documents, "load_documents", lambda *a, **k: loads.append(a) or real(*a, **k))
+    again = Experiment(cfg, pool=scripted_pool(), progress=False).retriever
+    assert loads == []  # the chunks were kept under the files' bytes: no document loaded
+    assert [c.text for c in again.chunks] == [c.text for c in first.chunks]
+    (tmp_path / "docs" / "alexnet.txt").write_text(DOC + "\nAlexNet had eight layers.\n")
+    changed = Experiment(cfg, pool=scripted_pool(), progress=False).retriever
+    assert len(loads) == 1 and any("eight layers" in c.text for c in changed.chunks)

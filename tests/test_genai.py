@@ -305,20 +305,24 @@ print("litellm" in sys.modules and sys.modules["litellm"] is not None)
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_the_prewarm_starts_with_the_search_not_with_its_set_up() -> None:
-    # Before the first request the process is busy with its own imports; a thread importing MLflow
-    # then only delays that request. The prewarm waits for on_search_start.
-    import threading
+def test_the_prewarm_is_queued_when_the_search_starts_on_the_tracking_thread(tmp_path: Path) -> None:
+    # Before the first request the process is busy with its own imports: the records' fixed costs wait
+    # for on_search_start, then run on the MLflow recorder's one thread (no second thread importing
+    # MLflow), and a failure there reaches whoever writes the records.
+    from opro.genai import ValidationTraces
+    from opro.recorders import MlflowRecorder
+    from opro.tracking import MlflowTracker
 
-    from opro.genai import Prewarm, ValidationTraces
-
-    class Broken:  # the thread's work fails on it: what it would record is not what this tests
+    class Broken:  # the prewarm fails on it: what it would record is not what this tests
         def __getattr__(self, name: str) -> Any:
             raise RuntimeError("no experiment here")
 
-    prewarm = Prewarm(Broken())  # type: ignore[arg-type]
-    traces = ValidationTraces(Broken(), prewarm=prewarm)  # type: ignore[arg-type]
-    assert not any(t.name == "opro-genai-prewarm" for t in threading.enumerate())
-    traces.on_search_start(None, lead=True)  # type: ignore[arg-type]
+    tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"))
+    traces = ValidationTraces(Broken(), tracking=tracking)  # type: ignore[arg-type]
+    assert tracking._jobs == []
+    traces.on_search_start(None, lead=False)  # type: ignore[arg-type]
+    assert len(tracking._jobs) == 1
     with pytest.raises(RuntimeError, match="no experiment here"):
-        prewarm.wait()  # the failure is handed to whoever writes the records
+        traces.on_result(None, None)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="no experiment here"):
+        tracking._drain()  # a failed tracking-thread job stops the search like a failed tracking call
