@@ -582,15 +582,27 @@ class ValidationTraces(Recorder):
         self.experiment = experiment
         self.tracking = tracking
         self._prewarmed: Future[None] | None = None
+        self._prewarm_done = False
 
     def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
         self._prewarmed = self.tracking.in_background(_prewarm, self.experiment)
 
+    def _wait_for_prewarm(self) -> None:
+        if not self._prewarm_done:
+            if self._prewarmed is None:
+                _prewarm(self.experiment)
+            else:
+                self._prewarmed.result()  # it registered the dataset splits
+            self._prewarm_done = True
+
+    def on_search_end(self, study: optuna.Study) -> None:
+        # Waited for before the process imports anything else (the plots import matplotlib, which
+        # imports IPython when installed, as MLflow's harness does): two threads importing one
+        # package at once can meet it partially initialised.
+        self._wait_for_prewarm()
+
     def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
-        if self._prewarmed is None:
-            _prewarm(self.experiment)
-        else:
-            self._prewarmed.result()  # it registered the dataset splits
+        self._wait_for_prewarm()
         log_validation_evaluations(result, experiment=self.experiment, register_datasets=False)
 
 

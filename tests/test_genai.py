@@ -323,6 +323,6 @@ def test_the_prewarm_is_queued_when_the_search_starts_on_the_tracking_thread(tmp
     traces.on_search_start(None, lead=False)  # type: ignore[arg-type]
     assert len(tracking._jobs) == 1
     with pytest.raises(RuntimeError, match="no experiment here"):
-        traces.on_result(None, None)  # type: ignore[arg-type]
+        traces.on_search_end(None)  # type: ignore[arg-type]  (waits for it before the validation stage)
     with pytest.raises(RuntimeError, match="no experiment here"):
         tracking._drain()  # a failed tracking-thread job stops the search like a failed tracking call
