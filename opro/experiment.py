@@ -379,7 +379,10 @@ class Experiment:
                 self.archive_study()
             record = self._record_split() if worker_index == 0 else None
             recorders = self.recorders(worker_index=worker_index, num_workers=num_workers)
-            if record is not None and self.config.tracking.genai:
+            # Without a validation stage there is nothing to trace, and the records' fixed costs (seconds
+            # of MLflow imports) would only compete with the search; compare and evaluate register the
+            # splits they use when they record their runs.
+            if record is not None and self.config.tracking.genai and ds.examples_in("validation"):
                 from opro.genai import ValidationTraces
                 from opro.recorders import MlflowRecorder
 
