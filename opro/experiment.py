@@ -309,9 +309,9 @@ class Experiment:
         logger.warning("archived study %r as %r; starting a fresh study", cfg.study_name, archived)
         return archived
 
-    def recorders(self, *, worker_index: int = 0, num_workers: int = 1, extra: Sequence[Recorder] = ()) -> list[Recorder]:
+    def recorders(self, *, worker_index: int = 0, num_workers: int = 1) -> list[Recorder]:
         """What the search leaves behind: the run directory, then the MLflow run and registry version
-        (whose artifacts are the run directory's files), then ``extra``."""
+        (whose artifacts are the run directory's files)."""
         from opro.recorders import MlflowRecorder, RunDirRecorder
         from opro.tracking import MlflowTracker
 
@@ -329,7 +329,7 @@ class Experiment:
                 run_dir=self.run_dir,
                 register_prompt=(cfg.prompt_name, cfg.tracking.prompt_alias) if cfg.tracking.register_prompt else None,
             ))
-        return [*recorders, *extra]
+        return recorders
 
     def optimizer(
         self, *, worker_index: int = 0, num_workers: int = 1, recorders: Sequence[Recorder] | None = None

@@ -582,18 +582,14 @@ class ValidationTraces(Recorder):
         self.experiment = experiment
         self.tracking = tracking
         self._prewarmed: Future[None] | None = None
-        self._prewarm_done = False
 
     def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
         self._prewarmed = self.tracking.in_background(_prewarm, self.experiment)
 
     def _wait_for_prewarm(self) -> None:
-        if not self._prewarm_done:
-            if self._prewarmed is None:
-                _prewarm(self.experiment)
-            else:
-                self._prewarmed.result()  # it registered the dataset splits
-            self._prewarm_done = True
+        if self._prewarmed is None:  # not started by on_search_start: queue it now
+            self._prewarmed = self.tracking.in_background(_prewarm, self.experiment)
+        self._prewarmed.result()  # it registered the dataset splits (a done future answers at once)
 
     def on_search_end(self, study: optuna.Study) -> None:
         # Waited for before the process imports anything else (the plots import matplotlib, which

@@ -143,19 +143,15 @@ class MlflowRecorder(Recorder):
         self._jobs: list[Future[Any]] = []
 
     # -- the tracking thread -------------------------------------------------------------------
-    def _track(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
-        """Run a tracking call on the one tracking thread, in order, while the search goes on."""
+    def in_background(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn`` on the one tracking thread, in order, while the search goes on: the tracking
+        calls and other MLflow work that should not hold the search up (one thread, so no two import
+        MLflow at once). A failure is raised at the next step boundary or when the jobs are drained."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opro-mlflow")
-        job = self._pool.submit(fn, *args, **kwargs)
+        job = self._pool.submit(fn, *args)
         self._jobs.append(job)
         return job
-
-    def in_background(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Run ``fn`` on the tracking thread after what is queued (the run's start): other MLflow
-        work that should not hold the search up, and no second thread importing MLflow. Its failure
-        is raised like a tracking call's."""
-        return self._track(fn, *args)
 
     def _check(self) -> None:
         """Raise the error of a tracking call that failed (a broken MLflow store)."""
@@ -187,12 +183,12 @@ class MlflowRecorder(Recorder):
             return rid
 
         # MLflow's store set-up and run start take seconds: done beside the first step's requests.
-        self._started = self._track(start_run)
+        self._started = self.in_background(start_run)
 
     def on_step(
         self, study: optuna.Study, *, step: int, history: Sequence[CandidateRecord], best_score: float
     ) -> None:
-        self._track(self._log_step, study, step, list(history), best_score)
+        self.in_background(self._log_step, study, step, list(history), best_score)
         self._check()
 
     def _log_step(self, study: optuna.Study, step: int, history: Sequence[CandidateRecord], best: float) -> None:

@@ -3,7 +3,8 @@
 Chunks come from llama-index-core's ``SentenceSplitter``. A built index is persisted under
 ``index_dir`` keyed by a sha256 of the chunk texts and the settings, so a rerun loads it instead of
 rebuilding (that matters for dense retrieval, where building means embedding every chunk). The
-chunks themselves are kept there too, keyed by the documents and the chunk settings: the splitter's
+chunks themselves are kept there too, keyed by the documents (or, for an experiment, by its document
+files' bytes, so nothing is loaded to find them) and the chunk settings: the splitter's
 first use (sentence tokenizer and token counter loaded) costs seconds in every process otherwise,
 and every process of a run (resume, each scale-out worker, compare, evaluate) chunks the same text.
 Retrieval results are memoized per ``(query, top_k)``: an OPRO run asks the same questions for
@@ -411,13 +412,20 @@ def index_key(chunks: Sequence[Chunk], settings: Mapping[str, Any]) -> str:
 CHUNKS_FORMAT = 1  # bump when chunk_documents' output changes for the same input
 
 
-def _chunks_key(documents: Sequence[Document], *, chunk_size: int, chunk_overlap: int) -> str:
-    """sha256 of what shapes the chunks: the documents (id, text, metadata), the sizes, the splitter's version."""
+def _chunks_hash(**settings: Any) -> hashlib._Hash:
+    """A sha256 started with what shapes any chunks: the sizes and other ``settings``, the format and
+    the splitter's version."""
     from importlib.metadata import version
 
     h = hashlib.sha256()
-    h.update(json.dumps({"format": CHUNKS_FORMAT, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
-                         "llama_index_core": version("llama-index-core")}, sort_keys=True).encode("utf-8"))
+    h.update(json.dumps({"format": CHUNKS_FORMAT, "llama_index_core": version("llama-index-core"), **settings},
+                        sort_keys=True).encode("utf-8"))
+    return h
+
+
+def _chunks_key(documents: Sequence[Document], *, chunk_size: int, chunk_overlap: int) -> str:
+    """sha256 of what shapes the chunks: the documents (id, text, metadata), the sizes, the splitter's version."""
+    h = _chunks_hash(chunk_size=chunk_size, chunk_overlap=chunk_overlap)
     for d in documents:
         h.update(b"\0")
         h.update(json.dumps([d.doc_id, d.text, d.metadata], sort_keys=True, default=str).encode("utf-8"))
@@ -428,14 +436,9 @@ def files_chunks_key(files: Sequence[Path], *, chunk_size: int, chunk_overlap: i
     """sha256 of what shapes the chunks of ``files`` (as :func:`opro.documents.source_files` lists
     them): each file's path and bytes, the loader's and splitter's versions, the sizes. Computed
     without loading a document: a run whose chunks are kept skips PDF parsing and LlamaIndex's import."""
-    from importlib.metadata import version
-
     from opro.documents import LOADER_FORMAT
 
-    h = hashlib.sha256()
-    h.update(json.dumps({"format": CHUNKS_FORMAT, "loader": LOADER_FORMAT, "chunk_size": chunk_size,
-                         "chunk_overlap": chunk_overlap, "skip_bad": skip_bad,
-                         "llama_index_core": version("llama-index-core")}, sort_keys=True).encode("utf-8"))
+    h = _chunks_hash(chunk_size=chunk_size, chunk_overlap=chunk_overlap, loader=LOADER_FORMAT, skip_bad=skip_bad)
     for f in files:
         h.update(b"\0" + str(f).encode("utf-8") + b"\0")
         h.update(hashlib.sha256(Path(f).read_bytes()).digest())
