@@ -221,3 +221,21 @@ def test_a_dead_holder_s_study_lease_is_taken_over(tmp_path: Path) -> None:
     study.set_user_attr("holder:w0", {"host": "elsewhere", "pid": 1, "token": "y", "beat": time.time() - 301})
     with StudyLease(study, key="holder:w0", what="study 's'"):  # no heartbeat for 5 minutes: stale
         pass
+
+
+def test_the_loopback_server_answers_in_its_latency_without_a_delayed_ack_stall() -> None:
+    """The benchmarks read their ratios off this server's latency: a reply written as headers then
+    body must not wait for the client's delayed ACK (40 ms on Linux) on a kept-alive connection."""
+    import statistics
+
+    import httpx
+
+    with FaultServer(key=KEY, keep_alive=True) as server, httpx.Client() as client:
+        took = []
+        for i in range(15):
+            started = time.perf_counter()
+            reply = client.post(f"{server.base_url}/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                                json={"model": "task-model", "messages": [{"role": "user", "content": f"q{i}"}]})
+            took.append(time.perf_counter() - started)
+            assert reply.status_code == 200
+    assert statistics.median(took) < 0.025, f"median {statistics.median(took) * 1000:.0f} ms per request"
