@@ -251,17 +251,48 @@ def _step_of(trial: optuna.trial.FrozenTrial) -> int:
     return int(trial.user_attrs.get("step", 0))
 
 
-def _earlier_complete(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> list[optuna.trial.FrozenTrial]:
-    """Complete candidates of the steps before ``trial``'s: what a pruning decision may compare with.
+def _complete_before(study: optuna.Study, step: int) -> list[optuna.trial.FrozenTrial]:
+    """Complete candidates of the steps before ``step``: what a pruning decision may compare with.
 
     Candidates of the same step are left out: which of them finished first depends on timing and on
     how many workers share the step, and a decision must not.
     """
-    step = _step_of(trial)
     return [
         t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if t.value is not None and _step_of(t) < step
     ]
+
+
+@dataclass(frozen=True)
+class RunningCandidate:
+    """What a pruning decision reads of a candidate being evaluated: its running means by minibatch
+    and its per-question scores so far (None: not validly scored)."""
+
+    intermediate_values: Mapping[int, float]
+    scores: Sequence[float | None]
+
+    @property
+    def last_step(self) -> int | None:
+        return max(self.intermediate_values) if self.intermediate_values else None
+
+    @classmethod
+    def of(cls, trial: optuna.trial.FrozenTrial) -> RunningCandidate:
+        return cls(dict(trial.intermediate_values), list(trial.user_attrs.get("scores") or []))
+
+
+class EarlierStepsPruner(optuna.pruners.BasePruner):
+    """A pruner whose decision reads only the candidate and the complete candidates of earlier steps.
+
+    So the optimizer decides in-process (:meth:`decide`, with the earlier steps read once per step)
+    and writes the reports to the study beside the requests; Optuna's ``prune`` gives the same answer
+    from the study.
+    """
+
+    def decide(self, candidate: RunningCandidate, earlier: Sequence[optuna.trial.FrozenTrial]) -> bool:
+        raise NotImplementedError
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        return self.decide(RunningCandidate.of(trial), _complete_before(study, _step_of(trial)))
 
 
 def _rank(t: optuna.trial.FrozenTrial) -> tuple[float, int, int]:
@@ -269,7 +300,7 @@ def _rank(t: optuna.trial.FrozenTrial) -> tuple[float, int, int]:
     return (float(t.value or 0.0), -_step_of(t), -int(t.user_attrs.get("index", 0)))
 
 
-class BestSoFarPruner(optuna.pruners.BasePruner):
+class BestSoFarPruner(EarlierStepsPruner):
     """Prune a candidate whose running mean is ``margin`` below the best candidate of earlier steps.
 
     ``warmup`` minibatches are always run, so one unlucky question cannot end a candidate.
@@ -279,34 +310,34 @@ class BestSoFarPruner(optuna.pruners.BasePruner):
         self.margin = margin
         self.warmup = warmup
 
-    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        step = trial.last_step
+    def decide(self, candidate: RunningCandidate, earlier: Sequence[optuna.trial.FrozenTrial]) -> bool:
+        step = candidate.last_step
         if step is None or step + 1 < self.warmup:
             return False
-        finished = [float(t.value) for t in _earlier_complete(study, trial) if t.value is not None]
+        finished = [float(t.value) for t in earlier if t.value is not None]
         if not finished:
             return False
-        return trial.intermediate_values[step] < max(finished) - self.margin
+        return candidate.intermediate_values[step] < max(finished) - self.margin
 
 
-class EarlierStepsMedianPruner(optuna.pruners.BasePruner):
+class EarlierStepsMedianPruner(EarlierStepsPruner):
     """Optuna's median rule over the candidates of earlier steps: prune when the best running mean so
     far is below the median of their running means after the same minibatch."""
 
     def __init__(self, *, warmup: int = 1) -> None:
         self.warmup = warmup
 
-    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        step = trial.last_step
+    def decide(self, candidate: RunningCandidate, earlier: Sequence[optuna.trial.FrozenTrial]) -> bool:
+        step = candidate.last_step
         if step is None or step + 1 < self.warmup:
             return False
-        others = [t.intermediate_values[step] for t in _earlier_complete(study, trial) if step in t.intermediate_values]
+        others = [t.intermediate_values[step] for t in earlier if step in t.intermediate_values]
         others = [v for v in others if not math.isnan(v)]
         if not others:
             return False
         import numpy as np
 
-        best = max(v for k, v in trial.intermediate_values.items() if k <= step)
+        best = max(v for k, v in candidate.intermediate_values.items() if k <= step)
         return bool(best < float(np.median(others)))
 
 
@@ -330,7 +361,7 @@ def paired_valid(a: Sequence[float | None], b: Sequence[float | None]) -> tuple[
     return [x for x, _ in pairs], [y for _, y in pairs]
 
 
-class RacingPruner(optuna.pruners.BasePruner):
+class RacingPruner(EarlierStepsPruner):
     """Stop a candidate once it is confidently worse than the incumbent on the same questions.
 
     The incumbent is the best complete candidate of an *earlier* step, so a decision never depends
@@ -357,22 +388,20 @@ class RacingPruner(optuna.pruners.BasePruner):
         sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1)) if n > 1 else 0.0
         return mean + float(t.ppf(self.confidence, n - 1)) * max(sd, self.noise_floor) / math.sqrt(n)
 
-    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        step = trial.last_step
+    def decide(self, candidate: RunningCandidate, earlier: Sequence[optuna.trial.FrozenTrial]) -> bool:
+        step = candidate.last_step
         if step is None or step + 1 < self.warmup:
             return False
-        mine = trial.user_attrs.get("scores") or []
-        earlier = _earlier_complete(study, trial)
         if not earlier:
             return False
         incumbent = max(earlier, key=_rank)
-        a, b = paired_valid(mine, incumbent.user_attrs.get("scores") or [])
+        a, b = paired_valid(candidate.scores, incumbent.user_attrs.get("scores") or [])
         if len(a) < max(2, self.min_pairs):
             return False
         return self.upper_bound([x - y for x, y in zip(a, b, strict=True)]) < 0.0
 
 
-def make_pruner(settings: OptimizerSettings) -> optuna.pruners.BasePruner:
+def make_pruner(settings: OptimizerSettings) -> EarlierStepsPruner | optuna.pruners.NopPruner:
     if settings.pruner == "none":
         return optuna.pruners.NopPruner()
     if settings.pruner == "median":
@@ -421,6 +450,8 @@ class _Live:
     got: dict[int, float | LLMError | None] = field(default_factory=dict)
     #: Minibatches whose running mean was reported (the prefix of questions in ``scores``).
     reported: int = 0
+    #: Running mean after each reported minibatch (what the study's intermediate values will hold).
+    means: dict[int, float] = field(default_factory=dict)
     scores: list[float | None] = field(default_factory=list)
     n_errors: int = 0
     status: CandidateStatus = "complete"
@@ -793,15 +824,19 @@ class OPROOptimizer:
             return scored.error
         return scored.score
 
-    def _can_prune(self, study: optuna.Study, step: int) -> bool:
-        """Whether the pruner can stop a candidate in this step. Every pruner here compares with the
-        complete candidates of earlier steps; with none there is nothing to compare with, and
-        minibatches need not wait for the running mean."""
-        if isinstance(study.pruner, optuna.pruners.NopPruner):
-            return False
-        return any(
-            _step_of(t) < step for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        )
+    @staticmethod
+    def _pruning(study: optuna.Study, step: int) -> tuple[EarlierStepsPruner, list[optuna.trial.FrozenTrial]] | None:
+        """The pruner that can stop a candidate in this step, with the complete candidates of earlier
+        steps it compares with (fixed while the step runs: a step starts once the one before it is
+        done), or None: no pruner, or nothing to compare with, so minibatches need not wait for the
+        running mean."""
+        pruner = study.pruner
+        if isinstance(pruner, optuna.pruners.NopPruner):
+            return None
+        if not isinstance(pruner, EarlierStepsPruner):
+            raise TypeError(f"opro's search needs an EarlierStepsPruner, got {type(pruner).__name__}")
+        earlier = _complete_before(study, step)
+        return (pruner, earlier) if earlier else None
 
     def _evaluate_step(
         self,
@@ -818,7 +853,8 @@ class OPROOptimizer:
         ]
         n, size = len(examples), self.settings.minibatch_size
         n_batches = max(1, math.ceil(n / size))
-        can_prune = self._can_prune(study, step)
+        pruning = self._pruning(study, step)
+        can_prune = pruning is not None
         # With a budget, minibatch b starts only once minibatch b-1 is finished and the budget is
         # checked, as a plain loop would: where a run stops must not depend on timing.
         budgeted = bool(self.settings.max_calls or self.settings.max_tokens_budget)
@@ -868,19 +904,16 @@ class OPROOptimizer:
                     mean = c.mean()
                     if mean is None:
                         continue
-                    if not can_prune:
-                        # Nobody waits for this report: the storage write runs beside the requests.
-                        reports.append(bookkeeper.submit(self._report, c, mean, b, step))
+                    c.means[b] = mean
+                    # The decision is made here from the candidate's own results and the earlier
+                    # steps (the pruner's whole input), so nobody waits for the storage write: it
+                    # runs beside the requests, in order, on the bookkeeping thread.
+                    reports.append(bookkeeper.submit(self._report, c, mean, b, step,
+                                                     list(c.scores) if pruning is not None else None))
+                    if pruning is None or b + 1 >= n_batches:
                         continue
-                    try:
-                        # The racing pruner pairs per-question scores with the incumbent's.
-                        c.trial.set_user_attr("scores", list(c.scores))
-                        c.trial.report(mean, b)
-                        prune = b + 1 < n_batches and c.trial.should_prune()
-                    except optuna.exceptions.UpdateFinishedTrialError:
-                        self._lost(c, step)
-                        return
-                    if prune:
+                    pruner, earlier = pruning
+                    if pruner.decide(RunningCandidate(dict(c.means), list(c.scores)), earlier):
                         c.status = "pruned"
                         bar.advance(n - len(c.scores))
 
@@ -947,8 +980,10 @@ class OPROOptimizer:
             )
         return records
 
-    def _report(self, c: _Live, mean: float, b: int, step: int) -> None:
+    def _report(self, c: _Live, mean: float, b: int, step: int, scores: list[float | None] | None) -> None:
         try:
+            if scores is not None:  # the per-question scores the racing pruner reads, kept beside the mean
+                c.trial.set_user_attr("scores", scores)
             c.trial.report(mean, b)
         except optuna.exceptions.UpdateFinishedTrialError:
             self._lost(c, step)
@@ -1380,11 +1415,13 @@ __all__ = [
     "BestSoFarPruner",
     "CandidateRecord",
     "EarlierStepsMedianPruner",
+    "EarlierStepsPruner",
     "FinalistRecord",
     "OPROOptimizer",
     "OptimizationResult",
     "OptimizerSettings",
     "RacingPruner",
+    "RunningCandidate",
     "ValidationResult",
     "make_pruner",
     "optimism_points",

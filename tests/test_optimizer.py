@@ -9,16 +9,19 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import optuna
+import pytest
 from fakes import Rig
 from fakes import history_of as _history_of
 from fakes import keyword_examples as _examples
 from fakes import keyword_optimizer as _optimizer
 
 from opro.llm.cache import CallCache
+from opro.optimizer import make_pruner
 
 
 def test_loop_finds_the_best_and_keeps_complete_history(tmp_path: Path) -> None:
@@ -81,6 +84,29 @@ def test_pruning_prunes_and_saves_calls(tmp_path: Path) -> None:
     assert pruned.best_score == full.best_score
     study = optuna.load_study(study_name="test", storage=f"sqlite:///{tmp_path / 'a' / 'optuna.db'}")
     assert sum(1 for t in study.trials if t.state == optuna.trial.TrialState.PRUNED) == n_pruned
+
+
+def test_pruning_decisions_do_not_wait_for_the_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pruner decides in-process from the candidate and the earlier steps; the study's copy of
+    each running mean is written on the bookkeeping thread, so requests never wait on storage."""
+    writers: list[str] = []
+    write = optuna.storages.RDBStorage.set_trial_intermediate_value
+
+    def recorded(self: optuna.storages.RDBStorage, *args: object, **kwargs: object) -> None:
+        writers.append(threading.current_thread().name)
+        write(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_intermediate_value", recorded)
+    opt, _rig, program = _optimizer(tmp_path, pruner="best", prune_margin=1.0, steps=2, candidates_per_step=4,
+                                    minibatch_size=1)
+    result = opt.optimize(program=program, optimization_set=_examples(6), initial_instructions=["Use the context. Be precise. Cite."])  # type: ignore[arg-type]
+    assert any(r.status == "pruned" for r in result.history)
+    assert writers and all(name.startswith("opro-study") for name in writers), sorted(set(writers))
+    # The study holds what the decisions read: Optuna's own prune() agrees with the in-process one.
+    study = optuna.load_study(study_name="test", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    pruner = make_pruner(opt.settings)
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned and all(pruner.prune(study, t) for t in pruned)
 
 
 def test_warm_cache_rerun_makes_no_calls(tmp_path: Path) -> None:
