@@ -25,6 +25,7 @@ them, so the rest of opro keeps its explicit per-store clients.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -86,7 +87,18 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
     # modules with openai) to ask whether litellm's retries are active; opro's replay and scorers
     # make no LLM calls. Hidden for the call unless something already loaded it.
     hide_litellm = "litellm" not in sys.modules
+    # Each evaluate turns autologging on for every installed flavor through post-import hooks, which
+    # imports them (mlflow.llama_index pulls in llama_index.core, NLTK, SciPy) while holding MLflow's
+    # import-hook lock; every other import in the process waits on that lock, so an import on another
+    # thread at that moment can deadlock with it. The replay makes no LLM call there is to trace:
+    # autologging stays off for the call (as if disabled by the user), restored after.
+    from mlflow.ml_package_versions import FLAVOR_TO_MODULE_NAME
+    from mlflow.utils.autologging_utils import AUTOLOGGING_INTEGRATIONS
+
     with _STORE_LOCK:
+        old_autolog = {flavor: AUTOLOGGING_INTEGRATIONS.get(flavor) for flavor in FLAVOR_TO_MODULE_NAME}
+        for flavor, conf in old_autolog.items():
+            AUTOLOGGING_INTEGRATIONS[flavor] = {**(conf or {}), "disable": True}
         if hide_sdk:
             sys.modules["databricks.sdk"] = None  # type: ignore[assignment]
         if hide_litellm:
@@ -109,6 +121,11 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
                 else:
                     os.environ[k] = v
             _model_registry.utils._registry_uri = old_registry
+            for flavor, conf in old_autolog.items():
+                if conf is None:
+                    AUTOLOGGING_INTEGRATIONS.pop(flavor, None)
+                else:
+                    AUTOLOGGING_INTEGRATIONS[flavor] = conf
             if hide_sdk and sys.modules.get("databricks.sdk", 0) is None:
                 del sys.modules["databricks.sdk"]
             if hide_litellm and sys.modules.get("litellm", 0) is None:
@@ -567,21 +584,25 @@ def _prewarm(experiment: Experiment) -> None:
 
 
 class ValidationTraces(Recorder):
-    """The recorder that logs the validation stage of the finished search as evaluation runs
-    (:func:`log_validation_evaluations`). Goes after ``tracking``, whose run it links to.
+    """The recorder that logs the validation stage of the search as evaluation runs, one per prompt
+    (the initial instruction and each finalist). Goes after ``tracking``, whose run it links to.
 
-    When the search starts it queues the records' fixed costs (:func:`_prewarm`: seconds of imports
-    and the dataset registration) on ``tracking``'s one background thread, behind the run's start:
-    the search then waits on its models (HTTP or llama.cpp, both release the GIL), so this costs it
-    nothing measurable, and one thread imports MLflow (two threads importing it at once can meet a
-    partially initialised module). Not started earlier: until the first requests are out, the
-    process is busy with its own set-up and a thread importing MLflow only delays them.
+    Everything runs on ``tracking``'s one background thread, in order (one thread, so no two import
+    MLflow at once). When the search starts it queues the records' fixed costs (:func:`_prewarm`:
+    seconds of imports and the dataset registration); the search then waits on its models (HTTP or
+    llama.cpp, both release the GIL), so this costs it nothing measurable. Not started earlier: until
+    the first requests are out, the process is busy with its own set-up. Each prompt's evaluation
+    run is queued as soon as the validation stage has scored it (:meth:`on_validated`), so the first
+    prompts are recorded while the later ones are still being asked; what a rerun found already
+    scored is recorded at the end.
     """
 
     def __init__(self, experiment: Experiment, *, tracking: MlflowRecorder) -> None:
         self.experiment = experiment
         self.tracking = tracking
         self._prewarmed: Future[None] | None = None
+        #: Label -> the queued record of that prompt's evaluation run (None: already recorded before).
+        self._logged: dict[str, Future[EvaluationRunRecord | None]] = {}
 
     def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
         self._prewarmed = self.tracking.in_background(_prewarm, self.experiment)
@@ -597,56 +618,110 @@ class ValidationTraces(Recorder):
         # package at once can meet it partially initialised.
         self._wait_for_prewarm()
 
+    def annotate(self, result: OptimizationResult) -> OptimizationResult:
+        # The validation stage is over: its records finish before any recorder's on_result runs on
+        # this thread (the plots import matplotlib and IPython, as MLflow's evaluate does; two
+        # threads importing one package at once can meet it partially initialised).
+        for job in self._logged.values():
+            job.exception()
+        return result
+
+    def on_validated(self, study: optuna.Study, *, label: str, instruction: str) -> None:
+        self._logged[label] = self.tracking.in_background(functools.partial(
+            log_validation_prompt, experiment=self.experiment, label=label, instruction=instruction,
+            study_name=study.study_name, optimization_run_id=self.tracking.run_id,
+        ))
+
     def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
         self._wait_for_prewarm()
-        log_validation_evaluations(result, experiment=self.experiment, register_datasets=False)
+        v = result.validation
+        if v is None:
+            return
+        runs = {label: job.result() for label, job in self._logged.items()}
+        for label, instruction in validation_prompts(result):
+            if label not in runs:  # scored by an earlier run of this study: recorded now
+                runs[label] = log_validation_prompt(
+                    experiment=self.experiment, label=label, instruction=instruction, study_name=result.study_name,
+                    optimization_run_id=result.mlflow_run_id,
+                )
+        if v.winner is not None:
+            for label, instruction in validation_prompts(result):
+                record = runs.get(label)
+                if record is not None and instruction == v.winner.instruction:
+                    genai_logger(self.experiment).client.set_tag(record.run_id, "opro.role", "returned finalist")
+
+
+def validation_prompts(result: OptimizationResult) -> list[tuple[str, str]]:
+    """(label, instruction) of the validation stage's prompts: ``initial``, then ``finalist K``."""
+    v = result.validation
+    finalists = () if v is None else v.finalists
+    return [("initial", result.initial_instruction), *((f"finalist {i}", f.instruction) for i, f in enumerate(finalists, 1))]
+
+
+def log_validation_prompt(
+    *, experiment: Experiment, label: str, instruction: str, study_name: str, optimization_run_id: str | None
+) -> EvaluationRunRecord | None:
+    """One prompt of an optimization's validation stage as an evaluation run (None: not recorded).
+
+    The validation stage keeps scores only, so its answers and verdicts are read back through the
+    experiment's call cache (the same calls, answered from the cache: no new LLM work; a judge
+    reply that was unreadable is not cached and is asked again). Without a cache this would repeat
+    every call, so it is skipped with a warning. Recorded once per prompt and optimization run.
+    """
+    from opro.evaluation import evaluate_examples
+
+    if experiment.cache is None:
+        logger.warning("validation traces need the call cache ([experiment].cache = true); %s not recorded", label)
+        return None
+    log = genai_logger(experiment)
+    tags = {"opro.study": study_name}
+    if optimization_run_id:
+        tags["opro.optimization_run_id"] = optimization_run_id
+        if log.client.search_runs(
+            [log.experiment_id],
+            filter_string=(f"tags.`opro.optimization_run_id` = '{optimization_run_id}' and tags.`opro.source` = "
+                           f"'validation' and tags.`opro.prompt_label` = '{label}'"),
+            max_results=1,
+        ):
+            return None  # a rerun of a finished optimization: already recorded
+    dataset = experiment.dataset
+    template = experiment.template(instruction)
+    report = evaluate_examples(
+        program=experiment.program, template=template, examples=dataset.examples_in("validation"),
+        judge=experiment.judge, progress=False,
+    )
+    role = "initial" if label == "initial" else "finalist"
+    evaluation = PromptEvaluation(label=label, template=template, report=report,
+                                  tags={"opro.role": role, "opro.instruction": instruction[:5000]})
+    record = log.log_evaluations([evaluation], dataset=dataset, split="validation", source="validation",
+                                 run_name_prefix=f"validate {study_name}: ", tags=tags)
+    return record.runs[0]
 
 
 def log_validation_evaluations(
     result: OptimizationResult, *, experiment: Experiment, register_datasets: bool = True
 ) -> GenAIRecord | None:
-    """The validation stage of an optimization as evaluation runs: the initial instruction and each finalist.
-
-    The validation stage keeps scores only, so its answers and verdicts are read back through the
-    experiment's call cache (the same calls, answered from the cache: no new LLM work; a judge
-    reply that was unreadable is not cached and is asked again). Without a cache this would repeat
-    every call, so it is skipped with a warning. Recorded once per optimization run.
-    """
-    from opro.evaluation import evaluate_examples
-
+    """The validation stage of an optimization as evaluation runs: the initial instruction and each
+    finalist (:func:`log_validation_prompt`), the returned finalist tagged ``opro.role = returned finalist``."""
     log = genai_logger(experiment)
-    dataset = experiment.dataset
     if register_datasets:  # every split, not only the validation one its runs use
-        log.register_datasets(dataset)
+        log.register_datasets(experiment.dataset)
     v = result.validation
-    if v is None or experiment.cache is None:
-        if v is not None:
-            logger.warning("validation traces need the call cache ([experiment].cache = true); not recorded")
+    if v is None:
         return None
-    if result.mlflow_run_id and log.client.search_runs(
-        [log.experiment_id],
-        filter_string=f"tags.`opro.optimization_run_id` = '{result.mlflow_run_id}' and tags.`opro.source` = 'validation'",
-        max_results=1,
-    ):
-        return None  # a rerun of a finished optimization: already recorded
-    prompts = [("initial", result.initial_instruction, "initial")]
-    for i, f in enumerate(v.finalists, start=1):
-        returned = v.winner is not None and f.instruction == v.winner.instruction
-        prompts.append((f"finalist {i}", f.instruction, "returned finalist" if returned else "finalist"))
-    evaluations = []
-    for label, instruction, role in prompts:
-        template = experiment.template(instruction)
-        report = evaluate_examples(
-            program=experiment.program, template=template, examples=dataset.examples_in("validation"),
-            judge=experiment.judge, progress=False,
-        )
-        evaluations.append(PromptEvaluation(label=label, template=template, report=report,
-                                            tags={"opro.role": role, "opro.instruction": instruction[:5000]}))
-    tags = {"opro.study": result.study_name}
-    if result.mlflow_run_id:
-        tags["opro.optimization_run_id"] = result.mlflow_run_id
-    return log.log_evaluations(evaluations, dataset=dataset, split="validation", source="validation",
-                               run_name_prefix=f"validate {result.study_name}: ", tags=tags)
+    runs = []
+    for label, instruction in validation_prompts(result):
+        record = log_validation_prompt(experiment=experiment, label=label, instruction=instruction,
+                                       study_name=result.study_name, optimization_run_id=result.mlflow_run_id)
+        if record is None:
+            continue
+        if v.winner is not None and instruction == v.winner.instruction:
+            log.client.set_tag(record.run_id, "opro.role", "returned finalist")
+        runs.append(record)
+    if not runs:
+        return None
+    ds = log.register_dataset(experiment.dataset, split="validation")
+    return GenAIRecord(experiment_id=log.experiment_id, dataset_name=ds.name, dataset_id=ds.dataset_id, runs=tuple(runs))
 
 
 def _record_count(ds: Any) -> int:
@@ -779,5 +854,7 @@ __all__ = [
     "judge_scorer",
     "log_comparison_evaluations",
     "log_validation_evaluations",
+    "log_validation_prompt",
     "parse_yes_no_verdict",
+    "validation_prompts",
 ]

@@ -1168,39 +1168,60 @@ class OPROOptimizer:
 
     # -- validation --------------------------------------------------------------------------
     def _score_on(
-        self, study: optuna.Study, program: Program, instructions: Sequence[str], examples: Sequence[QAExample]
+        self,
+        study: optuna.Study,
+        program: Program,
+        prompts: Sequence[tuple[str, str]],
+        examples: Sequence[QAExample],
     ) -> dict[str, list[float | None]]:
-        """Per-question validation scores of each instruction, kept in the study so a rerun asks nothing."""
+        """Per-question validation scores of each (label, instruction), kept in the study so a rerun
+        asks nothing. Each prompt whose questions all got an answer is handed to the recorders'
+        ``on_validated`` as soon as it is done."""
         out: dict[str, list[float | None]] = {}
-        todo = []
-        for ins in instructions:
+        todo: list[tuple[str, str]] = []
+        for label, ins in prompts:
             stored = study.user_attrs.get(f"validation:{_sha(normalize_instruction(ins))}")
             if stored is not None and len(stored) == len(examples):
                 out[ins] = list(stored)
             else:
-                todo.append(ins)
+                todo.append((label, ins))
         if not todo:
             return out
-        # Question-major, like the search: consecutive calls share the retrieved context.
-        templates = [self.make_template(ins) for ins in todo]
-        pairs = [Pair(key=k, index=i, template=t, example=ex) for i, ex in enumerate(examples) for k, t in enumerate(templates)]
+        engine = self._engine_for(program)
+        templates = [self.make_template(ins) for _, ins in todo]
+        if engine.serial:
+            # Question-major, like the search: one question's prompts are answered in one batch.
+            order = [(k, i) for i in range(len(examples)) for k in range(len(todo))]
+        else:
+            # Prompt by prompt: the first prompts are done (and recorded, e.g. as MLflow traces)
+            # while the later ones are still being asked.
+            order = [(k, i) for k in range(len(todo)) for i in range(len(examples))]
+        pairs = [Pair(key=k, index=i, template=templates[k], example=examples[i]) for k, i in order]
         got: dict[tuple[int, int], float | LLMError | None] = {}
+        left = [len(examples)] * len(todo)
+
+        def finish(k: int) -> None:
+            label, ins = todo[k]
+            results = [got[(k, i)] for i in range(len(examples))]
+            out[ins] = [None if isinstance(r, LLMError) else r for r in results]
+            if not any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
+                study.set_user_attr(f"validation:{_sha(normalize_instruction(ins))}", out[ins])
+                for recorder in self.recorders:
+                    recorder.on_validated(study, label=label, instruction=ins)
+
         with progress_bar(
             f"validation: {len(todo)} prompt(s) x {len(examples)} questions", total=len(pairs), enabled=self.progress
         ) as bar:
 
             def on_scored(scored: Scored) -> None:
                 k = int(scored.pair.key)  # type: ignore[call-overload]
-                got[(k, scored.pair.index)] = self._outcome(scored, todo[k])
+                got[(k, scored.pair.index)] = self._outcome(scored, todo[k][1])
                 bar.advance()
+                left[k] -= 1
+                if not left[k]:
+                    finish(k)
 
-            self._engine_for(program).run(pairs, on_scored=on_scored)
-        for k, ins in enumerate(todo):
-            results = [got[(k, i)] for i in range(len(examples))]
-            scores = [None if isinstance(r, LLMError) else r for r in results]
-            out[ins] = scores
-            if not any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
-                study.set_user_attr(f"validation:{_sha(normalize_instruction(ins))}", scores)
+            engine.run(pairs, on_scored=on_scored)
         return out
 
     def _validate(
@@ -1221,7 +1242,10 @@ class OPROOptimizer:
             key=lambda r: (-(r.score or 0.0), r.step, r.index),
         )[: s.finalists]
         n = len(validation_set)
-        scores = self._score_on(study, program, [initial, *(f.instruction for f in finalists)], validation_set)
+        scores = self._score_on(
+            study, program, [("initial", initial), *((f"finalist {i}", f.instruction) for i, f in enumerate(finalists, 1))],
+            validation_set,
+        )
         init_scores = scores[initial]
         init_valid = [x for x in init_scores if x is not None]
 

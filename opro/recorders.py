@@ -64,6 +64,11 @@ class Recorder(Protocol):
         """The steps are over; the validation stage (lead only) comes next."""
         return None
 
+    def on_validated(self, study: optuna.Study, *, label: str, instruction: str) -> None:
+        """The validation stage scored every question of one prompt (``label``: ``initial`` or
+        ``finalist K``); its scores are in the study. Not called for prompts a rerun found scored."""
+        return None
+
     def annotate(self, result: OptimizationResult) -> OptimizationResult:
         """The result with the fields this recorder fills in (where it recorded the search)."""
         return result
@@ -215,6 +220,11 @@ class MlflowRecorder(Recorder):
     def on_search_end(self, study: optuna.Study) -> None:
         if self._started is not None:
             self._run_id = self._started.result()
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run of the search, once the search ended (None without a run)."""
+        return self._run_id
 
     def annotate(self, result: OptimizationResult) -> OptimizationResult:
         return dataclasses.replace(result, mlflow_run_id=self._run_id)

@@ -115,6 +115,11 @@ def test_optimize_records_its_validation_stage_once(compared: tuple[Path, Any, A
         assert by_label[f"finalist {i}"].data.metrics["correctness/mean"] == pytest.approx(f["validation_score"])
     assert all(r.data.tags["opro.optimization_run_id"] == summary["mlflow_run_id"] for r in runs)
     assert all(len(_traces(client, r.info.run_id)) == 8 for r in runs)
+    winner = summary["validation"]["winner"]
+    roles = {r.data.tags["opro.prompt_label"]: r.data.tags["opro.role"] for r in runs}
+    assert roles == {"initial": "initial", **{
+        f"finalist {i}": "returned finalist" if f["instruction"] == winner else "finalist"
+        for i, f in enumerate(finalists, start=1)}}
 
     exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
     try:

@@ -83,6 +83,8 @@ def run(
     n_val: int = 12,
     settings: dict[str, Any] | None = None,
     optimizer: Callable[..., str] = optimizer_reply,
+    recorders: Sequence[Any] = (),
+    concurrency: int = 1,
 ) -> OptimizationResult:
     usage = UsageLedger()
     base: dict[str, Any] = {"steps": 2, "candidates_per_step": 3, "minibatch_size": 3, "pruner": "none",
@@ -99,9 +101,13 @@ def run(
         seed=seed,
         usage=usage,
         progress=False,
+        recorders=list(recorders),
     )
-    program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0]),
-                                     role="task", usage=usage))
+    task = ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0])
+    program = EchoProgram(ChatClient(task, role="task", usage=usage))
+    if concurrency > 1:  # the streaming engine: answers and judgments in flight together
+        task.max_concurrency = concurrency
+        opt.task_workers = opt.judge_workers = concurrency
     return opt.optimize(
         program=program,
         optimization_set=[Ex(f"opt question {seed}-{i}?", f"ref {i}") for i in range(n_opt)],
@@ -214,6 +220,36 @@ def test_validation_scores_are_kept_and_a_rerun_makes_no_call(tmp_path: Path) ->
     assert calls == []
     assert second.summary()["validation"] == first.summary()["validation"]
     assert second.best_instruction == first.best_instruction
+
+
+def test_each_validated_prompt_is_announced_as_soon_as_it_is_scored(tmp_path: Path) -> None:
+    # Recorders (the MLflow traces) get each prompt of the validation stage when its questions are
+    # in, the initial instruction first, while the finalists are still being asked; a rerun, which
+    # finds every score kept, announces nothing.
+    judged: list[str] = []
+    announced: list[tuple[str, str, int]] = []
+
+    def counting(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        judged.append(_answer_and_question(messages)[1])
+        return noisy_judge(5)(messages, options)
+
+    class Watch:
+        def __getattr__(self, name: str) -> Callable[..., Any]:  # every other hook: nothing to do
+            return lambda *a, **k: None if name != "annotate" else a[0]
+
+        def on_validated(self, study: Any, *, label: str, instruction: str) -> None:
+            announced.append((label, instruction, sum(q.startswith("val question") for q in judged)))
+
+    r = run(tmp_path, judge=counting, seed=5, recorders=[Watch()], concurrency=4)
+    assert r.validation is not None and len(r.validation.finalists) == 3
+    expected = [("initial", INITIAL), *((f"finalist {i}", f.instruction) for i, f in enumerate(r.validation.finalists, 1))]
+    assert [(label, ins) for label, ins, _ in announced] == expected
+    total = sum(q.startswith("val question") for q in judged)
+    assert total == 4 * 12
+    assert announced[0][2] < total / 2, announced  # the initial instruction was done early, not at the end
+    announced.clear()
+    run(tmp_path, judge=counting, seed=5, recorders=[Watch()], concurrency=4)
+    assert announced == []
 
 
 def test_summary_and_outputs_label_the_score_and_show_the_optimism(tmp_path: Path) -> None:
