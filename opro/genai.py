@@ -368,7 +368,9 @@ class GenAILogger:
                                    "n_questions": len(rows)})
                 if version is not None:
                     self.client.link_prompt_version_to_run(run_id, version)
-                result = mlflow.genai.evaluate(data=ds, predict_fn=replay, scorers=[verdict])
+                # The bound method, not the instance: MLflow identifies the agent by its source, and for an
+                # instance inspect.getsource parses and walks this whole module (0.5 s per run).
+                result = mlflow.genai.evaluate(data=ds, predict_fn=replay.__call__, scorers=[verdict])
                 summary = _summary_metrics(ev.report)
                 if summary:
                     mlflow.log_metrics(summary)
