@@ -636,21 +636,8 @@ class ValidationTraces(Recorder):
 
     def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
         self._wait_for_prewarm()
-        v = result.validation
-        if v is None:
-            return
-        runs = {label: job.result() for label, job in self._logged.items()}
-        for label, instruction in validation_prompts(result):
-            if label not in runs:  # scored by an earlier run of this study: recorded now
-                runs[label] = log_validation_prompt(
-                    experiment=self.experiment, label=label, instruction=instruction, study_name=result.study_name,
-                    optimization_run_id=result.mlflow_run_id,
-                )
-        if v.winner is not None:
-            for label, instruction in validation_prompts(result):
-                record = runs.get(label)
-                if record is not None and instruction == v.winner.instruction:
-                    genai_logger(self.experiment).client.set_tag(record.run_id, "opro.role", "returned finalist")
+        log_validation_evaluations(result, experiment=self.experiment, register_datasets=False,
+                                   recorded={label: job.result() for label, job in self._logged.items()})
 
 
 def validation_prompts(result: OptimizationResult) -> list[tuple[str, str]]:
@@ -701,10 +688,15 @@ def log_validation_prompt(
 
 
 def log_validation_evaluations(
-    result: OptimizationResult, *, experiment: Experiment, register_datasets: bool = True
+    result: OptimizationResult,
+    *,
+    experiment: Experiment,
+    register_datasets: bool = True,
+    recorded: Mapping[str, EvaluationRunRecord | None] | None = None,
 ) -> GenAIRecord | None:
     """The validation stage of an optimization as evaluation runs: the initial instruction and each
-    finalist (:func:`log_validation_prompt`), the returned finalist tagged ``opro.role = returned finalist``."""
+    finalist (:func:`log_validation_prompt`), the returned finalist tagged ``opro.role = returned finalist``.
+    ``recorded``: the prompts (by label) already logged while the stage ran."""
     log = genai_logger(experiment)
     if register_datasets:  # every split, not only the validation one its runs use
         log.register_datasets(experiment.dataset)
@@ -713,8 +705,11 @@ def log_validation_evaluations(
         return None
     runs = []
     for label, instruction in validation_prompts(result):
-        record = log_validation_prompt(experiment=experiment, label=label, instruction=instruction,
-                                       study_name=result.study_name, optimization_run_id=result.mlflow_run_id)
+        if recorded is not None and label in recorded:
+            record = recorded[label]
+        else:
+            record = log_validation_prompt(experiment=experiment, label=label, instruction=instruction,
+                                           study_name=result.study_name, optimization_run_id=result.mlflow_run_id)
         if record is None:
             continue
         if v.winner is not None and instruction == v.winner.instruction:

@@ -1175,8 +1175,8 @@ class OPROOptimizer:
         examples: Sequence[QAExample],
     ) -> dict[str, list[float | None]]:
         """Per-question validation scores of each (label, instruction), kept in the study so a rerun
-        asks nothing. Each prompt whose questions all got an answer is handed to the recorders'
-        ``on_validated`` as soon as it is done."""
+        asks nothing. Each prompt is handed to the recorders' ``on_validated`` as soon as all its
+        questions are scored without an LLM error (a prompt with errors is asked again by a rerun)."""
         out: dict[str, list[float | None]] = {}
         todo: list[tuple[str, str]] = []
         for label, ins in prompts:
