@@ -167,20 +167,10 @@ class OpenAILLM(LLM):
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self._api_key = self._read_key()  # kept private; never logged
-        try:
-            import openai
-        except ImportError as exc:  # pragma: no cover - openai is a core dependency
-            raise ConfigError("the openai backend needs the `openai` package: pip install openai") from exc
-        self._client = openai.OpenAI(
-            api_key=self._api_key,
-            max_retries=0,
-            timeout=self.timeout_s,
-            default_headers=self._extra_headers or None,
-            **client_url_args(self.base_url),
-        )
         # The sync path posts the JSON itself through one long-lived httpx pool: the SDK's request
         # building and pydantic models cost about 2 ms of CPU per call, which caps a Python process
-        # at a few hundred calls a second. The SDK still maps the errors (see :meth:`_post`).
+        # at a few hundred calls a second. The SDK still maps the errors (see :meth:`_post`), and is
+        # imported only then or for the async path: importing it costs about 1 s of start-up.
         url_args = client_url_args(self.base_url)
         self._url = url_args["base_url"].rstrip("/") + "/chat/completions"
         self._http = httpx.Client(
@@ -311,16 +301,20 @@ class OpenAILLM(LLM):
 
     def _post(self, body: bytes) -> Any:
         """POST one request; errors are raised as the SDK's exceptions, so one mapping serves both paths."""
-        import openai
-
         try:
             response = self._http.post(self._url, content=body)
         except httpx.TimeoutException as exc:
+            import openai
+
             raise openai.APITimeoutError(request=exc.request) from exc
         except httpx.HTTPError as exc:  # connection refused or reset, protocol errors
+            import openai
+
             request = getattr(exc, "_request", None) or httpx.Request("POST", self._url)
             raise openai.APIConnectionError(message=str(exc), request=request) from exc
         if response.status_code >= 400:
+            import openai
+
             try:
                 err_body: Any = response.json()
             except ValueError:
@@ -408,7 +402,6 @@ class OpenAILLM(LLM):
 
     def close(self) -> None:
         self._http.close()
-        self._client.close()
         # Async clients are closed with their loops; dropping references is enough here.
         self._async_clients.clear()
 
