@@ -25,6 +25,7 @@ them, so the rest of opro keeps its explicit per-store clients.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -604,7 +605,7 @@ class ValidationTraces(Recorder):
         self.tracking = tracking
         self._prewarmed: Future[None] | None = None
         #: Label -> the queued record of that prompt's evaluation run (None: already recorded before).
-        self._logged: dict[str, Future[EvaluationRunRecord | None]] = {}
+        self._logged: dict[str, Future[GenAIRecord | None]] = {}
 
     def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
         self._prewarmed = self.tracking.in_background(_prewarm, self.experiment)
@@ -640,16 +641,9 @@ class ValidationTraces(Recorder):
                                    recorded={label: job.result() for label, job in self._logged.items()})
 
 
-def validation_prompts(result: OptimizationResult) -> list[tuple[str, str]]:
-    """(label, instruction) of the validation stage's prompts: ``initial``, then ``finalist K``."""
-    v = result.validation
-    finalists = () if v is None else v.finalists
-    return [("initial", result.initial_instruction), *((f"finalist {i}", f.instruction) for i, f in enumerate(finalists, 1))]
-
-
 def log_validation_prompt(
     *, experiment: Experiment, label: str, instruction: str, study_name: str, optimization_run_id: str | None
-) -> EvaluationRunRecord | None:
+) -> GenAIRecord | None:
     """One prompt of an optimization's validation stage as an evaluation run (None: not recorded).
 
     The validation stage keeps scores only, so its answers and verdicts are read back through the
@@ -682,9 +676,8 @@ def log_validation_prompt(
     role = "initial" if label == "initial" else "finalist"
     evaluation = PromptEvaluation(label=label, template=template, report=report,
                                   tags={"opro.role": role, "opro.instruction": instruction[:5000]})
-    record = log.log_evaluations([evaluation], dataset=dataset, split="validation", source="validation",
-                                 run_name_prefix=f"validate {study_name}: ", tags=tags)
-    return record.runs[0]
+    return log.log_evaluations([evaluation], dataset=dataset, split="validation", source="validation",
+                               run_name_prefix=f"validate {study_name}: ", tags=tags)
 
 
 def log_validation_evaluations(
@@ -692,7 +685,7 @@ def log_validation_evaluations(
     *,
     experiment: Experiment,
     register_datasets: bool = True,
-    recorded: Mapping[str, EvaluationRunRecord | None] | None = None,
+    recorded: Mapping[str, GenAIRecord | None] | None = None,
 ) -> GenAIRecord | None:
     """The validation stage of an optimization as evaluation runs: the initial instruction and each
     finalist (:func:`log_validation_prompt`), the returned finalist tagged ``opro.role = returned finalist``.
@@ -703,8 +696,10 @@ def log_validation_evaluations(
     v = result.validation
     if v is None:
         return None
-    runs = []
-    for label, instruction in validation_prompts(result):
+    records = []
+    from opro.optimizer import validation_prompts
+
+    for label, instruction in validation_prompts(result.initial_instruction, [f.instruction for f in v.finalists]):
         if recorded is not None and label in recorded:
             record = recorded[label]
         else:
@@ -713,12 +708,12 @@ def log_validation_evaluations(
         if record is None:
             continue
         if v.winner is not None and instruction == v.winner.instruction:
-            log.client.set_tag(record.run_id, "opro.role", "returned finalist")
-        runs.append(record)
-    if not runs:
+            log.client.set_tag(record.runs[0].run_id, "opro.role", "returned finalist")
+        records.append(record)
+    if not records:
         return None
-    ds = log.register_dataset(experiment.dataset, split="validation")
-    return GenAIRecord(experiment_id=log.experiment_id, dataset_name=ds.name, dataset_id=ds.dataset_id, runs=tuple(runs))
+    # Every prompt's run is on the same dataset (the validation split): its name and id come with them.
+    return dataclasses.replace(records[0], runs=tuple(run for r in records for run in r.runs))
 
 
 def _record_count(ds: Any) -> int:
@@ -853,5 +848,4 @@ __all__ = [
     "log_validation_evaluations",
     "log_validation_prompt",
     "parse_yes_no_verdict",
-    "validation_prompts",
 ]

@@ -341,6 +341,11 @@ class EarlierStepsMedianPruner(EarlierStepsPruner):
         return bool(best < float(np.median(others)))
 
 
+def validation_prompts(initial: str, finalists: Sequence[str]) -> list[tuple[str, str]]:
+    """(label, instruction) of a validation stage: ``initial``, then ``finalist 1``, ``finalist 2``..."""
+    return [("initial", initial), *((f"finalist {i}", f) for i, f in enumerate(finalists, start=1))]
+
+
 def check_worker_spec(worker_index: int, num_workers: int) -> None:
     """Refuse a ``--worker I/N`` that names no worker (``0/0``, ``2/2``), saying what to write instead."""
     if num_workers < 1:
@@ -1243,8 +1248,7 @@ class OPROOptimizer:
         )[: s.finalists]
         n = len(validation_set)
         scores = self._score_on(
-            study, program, [("initial", initial), *((f"finalist {i}", f.instruction) for i, f in enumerate(finalists, 1))],
-            validation_set,
+            study, program, validation_prompts(initial, [f.instruction for f in finalists]), validation_set
         )
         init_scores = scores[initial]
         init_valid = [x for x in init_scores if x is not None]
@@ -1449,4 +1453,5 @@ __all__ = [
     "ValidationResult",
     "make_pruner",
     "optimism_points",
+    "validation_prompts",
 ]
