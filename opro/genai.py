@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from opro.metrics import Metric
     from opro.optimizer import OptimizationResult
     from opro.prompts import QATemplate
+    from opro.sidecar import Sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +312,38 @@ class GenAILogger:
         )
         return self.client.get_prompt_version(self.prompt_name, number)
 
+    # -- the validation stage of a search ------------------------------------------------------
+    def prewarm(self, dataset: GoldenDataset) -> None:
+        """The records' fixed costs, paid before the first evaluation: MLflow's evaluation harness
+        imported and every split of ``dataset`` registered."""
+        _import_harness()
+        import mlflow.genai.scorers  # noqa: F401  (what evaluate imports on its first call)
+
+        self.register_datasets(dataset)
+
+    def validation_recorded(self, *, label: str, optimization_run_id: str) -> bool:
+        """Whether the optimization run's validation stage already has a finished run for ``label``."""
+        return bool(self.client.search_runs(
+            [self.experiment_id],
+            filter_string=(f"tags.`opro.optimization_run_id` = '{optimization_run_id}' and tags.`opro.source` = "
+                           f"'validation' and tags.`opro.prompt_label` = '{label}' and attributes.status = 'FINISHED'"),
+            max_results=1,
+        ))
+
+    def log_validation(
+        self, evaluation: PromptEvaluation, *, dataset: GoldenDataset, study_name: str,
+        optimization_run_id: str | None,
+    ) -> GenAIRecord | None:
+        """One prompt of a search's validation stage as an evaluation run, once per optimization run
+        (None: a rerun, already recorded). A run cut short (killed) is not finished: it is written again."""
+        tags = {"opro.study": study_name}
+        if optimization_run_id:
+            tags["opro.optimization_run_id"] = optimization_run_id
+            if self.validation_recorded(label=evaluation.label, optimization_run_id=optimization_run_id):
+                return None
+        return self.log_evaluations([evaluation], dataset=dataset, split="validation", source="validation",
+                                    run_name_prefix=f"validate {study_name}: ", tags=tags)
+
     # -- evaluation runs ---------------------------------------------------------------------
     def log_evaluations(
         self,
@@ -532,10 +565,15 @@ def parse_yes_no_verdict(text: str) -> tuple[bool | None, str]:
 
 def genai_logger(experiment: Experiment, *, tracking_uri: str | None = None) -> GenAILogger:
     """A logger on the experiment's MLflow store (or ``tracking_uri``), experiment and prompt name."""
+    return GenAILogger(**_logger_settings(experiment, tracking_uri=tracking_uri))
+
+
+def _logger_settings(experiment: Experiment, *, tracking_uri: str | None = None) -> dict[str, Any]:
+    """:func:`genai_logger`'s arguments: plain values, so a logger can be built in another process."""
     from opro.rag import CONTEXT_SEPARATOR
 
     cfg = experiment.config
-    return GenAILogger(
+    return dict(
         tracking_uri=tracking_uri or cfg.mlflow_uri,
         experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
         dataset_prefix=cfg.experiment.name,
@@ -577,107 +615,104 @@ def log_comparison_evaluations(
     )
 
 
-def _prewarm(experiment: Experiment) -> None:
-    """The GenAI records' fixed costs, paid while the search runs: MLflow's evaluation harness
-    imported and the dataset splits registered."""
-    _import_harness()
-    import mlflow.genai.scorers  # noqa: F401  (what evaluate imports on its first call)
-
-    genai_logger(experiment).register_datasets(experiment.dataset)
-
-
 class ValidationTraces(Recorder):
     """The recorder that logs the validation stage of the search as evaluation runs, one per prompt
     (the initial instruction and each finalist). Goes after ``tracking``, whose run it links to.
 
-    Everything runs on ``tracking``'s one background thread, in order (one thread, so no two import
-    MLflow at once). When the search starts it queues the records' fixed costs (:func:`_prewarm`:
-    seconds of imports and the dataset registration); the search then waits on its models (HTTP or
-    llama.cpp, both release the GIL), so this costs it nothing measurable. Not started earlier: until
-    the first requests are out, the process is busy with its own set-up. Each prompt's evaluation
-    run is queued as soon as the validation stage has scored it (:meth:`on_validated`), so the first
-    prompts are recorded while the later ones are still being asked; what a rerun found already
-    scored is recorded at the end.
+    MLflow's part (about 0.1 s of CPU per trace in its SQLAlchemy store, plus seconds of imports)
+    runs in a :class:`~opro.sidecar.Sidecar` process started when the search starts, so it never
+    takes this process's GIL from the search: the search waits on its models, and the sidecar
+    imports MLflow's evaluation harness and registers the dataset splits meanwhile. Each prompt is
+    sent as soon as the validation stage has scored it (:meth:`on_validated`): its answers and
+    verdicts are read back through the call cache on ``tracking``'s background thread (in order
+    with the run it links to) and written by the sidecar while the later prompts are still being
+    asked. What a rerun found already scored is recorded at the end, in this process.
     """
 
     def __init__(self, experiment: Experiment, *, tracking: MlflowRecorder) -> None:
         self.experiment = experiment
         self.tracking = tracking
+        self._sidecar: Sidecar | None = None
         self._prewarmed: Future[None] | None = None
         #: Label -> the queued record of that prompt's evaluation run (None: already recorded before).
         self._logged: dict[str, Future[GenAIRecord | None]] = {}
 
     def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
-        self._prewarmed = self.tracking.in_background(_prewarm, self.experiment)
+        from opro.sidecar import Sidecar
 
-    def _wait_for_prewarm(self) -> None:
-        if self._prewarmed is None:  # not started by on_search_start: queue it now
-            self._prewarmed = self.tracking.in_background(_prewarm, self.experiment)
-        self._prewarmed.result()  # it registered the dataset splits (a done future answers at once)
-
-    def on_search_end(self, study: optuna.Study) -> None:
-        # Waited for before the process imports anything else (the plots import matplotlib, which
-        # imports IPython when installed, as MLflow's harness does): two threads importing one
-        # package at once can meet it partially initialised.
-        self._wait_for_prewarm()
-
-    def annotate(self, result: OptimizationResult) -> OptimizationResult:
-        # The validation stage is over: its records finish before any recorder's on_result runs on
-        # this thread (the plots import matplotlib and IPython, as MLflow's evaluate does; two
-        # threads importing one package at once can meet it partially initialised).
-        for job in self._logged.values():
-            job.exception()
-        return result
+        self._sidecar = Sidecar(functools.partial(GenAILogger, **_logger_settings(self.experiment)),
+                                name="opro-mlflow-records")
+        self._prewarmed = self.tracking.in_background(self._sidecar.call, "prewarm", self.experiment.dataset)
 
     def on_validated(self, study: optuna.Study, *, label: str, instruction: str) -> None:
-        self._logged[label] = self.tracking.in_background(functools.partial(
-            log_validation_prompt, experiment=self.experiment, label=label, instruction=instruction,
-            study_name=study.study_name, optimization_run_id=self.tracking.run_id,
-        ))
+        self._logged[label] = self.tracking.in_background(
+            self._record, label, instruction, study.study_name, self.tracking.run_id)
+
+    def _record(self, label: str, instruction: str, study_name: str, run_id: str | None) -> GenAIRecord | None:
+        evaluation = validation_evaluation(experiment=self.experiment, label=label, instruction=instruction)
+        if evaluation is None:
+            return None
+        if self._sidecar is None:  # not started by on_search_start: record here
+            return genai_logger(self.experiment).log_validation(
+                evaluation, dataset=self.experiment.dataset, study_name=study_name, optimization_run_id=run_id)
+        return self._sidecar.call("log_validation", evaluation, dataset=self.experiment.dataset,  # type: ignore[no-any-return]
+                                  study_name=study_name, optimization_run_id=run_id)
 
     def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
-        self._wait_for_prewarm()
-        log_validation_evaluations(result, experiment=self.experiment, register_datasets=False,
-                                   recorded={label: job.result() for label, job in self._logged.items()})
+        try:
+            if self._prewarmed is not None:
+                self._prewarmed.result()  # it registered the dataset splits
+            recorded = {label: job.result() for label, job in self._logged.items()}
+        finally:
+            self._close()
+        log_validation_evaluations(result, experiment=self.experiment, register_datasets=self._prewarmed is None,
+                                   recorded=recorded)
+
+    def on_search_failed(self, study: optuna.Study, error: BaseException, *, abandoned: bool) -> None:
+        # After ``tracking``'s (it drains the queued records first): what was sent is written.
+        self._close()
+
+    def _close(self) -> None:
+        if self._sidecar is not None:
+            self._sidecar.close()
 
 
-def log_validation_prompt(
-    *, experiment: Experiment, label: str, instruction: str, study_name: str, optimization_run_id: str | None
-) -> GenAIRecord | None:
-    """One prompt of an optimization's validation stage as an evaluation run (None: not recorded).
+def validation_evaluation(*, experiment: Experiment, label: str, instruction: str) -> PromptEvaluation | None:
+    """One prompt of the validation stage with its answers and verdicts (None: no call cache).
 
     The validation stage keeps scores only, so its answers and verdicts are read back through the
     experiment's call cache (the same calls, answered from the cache: no new LLM work; a judge
     reply that was unreadable is not cached and is asked again). Without a cache this would repeat
-    every call, so it is skipped with a warning. Recorded once per prompt and optimization run.
+    every call, so it is skipped with a warning.
     """
     from opro.evaluation import evaluate_examples
 
     if experiment.cache is None:
         logger.warning("validation traces need the call cache ([experiment].cache = true); %s not recorded", label)
         return None
-    log = genai_logger(experiment)
-    tags = {"opro.study": study_name}
-    if optimization_run_id:
-        tags["opro.optimization_run_id"] = optimization_run_id
-        if log.client.search_runs(
-            [log.experiment_id],
-            filter_string=(f"tags.`opro.optimization_run_id` = '{optimization_run_id}' and tags.`opro.source` = "
-                           f"'validation' and tags.`opro.prompt_label` = '{label}'"),
-            max_results=1,
-        ):
-            return None  # a rerun of a finished optimization: already recorded
-    dataset = experiment.dataset
     template = experiment.template(instruction)
     report = evaluate_examples(
-        program=experiment.program, template=template, examples=dataset.examples_in("validation"),
+        program=experiment.program, template=template, examples=experiment.dataset.examples_in("validation"),
         judge=experiment.judge, progress=False,
     )
     role = "initial" if label == "initial" else "finalist"
-    evaluation = PromptEvaluation(label=label, template=template, report=report,
-                                  tags={"opro.role": role, "opro.instruction": instruction[:5000]})
-    return log.log_evaluations([evaluation], dataset=dataset, split="validation", source="validation",
-                               run_name_prefix=f"validate {study_name}: ", tags=tags)
+    return PromptEvaluation(label=label, template=template, report=report,
+                            tags={"opro.role": role, "opro.instruction": instruction[:5000]})
+
+
+def log_validation_prompt(
+    *, experiment: Experiment, label: str, instruction: str, study_name: str, optimization_run_id: str | None
+) -> GenAIRecord | None:
+    """One prompt of an optimization's validation stage as an evaluation run, in this process (None:
+    not recorded: already there, or no call cache; see :func:`validation_evaluation`)."""
+    log = genai_logger(experiment)
+    if optimization_run_id and log.validation_recorded(label=label, optimization_run_id=optimization_run_id):
+        return None  # a rerun of a finished optimization: asked nothing
+    evaluation = validation_evaluation(experiment=experiment, label=label, instruction=instruction)
+    if evaluation is None:
+        return None
+    return log.log_validation(evaluation, dataset=experiment.dataset, study_name=study_name,
+                              optimization_run_id=optimization_run_id)
 
 
 def log_validation_evaluations(
@@ -848,4 +883,5 @@ __all__ = [
     "log_validation_evaluations",
     "log_validation_prompt",
     "parse_yes_no_verdict",
+    "validation_evaluation",
 ]

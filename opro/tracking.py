@@ -46,19 +46,19 @@ def _init_sqlite_store(tracking_uri: str, db: Path) -> MlflowClient:
 
     db.parent.mkdir(parents=True, exist_ok=True)
     with waiting_lock(db.with_name(db.name + ".lock")):
-        if db.is_file():
-            # No opro migration runs while we hold the lock: a scratch table is what an interrupted
-            # one left behind, and MLflow's next migration would fail on it for good.
-            with sqlite3.connect(db) as conn:
-                names = [r[0] for r in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE '\\_alembic\\_tmp\\_%' ESCAPE '\\'")]
-                for name in names:
-                    conn.execute(f'DROP TABLE "{name}"')
-            if names:
-                logger.warning("repaired %s: dropped %s left by an interrupted migration", db, ", ".join(names))
-        new = not db.is_file()
-        copied = new and _copy_empty_store(db)
         try:
+            if db.is_file():
+                # No opro migration runs while we hold the lock: a scratch table is what an interrupted
+                # one left behind, and MLflow's next migration would fail on it for good.
+                with sqlite3.connect(db) as conn:
+                    names = [r[0] for r in conn.execute(
+                        "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE '\\_alembic\\_tmp\\_%' ESCAPE '\\'")]
+                    for name in names:
+                        conn.execute(f'DROP TABLE "{name}"')
+                if names:
+                    logger.warning("repaired %s: dropped %s left by an interrupted migration", db, ", ".join(names))
+            new = not db.is_file()
+            copied = new and _copy_empty_store(db)
             client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             client.search_experiments(max_results=1)
         except Exception as exc:

@@ -310,24 +310,48 @@ print("litellm" in sys.modules and sys.modules["litellm"] is not None)
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_the_prewarm_is_queued_when_the_search_starts_on_the_tracking_thread(tmp_path: Path) -> None:
-    # Before the first request the process is busy with its own imports: the records' fixed costs wait
-    # for on_search_start, then run on the MLflow recorder's one thread (no second thread importing
-    # MLflow), and a failure there reaches whoever writes the records.
+def test_the_records_start_in_a_sidecar_with_the_search_and_its_failure_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The records' fixed costs (MLflow imports, the dataset registration) start with the search, in a
+    # child process queued through the MLflow recorder's thread; a failure there (here: a store that is
+    # not a database) reaches whoever drains that thread, as a failed tracking call does.
+    from types import SimpleNamespace
+
+    import opro.genai
+    from opro.errors import OproError
     from opro.genai import ValidationTraces
     from opro.recorders import MlflowRecorder
     from opro.tracking import MlflowTracker
 
-    class Broken:  # the prewarm fails on it: what it would record is not what this tests
-        def __getattr__(self, name: str) -> Any:
-            raise RuntimeError("no experiment here")
-
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    monkeypatch.setattr(opro.genai, "_logger_settings", lambda experiment, tracking_uri=None: {
+        "tracking_uri": f"sqlite:///{garbage}", "experiment_name": "e", "dataset_prefix": "e"})
     tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"))
-    traces = ValidationTraces(Broken(), tracking=tracking)  # type: ignore[arg-type]
+    traces = ValidationTraces(SimpleNamespace(dataset=None), tracking=tracking)  # type: ignore[arg-type]
     assert tracking._jobs == []
-    traces.on_search_start(None, lead=False)  # type: ignore[arg-type]
+    traces.on_search_start(None, lead=True)  # type: ignore[arg-type]
     assert len(tracking._jobs) == 1
-    with pytest.raises(RuntimeError, match="no experiment here"):
-        traces.on_search_end(None)  # type: ignore[arg-type]  (waits for it before the validation stage)
-    with pytest.raises(RuntimeError, match="no experiment here"):
-        tracking._drain()  # a failed tracking-thread job stops the search like a failed tracking call
+    with pytest.raises(OproError, match=r"garbage.db cannot be opened") as info:
+        tracking._drain()
+    assert any("in the sidecar process" in note for note in info.value.__notes__)
+    traces.on_search_failed(None, info.value, abandoned=False)  # type: ignore[arg-type]
+    assert traces._sidecar is not None and traces._sidecar._process.poll() == 0  # closed, not left behind
+
+
+def test_optimize_writes_its_evaluation_runs_in_the_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's trace writing (CPU in its SQLAlchemy store) never runs in the searching process."""
+    from opro.genai import GenAILogger
+
+    def not_here(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("evaluation runs written in the searching process")
+
+    monkeypatch.setattr(GenAILogger, "log_evaluations", not_here)
+    config = optimized(tmp_path, genai=True)
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'validation'")
+    summary = json.loads((config.parent / "out" / "summary.json").read_text())
+    assert len(runs) == 1 + len(summary["validation"]["finalists"])
+    assert all(len(_traces(client, r.info.run_id)) == 8 for r in runs)

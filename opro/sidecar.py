@@ -1,0 +1,187 @@
+"""A child process that holds one object and runs its methods, one call at a time, in order.
+
+For record keeping that is pure CPU inside a library and would otherwise take this process's GIL
+from the work it records: MLflow's SQLAlchemy store spends about 0.1 s of CPU per trace, and a thread
+doing that makes every thread of the search wait. In a child it runs on another core.
+
+The object is built in a fresh interpreter from a picklable factory; arguments, results and errors
+cross a pipe. Not :mod:`multiprocessing`'s ``spawn``: it imports the parent's main script again in
+the child, which runs a user's script that has no ``if __name__ == "__main__"`` guard a second time;
+a fork of a threaded parent can deadlock. A child that dies takes its current call with it and the
+caller gets an :class:`~opro.errors.OproError`; a parent that dies closes the pipe and the child
+exits. The child ignores Ctrl-C: the parent decides what to finish.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+import threading
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from opro.errors import OproError
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+logger = logging.getLogger(__name__)
+
+
+class Sidecar:
+    """``factory()`` built in a child process; :meth:`call` runs one of its methods there.
+
+    Calls block the calling thread until the child answers (callers that must not wait run them on
+    a background thread) and are serialised, so the child sees them in the order they were made.
+    :meth:`close` lets the child finish and exit; it is idempotent.
+    """
+
+    def __init__(self, factory: Callable[[], Any], *, name: str) -> None:
+        import subprocess
+        import sys
+        from multiprocessing.connection import Connection
+
+        self.name = name
+        payload = pickle.dumps(factory)  # an unpicklable factory fails here, before a process starts
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", "from opro.sidecar import _main; _main()", str(to_child_r), str(from_child_w)],
+                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self._send = Connection(to_child_w, readable=False)
+        self._recv = Connection(from_child_r, writable=False)
+        # The child imports the factory's module on this process's path (tests, notebooks, scripts).
+        self._send.send(list(sys.path))
+        self._send.send_bytes(payload)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` on the child's object: its result, or its exception raised here."""
+        with self._lock:
+            if self._closed:
+                raise OproError(f"the {self.name} process is closed; {method} was not run")
+            try:
+                self._send.send((method, args, kwargs))
+                ok, value = self._recv.recv()
+            except (EOFError, OSError) as exc:
+                self._closed = True
+                code = self._process.wait(timeout=5)
+                raise OproError(
+                    f"the {self.name} process ended during {method} (exit code {code}); "
+                    "rerun the command: what it had recorded is kept and the rest is recorded again"
+                ) from exc
+        if not ok:
+            raise value
+        return value
+
+    def close(self, *, timeout: float = 30.0) -> None:
+        """Wait for the child to finish its calls and exit (at most ``timeout`` seconds, then it is stopped)."""
+        import subprocess
+
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._send.send(None)
+                self._recv.recv()  # its goodbye: everything it wrote is committed
+            except (EOFError, OSError):
+                pass
+            self._send.close()
+            self._recv.close()
+        try:
+            self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("the %s process did not exit within %.0f s; stopping it", self.name, timeout)
+            self._process.kill()
+            self._process.wait(timeout=5)
+
+
+def _main() -> None:
+    """The child's entry point: ``python -c 'from opro.sidecar import _main; _main()' READ_FD WRITE_FD``."""
+    import sys
+    from multiprocessing.connection import Connection
+
+    recv = Connection(int(sys.argv[1]), writable=False)
+    send = Connection(int(sys.argv[2]), readable=False)
+    try:
+        path = recv.recv()
+        sys.path[:] = [*path, *(p for p in sys.path if p not in path)]
+    except (EOFError, OSError):
+        os._exit(1)
+    try:
+        factory = recv.recv()
+    except (EOFError, OSError):
+        os._exit(1)
+    except Exception as exc:  # its module does not import here: reported to the first call
+        factory = functools.partial(_raise, exc)
+    _serve(recv, send, factory)
+
+
+def _raise(exc: Exception) -> Any:
+    raise exc
+
+
+def _serve(recv: Connection, send: Connection, factory: Callable[[], Any]) -> None:
+    """The child's loop: build the object, answer calls until told to stop or the parent is gone."""
+    import signal
+    import sys
+
+    from opro.redaction import RedactingFilter
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())  # the same redaction as the parent's log lines
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    try:
+        target, failed = factory(), None
+    except Exception as exc:  # reported to the first call: the parent decides what it means
+        target, failed = None, exc
+    while True:
+        try:
+            message = recv.recv()
+        except (EOFError, OSError):  # the parent is gone
+            os._exit(1)
+        if message is None:
+            send.send((True, None))
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            # Its work is committed; tearing down MLflow's thousands of modules would only delay the
+            # parent, which waits for this process to exit.
+            os._exit(0)
+        method, args, kwargs = message
+        try:
+            if failed is not None:
+                raise failed
+            reply = (True, getattr(target, method)(*args, **kwargs))
+        except Exception as exc:
+            reply = (False, _portable(exc))
+        send.send(reply)
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` with the child's traceback as a note, or an OproError saying what it was if it cannot be pickled."""
+    from opro.redaction import redact_text
+
+    where = redact_text("".join(traceback.format_exception(exc)).rstrip())
+    try:
+        if not getattr(exc, "__notes__", None):  # a failed factory is raised again on every call
+            exc.add_note(f"in the sidecar process:\n{where}")
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return OproError(redact_text(f"{type(exc).__name__}: {exc}") + f"\nin the sidecar process:\n{where}")
+
+
+__all__ = ["Sidecar"]

@@ -1,0 +1,138 @@
+"""The sidecar process: one object in a child interpreter, its methods called in order across a pipe."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from opro.errors import DataError, OproError
+from opro.sidecar import Sidecar
+
+
+class Counter:
+    """Lives in the child: its state persists between calls."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+        self.seen: list[int] = []
+
+    def add(self, n: int, *, times: int = 1) -> int:
+        self.value += n * times
+        self.seen.append(n)
+        return self.value
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def fail(self, what: str) -> None:
+        raise DataError(f"bad {what}")
+
+    def unpicklable_failure(self) -> None:
+        class Local(Exception):  # cannot be pickled back to the parent
+            pass
+
+        raise Local("local trouble at https://user:sk-secret-99@example.com/")
+
+    def die(self) -> None:
+        os._exit(3)
+
+
+class Broken:
+    def __init__(self) -> None:
+        raise DataError("the store is unusable")
+
+
+def test_calls_run_in_a_child_in_order_with_its_state() -> None:
+    car = Sidecar(functools.partial(Counter, start=10), name="test-sidecar")
+    try:
+        assert car.call("pid") != os.getpid()
+        assert [car.call("add", n, times=2) for n in (1, 2, 3)] == [12, 16, 22]
+        with pytest.raises(DataError, match="bad input") as info:
+            car.call("fail", "input")
+        assert any("in the sidecar process" in note for note in info.value.__notes__)
+        assert car.call("add", 0) == 22  # an error leaves the object as it was
+    finally:
+        car.close()
+    car.close()  # idempotent
+    with pytest.raises(OproError, match="test-sidecar process is closed"):
+        car.call("pid")
+
+
+def test_errors_that_cannot_cross_the_pipe_arrive_as_opro_errors_without_secrets() -> None:
+    car = Sidecar(Counter, name="test-sidecar")
+    try:
+        with pytest.raises(OproError, match="Local: local trouble") as info:
+            car.call("unpicklable_failure")
+        assert "sk-secret-99" not in str(info.value)
+    finally:
+        car.close()
+
+
+def test_a_factory_that_fails_fails_every_call() -> None:
+    car = Sidecar(Broken, name="test-sidecar")
+    try:
+        for _ in range(2):
+            with pytest.raises(DataError, match="the store is unusable"):
+                car.call("anything")
+    finally:
+        car.close()
+
+
+def test_a_child_that_dies_is_an_opro_error_naming_it() -> None:
+    car = Sidecar(Counter, name="test-sidecar")
+    with pytest.raises(OproError, match=r"test-sidecar process ended during die \(exit code 3\)"):
+        car.call("die")
+    car.close()
+
+
+def test_the_child_does_not_run_the_parents_main_script_again(tmp_path: Path) -> None:
+    """multiprocessing's spawn would import an unguarded user script in the child and run it twice."""
+    marker = tmp_path / "runs.txt"
+    script = tmp_path / "user_script.py"
+    script.write_text(f"""
+import functools, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from opro.sidecar import Sidecar
+from test_sidecar import Counter
+with open({str(marker)!r}, "a") as f:
+    f.write("run\\n")
+car = Sidecar(functools.partial(Counter, start=1), name="s")
+print(car.call("add", 1))
+car.close()
+""")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2"
+    assert marker.read_text() == "run\n"
+
+
+def test_the_child_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from opro.sidecar import Sidecar
+from test_sidecar import Counter
+car = Sidecar(Counter, name="s")
+print(car.call("pid"), flush=True)
+os.kill(os.getpid(), 9)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -9
+    child = int(out.stdout.strip())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{child}/stat").read_text().split(")")[1].split()[0] == "Z":
+            return  # exited; a zombie until init reaps it
+        time.sleep(0.1)
+    os.kill(child, 9)
+    pytest.fail("the sidecar outlived its parent")
