@@ -8,7 +8,8 @@ gives, per run:
 - requests: what the server answered; window: first request to last reply (seconds);
 - req/s inside the window, the ideal W/L (W requests in flight, each taking L) and their ratio;
 - peak: most requests in flight at the server;
-- CPU ms/req: the client process's CPU time inside the window per request (/proc sampling);
+- CPU ms/req: the client's CPU time (its process and its children: opro's MLflow sidecar) inside the
+  window per request (/proc sampling);
 - start / end: process start to first request, last reply to process exit (fixed cost).
 
 Usage (about 2 minutes at L = 0.2 s):
@@ -60,12 +61,41 @@ class Row:
         ]
 
 
-def _cpu_s(pid: int) -> float | None:
+def _stat(pid: int) -> list[str] | None:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def _descendants(pid: int) -> list[int]:
+    """Live descendants of ``pid`` (a scan of /proc: this kernel has no /proc/PID/task/TID/children)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            parents[int(entry.name)] = int(fields[1])
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, parent in parents.items() if parent in frontier]
+        out += kids
+        frontier = kids
+    return out
+
+
+def _cpu_s(pids: list[int]) -> float | None:
+    """CPU seconds of the client ``pids[0]`` and its descendants ``pids[1:]``: the client's own, its
+    waited-for children's (cutime, cstime) and its live descendants' (opro's MLflow sidecar is client
+    CPU too). A descendant that exited was waited for by its parent, so its time moved into that
+    parent's cutime: the sum stays continuous."""
+    total = 0.0
+    for i, pid in enumerate(pids):
+        fields = _stat(pid)
+        if fields is None:
+            if i == 0:
+                return None
+            continue
+        total += sum(int(f) for f in fields[11:15]) / TICK  # utime + stime + cutime + cstime
+    return total
 
 
 def _measure(server: object, cmd: list[str], *, run: str, workers: int, env: dict[str, str]) -> Row:
@@ -79,8 +109,11 @@ def _measure(server: object, cmd: list[str], *, run: str, workers: int, env: dic
     samples: list[tuple[float, float]] = []
 
     def sample() -> None:  # the client's CPU clock, to charge it only for the window
+        pids, scanned = [proc.pid], 0.0
         while proc.poll() is None:
-            cpu = _cpu_s(proc.pid)
+            if time.time() - scanned > 0.25:  # new children (the sidecar) are found within 0.25 s
+                pids, scanned = [proc.pid, *_descendants(proc.pid)], time.time()
+            cpu = _cpu_s(pids)
             if cpu is not None:
                 samples.append((time.time(), cpu))
             time.sleep(0.01)

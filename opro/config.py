@@ -216,6 +216,10 @@ class TrackingSection:
     #: MLflow 3 GenAI records of finished evaluations: evaluation datasets, evaluation runs with
     #: per-question traces and judge assessments (opro.genai). The search's candidates stay metrics.
     genai: bool = True
+    #: The lead's MLflow work during ``optimize`` (imports, store set-up, run, metrics, artifacts,
+    #: registry, GenAI records) in a child process, so its CPU never takes the search's GIL; false:
+    #: on a thread of the searching process (less CPU in all where MLflow is already imported).
+    sidecar: bool = True
     prompt_name: str = ""
     prompt_alias: str = "latest-best"
     #: Seconds a worker of a shared study waits for a worker that is not running (worker 0's

@@ -328,6 +328,7 @@ class Experiment:
                 params=self.run_params() if worker_index == 0 else None,
                 run_dir=self.run_dir,
                 register_prompt=(cfg.prompt_name, cfg.tracking.prompt_alias) if cfg.tracking.register_prompt else None,
+                sidecar=cfg.tracking.sidecar,
             ))
         return recorders
 

@@ -32,7 +32,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
@@ -320,6 +320,9 @@ class GenAILogger:
         import mlflow.genai.scorers  # noqa: F401  (what evaluate imports on its first call)
 
         self.register_datasets(dataset)
+
+    def set_run_tag(self, run_id: str, key: str, value: str) -> None:
+        self.client.set_tag(run_id, key, redact_text(value))
 
     def validation_recorded(self, *, label: str, optimization_run_id: str) -> bool:
         """Whether the optimization run's validation stage already has a finished run for ``label``."""
@@ -619,30 +622,61 @@ class ValidationTraces(Recorder):
     """The recorder that logs the validation stage of the search as evaluation runs, one per prompt
     (the initial instruction and each finalist). Goes after ``tracking``, whose run it links to.
 
-    MLflow's part (about 0.1 s of CPU per trace in its SQLAlchemy store, plus seconds of imports)
-    runs in a :class:`~opro.sidecar.Sidecar` process started when the search starts, so it never
-    takes this process's GIL from the search: the search waits on its models, and the sidecar
-    imports MLflow's evaluation harness and registers the dataset splits meanwhile. Each prompt is
-    sent as soon as the validation stage has scored it (:meth:`on_validated`): its answers and
-    verdicts are read back through the call cache on ``tracking``'s background thread (in order
-    with the run it links to) and written by the sidecar while the later prompts are still being
-    asked. What a rerun found already scored is recorded at the end, in this process.
+    With ``tracking``'s sidecar process (:attr:`MlflowRecorder.sidecar`) the MLflow part (about 0.1 s
+    of CPU per trace in its SQLAlchemy store, plus seconds of imports) runs there, so it never takes
+    this process's GIL from the search: when the search starts the sidecar imports MLflow's
+    evaluation harness and registers the dataset splits while the search waits on its models. Each
+    prompt is sent as soon as the validation stage has scored it (:meth:`on_validated`): its answers
+    and verdicts are read back through the call cache on ``tracking``'s background thread (in order
+    with the run it links to) and written while the later prompts are still being asked. Without a
+    sidecar the same work runs on that thread. What a rerun found already scored is recorded at the end.
     """
 
     def __init__(self, experiment: Experiment, *, tracking: MlflowRecorder) -> None:
         self.experiment = experiment
         self.tracking = tracking
+        self._log: Any = None
         self._sidecar: Sidecar | None = None
         self._prewarmed: Future[None] | None = None
         #: Label -> the queued record of that prompt's evaluation run (None: already recorded before).
         self._logged: dict[str, Future[GenAIRecord | None]] = {}
 
     def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
-        from opro.sidecar import Sidecar
+        self._sidecar = self.tracking.sidecar
+        if self._sidecar is not None:
+            self._sidecar.retain()
+            self._sidecar.host("genai", functools.partial(GenAILogger, **_logger_settings(self.experiment)))
+            self._log = _Hosted(self._sidecar, "genai")
+        self._prewarmed = self.tracking.in_background(self._prewarm)
 
-        self._sidecar = Sidecar(functools.partial(GenAILogger, **_logger_settings(self.experiment)),
-                                name="opro-mlflow-records")
-        self._prewarmed = self.tracking.in_background(self._sidecar.call, "prewarm", self.experiment.dataset)
+    def _logger(self) -> Any:
+        """The GenAILogger, or its stand-in for the one in the sidecar: built on the tracking thread."""
+        if self._log is None:
+            self._log = genai_logger(self.experiment)
+        return self._log
+
+    def _prewarm(self) -> None:
+        self._logger().prewarm(self.experiment.dataset)
+
+    def on_search_end(self, study: optuna.Study) -> None:
+        if self._sidecar is None:
+            # In this process: waited for before it imports anything else (the plots import matplotlib,
+            # which imports IPython when installed, as MLflow's harness does): two threads importing one
+            # package at once can meet it partially initialised.
+            self._wait_for_prewarm()
+
+    def _wait_for_prewarm(self) -> None:
+        if self._prewarmed is None:  # not started by on_search_start: queue it now
+            self._prewarmed = self.tracking.in_background(self._prewarm)
+        self._prewarmed.result()  # it registered the dataset splits (a done future answers at once)
+
+    def annotate(self, result: OptimizationResult) -> OptimizationResult:
+        if self._sidecar is None:
+            # In this process the records finish before any recorder's on_result runs (the plots import
+            # matplotlib; see on_search_end). A sidecar writes them while the plots are drawn.
+            for job in self._logged.values():
+                job.exception()
+        return result
 
     def on_validated(self, study: optuna.Study, *, label: str, instruction: str) -> None:
         self._logged[label] = self.tracking.in_background(
@@ -652,29 +686,38 @@ class ValidationTraces(Recorder):
         evaluation = validation_evaluation(experiment=self.experiment, label=label, instruction=instruction)
         if evaluation is None:
             return None
-        if self._sidecar is None:  # not started by on_search_start: record here
-            return genai_logger(self.experiment).log_validation(
-                evaluation, dataset=self.experiment.dataset, study_name=study_name, optimization_run_id=run_id)
-        return self._sidecar.call("log_validation", evaluation, dataset=self.experiment.dataset,  # type: ignore[no-any-return]
-                                  study_name=study_name, optimization_run_id=run_id)
+        record: GenAIRecord | None = self._logger().log_validation(
+            evaluation, dataset=self.experiment.dataset, study_name=study_name, optimization_run_id=run_id)
+        return record
 
     def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
         try:
-            if self._prewarmed is not None:
-                self._prewarmed.result()  # it registered the dataset splits
+            self._wait_for_prewarm()
             recorded = {label: job.result() for label, job in self._logged.items()}
+            log_validation_evaluations(result, experiment=self.experiment, register_datasets=False,
+                                       recorded=recorded, log=self._logger())
         finally:
-            self._close()
-        log_validation_evaluations(result, experiment=self.experiment, register_datasets=self._prewarmed is None,
-                                   recorded=recorded)
+            self._release()
 
     def on_search_failed(self, study: optuna.Study, error: BaseException, *, abandoned: bool) -> None:
-        # After ``tracking``'s (it drains the queued records first): what was sent is written.
-        self._close()
+        # After ``tracking``'s, which drains the queued records first: what was sent is written.
+        self._release()
 
-    def _close(self) -> None:
+    def _release(self) -> None:
         if self._sidecar is not None:
-            self._sidecar.close()
+            self._sidecar.release()
+            self._sidecar = None
+
+
+class _Hosted:
+    """A stand-in for an object in a sidecar process: ``stand_in.method(...)`` runs it there."""
+
+    def __init__(self, sidecar: Sidecar, key: str) -> None:
+        self._sidecar = sidecar
+        self._key = key
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        return functools.partial(self._sidecar.call, self._key, method)
 
 
 def validation_evaluation(*, experiment: Experiment, label: str, instruction: str) -> PromptEvaluation | None:
@@ -701,11 +744,13 @@ def validation_evaluation(*, experiment: Experiment, label: str, instruction: st
 
 
 def log_validation_prompt(
-    *, experiment: Experiment, label: str, instruction: str, study_name: str, optimization_run_id: str | None
+    *, experiment: Experiment, label: str, instruction: str, study_name: str, optimization_run_id: str | None,
+    log: GenAILogger | None = None,
 ) -> GenAIRecord | None:
-    """One prompt of an optimization's validation stage as an evaluation run, in this process (None:
-    not recorded: already there, or no call cache; see :func:`validation_evaluation`)."""
-    log = genai_logger(experiment)
+    """One prompt of an optimization's validation stage as an evaluation run (None: not recorded:
+    already there, or no call cache; see :func:`validation_evaluation`). ``log``: where to write
+    (default: :func:`genai_logger` of the experiment)."""
+    log = log or genai_logger(experiment)
     if optimization_run_id and log.validation_recorded(label=label, optimization_run_id=optimization_run_id):
         return None  # a rerun of a finished optimization: asked nothing
     evaluation = validation_evaluation(experiment=experiment, label=label, instruction=instruction)
@@ -721,11 +766,13 @@ def log_validation_evaluations(
     experiment: Experiment,
     register_datasets: bool = True,
     recorded: Mapping[str, GenAIRecord | None] | None = None,
+    log: GenAILogger | None = None,
 ) -> GenAIRecord | None:
     """The validation stage of an optimization as evaluation runs: the initial instruction and each
     finalist (:func:`log_validation_prompt`), the returned finalist tagged ``opro.role = returned finalist``.
-    ``recorded``: the prompts (by label) already logged while the stage ran."""
-    log = genai_logger(experiment)
+    ``recorded``: the prompts (by label) already logged while the stage ran. ``log``: where to write
+    (default: :func:`genai_logger` of the experiment)."""
+    log = log or genai_logger(experiment)
     if register_datasets:  # every split, not only the validation one its runs use
         log.register_datasets(experiment.dataset)
     v = result.validation
@@ -739,11 +786,12 @@ def log_validation_evaluations(
             record = recorded[label]
         else:
             record = log_validation_prompt(experiment=experiment, label=label, instruction=instruction,
-                                           study_name=result.study_name, optimization_run_id=result.mlflow_run_id)
+                                           study_name=result.study_name, optimization_run_id=result.mlflow_run_id,
+                                           log=log)
         if record is None:
             continue
         if v.winner is not None and instruction == v.winner.instruction:
-            log.client.set_tag(record.runs[0].run_id, "opro.role", "returned finalist")
+            log.set_run_tag(record.runs[0].run_id, "opro.role", "returned finalist")
         records.append(record)
     if not records:
         return None

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import optuna
 
     from opro.optimizer import CandidateRecord, OptimizationResult
+    from opro.sidecar import Sidecar
     from opro.tracking import MlflowTracker
 
 
@@ -125,7 +126,10 @@ class MlflowRecorder(Recorder):
     Tracking calls run on one background thread, in order, so MLflow's store set-up and writes never
     hold the search up; a failed call is raised at the next step boundary. ``params`` are logged when
     the lead starts a new run. ``run_dir``: whose files become the run's artifacts. ``register_prompt``:
-    ``(name, alias)`` to register the returned template under.
+    ``(name, alias)`` to register the returned template under. ``sidecar``: the lead's MLflow work
+    (imports, store set-up, writes: seconds of CPU) runs in a child process (:attr:`sidecar`, which
+    :class:`opro.genai.ValidationTraces` shares), so it never takes this process's GIL from the
+    search; without it, on the thread of this process (cheaper where MLflow is already imported).
     """
 
     def __init__(
@@ -135,11 +139,14 @@ class MlflowRecorder(Recorder):
         params: Mapping[str, Any] | None = None,
         run_dir: RunDir | None = None,
         register_prompt: tuple[str, str] | None = None,
+        sidecar: bool = False,
     ) -> None:
         self.tracker = tracker
         self.params = dict(params or {})
         self.run_dir = run_dir
         self.register_prompt = register_prompt
+        self.use_sidecar = sidecar
+        self._sidecar: Sidecar | None = None
         self._lead = False
         #: The run id the study held when this worker started (a resume continues that run).
         self._run_id: str | None = None
@@ -157,6 +164,21 @@ class MlflowRecorder(Recorder):
         job = self._pool.submit(fn, *args)
         self._jobs.append(job)
         return job
+
+    @property
+    def sidecar(self) -> Sidecar | None:
+        """The child process the MLflow work goes to, once the lead's search started (None: in this process)."""
+        return self._sidecar
+
+    def _tracker(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        """``tracker.method(...)``, in the sidecar when there is one."""
+        if self._sidecar is not None:
+            return self._sidecar.call("tracker", method, *args, **kwargs)
+        return getattr(self.tracker, method)(*args, **kwargs)
+
+    def _release(self) -> None:
+        if self._sidecar is not None:
+            self._sidecar.release()
 
     def _check(self) -> None:
         """Raise the error of a tracking call that failed (a broken MLflow store)."""
@@ -180,10 +202,20 @@ class MlflowRecorder(Recorder):
         self._run_id = None if run_id is None else str(run_id)
         if not lead:
             return
-        tracker, resume = self.tracker, self._run_id
+        resume = self._run_id
+        if self.use_sidecar and self._sidecar is None:
+            import functools
+
+            from opro.sidecar import Sidecar
+            from opro.tracking import MlflowTracker
+
+            self._sidecar = Sidecar(name="opro-mlflow").retain()
+            self._sidecar.host("tracker", functools.partial(
+                MlflowTracker, tracking_uri=self.tracker.tracking_uri, experiment_name=self.tracker.experiment_name))
 
         def start_run() -> str:
-            rid = tracker.start(run_name=study.study_name, params=self.params, resume_run_id=resume)
+            rid: str = self._tracker("start", run_name=study.study_name, params=self.params, resume_run_id=resume)
+            self.tracker.run_id = rid  # mirrored here: which run the later calls write to
             study.set_user_attr("mlflow_run_id", rid)
             return rid
 
@@ -212,9 +244,9 @@ class MlflowRecorder(Recorder):
                 continue
             metrics = {"candidate_score": r.score} if r.score is not None else {}
             metrics["candidate_step"] = float(r.step)
-            self.tracker.log_metrics(metrics, step=position)
+            self._tracker("log_metrics", metrics, step=position)
         if best > -math.inf:
-            self.tracker.log_metrics({"search_best_score": best}, step=step)
+            self._tracker("log_metrics", {"search_best_score": best}, step=step)
         study.set_user_attr(key, [*logged, step])
 
     def on_search_end(self, study: optuna.Study) -> None:
@@ -230,30 +262,36 @@ class MlflowRecorder(Recorder):
         return dataclasses.replace(result, mlflow_run_id=self._run_id)
 
     def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
-        self._drain()
-        # A rerun of a finished study changes nothing: no second registry version, no repeated metrics.
-        digest = _sha(json.dumps(
-            {k: v for k, v in result.summary().items() if k not in ("usage", "wall_s")}, sort_keys=True, default=str
-        ))
-        if study.user_attrs.get("recorded_result") != digest:
-            self._log_result(result)
-            study.set_user_attr("recorded_result", digest)
-        self.tracker.finish()
+        try:
+            self._drain()
+            # A rerun of a finished study changes nothing: no second registry version, no repeated metrics.
+            digest = _sha(json.dumps(
+                {k: v for k, v in result.summary().items() if k not in ("usage", "wall_s")}, sort_keys=True, default=str
+            ))
+            if study.user_attrs.get("recorded_result") != digest:
+                self._log_result(result)
+                study.set_user_attr("recorded_result", digest)
+            self._tracker("finish")
+        finally:
+            self._release()
 
     def on_search_failed(self, study: optuna.Study, error: BaseException, *, abandoned: bool) -> None:
         # Never leave the MLflow run RUNNING: KILLED when the user stopped it, FAILED otherwise;
         # another worker ends it FAILED when it gives up on a worker 0 that is gone.
         if self._lead:
-            with contextlib.suppress(Exception):  # the tracking store may be what failed
-                self._drain()
-            self.tracker.finish(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            try:
+                with contextlib.suppress(Exception):  # the tracking store may be what failed
+                    self._drain()
+                self._tracker("finish", status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            finally:
+                self._release()
         elif abandoned and self._run_id:
             with contextlib.suppress(Exception):
                 self.tracker.run_id = self._run_id
                 self.tracker.finish(status="FAILED")
 
     def _log_result(self, result: OptimizationResult) -> None:
-        tracker = self.tracker
+        tracker = self._tracker
         metrics: dict[str, float] = {"best_score": result.best_score}
         if result.best_search_score is not None:
             metrics["best_search_score"] = result.best_search_score
@@ -266,24 +304,26 @@ class MlflowRecorder(Recorder):
             metrics["gain"] = result.gain if result.gain is not None else 0.0
             for i, f in enumerate(v.finalists):
                 if f.validation_score is not None:
-                    tracker.log_metrics(
+                    tracker(
+                        "log_metrics",
                         {"finalist_search_score": f.search_score, "finalist_validation_score": f.validation_score,
                          "finalist_p_adjusted": f.p_adjusted},
                         step=i,
                     )
-        tracker.log_metrics(metrics, step=max((r.step for r in result.history), default=0))
+        tracker("log_metrics", metrics, step=max((r.step for r in result.history), default=0))
         for role, u in result.usage.items():
-            tracker.log_metrics(
+            tracker(
+                "log_metrics",
                 {f"{role}_calls": u["calls"], f"{role}_cache_hits": u["cache_hits"],
                  f"{role}_tokens": u["prompt_tokens"] + u["completion_tokens"]},
                 step=0,
             )
         if self.run_dir is not None:
             for path in self.run_dir.optimize_outputs():
-                tracker.log_artifact(path)
+                tracker("log_artifact", path)
             if self.run_dir.metaprompts.is_dir():
-                tracker.log_artifact(self.run_dir.metaprompts, artifact_path="metaprompts")
-        tracker.set_tags({
+                tracker("log_artifact", self.run_dir.metaprompts, artifact_path="metaprompts")
+        tracker("set_tags", {
             "opro.best_instruction": result.best_instruction[:5000],
             "opro.score_basis": result.score_basis,
             "opro.validated": str(result.validated).lower(),
@@ -291,7 +331,8 @@ class MlflowRecorder(Recorder):
         })
         if self.register_prompt is not None:
             name, alias = self.register_prompt
-            version = tracker.register_prompt(
+            version = tracker(
+                "register_prompt",
                 name=name,
                 template_text=result.best_template,
                 alias=alias,
@@ -306,7 +347,7 @@ class MlflowRecorder(Recorder):
                     "opro.run_id": str(result.mlflow_run_id),
                 },
             )
-            tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})
+            tracker("set_tags", {"opro.prompt_uri": f"prompts:/{name}/{version}"})
 
 
 __all__ = ["MlflowRecorder", "Recorder", "RunDirRecorder"]

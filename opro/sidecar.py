@@ -1,10 +1,10 @@
-"""A child process that holds one object and runs its methods, one call at a time, in order.
+"""A child process that holds objects and runs their methods, one call at a time, in order.
 
 For record keeping that is pure CPU inside a library and would otherwise take this process's GIL
 from the work it records: MLflow's SQLAlchemy store spends about 0.1 s of CPU per trace, and a thread
 doing that makes every thread of the search wait. In a child it runs on another core.
 
-The object is built in a fresh interpreter from a picklable factory; arguments, results and errors
+Each object is built in a fresh interpreter from a picklable factory; arguments, results and errors
 cross a pipe. Not :mod:`multiprocessing`'s ``spawn``: it imports the parent's main script again in
 the child, which runs a user's script that has no ``if __name__ == "__main__"`` guard a second time;
 a fork of a threaded parent can deadlock. A child that dies takes its current call with it and the
@@ -14,7 +14,6 @@ exits. The child ignores Ctrl-C: the parent decides what to finish.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import pickle
@@ -32,20 +31,20 @@ logger = logging.getLogger(__name__)
 
 
 class Sidecar:
-    """``factory()`` built in a child process; :meth:`call` runs one of its methods there.
+    """A child process holding objects (:meth:`host`) whose methods :meth:`call` runs there.
 
     Calls block the calling thread until the child answers (callers that must not wait run them on
     a background thread) and are serialised, so the child sees them in the order they were made.
-    :meth:`close` lets the child finish and exit; it is idempotent.
+    Several owners can share one child: each :meth:`retain` is matched by a :meth:`release`, and the
+    last release closes it. :meth:`close` lets the child finish and exit; it is idempotent.
     """
 
-    def __init__(self, factory: Callable[[], Any], *, name: str) -> None:
+    def __init__(self, *, name: str) -> None:
         import subprocess
         import sys
         from multiprocessing.connection import Connection
 
         self.name = name
-        payload = pickle.dumps(factory)  # an unpicklable factory fails here, before a process starts
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         try:
@@ -58,30 +57,52 @@ class Sidecar:
             os.close(from_child_w)
         self._send = Connection(to_child_w, readable=False)
         self._recv = Connection(from_child_r, writable=False)
-        # The child imports the factory's module on this process's path (tests, notebooks, scripts).
+        # The child imports the factories' modules on this process's path (tests, notebooks, scripts).
         self._send.send(list(sys.path))
-        self._send.send_bytes(payload)
         self._lock = threading.Lock()
         self._closed = False
+        self._owners = 0
 
-    def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
-        """``method(*args, **kwargs)`` on the child's object: its result, or its exception raised here."""
+    def host(self, key: str, factory: Callable[[], Any]) -> None:
+        """Build ``factory()`` in the child under ``key``, without waiting for it: a failure to build it
+        is raised by every call to it."""
+        payload = pickle.dumps(factory)  # an unpicklable factory fails here, in the caller
         with self._lock:
             if self._closed:
-                raise OproError(f"the {self.name} process is closed; {method} was not run")
+                raise OproError(f"the {self.name} process is closed; {key} was not started")
+            self._send.send(("host", key, payload))
+
+    def call(self, key: str, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` on the child's ``key`` object: its result, or its exception raised here."""
+        with self._lock:
+            if self._closed:
+                raise OproError(f"the {self.name} process is closed; {key}.{method} was not run")
             try:
-                self._send.send((method, args, kwargs))
+                self._send.send(("call", key, method, args, kwargs))
                 ok, value = self._recv.recv()
             except (EOFError, OSError) as exc:
                 self._closed = True
                 code = self._process.wait(timeout=5)
                 raise OproError(
-                    f"the {self.name} process ended during {method} (exit code {code}); "
+                    f"the {self.name} process ended during {key}.{method} (exit code {code}); "
                     "rerun the command: what it had recorded is kept and the rest is recorded again"
                 ) from exc
         if not ok:
             raise value
         return value
+
+    def retain(self) -> Sidecar:
+        with self._lock:
+            self._owners += 1
+        return self
+
+    def release(self) -> None:
+        """One owner is done; the last one closes the child."""
+        with self._lock:
+            self._owners -= 1
+            last = self._owners <= 0
+        if last:
+            self.close()
 
     def close(self, *, timeout: float = 30.0) -> None:
         """Wait for the child to finish its calls and exit (at most ``timeout`` seconds, then it is stopped)."""
@@ -108,33 +129,9 @@ class Sidecar:
 
 def _main() -> None:
     """The child's entry point: ``python -c 'from opro.sidecar import _main; _main()' READ_FD WRITE_FD``."""
-    import sys
-    from multiprocessing.connection import Connection
-
-    recv = Connection(int(sys.argv[1]), writable=False)
-    send = Connection(int(sys.argv[2]), readable=False)
-    try:
-        path = recv.recv()
-        sys.path[:] = [*path, *(p for p in sys.path if p not in path)]
-    except (EOFError, OSError):
-        os._exit(1)
-    try:
-        factory = recv.recv()
-    except (EOFError, OSError):
-        os._exit(1)
-    except Exception as exc:  # its module does not import here: reported to the first call
-        factory = functools.partial(_raise, exc)
-    _serve(recv, send, factory)
-
-
-def _raise(exc: Exception) -> Any:
-    raise exc
-
-
-def _serve(recv: Connection, send: Connection, factory: Callable[[], Any]) -> None:
-    """The child's loop: build the object, answer calls until told to stop or the parent is gone."""
     import signal
     import sys
+    from multiprocessing.connection import Connection
 
     from opro.redaction import RedactingFilter
 
@@ -144,10 +141,22 @@ def _serve(recv: Connection, send: Connection, factory: Callable[[], Any]) -> No
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactingFilter())  # the same redaction as the parent's log lines
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    recv = Connection(int(sys.argv[1]), writable=False)
+    send = Connection(int(sys.argv[2]), readable=False)
     try:
-        target, failed = factory(), None
-    except Exception as exc:  # reported to the first call: the parent decides what it means
-        target, failed = None, exc
+        path = recv.recv()
+    except (EOFError, OSError):
+        os._exit(1)
+    sys.path[:] = [*path, *(p for p in sys.path if p not in path)]
+    _serve(recv, send)
+
+
+def _serve(recv: Connection, send: Connection) -> None:
+    """The child's loop: build objects and answer calls until told to stop or the parent is gone."""
+    import sys
+
+    objects: dict[str, Any] = {}
+    failed: dict[str, Exception] = {}
     while True:
         try:
             message = recv.recv()
@@ -160,11 +169,21 @@ def _serve(recv: Connection, send: Connection, factory: Callable[[], Any]) -> No
             # Its work is committed; tearing down MLflow's thousands of modules would only delay the
             # parent, which waits for this process to exit.
             os._exit(0)
-        method, args, kwargs = message
+        if message[0] == "host":
+            _, key, payload = message
+            try:
+                objects[key] = pickle.loads(payload)()
+                failed.pop(key, None)
+            except Exception as exc:  # reported to every call: the parent decides what it means
+                failed[key] = exc
+            continue
+        _, key, method, args, kwargs = message
         try:
-            if failed is not None:
-                raise failed
-            reply = (True, getattr(target, method)(*args, **kwargs))
+            if key in failed:
+                raise failed[key]
+            if key not in objects:
+                raise OproError(f"nothing is hosted under {key!r} in the sidecar process")
+            reply = (True, getattr(objects[key], method)(*args, **kwargs))
         except Exception as exc:
             reply = (False, _portable(exc))
         send.send(reply)

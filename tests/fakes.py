@@ -87,7 +87,7 @@ def experiment_config(tmp_path: Path, **overrides: dict) -> dict:
         },
         "optimizer": {"steps": 2, "candidates_per_step": 2, "minibatch_size": 2},
         # The MLflow GenAI records (evaluation runs, traces) are tested in test_genai; off here for speed.
-        "tracking": {"prompt_name": "qa-test", "genai": False},
+        "tracking": {"prompt_name": "qa-test", "genai": False, "sidecar": False},
     }
     for section, values in overrides.items():
         cfg.setdefault(section, {}).update(values)
@@ -295,6 +295,7 @@ minibatch_size = 2
 [tracking]
 prompt_name = "qa-{name}"
 genai = {"true" if genai else "false"}
+sidecar = {"true" if genai else "false"}
 """
     )
     return path

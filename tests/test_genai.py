@@ -313,8 +313,8 @@ print("litellm" in sys.modules and sys.modules["litellm"] is not None)
 def test_the_records_start_in_a_sidecar_with_the_search_and_its_failure_stops_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The records' fixed costs (MLflow imports, the dataset registration) start with the search, in a
-    # child process queued through the MLflow recorder's thread; a failure there (here: a store that is
+    # The records' fixed costs (MLflow imports, the dataset registration) start with the search, in the
+    # MLflow recorder's child process, queued through its thread; a failure there (here: a store that is
     # not a database) reaches whoever drains that thread, as a failed tracking call does.
     from types import SimpleNamespace
 
@@ -328,26 +328,43 @@ def test_the_records_start_in_a_sidecar_with_the_search_and_its_failure_stops_th
     garbage.write_bytes(b"this is not a database" * 100)
     monkeypatch.setattr(opro.genai, "_logger_settings", lambda experiment, tracking_uri=None: {
         "tracking_uri": f"sqlite:///{garbage}", "experiment_name": "e", "dataset_prefix": "e"})
-    tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"))
+    tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"),
+                              sidecar=True)
     traces = ValidationTraces(SimpleNamespace(dataset=None), tracking=tracking)  # type: ignore[arg-type]
-    assert tracking._jobs == []
-    traces.on_search_start(None, lead=True)  # type: ignore[arg-type]
-    assert len(tracking._jobs) == 1
+    study = SimpleNamespace(user_attrs={}, study_name="s", set_user_attr=lambda key, value: None)
+    tracking.on_search_start(study, lead=True)  # type: ignore[arg-type]
+    assert len(tracking._jobs) == 1 and tracking.sidecar is not None  # the run's start
+    traces.on_search_start(study, lead=True)  # type: ignore[arg-type]
+    assert len(tracking._jobs) == 2
     with pytest.raises(OproError, match=r"garbage.db cannot be opened") as info:
         tracking._drain()
     assert any("in the sidecar process" in note for note in info.value.__notes__)
-    traces.on_search_failed(None, info.value, abandoned=False)  # type: ignore[arg-type]
-    assert traces._sidecar is not None and traces._sidecar._process.poll() == 0  # closed, not left behind
+    assert tracking.tracker.run_id is not None  # the run itself started, in the same child
+    error = info.value
+    tracking.on_search_failed(study, error, abandoned=False)  # type: ignore[arg-type]
+    traces.on_search_failed(study, error, abandoned=False)  # type: ignore[arg-type]
+    assert tracking.sidecar._process.poll() == 0  # closed once both let go of it, not left behind
+    assert _client_at(tmp_path / "mlflow.db").get_run(tracking.tracker.run_id).info.status == "FAILED"
 
 
-def test_optimize_writes_its_evaluation_runs_in_the_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """MLflow's trace writing (CPU in its SQLAlchemy store) never runs in the searching process."""
+def _client_at(db: Path) -> Any:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{db}")
+
+
+def test_optimize_writes_its_mlflow_records_in_the_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's writes (the run, its metrics, the evaluation runs' traces: CPU in its SQLAlchemy store)
+    never run in the searching process."""
     from opro.genai import GenAILogger
+    from opro.tracking import MlflowTracker
 
     def not_here(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("evaluation runs written in the searching process")
+        raise AssertionError("MLflow records written in the searching process")
 
-    monkeypatch.setattr(GenAILogger, "log_evaluations", not_here)
+    for cls, method in ((GenAILogger, "log_evaluations"), (GenAILogger, "prewarm"), (MlflowTracker, "start"),
+                        (MlflowTracker, "log_metrics"), (MlflowTracker, "register_prompt")):
+        monkeypatch.setattr(cls, method, not_here)
     config = optimized(tmp_path, genai=True)
     client = _client(config)
     exp_id = client.get_experiment_by_name("t").experiment_id
@@ -355,3 +372,5 @@ def test_optimize_writes_its_evaluation_runs_in_the_sidecar(tmp_path: Path, monk
     summary = json.loads((config.parent / "out" / "summary.json").read_text())
     assert len(runs) == 1 + len(summary["validation"]["finalists"])
     assert all(len(_traces(client, r.info.run_id)) == 8 for r in runs)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert "best_score" in run.data.metrics and run.info.status == "FINISHED"

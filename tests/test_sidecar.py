@@ -49,45 +49,67 @@ class Broken:
 
 
 def test_calls_run_in_a_child_in_order_with_its_state() -> None:
-    car = Sidecar(functools.partial(Counter, start=10), name="test-sidecar")
+    car = Sidecar(name="test-sidecar")
+    car.host("a", functools.partial(Counter, start=10))
+    car.host("b", Counter)
     try:
-        assert car.call("pid") != os.getpid()
-        assert [car.call("add", n, times=2) for n in (1, 2, 3)] == [12, 16, 22]
+        assert car.call("a", "pid") != os.getpid()
+        assert car.call("a", "pid") == car.call("b", "pid")  # one child holds both
+        assert [car.call("a", "add", n, times=2) for n in (1, 2, 3)] == [12, 16, 22]
+        assert car.call("b", "add", 1) == 1  # each object its own state
         with pytest.raises(DataError, match="bad input") as info:
-            car.call("fail", "input")
+            car.call("a", "fail", "input")
         assert any("in the sidecar process" in note for note in info.value.__notes__)
-        assert car.call("add", 0) == 22  # an error leaves the object as it was
+        assert car.call("a", "add", 0) == 22  # an error leaves the object as it was
+        with pytest.raises(OproError, match="nothing is hosted under 'c'"):
+            car.call("c", "pid")
     finally:
         car.close()
     car.close()  # idempotent
     with pytest.raises(OproError, match="test-sidecar process is closed"):
-        car.call("pid")
+        car.call("a", "pid")
+
+
+def test_the_last_owner_to_release_it_closes_it() -> None:
+    car = Sidecar(name="test-sidecar").retain().retain()
+    car.host("a", Counter)
+    car.release()
+    assert car.call("a", "add", 2) == 2  # still open for the other owner
+    car.release()
+    assert car._process.poll() == 0
+    with pytest.raises(OproError, match="is closed"):
+        car.call("a", "pid")
 
 
 def test_errors_that_cannot_cross_the_pipe_arrive_as_opro_errors_without_secrets() -> None:
-    car = Sidecar(Counter, name="test-sidecar")
+    car = Sidecar(name="test-sidecar")
+    car.host("a", Counter)
     try:
         with pytest.raises(OproError, match="Local: local trouble") as info:
-            car.call("unpicklable_failure")
+            car.call("a", "unpicklable_failure")
         assert "sk-secret-99" not in str(info.value)
     finally:
         car.close()
 
 
 def test_a_factory_that_fails_fails_every_call() -> None:
-    car = Sidecar(Broken, name="test-sidecar")
+    car = Sidecar(name="test-sidecar")
+    car.host("a", Broken)
+    car.host("b", Counter)
     try:
         for _ in range(2):
             with pytest.raises(DataError, match="the store is unusable"):
-                car.call("anything")
+                car.call("a", "anything")
+        assert car.call("b", "add", 3) == 3  # the others are unaffected
     finally:
         car.close()
 
 
 def test_a_child_that_dies_is_an_opro_error_naming_it() -> None:
-    car = Sidecar(Counter, name="test-sidecar")
-    with pytest.raises(OproError, match=r"test-sidecar process ended during die \(exit code 3\)"):
-        car.call("die")
+    car = Sidecar(name="test-sidecar")
+    car.host("a", Counter)
+    with pytest.raises(OproError, match=r"test-sidecar process ended during a.die \(exit code 3\)"):
+        car.call("a", "die")
     car.close()
 
 
@@ -102,8 +124,9 @@ from opro.sidecar import Sidecar
 from test_sidecar import Counter
 with open({str(marker)!r}, "a") as f:
     f.write("run\\n")
-car = Sidecar(functools.partial(Counter, start=1), name="s")
-print(car.call("add", 1))
+car = Sidecar(name="s")
+car.host("a", functools.partial(Counter, start=1))
+print(car.call("a", "add", 1))
 car.close()
 """)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
@@ -118,8 +141,9 @@ import os, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from opro.sidecar import Sidecar
 from test_sidecar import Counter
-car = Sidecar(Counter, name="s")
-print(car.call("pid"), flush=True)
+car = Sidecar(name="s")
+car.host("a", Counter)
+print(car.call("a", "pid"), flush=True)
 os.kill(os.getpid(), 9)
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
