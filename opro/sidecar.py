@@ -59,7 +59,11 @@ class Sidecar:
         self._recv = Connection(from_child_r, writable=False)
         # The child imports the factories' modules on this process's path (tests, notebooks, scripts).
         self._send.send(list(sys.path))
-        self._lock = threading.Lock()
+        # A call holds _call for its send and its reply, so replies match their calls; a host only
+        # sends (the child answers it with nothing), so it does not wait for a call in flight.
+        self._call = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._owners_lock = threading.Lock()
         self._closed = False
         self._owners = 0
 
@@ -67,18 +71,19 @@ class Sidecar:
         """Build ``factory()`` in the child under ``key``, without waiting for it: a failure to build it
         is raised by every call to it."""
         payload = pickle.dumps(factory)  # an unpicklable factory fails here, in the caller
-        with self._lock:
+        with self._send_lock:
             if self._closed:
                 raise OproError(f"the {self.name} process is closed; {key} was not started")
             self._send.send(("host", key, payload))
 
     def call(self, key: str, method: str, /, *args: Any, **kwargs: Any) -> Any:
         """``method(*args, **kwargs)`` on the child's ``key`` object: its result, or its exception raised here."""
-        with self._lock:
+        with self._call:
             if self._closed:
                 raise OproError(f"the {self.name} process is closed; {key}.{method} was not run")
             try:
-                self._send.send(("call", key, method, args, kwargs))
+                with self._send_lock:
+                    self._send.send(("call", key, method, args, kwargs))
                 ok, value = self._recv.recv()
             except (EOFError, OSError) as exc:
                 self._closed = True
@@ -92,13 +97,13 @@ class Sidecar:
         return value
 
     def retain(self) -> Sidecar:
-        with self._lock:
+        with self._owners_lock:
             self._owners += 1
         return self
 
     def release(self) -> None:
         """One owner is done; the last one closes the child."""
-        with self._lock:
+        with self._owners_lock:
             self._owners -= 1
             last = self._owners <= 0
         if last:
@@ -108,7 +113,7 @@ class Sidecar:
         """Wait for the child to finish its calls and exit (at most ``timeout`` seconds, then it is stopped)."""
         import subprocess
 
-        with self._lock:
+        with self._call, self._send_lock:
             if self._closed:
                 return
             self._closed = True

@@ -42,6 +42,9 @@ class Counter:
     def die(self) -> None:
         os._exit(3)
 
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
 
 class Broken:
     def __init__(self) -> None:
@@ -79,6 +82,27 @@ def test_the_last_owner_to_release_it_closes_it() -> None:
     assert car._process.poll() == 0
     with pytest.raises(OproError, match="is closed"):
         car.call("a", "pid")
+
+
+def test_owners_and_new_objects_do_not_wait_for_a_call_in_flight() -> None:
+    """The search's thread hosts the GenAI logger while the MLflow thread waits seconds on a call."""
+    import threading
+
+    car = Sidecar(name="test-sidecar")
+    car.host("a", Counter)
+    try:
+        car.call("a", "pid")  # started
+        busy = threading.Thread(target=car.call, args=("a", "sleep", 3.0))
+        busy.start()
+        time.sleep(0.3)
+        t = time.monotonic()
+        car.retain()
+        car.host("b", functools.partial(Counter, start=5))
+        assert time.monotonic() - t < 1.0
+        assert car.call("b", "add", 1) == 6  # after the call in flight, in order
+        busy.join()
+    finally:
+        car.close()
 
 
 def test_errors_that_cannot_cross_the_pipe_arrive_as_opro_errors_without_secrets() -> None:
