@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,24 +150,35 @@ def check_evaluation_ui(
     screenshot_size: tuple[int, int] = (1400, 900),
     attempts: int = 2,
 ) -> UICheck:
-    """Open the evaluation-run comparison of ``run_id`` against ``compare_to`` and look for ``expect``.
-
-    The page loads its data asynchronously; a render that misses some texts is retried (up to
-    ``attempts``) with a longer script budget before they are reported missing.
-    """
-    import html
-
+    """Open the evaluation-run comparison of ``run_id`` against ``compare_to`` and look for ``expect``
+    (retried as :func:`check_pages` does)."""
     with mlflow_ui(tracking_uri) as base:
         url = comparison_url(base, experiment_id=experiment_id, run_id=run_id, compare_to=compare_to)
-        dom = ""
-        missing: list[str] = list(expect)
-        for attempt in range(attempts):
-            dom = html.unescape(render(url, budget_ms=25_000 * (attempt + 1)))
-            missing = [t for t in expect if not _on_page(t, dom)]
-            if not missing:
-                break
+        check = _check(url, expect, attempts=attempts)
         if screenshot_path is not None:
             screenshot(url, screenshot_path, size=screenshot_size)
+    return check
+
+
+def check_pages(*, tracking_uri: str, pages: Mapping[str, Sequence[str]], attempts: int = 2) -> dict[str, UICheck]:
+    """Open each page of the MLflow UI (``pages``: the part of the URL after ``#/``, e.g.
+    ``experiments/1/datasets`` or ``experiments/1/runs/RUN_ID``) and look for its expected texts."""
+    with mlflow_ui(tracking_uri) as base:
+        return {page: _check(f"{base}/#/{page}", expect, attempts=attempts) for page, expect in pages.items()}
+
+
+def _check(url: str, expect: Sequence[str], *, attempts: int) -> UICheck:
+    """The page loads its data asynchronously; a render that misses some texts is retried (up to
+    ``attempts``) with a longer script budget before they are reported missing."""
+    import html
+
+    dom = ""
+    missing: list[str] = list(expect)
+    for attempt in range(attempts):
+        dom = html.unescape(render(url, budget_ms=25_000 * (attempt + 1)))
+        missing = [t for t in expect if not _on_page(t, dom)]
+        if not missing:
+            break
     return UICheck(url=url, found=tuple(t for t in expect if t not in missing), missing=tuple(missing), dom=dom)
 
 
@@ -175,6 +186,7 @@ __all__ = [
     "CHROMIUM_FLAGS",
     "UICheck",
     "check_evaluation_ui",
+    "check_pages",
     "comparison_url",
     "find_chromium",
     "mlflow_ui",

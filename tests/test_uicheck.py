@@ -44,6 +44,30 @@ def test_the_evaluation_run_comparison_page_shows_every_question(
     assert shot.stat().st_size > 10_000
 
 
+def test_the_ui_shows_the_datasets_and_each_evaluation_runs_prompt_version(
+    genai_compared: tuple[Path, Any, Any],
+) -> None:
+    """The rest of what a user of MLflow 3 looks for, as the browser renders it: the experiment's
+    evaluation datasets (one per split), and on each compared prompt's evaluation run the registered
+    prompt version it is linked to and the dataset it ran on."""
+    from opro.uicheck import check_pages
+
+    config, _, saved = genai_compared
+    client = _client(config)
+    exp_id = client.get_run(saved.evaluation_run_ids[0]).info.experiment_id
+    datasets = sorted(d.name for d in client.search_datasets(experiment_ids=[exp_id]))
+    assert len(datasets) == 4
+    pages: dict[str, list[str]] = {f"experiments/{exp_id}/datasets": datasets}
+    for run_id in saved.evaluation_run_ids:
+        tags = client.get_run(run_id).data.tags
+        name, version = tags["opro.prompt_uri"].removeprefix("prompts:/").split("/")
+        heldout = next(d for d in datasets if ".heldout." in d)
+        pages[f"experiments/{exp_id}/runs/{run_id}"] = ["Registered prompts", f"{name} (v{version})", "Datasets", heldout]
+    checks = check_pages(tracking_uri=f"sqlite:///{config.parent / 'out' / 'mlflow.db'}", pages=pages)
+    for check in checks.values():
+        assert check.ok, f"{check.url}: the rendered page ({len(check.dom)} chars) lacks {list(check.missing)}"
+
+
 def test_a_question_with_quotes_is_found_as_the_ui_renders_it_in_json() -> None:
     from opro.uicheck import _on_page
 
