@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from opro.optimizer import CandidateRecord, OptimizationResult
     from opro.sidecar import Sidecar
     from opro.tracking import MlflowTracker
+
+logger = logging.getLogger(__name__)
 
 
 T = TypeVar("T")
@@ -283,6 +286,9 @@ class MlflowRecorder(Recorder):
                 with contextlib.suppress(Exception):  # the tracking store may be what failed
                     self._drain()
                 self._tracker("finish", status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            except Exception as exc:  # the search's own error is what the user must see
+                logger.warning("the MLflow run %s could not be ended (%s: %s)", self.tracker.run_id,
+                               type(exc).__name__, exc)
             finally:
                 self._release()
         elif abandoned and self._run_id:

@@ -87,7 +87,7 @@ class Sidecar:
                 ok, value = self._recv.recv()
             except (EOFError, OSError) as exc:
                 self._closed = True
-                code = self._process.wait(timeout=5)
+                code = self._exit_code()
                 raise OproError(
                     f"the {self.name} process ended during {key}.{method} (exit code {code}); "
                     "rerun the command: what it had recorded is kept and the rest is recorded again"
@@ -119,7 +119,8 @@ class Sidecar:
             self._closed = True
             try:
                 self._send.send(None)
-                self._recv.recv()  # its goodbye: everything it wrote is committed
+                if self._recv.poll(timeout):
+                    self._recv.recv()  # its goodbye: everything it wrote is committed
             except (EOFError, OSError):
                 pass
             self._send.close()
@@ -127,9 +128,17 @@ class Sidecar:
         try:
             self._process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            logger.warning("the %s process did not exit within %.0f s; stopping it", self.name, timeout)
+            logger.warning("the %s process did not finish within %.0f s; stopping it", self.name, timeout)
             self._process.kill()
             self._process.wait(timeout=5)
+
+    def _exit_code(self) -> int | None:
+        import subprocess
+
+        try:
+            return self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
 
 
 def _main() -> None:
@@ -191,7 +200,13 @@ def _serve(recv: Connection, send: Connection) -> None:
             reply = (True, getattr(objects[key], method)(*args, **kwargs))
         except Exception as exc:
             reply = (False, _portable(exc))
-        send.send(reply)
+        try:
+            send.send(reply)
+        except (EOFError, OSError):  # the parent is gone
+            os._exit(1)
+        except Exception as exc:  # a result that cannot be pickled: nothing was written yet
+            send.send((False, OproError(f"{key}.{method} returned what cannot be sent back "
+                                        f"({type(exc).__name__}: {exc})")))
 
 
 def _portable(exc: Exception) -> Exception:

@@ -102,9 +102,17 @@ class FaultServer:
                     server.peak_total = max(server.peak_total, sum(server.in_flight.values()))
                     if server.first_s is None:
                         server.first_s = time.time()
+                self._role: str | None = role
                 try:
                     self._answer(body, role)
                 finally:
+                    self._served()
+
+            def _served(self) -> None:
+                # Counted out before the reply's first byte leaves: a client that got its reply may send
+                # its next request at once, and that one must not find this one still counted in flight.
+                role, self._role = getattr(self, "_role", None), None
+                if role is not None:
                     with server.lock:
                         server.in_flight[role] -= 1
                         server.last_s = time.time()
@@ -172,6 +180,7 @@ class FaultServer:
                 self.send_header("Content-Length", str(len(data)))
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
+                self._served()
                 self.end_headers()
                 self.wfile.write(data)
 

@@ -45,6 +45,9 @@ class Counter:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
+    def unpicklable_result(self) -> object:
+        return lambda: None
+
 
 class Broken:
     def __init__(self) -> None:
@@ -66,6 +69,9 @@ def test_calls_run_in_a_child_in_order_with_its_state() -> None:
         assert car.call("a", "add", 0) == 22  # an error leaves the object as it was
         with pytest.raises(OproError, match="nothing is hosted under 'c'"):
             car.call("c", "pid")
+        with pytest.raises(OproError, match=r"a\.unpicklable_result returned what cannot be sent back"):
+            car.call("a", "unpicklable_result")
+        assert car.call("a", "add", 0) == 22  # the child lives on
     finally:
         car.close()
     car.close()  # idempotent

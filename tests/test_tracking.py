@@ -27,3 +27,26 @@ def test_a_new_store_is_a_copy_of_an_empty_one_and_keeps_nothing_of_another(
     assert [e.name for e in client.search_experiments()] == ["b", "Default"]
     assert client.get_run(run_id).data.params == {"y": "2"}
     assert client.get_experiment("0").artifact_location == str(tmp_path / "mlruns" / "0")
+
+
+def test_a_failed_search_still_ends_when_the_mlflow_sidecar_is_gone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The search's own error is what reaches the user, not the sidecar's: ending the run is best effort."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    from opro.recorders import MlflowRecorder
+
+    tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"),
+                              sidecar=True)
+    study = SimpleNamespace(user_attrs={}, study_name="s", set_user_attr=lambda key, value: None)
+    tracking.on_search_start(study, lead=True)  # type: ignore[arg-type]
+    tracking._drain()  # the run started, in the child
+    assert tracking.sidecar is not None and tracking.tracker.run_id
+    os.kill(tracking.sidecar._process.pid, signal.SIGKILL)
+    tracking.sidecar._process.wait(timeout=30)
+    with caplog.at_level("WARNING", logger="opro.recorders"):
+        tracking.on_search_failed(study, RuntimeError("the search broke"), abandoned=False)  # type: ignore[arg-type]
+    assert "could not be ended" in caplog.text and "process ended during tracker.finish" in caplog.text
