@@ -32,7 +32,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
@@ -646,7 +646,7 @@ class ValidationTraces(Recorder):
         if self._sidecar is not None:
             self._sidecar.retain()
             self._sidecar.host("genai", functools.partial(GenAILogger, **_logger_settings(self.experiment)))
-            self._log = _Hosted(self._sidecar, "genai")
+            self._log = self._sidecar.proxy("genai")
         self._prewarmed = self.tracking.in_background(self._prewarm)
 
     def _logger(self) -> Any:
@@ -707,17 +707,6 @@ class ValidationTraces(Recorder):
         if self._sidecar is not None:
             self._sidecar.release()
             self._sidecar = None
-
-
-class _Hosted:
-    """A stand-in for an object in a sidecar process: ``stand_in.method(...)`` runs it there."""
-
-    def __init__(self, sidecar: Sidecar, key: str) -> None:
-        self._sidecar = sidecar
-        self._key = key
-
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        return functools.partial(self._sidecar.call, self._key, method)
 
 
 def validation_evaluation(*, experiment: Experiment, label: str, instruction: str) -> PromptEvaluation | None:

@@ -150,6 +150,8 @@ class MlflowRecorder(Recorder):
         self.register_prompt = register_prompt
         self.use_sidecar = sidecar
         self._sidecar: Sidecar | None = None
+        #: Where the tracking calls go: ``tracker`` itself, or its stand-in for the one in the sidecar.
+        self._mlflow: Any = tracker
         self._lead = False
         #: The run id the study held when this worker started (a resume continues that run).
         self._run_id: str | None = None
@@ -172,12 +174,6 @@ class MlflowRecorder(Recorder):
     def sidecar(self) -> Sidecar | None:
         """The child process the MLflow work goes to, once the lead's search started (None: in this process)."""
         return self._sidecar
-
-    def _tracker(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
-        """``tracker.method(...)``, in the sidecar when there is one."""
-        if self._sidecar is not None:
-            return self._sidecar.call("tracker", method, *args, **kwargs)
-        return getattr(self.tracker, method)(*args, **kwargs)
 
     def _release(self) -> None:
         if self._sidecar is not None:
@@ -215,9 +211,10 @@ class MlflowRecorder(Recorder):
             self._sidecar = Sidecar(name="opro-mlflow").retain()
             self._sidecar.host("tracker", functools.partial(
                 MlflowTracker, tracking_uri=self.tracker.tracking_uri, experiment_name=self.tracker.experiment_name))
+            self._mlflow = self._sidecar.proxy("tracker")
 
         def start_run() -> str:
-            rid: str = self._tracker("start", run_name=study.study_name, params=self.params, resume_run_id=resume)
+            rid: str = self._mlflow.start(run_name=study.study_name, params=self.params, resume_run_id=resume)
             self.tracker.run_id = rid  # mirrored here: which run the later calls write to
             study.set_user_attr("mlflow_run_id", rid)
             return rid
@@ -247,9 +244,9 @@ class MlflowRecorder(Recorder):
                 continue
             metrics = {"candidate_score": r.score} if r.score is not None else {}
             metrics["candidate_step"] = float(r.step)
-            self._tracker("log_metrics", metrics, step=position)
+            self._mlflow.log_metrics(metrics, step=position)
         if best > -math.inf:
-            self._tracker("log_metrics", {"search_best_score": best}, step=step)
+            self._mlflow.log_metrics({"search_best_score": best}, step=step)
         study.set_user_attr(key, [*logged, step])
 
     def on_search_end(self, study: optuna.Study) -> None:
@@ -274,7 +271,7 @@ class MlflowRecorder(Recorder):
             if study.user_attrs.get("recorded_result") != digest:
                 self._log_result(result)
                 study.set_user_attr("recorded_result", digest)
-            self._tracker("finish")
+            self._mlflow.finish()
         finally:
             self._release()
 
@@ -285,7 +282,7 @@ class MlflowRecorder(Recorder):
             try:
                 with contextlib.suppress(Exception):  # the tracking store may be what failed
                     self._drain()
-                self._tracker("finish", status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+                self._mlflow.finish(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
             except Exception as exc:  # the search's own error is what the user must see
                 logger.warning("the MLflow run %s could not be ended (%s: %s)", self.tracker.run_id,
                                type(exc).__name__, exc)
@@ -297,7 +294,7 @@ class MlflowRecorder(Recorder):
                 self.tracker.finish(status="FAILED")
 
     def _log_result(self, result: OptimizationResult) -> None:
-        tracker = self._tracker
+        tracker = self._mlflow
         metrics: dict[str, float] = {"best_score": result.best_score}
         if result.best_search_score is not None:
             metrics["best_search_score"] = result.best_search_score
@@ -310,26 +307,24 @@ class MlflowRecorder(Recorder):
             metrics["gain"] = result.gain if result.gain is not None else 0.0
             for i, f in enumerate(v.finalists):
                 if f.validation_score is not None:
-                    tracker(
-                        "log_metrics",
+                    tracker.log_metrics(
                         {"finalist_search_score": f.search_score, "finalist_validation_score": f.validation_score,
                          "finalist_p_adjusted": f.p_adjusted},
                         step=i,
                     )
-        tracker("log_metrics", metrics, step=max((r.step for r in result.history), default=0))
+        tracker.log_metrics(metrics, step=max((r.step for r in result.history), default=0))
         for role, u in result.usage.items():
-            tracker(
-                "log_metrics",
+            tracker.log_metrics(
                 {f"{role}_calls": u["calls"], f"{role}_cache_hits": u["cache_hits"],
                  f"{role}_tokens": u["prompt_tokens"] + u["completion_tokens"]},
                 step=0,
             )
         if self.run_dir is not None:
             for path in self.run_dir.optimize_outputs():
-                tracker("log_artifact", path)
+                tracker.log_artifact(path)
             if self.run_dir.metaprompts.is_dir():
-                tracker("log_artifact", self.run_dir.metaprompts, artifact_path="metaprompts")
-        tracker("set_tags", {
+                tracker.log_artifact(self.run_dir.metaprompts, artifact_path="metaprompts")
+        tracker.set_tags({
             "opro.best_instruction": result.best_instruction[:5000],
             "opro.score_basis": result.score_basis,
             "opro.validated": str(result.validated).lower(),
@@ -337,8 +332,7 @@ class MlflowRecorder(Recorder):
         })
         if self.register_prompt is not None:
             name, alias = self.register_prompt
-            version = tracker(
-                "register_prompt",
+            version = tracker.register_prompt(
                 name=name,
                 template_text=result.best_template,
                 alias=alias,
@@ -353,7 +347,7 @@ class MlflowRecorder(Recorder):
                     "opro.run_id": str(result.mlflow_run_id),
                 },
             )
-            tracker("set_tags", {"opro.prompt_uri": f"prompts:/{name}/{version}"})
+            tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})
 
 
 __all__ = ["MlflowRecorder", "Recorder", "RunDirRecorder"]

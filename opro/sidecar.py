@@ -14,6 +14,7 @@ exits. The child ignores Ctrl-C: the parent decides what to finish.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -96,6 +97,10 @@ class Sidecar:
             raise value
         return value
 
+    def proxy(self, key: str) -> Any:
+        """A stand-in for the child's ``key`` object: ``proxy.method(...)`` is ``call(key, "method", ...)``."""
+        return _Proxy(self, key)
+
     def retain(self) -> Sidecar:
         with self._owners_lock:
             self._owners += 1
@@ -139,6 +144,15 @@ class Sidecar:
             return self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return None
+
+
+class _Proxy:
+    def __init__(self, sidecar: Sidecar, key: str) -> None:
+        self._sidecar = sidecar
+        self._key = key
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        return functools.partial(self._sidecar.call, self._key, method)
 
 
 def _main() -> None:
