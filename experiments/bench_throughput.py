@@ -7,6 +7,8 @@ gives, per run:
 
 - requests: what the server answered; window: first request to last reply (seconds);
 - req/s inside the window, the ideal W/L (W requests in flight, each taking L) and their ratio;
+  below the table, the most req/s opro optimize's own dependency chain allows at each W (see
+  :func:`chain_rounds`): at large W the work of a step no longer fills W slots, so W/L is out of reach;
 - peak: most requests in flight at the server;
 - CPU ms/req: the client's CPU time (its process and its children: opro's MLflow sidecar) inside the
   window per request (/proc sampling);
@@ -22,6 +24,7 @@ It is a benchmark, not a test: nothing here is asserted.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -138,6 +141,17 @@ def _measure(server: object, cmd: list[str], *, run: str, workers: int, env: dic
     )
 
 
+def chain_rounds(*, questions: int, steps: int, candidates: int, w: int) -> int:
+    """Latencies L that ``opro optimize`` (pruner off) must wait one after another with W slots per
+    role, however fast the client: step 0 (the initial instruction on every question: its answers in
+    ceil(q/W) rounds, then the last judge round), and per later step the optimizer's samples
+    (ceil(k/W) rounds; they need the previous step's scores) and the step (ceil(k q / W) + 1)."""
+    rounds = math.ceil(questions / w) + 1
+    for _ in range(steps):
+        rounds += math.ceil(candidates / w) + math.ceil(candidates * questions / w) + 1
+    return rounds
+
+
 def _config(base: Path, name: str, url: str, workers: int, args: argparse.Namespace) -> Path:
     return write_config(
         base / f"{name}.toml", name=name, url=url, concurrency=workers,
@@ -232,6 +246,14 @@ def main() -> None:
     head = ["run", "W", "requests", "window s", "req/s", "W/L", "ratio", "peak", "CPU ms/req", "start s", "end s", ""]
     table = [head, *(r.cells(args.latency) for r in rows)]
     print(f"\nL = {args.latency:g} s; {args.questions} questions; {args.steps} steps x {args.candidates} candidates\n")
+    if args.latency > 0:
+        for w in sorted({r.workers for r in rows if r.run == "opro optimize"}):
+            n = next(r.requests for r in rows if r.run == "opro optimize" and r.workers == w)
+            rounds = chain_rounds(questions=args.questions, steps=args.steps, candidates=args.candidates, w=w)
+            best = n / (rounds * args.latency)
+            print(f"opro optimize at W = {w}: its dependency chain is {rounds} rounds of L, so at most {best:.0f} req/s "
+                  f"(ratio {best / (w / args.latency):.2f} of W/L) with a client that costs nothing")
+        print()
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for cells in table[1:]:

@@ -389,13 +389,20 @@ class Experiment:
 
                 tracking = next(r for r in recorders if isinstance(r, MlflowRecorder))
                 recorders.append(ValidationTraces(self, tracking=tracking))  # after the run it links to
-            result = self.optimizer(worker_index=worker_index, num_workers=num_workers, recorders=recorders).optimize(
-                program=self.program,
-                optimization_set=ds.examples_in("optimization"),
-                exemplar_set=ds.examples_in("exemplar"),
-                validation_set=ds.examples_in("validation"),
-                initial_instructions=self.config.rag.initial_instructions,
-            )
+            for recorder in recorders:
+                recorder.prepare(lead=worker_index == 0)
+            try:
+                result = self.optimizer(worker_index=worker_index, num_workers=num_workers, recorders=recorders).optimize(
+                    program=self.program,
+                    optimization_set=ds.examples_in("optimization"),
+                    exemplar_set=ds.examples_in("exemplar"),
+                    validation_set=ds.examples_in("validation"),
+                    initial_instructions=self.config.rag.initial_instructions,
+                )
+            except BaseException:
+                for recorder in recorders:
+                    recorder.discard()
+                raise
             if record is not None:
                 self._record_split(record)
             return result

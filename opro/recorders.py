@@ -49,6 +49,17 @@ class Recorder(Protocol):
     """Hooks of the search; every one is optional (the defaults do nothing). A hook that raises stops
     the search as any other error would (recorders that must not slow the search queue their work)."""
 
+    def prepare(self, *, lead: bool) -> None:
+        """The run begins; its documents, chunks and study come next. Slow set-up that needs none of
+        them (a process, imports) can start here, to overlap that work instead of the first step's
+        requests. Followed by :meth:`on_search_start`, or by :meth:`discard` when the run fails first."""
+        return None
+
+    def discard(self) -> None:
+        """The run failed before its search started (or ended): release what :meth:`prepare` started.
+        May follow any other hook, so it must be safe to call twice."""
+        return None
+
     def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
         """The study is open and its history read; the first step is about to run."""
         return None
@@ -158,6 +169,7 @@ class MlflowRecorder(Recorder):
         self._started: Future[str] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._jobs: list[Future[Any]] = []
+        self._released = False
 
     # -- the tracking thread -------------------------------------------------------------------
     def in_background(self, fn: Callable[..., T], *args: Any) -> Future[T]:
@@ -176,7 +188,8 @@ class MlflowRecorder(Recorder):
         return self._sidecar
 
     def _release(self) -> None:
-        if self._sidecar is not None:
+        if self._sidecar is not None and not self._released:
+            self._released = True
             self._sidecar.release()
 
     def _check(self) -> None:
@@ -194,7 +207,34 @@ class MlflowRecorder(Recorder):
         for job in jobs:
             job.result()
 
+    def _start_sidecar(self) -> None:
+        if not self.use_sidecar or self._sidecar is not None:
+            return
+        import functools
+
+        from opro.sidecar import Sidecar
+        from opro.tracking import MlflowTracker
+
+        self._sidecar = Sidecar(name="opro-mlflow").retain()
+        self._sidecar.host("tracker", functools.partial(
+            MlflowTracker, tracking_uri=self.tracker.tracking_uri, experiment_name=self.tracker.experiment_name))
+        self._mlflow = self._sidecar.proxy("tracker")
+
     # -- hooks -----------------------------------------------------------------------------------
+    def prepare(self, *, lead: bool) -> None:
+        # The sidecar imports MLflow and opens its store (about 4 s of CPU) while this process loads
+        # and chunks the documents, not beside the first step's requests.
+        if lead and self.use_sidecar:
+            self._start_sidecar()
+            self.in_background(self._mlflow.open)
+
+    def discard(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        self._jobs = []
+        self._release()
+
     def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
         self._lead = lead
         run_id = study.user_attrs.get("mlflow_run_id")
@@ -202,17 +242,7 @@ class MlflowRecorder(Recorder):
         if not lead:
             return
         resume = self._run_id
-        if self.use_sidecar and self._sidecar is None:
-            import functools
-
-            from opro.sidecar import Sidecar
-            from opro.tracking import MlflowTracker
-
-            self._sidecar = Sidecar(name="opro-mlflow").retain()
-            self._sidecar.host("tracker", functools.partial(
-                MlflowTracker, tracking_uri=self.tracker.tracking_uri, experiment_name=self.tracker.experiment_name))
-            self._mlflow = self._sidecar.proxy("tracker")
-
+        self._start_sidecar()
         def start_run() -> str:
             rid: str = self._mlflow.start(run_name=study.study_name, params=self.params, resume_run_id=resume)
             self.tracker.run_id = rid  # mirrored here: which run the later calls write to

@@ -159,6 +159,10 @@ class MlflowTracker:
             self._client = _client(self.tracking_uri)
         return self._client
 
+    def open(self) -> None:
+        """Open the client now (MLflow's import and the store's set-up: seconds), not at the first call."""
+        _ = self.client
+
     def start(self, *, run_name: str, params: Mapping[str, Any], resume_run_id: str | None = None) -> str:
         if resume_run_id:
             from mlflow.exceptions import MlflowException

@@ -57,6 +57,13 @@ def role_reply(role: str, prompt: str) -> str:
     return "<INS>Answer from the context, in one sentence.</INS>" if seed % 2 == 0 else "<INS>Answer plainly.</INS>"
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # A listen backlog like real servers' (uvicorn 2048, nginx 511), not socketserver's 5: a client
+    # opening a connection per request in flight would otherwise see resets at start.
+    request_queue_size = 512
+
+
 class FaultServer:
     def __init__(
         self, *, key: str, url_key: str | None = None, latency_s: float = 0.0, max_requests: int = 2000,
@@ -74,6 +81,7 @@ class FaultServer:
         self.in_flight: Counter[str] = Counter()
         self.peak: Counter[str] = Counter()
         self.peak_total = 0
+        self.connections = 0  # TCP connections accepted (keep-alive: fewer than requests)
         self.first_s: float | None = None
         self.last_s: float | None = None
         self.lock = threading.Lock()
@@ -91,6 +99,11 @@ class FaultServer:
 
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with server.lock:
+                    server.connections += 1
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -184,8 +197,7 @@ class FaultServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._timer = threading.Timer(lifetime_s, self.httpd.shutdown)
         self._timer.daemon = True

@@ -180,3 +180,43 @@ def test_kept_chunks_spare_loading_the_documents_until_a_file_changes(
     (tmp_path / "docs" / "alexnet.txt").write_text(DOC + "\nAlexNet had eight layers.\n")
     changed = Experiment(cfg, pool=scripted_pool(), progress=False).retriever
     assert len(loads) == 1 and any("eight layers" in c.text for c in changed.chunks)
+
+
+def test_the_mlflow_sidecar_starts_before_the_documents_and_ends_when_they_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MLflow sidecar is started as the run begins (its imports overlap the documents' loading),
+    and a run that fails before its search still ends it."""
+    from fakes import write_config
+
+    import opro.sidecar
+
+    started: list[opro.sidecar.Sidecar] = []
+    loaded_after: list[int] = []
+
+    class Recorded(opro.sidecar.Sidecar):
+        def __init__(self, **kwargs: object) -> None:
+            super().__init__(**kwargs)  # type: ignore[arg-type]
+            started.append(self)
+
+    monkeypatch.setattr(opro.sidecar, "Sidecar", Recorded)
+    import opro.documents
+
+    real_load = opro.documents.load_documents
+
+    def load(*args: object, **kwargs: object) -> object:
+        loaded_after.append(len(started))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(opro.documents, "load_documents", load)
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace("sidecar = false", "sidecar = true"))
+    (tmp_path / "docs" / "broken.pdf").write_bytes(b"%PDF-1.4 cut short")
+    exp = Experiment.from_file(path, pool=scripted_pool(), progress=False)
+    try:
+        with pytest.raises(DataError, match="broken.pdf"):
+            exp.optimize()
+    finally:
+        exp.close()
+    assert loaded_after == [1]  # the sidecar was running when the documents were read
+    started[0]._process.wait(timeout=30)  # and it ended with the failed run

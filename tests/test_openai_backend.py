@@ -14,11 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
+from fault_server import FaultServer
 
 from opro.errors import (
     ConfigError,
     LLMAuthError,
     LLMBadRequestError,
+    LLMConnectionError,
     LLMError,
     LLMRateLimitError,
     LLMServerError,
@@ -333,10 +335,55 @@ def test_connection_error_is_converted(monkeypatch: pytest.MonkeyPatch) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
     backend = OpenAILLM(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_base_s=0.01)
-    from opro.errors import LLMConnectionError
-
     with pytest.raises(LLMConnectionError, match="cannot reach"):
         backend.generate(MSGS, OPTS)
+
+
+def test_a_redirect_is_followed(server: FakeServer, llm: OpenAILLM) -> None:
+    server.script(Reply(status=307, headers={"Location": server.url + "/chat/completions?moved=1"}), ok("moved"))
+    assert llm.generate(MSGS, OPTS).text == "moved"
+    assert [r["path"] for r in server.requests] == ["/v1/chat/completions", "/v1/chat/completions?moved=1"]
+    assert server.requests[1]["json"]["messages"][0]["content"] == "What is 2+2?"  # a 307 keeps the POST
+
+
+def test_calls_in_flight_keep_their_connections_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One kept-alive connection per call in flight, reused by the next calls: not one per call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    with FaultServer(key=SECRET, latency_s=0.02, keep_alive=True) as fault:
+        backend = OpenAILLM(model="task-model", base_url=fault.base_url, api_key_env="OPRO_TEST_KEY", max_concurrency=8)
+        try:
+            with ThreadPoolExecutor(8) as pool:
+                texts = list(pool.map(lambda i: backend.generate((Message("user", f"q{i}"),), OPTS).text, range(64)))
+        finally:
+            backend.close()
+        assert len(texts) == 64 and all(texts)
+        assert fault.counts["task"] == 64
+        assert 1 <= fault.connections <= 8, fault.connections
+
+
+def test_the_proxy_from_the_environment_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY is honoured (as the SDK's client honours it): the request goes to the proxy, for
+    the endpoint's absolute URL; NO_PROXY bypasses it."""
+    from fault_server import FaultServer
+
+    monkeypatch.setenv("OPRO_TEST_KEY", SECRET)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with FaultServer(key=SECRET) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.base_url.removesuffix("/v1"))
+        backend = OpenAILLM(model="task-model", base_url="http://llm.example.invalid:8000/v1",
+                            api_key_env="OPRO_TEST_KEY", max_retries=0)
+        assert backend.generate(MSGS, OPTS).text
+        backend.close()
+        assert proxy.paths == ["http://llm.example.invalid:8000/v1/chat/completions"]
+        monkeypatch.setenv("NO_PROXY", "llm.example.invalid")
+        bypass = OpenAILLM(model="task-model", base_url="http://llm.example.invalid:8000/v1",
+                           api_key_env="OPRO_TEST_KEY", max_retries=0)
+        with pytest.raises(LLMConnectionError):
+            bypass.generate(MSGS, OPTS)  # straight to a host that does not exist
+        assert len(proxy.paths) == 1
 
 
 def test_key_never_exposed(server: FakeServer, llm: OpenAILLM) -> None:

@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from urllib.parse import urlencode, urlparse
 
 import httpx
 
@@ -167,25 +167,24 @@ class OpenAILLM(LLM):
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self._api_key = self._read_key()  # kept private; never logged
-        # The sync path posts the JSON itself through one long-lived httpx pool: the SDK's request
-        # building and pydantic models cost about 2 ms of CPU per call, which caps a Python process
-        # at a few hundred calls a second. The SDK still maps the errors (see :meth:`_post`), and is
-        # imported only then or for the async path: importing it costs about 1 s of start-up.
+        # The sync path posts the JSON itself through one urllib3 pool: the SDK's request building
+        # and pydantic models cost about 2 ms of CPU per call, and its transport, httpx, about 1 ms
+        # more; a shared httpx client also scans every connection and waiting request under one lock
+        # per request, so at 128 in flight it spent 10 ms of CPU per request and topped out near 100
+        # requests a second (experiments/bench_throughput.py). urllib3 keeps one idle connection per
+        # slot on a stack: 0.5 ms per request at any concurrency. The SDK still maps the errors (see
+        # :meth:`_post`), and is imported only then or for the async path (1 s of start-up).
         url_args = client_url_args(self.base_url)
         self._url = url_args["base_url"].rstrip("/") + "/chat/completions"
-        self._http = httpx.Client(
-            timeout=self.timeout_s,
-            follow_redirects=True,  # as the SDK does
-            params=url_args.get("default_query"),
-            headers={
-                "Authorization": f"Bearer {self._api_key}",
-                "Content-Type": "application/json",
-                "Accept": "application/json",
-                **self._extra_headers,
-            },
-            # Every slot keeps its connection alive between calls (no TCP set-up per call).
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=max(20, 2 * max_concurrency)),
-        )
+        query = url_args.get("default_query")
+        self._post_url = self._url + ("?" + urlencode(query) if query else "")
+        self._headers = {
+            "Authorization": f"Bearer {self._api_key}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            **self._extra_headers,
+        }
+        self._http = http_pool(self._url, timeout_s=self.timeout_s, size=max_concurrency)
         # One async client per event loop: httpx async pools must not cross loops.
         self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
@@ -301,28 +300,34 @@ class OpenAILLM(LLM):
 
     def _post(self, body: bytes) -> Any:
         """POST one request; errors are raised as the SDK's exceptions, so one mapping serves both paths."""
+        import urllib3
+
         try:
-            response = self._http.post(self._url, content=body)
-        except httpx.TimeoutException as exc:
+            response = self._http.request("POST", self._post_url, body=body, headers=self._headers)
+        except urllib3.exceptions.HTTPError as exc:
             import openai
 
-            raise openai.APITimeoutError(request=exc.request) from exc
-        except httpx.HTTPError as exc:  # connection refused or reset, protocol errors
+            # A failed connect comes wrapped (MaxRetryError, whose text holds the URL and its query).
+            cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason else exc
+            request = httpx.Request("POST", self._url)
+            # urllib3 counts a refused connection as a timeout (NewConnectionError subclasses it).
+            refused = isinstance(cause, urllib3.exceptions.NewConnectionError)
+            if isinstance(cause, urllib3.exceptions.TimeoutError) and not refused:
+                raise openai.APITimeoutError(request=request) from exc
+            raise openai.APIConnectionError(message=redact_text(str(cause)), request=request) from exc
+        if response.status >= 400:
             import openai
 
-            request = getattr(exc, "_request", None) or httpx.Request("POST", self._url)
-            raise openai.APIConnectionError(message=str(exc), request=request) from exc
-        if response.status_code >= 400:
-            import openai
-
-            try:
-                err_body: Any = response.json()
-            except ValueError:
-                err_body = response.text or None
-            raise openai.APIStatusError(
-                f"Error code: {response.status_code} - {err_body}", response=response, body=err_body
+            reply = httpx.Response(
+                response.status, headers=list(response.headers.items()), content=response.data,
+                request=httpx.Request("POST", self._url),
             )
-        return json.loads(response.content)
+            try:
+                err_body: Any = reply.json()
+            except ValueError:
+                err_body = reply.text or None
+            raise openai.APIStatusError(f"Error code: {response.status} - {err_body}", response=reply, body=err_body)
+        return json.loads(response.data)
 
     def convert_error(self, exc: BaseException) -> LLMError:
         """Map an ``openai`` SDK exception to the opro error tree (with model, provider, status)."""
@@ -401,9 +406,35 @@ class OpenAILLM(LLM):
                 retry += 1
 
     def close(self) -> None:
-        self._http.close()
+        self._http.clear()
         # Async clients are closed with their loops; dropping references is enough here.
         self._async_clients.clear()
+
+
+def http_pool(url: str, *, timeout_s: float, size: int) -> Any:
+    """A urllib3 pool for ``url``'s server: ``size`` kept-alive connections (more are opened and
+    dropped when more calls run at once), no retries of its own (:class:`RetryPolicy` decides), the
+    proxy from the environment (``HTTPS_PROXY``, ``NO_PROXY``...) and the TLS trust httpx would use
+    (certifi, ``SSL_CERT_FILE``), as the SDK's own client would."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    import urllib3
+
+    parts = urlsplit(url)
+    options: dict[str, Any] = {
+        "num_pools": 4, "maxsize": max(1, size), "block": False,
+        # Redirects followed (as the SDK's client does), nothing retried: RetryPolicy decides.
+        "retries": urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5),
+        "timeout": urllib3.Timeout(connect=timeout_s, read=timeout_s),
+    }
+    if parts.scheme == "https":
+        options["ssl_context"] = httpx.create_ssl_context()
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
+        return urllib3.ProxyManager(proxy, **options)
+    return urllib3.PoolManager(**options)
 
 
 def client_url_args(base_url: str) -> dict[str, Any]:
