@@ -213,17 +213,21 @@ class EvaluationEngine:
         *,
         on_scored: Callable[[Scored], None],
         gate: Callable[[Pair], Gate] | None = None,
+        more: Callable[[], Sequence[Pair]] | None = None,
     ) -> None:
         """Evaluate ``pairs`` (dispatched in the given order) and hand each result to ``on_scored``.
 
         ``gate`` is asked before a pair is dispatched, and again before a finished answer is judged
-        ("drop" then saves the judge call). A permanent :class:`LLMError`, or an exception raised by
-        ``on_scored`` or ``gate``, stops the run at once: queued pairs are never asked.
+        ("drop" then saves the judge call). ``more`` is asked, on the calling thread, when a task slot
+        would otherwise stay idle (every queued pair held or none left): the pairs it returns are
+        queued; once it returns none it is not asked again. A permanent :class:`LLMError`, or an
+        exception raised by ``on_scored``, ``gate`` or ``more``, stops the run at once: queued pairs
+        are never asked.
         """
         if self.serial:
-            self._run_serial(list(pairs), on_scored, gate)
+            self._run_serial(list(pairs), on_scored, gate, more)
         else:
-            self._run_streaming(list(pairs), on_scored, gate)
+            self._run_streaming(list(pairs), on_scored, gate, more)
 
     @staticmethod
     def _next(
@@ -252,10 +256,20 @@ class EvaluationEngine:
         return taken
 
     def _run_serial(
-        self, pending: list[Pair], on_scored: Callable[[Scored], None], gate: Callable[[Pair], Gate] | None
+        self,
+        pending: list[Pair],
+        on_scored: Callable[[Scored], None],
+        gate: Callable[[Pair], Gate] | None,
+        more: Callable[[], Sequence[Pair]] | None = None,
     ) -> None:
-        while pending:
+        while True:
             taken = self._next(pending, gate, 1)
+            if not taken and more is not None:
+                extra = list(more())
+                if extra:
+                    pending.extend(extra)
+                    continue
+                more = None
             if not taken:
                 if pending:
                     raise EngineStalled(f"{len(pending)} pair(s) held with nothing running")
@@ -286,7 +300,11 @@ class EvaluationEngine:
             on_scored(_guarded(pair, functools.partial(judge_answer, self.judge, self.metrics, answered)))
 
     def _run_streaming(
-        self, pending: list[Pair], on_scored: Callable[[Scored], None], gate: Callable[[Pair], Gate] | None
+        self,
+        pending: list[Pair],
+        on_scored: Callable[[Scored], None],
+        gate: Callable[[Pair], Gate] | None,
+        more: Callable[[], Sequence[Pair]] | None = None,
     ) -> None:
         pool = self._executor()
         done: queue.SimpleQueue[tuple[str, Pair, Any]] = queue.SimpleQueue()
@@ -319,6 +337,13 @@ class EvaluationEngine:
                 for p in self._next(pending, gate, room):
                     pool.submit(ask, p)
                     asking += 1
+                    room -= 1
+            if room > 0 and more is not None:
+                extra = list(more())
+                if extra:
+                    pending.extend(extra)
+                    continue  # dispatch them now
+                more = None
             if not (asking or judging or to_judge):
                 if pending:
                     raise EngineStalled(f"{len(pending)} pair(s) held with nothing running")

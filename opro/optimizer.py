@@ -727,15 +727,40 @@ class OPROOptimizer:
                 continue
             free = state.free(n)
             if free:
-                # An even share for the live workers, each starting at its own place in the free list,
-                # so that workers joining together rarely reach for the same candidates.
-                share = max(1, math.ceil(n / max(1, len(live_workers(study.user_attrs)))))
+                # With other workers: first as many candidates as keep this worker's slots busy, then
+                # one more whenever a slot would idle (a pruned candidate, a minibatch waiting for
+                # its last judgment), so workers whose candidates end early take more of the step.
+                # Each starts at its own place in the free list, so that workers rarely reach for the
+                # same candidates. Alone (or with a budget, which checks minibatches in order) it
+                # takes its even share at once.
+                workers = max(1, len(live_workers(study.user_attrs)))
+                share = max(1, math.ceil(n / workers))
+                budgeted = bool(self.settings.max_calls or self.settings.max_tokens_budget)
+                refill = workers > 1 and not budgeted
+                if refill:
+                    width = min(len(examples), self.settings.minibatch_size) if self._pruning(study, step) else len(examples)
+                    slots = self._engine_for(program).task_slots
+                    share = min(share, math.ceil(slots / max(1, width)) + 1)
                 start = (self.worker_index * share) % len(free)
                 take = sorted((free[start:] + free[:start])[:share])
                 won = claim(study, step=step, items=[(i, proposals[i]) for i in take], token=self._token,
                             worker=self.worker_index)
+
+                def claim_next() -> list[tuple[int, str, optuna.trial.Trial]]:
+                    while True:
+                        state = step_state(study, step, proposals)
+                        free = state.free(n)
+                        if not free:
+                            return []
+                        i = free[self.worker_index % len(free)]
+                        got = claim(study, step=step, items=[(i, proposals[i])], token=self._token,
+                                    worker=self.worker_index)
+                        if got:
+                            return got
+
                 if won:
-                    new = self._evaluate_step(study, step, won, program, examples)
+                    new = self._evaluate_step(study, step, won, program, examples,
+                                              claim_next=claim_next if refill else None)
                     mine.extend(new)
                     if new and all(r.status == "failed" and r.n_errors for r in new):
                         # The endpoint is down, not the candidates bad: stop before paying for more.
@@ -850,8 +875,10 @@ class OPROOptimizer:
         claimed: Sequence[tuple[int, str, optuna.trial.Trial]],
         program: Program,
         examples: Sequence[QAExample],
+        claim_next: Callable[[], list[tuple[int, str, optuna.trial.Trial]]] | None = None,
     ) -> list[CandidateRecord]:
-        """Evaluate the candidates this worker claimed (proposal index, instruction, trial), in lockstep."""
+        """Evaluate the candidates this worker claimed (proposal index, instruction, trial), and those
+        ``claim_next`` claims whenever a slot would idle."""
         live = [
             _Live(instruction, trial, template=self.make_template(instruction), index=idx)
             for idx, instruction, trial in claimed
@@ -922,12 +949,22 @@ class OPROOptimizer:
                         c.status = "pruned"
                         bar.advance(n - len(c.scores))
 
+            def more() -> list[Pair]:
+                assert claim_next is not None
+                got = claim_next()
+                for idx, instruction, trial in got:
+                    live.append(_Live(instruction, trial, template=self.make_template(instruction), index=idx))
+                    bar.add_total(n)
+                return [Pair(key=k, index=i, template=live[k].template, example=ex)
+                        for k in range(len(live) - len(got), len(live)) for i, ex in enumerate(examples)]
+
             # Question-major order: consecutive calls share the retrieved context (KV-prefix reuse).
             pairs = [Pair(key=k, index=i, template=c.template, example=ex)
                      for i, ex in enumerate(examples) for k, c in enumerate(live)]
             reports: list[Future[None]] = []
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="opro-study") as bookkeeper:
-                self._engine_for(program).run(pairs, on_scored=on_scored, gate=gate)
+                self._engine_for(program).run(pairs, on_scored=on_scored, gate=gate,
+                                              more=None if claim_next is None else more)
             for job in reports:
                 job.result()
         # Usage first, then the trials: a worker that sees every candidate finished sees its usage too.

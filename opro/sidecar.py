@@ -14,6 +14,7 @@ exits. The child ignores Ctrl-C: the parent decides what to finish.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -164,6 +165,10 @@ def _main() -> None:
     from opro.redaction import RedactingFilter
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Background work: where cores are short (workers beside each other, a local model) the
+    # process it serves goes first; where a core is idle this changes nothing.
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(10)
     handler = logging.StreamHandler()
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
