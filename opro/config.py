@@ -167,6 +167,11 @@ class OptimizerSection:
     pruner: Literal["none", "median", "best", "race"] = "race"
     prune_margin: float = 0.5
     prune_warmup_minibatches: int = 1
+    #: While a candidate's pruning decision on one minibatch is pending, answer its next minibatch on
+    #: task slots that would otherwise idle (its judgments wait for the decision): a candidate's
+    #: minibatches overlap instead of running answer-then-judge in series. Costs at most one
+    #: minibatch of task calls per pruned candidate; scores and decisions are the same.
+    lookahead: bool = True
     #: One-sided confidence of the racing pruner's bound (higher: prunes less, later).
     race_confidence: float = 0.95
     #: Finalists (best by search score) re-scored on the validation split against the initial

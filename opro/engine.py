@@ -7,9 +7,10 @@ exists, while other pairs are still being answered; each stage runs at most as m
 as its role's backend allows (``[models.ROLE].max_concurrency``), and the backend's own semaphore
 (:attr:`opro.llm.LLM.slots`) keeps any other caller from going past that limit.
 
-The caller steers the stream with a *gate* (run, hold or drop each queued pair: the optimizer holds
-a candidate's next minibatch until its running mean is reported and drops a pruned candidate's
-pairs) and receives every result on the calling thread, so all bookkeeping (Optuna, progress,
+The caller steers the stream with a *gate* (run, hold, drop or spare each queued pair: the
+optimizer holds a candidate's later minibatches until its running mean is reported, answers the next
+one as *spare* work, on task slots that would otherwise idle, with its judgments held until the
+decision, and drops a pruned candidate's pairs) and receives every result on the calling thread, so all bookkeeping (Optuna, progress,
 counters) is single-threaded and results do not depend on which worker finished first.
 
 With one slot for both roles (an in-process llama.cpp model) the pairs run one after another in
@@ -35,7 +36,7 @@ from opro.evaluation import EvaluationRow, _context_text, _field, _metric_name, 
 
 logger = logging.getLogger(__name__)
 
-Gate = Literal["run", "hold", "drop"]
+Gate = Literal["run", "hold", "drop", "spare"]
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,9 @@ class EvaluationEngine:
         """Evaluate ``pairs`` (dispatched in the given order) and hand each result to ``on_scored``.
 
         ``gate`` is asked before a pair is dispatched, and again before a finished answer is judged
-        ("drop" then saves the judge call). ``more`` is asked, on the calling thread, when a task slot
+        ("drop" then saves the judge call). A "spare" pair is dispatched only to a task slot no "run"
+        pair wants, and its answer is judged only once the gate says "run" (until then it is kept,
+        as after "hold"). ``more`` is asked, on the calling thread, when a task slot
         would otherwise stay idle (every queued pair held or none left): the pairs it returns are
         queued; once it returns none it is not asked again. A permanent :class:`LLMError`, or an
         exception raised by ``on_scored``, ``gate`` or ``more``, stops the run at once: queued pairs
@@ -241,7 +244,9 @@ class EvaluationEngine:
             del pending[:limit]
             return taken
         query = None if same_as is None else _field(same_as.example, "query")
-        taken, kept = [], []
+        taken: list[Pair] = []
+        kept: list[Pair] = []
+        spare: list[Pair] = []
         for i, p in enumerate(pending):
             other = same_as is not None and (p.index != same_as.index or _field(p.example, "query") != query)
             if len(taken) >= limit or other:
@@ -250,8 +255,14 @@ class EvaluationEngine:
             decision = "run" if gate is None else gate(p)
             if decision == "run":
                 taken.append(p)
-            elif decision == "hold":
+            elif decision != "drop":
                 kept.append(p)
+                if decision == "spare":
+                    spare.append(p)
+        if spare and len(taken) < limit:
+            use = {id(p) for p in spare[: limit - len(taken)]}
+            taken.extend(p for p in spare if id(p) in use)
+            kept = [p for p in kept if id(p) not in use]
         pending[:] = kept
         return taken
 
@@ -324,7 +335,17 @@ class EvaluationEngine:
 
         asking = judging = 0
         to_judge: list[tuple[Pair, Answered]] = []
+        parked: list[tuple[Pair, Answered]] = []  # answered ahead of a decision: judged once it allows
         while True:
+            if parked:
+                waiting = parked
+                parked = []
+                for p, a in waiting:
+                    decision = "run" if gate is None else gate(p)
+                    if decision == "run":
+                        to_judge.append((p, a))
+                    elif decision != "drop":
+                        parked.append((p, a))
             # Judgments first: they finish pairs, which opens gates (running means, pruning).
             while to_judge and judging < self.judge_slots:
                 p, a = to_judge.pop(0)
@@ -345,14 +366,17 @@ class EvaluationEngine:
                     continue  # dispatch them now
                 more = None
             if not (asking or judging or to_judge):
-                if pending:
-                    raise EngineStalled(f"{len(pending)} pair(s) held with nothing running")
+                if pending or parked:
+                    raise EngineStalled(f"{len(pending) + len(parked)} pair(s) held with nothing running")
                 return
             kind, pair, payload = done.get()
             if kind == "answer":
                 asking -= 1
-                if gate is None or gate(pair) != "drop":
+                decision = "run" if gate is None else gate(pair)
+                if decision == "run":
                     to_judge.append((pair, payload))
+                elif decision != "drop":
+                    parked.append((pair, payload))
                 continue
             if kind == "row":
                 judging -= 1

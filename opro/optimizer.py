@@ -910,9 +910,14 @@ class OPROOptimizer:
                         if other.status == "complete":
                             other.status = "budget"
                     return "drop"
-            # A candidate that may be pruned after minibatch b-1 waits for that decision.
+            # A candidate that may be pruned after minibatch b-1 waits for that decision; with
+            # lookahead its next minibatch is answered meanwhile on task slots that would idle (its
+            # judgments wait for the decision), so its minibatches do not run answer-then-judge in
+            # series. Scores and decisions are the same; a pruned candidate may have cost the answers
+            # of one more minibatch.
             if can_prune and c.reported < b:
-                return "hold"
+                ahead = self.settings.lookahead and not budgeted and c.reported == b - 1
+                return "spare" if ahead else "hold"
             return "run"
 
         with progress_bar(f"step {step}: {len(live)} candidate(s)", total=len(live) * n, enabled=self.progress) as bar:

@@ -104,6 +104,55 @@ def test_held_pairs_wait_and_dropped_pairs_are_never_asked(slots: int) -> None:
     assert sorted(program.asked) == sorted(f"{k}|q{i}" for k, i in seen)
 
 
+def test_spare_pairs_use_idle_task_slots_and_their_judgments_wait_for_the_gate() -> None:
+    """Lookahead: a candidate's next question is answered while its previous one is being judged
+    (on a task slot that would idle), judged only once the gate says "run", never when it drops."""
+    import time
+
+    events: list[tuple[str, str, int]] = []
+    lock = threading.Lock()
+
+    class Program:
+        def answer(self, query: str, *, template: str) -> Completion:
+            with lock:
+                events.append(("ask", template, int(query[1:])))
+            return Completion(text=f"{template}: {query}", model="echo")
+
+    class SlowJudge:
+        def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> object:
+            time.sleep(0.2 if answer.startswith("b") else 0.05)  # "b" is judged slowly: its spare gets asked
+            with lock:
+                events.append(("judge", answer.split(":")[0], int(query[1:])))
+            return type("V", (), {"score": 3.0, "invalid": False})()
+
+    scored: set[tuple[str, int]] = set()
+
+    def gate(pair: Pair) -> Gate:
+        key, i = str(pair.key), pair.index
+        if key == "b" and ("b", 0) in scored:
+            return "drop"  # "b" is pruned after its first question
+        if i == 0 or (key, i - 1) in scored:
+            return "run"
+        return "spare" if i == 1 or (key, i - 2) in scored else "hold"
+
+    def on_scored(s: Scored) -> None:
+        with lock:
+            events.append(("scored", str(s.pair.key), s.pair.index))
+        scored.add((str(s.pair.key), s.pair.index))
+
+    pairs = [Pair(key=k, index=i, template=k, example=Ex(f"q{i}", "r")) for k in ("a", "b") for i in range(5)]
+    with EvaluationEngine(program=Program(), judge=SlowJudge(), task_slots=2, judge_slots=2) as engine:
+        engine.run(pairs, on_scored=on_scored, gate=gate)
+    at = {e: n for n, e in enumerate(events)}
+    assert scored == {("a", 0), ("a", 1), ("a", 2), ("a", 3), ("a", 4), ("b", 0)}
+    # Answered ahead: question i+1 was asked before question i's judgment came back ...
+    assert any(at[("ask", "a", i + 1)] < at[("judge", "a", i)] for i in range(4)), events
+    # ... but judged only after question i was scored (the gate said "run").
+    assert all(at[("judge", "a", i + 1)] > at[("scored", "a", i)] for i in range(4)), events
+    # "b"'s answer given ahead of its drop is never judged.
+    assert ("ask", "b", 1) in at and ("judge", "b", 1) not in at and ("ask", "b", 2) not in at
+
+
 def test_a_permanent_error_stops_the_stream(tmp_path: Path) -> None:
     program = _Echo()
     pairs = [Pair(key="bad-key", index=i, template="bad-key", example=Ex(f"q{i}", "r")) for i in range(200)]
