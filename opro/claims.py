@@ -63,9 +63,11 @@ class StepState:
         return [i for i in range(n) if i not in self.done and i not in self.claimed]
 
 
-def step_state(study: optuna.Study, step: int, proposals: Sequence[str], *, stale_s: float = 300.0) -> StepState:
-    """The state of ``step``'s candidates. A candidate is matched by its normalized instruction, so
-    trials written before proposal indices were recorded count too.
+def step_state(
+    study: optuna.Study, step: int, proposals: Sequence[str], *, stale_s: float = 300.0, part: str | None = None
+) -> StepState:
+    """The state of ``step``'s candidates (with ``part``: of that part of each). A candidate is matched
+    by its normalized instruction, so trials written before proposal indices were recorded count too.
 
     A finished candidate whose status says the endpoint failed or the budget ran out stands only
     while the process that evaluated it runs: a new process evaluates it again (resume semantics).
@@ -75,7 +77,7 @@ def step_state(study: optuna.Study, step: int, proposals: Sequence[str], *, stal
     state = StepState()
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
         a = t.user_attrs
-        if a.get("step") != step or "instruction" not in a:
+        if a.get("step") != step or "instruction" not in a or a.get("part") != part:
             continue
         i = keys.get(normalize_instruction(a["instruction"]))
         if i is None:
@@ -105,8 +107,10 @@ def claim(
     token: str,
     worker: int,
     stale_s: float = 300.0,
+    part: str | None = None,
 ) -> list[tuple[int, str, optuna.trial.Trial]]:
-    """Claim the candidates ``items`` (proposal index, instruction) of ``step``; returns those won."""
+    """Claim the candidates ``items`` (proposal index, instruction) of ``step`` (with ``part``: that
+    part of each); returns those won."""
     storage = study._storage  # the public ask() cannot create a trial and its attributes in one transaction
     created: list[tuple[int, str, int]] = []
     for index, instruction in items:
@@ -120,14 +124,14 @@ def claim(
             distributions={},
             user_attrs={
                 "instruction": instruction, "step": step, "index": index, "worker": worker,
-                "host": socket.gethostname(), "claim": token,
+                "host": socket.gethostname(), "claim": token, **({} if part is None else {"part": part}),
             },
             system_attrs={},
             intermediate_values={},
             trial_id=-1,
         )
         created.append((index, instruction, storage.create_new_trial(study._study_id, template_trial=template)))
-    state = step_state(study, step, [ins for _, ins in items], stale_s=stale_s)
+    state = step_state(study, step, [ins for _, ins in items], stale_s=stale_s, part=part)
     won: list[tuple[int, str, optuna.trial.Trial]] = []
     for pos, (index, instruction, trial_id) in enumerate(created):
         standing = state.claimed.get(pos)
@@ -140,7 +144,71 @@ def claim(
     return won
 
 
-def release_stale(study: optuna.Study, state: StepState) -> int:
+@dataclass
+class PartState:
+    """The parts of ``step``'s split candidates, read from the study."""
+
+    #: Proposal index -> questions per part, for the candidates split into parts (claimed, running).
+    size: dict[int, int] = field(default_factory=dict)
+    #: (proposal index, part) -> the finished part trial that stands for it.
+    done: dict[tuple[int, int], optuna.trial.FrozenTrial] = field(default_factory=dict)
+    claimed: set[tuple[int, int]] = field(default_factory=set)
+    stale: list[optuna.trial.FrozenTrial] = field(default_factory=list)
+
+    def parts(self, index: int, n_questions: int) -> int:
+        return -(-n_questions // self.size[index])
+
+    def free(self, n_questions: int) -> list[tuple[int, int]]:
+        return [(i, b) for i in sorted(self.size) for b in range(self.parts(i, n_questions))
+                if (i, b) not in self.done and (i, b) not in self.claimed]
+
+
+def part_key(part: int, size: int) -> str:
+    """A part's ``part`` attribute: its number and its size, so parts cut another way (a rerun with
+    another minibatch size) never stand for these."""
+    return f"{part}/{size}"
+
+
+def part_state(study: optuna.Study, step: int, proposals: Sequence[str], *, stale_s: float = 300.0) -> PartState:
+    """Which parts of ``step``'s split candidates are done, claimed by a live worker, or stale (the
+    same rules as :func:`step_state`)."""
+    keys = {normalize_instruction(p): i for i, p in enumerate(proposals)}
+    live = {held.get("token") for held in live_workers(study.user_attrs, stale_s=stale_s).values()}
+    state = PartState()
+    trials = []
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        a = t.user_attrs
+        i = keys.get(normalize_instruction(a["instruction"])) if a.get("step") == step and "instruction" in a else None
+        if i is None:
+            continue
+        if a.get("part") is None:
+            if t.state == optuna.trial.TrialState.RUNNING and a.get("claim") in live and a.get("parts"):
+                state.size[i] = int(a["parts"])
+            continue
+        trials.append((i, t))
+    for i, t in trials:
+        a = t.user_attrs
+        running = t.state == optuna.trial.TrialState.RUNNING
+        if running and a.get("claim") and a.get("claim") not in live:
+            state.stale.append(t)  # whatever its cut: to be failed
+            continue
+        number, _, size = str(a["part"]).partition("/")
+        if i not in state.size or size != str(state.size[i]):
+            continue
+        key = (i, int(number))
+        if running:
+            if a.get("claim") in live:
+                state.claimed.add(key)
+            continue
+        status = a.get("status")
+        if status is None or (status in RETRY_STATUSES and a.get("claim") not in live):
+            continue
+        state.done.setdefault(key, t)
+    state.claimed -= set(state.done)
+    return state
+
+
+def release_stale(study: optuna.Study, state: StepState | PartState) -> int:
     """Fail the claims of stopped workers, so their candidates can be claimed again."""
     for t in state.stale:
         study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
@@ -150,10 +218,13 @@ def release_stale(study: optuna.Study, state: StepState) -> int:
 __all__ = [
     "LEASE_PREFIX",
     "RETRY_STATUSES",
+    "PartState",
     "StepState",
     "claim",
     "describe_lease",
     "live_workers",
+    "part_key",
+    "part_state",
     "release_stale",
     "step_state",
 ]

@@ -442,6 +442,31 @@ def _sha(text: str) -> str:
 
 
 @dataclass
+class _Part:
+    """Questions ``lo``..``hi`` of a split candidate (whoever owns it), claimed by this worker."""
+
+    index: int
+    part: int
+    lo: int
+    hi: int
+    instruction: str
+    template: Any
+    trial: optuna.trial.Trial
+    got: dict[int, float | LLMError | None] = field(default_factory=dict)
+    lost: bool = False
+
+
+#: A part's outcome of a call that failed, as stored in the study ("error") and read back.
+_PART_ERROR = "error"
+
+
+def _part_outcome(value: Any) -> float | LLMError | None:
+    if value == _PART_ERROR:
+        return LLMError("a call of this question failed on the worker that evaluated it")
+    return None if value is None else float(value)
+
+
+@dataclass
 class _Live:
     """A candidate being evaluated in the current step."""
 
@@ -460,6 +485,8 @@ class _Live:
     scores: list[float | None] = field(default_factory=list)
     n_errors: int = 0
     status: CandidateStatus = "complete"
+    #: Questions per part when the candidate is split among the workers (0: this worker asks them all).
+    split: int = 0
 
     def mean(self) -> float | None:
         valid = [s for s in self.scores if s is not None]
@@ -560,8 +587,8 @@ class OPROOptimizer:
         out = []
         for t in study.get_trials(deepcopy=False):
             attrs = t.user_attrs
-            if "instruction" not in attrs or t.state == optuna.trial.TrialState.RUNNING:
-                continue
+            if "instruction" not in attrs or "part" in attrs or t.state == optuna.trial.TrialState.RUNNING:
+                continue  # running, or a part of a split candidate (its candidate's trial has the result)
             if t.state == optuna.trial.TrialState.FAIL and attrs.get("status") not in ("failed", "incomplete"):
                 continue  # an interrupted attempt; it is re-run
             out.append(
@@ -716,11 +743,24 @@ class OPROOptimizer:
     ) -> list[CandidateRecord]:
         """Claim and evaluate candidates of ``step`` until every proposal has a result, by this worker
         or another; claims of stopped workers are taken over. Returns this worker's new records."""
-        from opro.claims import claim, describe_lease, live_workers, release_stale, step_state
+        from opro.claims import claim, describe_lease, live_workers, part_state, release_stale, step_state
 
         n = len(proposals)
         mine: list[CandidateRecord] = []
         poll, last_note = 0.05, time.monotonic()
+        budgeted = bool(self.settings.max_calls or self.settings.max_tokens_budget)
+        # A step that cannot prune (step 0, or the pruner off) with fewer candidates than workers is
+        # shared question by question: its candidates are split into parts, claimed one at a time
+        # (by the number of workers the study was started for: the others may not have started yet).
+        splittable = not budgeted and self._pruning(study, step) is None
+        part_size = max(self.settings.minibatch_size, math.ceil(len(examples) / 8))
+
+        def split(won: list[tuple[int, str, optuna.trial.Trial]]) -> list[tuple[int, str, optuna.trial.Trial]]:
+            if splittable and n < max(self.num_workers, len(live_workers(study.user_attrs))):
+                for _, _, trial in won:
+                    trial.set_user_attr("parts", part_size)
+            return won
+
         while True:
             state = step_state(study, step, proposals)
             if release_stale(study, state):
@@ -735,7 +775,6 @@ class OPROOptimizer:
                 # takes its even share at once.
                 workers = max(1, len(live_workers(study.user_attrs)))
                 share = max(1, math.ceil(n / workers))
-                budgeted = bool(self.settings.max_calls or self.settings.max_tokens_budget)
                 refill = workers > 1 and not budgeted
                 if refill:
                     width = min(len(examples), self.settings.minibatch_size) if self._pruning(study, step) else len(examples)
@@ -743,8 +782,8 @@ class OPROOptimizer:
                     share = min(share, math.ceil(slots / max(1, width)) + 1)
                 start = (self.worker_index * share) % len(free)
                 take = sorted((free[start:] + free[:start])[:share])
-                won = claim(study, step=step, items=[(i, proposals[i]) for i in take], token=self._token,
-                            worker=self.worker_index)
+                won = split(claim(study, step=step, items=[(i, proposals[i]) for i in take], token=self._token,
+                                  worker=self.worker_index))
 
                 def claim_next() -> list[tuple[int, str, optuna.trial.Trial]]:
                     while True:
@@ -756,11 +795,12 @@ class OPROOptimizer:
                         got = claim(study, step=step, items=[(i, proposals[i])], token=self._token,
                                     worker=self.worker_index)
                         if got:
-                            return got
+                            return split(got)
 
                 if won:
                     new = self._evaluate_step(study, step, won, program, examples,
-                                              claim_next=claim_next if refill else None)
+                                              claim_next=claim_next if refill else None,
+                                              proposals=proposals if splittable else None)
                     mine.extend(new)
                     if new and all(r.status == "failed" and r.n_errors for r in new):
                         # The endpoint is down, not the candidates bad: stop before paying for more.
@@ -773,6 +813,11 @@ class OPROOptimizer:
                 continue
             if len(state.done) >= n:
                 return mine
+            if splittable and part_state(study, step, proposals).free(len(examples)):
+                # Every candidate is taken, but a split one has parts left: help with those.
+                self._evaluate_step(study, step, [], program, examples, proposals=proposals)
+                poll = 0.05
+                continue
             now = time.monotonic()
             if now - last_note > 30:
                 attrs = study.user_attrs
@@ -876,13 +921,20 @@ class OPROOptimizer:
         program: Program,
         examples: Sequence[QAExample],
         claim_next: Callable[[], list[tuple[int, str, optuna.trial.Trial]]] | None = None,
+        proposals: Sequence[str] | None = None,
     ) -> list[CandidateRecord]:
         """Evaluate the candidates this worker claimed (proposal index, instruction, trial), and those
-        ``claim_next`` claims whenever a slot would idle."""
+        ``claim_next`` claims whenever a slot would idle. With ``proposals`` (a step whose candidates
+        may be split), parts of split candidates are claimed too, whoever owns them, and this worker's
+        own split candidates are finished once all their parts are in."""
+        from opro.claims import claim, part_key, part_state, release_stale
+
         live = [
-            _Live(instruction, trial, template=self.make_template(instruction), index=idx)
+            _Live(instruction, trial, template=self.make_template(instruction), index=idx,
+                  split=int(trial.user_attrs.get("parts") or 0) if proposals is not None else 0)
             for idx, instruction, trial in claimed
         ]
+        jobs: list[_Part] = []
         n, size = len(examples), self.settings.minibatch_size
         n_batches = max(1, math.ceil(n / size))
         pruning = self._pruning(study, step)
@@ -897,6 +949,8 @@ class OPROOptimizer:
             return all(all(i in c.got for i in range(lo, hi)) for c in live if c.status == "complete")
 
         def gate(pair: Pair) -> Gate:
+            if isinstance(pair.key, tuple):  # a part: never pruned (split steps cannot prune)
+                return "drop" if jobs[pair.key[1]].lost else "run"
             c = live[int(pair.key)]  # type: ignore[call-overload]
             if c.status != "complete" or c.lost:
                 return "drop"  # pruned, out of budget or taken over: its queued questions are never asked
@@ -920,15 +974,28 @@ class OPROOptimizer:
                 return "spare" if ahead else "hold"
             return "run"
 
-        with progress_bar(f"step {step}: {len(live)} candidate(s)", total=len(live) * n, enabled=self.progress) as bar:
+        total = sum(n for c in live if not c.split)
+        with progress_bar(f"step {step}: {len(live)} candidate(s)", total=total, enabled=self.progress) as bar:
 
             def on_scored(scored: Scored) -> None:
+                if isinstance(scored.pair.key, tuple):
+                    job = jobs[scored.pair.key[1]]
+                    if job.lost:
+                        return
+                    bar.advance()
+                    job.got[scored.pair.index] = self._outcome(scored, job.instruction)
+                    if len(job.got) == job.hi - job.lo:
+                        reports.append(bookkeeper.submit(self._finish_part, study, job, step))
+                    return
                 c = live[int(scored.pair.key)]  # type: ignore[call-overload]
                 if c.status != "complete" or c.lost:
                     return
                 bar.advance()
                 c.got[scored.pair.index] = self._outcome(scored, c.instruction)
-                # Report every minibatch whose questions are all in, in order.
+                report_ready(c)
+
+            def report_ready(c: _Live) -> None:
+                """Report every minibatch whose questions are all in, in order."""
                 while c.reported < n_batches and c.status == "complete":
                     b = c.reported
                     hi = min(n, (b + 1) * size)
@@ -954,22 +1021,78 @@ class OPROOptimizer:
                         c.status = "pruned"
                         bar.advance(n - len(c.scores))
 
+            def claim_part() -> list[Pair]:
+                """Claim a free part of a split candidate of this step (its own first); its pairs."""
+                assert proposals is not None
+                while True:
+                    state = part_state(study, step, proposals)
+                    if release_stale(study, state):
+                        continue
+                    free = state.free(n)
+                    if not free:
+                        return []
+                    own = [f for f in free if any(c.index == f[0] and c.split for c in live)]
+                    i, b = (own or free)[0 if own else self.worker_index % len(free)]
+                    won = claim(study, step=step, items=[(i, proposals[i])], token=self._token,
+                                worker=self.worker_index, part=part_key(b, state.size[i]))
+                    if not won:
+                        continue
+                    lo, hi = b * state.size[i], min(n, (b + 1) * state.size[i])
+                    jobs.append(_Part(i, b, lo, hi, proposals[i], self.make_template(proposals[i]), won[0][2]))
+                    bar.add_total(hi - lo)
+                    return [Pair(key=("part", len(jobs) - 1), index=q, template=jobs[-1].template, example=examples[q])
+                            for q in range(lo, hi)]
+
             def more() -> list[Pair]:
-                assert claim_next is not None
+                if proposals is not None:
+                    part = claim_part()
+                    if part:
+                        return part
+                if claim_next is None:
+                    return []
                 got = claim_next()
                 for idx, instruction, trial in got:
-                    live.append(_Live(instruction, trial, template=self.make_template(instruction), index=idx))
+                    live.append(_Live(instruction, trial, template=self.make_template(instruction), index=idx,
+                                      split=int(trial.user_attrs.get("parts") or 0) if proposals is not None else 0))
+                    if live[-1].split:
+                        return more()  # its questions come part by part
                     bar.add_total(n)
                 return [Pair(key=k, index=i, template=live[k].template, example=ex)
                         for k in range(len(live) - len(got), len(live)) for i, ex in enumerate(examples)]
 
             # Question-major order: consecutive calls share the retrieved context (KV-prefix reuse).
             pairs = [Pair(key=k, index=i, template=c.template, example=ex)
-                     for i, ex in enumerate(examples) for k, c in enumerate(live)]
+                     for i, ex in enumerate(examples) for k, c in enumerate(live) if not c.split]
             reports: list[Future[None]] = []
+            refill = claim_next is not None or proposals is not None
+            poll, last_note = 0.05, time.monotonic()
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="opro-study") as bookkeeper:
-                self._engine_for(program).run(pairs, on_scored=on_scored, gate=gate,
-                                              more=None if claim_next is None else more)
+                while True:
+                    self._engine_for(program).run(pairs, on_scored=on_scored, gate=gate, more=more if refill else None)
+                    pairs = []
+                    for job in reports:
+                        job.result()  # this worker's parts are in the study before they are read back
+                    reports.clear()
+                    waiting = [c for c in live if c.split and c.status == "complete" and not c.lost and len(c.got) < n]
+                    if not waiting:
+                        break
+                    # This worker's split candidates: their other parts come from the other workers
+                    # (or from this one, once a stopped worker's claim is released).
+                    state = part_state(study, step, proposals or ())
+                    for c in waiting:
+                        parts = [state.done.get((c.index, b)) for b in range(math.ceil(n / c.split))]
+                        if all(t is not None for t in parts):
+                            for b, t in enumerate(parts):
+                                for q, v in enumerate(t.user_attrs.get("part_scores") or ()):  # type: ignore[union-attr]
+                                    c.got[b * c.split + q] = _part_outcome(v)
+                            report_ready(c)
+                    if any(len(c.got) < n for c in waiting):
+                        if time.monotonic() - last_note > 30:
+                            logger.warning("worker %d: step %d waits for parts of %d candidate(s) that other "
+                                           "workers are asking", self.worker_index, step, len(waiting))
+                            last_note = time.monotonic()
+                        time.sleep(poll)
+                        poll = min(_MAX_POLL_S, poll * 1.5)
             for job in reports:
                 job.result()
         # Usage first, then the trials: a worker that sees every candidate finished sees its usage too.
@@ -1026,6 +1149,20 @@ class OPROOptimizer:
                 )
             )
         return records
+
+    def _finish_part(self, study: optuna.Study, job: _Part, step: int) -> None:
+        """Store a part's outcomes on its trial, for the candidate's owner to add up."""
+        outcomes = [job.got[i] for i in range(job.lo, job.hi)]
+        errors = any(isinstance(r, LLMError) for r in outcomes)
+        try:
+            job.trial.set_user_attr("part_scores", [_PART_ERROR if isinstance(r, LLMError) else r for r in outcomes])
+            # "failed" stands only while this worker runs: a rerun asks the part's questions again.
+            job.trial.set_user_attr("status", "failed" if errors else "complete")
+            study.tell(job.trial, state=optuna.trial.TrialState.FAIL)  # a part is never a result of its own
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            job.lost = True
+            logger.warning("worker %d: part %d of candidate %d of step %d was taken over by another worker",
+                           self.worker_index, job.part, job.index, step)
 
     def _report(self, c: _Live, mean: float, b: int, step: int, scores: list[float | None] | None) -> None:
         try:

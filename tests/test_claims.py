@@ -19,7 +19,7 @@ from fakes import history_of as _history_of
 from fakes import keyword_examples as _examples
 from fakes import keyword_optimizer as _optimizer
 
-from opro.claims import claim, step_state
+from opro.claims import claim, part_key, step_state
 from opro.config import OptimizerSection
 from opro.errors import ConfigError, OproError
 from opro.optimizer import BestSoFarPruner, EarlierStepsMedianPruner, OPROOptimizer
@@ -67,12 +67,14 @@ def _run_workers(tmp_path: Path, n: int, *, seed: int = 0) -> dict[int, Any]:
     return results
 
 
-def _results_per_candidate(storage: str) -> dict[tuple[int, int], int]:
+def _results_per_candidate(storage: str, *, parts: bool = False) -> dict[tuple[int, ...], int]:
+    """How many finished results each candidate has (with ``parts``: each part of a split candidate)."""
     study = optuna.load_study(study_name="test", storage=storage)
-    out: dict[tuple[int, int], int] = {}
+    out: dict[tuple[int, ...], int] = {}
     for t in study.trials:
-        if t.user_attrs.get("status") is not None:
-            key = (t.user_attrs["step"], t.user_attrs["index"])
+        a = t.user_attrs
+        if a.get("status") is not None and ("part" in a) == parts:
+            key = (a["step"], a["index"], *([int(str(a["part"]).split("/")[0])] if parts else []))
             out[key] = out.get(key, 0) + 1
     return out
 
@@ -89,6 +91,10 @@ def test_one_two_and_three_workers_give_the_same_history(tmp_path: Path) -> None
             assert result.best_instruction == single.best_instruction
         counts = _results_per_candidate(f"sqlite:///{tmp_path / f'n{n}' / 'optuna.db'}")
         assert len(counts) == len(single.history) and set(counts.values()) == {1}, counts
+        # Step 0 (one candidate, nothing to prune against) was shared question by question: each of
+        # its parts (6 questions, parts of 2) has exactly one result.
+        parts = _results_per_candidate(f"sqlite:///{tmp_path / f'n{n}' / 'optuna.db'}", parts=True)
+        assert sorted(parts) == [(0, 0, b) for b in range(3)] and set(parts.values()) == {1}, parts
         study = optuna.load_study(study_name="test", storage=f"sqlite:///{tmp_path / f'n{n}' / 'optuna.db'}")
         assert study.user_attrs["workers"] == n
         # The summary counts every worker's calls, not worker 0's alone.
@@ -120,6 +126,31 @@ def test_a_stopped_workers_claims_are_taken_over(tmp_path: Path) -> None:
     after = optuna.load_study(study_name="test", storage=storage)
     stale = [t for t in after.trials if t.user_attrs.get("claim") == "gone"]
     assert [t.state for t in stale] == [optuna.trial.TrialState.FAIL]
+
+
+def test_a_stopped_workers_part_of_a_split_candidate_is_taken_over(tmp_path: Path) -> None:
+    """Step 0's one candidate is split among 2 workers; worker 1 died holding a part: worker 0 fails
+    that claim, asks the part's questions itself, and adds up the single worker's score."""
+    single = _run_workers(tmp_path / "one", 1)[0]
+    storage = f"sqlite:///{tmp_path / 'two' / 'optuna.db'}"
+    opt, _rig, program = _optimizer(tmp_path / "two", **SETTINGS)
+    study = opt._study()
+    holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": "gone", "of": 2, "beat": time.time()}
+    study.set_user_attr("holder:w1", holder)
+    won = claim(study, step=0, items=[(0, "Answer the question.")], token="gone", worker=1, part=part_key(1, 2))
+    assert len(won) == 1  # worker 1 had claimed part 1 of step 0's candidate, then it was killed:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    study.set_user_attr("holder:w1", {**holder, "pid": int(dead.stdout)})
+    opt.worker_index, opt.num_workers = 0, 2
+    result = opt.optimize(program=program, optimization_set=_examples(6), exemplar_set=_examples(3),  # type: ignore[arg-type]
+                          initial_instructions=["Answer the question."])
+    assert _history_of(result) == _history_of(single)
+    assert set(_results_per_candidate(storage).values()) == {1}
+    parts = _results_per_candidate(storage, parts=True)
+    assert sorted(parts) == [(0, 0, b) for b in range(3)] and set(parts.values()) == {1}, parts
+    after = optuna.load_study(study_name="test", storage=storage)
+    stale = [t for t in after.trials if t.user_attrs.get("claim") == "gone"]
+    assert [t.state for t in stale] == [optuna.trial.TrialState.FAIL] and "part_scores" not in stale[0].user_attrs
 
 
 def test_a_claim_is_won_once(tmp_path: Path) -> None:
