@@ -208,14 +208,18 @@ def _scale_out(
 
     assert _history(tmp_path / "machine0") == _history(tmp_path / "single"), outs[0]
     study = optuna.load_study(study_name="shared", storage=storage)
-    results: dict[tuple[int, int], int] = {}
+    results: dict[tuple[int, ...], int] = {}
+    parts: dict[tuple[int, ...], int] = {}
     for t in study.trials:
-        if t.user_attrs.get("status") is not None:
-            key = (t.user_attrs["step"], t.user_attrs["index"])
-            results[key] = results.get(key, 0) + 1
+        a = t.user_attrs
+        if a.get("status") is not None:  # a candidate's result, or a part of a split one (step 0)
+            key = (a["step"], a["index"], *([a["part"]] if "part" in a else []))
+            into = parts if "part" in a else results
+            into[key] = into.get(key, 0) + 1
         if t.number in killed_claims:
             assert t.state == optuna.trial.TrialState.FAIL  # the killed worker's claim: taken over
     assert set(results.values()) == {1} and len(results) == len(_history(tmp_path / "single"))
+    assert parts and set(parts.values()) == {1}, parts  # step 0 was shared question by question, each part once
     # Work was shared: worker 1 held a claim (the wait above), whoever finished the candidates. Which
     # worker evaluates what depends on how fast each process starts, so only the claims are asserted.
     claimed_by = {t.user_attrs["worker"] for t in study.trials if "worker" in t.user_attrs}
