@@ -10,8 +10,10 @@ as its role's backend allows (``[models.ROLE].max_concurrency``), and the backen
 The caller steers the stream with a *gate* (run, hold, drop or spare each queued pair: the
 optimizer holds a candidate's later minibatches until its running mean is reported, answers the next
 one as *spare* work, on task slots that would otherwise idle, with its judgments held until the
-decision, and drops a pruned candidate's pairs) and receives every result on the calling thread, so all bookkeeping (Optuna, progress,
-counters) is single-threaded and results do not depend on which worker finished first.
+decision, and drops a pruned candidate's pairs), may hand it more pairs whenever a slot would idle
+(``more``: the scale-out workers' next claim), and receives every result on the calling thread, so all
+bookkeeping (Optuna, progress, counters) is single-threaded and results do not depend on which worker
+finished first.
 
 With one slot for both roles (an in-process llama.cpp model) the pairs run one after another in
 the given order, answer then judge, exactly as a plain loop would: consecutive task calls keep

@@ -243,6 +243,7 @@ class MlflowRecorder(Recorder):
             return
         resume = self._run_id
         self._start_sidecar()
+
         def start_run() -> str:
             rid: str = self._mlflow.start(run_name=study.study_name, params=self.params, resume_run_id=resume)
             self.tracker.run_id = rid  # mirrored here: which run the later calls write to

@@ -27,7 +27,7 @@ from opro.errors import (
     LLMTimeoutError,
 )
 from opro.llm import ChatClient, GenerationOptions, Message
-from opro.llm.openai import OpenAILLM, parse_retry_after
+from opro.llm.openai import OpenAILLM, http_pool, parse_retry_after
 
 SECRET = "sk-test-very-secret-0123456789"
 
@@ -378,6 +378,11 @@ def test_the_proxy_from_the_environment_is_used(monkeypatch: pytest.MonkeyPatch)
         assert backend.generate(MSGS, OPTS).text
         backend.close()
         assert proxy.paths == ["http://llm.example.invalid:8000/v1/chat/completions"]
+        # Credentials in the proxy URL become its Proxy-Authorization header, never part of the URL.
+        monkeypatch.setenv("HTTP_PROXY", proxy.base_url.removesuffix("/v1").replace("//", "//user:p%40ss@"))
+        pool = http_pool("http://llm.example.invalid:8000/v1", timeout_s=5, size=2)
+        assert pool.proxy_headers == {"proxy-authorization": "Basic dXNlcjpwQHNz"}  # user:p@ss
+        assert "p%40ss" not in str(pool.proxy.url) and "user" not in str(pool.proxy.url)
         monkeypatch.setenv("NO_PROXY", "llm.example.invalid")
         bypass = OpenAILLM(model="task-model", base_url="http://llm.example.invalid:8000/v1",
                            api_key_env="OPRO_TEST_KEY", max_retries=0)

@@ -171,9 +171,10 @@ class OpenAILLM(LLM):
         # and pydantic models cost about 2 ms of CPU per call, and its transport, httpx, about 1 ms
         # more; a shared httpx client also scans every connection and waiting request under one lock
         # per request, so at 128 in flight it spent 10 ms of CPU per request and topped out near 100
-        # requests a second (experiments/bench_throughput.py). urllib3 keeps one idle connection per
-        # slot on a stack: 0.5 ms per request at any concurrency. The SDK still maps the errors (see
-        # :meth:`_post`), and is imported only then or for the async path (1 s of start-up).
+        # requests a second (experiments/bench_throughput.py). urllib3's pool keeps the idle
+        # connections on a stack and holds its lock only to take or return one. The SDK still maps
+        # the errors (see :meth:`_post`), and is imported only then or for the async path (1 s of
+        # start-up).
         url_args = client_url_args(self.base_url)
         self._url = url_args["base_url"].rstrip("/") + "/chat/completions"
         query = url_args.get("default_query")
@@ -417,7 +418,7 @@ def http_pool(url: str, *, timeout_s: float, size: int) -> Any:
     proxy from the environment (``HTTPS_PROXY``, ``NO_PROXY``...) and the TLS trust httpx would use
     (certifi, ``SSL_CERT_FILE``), as the SDK's own client would."""
     import urllib.request
-    from urllib.parse import urlsplit
+    from urllib.parse import unquote, urlsplit
 
     import urllib3
 
@@ -433,7 +434,14 @@ def http_pool(url: str, *, timeout_s: float, size: int) -> Any:
     proxies = urllib.request.getproxies()
     proxy = proxies.get(parts.scheme) or proxies.get("all")
     if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
-        return urllib3.ProxyManager(proxy, **options)
+        # Credentials in the proxy URL go in a Proxy-Authorization header (urllib3 leaves them unused).
+        via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        headers = None
+        if via.username is not None:
+            auth = f"{unquote(via.username)}:{unquote(via.password or '')}"
+            headers = urllib3.make_headers(proxy_basic_auth=auth)
+            via = via._replace(netloc=via.netloc.rpartition("@")[2])
+        return urllib3.ProxyManager(via.geturl(), proxy_headers=headers, **options)
     return urllib3.PoolManager(**options)
 
 
