@@ -242,9 +242,9 @@ class EvaluationEngine:
         With ``same_as``, only pairs of its question: the scan stops at the first pair of another
         question (that one is asked later, in order)."""
         if gate is None and same_as is None:
-            taken = pending[:limit]
+            head = pending[:limit]
             del pending[:limit]
-            return taken
+            return head
         query = None if same_as is None else _field(same_as.example, "query")
         taken: list[Pair] = []
         kept: list[Pair] = []

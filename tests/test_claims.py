@@ -104,16 +104,18 @@ def test_one_two_and_three_workers_give_the_same_history(tmp_path: Path) -> None
         assert usage["judge"]["calls"] == results[1].usage["judge"]["calls"]
 
 
-def test_a_stopped_workers_claims_are_taken_over(tmp_path: Path) -> None:
-    """A worker killed mid-step leaves running claims behind: they are failed and evaluated again,
-    once, and the history is the uninterrupted run's."""
+@pytest.mark.parametrize("part", [None, part_key(1, 2)], ids=["candidate", "part"])
+def test_a_stopped_workers_claims_are_taken_over(tmp_path: Path, part: str | None) -> None:
+    """A worker killed mid-step leaves a running claim behind (on step 0's candidate, or on part 1 of
+    it: one candidate split among 2 workers): it is failed and evaluated again, once, by the other
+    worker, and the history is the uninterrupted run's."""
     single = _run_workers(tmp_path / "one", 1)[0]
     storage = f"sqlite:///{tmp_path / 'two' / 'optuna.db'}"
     opt, _rig, program = _optimizer(tmp_path / "two", **SETTINGS)
     study = opt._study()
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": "gone", "of": 2, "beat": time.time()}
     study.set_user_attr("holder:w1", holder)
-    won = claim(study, step=0, items=[(0, "Answer the question.")], token="gone", worker=1)
+    won = claim(study, step=0, items=[(0, "Answer the question.")], token="gone", worker=1, part=part)
     assert len(won) == 1
     won[0][2].report(1.0, 0)  # it had started, then its process was killed:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -123,29 +125,7 @@ def test_a_stopped_workers_claims_are_taken_over(tmp_path: Path) -> None:
                           initial_instructions=["Answer the question."])
     assert _history_of(result) == _history_of(single)
     assert set(_results_per_candidate(storage).values()) == {1}
-    after = optuna.load_study(study_name="test", storage=storage)
-    stale = [t for t in after.trials if t.user_attrs.get("claim") == "gone"]
-    assert [t.state for t in stale] == [optuna.trial.TrialState.FAIL]
-
-
-def test_a_stopped_workers_part_of_a_split_candidate_is_taken_over(tmp_path: Path) -> None:
-    """Step 0's one candidate is split among 2 workers; worker 1 died holding a part: worker 0 fails
-    that claim, asks the part's questions itself, and adds up the single worker's score."""
-    single = _run_workers(tmp_path / "one", 1)[0]
-    storage = f"sqlite:///{tmp_path / 'two' / 'optuna.db'}"
-    opt, _rig, program = _optimizer(tmp_path / "two", **SETTINGS)
-    study = opt._study()
-    holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": "gone", "of": 2, "beat": time.time()}
-    study.set_user_attr("holder:w1", holder)
-    won = claim(study, step=0, items=[(0, "Answer the question.")], token="gone", worker=1, part=part_key(1, 2))
-    assert len(won) == 1  # worker 1 had claimed part 1 of step 0's candidate, then it was killed:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    study.set_user_attr("holder:w1", {**holder, "pid": int(dead.stdout)})
-    opt.worker_index, opt.num_workers = 0, 2
-    result = opt.optimize(program=program, optimization_set=_examples(6), exemplar_set=_examples(3),  # type: ignore[arg-type]
-                          initial_instructions=["Answer the question."])
-    assert _history_of(result) == _history_of(single)
-    assert set(_results_per_candidate(storage).values()) == {1}
+    # Step 0 was split (one candidate, two workers): each of its 3 parts has exactly one result.
     parts = _results_per_candidate(storage, parts=True)
     assert sorted(parts) == [(0, 0, b) for b in range(3)] and set(parts.values()) == {1}, parts
     after = optuna.load_study(study_name="test", storage=storage)

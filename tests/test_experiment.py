@@ -214,7 +214,7 @@ def test_the_mlflow_sidecar_starts_before_the_documents_and_ends_when_they_fail(
     (tmp_path / "docs" / "broken.pdf").write_bytes(b"%PDF-1.4 cut short")
     exp = Experiment.from_file(path, pool=scripted_pool(), progress=False)
     try:
-        with pytest.raises(DataError, match="broken.pdf"):
+        with pytest.raises(DataError, match=r"broken\.pdf"):
             exp.optimize()
     finally:
         exp.close()
