@@ -7,7 +7,7 @@ gives, per run:
 
 - requests: what the server answered; window: first request to last reply (seconds);
 - req/s inside the window, the ideal W/L (W requests in flight, each taking L) and their ratio;
-  below the table, the most req/s opro optimize's own dependency chain allows at each W (see
+  above the table, the most req/s opro optimize's own dependency chain allows at each W (see
   :func:`chain_rounds`): at large W the work of a step no longer fills W slots, so W/L is out of reach;
 - peak: most requests in flight at the server;
 - CPU ms/req: the client's CPU time (its process and its children: opro's MLflow sidecar) inside the
