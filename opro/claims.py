@@ -73,7 +73,7 @@ def step_state(
     while the process that evaluated it runs: a new process evaluates it again (resume semantics).
     """
     keys = {normalize_instruction(p): i for i, p in enumerate(proposals)}
-    live = {held.get("token") for held in live_workers(study.user_attrs, stale_s=stale_s).values()}
+    live = _live_tokens(study, stale_s=stale_s)
     state = StepState()
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
         a = t.user_attrs
@@ -82,21 +82,37 @@ def step_state(
         i = keys.get(normalize_instruction(a["instruction"]))
         if i is None:
             continue
-        if t.state == optuna.trial.TrialState.RUNNING:
-            if a.get("claim") in live:
-                state.claimed.setdefault(i, t)
-            elif a.get("claim"):
-                state.stale.append(t)
-            continue
-        status = a.get("status")
-        if status is None or t.state == optuna.trial.TrialState.WAITING:
-            continue  # a claim that lost, or one taken over: not a result
-        if status in RETRY_STATUSES and a.get("claim") not in live:
-            continue
-        state.done[i] = t
+        standing = _standing(t, live)
+        if standing == "claimed":
+            state.claimed.setdefault(i, t)
+        elif standing == "stale":
+            state.stale.append(t)
+        elif standing == "done":
+            state.done[i] = t
     for i in state.done:
         state.claimed.pop(i, None)
     return state
+
+
+def _live_tokens(study: optuna.Study, *, stale_s: float) -> set[Any]:
+    return {held.get("token") for held in live_workers(study.user_attrs, stale_s=stale_s).values()}
+
+
+def _standing(t: optuna.trial.FrozenTrial, live: set[Any]) -> str | None:
+    """What a claim's trial stands for: ``claimed`` (running, its worker alive), ``stale`` (running,
+    its worker stopped), ``done`` (a result), or None (a claim that lost, or was taken over). A result
+    whose status says the endpoint failed or the budget ran out stands only while its worker runs."""
+    a = t.user_attrs
+    if t.state == optuna.trial.TrialState.RUNNING:
+        if a.get("claim") in live:
+            return "claimed"
+        return "stale" if a.get("claim") else None
+    status = a.get("status")
+    if status is None or t.state == optuna.trial.TrialState.WAITING:
+        return None
+    if status in RETRY_STATUSES and a.get("claim") not in live:
+        return None
+    return "done"
 
 
 def claim(
@@ -173,7 +189,7 @@ def part_state(study: optuna.Study, step: int, proposals: Sequence[str], *, stal
     """Which parts of ``step``'s split candidates are done, claimed by a live worker, or stale (the
     same rules as :func:`step_state`)."""
     keys = {normalize_instruction(p): i for i, p in enumerate(proposals)}
-    live = {held.get("token") for held in live_workers(study.user_attrs, stale_s=stale_s).values()}
+    live = _live_tokens(study, stale_s=stale_s)
     state = PartState()
     trials = []
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
@@ -182,28 +198,22 @@ def part_state(study: optuna.Study, step: int, proposals: Sequence[str], *, stal
         if i is None:
             continue
         if a.get("part") is None:
-            if t.state == optuna.trial.TrialState.RUNNING and a.get("claim") in live and a.get("parts"):
+            if _standing(t, live) == "claimed" and a.get("parts"):
                 state.size[i] = int(a["parts"])
             continue
         trials.append((i, t))
     for i, t in trials:
-        a = t.user_attrs
-        running = t.state == optuna.trial.TrialState.RUNNING
-        if running and a.get("claim") and a.get("claim") not in live:
+        standing = _standing(t, live)
+        if standing == "stale":
             state.stale.append(t)  # whatever its cut: to be failed
             continue
-        number, _, size = str(a["part"]).partition("/")
+        number, _, size = str(t.user_attrs["part"]).partition("/")
         if i not in state.size or size != str(state.size[i]):
             continue
-        key = (i, int(number))
-        if running:
-            if a.get("claim") in live:
-                state.claimed.add(key)
-            continue
-        status = a.get("status")
-        if status is None or (status in RETRY_STATUSES and a.get("claim") not in live):
-            continue
-        state.done.setdefault(key, t)
+        if standing == "claimed":
+            state.claimed.add((i, int(number)))
+        elif standing == "done":
+            state.done.setdefault((i, int(number)), t)
     state.claimed -= set(state.done)
     return state
 

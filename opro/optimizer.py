@@ -748,11 +748,12 @@ class OPROOptimizer:
         n = len(proposals)
         mine: list[CandidateRecord] = []
         poll, last_note = 0.05, time.monotonic()
-        budgeted = bool(self.settings.max_calls or self.settings.max_tokens_budget)
+        # Only earlier steps decide pruning, so whether this step can prune is known before it starts.
+        can_prune = self._pruning(study, step) is not None
         # A step that cannot prune (step 0, or the pruner off) with fewer candidates than workers is
         # shared question by question: its candidates are split into parts, claimed one at a time
         # (by the number of workers the study was started for: the others may not have started yet).
-        splittable = not budgeted and self._pruning(study, step) is None
+        splittable = not self._budgeted and not can_prune
         part_size = max(self.settings.minibatch_size, math.ceil(len(examples) / 8))
 
         def split(won: list[tuple[int, str, optuna.trial.Trial]]) -> list[tuple[int, str, optuna.trial.Trial]]:
@@ -775,9 +776,9 @@ class OPROOptimizer:
                 # takes its even share at once.
                 workers = max(1, len(live_workers(study.user_attrs)))
                 share = max(1, math.ceil(n / workers))
-                refill = workers > 1 and not budgeted
+                refill = workers > 1 and not self._budgeted
                 if refill:
-                    width = min(len(examples), self.settings.minibatch_size) if self._pruning(study, step) else len(examples)
+                    width = min(len(examples), self.settings.minibatch_size) if can_prune else len(examples)
                     slots = self._engine_for(program).task_slots
                     share = min(share, math.ceil(slots / max(1, width)) + 1)
                 start = (self.worker_index * share) % len(free)
@@ -850,6 +851,11 @@ class OPROOptimizer:
             if key.startswith("usage:w") and key != mine:
                 others = merge_usage(others, value)
         self._others_usage = others
+
+    @property
+    def _budgeted(self) -> bool:
+        """A call or token budget is set: minibatches then start in order, each after a budget check."""
+        return bool(self.settings.max_calls or self.settings.max_tokens_budget)
 
     def _budget_left(self) -> bool:
         s = self.settings
@@ -929,11 +935,12 @@ class OPROOptimizer:
         own split candidates are finished once all their parts are in."""
         from opro.claims import claim, part_key, part_state, release_stale
 
-        live = [
-            _Live(instruction, trial, template=self.make_template(instruction), index=idx,
-                  split=int(trial.user_attrs.get("parts") or 0) if proposals is not None else 0)
-            for idx, instruction, trial in claimed
-        ]
+        def candidate(idx: int, instruction: str, trial: optuna.trial.Trial) -> _Live:
+            # Its claim says whether it is split (only where a step may split: a storage read).
+            split = int(trial.user_attrs.get("parts") or 0) if proposals is not None else 0
+            return _Live(instruction, trial, template=self.make_template(instruction), index=idx, split=split)
+
+        live = [candidate(idx, instruction, trial) for idx, instruction, trial in claimed]
         jobs: list[_Part] = []
         n, size = len(examples), self.settings.minibatch_size
         n_batches = max(1, math.ceil(n / size))
@@ -941,7 +948,7 @@ class OPROOptimizer:
         can_prune = pruning is not None
         # With a budget, minibatch b starts only once minibatch b-1 is finished and the budget is
         # checked, as a plain loop would: where a run stops must not depend on timing.
-        budgeted = bool(self.settings.max_calls or self.settings.max_tokens_budget)
+        budgeted = self._budgeted
         budget_checked: set[int] = set()
 
         def batch_done(b: int) -> bool:
@@ -1052,8 +1059,7 @@ class OPROOptimizer:
                     return []
                 got = claim_next()
                 for idx, instruction, trial in got:
-                    live.append(_Live(instruction, trial, template=self.make_template(instruction), index=idx,
-                                      split=int(trial.user_attrs.get("parts") or 0) if proposals is not None else 0))
+                    live.append(candidate(idx, instruction, trial))
                     if live[-1].split:
                         return more()  # its questions come part by part
                     bar.add_total(n)
