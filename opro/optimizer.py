@@ -672,19 +672,15 @@ class OPROOptimizer:
         asked = 0
         while len(accepted) < k and asked < 3 * k:
             want = min(k - len(accepted), 3 * k - asked)
-            replies = self.optimizer_llm.map([
-                Request(
-                    meta_prompt,
-                    temperature=self.settings.temperature,
-                    max_tokens=self.settings.max_tokens,
-                    sample_index=step * 1000 + asked + j,
-                )
-                for j in range(want)
-            ])
+            indices = [step * 1000 + asked + j for j in range(want)]
+            if asked == 0:
+                replies = self._shared_samples(study, step, meta_prompt, indices)
+            else:  # the few top-ups for rejected samples: this worker alone
+                replies = [c.text for c in self.optimizer_llm.map([self._sample_request(meta_prompt, i) for i in indices])]
             asked += want
             for reply in replies:
                 verdict = check_candidate(
-                    extract_candidate(reply.text, answer_format=self.settings.answer_format),
+                    extract_candidate(reply, answer_format=self.settings.answer_format),
                     seen=seen,
                     max_chars=self.settings.max_instruction_chars,
                 )
@@ -697,9 +693,84 @@ class OPROOptimizer:
         study.set_user_attr(f"rejected:{step}", rejected)
         return accepted
 
+    def _sample_request(self, meta_prompt: str, sample_index: int) -> Request:
+        return Request(meta_prompt, temperature=self.settings.temperature, max_tokens=self.settings.max_tokens,
+                       sample_index=sample_index)
+
+    def _shared_samples(self, study: optuna.Study, step: int, meta_prompt: str, indices: Sequence[int]) -> list[str]:
+        """The texts of a step's first samples. Live workers waiting for the step's proposals ask for
+        some of them (the samples dealt to the live workers in turn, by index) and store the texts in
+        the study, so that N workers take 1/N of the rounds of the optimizer's concurrency; this worker
+        asks for its own and for any that a helper failed, left, or is late with."""
+        from opro.claims import live_workers
+
+        live = live_workers(study.user_attrs)
+        helpers = sorted(w for w in live if w != self.worker_index)
+        if not helpers or len(indices) < 2:
+            return [c.text for c in self.optimizer_llm.map([self._sample_request(meta_prompt, i) for i in indices])]
+        order = [self.worker_index, *helpers]
+        dealt = {i: order[n % len(order)] for n, i in enumerate(indices)}
+        tag = _sha(meta_prompt)
+        study.set_user_attr(f"sampling:{step}", {
+            "tag": tag, "prompt": meta_prompt,
+            "dealt": {str(i): {"worker": w, "token": live[w].get("token")} for i, w in dealt.items() if w in live},
+        })
+        started = time.monotonic()
+        mine = [i for i in indices if dealt[i] == self.worker_index]
+        texts = dict(zip(mine, (c.text for c in self.optimizer_llm.map([self._sample_request(meta_prompt, i)
+                                                                          for i in mine])), strict=True))
+        # A helper gets as long again as this worker's own share took (at least 2 s) before its
+        # samples are asked for here too.
+        patience = max(2.0, 2 * (time.monotonic() - started))
+        poll = 0.02
+        while True:
+            attrs = study.user_attrs
+            alive = live_workers(attrs)
+            late = time.monotonic() - started > patience
+            ask: list[int] = []
+            for i in indices:
+                if i in texts:
+                    continue
+                got = attrs.get(f"sample:{step}:{tag}:{i}") or {}
+                held = alive.get(dealt[i]) or {}
+                if "text" in got:
+                    texts[i] = str(got["text"])
+                elif "error" in got or late or held.get("token") != live[dealt[i]].get("token"):
+                    ask.append(i)
+            if ask:
+                texts.update(zip(ask, (c.text for c in self.optimizer_llm.map([self._sample_request(meta_prompt, i)
+                                                                                for i in ask])), strict=True))
+            if len(texts) == len(indices):
+                return [texts[i] for i in indices]
+            time.sleep(poll)
+            poll = min(_MAX_POLL_S, poll * 1.5)
+
+    def _help_sample(self, study: optuna.Study, step: int, sampling: Mapping[str, Any]) -> None:
+        """Ask for the samples worker 0 dealt to this worker (see :meth:`_shared_samples`) and store
+        their texts in the study (or that the call failed, for worker 0 to ask again)."""
+        tag, prompt = str(sampling.get("tag")), str(sampling.get("prompt"))
+        attrs = study.user_attrs
+        mine = sorted(
+            int(i) for i, d in (sampling.get("dealt") or {}).items()
+            if d.get("worker") == self.worker_index and d.get("token") == self._token
+            and f"sample:{step}:{tag}:{i}" not in attrs
+        )
+        if not mine or _sha(prompt) != tag:
+            return
+        try:
+            got: list[dict[str, str]] = [{"text": c.text} for c in self.optimizer_llm.map(
+                [self._sample_request(prompt, i) for i in mine])]
+        except LLMError as exc:
+            logger.warning("worker %d: the optimizer samples of step %d failed here (%s); worker 0 asks again",
+                           self.worker_index, step, exc)
+            got = [{"error": str(exc)[:200]} for _ in mine]
+        for i, value in zip(mine, got, strict=True):
+            study.set_user_attr(f"sample:{step}:{tag}:{i}", value)
+
     def _await_proposals(self, study: optuna.Study, step: int) -> list[str] | None:
-        """Worker 0's proposals for ``step`` (worker 0 proposes; the others read them from the study),
-        or None when worker 0 stopped the search before ``step``. Waits as long as worker 0 runs, and
+        """Worker 0's proposals for ``step`` (worker 0 proposes; the others ask for the samples it deals
+        them, then read the proposals from the study), or None when worker 0 stopped the search before
+        ``step``. Waits as long as worker 0 runs, and
         ``worker_timeout_s`` for a worker 0 that does not."""
         from opro.claims import describe_lease
         from opro.locking import lease_alive
@@ -708,10 +779,16 @@ class OPROOptimizer:
         missing_since: float | None = None
         last_note = time.monotonic()
         poll = 0.05
+        helped: object = None  # the dealing this worker helped with
         while True:
             attrs = study.user_attrs
             if key in attrs:
                 return list(attrs[key])
+            sampling = attrs.get(f"sampling:{step}")
+            if isinstance(sampling, dict) and sampling != helped:
+                self._help_sample(study, step, sampling)
+                helped, poll = sampling, 0.05
+                continue
             held = attrs.get("holder:w0") or {}
             stop = attrs.get(f"stopped:{step}") or {}
             if stop.get("token") and stop["token"] in (held.get("token"), held.get("released")):

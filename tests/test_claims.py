@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,7 +22,7 @@ from fakes import keyword_optimizer as _optimizer
 
 from opro.claims import claim, part_key, step_state
 from opro.config import OptimizerSection
-from opro.errors import ConfigError, OproError
+from opro.errors import ConfigError, LLMBadRequestError, OproError
 from opro.optimizer import BestSoFarPruner, EarlierStepsMedianPruner, OPROOptimizer
 from opro.recorders import MlflowRecorder
 
@@ -102,6 +103,45 @@ def test_one_two_and_three_workers_give_the_same_history(tmp_path: Path) -> None
         per_worker = [study.user_attrs[f"usage:w{i}"] for i in range(n)]
         assert usage["judge"]["calls"] == sum(u.get("judge", {}).get("calls", 0) for u in per_worker)
         assert usage["judge"]["calls"] == results[1].usage["judge"]["calls"]
+
+
+@pytest.mark.parametrize("helper", ["answers", "fails", "silent"])
+def test_waiting_workers_ask_for_their_share_of_the_optimizer_samples(tmp_path: Path, helper: str) -> None:
+    """Worker 0 deals a step's optimizer samples to the live workers waiting for its proposals: each
+    asks for its share and stores the texts. Samples whose worker's calls fail (it stores the error)
+    or who never answers (a live lease that runs no search) are asked for by worker 0. Either way
+    the texts are those one worker asking alone gets."""
+    alone, _, _ = _optimizer(tmp_path / "alone")
+    indices = [1000, 1001, 1002, 1003]
+    expected = alone._shared_samples(alone._study(), 1, "Propose an instruction.", indices)
+    w0, rig0, _ = _optimizer(tmp_path)
+    w1, rig1, _ = _optimizer(tmp_path)
+    study = w0._study()
+    for index, opt in enumerate((w0, w1)):
+        opt.worker_index, opt.num_workers, opt._token = index, 2, f"token{index}"
+        study.set_user_attr(f"holder:w{index}", {"host": socket.gethostname(), "pid": os.getpid(),
+                                                 "token": opt._token, "of": 2, "beat": time.time()})
+    if helper == "fails":
+        def down(messages: Any, options: Any) -> Any:
+            raise LLMBadRequestError("the optimizer endpoint refuses this worker")
+        rig1.optimizer._default = down
+    with ThreadPoolExecutor(1) as pool:
+        waiting = None if helper == "silent" else pool.submit(w1._await_proposals, w1._study(), 1)
+        started = time.monotonic()
+        texts = w0._shared_samples(study, 1, "Propose an instruction.", indices)
+        waited = time.monotonic() - started
+        study.set_user_attr("proposals:1", ["done"])
+        assert waiting is None or waiting.result(timeout=30) == ["done"]
+    assert texts == expected
+    stored = {k: v for k, v in study.user_attrs.items() if k.startswith("sample:1:")}
+    if helper == "answers":  # two samples each, none asked twice
+        assert len(rig0.optimizer.calls) == len(rig1.optimizer.calls) == 2
+        assert sorted(v["text"] for v in stored.values()) == sorted(expected[1::2])
+    elif helper == "fails":  # worker 1 stored its errors; worker 0 asked for those samples itself
+        assert len(rig0.optimizer.calls) == 4 and len(stored) == 2 and all("error" in v for v in stored.values())
+        assert waited < 2.0  # it did not wait out its patience for them
+    else:  # nothing stored; worker 0 waited for worker 1 (2 s at least), then asked itself
+        assert len(rig0.optimizer.calls) == 4 and not stored and waited >= 2.0
 
 
 @pytest.mark.parametrize("part", [None, part_key(1, 2)], ids=["candidate", "part"])
