@@ -1,7 +1,7 @@
 """How far an embedded optimization run is from this machine's hardware floor.
 
     PYTHONPATH=$PWD python experiments/bench_floor.py experiments/quickstart.toml [--batch-width 4]
-        [--position before|after] [--out runs/bench_floor] [--rates-only]
+        [--position before|after] [--prefix-cache-mb 512] [--out runs/bench_floor] [--rates-only]
 
 Runs ``opro optimize`` on CONFIG in a fresh output directory with its own call cache (so the run is
 cold by construction), recording every call of each embedded (llama.cpp) model: the prompt's token
@@ -17,7 +17,8 @@ tokens. Then, per model:
   decoded together (``generate_many``, the path the engine uses).
 
 floor = unique prefill / prefill rate + greedy decode / batched decode rate + other decode / decode
-rate, summed over the models: the time the run's LLM work needs at least on this machine, with
+rate, summed over the models (the run's saved-prefix restores, ``prefix_cache_mb``, are printed
+beside them: tokens a restored KV state spared the prefill, and how many restores): the time the run's LLM work needs at least on this machine, with
 nothing evaluated twice. Printed beside the measured wall time (and the time spent inside model
 calls), with the ratio. Non-LLM work (PDF, chunking, BM25, Optuna, MLflow, plots) is in the wall time
 and not in the floor. The load average before and after is printed: on a shared machine every rate
@@ -191,16 +192,17 @@ def measure_rates(llm: LlamaCppLLM, *, repeats: int = 3, prefill_tokens: int = 7
     )
 
 
-def _fresh_config(path: Path, out: Path, *, batch_width: int | None, position: Any) -> Any:
+def _fresh_config(path: Path, out: Path, *, batch_width: int | None, position: Any, prefix_cache_mb: int | None) -> Any:
     config = load_config(path)
     out.mkdir(parents=True, exist_ok=False)
     experiment = dataclasses.replace(
         config.experiment, output_dir=str(out.resolve()), cache=True, cache_path=str((out / "calls.sqlite").resolve())
     )
     models = config.models
-    if batch_width is not None:
+    overrides = {k: v for k, v in (("batch_width", batch_width), ("prefix_cache_mb", prefix_cache_mb)) if v is not None}
+    if overrides:
         models = dataclasses.replace(
-            models, **{r: dataclasses.replace(getattr(models, r), batch_width=batch_width) for r in ROLES}
+            models, **{r: dataclasses.replace(getattr(models, r), **overrides) for r in ROLES}
         )
     rag = config.rag if position is None else dataclasses.replace(config.rag, instruction_position=position)
     return dataclasses.replace(config, experiment=experiment, models=models, rag=rag)
@@ -211,6 +213,7 @@ def main() -> int:
     p.add_argument("config", type=Path)
     p.add_argument("--out", type=Path, default=None, help="fresh output directory (default runs/bench_floor/<name>-<time>)")
     p.add_argument("--batch-width", type=int, default=None, help="override [models.*].batch_width")
+    p.add_argument("--prefix-cache-mb", type=int, default=None, help="override [models.*].prefix_cache_mb (0: off)")
     p.add_argument("--position", choices=("before", "after"), default=None, help="override [rag].instruction_position")
     p.add_argument("--repeats", type=int, default=3, help="rate measurements per model (the best is kept)")
     p.add_argument("--rates-only", action="store_true", help="measure the models' rates, run nothing")
@@ -218,7 +221,8 @@ def main() -> int:
 
     name = load_config(args.config).experiment.name
     out = args.out or Path("runs/bench_floor") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    config = _fresh_config(args.config, out, batch_width=args.batch_width, position=args.position)
+    config = _fresh_config(args.config, out, batch_width=args.batch_width, position=args.position,
+                           prefix_cache_mb=args.prefix_cache_mb)
     load_before = os.getloadavg()
     exp = Experiment(config, progress=False)
     recorder = Recorder()
@@ -249,13 +253,14 @@ def main() -> int:
                 llm.load()
             elif tally.calls == 0:
                 continue
+            restored = (llm._saved.restored_tokens, llm._saved.hits)  # before the rate measurements add any
             rates = measure_rates(llm, repeats=args.repeats)
             floor = (
                 tally.unique / rates.prefill
                 + tally.greedy_decode / rates.decode_batched
                 + tally.other_decode / rates.decode
             )
-            rows.append((tally, rates, floor))
+            rows.append((tally, rates, floor, restored))
     finally:
         exp.close()
 
@@ -263,14 +268,14 @@ def main() -> int:
           f"(2-minute-ish averages; {os.cpu_count()} CPUs)")
     print()
     print("| model (roles) | calls | prompt tokens sent | unique prompt tokens | generated greedy / other | "
-          "prefill tok/s | decode tok/s (1 / W) | W | floor s | time in calls s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for tally, rates, floor in rows:
+          "restored tokens (restores) | prefill tok/s | decode tok/s (1 / W) | W | floor s | time in calls s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for tally, rates, floor, (restored, hits) in rows:
         print(f"| {tally.model} ({', '.join(sorted(tally.roles))}) | {tally.calls} | {tally.sent} | {tally.unique} | "
-              f"{tally.greedy_decode} / {tally.other_decode} | {rates.prefill:.0f} | {rates.decode:.1f} / "
-              f"{rates.decode_batched:.1f} | {rates.width} | {floor:.0f} | {tally.call_s:.0f} |")
-    total_floor = sum(f for _, _, f in rows)
-    in_calls = sum(t.call_s for t, _, _ in rows)
+              f"{tally.greedy_decode} / {tally.other_decode} | {restored} ({hits}) | {rates.prefill:.0f} | "
+              f"{rates.decode:.1f} / {rates.decode_batched:.1f} | {rates.width} | {floor:.0f} | {tally.call_s:.0f} |")
+    total_floor = sum(row[2] for row in rows)
+    in_calls = sum(row[0].call_s for row in rows)
     if not args.rates_only:
         print()
         print(f"floor {total_floor:.0f} s; time in model calls {in_calls:.0f} s; wall {wall:.0f} s "
@@ -281,6 +286,7 @@ def main() -> int:
         "out": str(out),
         "batch_width": args.batch_width,
         "position": args.position,
+        "prefix_cache_mb": args.prefix_cache_mb,
         "load_before": load_before,
         "load_after": load_after,
         "wall_s": wall,
@@ -296,10 +302,12 @@ def main() -> int:
                 "greedy_decode": t.greedy_decode,
                 "other_decode": t.other_decode,
                 "call_s": t.call_s,
+                "restored_tokens": restored,
+                "restores": hits,
                 "rates": dataclasses.asdict(r),
                 "floor_s": f,
             }
-            for t, r, f in rows
+            for t, r, f, (restored, hits) in rows
         ],
         "run": summary,
     }

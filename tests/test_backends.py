@@ -31,6 +31,8 @@ def test_defaults_and_embedded_roles() -> None:
         ({"api_key_env": "sk-abcdef123"}, "NAME of an environment variable"),
         ({"n_threads": 0}, "n_threads"),
         ({"n_ctx": 10}, "n_ctx"),
+        ({"prefix_cache_mb": -1}, r"prefix_cache_mb must be an integer >= 0 \(0: off\), got -1"),
+        ({"prefix_cache_mb": True}, "prefix_cache_mb must be an integer"),
         ({"timeout_s": 0}, "timeout_s"),
         ({"max_concurrency": 0}, "max_concurrency"),
         ({"json_schema": "no"}, "json_schema must be true or false"),

@@ -135,3 +135,51 @@ def test_batched_decoding_gives_the_one_at_a_time_answers(embedded_task_llm: LLM
     # The model is left as a one-at-a-time call expects it.
     again = llm.generate(*calls[1])
     assert (again.text, again.completion_tokens) == one_by_one[1][:2]
+
+
+def test_saved_prefixes_start_a_returning_prompt_where_it_left_off(embedded_task_llm: LLM) -> None:
+    # Question A's candidates and two judge-like calls, then question B's, then A's again (the next
+    # step): A's group and judge call start from A's saved states instead of prefilling A's facts
+    # again, and give what a context without saved states gives.
+    llm = embedded_task_llm
+    facts = {
+        "A": "AlexNet won the ImageNet challenge in 2012 with a top-5 error of 15.3 percent. It was trained on two "
+             "GTX 580 GPUs for five to six days by Alex Krizhevsky, Ilya Sutskever and Geoffrey Hinton. ",
+        "B": "The Transformer was introduced in 2017 in the paper Attention Is All You Need by eight researchers at "
+             "Google. It replaced recurrence with self-attention and was first applied to machine translation. ",
+    }
+
+    def group(key: str) -> list[tuple[tuple[Message, ...], GenerationOptions]]:
+        return [((Message("user", f"{facts[key] * 2}\nQuery: Who made it?\n{ins}\nAnswer: "),), GenerationOptions(max_tokens=10))
+                for ins in ("Answer briefly.", "Answer in one sentence.")]
+
+    def judged(key: str, answer: str = "Hinton") -> dict[str, float]:
+        c = llm.choice_logprobs(
+            (Message("user", f"Rate the answer against these facts:\n{facts[key] * 2}\nThe answer: {answer}. Score 1 to 5."),),
+            prefix="Score: ", choices=("1", "2", "3", "4", "5"),
+        )
+        assert c.top_logprobs is not None
+        return c.top_logprobs[0]
+
+    saved = llm._saved  # type: ignore[attr-defined]
+    first = [c.text for c in llm.generate_many(group("A"))]  # type: ignore[union-attr]
+    judged("A", "Krizhevsky")
+    first_judged = judged("A")  # shares the facts with the call before: they are saved
+    llm.generate_many(group("B"))
+    judged("B", "Krizhevsky")
+    judged("B")
+    hits, restored = saved.hits, saved.restored_tokens
+    again = [c.text for c in llm.generate_many(group("A"))]  # type: ignore[union-attr]
+    again_judged = judged("A")
+    assert saved.hits == hits + 2 and saved.restored_tokens - restored > 2 * 60, (saved.hits, saved.restored_tokens)
+    assert again == first
+    assert max(again_judged, key=again_judged.__getitem__) == max(first_judged, key=first_judged.__getitem__)
+    assert again_judged == pytest.approx(first_judged, abs=0.1)  # prefilled in other batch sizes: close, not equal
+    # Without saved states the same calls give the same answers.
+    capacity, saved.capacity = saved.capacity, 0
+    try:
+        llm.generate_many(group("B"))
+        assert [c.text for c in llm.generate_many(group("A"))] == first  # type: ignore[union-attr]
+        assert saved.hits == hits + 2
+    finally:
+        saved.capacity = capacity

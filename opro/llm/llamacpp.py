@@ -19,6 +19,13 @@
   a question's candidates come almost for the price of one. The stop rules are those of
   ``create_chat_completion`` (end-of-generation token, stop strings, ``max_tokens``), so the text is
   the one-at-a-time text (tested). Sampled, grammar-constrained or logprob calls run one at a time.
+- Saved prefixes (``prefix_cache_mb``): the KV state of a prefix that several prompts share (the
+  common prefix of a batch; where a judge prompt leaves the previous one) is copied out
+  (``llama_state_seq_get_data``) and kept in memory, one per prompt family, least recently used out
+  first. A later prompt that shares more with a saved state than with what the context holds starts
+  from it (``llama_state_seq_set_data``, cut to the shared length): a question's retrieved context
+  (instruction after it), or the judge's template with the question and reference, is prefilled once
+  per run instead of once per step.
 - The model loads lazily on the first call, so a run whose calls all hit the cache never loads it.
 - ``identity`` is ``llamacpp:<sha256 of the GGUF>``, taken from the pack's known checksum or a
   hash cached by path, size and mtime (:func:`opro.llm.packs.gguf_sha256`).
@@ -31,6 +38,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +80,51 @@ class _Seq:
     multibyte_fix: int = 0
 
 
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class _SavedPrefixes:
+    """KV states of sequence 0 by the tokens they hold, within ``capacity`` bytes, least recently
+    used out first. One state per prompt family: saving tokens that agree with a saved state up to
+    (nearly) the end of the shorter of the two replaces it (the same question a step later)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._states: OrderedDict[tuple[int, ...], bytearray] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.restored_tokens = 0  # prefill avoided by restoring, in tokens
+
+    def best(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], bytearray, int] | None:
+        """The saved state sharing the longest prefix with ``tokens``: (its tokens, state, shared)."""
+        found: tuple[tuple[int, ...], bytearray, int] | None = None
+        for key, state in self._states.items():
+            n = _shared(key, tokens)
+            if n and (found is None or n > found[2]):
+                found = (key, state, n)
+        if found is not None:
+            self._states.move_to_end(found[0])
+        return found
+
+    def put(self, tokens: Sequence[int], state: bytearray) -> None:
+        key = tuple(tokens)
+        for old in [k for k in self._states if _shared(k, key) >= min(len(k), len(key)) - 16]:
+            self._bytes -= len(self._states.pop(old))
+        if len(state) > self.capacity:
+            return
+        self._states[key] = state
+        self._bytes += len(state)
+        while self._bytes > self.capacity:
+            _, dropped = self._states.popitem(last=False)
+            self._bytes -= len(dropped)
+
+
 class LlamaCppLLM(LLM):
     """Chat completions from a local GGUF model."""
 
@@ -92,6 +145,7 @@ class LlamaCppLLM(LLM):
         logprobs: bool = False,
         kv_reuse: bool = True,
         batch_width: int = 4,
+        prefix_cache_mb: int = 512,
     ) -> None:
         """``model_path``: an embedded model name (assembled on demand) or a path to a GGUF file.
 
@@ -105,6 +159,10 @@ class LlamaCppLLM(LLM):
         evaluation, so a *sampled* (temperature > 0) reply may depend on the previous call; the
         call cache, not the seed, is what makes reruns reproduce. Greedy replies are stable in
         practice.
+
+        ``prefix_cache_mb``: memory for saved KV prefixes (see the module notes; 0 turns them off).
+        A state costs the model's KV bytes per token (about 12 KB for the 0.5B embedded model and
+        28 KB for the 1.5B one), so a 700-token context takes 8 to 20 MB.
         """
         if n_ctx < 256:
             raise ConfigError(f"n_ctx must be >= 256, got {n_ctx}")
@@ -114,6 +172,8 @@ class LlamaCppLLM(LLM):
             raise ConfigError(f"batch_width must be >= 1, got {batch_width}")
         if n_threads is not None and n_threads < 1:
             raise ConfigError(f"n_threads must be >= 1 or None (all cores), got {n_threads}")
+        if prefix_cache_mb < 0:
+            raise ConfigError(f"prefix_cache_mb must be >= 0 (0: off), got {prefix_cache_mb}")
         name = os.fspath(model_path)
         self.path: Path = resolve_model_path(name)
         self._model = name if name in EMBEDDED_MODELS else self.path.stem
@@ -126,6 +186,8 @@ class LlamaCppLLM(LLM):
         self.supports_logprobs = logprobs
         self.kv_reuse = kv_reuse
         self.batch_width = batch_width
+        self.prefix_cache_mb = prefix_cache_mb
+        self._saved = _SavedPrefixes(prefix_cache_mb * 2**20)
         self._lock = threading.Lock()
         self._llama: Llama | None = None
         self._formatter: Any = None
@@ -341,6 +403,10 @@ class LlamaCppLLM(LLM):
                 keep = 0
                 if self.kv_reuse:
                     keep = min(llama.longest_token_prefix(llama._input_ids.tolist(), tokens), len(tokens) - 1)
+                    # Where this prompt leaves the previous one is a prefix two prompts share (a judge
+                    # prompt up to the answer): worth keeping for the same question's next step.
+                    self._save(llama, tokens[:keep], 0, truncate=True)
+                    keep = self._restore(llama, tokens, keep, limit=len(tokens) - 1)
                 llama.n_tokens = keep
                 llama.eval(tokens[keep:])
                 # Without logits_all llama.cpp keeps the logits of the batch's last position only.
@@ -434,6 +500,57 @@ class LlamaCppLLM(LLM):
                     )
         return [r for r in results if r is not None]
 
+    #: Fewer new tokens than this are not worth a saved state (copying one costs milliseconds).
+    _MIN_SAVED = 64
+
+    def _restore(self, llama: Llama, tokens: Sequence[int], keep: int, *, limit: int) -> int:
+        """Start sequence 0 from the saved state sharing the most of ``tokens`` (at most ``limit``)
+        when that is clearly more than the ``keep`` tokens the context holds; the tokens it holds now."""
+        import ctypes
+
+        import llama_cpp
+
+        found = self._saved.best(tokens) if self._saved.capacity else None
+        if found is None:
+            return keep
+        key, state, shared = found
+        shared = min(shared, limit)
+        if shared < keep + self._MIN_SAVED // 2:
+            return keep
+        mem = llama_cpp.llama_get_memory(llama._ctx.ctx)
+        llama_cpp.llama_memory_seq_rm(mem, 0, -1, -1)
+        data = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        if llama_cpp.llama_state_seq_set_data(llama._ctx.ctx, data, len(state), 0) == 0:
+            llama_cpp.llama_memory_seq_rm(mem, 0, -1, -1)  # a state that does not load: prefill instead
+            return 0
+        llama._ctx.kv_cache_seq_rm(0, shared, -1)
+        llama.input_ids[:shared] = key[:shared]
+        self._saved.hits += 1
+        self._saved.restored_tokens += shared - keep
+        return shared
+
+    def _save(self, llama: Llama, tokens: Sequence[int], keep: int, *, truncate: bool = False) -> None:
+        """Keep the state of sequence 0, which holds ``tokens`` (``truncate``: and more, dropped
+        first), when at least ``_MIN_SAVED`` of them were prefilled after the ``keep`` it started from
+        and no saved state holds them already."""
+        import ctypes
+
+        import llama_cpp
+
+        if not self._saved.capacity or len(tokens) - keep < self._MIN_SAVED:
+            return
+        found = self._saved.best(tokens)
+        if found is not None and found[2] >= len(tokens):
+            return
+        if truncate:
+            llama._ctx.kv_cache_seq_rm(0, len(tokens), -1)
+            llama.n_tokens = len(tokens)
+        size = llama_cpp.llama_state_seq_get_size(llama._ctx.ctx, 0)
+        state = bytearray(size)
+        buffer = (ctypes.c_uint8 * size).from_buffer(state)
+        if llama_cpp.llama_state_seq_get_data(llama._ctx.ctx, buffer, size, 0) == size:
+            self._saved.put(tokens, state)
+
     def _template_stops(self, llama: Llama) -> list[str]:
         if self._formatter is None:
             self._render(llama, (Message("user", ""),))
@@ -467,9 +584,11 @@ class LlamaCppLLM(LLM):
         keep = min(llama.longest_token_prefix(llama._input_ids[: llama.n_tokens].tolist(), group[0].prompt), prefix)
         for seq_id in range(1, self.batch_width + 1):
             llama_cpp.llama_memory_seq_rm(mem, seq_id, -1, -1)
+        keep = self._restore(llama, group[0].prompt, keep, limit=prefix)
         llama.n_tokens = keep
         if prefix > keep:
             llama.eval(group[0].prompt[keep:prefix])  # on sequence 0, n_batch tokens per decode
+            self._save(llama, group[0].prompt[:prefix], keep)
         else:
             llama._ctx.kv_cache_seq_rm(0, prefix, -1)
         # Sequence j + 1 gets a copy of the prefix's cells (shared, not duplicated, in a unified cache).

@@ -38,7 +38,7 @@ class ModelSpec:
     """The backend and model of one role.
 
     - ``llamacpp``: ``model`` is an embedded model name or a GGUF path; uses ``n_threads``,
-      ``n_ctx``, ``logprobs`` and ``batch_width``.
+      ``n_ctx``, ``logprobs``, ``batch_width`` and ``prefix_cache_mb``.
     - ``openai``: ``model`` is the server's model id; uses ``base_url``, ``api_key_env``,
       ``timeout_s``, ``max_concurrency`` (logprobs are always available there).
     - ``scripted``: ``model`` names a backend registered with the pool (tests) or a recording file.
@@ -60,6 +60,8 @@ class ModelSpec:
     json_schema: bool = True
     #: llamacpp only: the most greedy answers of one question decoded together (1: one at a time).
     batch_width: int = 4
+    #: llamacpp only: memory (MB) for saved KV prefixes, reused by later prompts that share them (0: off).
+    prefix_cache_mb: int = 512
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -82,6 +84,8 @@ class ModelSpec:
             raise ConfigError(f"n_ctx must be an integer >= 256, got {self.n_ctx!r}.")
         if not isinstance(self.batch_width, int) or isinstance(self.batch_width, bool) or self.batch_width < 1:
             raise ConfigError(f"batch_width must be a positive integer (1: no batching), got {self.batch_width!r}.")
+        if not isinstance(self.prefix_cache_mb, int) or isinstance(self.prefix_cache_mb, bool) or self.prefix_cache_mb < 0:
+            raise ConfigError(f"prefix_cache_mb must be an integer >= 0 (0: off), got {self.prefix_cache_mb!r}.")
         if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}.")
         if self.max_concurrency is not None and (not isinstance(self.max_concurrency, int) or self.max_concurrency < 1):
@@ -160,7 +164,8 @@ class ModelPool:
             # Same file -> same model, whether named by pack name or by path.
             ident = EMBEDDED_MODELS[spec.model].target() if spec.model in EMBEDDED_MODELS else spec.model
             path = Path(ident).expanduser().resolve()
-            return ("llamacpp", str(path), spec.n_ctx, spec.n_threads, spec.logprobs, spec.batch_width)
+            return ("llamacpp", str(path), spec.n_ctx, spec.n_threads, spec.logprobs, spec.batch_width,
+                    spec.prefix_cache_mb)
         return (
             "openai", spec.base_url, spec.model, spec.api_key_env, spec.timeout_s, spec.max_concurrency, spec.json_schema
         )
@@ -177,6 +182,7 @@ class ModelPool:
                 verbose=self.verbose,
                 logprobs=spec.logprobs,
                 batch_width=spec.batch_width,
+                prefix_cache_mb=spec.prefix_cache_mb,
             )
         from opro.llm.openai import OpenAILLM
 
