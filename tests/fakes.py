@@ -46,9 +46,17 @@ def judge_reply(messages: tuple[Message, ...], options: GenerationOptions) -> st
     return json.dumps({"score": score, "reasoning": "scripted"})
 
 
+def instruction_of(prompt: str) -> str:
+    """The instruction of a rendered QA prompt, before the context or after the query (what a
+    scripted task model reacts to; the template's own words about the context are left out)."""
+    parts = prompt.split("---------------------")
+    if len(parts) < 3:
+        return parts[0]
+    return parts[0] + re.sub(r"^\s*Query:[^\n]*\n", "", parts[-1])
+
+
 def task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    prompt = messages[-1].content
-    return "Using the context: yes." if "context" in prompt.split("---------------------")[0].lower() else "Yes."
+    return "Using the context: yes." if "context" in instruction_of(messages[-1].content).lower() else "Yes."
 
 
 def optimizer_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:

@@ -54,7 +54,10 @@ def test_experiment_end_to_end_on_scripted_models(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)
     prompt = mlflow.genai.load_prompt("prompts:/qa-test@latest-best")
     assert "{{context_str}}" in prompt.template and "{{query_str}}" in prompt.template
-    assert prompt.format(context_str="C", query_str="Q").startswith(result.best_instruction)
+    # The registered prompt is the searched one, in the configured layout (the instruction after the query).
+    assert prompt.format(context_str="C", query_str="Q") == exp.template(result.best_instruction).format(
+        context_str="C", query_str="Q")
+    assert f"Query: Q\n{result.best_instruction}\nAnswer:" in prompt.format(context_str="C", query_str="Q")
 
     # The secret never reaches params, artifacts or the stores.
     assert all(SECRET not in v for v in params.values())

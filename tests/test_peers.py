@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fakes import instruction_of
 
 from opro.config import config_from_dict
 from opro.llm import GenerationOptions, Message
@@ -24,9 +25,7 @@ def _qa_file(tmp_path: Path, n: int = 20) -> Path:
 
 
 def _task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    prompt = messages[-1].content
-    head = prompt.split("---------------------")[0].lower()
-    return "Using the context: yes." if "context" in head else "Yes."
+    return "Using the context: yes." if "context" in instruction_of(messages[-1].content).lower() else "Yes."
 
 
 def _judge(heldout: set[str]) -> Callable[[tuple[Message, ...], GenerationOptions], str]:
