@@ -764,6 +764,7 @@ class OPROOptimizer:
             logger.warning("worker %d: the optimizer samples of step %d failed here (%s); worker 0 asks again",
                            self.worker_index, step, exc)
             got = [{"error": str(exc)[:200]} for _ in mine]
+        self._save_usage(study)  # first, so that worker 0, seeing the samples, counts their calls
         for i, value in zip(mine, got, strict=True):
             study.set_user_attr(f"sample:{step}:{tag}:{i}", value)
 

@@ -137,6 +137,7 @@ def test_waiting_workers_ask_for_their_share_of_the_optimizer_samples(tmp_path: 
     if helper == "answers":  # two samples each, none asked twice
         assert len(rig0.optimizer.calls) == len(rig1.optimizer.calls) == 2
         assert sorted(v["text"] for v in stored.values()) == sorted(expected[1::2])
+        assert study.user_attrs["usage:w1"]["optimizer"]["calls"] == 2  # saved with them: worker 0 counts them
     elif helper == "fails":  # worker 1 stored its errors; worker 0 asked for those samples itself
         assert len(rig0.optimizer.calls) == 4 and len(stored) == 2 and all("error" in v for v in stored.values())
         assert waited < 2.0  # it did not wait out its patience for them
