@@ -17,9 +17,9 @@ tokens. Then, per model:
   decoded together (``generate_many``, the path the engine uses).
 
 floor = unique prefill / prefill rate + greedy decode / batched decode rate + other decode / decode
-rate, summed over the models (the run's saved-prefix restores, ``prefix_cache_mb``, are printed
-beside them: tokens a restored KV state spared the prefill, and how many restores): the time the run's LLM work needs at least on this machine, with
-nothing evaluated twice. Printed beside the measured wall time (and the time spent inside model
+rate, summed over the models: the time the run's LLM work needs at least on this machine, with
+nothing evaluated twice (the run's saved-prefix restores, ``prefix_cache_mb``, are printed beside it:
+the prompt tokens a restored KV state spared, and how many restores). Printed beside the measured wall time (and the time spent inside model
 calls), with the ratio. Non-LLM work (PDF, chunking, BM25, Optuna, MLflow, plots) is in the wall time
 and not in the floor. The load average before and after is printed: on a shared machine every rate
 and time is slower, the ratio less so. A JSON copy goes to ``<out>/floor.json``.
