@@ -676,7 +676,7 @@ class OPROOptimizer:
             if asked == 0:
                 replies = self._shared_samples(study, step, meta_prompt, indices)
             else:  # the few top-ups for rejected samples: this worker alone
-                replies = [c.text for c in self.optimizer_llm.map([self._sample_request(meta_prompt, i) for i in indices])]
+                replies = self._ask_samples(meta_prompt, indices)
             asked += want
             for reply in replies:
                 verdict = check_candidate(
@@ -693,9 +693,13 @@ class OPROOptimizer:
         study.set_user_attr(f"rejected:{step}", rejected)
         return accepted
 
-    def _sample_request(self, meta_prompt: str, sample_index: int) -> Request:
-        return Request(meta_prompt, temperature=self.settings.temperature, max_tokens=self.settings.max_tokens,
-                       sample_index=sample_index)
+    def _ask_samples(self, meta_prompt: str, indices: Sequence[int]) -> list[str]:
+        """The optimizer's replies to ``meta_prompt`` for these sample indices, asked concurrently."""
+        return [c.text for c in self.optimizer_llm.map([
+            Request(meta_prompt, temperature=self.settings.temperature, max_tokens=self.settings.max_tokens,
+                    sample_index=i)
+            for i in indices
+        ])]
 
     def _shared_samples(self, study: optuna.Study, step: int, meta_prompt: str, indices: Sequence[int]) -> list[str]:
         """The texts of a step's first samples. Live workers waiting for the step's proposals ask for
@@ -707,7 +711,7 @@ class OPROOptimizer:
         live = live_workers(study.user_attrs)
         helpers = sorted(w for w in live if w != self.worker_index)
         if not helpers or len(indices) < 2:
-            return [c.text for c in self.optimizer_llm.map([self._sample_request(meta_prompt, i) for i in indices])]
+            return self._ask_samples(meta_prompt, indices)
         order = [self.worker_index, *helpers]
         dealt = {i: order[n % len(order)] for n, i in enumerate(indices)}
         tag = _sha(meta_prompt)
@@ -717,8 +721,7 @@ class OPROOptimizer:
         })
         started = time.monotonic()
         mine = [i for i in indices if dealt[i] == self.worker_index]
-        texts = dict(zip(mine, (c.text for c in self.optimizer_llm.map([self._sample_request(meta_prompt, i)
-                                                                          for i in mine])), strict=True))
+        texts = dict(zip(mine, self._ask_samples(meta_prompt, mine), strict=True))
         # A helper gets as long again as this worker's own share took (at least 2 s) before its
         # samples are asked for here too.
         patience = max(2.0, 2 * (time.monotonic() - started))
@@ -738,18 +741,18 @@ class OPROOptimizer:
                 elif "error" in got or late or held.get("token") != live[dealt[i]].get("token"):
                     ask.append(i)
             if ask:
-                texts.update(zip(ask, (c.text for c in self.optimizer_llm.map([self._sample_request(meta_prompt, i)
-                                                                                for i in ask])), strict=True))
+                texts.update(zip(ask, self._ask_samples(meta_prompt, ask), strict=True))
             if len(texts) == len(indices):
                 return [texts[i] for i in indices]
             time.sleep(poll)
             poll = min(_MAX_POLL_S, poll * 1.5)
 
-    def _help_sample(self, study: optuna.Study, step: int, sampling: Mapping[str, Any]) -> None:
-        """Ask for the samples worker 0 dealt to this worker (see :meth:`_shared_samples`) and store
-        their texts in the study (or that the call failed, for worker 0 to ask again)."""
+    def _help_sample(self, study: optuna.Study, step: int, attrs: Mapping[str, Any]) -> None:
+        """Ask for the samples worker 0 dealt to this worker (see :meth:`_shared_samples`; ``attrs``:
+        the study's attributes as just read) and store their texts in the study (or that the call
+        failed, for worker 0 to ask again)."""
+        sampling = attrs[f"sampling:{step}"]
         tag, prompt = str(sampling.get("tag")), str(sampling.get("prompt"))
-        attrs = study.user_attrs
         mine = sorted(
             int(i) for i, d in (sampling.get("dealt") or {}).items()
             if d.get("worker") == self.worker_index and d.get("token") == self._token
@@ -758,8 +761,7 @@ class OPROOptimizer:
         if not mine or _sha(prompt) != tag:
             return
         try:
-            got: list[dict[str, str]] = [{"text": c.text} for c in self.optimizer_llm.map(
-                [self._sample_request(prompt, i) for i in mine])]
+            got: list[dict[str, str]] = [{"text": text} for text in self._ask_samples(prompt, mine)]
         except LLMError as exc:
             logger.warning("worker %d: the optimizer samples of step %d failed here (%s); worker 0 asks again",
                            self.worker_index, step, exc)
@@ -787,7 +789,7 @@ class OPROOptimizer:
                 return list(attrs[key])
             sampling = attrs.get(f"sampling:{step}")
             if isinstance(sampling, dict) and sampling != helped:
-                self._help_sample(study, step, sampling)
+                self._help_sample(study, step, attrs)
                 helped, poll = sampling, 0.05
                 continue
             held = attrs.get("holder:w0") or {}

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fault_server import instruction_of
+
 from opro.config import OptimizerSection
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.cache import CallCache
@@ -44,15 +46,6 @@ def judge_reply(messages: tuple[Message, ...], options: GenerationOptions) -> st
     # Answers produced under an instruction mentioning "context" score 5, others 2.
     score = 5 if "context" in text.lower() else 2
     return json.dumps({"score": score, "reasoning": "scripted"})
-
-
-def instruction_of(prompt: str) -> str:
-    """The instruction of a rendered QA prompt, before the context or after the query (what a
-    scripted task model reacts to; the template's own words about the context are left out)."""
-    parts = prompt.split("---------------------")
-    if len(parts) < 3:
-        return parts[0]
-    return parts[0] + re.sub(r"^\s*Query:[^\n]*\n", "", parts[-1])
 
 
 def task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:

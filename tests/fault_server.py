@@ -47,12 +47,19 @@ def dspy_reply(system: str, variant: int) -> str | None:
     return "\n\n".join([*parts, "[[ ## completed ## ]]"])
 
 
+def instruction_of(prompt: str) -> str:
+    """The instruction of a rendered QA prompt, before the context or after the query (what a
+    scripted task model reacts to; the template's own words about the context are left out)."""
+    parts = prompt.split("---------------------")
+    if len(parts) < 3:
+        return parts[0]
+    return parts[0] + re.sub(r"^\s*Query:[^\n]*\n", "", parts[-1])
+
+
 def role_reply(role: str, prompt: str) -> str:
     """What a cooperative model of each role answers (the same truth as the scripted test models)."""
-    if role == "task":  # the instruction: before the context, or after the query
-        parts = prompt.split("---------------------")
-        instruction = parts[0] + (re.sub(r"^\s*Query:[^\n]*\n", "", parts[-1]) if len(parts) > 2 else "")
-        return "Using the context: yes." if "context" in instruction.lower() else "Yes."
+    if role == "task":
+        return "Using the context: yes." if "context" in instruction_of(prompt).lower() else "Yes."
     if role == "judge":
         return json.dumps({"score": 5 if "context" in prompt.lower() else 2, "reasoning": "fake server"})
     seed = int(re.search(r"sample (\d+)", prompt).group(1)) if re.search(r"sample (\d+)", prompt) else 0

@@ -80,15 +80,6 @@ class _Seq:
     multibyte_fix: int = 0
 
 
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the common prefix of two token lists."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 class _SavedPrefixes:
     """KV states of sequence 0 by the tokens they hold, within ``capacity`` bytes, least recently
     used out first. One state per prompt family: saving tokens that agree with a saved state up to
@@ -103,9 +94,11 @@ class _SavedPrefixes:
 
     def best(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], bytearray, int] | None:
         """The saved state sharing the longest prefix with ``tokens``: (its tokens, state, shared)."""
+        from llama_cpp import Llama
+
         found: tuple[tuple[int, ...], bytearray, int] | None = None
         for key, state in self._states.items():
-            n = _shared(key, tokens)
+            n = Llama.longest_token_prefix(key, tokens)
             if n and (found is None or n > found[2]):
                 found = (key, state, n)
         if found is not None:
@@ -113,8 +106,10 @@ class _SavedPrefixes:
         return found
 
     def put(self, tokens: Sequence[int], state: bytearray) -> None:
+        from llama_cpp import Llama
+
         key = tuple(tokens)
-        for old in [k for k in self._states if _shared(k, key) >= min(len(k), len(key)) - 16]:
+        for old in [k for k in self._states if Llama.longest_token_prefix(k, key) >= min(len(k), len(key)) - 16]:
             self._bytes -= len(self._states.pop(old))
         if len(state) > self.capacity:
             return
