@@ -372,25 +372,26 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
     Held-out questions are matched by the sha256 of their normalized text and, where the record keeps
     the normalized texts, as near-duplicates.
     """
-    from opro.dataset import SPLIT_NAMES, normalize_question, question_hash, same_question, split_hash
+    from opro.dataset import SPLIT_NAMES, QuestionKey, normalize_question, question_hash, split_hash
 
     if dataset.split is None:
         raise DataError("the dataset has no split; create one with `opro dataset import`")
     seen_hashes: dict[str, str] = {}
-    seen_texts: list[tuple[str, str]] = []
+    seen_texts: list[tuple[QuestionKey, str]] = []
     for name in SPLIT_NAMES:
         if name == "heldout":
             continue
         for h in record["questions"].get(name) or ():
             seen_hashes.setdefault(str(h), name)
-        seen_texts += [(str(t), name) for t in (record.get("normalized") or {}).get(name) or ()]
+        seen_texts += [(QuestionKey.of(str(t)), name) for t in (record.get("normalized") or {}).get(name) or ()]
     moved: dict[str, str] = {}
     for e in dataset.examples_in("heldout"):
         norm = normalize_question(e.query)
         if question_hash(norm) in seen_hashes:
             moved[e.query] = seen_hashes[question_hash(norm)]
         else:
-            near = next((n for t, n in seen_texts if same_question(norm, t)), None)
+            key = QuestionKey.of(norm)
+            near = next((n for t, n in seen_texts if key.same_as(t)), None)
             if near is not None:
                 moved[e.query] = f"{near}, as a near-duplicate"
     changed = record["split_sha256"] != split_hash(dataset.split)

@@ -172,6 +172,49 @@ def test_normalization_reads_contractions_unicode_hyphens_and_underscores() -> N
     assert normalize_question("AlexNet's size") != normalize_question("AlexNet is size")  # a possessive stays
 
 
+def test_related_groups_are_the_components_of_same_question() -> None:
+    """The grouping reads each question's features once and reuses one matcher per question; it must
+    still be exactly the connected components of the pairwise ``same_question`` relation."""
+    import random
+
+    from opro.dataset import is_near_duplicate, related_groups, same_question
+
+    rng = random.Random(7)
+    words = ["AlexNet", "GPU", "layers", "dropout", "top-5", "error", "ImageNet", "ReLU", "paper", "2012"]
+    stems = [f"What is the {rng.choice(words)} of the {rng.choice(words)} {rng.choice(words)}?" for _ in range(40)]
+    variants = [
+        lambda q: q,
+        lambda q: q.replace("What is", "What's"),
+        lambda q: q.upper().replace("?", " ?"),
+        lambda q: q.replace("of the", "in the"),
+        lambda q: q.replace("?", " in 2012?"),
+        lambda q: q.replace("top-5", "top 5"),
+    ]
+    queries = [rng.choice(variants)(rng.choice(stems)) for _ in range(90)]
+    examples = [Example(query=q, reference_answer="a") for q in queries]
+    parent = list(range(len(queries)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i in range(len(queries)):
+        for j in range(len(queries)):  # both orders: the relation is read as given, not assumed symmetric
+            if i != j and same_question(queries[i], queries[j]):
+                a, b = find(i), find(j)
+                parent[max(a, b)] = min(a, b)
+    components: dict[int, list[int]] = {}
+    for i in range(len(queries)):
+        components.setdefault(find(i), []).append(i)
+    groups = related_groups(examples)
+    assert sorted(map(sorted, groups)) == sorted(components.values())
+    assert 5 < len(groups) < len(queries)  # the set has both related and unrelated questions
+    assert same_question("What's the top-5 error of AlexNet?", "what is the top 5 error of alexnet")
+    assert not same_question("Fact 1 about AlexNet?", "Fact 2 about AlexNet?")
+    assert is_near_duplicate("How many GPUs trained AlexNet?", "How many GPU's trained AlexNet?")
+
+
 def test_split_keeps_a_shared_context_and_near_duplicates_in_one_split() -> None:
     from opro.dataset import related_groups, split_record
 
