@@ -177,6 +177,35 @@ class QuestionKey:
         return _near(self.tokens, other.tokens, self.again, other.again, matcher=matcher)
 
 
+class NearDuplicates:
+    """Questions kept so far, each normalized once, to test a new one against all of them as
+    :func:`is_near_duplicate` would (a generator checks every new question against every kept one)."""
+
+    def __init__(self, *, jaccard: float = 0.8, ratio: float = 0.9) -> None:
+        self.jaccard = jaccard
+        self.ratio = ratio
+        self._normal: set[str] = set()
+        self._kept: list[tuple[str, frozenset[str], difflib.SequenceMatcher[str]]] = []
+
+    def match(self, text: str) -> Literal["empty", "duplicate", "near-duplicate"] | None:
+        """Why ``text`` is not new (empty once normalized, equal or near a kept one), or None."""
+        normal = normalize_question(text)
+        if not normal:
+            return "empty"
+        if normal in self._normal:
+            return "duplicate"
+        tokens = frozenset(normal.split())
+        for kept, kept_tokens, matcher in self._kept:
+            if _near(tokens, kept_tokens, normal, kept, jaccard=self.jaccard, ratio=self.ratio, matcher=matcher):
+                return "near-duplicate"
+        return None
+
+    def add(self, text: str) -> None:
+        normal = normalize_question(text)
+        self._normal.add(normal)
+        self._kept.append((normal, frozenset(normal.split()), difflib.SequenceMatcher(None, "", normal)))
+
+
 def content_hash(examples: Iterable[Example]) -> str:
     blob = json.dumps([e.to_json() for e in examples], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
@@ -615,6 +644,7 @@ __all__ = [
     "SPLIT_NAMES",
     "Example",
     "GoldenDataset",
+    "NearDuplicates",
     "QuestionKey",
     "Split",
     "SplitName",

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from opro.dataset import Example, GoldenDataset, is_near_duplicate, normalize_question
+from opro.dataset import Example, GoldenDataset, NearDuplicates, is_near_duplicate
 from opro.errors import ConfigError, DataError
 from opro.llm import ChatClient, Completion, Message
 from opro.progress import ProgressBar, progress_bar
@@ -186,6 +186,7 @@ def generate_examples(
 
     dropped: list[DroppedQuestion] = []
     kept: list[tuple[int, str, str]] = []  # (chunk index, chunk text, question)
+    seen = NearDuplicates(jaccard=jaccard_threshold, ratio=ratio_threshold)
     with (
         progress_bar("generating golden examples", total=len(selected), enabled=progress) as bar,
         ThreadPoolExecutor(max_workers=n_workers) as pool,
@@ -197,14 +198,12 @@ def generate_examples(
                 if not parsed:
                     dropped.append(DroppedQuestion(c.text.strip()[:200], "empty", idx, "no question in the reply"))
                 for q in parsed:
-                    if not normalize_question(q):
-                        dropped.append(DroppedQuestion(q, "empty", idx))
-                    elif any(normalize_question(q) == normalize_question(k[2]) for k in kept):
-                        dropped.append(DroppedQuestion(q, "duplicate", idx))
-                    elif any(is_near_duplicate(q, k[2], jaccard=jaccard_threshold, ratio=ratio_threshold) for k in kept):
-                        dropped.append(DroppedQuestion(q, "near-duplicate", idx))
+                    why = seen.match(q)
+                    if why is not None:
+                        dropped.append(DroppedQuestion(q, why, idx))
                     else:
                         kept.append((idx, text, q))
+                        seen.add(q)
             bar.add_total(len(kept))
             answers = list(pool.map(lambda it: ask_answer(it, bar), kept))
     examples: list[Example] = []

@@ -215,6 +215,38 @@ def test_related_groups_are_the_components_of_same_question() -> None:
     assert is_near_duplicate("How many GPUs trained AlexNet?", "How many GPU's trained AlexNet?")
 
 
+@pytest.mark.parametrize("jaccard, ratio", [(0.8, 0.9), (0.5, 0.7)])
+def test_near_duplicates_index_drops_what_the_pairwise_rule_drops(jaccard: float, ratio: float) -> None:
+    from opro.dataset import NearDuplicates, is_near_duplicate
+
+    questions = [
+        "What is the top-5 error of AlexNet?", "what's the TOP 5 error of alexnet", "?!", "Who wrote the paper?",
+        "Who wrote the AlexNet paper?", "How many GPUs trained AlexNet?", "How many GPU's trained AlexNet ?",
+        "Which activation does AlexNet use?", "What is the top-5 error of AlexNet?", "Why use dropout in AlexNet?",
+        "Why is dropout used in AlexNet?", "When was AlexNet published?",
+    ]
+    index = NearDuplicates(jaccard=jaccard, ratio=ratio)
+    kept: list[str] = []
+    got, expected = [], []
+    for q in questions:
+        if not normalize_question(q):
+            want = "empty"
+        elif any(normalize_question(q) == normalize_question(k) for k in kept):
+            want = "duplicate"
+        elif any(is_near_duplicate(q, k, jaccard=jaccard, ratio=ratio) for k in kept):
+            want = "near-duplicate"
+        else:
+            want = None
+            kept.append(q)
+        why = index.match(q)
+        if why is None:
+            index.add(q)
+        got.append(why)
+        expected.append(want)
+    assert got == expected
+    assert {"empty", "duplicate", "near-duplicate", None} <= set(got)
+
+
 def test_split_keeps_a_shared_context_and_near_duplicates_in_one_split() -> None:
     from opro.dataset import related_groups, split_record
 
