@@ -12,6 +12,7 @@ the exemplar or optimization split, of this experiment or of any run whose promp
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import logging
 import math
@@ -377,13 +378,15 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
     if dataset.split is None:
         raise DataError("the dataset has no split; create one with `opro dataset import`")
     seen_hashes: dict[str, str] = {}
-    seen_texts: list[tuple[QuestionKey, str]] = []
+    seen_texts: list[tuple[QuestionKey, str, difflib.SequenceMatcher[str]]] = []
     for name in SPLIT_NAMES:
         if name == "heldout":
             continue
         for h in record["questions"].get(name) or ():
             seen_hashes.setdefault(str(h), name)
-        seen_texts += [(QuestionKey.of(str(t)), name) for t in (record.get("normalized") or {}).get(name) or ()]
+        for t in (record.get("normalized") or {}).get(name) or ():
+            key = QuestionKey.of(str(t))  # and a matcher that keeps its index of it: held-out x seen pairs
+            seen_texts.append((key, name, difflib.SequenceMatcher(None, "", key.again)))
     moved: dict[str, str] = {}
     for e in dataset.examples_in("heldout"):
         norm = normalize_question(e.query)
@@ -391,7 +394,7 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
             moved[e.query] = seen_hashes[question_hash(norm)]
         else:
             key = QuestionKey.of(norm)
-            near = next((n for t, n in seen_texts if key.same_as(t)), None)
+            near = next((n for t, n, matcher in seen_texts if key.same_as(t, matcher)), None)
             if near is not None:
                 moved[e.query] = f"{near}, as a near-duplicate"
     changed = record["split_sha256"] != split_hash(dataset.split)

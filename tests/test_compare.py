@@ -294,3 +294,8 @@ def test_a_changed_split_without_overlap_is_refused_and_no_record_says_current_o
                   heldout=(*s.heldout, 8), dataset_hash=content_hash(leaky))
     with pytest.raises(DataError, match=r"1 held-out question\(s\) were seen by the optimization.*was in the optimization split"):
         check_heldout_against_record(GoldenDataset(leaky, split), record=record)
+    # A near-duplicate (not the same normalized text) is refused too, named as such.
+    near = (*examples, Example(query=seen_q.replace("What is", "What is the"), reference_answer="y"))
+    split = replace(split, dataset_hash=content_hash(near))
+    with pytest.raises(DataError, match=r"1 held-out question\(s\) were seen.*optimization, as a near-duplicate"):
+        check_heldout_against_record(GoldenDataset(near, split), record=record)
