@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -187,25 +187,36 @@ def generate_examples(
     dropped: list[DroppedQuestion] = []
     kept: list[tuple[int, str, str]] = []  # (chunk index, chunk text, question)
     seen = NearDuplicates(jaccard=jaccard_threshold, ratio=ratio_threshold)
+    answer_calls: list[Future[Completion]] = []
     with (
         progress_bar("generating golden examples", total=len(selected), enabled=progress) as bar,
         ThreadPoolExecutor(max_workers=n_workers) as pool,
     ):
-            question_results = list(pool.map(lambda it: ask_questions(it, bar), selected))
-            for idx, text, c in question_results:
-                completions.append(c)
-                parsed = parse_questions(c.text, limit=questions_per_chunk)
-                if not parsed:
-                    dropped.append(DroppedQuestion(c.text.strip()[:200], "empty", idx, "no question in the reply"))
-                for q in parsed:
-                    why = seen.match(q)
-                    if why is not None:
-                        dropped.append(DroppedQuestion(q, why, idx))
-                    else:
-                        kept.append((idx, text, q))
-                        seen.add(q)
-            bar.add_total(len(kept))
-            answers = list(pool.map(lambda it: ask_answer(it, bar), kept))
+        # Chunk by chunk, in order (the duplicate check compares with earlier chunks' questions): a
+        # chunk's answers are asked as soon as its questions are in, before the next chunk's question
+        # call is queued. Both prompts start with the chunk, so an in-process model reuses its KV
+        # instead of prefilling the chunk again; n_workers question calls stay in flight for an endpoint.
+        question_calls = [pool.submit(ask_questions, item, bar) for item in selected[:n_workers]]
+        for i in range(len(selected)):
+            idx, text, c = question_calls[i].result()
+            completions.append(c)
+            parsed = parse_questions(c.text, limit=questions_per_chunk)
+            if not parsed:
+                dropped.append(DroppedQuestion(c.text.strip()[:200], "empty", idx, "no question in the reply"))
+            new: list[tuple[int, str, str]] = []
+            for q in parsed:
+                why = seen.match(q)
+                if why is not None:
+                    dropped.append(DroppedQuestion(q, why, idx))
+                else:
+                    new.append((idx, text, q))
+                    seen.add(q)
+            bar.add_total(len(new))
+            kept.extend(new)
+            answer_calls.extend(pool.submit(ask_answer, item, bar) for item in new)
+            if i + n_workers < len(selected):
+                question_calls.append(pool.submit(ask_questions, selected[i + n_workers], bar))
+        answers = [call.result() for call in answer_calls]
     examples: list[Example] = []
     by = {"model_name": llm.model, "type": "ai"}
     for (idx, text, question), c in zip(kept, answers, strict=True):

@@ -65,6 +65,24 @@ def test_generation_dedupes_and_drops_not_in_context_answers() -> None:
     assert result.n_chunks == 3 and result.calls == 3 + 4
 
 
+def test_a_chunks_answers_follow_its_questions_so_the_chunk_prefix_is_reused() -> None:
+    """One call at a time (an in-process model): chunk a's questions, then its answers, then chunk b's
+    questions... so each answer prompt starts where the question prompt of the same chunk left the KV
+    cache. The dataset and the drops are those of asking every question first."""
+    llm = ScriptedLLM(default=_reply, model="strong-model")
+    llm.max_concurrency = 1
+    result = generate_examples(chunks=CHUNKS, llm=ChatClient(llm, role="generator"), questions_per_chunk=2, progress=False)
+    order = [("q" if "Teacher/Professor" in m[-1].content else "a") + next(
+        c.id for c in CHUNKS if c.text in m[-1].content) for m, _ in llm.calls]
+    assert order == ["qa", "aa", "qb", "ab", "qc", "ac", "ac"]
+    assert [e.query for e in result.dataset.examples] == [
+        "When was the Eiffel Tower completed?",
+        "What is the highest mountain in Japan?",
+        "Which river is the second-longest in Europe?",
+    ]
+    assert [d.reason for d in result.dropped] == ["duplicate", "near-duplicate", "not-in-context"]
+
+
 def test_rerun_is_free_with_the_cache(tmp_path: Path) -> None:
     llm = ScriptedLLM(default=_reply)
     cache = CallCache(tmp_path / "calls.sqlite")
