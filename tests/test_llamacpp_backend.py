@@ -183,3 +183,32 @@ def test_saved_prefixes_start_a_returning_prompt_where_it_left_off(embedded_task
         assert saved.hits == hits + 2
     finally:
         saved.capacity = capacity
+
+
+def test_a_call_alone_keeps_its_prompt_for_the_next_steps_candidates(embedded_task_llm: LLM) -> None:
+    # Step 0 asks one candidate per question (one call alone), the next step several: their batch
+    # starts from the state the lone call left, and answers as it would without saved states.
+    llm = embedded_task_llm
+    facts = ("ResNet was introduced in 2015 by Kaiming He and colleagues at Microsoft Research. Its residual "
+             "connections let networks of 152 layers train, and it won the ImageNet challenge that year. ") * 2
+    other = ("BERT was released by Google in 2018. It is pretrained with masked language modelling and next sentence "
+             "prediction on books and Wikipedia, then fine-tuned for each task. ") * 2
+
+    def calls(text: str) -> list[tuple[tuple[Message, ...], GenerationOptions]]:
+        return [((Message("user", f"{text}\nQuery: Who made it?\n{ins}\nAnswer: "),), GenerationOptions(max_tokens=10))
+                for ins in ("Answer briefly.", "Answer in one sentence.")]
+
+    saved = llm._saved  # type: ignore[attr-defined]
+    alone = llm.generate(*calls(facts)[0])
+    llm.generate_many(calls(other))
+    hits, restored = saved.hits, saved.restored_tokens
+    batch = [c.text for c in llm.generate_many(calls(facts))]  # type: ignore[union-attr]
+    assert saved.hits == hits + 1 and saved.restored_tokens - restored > 60, (saved.hits, saved.restored_tokens)
+    capacity, saved.capacity = saved.capacity, 0
+    try:
+        llm.generate_many(calls(other))
+        assert [c.text for c in llm.generate_many(calls(facts))] == batch  # type: ignore[union-attr]
+        llm.generate_many(calls(other))
+        assert llm.generate(*calls(facts)[0]).text == alone.text
+    finally:
+        saved.capacity = capacity

@@ -322,7 +322,15 @@ class LlamaCppLLM(LLM):
                 llama.reset()
             started = time.perf_counter()
             try:
+                # A greedy call alone (a step with one candidate) keeps its prompt's state too: the
+                # next step's candidates of the same question start from its retrieved context.
+                tokens = self._state_tokens(llama, messages) if self._keeps_states(options) else None
+                keep = self._start_from_saved(llama, tokens) if tokens is not None else 0
                 response: Any = llama.create_chat_completion(**kwargs)
+                if tokens is not None and list(llama.input_ids[: len(tokens)]) == tokens:
+                    self._save(llama, tokens, keep, truncate=True)
+            except LLMError:
+                raise
             except Exception as exc:
                 raise self._error(exc) from exc
             latency = time.perf_counter() - started
@@ -497,6 +505,28 @@ class LlamaCppLLM(LLM):
 
     #: Fewer new tokens than this are not worth a saved state (copying one costs milliseconds).
     _MIN_SAVED = 64
+
+    def _keeps_states(self, options: GenerationOptions) -> bool:
+        return self.kv_reuse and self._saved.capacity > 0 and self._batchable(options)
+
+    def _state_tokens(self, llama: Llama, messages: tuple[Message, ...]) -> list[int] | None:
+        """The prompt's tokens as saved states are keyed, or None where this model's GGUF cannot
+        render them (``create_chat_completion`` then uses its own chat handler, without saved states)."""
+        try:
+            return self._prompt_tokens_locked(llama, messages)
+        except LLMError:
+            return None
+
+    def _start_from_saved(self, llama: Llama, tokens: list[int]) -> int:
+        """Before a call ``create_chat_completion`` makes: sequence 0 starts from the saved state that
+        shares the most of ``tokens`` (when that beats what the context holds); the tokens it holds."""
+        if len(tokens) >= self.n_ctx:
+            return 0  # create_chat_completion says why
+        keep = min(llama.longest_token_prefix(llama._input_ids.tolist(), tokens), len(tokens) - 1)
+        keep = self._restore(llama, tokens, keep, limit=len(tokens) - 1)
+        llama._ctx.kv_cache_seq_rm(0, keep, -1)
+        llama.n_tokens = keep
+        return keep
 
     def _restore(self, llama: Llama, tokens: Sequence[int], keep: int, *, limit: int) -> int:
         """Start sequence 0 from the saved state sharing the most of ``tokens`` (at most ``limit``)
