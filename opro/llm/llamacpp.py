@@ -329,8 +329,6 @@ class LlamaCppLLM(LLM):
                 response: Any = llama.create_chat_completion(**kwargs)
                 if tokens is not None and list(llama.input_ids[: len(tokens)]) == tokens:
                     self._save(llama, tokens, keep, truncate=True)
-            except LLMError:
-                raise
             except Exception as exc:
                 raise self._error(exc) from exc
             latency = time.perf_counter() - started
