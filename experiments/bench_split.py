@@ -20,7 +20,8 @@ from pathlib import Path
 from opro.dataset import Example, load_dataset, related_groups
 
 SHARED = Path(__file__).resolve().parents[2] / "shared/data/history_of_alexnet/rag_dataset.json"
-WORDS = "network layer image training dataset accuracy model convolution gpu paper author year result error top".split()
+WORDS = ["network", "layer", "image", "training", "dataset", "accuracy", "model", "convolution", "gpu", "paper",
+         "author", "year", "result", "error", "top"]
 
 
 def synthetic(n: int, seed: int) -> list[Example]:
@@ -49,7 +50,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="160,1000,2000", help="synthetic dataset sizes")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     args = parser.parse_args()
-    print("| dataset | questions | groups | related_groups s (best of %d) |" % args.repeats)
+    print(f"| dataset | questions | groups | related_groups s (best of {args.repeats}) |")
     print("|---|---|---|---|")
     if SHARED.exists():
         examples = list(load_dataset(SHARED).examples)
