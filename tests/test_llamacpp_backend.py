@@ -204,11 +204,16 @@ def test_a_call_alone_keeps_its_prompt_for_the_next_steps_candidates(embedded_ta
     hits, restored = saved.hits, saved.restored_tokens
     batch = [c.text for c in llm.generate_many(calls(facts))]  # type: ignore[union-attr]
     assert saved.hits == hits + 1 and saved.restored_tokens - restored > 60, (saved.hits, saved.restored_tokens)
+    llm.generate_many(calls(other))
+    restored_alone = llm.generate(*calls(facts)[1]).text  # a call alone starts from a saved state too
+    assert saved.hits == hits + 2
     capacity, saved.capacity = saved.capacity, 0
     try:
         llm.generate_many(calls(other))
         assert [c.text for c in llm.generate_many(calls(facts))] == batch  # type: ignore[union-attr]
         llm.generate_many(calls(other))
         assert llm.generate(*calls(facts)[0]).text == alone.text
+        llm.generate_many(calls(other))
+        assert llm.generate(*calls(facts)[1]).text == restored_alone
     finally:
         saved.capacity = capacity
