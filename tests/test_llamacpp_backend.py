@@ -205,8 +205,9 @@ def test_a_call_alone_keeps_its_prompt_for_the_next_steps_candidates(embedded_ta
     batch = [c.text for c in llm.generate_many(calls(facts))]  # type: ignore[union-attr]
     assert saved.hits == hits + 1 and saved.restored_tokens - restored > 60, (saved.hits, saved.restored_tokens)
     llm.generate_many(calls(other))
+    hits = saved.hits
     restored_alone = llm.generate(*calls(facts)[1]).text  # a call alone starts from a saved state too
-    assert saved.hits == hits + 2
+    assert saved.hits == hits + 1
     capacity, saved.capacity = saved.capacity, 0
     try:
         llm.generate_many(calls(other))
