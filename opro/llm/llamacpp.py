@@ -325,6 +325,8 @@ class LlamaCppLLM(LLM):
                 # A greedy call alone (a step with one candidate) keeps its prompt's state too: the
                 # next step's candidates of the same question start from its retrieved context.
                 tokens = self._state_tokens(llama, messages) if self._keeps_states(options) else None
+                if tokens is not None and len(tokens) >= self.n_ctx:
+                    tokens = None  # create_chat_completion says why
                 keep = self._start_from_saved(llama, tokens) if tokens is not None else 0
                 response: Any = llama.create_chat_completion(**kwargs)
                 if tokens is not None and list(llama.input_ids[: len(tokens)]) == tokens:
@@ -403,11 +405,9 @@ class LlamaCppLLM(LLM):
                 # (at least one token is evaluated so the last position's logits are fresh).
                 keep = 0
                 if self.kv_reuse:
-                    keep = min(llama.longest_token_prefix(llama._input_ids.tolist(), tokens), len(tokens) - 1)
                     # Where this prompt leaves the previous one is a prefix two prompts share (a judge
                     # prompt up to the answer): worth keeping for the same question's next step.
-                    self._save(llama, tokens[:keep], 0, truncate=True)
-                    keep = self._restore(llama, tokens, keep, limit=len(tokens) - 1)
+                    keep = self._start_from_saved(llama, tokens, keep_shared=True)
                 llama.n_tokens = keep
                 llama.eval(tokens[keep:])
                 # Without logits_all llama.cpp keeps the logits of the batch's last position only.
@@ -515,12 +515,14 @@ class LlamaCppLLM(LLM):
         except LLMError:
             return None
 
-    def _start_from_saved(self, llama: Llama, tokens: list[int]) -> int:
-        """Before a call ``create_chat_completion`` makes: sequence 0 starts from the saved state that
-        shares the most of ``tokens`` (when that beats what the context holds); the tokens it holds."""
-        if len(tokens) >= self.n_ctx:
-            return 0  # create_chat_completion says why
+    def _start_from_saved(self, llama: Llama, tokens: list[int], *, keep_shared: bool = False) -> int:
+        """Before one prompt is evaluated alone: sequence 0 starts from the saved state that shares the
+        most of ``tokens`` (when that beats what the context holds; at least the last token is left to
+        evaluate); the tokens it holds. ``keep_shared``: first save what ``tokens`` shares with the
+        prompt the context holds."""
         keep = min(llama.longest_token_prefix(llama._input_ids.tolist(), tokens), len(tokens) - 1)
+        if keep_shared:
+            self._save(llama, tokens[:keep], 0, truncate=True)
         keep = self._restore(llama, tokens, keep, limit=len(tokens) - 1)
         llama._ctx.kv_cache_seq_rm(0, keep, -1)
         llama.n_tokens = keep
