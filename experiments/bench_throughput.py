@@ -14,6 +14,10 @@ gives, per run:
   window per request (/proc sampling);
 - start / end: process start to first request, last reply to process exit (fixed cost).
 
+The "bare HTTP chain" rows send exactly the requests of opro optimize's dependency chain, round by round
+(:func:`chain_sizes`), from threads that do nothing but HTTP: what a threaded Python client that costs
+nothing but its requests reaches on this machine and this server, a measured ceiling beside the computed one.
+
 Usage (about 2 minutes at L = 0.2 s):
 
     PYTHONPATH=$PWD LITELLM_LOCAL_MODEL_COST_MAP=True python experiments/bench_throughput.py --latency 0.2
@@ -152,6 +156,30 @@ def chain_rounds(*, questions: int, steps: int, candidates: int, w: int) -> int:
     return rounds
 
 
+def chain_sizes(*, questions: int, steps: int, candidates: int, w: int) -> list[list[str]]:
+    """The requests of each of :func:`chain_rounds`'s rounds, by role, when every request takes one
+    round: a step's answers fill W task slots, each answer's judgment goes into the next round (W
+    judge slots), and the optimizer's samples come between steps."""
+
+    def step(pairs: int) -> list[list[str]]:
+        rounds: list[list[str]] = []
+        asked = judged = 0
+        while judged < pairs:
+            tasks = min(w, pairs - asked)
+            judges = min(w, asked - judged)
+            rounds.append(["task"] * tasks + ["judge"] * judges)
+            asked += tasks
+            judged += judges
+        return rounds
+
+    out = step(questions)
+    for _ in range(steps):
+        for done in range(0, candidates, w):
+            out.append(["optimizer"] * min(w, candidates - done))
+        out += step(candidates * questions)
+    return out
+
+
 def _config(base: Path, name: str, url: str, workers: int, args: argparse.Namespace) -> Path:
     return write_config(
         base / f"{name}.toml", name=name, url=url, concurrency=workers,
@@ -195,6 +223,43 @@ def dspy_child(args: argparse.Namespace) -> None:
         )
 
 
+def bare_child(args: argparse.Namespace) -> None:
+    """Runs inside its own process: the requests of opro optimize's dependency chain
+    (:func:`chain_sizes`), round after round, by threads that do nothing but HTTP (``http.client``, one
+    kept-alive connection each, no cache, no prompts, no bookkeeping): how close a threaded Python
+    client that costs nothing but its requests gets to the chain's bound on this machine and server."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    rounds = chain_sizes(questions=args.questions, steps=args.steps, candidates=args.candidates, w=args.threads)
+    url = urlsplit(args.base_url)
+    path = url.path.rstrip("/") + "/chat/completions"
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    facts = "\n".join(f"Fact 0-{i}: the value of item 0-{i} is {i}." for i in range(12))  # about one chunk
+    width = max(len(r) for r in rounds)
+    start = threading.Barrier(width + 1)
+
+    def worker(k: int) -> None:
+        conn = http.client.HTTPConnection(url.hostname, url.port)
+        for n, roles in enumerate(rounds):
+            start.wait()
+            if k < len(roles):
+                prompt = f"{facts}\nQuery: What is the value of item 0-{k % 12}?\nAnswer (round {n}):"
+                body = json.dumps({"model": f"{roles[k]}-model", "messages": [{"role": "user", "content": prompt}],
+                                   "temperature": 0, "max_tokens": 64, "seed": k}).encode()
+                conn.request("POST", path, body=body, headers=headers)
+                conn.getresponse().read()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(width)]
+    for t in threads:
+        t.start()
+    for _ in rounds:
+        start.wait()  # a round starts when every request of the one before has its reply
+    for t in threads:
+        t.join()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency", type=float, default=0.2, help="seconds the server takes per request")
@@ -203,13 +268,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--candidates", type=int, default=4)
     parser.add_argument("--minibatch", type=int, default=2)
-    parser.add_argument("--runs", default="optimize,compare,dspy-evaluate,dspy-copro", help="which runs")
+    parser.add_argument("--runs", default="optimize,compare,dspy-evaluate,dspy-copro,bare", help="which runs")
     parser.add_argument("--dspy-child", choices=("evaluate", "copro"), help=argparse.SUPPRESS)
+    parser.add_argument("--bare-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.dspy_child:
         dspy_child(args)
+        return
+    if args.bare_child:
+        bare_child(args)
         return
 
     sys.path.insert(0, str(ROOT / "tests"))  # the loopback fake server the network tests use
@@ -243,6 +312,8 @@ def main() -> None:
                 rows.append(_measure(server, [*child, "--dspy-child", "evaluate"], run="dspy Evaluate", workers=w, env=env))
             if "dspy-copro" in runs:
                 rows.append(_measure(server, [*child, "--dspy-child", "copro"], run="dspy COPRO", workers=w, env=env))
+            if "bare" in runs:
+                rows.append(_measure(server, [*child, "--bare-child"], run="bare HTTP chain", workers=w, env=env))
     head = ["run", "W", "requests", "window s", "req/s", "W/L", "ratio", "peak", "CPU ms/req", "start s", "end s", ""]
     table = [head, *(r.cells(args.latency) for r in rows)]
     print(f"\nL = {args.latency:g} s; {args.questions} questions; {args.steps} steps x {args.candidates} candidates\n")
@@ -252,7 +323,7 @@ def main() -> None:
             rounds = chain_rounds(questions=args.questions, steps=args.steps, candidates=args.candidates, w=w)
             best = n / (rounds * args.latency)
             print(f"opro optimize at W = {w}: its dependency chain is {rounds} rounds of L, so at most {best:.0f} req/s "
-                  f"(ratio {best / (w / args.latency):.2f} of W/L) with a client that costs nothing")
+                  f"(ratio {best / (w / args.latency):.2f} of W/L) with a client and a server that cost nothing")
         print()
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
