@@ -18,7 +18,7 @@ The "bare HTTP chain" rows send exactly the requests of opro optimize's dependen
 (:func:`chain_sizes`), from threads that do nothing but HTTP: what a threaded Python client that costs
 nothing but its requests reaches on this machine and this server, a measured ceiling beside the computed one.
 
-Usage (about 2 minutes at L = 0.2 s):
+Usage (about 10 minutes at L = 0.2 s, most of it the W = 1 runs; ``--workers 32,128`` for a quick look):
 
     PYTHONPATH=$PWD LITELLM_LOCAL_MODEL_COST_MAP=True python experiments/bench_throughput.py --latency 0.2
 
