@@ -238,18 +238,25 @@ def bare_child(args: argparse.Namespace) -> None:
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     facts = "\n".join(f"Fact 0-{i}: the value of item 0-{i} is {i}." for i in range(12))  # about one chunk
     width = max(len(r) for r in rounds)
-    start = threading.Barrier(width + 1)
+    start = threading.Barrier(width + 1, timeout=120)
 
     def worker(k: int) -> None:
-        conn = http.client.HTTPConnection(url.hostname, url.port)
-        for n, roles in enumerate(rounds):
-            start.wait()
-            if k < len(roles):
-                prompt = f"{facts}\nQuery: What is the value of item 0-{k % 12}?\nAnswer (round {n}):"
-                body = json.dumps({"model": f"{roles[k]}-model", "messages": [{"role": "user", "content": prompt}],
-                                   "temperature": 0, "max_tokens": 64, "seed": k}).encode()
-                conn.request("POST", path, body=body, headers=headers)
-                conn.getresponse().read()
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        try:
+            for n, roles in enumerate(rounds):
+                start.wait()
+                if k < len(roles):
+                    prompt = f"{facts}\nQuery: What is the value of item 0-{k % 12}?\nAnswer (round {n}):"
+                    body = json.dumps({"model": f"{roles[k]}-model", "messages": [{"role": "user", "content": prompt}],
+                                       "temperature": 0, "max_tokens": 64, "seed": k}).encode()
+                    conn.request("POST", path, body=body, headers=headers)
+                    reply = conn.getresponse()
+                    reply.read()
+                    if reply.status != 200:
+                        raise RuntimeError(f"bare HTTP chain: status {reply.status}")
+        except BaseException:
+            start.abort()  # the other threads and the main one stop at once instead of waiting
+            raise
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(width)]
     for t in threads:
