@@ -20,7 +20,8 @@ the given order, answer then judge, exactly as a plain loop would: consecutive t
 sharing their retrieved context as a KV prefix. When the task backend decodes several calls at once
 (:attr:`opro.llm.LLM.supports_batch`, llama.cpp's ``batch_width``) and the program can answer a group
 (``answer_group``), consecutive runnable pairs of the same question are answered in one batch, then
-judged one by one in order: the same answers (greedy decoding), far fewer decode steps.
+judged one by one in order: greedy answers (on short ones the text of one call at a time; long ones can
+part from it, see ``experiments/bench_batch_text.py``), far fewer decode steps.
 """
 
 from __future__ import annotations
