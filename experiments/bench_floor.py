@@ -1,7 +1,7 @@
 """How far an embedded optimization run is from this machine's hardware floor.
 
     PYTHONPATH=$PWD python experiments/bench_floor.py experiments/quickstart.toml [--batch-width 4]
-        [--position before|after] [--prefix-cache-mb 512] [--out runs/bench_floor] [--rates-only]
+        [--position before|after] [--prefix-cache-mb 512] [--draft-fill 4] [--out runs/bench_floor] [--rates-only]
 
 Runs ``opro optimize`` on CONFIG in a fresh output directory with its own call cache (so the run is
 cold by construction), recording every call of each embedded (llama.cpp) model: the prompt's token
@@ -19,7 +19,8 @@ tokens. Then, per model:
 floor = unique prefill / prefill rate + greedy decode / batched decode rate + other decode / decode
 rate, summed over the models: the time the run's LLM work needs at least on this machine, with
 nothing evaluated twice (the run's saved-prefix restores, ``prefix_cache_mb``, are printed beside it:
-the prompt tokens a restored KV state spared, and how many restores). Printed beside the measured wall time (and the time spent inside model
+the prompt tokens a restored KV state spared, and how many restores; and the tokens drafted into
+batched decode steps, ``draft_fill``, with those greedy decoding kept). Printed beside the measured wall time (and the time spent inside model
 calls), with the ratio. Non-LLM work (PDF, chunking, BM25, Optuna, MLflow, plots) is in the wall time
 and not in the floor. The load average before and after is printed: on a shared machine every rate
 and time is slower, the ratio less so. A JSON copy goes to ``<out>/floor.json``.
@@ -192,14 +193,17 @@ def measure_rates(llm: LlamaCppLLM, *, repeats: int = 3, prefill_tokens: int = 7
     )
 
 
-def _fresh_config(path: Path, out: Path, *, batch_width: int | None, position: Any, prefix_cache_mb: int | None) -> Any:
+def _fresh_config(
+    path: Path, out: Path, *, batch_width: int | None, position: Any, prefix_cache_mb: int | None, draft_fill: int | None
+) -> Any:
     config = load_config(path)
     out.mkdir(parents=True, exist_ok=False)
     experiment = dataclasses.replace(
         config.experiment, output_dir=str(out.resolve()), cache=True, cache_path=str((out / "calls.sqlite").resolve())
     )
     models = config.models
-    overrides = {k: v for k, v in (("batch_width", batch_width), ("prefix_cache_mb", prefix_cache_mb)) if v is not None}
+    given = (("batch_width", batch_width), ("prefix_cache_mb", prefix_cache_mb), ("draft_fill", draft_fill))
+    overrides = {k: v for k, v in given if v is not None}
     if overrides:
         models = dataclasses.replace(
             models, **{r: dataclasses.replace(getattr(models, r), **overrides) for r in ROLES}
@@ -214,6 +218,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None, help="fresh output directory (default runs/bench_floor/<name>-<time>)")
     p.add_argument("--batch-width", type=int, default=None, help="override [models.*].batch_width")
     p.add_argument("--prefix-cache-mb", type=int, default=None, help="override [models.*].prefix_cache_mb (0: off)")
+    p.add_argument("--draft-fill", type=int, default=None, help="override [models.*].draft_fill (0: off)")
     p.add_argument("--position", choices=("before", "after"), default=None, help="override [rag].instruction_position")
     p.add_argument("--repeats", type=int, default=3, help="rate measurements per model (the best is kept)")
     p.add_argument("--rates-only", action="store_true", help="measure the models' rates, run nothing")
@@ -222,7 +227,7 @@ def main() -> int:
     name = load_config(args.config).experiment.name
     out = args.out or Path("runs/bench_floor") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     config = _fresh_config(args.config, out, batch_width=args.batch_width, position=args.position,
-                           prefix_cache_mb=args.prefix_cache_mb)
+                           prefix_cache_mb=args.prefix_cache_mb, draft_fill=args.draft_fill)
     load_before = os.getloadavg()
     exp = Experiment(config, progress=False)
     recorder = Recorder()
@@ -253,7 +258,8 @@ def main() -> int:
                 llm.load()
             elif tally.calls == 0:
                 continue
-            restored = (llm._saved.restored_tokens, llm._saved.hits)  # before the rate measurements add any
+            # Before the rate measurements add any.
+            restored = (llm._saved.restored_tokens, llm._saved.hits, llm.drafted, llm.draft_hits)
             rates = measure_rates(llm, repeats=args.repeats)
             floor = (
                 tally.unique / rates.prefill
@@ -268,11 +274,12 @@ def main() -> int:
           f"(2-minute-ish averages; {os.cpu_count()} CPUs)")
     print()
     print("| model (roles) | calls | prompt tokens sent | unique prompt tokens | generated greedy / other | "
-          "restored tokens (restores) | prefill tok/s | decode tok/s (1 / W) | W | floor s | time in calls s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for tally, rates, floor, (restored, hits) in rows:
+          "restored tokens (restores) | drafted / kept | prefill tok/s | decode tok/s (1 / W) | W | floor s | "
+          "time in calls s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for tally, rates, floor, (restored, hits, drafted, kept) in rows:
         print(f"| {tally.model} ({', '.join(sorted(tally.roles))}) | {tally.calls} | {tally.sent} | {tally.unique} | "
-              f"{tally.greedy_decode} / {tally.other_decode} | {restored} ({hits}) | {rates.prefill:.0f} | "
+              f"{tally.greedy_decode} / {tally.other_decode} | {restored} ({hits}) | {drafted} / {kept} | {rates.prefill:.0f} | "
               f"{rates.decode:.1f} / {rates.decode_batched:.1f} | {rates.width} | {floor:.0f} | {tally.call_s:.0f} |")
     total_floor = sum(row[2] for row in rows)
     in_calls = sum(row[0].call_s for row in rows)
@@ -287,6 +294,7 @@ def main() -> int:
         "batch_width": args.batch_width,
         "position": args.position,
         "prefix_cache_mb": args.prefix_cache_mb,
+        "draft_fill": args.draft_fill,
         "load_before": load_before,
         "load_after": load_after,
         "wall_s": wall,
@@ -304,10 +312,12 @@ def main() -> int:
                 "call_s": t.call_s,
                 "restored_tokens": restored,
                 "restores": hits,
+                "drafted": drafted,
+                "drafts_kept": kept,
                 "rates": dataclasses.asdict(r),
                 "floor_s": f,
             }
-            for t, r, f, (restored, hits) in rows
+            for t, r, f, (restored, hits, drafted, kept) in rows
         ],
         "run": summary,
     }

@@ -277,7 +277,9 @@ class Experiment:
         }
         for role in ("task", "judge", "optimizer"):
             for k, v in redact(self.spec(role).safe_dict()).items():
-                if k not in ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb"):  # speed, not scores
+                # Speed, not scores (saved prefixes and drafted tokens leave greedy answers as they were,
+                # up to floating-point sums), so a study resumes across them.
+                if k not in ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill"):
                     out[f"models.{role}.{k}"] = str(v)
         for section in ("rag", "judge"):
             for k, v in vars(getattr(cfg, section)).items():

@@ -33,6 +33,8 @@ def test_defaults_and_embedded_roles() -> None:
         ({"n_ctx": 10}, "n_ctx"),
         ({"prefix_cache_mb": -1}, r"prefix_cache_mb must be an integer >= 0 \(0: off\), got -1"),
         ({"prefix_cache_mb": True}, "prefix_cache_mb must be an integer"),
+        ({"draft_fill": -1}, r"draft_fill must be an integer >= 0 \(0 or 1: off\), got -1"),
+        ({"draft_fill": 4.0}, "draft_fill must be an integer"),
         ({"timeout_s": 0}, "timeout_s"),
         ({"max_concurrency": 0}, "max_concurrency"),
         ({"json_schema": "no"}, "json_schema must be true or false"),

@@ -218,3 +218,50 @@ def test_a_call_alone_keeps_its_prompt_for_the_next_steps_candidates(embedded_ta
         assert llm.generate(*calls(facts)[1]).text == restored_alone
     finally:
         saved.capacity = capacity
+
+
+def test_drafted_tokens_are_kept_only_where_greedy_decoding_agrees(embedded_task_llm: LLM) -> None:
+    # Three answers that quote their context: steps of 3 live answers get a drafted token (a 4th
+    # column), and many drafts are right. The answers are those decoded without drafts: a draft
+    # accepted where greedy decoding would have chosen another token would show here.
+    llm = embedded_task_llm
+    sentence = "The network had eight layers: five convolutional layers followed by three fully connected layers."
+    calls = [
+        ((Message("user", f"Text: {sentence}\n{ins}"),), GenerationOptions(max_tokens=24))
+        for ins in ("Repeat the text exactly.", "Copy the text word for word.", "Quote the text.")
+    ]
+    fill = llm.draft_fill  # type: ignore[attr-defined]
+    try:
+        llm.draft_fill = 0  # type: ignore[attr-defined]
+        drafted, kept = llm.drafted, llm.draft_hits  # type: ignore[attr-defined]
+        plain = [(c.text, c.completion_tokens) for c in llm.generate_many(calls)]  # type: ignore[union-attr]
+        assert (llm.drafted, llm.draft_hits) == (drafted, kept)  # type: ignore[attr-defined]  # off: none
+        llm.draft_fill = 4  # type: ignore[attr-defined]
+        with_drafts = [(c.text, c.completion_tokens) for c in llm.generate_many(calls)]  # type: ignore[union-attr]
+    finally:
+        llm.draft_fill = fill  # type: ignore[attr-defined]
+    assert with_drafts == plain
+    assert any("convolutional" in text for text, _ in plain)  # the answers do quote the text
+    drafted, kept = llm.drafted - drafted, llm.draft_hits - kept  # type: ignore[attr-defined]
+    assert kept >= 5 and drafted > 0, (drafted, kept)
+
+
+def test_drafts_fill_a_step_to_a_multiple_of_draft_fill_from_the_latest_match(embedded_task_llm: LLM) -> None:
+    from opro.llm.llamacpp import _lookup, _Seq
+
+    # The last 3 tokens (7, 8, 9) occurred twice: the latest occurrence's continuation is drafted.
+    assert _lookup([7, 8, 9, 1, 2, 7, 8, 9, 3, 4, 5, 7, 8, 9], 2) == [3, 4]
+    assert _lookup([1, 2, 3, 9, 2, 3], 3) == [9, 2, 3]  # no 3-gram match: the 2-gram (2, 3)
+    assert _lookup([5, 6, 5], 4) == [6, 5]  # then one token; at most what follows the match
+    assert _lookup([1, 2, 3], 2) == []
+
+    def seq(*tokens: int) -> _Seq:
+        return _Seq(index=0, prompt=[1, 2, 3, 4, 5, 6], max_tokens=10, stops=[], tokens=list(tokens))
+
+    assert embedded_task_llm.draft_fill == 4  # type: ignore[attr-defined]  # the default
+    drafts = embedded_task_llm._drafts  # type: ignore[attr-defined]
+    assert drafts([seq(3), seq(4), seq(9)]) == [[4], [], []]  # 3 live: 1 draft fills the step to 4
+    assert drafts([seq(3), seq(4)]) == [[4], [5]]  # 2 live: 2 drafts, shared out in turn
+    assert drafts([seq(9), seq(5)]) == [[], [6, 5]]  # one with no match: the other takes both
+    assert drafts([seq(3)]) == [[]]  # one live answer: one token is the cheapest step
+    assert drafts([seq(3), seq(3), seq(3), seq(3)]) == [[], [], [], []]  # already a multiple of 4

@@ -105,6 +105,12 @@ def test_budget_belongs_to_the_study_and_a_raised_budget_continues(tmp_path: Pat
 
 def test_a_changed_setting_refuses_to_resume_and_fresh_starts_over(tmp_path: Path) -> None:
     _run(tmp_path, Switch())
+    # Speed settings leave the scores as they were: the study resumes across them; batch_width does not.
+    models = experiment_config(tmp_path)["models"]
+    task = {**models["task"], "draft_fill": 0, "prefix_cache_mb": 0, "max_concurrency": 3}
+    _run(tmp_path, Switch(), models={**models, "task": task})
+    with pytest.raises(ConfigError, match=r"models\.task\.batch_width: '4' -> '2'"):
+        _run(tmp_path, Switch(), models={**models, "task": {**task, "batch_width": 2}})
     with pytest.raises(ConfigError, match=r"other settings .*rag\.top_k: '2' -> '3'.*--fresh"):
         _run(tmp_path, Switch(), rag={"top_k": 3})
     cfg = config_from_dict(experiment_config(tmp_path, rag={"top_k": 3}), base_dir=tmp_path, source="t.toml")

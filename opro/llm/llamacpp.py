@@ -18,7 +18,15 @@
   a decode step costs about the same for 1 or 4 sequences (it reads the weights once), so answers of
   a question's candidates come almost for the price of one. The stop rules are those of
   ``create_chat_completion`` (end-of-generation token, stop strings, ``max_tokens``), so the text is
-  the one-at-a-time text (tested). Sampled, grammar-constrained or logprob calls run one at a time.
+  the one-at-a-time text on short answers (tested; long ones can part at some token, as a batch's
+  floating-point sums differ). Sampled, grammar-constrained or logprob calls run one at a time.
+- Drafted tokens (``draft_fill``): on a CPU, llama.cpp multiplies the weights by 4 token columns at a
+  time and by fewer one column at a time, so a decode step of 3 tokens costs about what one of 4 costs
+  (80 and 76 ms for the 0.5B model on 2 cores, ``experiments/bench_drafts.py``) and one of 2 twice one
+  of 1. Steps with 2 or 3 live answers are filled to 4 tokens (generally: to a multiple of
+  ``draft_fill``) with guesses from each answer's own prompt and text (prompt lookup decoding); greedy
+  verification keeps a guess only where it is the arg-max, so the stop rules are applied token by
+  token and the text is greedy decoding's (up to a batch's floating-point sums, as above).
 - Saved prefixes (``prefix_cache_mb``): the KV state of a prefix that several prompts share (the
   common prefix of a batch; where a judge prompt leaves the previous one) is copied out
   (``llama_state_seq_get_data``) and kept in memory, one per prompt family, least recently used out
@@ -141,6 +149,7 @@ class LlamaCppLLM(LLM):
         kv_reuse: bool = True,
         batch_width: int = 4,
         prefix_cache_mb: int = 512,
+        draft_fill: int = 4,
     ) -> None:
         """``model_path``: an embedded model name (assembled on demand) or a path to a GGUF file.
 
@@ -158,6 +167,10 @@ class LlamaCppLLM(LLM):
         ``prefix_cache_mb``: memory for saved KV prefixes (see the module notes; 0 turns them off).
         A state costs the model's KV bytes per token (about 12 KB for the 0.5B embedded model and
         28 KB for the 1.5B one), so a 700-token context takes 8 to 20 MB.
+
+        ``draft_fill``: a batched decode step of 2 or more answers is filled up to a multiple of this
+        many tokens with drafted tokens that greedy decoding then keeps or drops (:meth:`_drafts`);
+        0 or 1 turns drafting off.
         """
         if n_ctx < 256:
             raise ConfigError(f"n_ctx must be >= 256, got {n_ctx}")
@@ -169,6 +182,8 @@ class LlamaCppLLM(LLM):
             raise ConfigError(f"n_threads must be >= 1 or None (all cores), got {n_threads}")
         if prefix_cache_mb < 0:
             raise ConfigError(f"prefix_cache_mb must be >= 0 (0: off), got {prefix_cache_mb}")
+        if draft_fill < 0:
+            raise ConfigError(f"draft_fill must be >= 0 (0 or 1: off), got {draft_fill}")
         name = os.fspath(model_path)
         self.path: Path = resolve_model_path(name)
         self._model = name if name in EMBEDDED_MODELS else self.path.stem
@@ -182,6 +197,9 @@ class LlamaCppLLM(LLM):
         self.kv_reuse = kv_reuse
         self.batch_width = batch_width
         self.prefix_cache_mb = prefix_cache_mb
+        self.draft_fill = draft_fill
+        self.drafted = 0  # drafted tokens fed to batched steps, and those greedy decoding kept
+        self.draft_hits = 0
         self._saved = _SavedPrefixes(prefix_cache_mb * 2**20)
         self._lock = threading.Lock()
         self._llama: Llama | None = None
@@ -589,7 +607,8 @@ class LlamaCppLLM(LLM):
         for seq in seqs:
             trial = [*current, seq]
             prefix = _common_prefix([s.prompt for s in trial])
-            need = prefix + sum(len(s.prompt) - prefix + s.max_tokens for s in trial)
+            # A sequence's drafted tokens take cells past its answer for one step.
+            need = prefix + sum(len(s.prompt) - prefix + s.max_tokens + self.draft_fill for s in trial)
             if current and (len(trial) > self.batch_width or need > self.n_ctx):
                 groups.append(current)
                 trial = [seq]
@@ -624,18 +643,53 @@ class LlamaCppLLM(LLM):
         capacity = max(self.n_batch, len(group))
         batch = llama_cpp.llama_batch_init(capacity, 0, 1)
         try:
-            # The tails, then one token per live sequence per step; logits at each sequence's last token.
+            # The tails first; logits at each sequence's last token give its first answer token.
             pending = [(j, s.prompt[prefix:], prefix) for j, s in enumerate(group)]
+            live: list[int] = []  # positions in ``group`` of the answers still going
             while pending:
                 rows = _fill(batch, pending, capacity)  # what did not fit stays in pending
-                if llama_cpp.llama_decode(llama._ctx.ctx, batch) != 0:
-                    raise RuntimeError("llama_decode failed (the KV cache may be full: lower batch_width or raise n_ctx)")
+                self._decode(llama, batch)
                 for j, row in rows:
                     seq = group[j]
                     logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row), shape=(n_vocab,))
-                    token = int(np.argmax(logits))
-                    if self._step(llama, vocab, seq, token):
-                        pending.append((j, [token], len(seq.prompt) + len(seq.tokens) - 1))
+                    if self._step(llama, vocab, seq, int(np.argmax(logits))):
+                        live.append(j)
+            # Then one step per decode: each live sequence's last token, plus drafted tokens when the
+            # step would hold fewer than a multiple of ``draft_fill`` tokens (see _drafts).
+            while live:
+                runs = list(zip(live, self._drafts([group[j] for j in live]), strict=True))
+                n = 0
+                for j, drafts in runs:
+                    seq = group[j]
+                    pos = len(seq.prompt) + len(seq.tokens) - 1
+                    for k, token in enumerate([seq.tokens[-1], *drafts]):
+                        _put(batch, n, token=token, pos=pos + k, seq_id=j + 1, logits=True)
+                        n += 1
+                batch.n_tokens = n
+                self._decode(llama, batch)
+                row = 0
+                still: list[int] = []
+                for j, drafts in runs:
+                    seq = group[j]
+                    pos = len(seq.prompt) + len(seq.tokens) - 1
+                    # Greedy verification: a drafted token stands only where it is the arg-max after
+                    # the tokens before it, so the answer is the one decoded token by token.
+                    accepted = 0
+                    while True:
+                        logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row + accepted), shape=(n_vocab,))
+                        token = int(np.argmax(logits))
+                        going = self._step(llama, vocab, seq, token)
+                        if not going or accepted == len(drafts) or drafts[accepted] != token:
+                            break
+                        accepted += 1
+                    self.drafted += len(drafts)
+                    self.draft_hits += accepted
+                    if going:
+                        still.append(j)
+                        # Cells of the drafts that were not taken go; the new last token is fed next step.
+                        llama_cpp.llama_memory_seq_rm(mem, j + 1, pos + accepted + 1, -1)
+                    row += 1 + len(drafts)
+                live = still
         finally:
             llama_cpp.llama_batch_free(batch)
             for seq_id in range(1, self.batch_width + 1):
@@ -644,6 +698,40 @@ class LlamaCppLLM(LLM):
         llama._ctx.kv_cache_seq_rm(0, prefix, -1)
         llama.input_ids[:prefix] = group[0].prompt[:prefix]
         llama.n_tokens = prefix
+
+    @staticmethod
+    def _decode(llama: Llama, batch: Any) -> None:
+        import llama_cpp
+
+        if llama_cpp.llama_decode(llama._ctx.ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed (the KV cache may be full: lower batch_width or raise n_ctx)")
+
+    def _drafts(self, live: list[_Seq]) -> list[list[int]]:
+        """Tokens to try after each live sequence's last one this step (prompt lookup decoding).
+
+        On a CPU llama.cpp multiplies the weights by 4 token columns at a time (and by fewer one column
+        at a time), so a step of 3 tokens costs about what one of 4 costs, and one of 2 twice one of 1.
+        Such steps are filled up to a multiple of ``draft_fill`` tokens with guesses: what followed the
+        latest earlier occurrence of the sequence's last 3 (else 2, else 1) tokens in its prompt and
+        answer. A guess costs nearly nothing and is kept only where greedy decoding would have chosen
+        it. A sequence decoding alone is not filled: one token is the cheapest step there is.
+        """
+        drafts: list[list[int]] = [[] for _ in live]
+        if self.draft_fill < 2 or len(live) < 2:
+            return drafts
+        # At most what one llama_decode takes (n_batch tokens).
+        need = max(0, min(-len(live) % self.draft_fill, self.n_batch - len(live)))
+        guesses = [_lookup(seq.prompt + seq.tokens, need) for seq in live]
+        while need:
+            grown = False
+            for guess, draft in zip(guesses, drafts, strict=True):
+                if need and len(draft) < len(guess):
+                    draft.append(guess[len(draft)])
+                    need -= 1
+                    grown = True
+            if not grown:
+                break
+        return drafts
 
     @staticmethod
     def _step(llama: Llama, vocab: Any, seq: _Seq, token: int) -> bool:
@@ -694,11 +782,7 @@ def _fill(batch: Any, pending: list[tuple[int, list[int], int]], capacity: int) 
     for j, tokens, pos in pending:
         take = tokens[: capacity - n]
         for k, token in enumerate(take):
-            batch.token[n] = token
-            batch.pos[n] = pos + k
-            batch.n_seq_id[n] = 1
-            batch.seq_id[n][0] = j + 1
-            batch.logits[n] = False
+            _put(batch, n, token=token, pos=pos + k, seq_id=j + 1, logits=False)
             n += 1
         if len(take) < len(tokens):
             rest.append((j, tokens[len(take) :], pos + len(take)))
@@ -708,6 +792,28 @@ def _fill(batch: Any, pending: list[tuple[int, list[int], int]], capacity: int) 
     batch.n_tokens = n
     pending[:] = rest
     return rows
+
+
+def _put(batch: Any, row: int, *, token: int, pos: int, seq_id: int, logits: bool) -> None:
+    """Row ``row`` of a llama_batch: ``token`` at ``pos`` of one sequence, logits computed or not."""
+    batch.token[row] = token
+    batch.pos[row] = pos
+    batch.n_seq_id[row] = 1
+    batch.seq_id[row][0] = seq_id
+    batch.logits[row] = logits
+
+
+def _lookup(tokens: Sequence[int], size: int) -> list[int]:
+    """Up to ``size`` tokens that followed the latest earlier occurrence of the last 3 (else 2, else 1)
+    of ``tokens``: an answer that quotes its context continues as the context did."""
+    for n in (3, 2, 1):
+        if len(tokens) <= n:
+            continue
+        tail = list(tokens[-n:])
+        for i in range(len(tokens) - n - 1, -1, -1):
+            if tokens[i] == tail[0] and list(tokens[i : i + n]) == tail:
+                return list(tokens[i + n : i + n + size])
+    return []
 
 
 def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:

@@ -38,7 +38,7 @@ class ModelSpec:
     """The backend and model of one role.
 
     - ``llamacpp``: ``model`` is an embedded model name or a GGUF path; uses ``n_threads``,
-      ``n_ctx``, ``logprobs``, ``batch_width`` and ``prefix_cache_mb``.
+      ``n_ctx``, ``logprobs``, ``batch_width``, ``prefix_cache_mb`` and ``draft_fill``.
     - ``openai``: ``model`` is the server's model id; uses ``base_url``, ``api_key_env``,
       ``timeout_s``, ``max_concurrency`` (logprobs are always available there).
     - ``scripted``: ``model`` names a backend registered with the pool (tests) or a recording file.
@@ -62,6 +62,9 @@ class ModelSpec:
     batch_width: int = 4
     #: llamacpp only: memory (MB) for saved KV prefixes, reused by later prompts that share them (0: off).
     prefix_cache_mb: int = 512
+    #: llamacpp only: batched decode steps of 2 or more answers are filled up to a multiple of this many
+    #: tokens with tokens drafted from the prompt, kept where greedy decoding agrees (0 or 1: off).
+    draft_fill: int = 4
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -86,6 +89,8 @@ class ModelSpec:
             raise ConfigError(f"batch_width must be a positive integer (1: no batching), got {self.batch_width!r}.")
         if not isinstance(self.prefix_cache_mb, int) or isinstance(self.prefix_cache_mb, bool) or self.prefix_cache_mb < 0:
             raise ConfigError(f"prefix_cache_mb must be an integer >= 0 (0: off), got {self.prefix_cache_mb!r}.")
+        if not isinstance(self.draft_fill, int) or isinstance(self.draft_fill, bool) or self.draft_fill < 0:
+            raise ConfigError(f"draft_fill must be an integer >= 0 (0 or 1: off), got {self.draft_fill!r}.")
         if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}.")
         if self.max_concurrency is not None and (not isinstance(self.max_concurrency, int) or self.max_concurrency < 1):
@@ -165,7 +170,7 @@ class ModelPool:
             ident = EMBEDDED_MODELS[spec.model].target() if spec.model in EMBEDDED_MODELS else spec.model
             path = Path(ident).expanduser().resolve()
             return ("llamacpp", str(path), spec.n_ctx, spec.n_threads, spec.logprobs, spec.batch_width,
-                    spec.prefix_cache_mb)
+                    spec.prefix_cache_mb, spec.draft_fill)
         return (
             "openai", spec.base_url, spec.model, spec.api_key_env, spec.timeout_s, spec.max_concurrency, spec.json_schema
         )
@@ -183,6 +188,7 @@ class ModelPool:
                 logprobs=spec.logprobs,
                 batch_width=spec.batch_width,
                 prefix_cache_mb=spec.prefix_cache_mb,
+                draft_fill=spec.draft_fill,
             )
         from opro.llm.openai import OpenAILLM
 
