@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx
 import pytest
 from fault_server import FaultServer
 
@@ -27,7 +26,7 @@ from opro.errors import (
     LLMTimeoutError,
 )
 from opro.llm import ChatClient, GenerationOptions, Message
-from opro.llm.openai import OpenAILLM, http_pool, parse_retry_after
+from opro.llm.openai import OpenAILLM, _sdk_http, http_pool, parse_retry_after
 
 SECRET = "sk-test-very-secret-0123456789"
 
@@ -322,7 +321,7 @@ def test_permanent_errors_name_the_role_the_server_and_what_to_fix(
     assert SECRET not in str(leaky.convert_error(RuntimeError("boom")))
     import openai
 
-    status_error = openai.APIConnectionError(request=httpx.Request("POST", url))
+    status_error = openai.APIConnectionError(request=_sdk_http().Request("POST", url))
     message = str(leaky.convert_error(status_error))
     assert SECRET not in message and "***" in message
     leaky.close()
@@ -389,6 +388,23 @@ def test_the_proxy_from_the_environment_is_used(monkeypatch: pytest.MonkeyPatch)
         with pytest.raises(LLMConnectionError):
             bypass.generate(MSGS, OPTS)  # straight to a host that does not exist
         assert len(proxy.paths) == 1
+
+
+def test_the_transport_speaks_the_installed_sdks_http_library() -> None:
+    # openai 3 moved from httpx to httpx2: the errors the sync transport raises carry that library's
+    # Request and Response (what the SDK's own exceptions declare), and https uses its TLS trust.
+    import ssl
+    import types
+
+    import openai._exceptions
+
+    http = _sdk_http()
+    imported = {v.__name__ for v in vars(openai._exceptions).values() if isinstance(v, types.ModuleType)}
+    assert http.__name__ in imported and not ({"httpx", "httpx2"} - {http.__name__}) & imported, imported
+    pool = http_pool("https://llm.example.invalid/v1", timeout_s=5, size=2)
+    context = pool.connection_pool_kw["ssl_context"]
+    assert isinstance(context, ssl.SSLContext) and context.verify_mode == ssl.CERT_REQUIRED
+    assert context.check_hostname
 
 
 def test_key_never_exposed(server: FakeServer, llm: OpenAILLM) -> None:
@@ -467,7 +483,7 @@ def test_json_schema_off_sends_no_response_format(server: FakeServer, monkeypatc
 
 
 def test_the_sdk_is_imported_only_to_map_an_error(tmp_path: Any) -> None:
-    # Importing `openai` costs about a second of start-up; the sync path posts through httpx and needs
+    # Importing `openai` costs about a second of start-up; the sync path posts through urllib3 and needs
     # the SDK only for its exception types. A fresh process: successful calls leave it unimported,
     # a refused key still maps to LLMAuthError through it.
     import os

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import importlib
+import importlib.metadata
 import json
 import os
 import random
@@ -23,8 +25,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlparse
-
-import httpx
 
 from opro.errors import (
     ConfigError,
@@ -310,7 +310,7 @@ class OpenAILLM(LLM):
 
             # A failed connect comes wrapped (MaxRetryError, whose text holds the URL and its query).
             cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason else exc
-            request = httpx.Request("POST", self._url)
+            request = _sdk_http().Request("POST", self._url)
             # urllib3 counts a refused connection as a timeout (NewConnectionError subclasses it).
             refused = isinstance(cause, urllib3.exceptions.NewConnectionError)
             if isinstance(cause, urllib3.exceptions.TimeoutError) and not refused:
@@ -319,9 +319,10 @@ class OpenAILLM(LLM):
         if response.status >= 400:
             import openai
 
-            reply = httpx.Response(
+            http = _sdk_http()
+            reply = http.Response(
                 response.status, headers=list(response.headers.items()), content=response.data,
-                request=httpx.Request("POST", self._url),
+                request=http.Request("POST", self._url),
             )
             try:
                 err_body: Any = reply.json()
@@ -412,11 +413,20 @@ class OpenAILLM(LLM):
         self._async_clients.clear()
 
 
+def _sdk_http() -> Any:
+    """The HTTP library the installed ``openai`` SDK is built on: httpx up to openai 2, httpx2 from
+    openai 3. Its exceptions take that library's ``Request`` and ``Response``, and its client that
+    library's TLS trust, which the urllib3 transport copies. Read from the installed version, not by
+    importing the SDK (a second of start-up that the sync path spares)."""
+    major = int(importlib.metadata.version("openai").split(".", 1)[0])
+    return importlib.import_module("httpx2" if major >= 3 else "httpx")
+
+
 def http_pool(url: str, *, timeout_s: float, size: int) -> Any:
     """A urllib3 pool for ``url``'s server: ``size`` kept-alive connections (more are opened and
     dropped when more calls run at once), no retries of its own (:class:`RetryPolicy` decides), the
-    proxy from the environment (``HTTPS_PROXY``, ``NO_PROXY``...) and the TLS trust httpx would use
-    (certifi, ``SSL_CERT_FILE``), as the SDK's own client would."""
+    proxy from the environment (``HTTPS_PROXY``, ``NO_PROXY``...) and the TLS trust of the SDK's own
+    HTTP library (:func:`_sdk_http`: its certificates, ``SSL_CERT_FILE``), as the SDK's client would."""
     import urllib.request
     from urllib.parse import unquote, urlsplit
 
@@ -430,7 +440,7 @@ def http_pool(url: str, *, timeout_s: float, size: int) -> Any:
         "timeout": urllib3.Timeout(connect=timeout_s, read=timeout_s),
     }
     if parts.scheme == "https":
-        options["ssl_context"] = httpx.create_ssl_context()
+        options["ssl_context"] = _sdk_http().create_ssl_context()
     proxies = urllib.request.getproxies()
     proxy = proxies.get(parts.scheme) or proxies.get("all")
     if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
