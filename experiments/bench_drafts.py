@@ -34,7 +34,7 @@ from opro.config import load_config
 from opro.dataset import load_dataset
 from opro.experiment import Experiment
 from opro.llm import ChatClient
-from opro.llm.llamacpp import LlamaCppLLM
+from opro.llm.llamacpp import LlamaCppLLM, _put
 from opro.llm.packs import model_path
 from opro.rag import RAGProgram
 
@@ -59,11 +59,7 @@ def step_costs(path: Path, repeats: int) -> None:
         row = 0
         for seq, count in enumerate(per):
             for k in range(count):
-                batch.token[row] = 1000 + k
-                batch.pos[row] = len(prefix) + k
-                batch.n_seq_id[row] = 1
-                batch.seq_id[row][0] = seq + 1
-                batch.logits[row] = True
+                _put(batch, row, token=1000 + k, pos=len(prefix) + k, seq_id=seq + 1, logits=True)
                 row += 1
         batch.n_tokens = row
         started = time.perf_counter()

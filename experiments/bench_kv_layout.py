@@ -25,7 +25,7 @@ import statistics
 import time
 from typing import Any
 
-from opro.llm.llamacpp import LlamaCppLLM
+from opro.llm.llamacpp import LlamaCppLLM, _put
 
 CONTEXT = 700
 TEXTS = (
@@ -53,14 +53,6 @@ def _context(model: str, *, unified: bool, sequences: int) -> tuple[LlamaCppLLM,
     return llm, llama
 
 
-def _put(batch: Any, row: int, token: int, pos: int, seq: int, logits: bool) -> None:
-    batch.token[row] = token
-    batch.pos[row] = pos
-    batch.n_seq_id[row] = 1
-    batch.seq_id[row][0] = seq
-    batch.logits[row] = logits
-
-
 def _prefill(llama: Any, seqs: list[int], *, distinct: bool) -> None:
     import llama_cpp
 
@@ -74,7 +66,7 @@ def _prefill(llama: Any, seqs: list[int], *, distinct: bool) -> None:
                 continue
             tokens = llama.tokenize((TEXTS[i % len(TEXTS)] * 100).encode(), add_bos=False)[:CONTEXT]
             for k, token in enumerate(tokens):
-                _put(batch, k, token, k, seq, False)
+                _put(batch, k, token=token, pos=k, seq_id=seq, logits=False)
             batch.n_tokens = len(tokens)
             if llama_cpp.llama_decode(ctx, batch) != 0:
                 raise RuntimeError("llama_decode failed")
@@ -91,7 +83,7 @@ def _step_ms(llama: Any, seqs: list[int], repeats: int) -> float:
 
     def step() -> float:
         for row, seq in enumerate(seqs):
-            _put(batch, row, 1000, CONTEXT, seq, True)
+            _put(batch, row, token=1000, pos=CONTEXT, seq_id=seq, logits=True)
         batch.n_tokens = len(seqs)
         started = time.perf_counter()
         if llama_cpp.llama_decode(ctx, batch) != 0:

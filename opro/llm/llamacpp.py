@@ -657,21 +657,22 @@ class LlamaCppLLM(LLM):
             # Then one step per decode: each live sequence's last token, plus drafted tokens when the
             # step would hold fewer than a multiple of ``draft_fill`` tokens (see _drafts).
             while live:
-                runs = list(zip(live, self._drafts([group[j] for j in live]), strict=True))
+                # (sequence, position of its last token, drafts after it)
+                runs = [
+                    (j, len(group[j].prompt) + len(group[j].tokens) - 1, drafts)
+                    for j, drafts in zip(live, self._drafts([group[j] for j in live]), strict=True)
+                ]
                 n = 0
-                for j, drafts in runs:
-                    seq = group[j]
-                    pos = len(seq.prompt) + len(seq.tokens) - 1
-                    for k, token in enumerate([seq.tokens[-1], *drafts]):
+                for j, pos, drafts in runs:
+                    for k, token in enumerate([group[j].tokens[-1], *drafts]):
                         _put(batch, n, token=token, pos=pos + k, seq_id=j + 1, logits=True)
                         n += 1
                 batch.n_tokens = n
                 self._decode(llama, batch)
                 row = 0
                 still: list[int] = []
-                for j, drafts in runs:
+                for j, pos, drafts in runs:
                     seq = group[j]
-                    pos = len(seq.prompt) + len(seq.tokens) - 1
                     # Greedy verification: a drafted token stands only where it is the arg-max after
                     # the tokens before it, so the answer is the one decoded token by token.
                     accepted = 0
