@@ -7,6 +7,7 @@ and over 95% within one point; the Prometheus-vs-GPT-4 study reported Hamming di
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -176,9 +177,10 @@ def _to_score(value: Any) -> float | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     try:
-        return float(value)
+        score = float(value)
     except (TypeError, ValueError):
         return None
+    return score if math.isfinite(score) else None  # "nan" parses, but is no score
 
 
 def load_labels(path: str | Path) -> dict[str, float | None]:

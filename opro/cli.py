@@ -16,11 +16,13 @@ app = typer.Typer(
     help="Optimize the instruction of a RAG prompt by OPRO: an optimizer LLM proposes, an LLM judge scores.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Plain help text: Rich markup would eat every [table].key, [auto] and [default: ...] in it.
+    rich_markup_mode=None,
 )
 
 # ---- section: models (owner: backends) ---------------------------------------------------------
 
-models_app = typer.Typer(help="List, assemble and locate the embedded GGUF models.", no_args_is_help=True)
+models_app = typer.Typer(help="List, assemble and locate the embedded GGUF models.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(models_app, name="models")
 
 
@@ -45,6 +47,23 @@ def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
 
 _Command = TypeVar("_Command", bound=Callable[..., None])
 
+_PATH_HINTS: dict[type[OSError], str] = {
+    FileExistsError: "a file is where a folder is needed: choose another path, or move that file away",
+    NotADirectoryError: "a file is where a folder is needed: choose another path, or move that file away",
+    IsADirectoryError: "a folder is where a file is needed: name a file",
+    PermissionError: "choose a path this user may read or write, or change its permissions",
+    FileNotFoundError: "check the path",
+}
+
+
+def _os_error(exc: OSError) -> tuple[Exception, int]:
+    """An OSError as one line naming its path(s) and what to do; exit 2 when the path is the user's to fix."""
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    what = exc.strerror or type(exc).__name__
+    hint = next((h for t, h in _PATH_HINTS.items() if isinstance(exc, t)), None)
+    text = f"{what}: {where}" if where else str(exc) or what
+    return OSError(f"{text} ({hint})" if hint else text), 2 if hint else 1
+
 
 def _errors(*, code: int | None = None) -> Callable[[_Command], _Command]:
     """A command's :class:`~opro.errors.OproError` becomes one line for people and an exit code
@@ -59,6 +78,9 @@ def _errors(*, code: int | None = None) -> Callable[[_Command], _Command]:
                 command(*args, **kwargs)
             except OproError as exc:
                 raise _fail(exc, code=code) from exc
+            except OSError as exc:  # a path the user gave that cannot be read or written
+                error, rc = _os_error(exc)
+                raise _fail(error, code=rc) from exc
 
         return cast(_Command, run)
 
@@ -117,7 +139,7 @@ def models_path(name: str = typer.Argument(..., help="embedded model name or a G
 
 # ---- section: dataset (owner: documents / rag / dataset) --------------------------------------
 
-dataset_app = typer.Typer(help="Golden QA datasets: generate, import, split, show; corpora to run on.", no_args_is_help=True)
+dataset_app = typer.Typer(help="Golden QA datasets: generate, import, split, show; corpora to run on.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(dataset_app, name="dataset")
 
 
@@ -349,7 +371,7 @@ def dataset_fetch_llama2(
 
 # ---- section: evaluate / judge (owner: judges) -------------------------------------------------
 
-judge_app = typer.Typer(help="Inspect LLM judges: agreement between two judges or with human labels.", no_args_is_help=True)
+judge_app = typer.Typer(help="Inspect LLM judges: agreement between two judges or with human labels.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(judge_app, name="judge")
 
 
@@ -675,8 +697,11 @@ def compare(
     from rich.console import Console
 
     from opro.compare import compare_prompts, promote, save_comparison
+    from opro.config import check_mlflow_uri
     from opro.experiment import Experiment
 
+    if tracking_uri is not None:
+        check_mlflow_uri(tracking_uri, where="--tracking-uri")
     specs = list(prompt or ["best"])
     decision = None
     if baseline not in specs:
@@ -740,8 +765,10 @@ def export(
 
     if format not in EXPORT_FORMATS:
         raise ConfigError(f"--format {format!r} is not one of {', '.join(EXPORT_FORMATS)}")
-    from opro.config import load_config
+    from opro.config import check_mlflow_uri, load_config
 
+    if tracking_uri is not None:
+        check_mlflow_uri(tracking_uri, where="--tracking-uri")
     cfg = load_config(config) if config is not None else None
     resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
     target = out
@@ -791,6 +818,9 @@ def ui(
         from opro.config import load_config
 
         tracking_uri = load_config(config).mlflow_uri
+    from opro.config import check_mlflow_uri
+
+    check_mlflow_uri(tracking_uri, where="--tracking-uri")
     if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
         raise ConfigError(
             f"no MLflow store at {tracking_uri.removeprefix('sqlite:///')}: run `opro optimize` first"

@@ -8,6 +8,8 @@ resolved against the directory of the config file, so a config works from any wo
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import tomllib
 import types
 import typing
@@ -36,6 +38,8 @@ class ExperimentSection:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
+        if not self.output_dir.strip():
+            raise ConfigError('[experiment].output_dir is empty: name a folder for the run (for example "runs/opro")')
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,13 @@ class DataSection:
         _check_ranges(self)
         if not self.docs:
             raise ConfigError("[data].docs is required: the documents (PDF, .txt, .md, directories) to retrieve from")
+        for i, entry in enumerate(self.docs):
+            if not entry.strip():
+                raise ConfigError(f"[data].docs[{i}] is empty: name a file or folder of documents")
+            if entry.startswith("builtin:") and entry != BUILTIN_PYTHON_REFERENCE:
+                raise ConfigError(
+                    f"[data].docs[{i}] = {entry!r} is not a built-in corpus; the one there is {BUILTIN_PYTHON_REFERENCE!r}"
+                )
         if self.questions_per_chunk < 1:
             raise ConfigError(f"[data].questions_per_chunk must be >= 1, got {self.questions_per_chunk}")
 
@@ -88,6 +99,20 @@ class EmbeddingsSection:
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
     local_path: str = ""
+
+    def __post_init__(self) -> None:
+        # The same rules as [models.*] (checked here: at call time they would read "cannot reach").
+        if self.local_path:
+            return
+        if not self.model.strip():
+            raise ConfigError("[rag.embeddings] needs `model` (the endpoint's embedding model) or `local_path`")
+        if self.base_url and not re.match(r"^https?://", self.base_url):
+            raise ConfigError(f"[rag.embeddings].base_url must start with http:// or https://, got {self.base_url!r}")
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", self.api_key_env):
+            raise ConfigError(
+                f"[rag.embeddings].api_key_env must be the NAME of an environment variable (like OPENAI_API_KEY), got "
+                f"{self.api_key_env[:4]!r}...; never put the key itself in a config."
+            )
 
 
 @dataclass(frozen=True)
@@ -235,6 +260,50 @@ class TrackingSection:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
+        if self.mlflow_uri:
+            check_mlflow_uri(self.mlflow_uri, where="[tracking].mlflow_uri")
+        if self.optuna_storage:
+            check_optuna_storage(self.optuna_storage, where="[tracking].optuna_storage")
+
+
+#: Where MLflow keeps runs and its registry (a ``+driver`` may follow the database ones).
+_MLFLOW_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
+#: The databases Optuna's RDB storage (SQLAlchemy) works with.
+_OPTUNA_DIALECTS = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
+
+
+def _scheme(uri: str) -> str | None:
+    """The scheme of ``uri`` without its ``+driver`` (None for a plain path)."""
+    head, sep, _ = uri.partition("://")
+    return head.split("+", 1)[0].lower() if sep else None
+
+
+def check_mlflow_uri(uri: str, *, where: str) -> str:
+    """``uri`` if MLflow can keep runs there (a local folder, or a scheme MLflow knows); a clear
+    :class:`ConfigError` naming ``where`` otherwise, before any MLflow import."""
+    scheme = _scheme(uri)
+    if scheme is not None and scheme not in _MLFLOW_SCHEMES:
+        from opro.redaction import redact_url
+
+        raise ConfigError(
+            f"{where} = {redact_url(uri)!r}: MLflow cannot keep runs at a {scheme}:// URI; use sqlite:///PATH/mlflow.db, "
+            f"http(s)://HOST:PORT of an MLflow tracking server, a database URL ({', '.join(_MLFLOW_SCHEMES[1:5])}) or "
+            "a local folder"
+        )
+    return uri
+
+
+def check_optuna_storage(url: str, *, where: str) -> str:
+    """``url`` if it is a database URL Optuna can keep a study in; a clear :class:`ConfigError` otherwise."""
+    scheme = _scheme(url)
+    if scheme not in _OPTUNA_DIALECTS:
+        from opro.redaction import redact_url
+
+        raise ConfigError(
+            f"{where} = {redact_url(url)!r} is not a database URL Optuna can use: write sqlite:///PATH/optuna.db, or "
+            "postgresql+psycopg2://... to share a study between workers (README: Scaling out)"
+        )
+    return url
 
 
 @dataclass(frozen=True)
@@ -355,7 +424,8 @@ def _coerce(value: Any, tp: Any, where: str, source: str) -> Any:
             raise ConfigError(f"{source}: {where} must be an integer, got {value!r}")
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            # NaN passes every range check (each comparison is false): refused here, for every key.
             raise ConfigError(f"{source}: {where} must be a number, got {value!r}")
         return float(value)
     if tp is str:
@@ -383,11 +453,15 @@ def _build(cls: type[Any], table: dict[str, Any], where: str, source: str) -> An
         return cls(**kwargs)
     except ConfigError as exc:
         msg = str(exc)
+        if where and f"[{where}]" not in msg and not msg.startswith(source):
+            msg = f"[{where}] {msg}"  # a role's settings say which role (ModelSpec's own messages do not)
         raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
 
 def _default_models(table: dict[str, Any], source: str) -> ModelsSection:
     """Each role starts from its embedded default, so ``[models.judge] model = ...`` is enough."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: models must be a table ([models.task], [models.judge], ...), got {table!r}")
     defaults = ModelsSection()
     roles = {f.name for f in dataclasses.fields(ModelsSection)}
     unknown = sorted(set(table) - roles)
@@ -419,9 +493,11 @@ def load_config(path: str | Path) -> OproConfig:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(p.read_text(encoding="utf-8-sig"))  # -sig: a byte-order mark is read past
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}): save the config as UTF-8") from None
     return config_from_dict(data, base_dir=p.parent, source=str(p))
 
 
@@ -438,6 +514,8 @@ __all__ = [
     "RAGSection",
     "SplitSection",
     "TrackingSection",
+    "check_mlflow_uri",
+    "check_optuna_storage",
     "config_from_dict",
     "load_config",
 ]

@@ -471,7 +471,7 @@ def _write_json(path: Path, data: Any) -> None:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -529,7 +529,7 @@ def _pick_field(explicit: str | None, candidates: Sequence[str], keys: Iterable[
             return c
     raise DataError(
         f"{where}: no {what} field found (looked for {', '.join(candidates)}; the record has {', '.join(keys) or 'no fields'}); "
-        f"name it with --{what}-field"
+        f"name it with --{what}-field (in a config: [data].{what}_field)"
     )
 
 
@@ -544,7 +544,7 @@ def read_records(
     out: list[tuple[str, Mapping[str, Any]]] = []
     if suffix == ".jsonl":
         try:
-            lines = p.read_text(encoding="utf-8").splitlines()
+            lines = p.read_text(encoding="utf-8-sig").splitlines()  # -sig: read past a byte-order mark
         except (OSError, UnicodeDecodeError) as exc:
             raise DataError(f"{p}: cannot be read ({exc})") from exc
         for n, line in enumerate(lines, start=1):
@@ -559,7 +559,7 @@ def read_records(
             out.append((f"{p}: line {n}", rec))
     elif suffix == ".csv":
         try:
-            with p.open(encoding="utf-8", newline="") as fh:
+            with p.open(encoding="utf-8-sig", newline="") as fh:
                 for n, row in enumerate(csv.DictReader(fh), start=2):  # row 1 is the header
                     out.append((f"{p}: row {n}", row))
         except (OSError, UnicodeDecodeError, csv.Error) as exc:

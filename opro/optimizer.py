@@ -44,6 +44,7 @@ from opro.metaprompt import (
     normalize_instruction,
 )
 from opro.progress import progress_bar
+from opro.redaction import redact_url
 
 if TYPE_CHECKING:
     from opro.recorders import Recorder
@@ -564,22 +565,30 @@ class OPROOptimizer:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         if self.storage.startswith("sqlite:///"):
             Path(self.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        from sqlalchemy.exc import IntegrityError, OperationalError
+        from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
 
-        for attempt in range(5):
-            try:
-                return optuna.create_study(
-                    storage=_storage(self.storage),
-                    study_name=self.study_name,
-                    direction="maximize",
-                    pruner=make_pruner(self.settings),
-                    load_if_exists=True,
-                )
-            except (OperationalError, IntegrityError):
-                # Workers starting together race to create the schema or the study; the loser retries.
-                if attempt == 4:
-                    raise
-                time.sleep(0.5 * (attempt + 1))
+        try:
+            storage = _storage(self.storage)
+            for attempt in range(5):
+                try:
+                    return optuna.create_study(
+                        storage=storage,
+                        study_name=self.study_name,
+                        direction="maximize",
+                        pruner=make_pruner(self.settings),
+                        load_if_exists=True,
+                    )
+                except (OperationalError, IntegrityError):
+                    # Workers starting together race to create the schema or the study; the loser retries.
+                    if attempt == 4:
+                        raise
+                    time.sleep(0.5 * (attempt + 1))
+        except (ImportError, ArgumentError, NoSuchModuleError) as exc:
+            raise ConfigError(
+                f"cannot open the Optuna study store {redact_url(self.storage)} ([tracking].optuna_storage): {exc}; "
+                "for PostgreSQL install the driver (pip install 'opro[postgres]') and name it in the URL "
+                "(postgresql+psycopg2://...)"
+            ) from None
         raise AssertionError("unreachable")
 
     @staticmethod

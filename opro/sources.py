@@ -187,7 +187,13 @@ def _from_registry(spec: str, config: OproConfig | None, tracking_uri: str | Non
 def _from_file(spec: str, path: Path, config: OproConfig | None) -> ResolvedPrompt:
     if not path.is_file():
         raise DataError(f"prompt {spec!r}: file {path} does not exist (for a literal instruction write text:...)")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"prompt {spec!r}: {path} is not UTF-8 text (byte {exc.start}): give a text file with the instruction "
+            "(or a prompt JSON)"
+        ) from None
     provenance: dict[str, Any] = {"source": spec, "file": str(path)}
     if path.suffix.lower() == ".json":
         template, extra = _from_json(text, path)

@@ -80,6 +80,9 @@ def test_load_labels_csv_and_json(tmp_path: Path) -> None:
     bad.write_text(json.dumps([{"question": "Q", "score": 2}]), encoding="utf-8")
     with pytest.raises(DataError, match="'query'"):
         load_labels(bad)
+    nan = tmp_path / "nan.csv"
+    nan.write_text("query,score\nQ1,nan\nQ2,inf\nQ3,3\n", encoding="utf-8")
+    assert load_labels(nan) == {"Q1": None, "Q2": None, "Q3": 3.0}  # "nan" parses as a float, but is no score
 
 
 def test_labels_match_by_query_and_answer_when_the_file_has_answers(tmp_path: Path) -> None:

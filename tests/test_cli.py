@@ -62,6 +62,37 @@ def test_cli_errors_are_clear(scripted_config: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # A file where a folder must be: one line naming the path and what to do, not a traceback.
+        ({"experiment": {"output_dir": "afile/out"}}, "Not a directory: "),
+        ({"experiment": {"cache_path": "afile"}}, "as the call cache (file is not a database)"),
+        ({"experiment": {"cache_path": "adir"}}, "as the call cache (unable to open database file)"),
+        ({"tracking": {"optuna_storage": "postgresql+nosuchdriver://u@127.0.0.1:9/db"}},
+         "cannot open the Optuna study store postgresql+nosuchdriver://***@127.0.0.1:9/db ([tracking].optuna_storage)"),
+    ],
+)
+def test_paths_and_stores_that_cannot_be_used_are_named_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict[str, dict[str, str]], message: str
+) -> None:
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
+    (tmp_path / "afile").write_text("not a folder, not a database\n")
+    (tmp_path / "adir").mkdir()
+    config = write_toml(experiment_config(tmp_path, **overrides), tmp_path / "exp.toml")
+    result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_help_keeps_the_config_keys_in_brackets() -> None:
+    result = CliRunner().invoke(app, ["judge", "calibrate", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "[data].dataset" in text and "instead of [models.judge]" in text
+
+
+@pytest.mark.parametrize(
     ("args", "code", "stream", "text"),
     [
         (["--help"], 0, "stdout", "optimize"),

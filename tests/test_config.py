@@ -85,3 +85,61 @@ def test_boundary_values_are_accepted(tmp_path: Path) -> None:
     assert config_from_dict(cfg, base_dir=tmp_path).optimizer.max_instruction_chars == 1
     cfg["optimizer"].update(score_scale="0-100", min_history_score=50.0)
     assert config_from_dict(cfg, base_dir=tmp_path).optimizer.min_history_score == 50.0
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        # NaN passes every range check (each comparison is false): refused by type, for any float key.
+        ({"optimizer": {"prune_margin": float("nan")}}, "optimizer.prune_margin must be a number, got nan"),
+        ({"tracking": {"worker_wait_s": float("nan")}}, "tracking.worker_wait_s must be a number, got nan"),
+        ({"models": {"task": {"backend": "openai", "model": "m", "timeout_s": float("nan")}}},
+         "models.task.timeout_s must be a number, got nan"),
+        # A role's own checks say which role.
+        ({"models": {"judge": {"backend": "openai", "model": "m", "base_url": "localhost:8000"}}},
+         "[models.judge] base_url must start with http://"),
+        ({"models": 3}, "models must be a table"),
+        ({"tracking": {"mlflow_uri": "bogus://x"}}, "[tracking].mlflow_uri = 'bogus://x': MLflow cannot keep runs"),
+        ({"tracking": {"optuna_storage": "runs/optuna.db"}}, "[tracking].optuna_storage = 'runs/optuna.db' is not a "
+                                                              "database URL"),
+        ({"data": {"docs": ["builtin:nope"]}}, "[data].docs[0] = 'builtin:nope' is not a built-in corpus"),
+        ({"data": {"docs": ["docs", " "]}}, "[data].docs[1] is empty"),
+        ({"experiment": {"output_dir": ""}}, "[experiment].output_dir is empty"),
+        ({"rag": {"retriever": "dense", "embeddings": {"base_url": "http://127.0.0.1:9/v1"}}},
+         "[rag.embeddings] needs `model`"),
+        ({"rag": {"retriever": "dense", "embeddings": {"model": "e", "base_url": "localhost:8000"}}},
+         "[rag.embeddings].base_url must start with http://"),
+        ({"rag": {"retriever": "dense", "embeddings": {"model": "e", "api_key_env": "sk-secret-key"}}},
+         "[rag.embeddings].api_key_env must be the NAME of an environment variable"),
+    ],
+)
+def test_bad_values_fail_at_load_naming_the_key(cfg: dict[str, Any], message: str) -> None:
+    data: dict[str, Any] = {"data": {"docs": ["docs"]}, **cfg}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, source="exp.toml")
+    assert message in str(info.value)
+    assert "secret-key" not in str(info.value)
+
+
+def test_good_tracking_uris_are_accepted() -> None:
+    for mlflow_uri, optuna_storage in [
+        ("sqlite:///runs/mlflow.db", "sqlite:///runs/optuna.db"),
+        ("http://127.0.0.1:5000", "postgresql+psycopg2://u@127.0.0.1/db"),
+        ("runs/mlruns", "mysql://u@h/db"),
+        ("databricks", "postgresql://u@h/db"),
+    ]:
+        cfg = config_from_dict({"data": {"docs": ["docs"]}, "tracking": {"mlflow_uri": mlflow_uri,
+                                                                        "optuna_storage": optuna_storage}})
+        assert cfg.mlflow_uri == mlflow_uri and cfg.optuna_storage == optuna_storage
+
+
+def test_a_config_file_must_be_utf8_and_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
+    from opro.config import load_config
+
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes('[experiment]\nname = "caf\u00e9"\n[data]\ndocs = ["docs"]\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin.toml: not UTF-8 text \(byte \d+\): save the config as UTF-8"):
+        load_config(latin)
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + '[experiment]\nname = "caf\u00e9"\n[data]\ndocs = ["docs"]\n'.encode())
+    assert load_config(bom).experiment.name == "caf\u00e9"

@@ -107,6 +107,17 @@ def test_import_jsonl_csv_json_with_field_names(tmp_path: Path) -> None:
     assert [e.query for e in ds.examples] == ["What is A?", "What is B?"]
     assert ds.examples[0].reference_contexts == ()  # contexts only when their field is named or detected
 
+    with pytest.raises(DataError, match=r"no query field found .*name it with --query-field \(in a config: "
+                                         r"\[data\]\.query_field\)"):
+        import_qa(jl)
+    # A byte-order mark (what Excel and Notepad write) is read past, in JSONL and in a CSV's header.
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + jl.read_bytes())
+    assert [e.query for e in import_qa(bom, query_field="q", answer_field="a").examples] == ["What is A?", "What is B?"]
+    bom_csv = tmp_path / "bom.csv"
+    bom_csv.write_bytes(b"\xef\xbb\xbfquestion,answer\nWhat is E?,E.\n")
+    assert [e.query for e in import_qa(bom_csv).examples] == ["What is E?"]
+
     csv_path = tmp_path / "qa.csv"
     csv_path.write_text('question,answer,contexts\nWhat is C?,C.,"[""c one"", ""c two""]"\nWhat is D?,,\n')
     with pytest.raises(DataError, match=r"qa\.csv: row 3: field 'answer' is empty"):

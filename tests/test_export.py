@@ -204,3 +204,10 @@ def test_best_comes_from_the_study_where_the_output_folder_has_no_summary(tmp_pa
     prompt = resolve_prompt("best", config=cfg)
     assert prompt.template.template_text == template.template_text
     assert prompt.provenance["summary_from"].startswith("the study 's'") and prompt.provenance["optimization_score"] == 4.5
+
+
+def test_a_prompt_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    binary = tmp_path / "prompt.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(DataError, match=r"prompt .*prompt\.bin is not UTF-8 text \(byte \d+\)"):
+        resolve_prompt(str(binary))

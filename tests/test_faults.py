@@ -226,16 +226,25 @@ def test_a_dead_holder_s_study_lease_is_taken_over(tmp_path: Path) -> None:
 def test_the_loopback_server_answers_in_its_latency_without_a_delayed_ack_stall() -> None:
     """The benchmarks read their ratios off this server's latency: a reply written as headers then
     body must not wait for the client's delayed ACK (40 ms on Linux) on a kept-alive connection."""
+    import http.client
+    import json
     import statistics
+    from urllib.parse import urlsplit
 
-    import httpx
-
-    with FaultServer(key=KEY, keep_alive=True) as server, httpx.Client() as client:
+    with FaultServer(key=KEY, keep_alive=True) as server:
+        url = urlsplit(f"{server.base_url}/chat/completions")
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)  # one kept-alive connection
         took = []
-        for i in range(15):
-            started = time.perf_counter()
-            reply = client.post(f"{server.base_url}/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                                json={"model": "task-model", "messages": [{"role": "user", "content": f"q{i}"}]})
-            took.append(time.perf_counter() - started)
-            assert reply.status_code == 200
+        try:
+            for i in range(15):
+                body = json.dumps({"model": "task-model", "messages": [{"role": "user", "content": f"q{i}"}]})
+                started = time.perf_counter()
+                conn.request("POST", url.path, body=body.encode(),
+                             headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+                reply = conn.getresponse()
+                reply.read()
+                took.append(time.perf_counter() - started)
+                assert reply.status == 200
+        finally:
+            conn.close()
     assert statistics.median(took) < 0.025, f"median {statistics.median(took) * 1000:.0f} ms per request"

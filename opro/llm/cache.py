@@ -22,6 +22,7 @@ import weakref
 from dataclasses import replace
 from pathlib import Path
 
+from opro.errors import ConfigError
 from opro.llm import Completion
 
 _SCHEMA = """
@@ -40,7 +41,6 @@ _Item = tuple[str, str | None]
 class CallCache:
     def __init__(self, path: str | Path, *, max_readers: int = 4) -> None:
         self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._readers: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
         self._max_readers = max(1, max_readers)
         self._n_readers = 0
@@ -51,10 +51,18 @@ class CallCache:
         self._idle = threading.Condition(self._lock)
         self._unwritten = 0
         self._error: BaseException | None = None
-        conn = self._connect()
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(_SCHEMA)
-        conn.close()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = self._connect()
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(_SCHEMA)
+            conn.close()
+        except (OSError, sqlite3.DatabaseError) as exc:
+            raise ConfigError(
+                f"cannot use {self.path} as the call cache ({exc}): it must be a SQLite file (or a new one) in a "
+                "folder opro can write; point the cache elsewhere ([experiment].cache_path, or --cache) or move "
+                "that file away"
+            ) from None
         self._writer: threading.Thread | None = None
         # Flush at interpreter exit too (a CLI that ends without close() must not drop the last replies).
         atexit.register(_close_at_exit, weakref.ref(self))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import importlib
 import importlib.metadata
 import json
@@ -413,6 +414,7 @@ class OpenAILLM(LLM):
         self._async_clients.clear()
 
 
+@functools.cache  # the installed SDK does not change while the process runs
 def _sdk_http() -> Any:
     """The HTTP library the installed ``openai`` SDK is built on: httpx up to openai 2, httpx2 from
     openai 3. Its exceptions take that library's ``Request`` and ``Response``, and its client that
