@@ -183,7 +183,7 @@ def _save_split(
 
 _EXEMPLAR_OPT = typer.Option(3, "--exemplar", min=0, help="examples shown in the meta-prompt")
 _OPTIMIZATION_OPT = typer.Option(
-    None, "--optimization", min=0, help="examples scored during search [default: an equal share of the rest]"
+    None, "--optimization", min=1, help="examples scored during search [default: an equal share of the rest]"
 )
 _VALIDATION_OPT = typer.Option(
     None, "--validation", min=0,
@@ -708,6 +708,11 @@ def compare(
         specs.insert(0, baseline)
     console = Console()
     exp = Experiment.from_file(config, progress=False if no_progress else None)
+    if mlflow or promote_alias:
+        from opro.tracking import check_server
+
+        check_server(tracking_uri or exp.config.mlflow_uri,
+                     where="--tracking-uri" if tracking_uri else "[tracking].mlflow_uri")
     try:
         report = compare_prompts(
             experiment=exp,
@@ -770,6 +775,11 @@ def export(
     if tracking_uri is not None:
         check_mlflow_uri(tracking_uri, where="--tracking-uri")
     cfg = load_config(config) if config is not None else None
+    store = tracking_uri or (cfg.mlflow_uri if cfg is not None else None)
+    if store and (format == "mlflow" or spec.startswith("prompts:/")):
+        from opro.tracking import check_server
+
+        check_server(store, where="--tracking-uri" if tracking_uri else "[tracking].mlflow_uri")
     resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
     target = out
     if target is None and format in ("llamaindex", "dspy"):
@@ -827,6 +837,13 @@ def ui(
         )
     if not 0 < port < 65536:
         raise ConfigError(f"--port {port} is not a TCP port (1-65535)")
+    import socket
+
+    try:  # the server would log the failure and still exit 0
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): choose another --port or --host") from None
     # MLflow's server imports litellm (installed with dspy), which otherwise downloads its model
     # price map at import and hangs for good on an offline machine. Its job runner (a dozen worker
     # processes, ~3 GB, for server-side GenAI jobs) is not needed to browse runs: off unless asked.

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from opro.errors import ConfigError
+from opro.errors import ConfigError, PromptError
 from opro.llm.pool import ModelSpec
-from opro.prompts import DEFAULT_INSTRUCTION
+from opro.prompts import DEFAULT_INSTRUCTION, validate_instruction
 
 #: ``docs`` entry that stands for the offline quickstart corpus (CPython's own language reference).
 BUILTIN_PYTHON_REFERENCE = "builtin:python-reference"
@@ -138,6 +138,13 @@ class RAGSection:
             raise ConfigError(f"[rag].top_k must be >= 1, got {self.top_k}")
         if not self.initial_instructions:
             raise ConfigError("[rag].initial_instructions needs at least one instruction")
+        for i, instruction in enumerate(self.initial_instructions):
+            if not instruction.strip():
+                raise ConfigError(f"[rag].initial_instructions[{i}] is empty: write the instruction the search starts from")
+            try:
+                validate_instruction(instruction)
+            except PromptError as exc:  # at load, not seconds later when the first template is built
+                raise ConfigError(f"[rag].initial_instructions[{i}]: {exc}") from None
         if self.retriever == "dense" and self.embeddings is None:
             raise ConfigError("[rag].retriever = 'dense' needs a [rag.embeddings] table (base_url + model, or local_path)")
 

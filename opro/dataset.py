@@ -324,8 +324,8 @@ def make_split(
     wanted = exemplar + optimization + validation + (heldout or 0)
     if wanted > len(examples):
         raise DataError(
-            f"split sizes exemplar={exemplar} + optimization={optimization} + validation={validation} "
-            f"+ heldout={heldout} = {wanted} "
+            f"split sizes exemplar={exemplar} + optimization={optimization} + validation={validation}"
+            + ("" if heldout is None else f" + heldout={heldout}") + f" = {wanted} "
             f"exceed the {len(examples)} examples of the dataset; choose smaller sizes"
         )
     limits: dict[str, int | None] = {
@@ -509,7 +509,10 @@ def load_dataset(path: str | Path, **fields: Any) -> GoldenDataset:
                     f"{split_path}: the split was made for different dataset contents (hash {split.dataset_hash[:12]} "
                     f"!= {dataset.content_hash[:12]}); {ds_path} changed after splitting: re-import it to re-split"
                 )
-            dataset = replace(dataset, split=split)
+            try:
+                dataset = replace(dataset, split=split)
+            except DataError as exc:
+                raise DataError(f"{split_path}: {exc}; re-split the folder with `opro dataset split`") from None
         return dataset
     if not p.exists():
         raise DataError(f"{p}: no such file or directory")

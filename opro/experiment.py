@@ -378,6 +378,12 @@ class Experiment:
         )
         with lock:
             ds = self.dataset
+            if not ds.examples_in("optimization") and ds.split is not None:
+                from opro.dataset import split_shortfall
+
+                why = split_shortfall(ds.split)
+                if why:  # all questions in groups too big for it: say so, not just "empty"
+                    raise DataError(f"the optimization split is empty: {why}")
             if fresh:
                 self.archive_study()
             record = self._record_split() if worker_index == 0 else None

@@ -417,6 +417,10 @@ def make_pruner(settings: OptimizerSettings) -> EarlierStepsPruner | optuna.prun
     return RacingPruner(confidence=settings.race_confidence, warmup=settings.prune_warmup_minibatches)
 
 
+#: Steps in a row whose samples were all rejected (repeats, invalid) before the search stops.
+_MAX_STEPS_WITHOUT_CANDIDATES = 3
+
+
 def _storage(url: str) -> str | optuna.storages.BaseStorage:
     """A SQLite study in WAL mode with ``synchronous=NORMAL``: the search writes a few attributes per
     candidate and minibatch, and a full fsync each (tens of ms) would stall the requests. A commit
@@ -1365,6 +1369,7 @@ class OPROOptimizer:
         stopped = "steps"
         best_so_far = -math.inf
         steps_without_gain = 0
+        steps_without_candidates = 0
         try:
             for step in range(self.settings.steps + 1):
                 self._load_others_usage(study)
@@ -1379,8 +1384,8 @@ class OPROOptimizer:
                     proposals = self._propose(study, step, history, exemplar_pool, program)
                 else:
                     proposals = self._await_proposals(study, step)
-                if proposals is None:  # worker 0 stopped the search (its budget check)
-                    stopped = "budget"
+                if proposals is None:  # worker 0 stopped the search (its budget, or no new candidates)
+                    stopped = str((study.user_attrs.get(f"stopped:{step}") or {}).get("reason") or "budget")
                     break
                 self._evaluate_claimed(study, step, proposals, program, optimization_set)
                 history = self._records(study)
@@ -1406,6 +1411,17 @@ class OPROOptimizer:
                     break
                 if self.settings.patience and steps_without_gain >= self.settings.patience:
                     stopped = "patience"
+                    break
+                # An optimizer that only repeats earlier instructions would otherwise be asked again
+                # for every remaining step (however many were configured), evaluating nothing.
+                steps_without_candidates = steps_without_candidates + 1 if step > 0 and not proposals else 0
+                if self.worker_index == 0 and steps_without_candidates >= _MAX_STEPS_WITHOUT_CANDIDATES:
+                    stopped = self._stop(study, step + 1, "no new candidates")
+                    logger.warning(
+                        "stopping after step %d: the optimizer proposed no new instruction in %d steps in a row "
+                        "(every sample repeated an earlier one or was invalid; see the rejected samples); a higher "
+                        "[optimizer].temperature gives more varied samples", step, steps_without_candidates,
+                    )
                     break
             history = self._records(study)
             self._load_others_usage(study)

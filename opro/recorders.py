@@ -224,6 +224,10 @@ class MlflowRecorder(Recorder):
     def prepare(self, *, lead: bool) -> None:
         # The sidecar imports MLflow and opens its store (about 4 s of CPU) while this process loads
         # and chunks the documents, not beside the first step's requests.
+        if lead:
+            from opro.tracking import check_server
+
+            check_server(self.tracker.tracking_uri)  # before the search spends calls, not after
         if lead and self.use_sidecar:
             self._start_sidecar()
             self.in_background(self._mlflow.open)

@@ -276,8 +276,12 @@ def resolve_prompt(
         return _from_registry(s, config, tracking_uri)
     if s.startswith("file:"):
         return _from_file(s, Path(s[5:]).expanduser(), config)
+    if s.startswith("initial:"):  # initial:x, initial:-1 are typos, not instructions
+        raise ConfigError(f"prompt {s!r}: write initial (the first initial instruction) or initial:N with N = 0, 1, ...")
     if s.startswith("text:"):
         instruction = s[5:].strip()
+        if not instruction:
+            raise ConfigError("prompt 'text:' has no instruction after the colon: text:Answer from the context.")
         return ResolvedPrompt(spec=s, kind="literal", label=_short(instruction), template=_template(instruction, config),
                               provenance={"source": "literal"})
     path = Path(s).expanduser()

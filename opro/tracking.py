@@ -23,6 +23,32 @@ logger = logging.getLogger(__name__)
 _SECRET_KEY_RE = re.compile(r"(api[_-]?key|secret|token|password)$", re.I)
 
 
+def check_server(tracking_uri: str, *, where: str = "[tracking].mlflow_uri", timeout_s: float = 5.0) -> None:
+    """Fail at once, naming ``where``, when ``tracking_uri`` is an MLflow server that does not answer:
+    MLflow's client would retry a refused connection for about two minutes per call. Any HTTP reply
+    counts as an answer (a server behind a login may refuse the health check). Stores that are not
+    servers (SQLite, a folder, a database) are left to MLflow."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(tracking_uri.rstrip("/") + "/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        from opro.redaction import redact_url
+
+        raise ConfigError(
+            f"cannot reach the MLflow tracking server at {redact_url(tracking_uri)} ({where}): {reason}; start it "
+            "(`mlflow server --host HOST --port PORT`), fix the URI, or leave [tracking].mlflow_uri empty for a "
+            "SQLite store in the run's folder"
+        ) from None
+
+
 def _client(tracking_uri: str) -> MlflowClient:
     from mlflow import MlflowClient
 

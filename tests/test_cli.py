@@ -68,6 +68,8 @@ def test_cli_errors_are_clear(scripted_config: Path, tmp_path: Path) -> None:
         ({"experiment": {"output_dir": "afile/out"}}, "Not a directory: "),
         ({"experiment": {"cache_path": "afile"}}, "as the call cache (file is not a database)"),
         ({"experiment": {"cache_path": "adir"}}, "as the call cache (unable to open database file)"),
+        ({"tracking": {"mlflow_uri": "http://127.0.0.1:9"}},  # refused: named at once, not retried for minutes
+         "cannot reach the MLflow tracking server at http://127.0.0.1:9 ([tracking].mlflow_uri)"),
         ({"tracking": {"optuna_storage": "postgresql+nosuchdriver://u@127.0.0.1:9/db"}},
          "cannot open the Optuna study store postgresql+nosuchdriver://***@127.0.0.1:9/db ([tracking].optuna_storage)"),
     ],
@@ -83,6 +85,44 @@ def test_paths_and_stores_that_cannot_be_used_are_named_without_a_traceback(
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_an_mlflow_server_that_answers_anything_passes_the_reachability_check() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from opro.tracking import check_server
+
+    class Login(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # a server behind a login refuses the health check: still reachable
+            self.send_response(401)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Login)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_server(f"http://127.0.0.1:{server.server_port}")
+        check_server("sqlite:///nowhere/mlflow.db")  # not a server: left to MLflow
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_dataset_of_one_question_repeated_says_why_the_optimization_split_is_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
+    dups = tmp_path / "dups.jsonl"
+    dups.write_text((json.dumps({"question": "What is AlexNet?", "answer": "A CNN."}) + "\n") * 20)
+    config = write_toml(experiment_config(tmp_path, data={"dataset": str(dups)}), tmp_path / "exp.toml")
+    result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "the optimization split is empty: the split came out smaller than requested" in text
+    assert "duplicate, near-duplicate and same-context questions are kept in one split" in text
 
 
 def test_help_keeps_the_config_keys_in_brackets() -> None:

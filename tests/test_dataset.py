@@ -173,6 +173,16 @@ def test_cli_import_split_show(tmp_path: Path) -> None:
     assert load_dataset(out).split.sizes == {"exemplar": 3, "optimization": 2, "validation": 5, "heldout": 2}  # type: ignore[union-attr]
     res = runner.invoke(app, ["dataset", "import", str(tmp_path / "missing.csv"), "--out", str(out)])
     assert res.exit_code == 1 and "missing.csv" in res.output
+    res = runner.invoke(app, ["dataset", "split", str(out), "--optimization", "0"])  # the search needs questions
+    assert res.exit_code == 2 and "--optimization" in res.output
+    split_file = out / "split.json"
+    edited = json.loads(split_file.read_text())
+    edited["heldout"] = [*edited["heldout"], 999]
+    split_file.write_text(json.dumps(edited))
+    res = runner.invoke(app, ["dataset", "show", str(out)])
+    assert res.exit_code != 0
+    assert f"{split_file}: split 'heldout' refers to example 999" in " ".join(res.output.split())
+    assert "opro dataset split" in res.output
 
 
 def test_normalization_reads_contractions_unicode_hyphens_and_underscores() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import runpy
 from pathlib import Path
 
@@ -211,3 +212,13 @@ def test_a_prompt_file_that_is_not_text_is_named(tmp_path: Path) -> None:
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
     with pytest.raises(DataError, match=r"prompt .*prompt\.bin is not UTF-8 text \(byte \d+\)"):
         resolve_prompt(str(binary))
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("initial:x", "write initial (the first initial instruction) or initial:N"),
+    ("initial:-1", "write initial (the first initial instruction) or initial:N"),
+    ("text:  ", "has no instruction after the colon"),
+])
+def test_prompt_specs_that_are_typos_are_refused_not_taken_literally(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_prompt(spec)

@@ -64,6 +64,16 @@ def test_patience_stops_without_improvement(tmp_path: Path) -> None:
     assert max(r.step for r in result.history) == 1
 
 
+def test_an_optimizer_that_only_repeats_itself_stops_the_search_after_three_empty_steps(tmp_path: Path) -> None:
+    opt, rig, program = _optimizer(tmp_path, steps=1000, candidates_per_step=2)
+    rig.optimizer._default = "<INS>Be precise.</INS>"  # the same sample, always
+    result = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]
+    assert result.stopped_reason == "no new candidates"
+    # Step 1 accepts the instruction once; steps 2, 3 and 4 propose nothing new; nothing after.
+    assert [r.instruction for r in result.history] == ["Answer.", "Be precise."]
+    assert len(rig.optimizer.calls) == 4 * 6  # per step 2 samples, then top-ups until 3 x 2 were asked
+
+
 def test_budget_stops_the_loop(tmp_path: Path) -> None:
     opt, rig, program = _optimizer(tmp_path, steps=10, max_calls=30)
     result = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]

@@ -65,3 +65,16 @@ def test_ui_without_a_store_says_run_optimize_first(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", "from opro.cli import main; main()", "ui", str(config)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no MLflow store at" in proc.stderr and "opro optimize" in proc.stderr
+
+
+def test_ui_on_a_port_in_use_fails_with_exit_2_instead_of_a_server_that_exits_0(tmp_path: Path) -> None:
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(b"")  # exists: the check that follows is the port's
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-c", "from opro.cli import main; main()", "ui", "--tracking-uri", f"sqlite:///{store}",
+             "--port", str(port)], capture_output=True, text=True, timeout=60,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "--port" in proc.stderr
