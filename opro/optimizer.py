@@ -572,11 +572,10 @@ class OPROOptimizer:
         from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
 
         try:
-            storage = _storage(self.storage)
             for attempt in range(5):
                 try:
                     return optuna.create_study(
-                        storage=storage,
+                        storage=_storage(self.storage),  # in the loop: making the schema is part of the race
                         study_name=self.study_name,
                         direction="maximize",
                         pruner=make_pruner(self.settings),
