@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -39,6 +42,58 @@ class ProgressBar:
             self._progress.update(self._task_id, total=(task.total or 0) + n)  # type: ignore[arg-type]
 
 
+#: Seconds between two progress lines where stderr is not a terminal (a log file, CI, nohup).
+LINE_EVERY_S = 30.0
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+class LineProgress(ProgressBar):
+    """Progress for a log: where a bar cannot redraw (stderr is a file or a pipe, where Rich shows it
+    only once it ends), one line at the start, one at most every ``every_s`` seconds as work is done,
+    and one at the end, so a long run in CI or under nohup is visibly alive."""
+
+    def __init__(self, description: str, total: int | None, *, out: TextIO, every_s: float) -> None:
+        super().__init__(None, None)
+        self._description, self._total, self._out, self._every_s = description, total, out, every_s
+        self._done = 0
+        self._started = self._printed = time.monotonic()
+        self._lock = threading.Lock()  # workers advance it from their threads
+        self._line()
+
+    def _line(self) -> None:
+        elapsed = time.monotonic() - self._started
+        text = f"{self._description}: {self._done}"
+        if self._total:
+            text += f"/{self._total} ({100 * self._done / self._total:.0f}%)"
+        text += f", {_clock(elapsed)} elapsed"
+        if self._total and 0 < self._done < self._total:
+            text += f", eta {_clock(elapsed * (self._total - self._done) / self._done)}"
+        print(text, file=self._out, flush=True)
+        self._printed = time.monotonic()
+
+    def advance(self, n: int = 1) -> None:
+        with self._lock:
+            self._done += n
+            if time.monotonic() - self._printed >= self._every_s:
+                self._line()
+
+    def describe(self, text: str) -> None:
+        with self._lock:
+            self._description = text
+
+    def add_total(self, n: int) -> None:
+        with self._lock:
+            self._total = (self._total or 0) + n
+
+    def finish(self) -> None:
+        with self._lock:
+            self._line()
+
+
 @contextmanager
 def progress_bar(description: str, *, total: int | None, enabled: bool = True) -> Iterator[ProgressBar]:
     """``with progress_bar("judging", total=n) as bar: ... bar.advance()``."""
@@ -46,6 +101,13 @@ def progress_bar(description: str, *, total: int | None, enabled: bool = True) -
         yield ProgressBar(None, None)
         return
     console = Console(file=sys.stderr)
+    if not console.is_terminal:
+        lines = LineProgress(description, total, out=sys.stderr, every_s=LINE_EVERY_S)
+        try:
+            yield lines
+        finally:
+            lines.finish()
+        return
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
