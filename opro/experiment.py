@@ -52,6 +52,7 @@ class Experiment:
         )
         self.pool, self.cache, self.usage = self.models.pool, self.models.cache, self.models.usage
         self._clients: dict[str, ChatClient] = {}
+        self._study_storage: Any = None
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: Any) -> Experiment:
@@ -286,11 +287,19 @@ class Experiment:
                 out[f"{section}.{k}"] = str(redact(v) if not hasattr(v, "__dataclass_fields__") else redact(vars(v)))
         return out
 
+    def _storage(self) -> Any:
+        """The config's Optuna study store, opened once (a clear error when it cannot be)."""
+        if self._study_storage is None:
+            from opro.optimizer import open_storage
+
+            self._study_storage = open_storage(self.config.optuna_storage)
+        return self._study_storage
+
     def _study_exists(self) -> bool:
         import optuna
 
         try:
-            optuna.load_study(study_name=self.config.study_name, storage=self.config.optuna_storage)
+            optuna.load_study(study_name=self.config.study_name, storage=self._storage())
         except KeyError:
             return False
         return True
@@ -305,9 +314,9 @@ class Experiment:
         if not self._study_exists():
             return None
         archived = f"{cfg.study_name}-archived-{time.strftime('%Y%m%d-%H%M%S')}"
-        optuna.copy_study(from_study_name=cfg.study_name, from_storage=cfg.optuna_storage,
-                          to_storage=cfg.optuna_storage, to_study_name=archived)
-        optuna.delete_study(study_name=cfg.study_name, storage=cfg.optuna_storage)
+        optuna.copy_study(from_study_name=cfg.study_name, from_storage=self._storage(),
+                          to_storage=self._storage(), to_study_name=archived)
+        optuna.delete_study(study_name=cfg.study_name, storage=self._storage())
         logger.warning("archived study %r as %r; starting a fresh study", cfg.study_name, archived)
         return archived
 
@@ -434,12 +443,15 @@ class Experiment:
         self.run_dir.add_to_summary("split_record", record)
         import optuna
 
-        study = optuna.load_study(study_name=self.config.study_name, storage=self.config.optuna_storage)
+        study = optuna.load_study(study_name=self.config.study_name, storage=self._storage())
         study.set_user_attr("split_record", record)
         return record
 
     def close(self) -> None:
         self.models.close()
+        if self._study_storage is not None:
+            self._study_storage.engine.dispose()
+            self._study_storage = None
 
 
 def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None) -> OptimizationResult:

@@ -421,24 +421,55 @@ def make_pruner(settings: OptimizerSettings) -> EarlierStepsPruner | optuna.prun
 _MAX_STEPS_WITHOUT_CANDIDATES = 3
 
 
-def _storage(url: str) -> str | optuna.storages.BaseStorage:
-    """A SQLite study in WAL mode with ``synchronous=NORMAL``: the search writes a few attributes per
+def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optuna.storages.BaseStorage:
+    """The Optuna study store at ``url``; a :class:`ConfigError` naming ``where`` (URL redacted) when it
+    cannot be opened: a missing driver, a database that does not answer, a file that is not SQLite.
+
+    SQLite runs in WAL mode with ``synchronous=NORMAL``: the search writes a few attributes per
     candidate and minibatch, and a full fsync each (tens of ms) would stall the requests. A commit
     still survives a killed process; only a power cut can lose the last ones."""
-    if not url.startswith("sqlite:///"):
-        return url
     from sqlalchemy import event
+    from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
 
-    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+    sqlite = url.startswith("sqlite:///")
+    if sqlite:
+        path = Path(url.removeprefix("sqlite:///"))
+        if path.is_dir():
+            raise ConfigError(f"{where} = {url!r} names a folder: name a database file in it (.../optuna.db)")
+        path.parent.mkdir(parents=True, exist_ok=True)  # an OSError names the path in the CLI
+    for attempt in range(5):
+        try:
+            storage = optuna.storages.RDBStorage(
+                url, engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else None
+            )
+            break
+        except OperationalError as exc:
+            # Workers starting together race to create the schema (the loser retries); a database
+            # that does not answer fails the same way every time.
+            if attempt < 4:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            why = str(exc.orig or exc).strip().splitlines()[0]
+            hint = "check that the database server is up and the URL's host, port, user and database"
+        except (ImportError, ArgumentError, NoSuchModuleError) as exc:
+            why, hint = str(exc), (
+                "for PostgreSQL install the driver (pip install 'opro[postgres]') and name it in the URL "
+                "(postgresql+psycopg2://...)"
+            )
+        except (DatabaseError, RuntimeError) as exc:  # not a database; or a schema of another Optuna
+            why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            hint = "point it at a new file, or move that file away (`optuna storage upgrade` for an older study)"
+        raise ConfigError(f"cannot open the Optuna study store {redact_url(url)} ({where}): {why}; {hint}") from None
+    if sqlite:
 
-    def pragmas(conn: Any, _record: Any) -> None:
-        cursor = conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
+        def pragmas(conn: Any, _record: Any) -> None:
+            cursor = conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
 
-    event.listen(storage.engine, "connect", pragmas)
-    storage.engine.dispose()  # connections opened while creating the schema get the pragmas too
+        event.listen(storage.engine, "connect", pragmas)
+        storage.engine.dispose()  # connections opened while creating the schema get the pragmas too
     return storage
 
 
@@ -567,31 +598,22 @@ class OPROOptimizer:
     # -- study helpers -----------------------------------------------------------------------
     def _study(self) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        if self.storage.startswith("sqlite:///"):
-            Path(self.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
+        from sqlalchemy.exc import IntegrityError, OperationalError
 
-        try:
-            for attempt in range(5):
-                try:
-                    return optuna.create_study(
-                        storage=_storage(self.storage),  # in the loop: making the schema is part of the race
-                        study_name=self.study_name,
-                        direction="maximize",
-                        pruner=make_pruner(self.settings),
-                        load_if_exists=True,
-                    )
-                except (OperationalError, IntegrityError):
-                    # Workers starting together race to create the schema or the study; the loser retries.
-                    if attempt == 4:
-                        raise
-                    time.sleep(0.5 * (attempt + 1))
-        except (ImportError, ArgumentError, NoSuchModuleError) as exc:
-            raise ConfigError(
-                f"cannot open the Optuna study store {redact_url(self.storage)} ([tracking].optuna_storage): {exc}; "
-                "for PostgreSQL install the driver (pip install 'opro[postgres]') and name it in the URL "
-                "(postgresql+psycopg2://...)"
-            ) from None
+        for attempt in range(5):
+            try:
+                return optuna.create_study(
+                    storage=open_storage(self.storage),
+                    study_name=self.study_name,
+                    direction="maximize",
+                    pruner=make_pruner(self.settings),
+                    load_if_exists=True,
+                )
+            except (OperationalError, IntegrityError):
+                # Workers starting together race to create the study; the loser retries.
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
         raise AssertionError("unreachable")
 
     @staticmethod

@@ -30,18 +30,26 @@ def check_server(tracking_uri: str, *, where: str = "[tracking].mlflow_uri", tim
     servers (SQLite, a folder, a database) are left to MLflow."""
     if not tracking_uri.startswith(("http://", "https://")):
         return
+    import http.client
     import urllib.error
+    import urllib.parse
     import urllib.request
 
+    from opro.redaction import redact_url
+
     try:
-        with urllib.request.urlopen(tracking_uri.rstrip("/") + "/health", timeout=timeout_s):
+        parts = urllib.parse.urlsplit(tracking_uri)
+        # Credentials in the URI are MLflow's to send; urllib would read them as part of the host name.
+        host = parts.netloc.rpartition("@")[2]
+        probe = urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/") + "/health", "", ""))
+        with urllib.request.urlopen(probe, timeout=timeout_s):
             return
     except urllib.error.HTTPError:
         return
+    except (ValueError, http.client.InvalidURL) as exc:
+        raise ConfigError(f"{where} = {redact_url(tracking_uri)!r} is not a valid URL ({exc})") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        from opro.redaction import redact_url
-
         raise ConfigError(
             f"cannot reach the MLflow tracking server at {redact_url(tracking_uri)} ({where}): {reason}; start it "
             "(`mlflow server --host HOST --port PORT`), fix the URI, or leave [tracking].mlflow_uri empty for a "

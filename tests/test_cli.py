@@ -13,7 +13,9 @@ from fakes import experiment_config, scripted_pool, write_toml
 from typer.testing import CliRunner
 
 import opro.experiment
+import opro.optimizer
 from opro.cli import app
+from opro.errors import ConfigError
 
 
 @pytest.fixture
@@ -87,6 +89,36 @@ def test_paths_and_stores_that_cannot_be_used_are_named_without_a_traceback(
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
+@pytest.mark.parametrize(
+    ("store", "message"),
+    [
+        ("sqlite:///{tmp}/afile", "): file is not a database; point it at a new file"),
+        ("sqlite:///{tmp}/adir", "names a folder: name a database file in it"),
+        ("postgresql+psycopg2://u:pw@127.0.0.1:9/db",
+         "cannot open the Optuna study store postgresql+psycopg2://***@127.0.0.1:9/db ([tracking].optuna_storage): "
+         "connection to server at"),
+    ],
+)
+def test_a_study_store_that_cannot_be_opened_is_named_on_a_first_run_and_on_a_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, message: str
+) -> None:
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
+    monkeypatch.setattr(opro.optimizer.time, "sleep", lambda s: None)  # the store's retries, not waited for
+    (tmp_path / "afile").write_text("not a database\n")
+    (tmp_path / "adir").mkdir()
+    config = write_toml(experiment_config(tmp_path, tracking={"optuna_storage": store.format(tmp=tmp_path)}),
+                        tmp_path / "exp.toml")
+    for attempt in ("first run", "rerun"):  # a rerun opens the store earlier, to read the study's split record
+        result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+        assert result.exit_code == 2, (attempt, result.output)
+        text = " ".join(result.output.split())
+        assert message in text and "Traceback" not in text and "pw@" not in text, (attempt, text)
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        run = tmp_path / "out"
+        (run / "split_record.json").parent.mkdir(parents=True, exist_ok=True)
+        (run / "split_record.json").write_text("{}")
+
+
 def test_an_mlflow_server_that_answers_anything_passes_the_reachability_check() -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -105,7 +137,12 @@ def test_an_mlflow_server_that_answers_anything_passes_the_reachability_check() 
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         check_server(f"http://127.0.0.1:{server.server_port}")
+        # Credentials in the URI are MLflow's to send, not part of the host name.
+        check_server(f"http://user:s3cret-pw@127.0.0.1:{server.server_port}/")
         check_server("sqlite:///nowhere/mlflow.db")  # not a server: left to MLflow
+        for bad in ("http://exa mple:5000", "http://[::1"):
+            with pytest.raises(ConfigError, match="is not a valid URL"):
+                check_server(bad)
     finally:
         server.shutdown()
         server.server_close()
