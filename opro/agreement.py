@@ -224,13 +224,14 @@ def match_labels(rows: Sequence[dict[str, Any]], path: str | Path) -> list[float
 def load_answers(path: str | Path) -> list[dict[str, Any]]:
     """Answer rows (``query``, ``answer``, ``reference`` or ``reference_answer``, optional ``score``)
     from an evaluation CSV/JSON written by :class:`opro.evaluation.EvaluationReport`."""
-    records = read_records(path)
+    from opro.dataset import read_records as located_records
+
     rows: list[dict[str, Any]] = []
-    for i, r in enumerate(records):
+    for where, r in located_records(path, list_keys=("rows", "examples")):
         reference = r.get("reference", r.get("reference_answer"))
         if r.get("query") is None or r.get("answer") is None or reference is None:
             raise DataError(
-                f"{path}: row {i} needs 'query', 'answer' and 'reference' (or 'reference_answer'); found {sorted(r)}"
+                f"{where}: needs 'query', 'answer' and 'reference' (or 'reference_answer'); found {sorted(r)}"
             )
         if r.get("error"):
             continue  # a failed evaluation row has no answer to judge
@@ -251,17 +252,23 @@ def parse_model_spec(text: str) -> ModelSpec:
     ``llamacpp:NAME_OR_GGUF``, ``openai:MODEL`` or ``openai:MODEL@BASE_URL`` (key from
     ``$OPENAI_API_KEY``), or a bare embedded model name / GGUF path (llama.cpp).
     """
+    from opro.llm.packs import EMBEDDED_MODELS
     from opro.llm.pool import BACKENDS, ModelSpec
 
     backend, sep, rest = text.partition(":")
     if not sep or backend not in BACKENDS:
-        return ModelSpec(backend="llamacpp", model=text)
+        backend, rest = "llamacpp", text
     if backend == "openai" and "@" in rest:
         model, _, base_url = rest.partition("@")
         return ModelSpec(backend="openai", model=model, base_url=base_url)
     if not rest:
         raise ConfigError(
             f"judge spec {text!r} names no model; use e.g. llamacpp:qwen2.5-coder-1.5b-instruct or openai:gpt-4o-mini"
+        )
+    if backend == "llamacpp" and rest not in EMBEDDED_MODELS and not Path(rest).expanduser().is_file():
+        raise ConfigError(
+            f"judge spec {text!r} is neither an embedded model ({', '.join(sorted(EMBEDDED_MODELS))}) nor a GGUF "
+            "file; write llamacpp:NAME_OR_GGUF, openai:MODEL (key from $OPENAI_API_KEY) or openai:MODEL@BASE_URL"
         )
     return ModelSpec(backend=backend, model=rest)  # type: ignore[arg-type]
 

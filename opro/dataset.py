@@ -257,8 +257,14 @@ class Split:
                 dataset_hash=str(data["dataset_hash"]),
                 requested=dict(data.get("requested") or {}),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"{where}: not a valid split file ({exc!r}); re-create it with `opro dataset import`") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            what = (
+                f"no {exc.args[0]!r} key" if isinstance(exc, KeyError) and exc.args
+                else "not an object of seed, dataset_hash and exemplar / optimization / heldout lists of example numbers"
+            )
+            raise DataError(
+                f"{where}: not a valid split file ({what}); re-split the folder with `opro dataset split`"
+            ) from exc
 
 
 def related_groups(examples: Sequence[Example]) -> list[list[int]]:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from opro.agreement import agreement, hamming, load_labels, match_labels, weighted_kappa
-from opro.errors import DataError
+from opro.errors import ConfigError, DataError
 
 
 def test_perfect_agreement() -> None:
@@ -126,10 +126,19 @@ def test_load_answers_and_model_spec(tmp_path: Path) -> None:
         )
     )
     assert load_answers(path) == [{"query": "q1", "answer": "a1", "reference": "r1", "score": 4.0}]
+    no_answers = tmp_path / "labels.csv"
+    no_answers.write_text("query,reference_answer\nq1,r1\n")
+    with pytest.raises(DataError, match=r"labels.csv: row 2: needs 'query', 'answer' and 'reference'"):
+        load_answers(no_answers)  # the row as a spreadsheet numbers it (row 1 is the header)
     spec = parse_model_spec("openai:gpt-4o-mini@http://localhost:8000/v1")
     assert (spec.backend, spec.model, spec.base_url) == ("openai", "gpt-4o-mini", "http://localhost:8000/v1")
     assert parse_model_spec("qwen2.5-coder-1.5b-instruct").backend == "llamacpp"
-    assert parse_model_spec("llamacpp:/models/x.gguf").model == "/models/x.gguf"
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert parse_model_spec(f"llamacpp:{gguf}").model == str(gguf)
+    for typo in ("nonsense", "llamacpp:qwen-typo"):  # named with the syntax at once, not when loading fails
+        with pytest.raises(ConfigError, match=r"neither an embedded model .* write llamacpp:NAME_OR_GGUF, openai:MODEL"):
+            parse_model_spec(typo)
 
 
 def test_cli_agreement_with_labels(tmp_path: Path) -> None:

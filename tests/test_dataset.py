@@ -183,6 +183,14 @@ def test_cli_import_split_show(tmp_path: Path) -> None:
     assert res.exit_code != 0
     assert f"{split_file}: split 'heldout' refers to example 999" in " ".join(res.output.split())
     assert "opro dataset split" in res.output
+    split_file.write_text("[1, 2]")  # not the object a split file is
+    res = runner.invoke(app, ["dataset", "show", str(out)])
+    shown = " ".join(res.output.split())
+    assert res.exit_code == 1 and f"{split_file}: not a valid split file (not an object of seed" in shown, shown
+    assert "re-split the folder with `opro dataset split`" in shown and "Error(" not in shown
+    res = runner.invoke(app, ["dataset", "split", str(out)])  # which mends it
+    assert res.exit_code == 0, res.output
+    assert load_dataset(out).split is not None
 
 
 def test_normalization_reads_contractions_unicode_hyphens_and_underscores() -> None:
