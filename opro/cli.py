@@ -401,7 +401,7 @@ def judge_agreement(
     from rich.console import Console
 
     from opro.agreement import agreement, judge_scores, load_answers, match_labels, parse_model_spec
-    from opro.errors import OproError
+    from opro.errors import ConfigError, OproError
     from opro.judges import SCORE_SOURCES, CorrectnessJudge
     from opro.llm.factory import ClientFactory, open_cache
 
@@ -413,9 +413,12 @@ def judge_agreement(
 
         def scores_of(spec: str, tmpl: str, score_from: str) -> list[float | None]:
             if score_from not in SCORE_SOURCES:
-                raise OproError(f"--score-from-a/-b must be reply, logits or auto, got {score_from!r}")
+                raise ConfigError(f"--score-from-a/-b must be reply, logits or auto, got {score_from!r}")
             mlflow_judge = spec.startswith("mlflow:")
-            model = parse_model_spec(spec.removeprefix("mlflow:"))
+            try:
+                model = parse_model_spec(spec.removeprefix("mlflow:"))
+            except ConfigError as exc:  # name the spec as it was given
+                raise ConfigError(f"{exc} (after mlflow:)" if mlflow_judge else str(exc)) from None
             client = models.client(model, role="judge")
             if mlflow_judge:
                 from opro.genai import MlflowCorrectnessJudge
@@ -480,7 +483,7 @@ def judge_calibrate(
     from opro.agreement import parse_model_spec
     from opro.calibration import calibrate_experiment, log_calibration_to_mlflow, write_calibration
     from opro.config import JudgeSection, load_config
-    from opro.errors import OproError
+    from opro.errors import ConfigError
     from opro.experiment import Experiment
 
     cfg = load_config(config)
@@ -493,7 +496,7 @@ def judge_calibrate(
         overrides["max_tokens"] = max_tokens
     if overrides:
         if overrides.get("score_from", "reply") not in ("reply", "logits", "auto"):
-            raise OproError(f"--score-from must be reply, logits or auto, got {score_from!r}")
+            raise ConfigError(f"--score-from must be reply, logits or auto, got {score_from!r}")
         cfg = dataclasses.replace(cfg, judge=JudgeSection(**{**dataclasses.asdict(cfg.judge), **overrides}))
     if judge is not None:
         cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, judge=parse_model_spec(judge)))

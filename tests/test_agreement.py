@@ -162,3 +162,10 @@ def test_cli_agreement_with_labels(tmp_path: Path) -> None:
     assert "within 1 point" in result.output and "1.000" in result.output
     both = CliRunner().invoke(app, ["judge", "agreement", "--answers", str(answers)])
     assert both.exit_code == 2
+    for spec, named in (("nonsense", "judge spec 'nonsense' is neither"), ("mlflow:nonsense", "(after mlflow:)")):
+        typo = CliRunner().invoke(app, ["judge", "agreement", "--answers", str(answers), "--judge-b", spec])
+        assert typo.exit_code == 2 and named in " ".join(typo.output.split()), typo.output
+    bad_source = CliRunner().invoke(
+        app, ["judge", "agreement", "--answers", str(answers), "--judge-b", "nonsense", "--score-from-b", "vibes"]
+    )
+    assert bad_source.exit_code == 2 and "must be reply, logits or auto, got 'vibes'" in bad_source.output

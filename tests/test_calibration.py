@@ -167,7 +167,7 @@ def test_cli_judge_calibrate_rejects_bad_options(calibrate_config: Path) -> None
     result = runner.invoke(app, ["judge", "calibrate", str(calibrate_config), "--conditions", "task", "--no-progress"])
     assert result.exit_code != 0 and "use reference and wrong" in result.output
     result = runner.invoke(app, ["judge", "calibrate", str(calibrate_config), "--score-from", "vibes", "--no-progress"])
-    assert result.exit_code != 0 and "reply, logits or auto" in result.output
+    assert result.exit_code == 2 and "reply, logits or auto" in result.output  # a usage error
     result = runner.invoke(
         app, ["judge", "calibrate", str(calibrate_config), "--score-from", "logits", "--no-progress", "--no-mlflow"]
     )
