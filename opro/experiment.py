@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
-from opro.errors import DataError
+from opro.errors import DataError, ModelPackError
 from opro.llm import ChatClient
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
@@ -65,7 +65,10 @@ class Experiment:
 
     def client(self, role: str) -> ChatClient:
         if role not in self._clients:
-            self._clients[role] = self.models.client(self.spec(role), role=role)
+            try:
+                self._clients[role] = self.models.client(self.spec(role), role=role)
+            except ModelPackError as exc:  # say which table names the model
+                raise ModelPackError(f"[models.{role}].model: {exc}") from None
         return self._clients[role]
 
     # -- documents, retrieval, program -------------------------------------------------------

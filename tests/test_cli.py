@@ -119,6 +119,15 @@ def test_a_study_store_that_cannot_be_opened_is_named_on_a_first_run_and_on_a_re
         (run / "split_record.json").write_text("{}")
 
 
+def test_an_unknown_model_names_its_role(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
+    models = {"task": {"backend": "llamacpp", "model": "qwen2.5-coder-typo"}}
+    config = write_toml(experiment_config(tmp_path, models=models), tmp_path / "exp.toml")
+    result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1 and "[models.task].model: unknown model 'qwen2.5-coder-typo'" in text, text
+
+
 def test_an_mlflow_server_that_answers_anything_passes_the_reachability_check() -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
