@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,11 +166,17 @@ def hamming(a: Sequence[bool | None], b: Sequence[bool | None]) -> int:
 _SCORE_FIELDS = ("score", "human_score", "label", "rating")
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a CSV, JSON (a list, or an object with ``rows``/``examples``) or JSONL file."""
+def _located_records(path: str | Path) -> list[tuple[str, Mapping[str, Any]]]:
+    """(where, row) of a CSV, JSON (a list, or an object with ``rows``/``examples``) or JSONL file;
+    ``where`` names the file and the row or line, for messages."""
     from opro.dataset import read_records as located_records
 
-    return [dict(r) for _, r in located_records(path, list_keys=("rows", "examples"))]
+    return located_records(path, list_keys=("rows", "examples"))
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a CSV, JSON (a list, or an object with ``rows``/``examples``) or JSONL file."""
+    return [dict(r) for _, r in _located_records(path)]
 
 
 def _to_score(value: Any) -> float | None:
@@ -224,10 +230,8 @@ def match_labels(rows: Sequence[dict[str, Any]], path: str | Path) -> list[float
 def load_answers(path: str | Path) -> list[dict[str, Any]]:
     """Answer rows (``query``, ``answer``, ``reference`` or ``reference_answer``, optional ``score``)
     from an evaluation CSV/JSON written by :class:`opro.evaluation.EvaluationReport`."""
-    from opro.dataset import read_records as located_records
-
     rows: list[dict[str, Any]] = []
-    for where, r in located_records(path, list_keys=("rows", "examples")):
+    for where, r in _located_records(path):
         reference = r.get("reference", r.get("reference_answer"))
         if r.get("query") is None or r.get("answer") is None or reference is None:
             raise DataError(

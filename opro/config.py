@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import tomllib
 import types
 import typing
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from opro.errors import ConfigError, PromptError
-from opro.llm.pool import ModelSpec
+from opro.llm.pool import ModelSpec, check_endpoint
 from opro.prompts import DEFAULT_INSTRUCTION, validate_instruction
 
 #: ``docs`` entry that stands for the offline quickstart corpus (CPython's own language reference).
@@ -106,13 +105,7 @@ class EmbeddingsSection:
             return
         if not self.model.strip():
             raise ConfigError("[rag.embeddings] needs `model` (the endpoint's embedding model) or `local_path`")
-        if self.base_url and not re.match(r"^https?://", self.base_url):
-            raise ConfigError(f"[rag.embeddings].base_url must start with http:// or https://, got {self.base_url!r}")
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", self.api_key_env):
-            raise ConfigError(
-                f"[rag.embeddings].api_key_env must be the NAME of an environment variable (like OPENAI_API_KEY), got "
-                f"{self.api_key_env[:4]!r}...; never put the key itself in a config."
-            )
+        check_endpoint(base_url=self.base_url or None, api_key_env=self.api_key_env, where="[rag.embeddings].")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,19 @@ Backend = Literal["llamacpp", "openai", "scripted"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+def check_endpoint(*, base_url: str | None, api_key_env: str, where: str = "") -> None:
+    """An OpenAI-compatible endpoint's ``base_url`` (unless None) is an http(s) URL and ``api_key_env``
+    names a variable (the key itself is never echoed). ``where`` prefixes the keys, e.g.
+    ``[rag.embeddings].``."""
+    if base_url is not None and not re.match(r"^https?://", base_url):
+        raise ConfigError(f"{where}base_url must start with http:// or https://, got {base_url!r}.")
+    if not _ENV_NAME.match(api_key_env):
+        raise ConfigError(
+            f"{where}api_key_env must be the NAME of an environment variable (like OPENAI_API_KEY), got "
+            f"{api_key_env[:4]!r}...; never put the key itself in a config."
+        )
+
+
 #: Embedded defaults per role: the small model answers, the larger one judges and writes prompts.
 DEFAULT_ROLE_MODELS: dict[str, str] = {
     "task": EMBEDDED_TASK_MODEL,
@@ -71,16 +84,9 @@ class ModelSpec:
             raise ConfigError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}.")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError(f"model must be a non-empty string (backend {self.backend!r}), got {self.model!r}.")
-        if self.base_url is not None:
-            if self.backend != "openai":
-                raise ConfigError(f"base_url is only used by backend 'openai', not {self.backend!r}.")
-            if not re.match(r"^https?://", self.base_url):
-                raise ConfigError(f"base_url must start with http:// or https://, got {self.base_url!r}.")
-        if not _ENV_NAME.match(self.api_key_env):
-            raise ConfigError(
-                f"api_key_env must be the NAME of an environment variable (like OPENAI_API_KEY), got "
-                f"{self.api_key_env[:4]!r}...; never put the key itself in a config."
-            )
+        if self.base_url is not None and self.backend != "openai":
+            raise ConfigError(f"base_url is only used by backend 'openai', not {self.backend!r}.")
+        check_endpoint(base_url=self.base_url, api_key_env=self.api_key_env)
         if self.n_threads is not None and (not isinstance(self.n_threads, int) or self.n_threads < 1):
             raise ConfigError(f"n_threads must be a positive integer or None (all cores), got {self.n_threads!r}.")
         if not isinstance(self.n_ctx, int) or self.n_ctx < 256:
