@@ -35,6 +35,7 @@ from opro.errors import ConfigError, LLMError, OproError
 from opro.evaluation import Judge, Program, QAExample
 from opro.exemplars import ExemplarOutcome, ExemplarPicker
 from opro.llm import ChatClient, Request, UsageLedger
+from opro.locking import waiting_lock
 from opro.metaprompt import (
     Exemplar,
     MetaPromptBuilder,
@@ -429,7 +430,13 @@ def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optun
     candidate and minibatch, and a full fsync each (tens of ms) would stall the requests. A commit
     still survives a killed process; only a power cut can lose the last ones."""
     from sqlalchemy import event
-    from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
+    from sqlalchemy.exc import (
+        ArgumentError,
+        DatabaseError,
+        IntegrityError,
+        NoSuchModuleError,
+        OperationalError,
+    )
 
     sqlite = url.startswith("sqlite:///")
     if sqlite:
@@ -439,18 +446,27 @@ def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optun
         path.parent.mkdir(parents=True, exist_ok=True)  # an OSError names the path in the CLI
     for attempt in range(5):
         try:
-            storage = optuna.storages.RDBStorage(
-                url, engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else None
-            )
+            # Schema creation of a SQLite file happens under a file lock (as the MLflow store's), so
+            # processes and threads starting together do not race on it; a server retries below.
+            with waiting_lock(path.with_name(path.name + ".lock")) if sqlite else contextlib.nullcontext():
+                storage = optuna.storages.RDBStorage(
+                    url, engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else None
+                )
             break
-        except OperationalError as exc:
-            # Workers starting together race to create the schema (the loser retries); a database
-            # that does not answer fails the same way every time.
+        except (OperationalError, IntegrityError) as exc:
+            # Workers starting together race to create the schema: the loser sees a table that now
+            # exists (OperationalError), a locked database, or the winner's alembic_version row
+            # (IntegrityError: UNIQUE constraint failed), and retries against the finished schema. A
+            # database that does not answer fails the same way every time.
             if attempt < 4:
                 time.sleep(0.5 * (attempt + 1))
                 continue
             why = str(exc.orig or exc).strip().splitlines()[0]
-            hint = "check that the database server is up and the URL's host, port, user and database"
+            hint = (
+                "another process kept changing its schema; run again once it has started"
+                if isinstance(exc, IntegrityError)
+                else "check that the database server is up and the URL's host, port, user and database"
+            )
         except (ImportError, ArgumentError, NoSuchModuleError) as exc:
             why, hint = str(exc), (
                 "for PostgreSQL install the driver (pip install 'opro[postgres]') and name it in the URL "

@@ -113,3 +113,26 @@ def test_concurrent_callers_share_a_bounded_number_of_connections_and_see_their_
     again = CallCache(tmp_path / "c.sqlite")
     assert len(again) == 16 * 30 - 1 and again.get("t15-29") is not None
     again.close()
+
+
+def test_openers_of_a_new_cache_file_at_the_same_instant_all_open_it(tmp_path: Path) -> None:
+    """Switching a new file to WAL takes an exclusive lock: two openers at one instant must not read the
+    loser's "database is locked" as "not a SQLite file" (20 fresh files, 2 threads each, a barrier)."""
+    for i in range(20):
+        path = tmp_path / f"calls-{i}.sqlite"
+        start = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def open_it(path: Path = path, start: threading.Barrier = start, errors: list[BaseException] = errors) -> None:
+            try:
+                start.wait(timeout=30)
+                CallCache(path).close()
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, (i, errors)

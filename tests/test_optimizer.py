@@ -264,7 +264,13 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    start = threading.Barrier(2)
+
+    def work_together(index: int) -> None:
+        start.wait(timeout=30)  # both open the fresh store at the same instant: the schema race
+        work(index)
+
+    threads = [threading.Thread(target=work_together, args=(i,)) for i in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
@@ -326,3 +332,57 @@ def test_one_and_32_workers_give_the_same_history_and_the_same_calls(tmp_path: P
     assert all(any(call.startswith(ins + "\n") for ins in pruned) for call in extra), extra
     assert len(extra) <= 2 * len(pruned)
     assert t1 == "budget" and b1 == b32 and d1 == d32 and t1 == t32
+
+
+def test_workers_racing_to_create_the_schema_of_a_fresh_store_all_open_it(tmp_path: Path) -> None:
+    """The loser of the schema race sees the winner's alembic_version row (IntegrityError) or its
+    tables (OperationalError): both are retried, 20 fresh stores opened by 2 threads at one instant."""
+    from opro.optimizer import open_storage
+
+    for i in range(20):
+        url = f"sqlite:///{tmp_path / f'optuna-{i}.db'}"
+        start = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def open_it(url: str = url, start: threading.Barrier = start, errors: list[BaseException] = errors) -> None:
+            try:
+                start.wait(timeout=30)
+                open_storage(url).engine.dispose()  # type: ignore[attr-defined]
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, (i, errors)
+
+
+def test_a_lost_schema_race_is_retried_and_a_foreign_file_is_refused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    from opro.errors import ConfigError
+    from opro.optimizer import open_storage
+
+    real = optuna.storages.RDBStorage
+    attempts: list[str] = []
+
+    def loses_the_race_once(url: str, **kwargs: object) -> optuna.storages.RDBStorage:
+        attempts.append(url)
+        if len(attempts) == 1:  # what the loser of two fresh workers sees
+            raise IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed: alembic_version.version_num"))
+        return real(url, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", loses_the_race_once)
+    open_storage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert len(attempts) == 2
+    monkeypatch.setattr(optuna.storages, "RDBStorage", real)
+    foreign = tmp_path / "notes.db"
+    foreign.write_text("not a database, but a text file of some length " * 100)
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"notes.db.*point it at a new file"):
+        open_storage(f"sqlite:///{foreign}")
+    assert time.perf_counter() - started < 0.4  # refused at once, not after the race's retries

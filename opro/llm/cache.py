@@ -24,6 +24,7 @@ from pathlib import Path
 
 from opro.errors import ConfigError
 from opro.llm import Completion
+from opro.locking import waiting_lock
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -53,10 +54,13 @@ class CallCache:
         self._error: BaseException | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = self._connect()
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(_SCHEMA)
-            conn.close()
+            # Processes opening a new file together would race on switching it to WAL ("database is
+            # locked", read as "not a SQLite file"): the schema is made under a file lock.
+            with waiting_lock(self.path.with_name(self.path.name + ".lock")):
+                conn = self._connect()
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(_SCHEMA)
+                conn.close()
         except (OSError, sqlite3.DatabaseError) as exc:
             raise ConfigError(
                 f"cannot use {self.path} as the call cache ({exc}): it must be a SQLite file (or a new one) in a "
