@@ -135,6 +135,21 @@ def models_path(name: str = typer.Argument(..., help="embedded model name or a G
     typer.echo(str(path))
 
 
+@app.command()
+def doctor(
+    probe: bool = typer.Option(True, "--probe/--no-probe", help="probe each assembled embedded model in a child process"),
+    refresh: bool = typer.Option(False, "--refresh", help="probe again even where an earlier probe's result is recorded"),
+) -> None:
+    """What the embedded engine finds here: CPU features, threads and why, llama.cpp build, buffer
+    types, start-up probe, model packs. Exits 1 if an embedded model cannot run on this machine."""
+    from opro.llm.doctor import diagnose, render
+
+    found = diagnose(probe=probe, refresh=refresh)
+    typer.echo(render(found))
+    if not found.ok:
+        raise typer.Exit(1)
+
+
 # ---- end section: models -----------------------------------------------------------------------
 
 # ---- section: dataset (owner: documents / rag / dataset) --------------------------------------
@@ -206,7 +221,7 @@ def dataset_generate(
     model: str = typer.Option("qwen2.5-coder-1.5b-instruct", "--model", help="generator model (embedded name, GGUF path or API id)"),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible server URL"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="NAME of the variable holding the API key"),
-    n_threads: int | None = typer.Option(None, "--n-threads", min=1, help="llama.cpp threads [default: all cores]"),
+    n_threads: int | None = typer.Option(None, "--n-threads", min=1, help="llama.cpp threads [default: the usable cores other processes leave free]"),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="skip unusable document files instead of failing"),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="use the call cache (reruns are free)"),
     exemplar: int = _EXEMPLAR_OPT,

@@ -35,6 +35,14 @@
   (instruction after it), or the judge's template with the question and reference, is prefilled once
   per run instead of once per step.
 - The model loads lazily on the first call, so a run whose calls all hit the cache never loads it.
+  Before the first load on a machine, a child process loads it and decodes a few tokens
+  (:mod:`opro.llm.probe`): llama.cpp's extra buffer types (AMX, repacked weights) crash some builds on
+  some CPUs, and a crash there picks plain buffers here instead of killing the run
+  (``extra_buffers``: "auto", "on", "off").
+- Threads: unless ``n_threads`` is set, every computation takes the usable cores that other processes
+  are not keeping busy, shared with this pool's other models computing at that moment
+  (:class:`opro.llm.cpu.CpuShare`): ggml's threads spin-wait for each other, so one thread more than
+  the free cores costs several times the time.
 - ``identity`` is ``llamacpp:<sha256 of the GGUF>``, taken from the pack's known checksum or a
   hash cached by path, size and mtime (:func:`opro.llm.packs.gguf_sha256`).
 """
@@ -47,13 +55,14 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, LLMBadRequestError, LLMError, ModelPackError
 from opro.llm import LLM, Completion, GenerationOptions, Message
+from opro.llm.cpu import CpuShare
 from opro.llm.packs import EMBEDDED_MODELS, gguf_sha256
 from opro.llm.packs import model_path as resolve_model_path
 
@@ -150,6 +159,9 @@ class LlamaCppLLM(LLM):
         batch_width: int = 4,
         prefix_cache_mb: int = 512,
         draft_fill: int = 4,
+        extra_buffers: str = "auto",
+        probe: bool = True,
+        cpu: CpuShare | None = None,
     ) -> None:
         """``model_path``: an embedded model name (assembled on demand) or a path to a GGUF file.
 
@@ -171,6 +183,15 @@ class LlamaCppLLM(LLM):
         ``draft_fill``: a batched decode step of 2 or more answers is filled up to a multiple of this
         many tokens with drafted tokens that greedy decoding then keeps or drops (:meth:`_drafts`);
         0 or 1 turns drafting off.
+
+        ``n_threads``: llama.cpp's threads (prefill and decode); None takes, at every call, the cores
+        this process may use that other processes leave free, shared with the other models of ``cpu``
+        computing at that moment (one :class:`CpuShare` per pool).
+
+        ``extra_buffers``: llama.cpp's extra buffer types (AMX, repacked weights): "auto" probes them
+        in a child process at the first load on a machine and falls back to plain buffers where they
+        crash; "on" / "off" force either (probed too). ``probe=False`` loads without the probe (the
+        probe's own child does).
         """
         if n_ctx < 256:
             raise ConfigError(f"n_ctx must be >= 256, got {n_ctx}")
@@ -179,7 +200,11 @@ class LlamaCppLLM(LLM):
         if batch_width < 1:
             raise ConfigError(f"batch_width must be >= 1, got {batch_width}")
         if n_threads is not None and n_threads < 1:
-            raise ConfigError(f"n_threads must be >= 1 or None (all cores), got {n_threads}")
+            raise ConfigError(f"n_threads must be >= 1 or None (the free usable cores), got {n_threads}")
+        from opro.llm.probe import EXTRA_BUFFERS
+
+        if extra_buffers not in EXTRA_BUFFERS:
+            raise ConfigError(f"extra_buffers must be one of {', '.join(EXTRA_BUFFERS)}, got {extra_buffers!r}")
         if prefix_cache_mb < 0:
             raise ConfigError(f"prefix_cache_mb must be >= 0 (0: off), got {prefix_cache_mb}")
         if draft_fill < 0:
@@ -189,7 +214,12 @@ class LlamaCppLLM(LLM):
         self._model = name if name in EMBEDDED_MODELS else self.path.stem
         pack = EMBEDDED_MODELS.get(name)
         self.sha256 = pack.sha256 if pack is not None else gguf_sha256(self.path)
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = n_threads  # None: chosen at every call (self.cpu)
+        self.cpu = cpu or CpuShare()
+        self.extra_buffers = extra_buffers
+        self.probe = probe
+        self.probed: Any = None  # the ProbeResult the model was loaded under (None: not probed)
+        self._threads_now = 0
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.verbose = verbose
@@ -223,11 +253,12 @@ class LlamaCppLLM(LLM):
             "path": str(self.path),
             "sha256": self.sha256,
             "n_ctx": str(self.n_ctx),
-            "n_threads": str(self.n_threads),
+            "n_threads": str(self.n_threads or "auto"),
+            "extra_buffers": self.extra_buffers,
         }
 
     def __repr__(self) -> str:
-        return f"LlamaCppLLM(model={self._model!r}, n_ctx={self.n_ctx}, n_threads={self.n_threads})"
+        return f"LlamaCppLLM(model={self._model!r}, n_ctx={self.n_ctx}, n_threads={self.n_threads or 'auto'})"
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -243,19 +274,28 @@ class LlamaCppLLM(LLM):
     def _load_locked(self) -> Llama:
         if self._llama is None:
             llama_cpp = _import_llama()
+            mode = self.extra_buffers
+            if self.probe:
+                from opro.llm.probe import choose_extra_buffers
+
+                self.probed = choose_extra_buffers(self.path, self.sha256, self.extra_buffers)
+                mode = self.probed.mode
             started = time.perf_counter()
+            threads = self.n_threads or self.cpu.choose().n_threads
             try:
-                self._llama = llama_cpp.Llama(
-                    model_path=str(self.path),
-                    n_ctx=self.n_ctx,
-                    n_batch=self.n_batch,
-                    n_threads=self.n_threads,
-                    n_threads_batch=self.n_threads,
-                    logits_all=self.supports_logprobs,
-                    verbose=self.verbose,
-                )
+                with _extra_buffers(llama_cpp, mode):
+                    self._llama = llama_cpp.Llama(
+                        model_path=str(self.path),
+                        n_ctx=self.n_ctx,
+                        n_batch=self.n_batch,
+                        n_threads=threads,
+                        n_threads_batch=threads,
+                        logits_all=self.supports_logprobs,
+                        verbose=self.verbose,
+                    )
             except (ValueError, RuntimeError, OSError) as exc:
                 raise ModelPackError(f"llama.cpp cannot load {self.path}: {exc}") from exc
+            self._threads_now = threads
             if self.batch_width > 1:
                 self._multi_sequence_context(self._llama)
             self.load_s = time.perf_counter() - started
@@ -281,6 +321,24 @@ class LlamaCppLLM(LLM):
         llama._ctx = llama._stack.enter_context(contextlib.closing(ctx))
         old.close()
         llama.n_tokens = 0
+
+    @contextlib.contextmanager
+    def _computing(self) -> Iterator[Llama]:
+        """The loaded model, locked, with this moment's thread count set (a cheap call where it changes)."""
+        with self._lock:
+            llama = self._load_locked()
+            with self.cpu.threads(self.n_threads) as n:
+                if n != self._threads_now:
+                    import llama_cpp
+
+                    llama_cpp.llama_set_n_threads(llama._ctx.ctx, n, n)
+                    self._threads_now = n
+                yield llama
+
+    @property
+    def threads_now(self) -> int:
+        """The threads of the last computation (0: not loaded yet)."""
+        return self._threads_now
 
     def prompt_tokens(self, messages: tuple[Message, ...], *, prefix: str = "") -> list[int]:
         """The token ids a call evaluates: the chat rendered with the GGUF's template (plus an
@@ -334,8 +392,7 @@ class LlamaCppLLM(LLM):
 
     def generate(self, messages: tuple[Message, ...], options: GenerationOptions) -> Completion:
         kwargs = self._kwargs(messages, options)
-        with self._lock:
-            llama = self._load_locked()
+        with self._computing() as llama:
             if not self.kv_reuse:
                 llama.reset()
             started = time.perf_counter()
@@ -411,8 +468,7 @@ class LlamaCppLLM(LLM):
 
         if not choices:
             raise LLMBadRequestError("choice_logprobs needs at least one choice", model=self._model, provider=self.provider)
-        with self._lock:
-            llama = self._load_locked()
+        with self._computing() as llama:
             started = time.perf_counter()
             try:
                 tokens = self._prompt_tokens_locked(llama, messages, prefix)
@@ -478,8 +534,7 @@ class LlamaCppLLM(LLM):
         self, calls: Sequence[tuple[tuple[Message, ...], GenerationOptions]]
     ) -> list[Completion | LLMError]:
         results: list[Completion | LLMError | None] = [None] * len(calls)
-        with self._lock:
-            llama = self._load_locked()
+        with self._computing() as llama:
             seqs: list[_Seq] = []
             for i, (messages, options) in enumerate(calls):
                 try:
@@ -771,6 +826,42 @@ class LlamaCppLLM(LLM):
                 self._llama.close()
                 self._llama = None
                 self._formatter = None
+
+
+#: llama-cpp-python's ``Llama`` builds its model parameters inside its constructor and ignores keywords it
+#: does not know, so ``use_extra_bufts`` is set on the parameters as they reach the model's loader.
+_LOADER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _extra_buffers(llama_cpp: Any, mode: str) -> Iterator[None]:
+    """While a ``Llama`` is constructed in this block, its model loads with extra buffers ``mode``
+    ("on" / "off"; "auto" leaves llama.cpp's default). The parameters keep the value, so
+    ``llama.model_params.use_extra_bufts`` reads it back."""
+    from opro.llm.probe import supports_extra_buffers_switch
+
+    if mode == "auto" or not supports_extra_buffers_switch():
+        if mode == "off":
+            raise ModelPackError(
+                f"llama-cpp-python {llama_cpp.__version__} has no switch for extra buffer types "
+                "(model parameter use_extra_bufts); upgrade it, or set extra_buffers = \"auto\""
+            )
+        yield
+        return
+    internals = llama_cpp._internals
+    with _LOADER_LOCK:
+        real = internals.LlamaModel
+
+        def loader(*args: Any, **kwargs: Any) -> Any:
+            params = kwargs["params"] if "params" in kwargs else args[1]
+            params.use_extra_bufts = mode == "on"
+            return real(*args, **kwargs)
+
+        internals.LlamaModel = loader
+        try:
+            yield
+        finally:
+            internals.LlamaModel = real
 
 
 def _fill(batch: Any, pending: list[tuple[int, list[int], int]], capacity: int) -> list[tuple[int, int]]:

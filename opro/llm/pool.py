@@ -51,7 +51,7 @@ class ModelSpec:
     """The backend and model of one role.
 
     - ``llamacpp``: ``model`` is an embedded model name or a GGUF path; uses ``n_threads``,
-      ``n_ctx``, ``logprobs``, ``batch_width``, ``prefix_cache_mb`` and ``draft_fill``.
+      ``n_ctx``, ``logprobs``, ``batch_width``, ``prefix_cache_mb``, ``draft_fill`` and ``extra_buffers``.
     - ``openai``: ``model`` is the server's model id; uses ``base_url``, ``api_key_env``,
       ``timeout_s``, ``max_concurrency`` (logprobs are always available there).
     - ``scripted``: ``model`` names a backend registered with the pool (tests) or a recording file.
@@ -78,6 +78,9 @@ class ModelSpec:
     #: llamacpp only: batched decode steps of 2 or more answers are filled up to a multiple of this many
     #: tokens with tokens drafted from the prompt, kept where greedy decoding agrees (0 or 1: off).
     draft_fill: int = 4
+    #: llamacpp only: llama.cpp's extra buffer types (AMX, repacked weights): "auto" probes them in a
+    #: child process once per machine and falls back to plain buffers where they crash; "on" / "off".
+    extra_buffers: str = "auto"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -88,7 +91,12 @@ class ModelSpec:
             raise ConfigError(f"base_url is only used by backend 'openai', not {self.backend!r}.")
         check_endpoint(base_url=self.base_url, api_key_env=self.api_key_env)
         if self.n_threads is not None and (not isinstance(self.n_threads, int) or self.n_threads < 1):
-            raise ConfigError(f"n_threads must be a positive integer or None (all cores), got {self.n_threads!r}.")
+            raise ConfigError(
+                f"n_threads must be a positive integer or None (the usable cores other processes leave free), "
+                f"got {self.n_threads!r}."
+            )
+        if self.extra_buffers not in ("auto", "on", "off"):
+            raise ConfigError(f'extra_buffers must be "auto", "on" or "off", got {self.extra_buffers!r}.')
         if not isinstance(self.n_ctx, int) or self.n_ctx < 256:
             raise ConfigError(f"n_ctx must be an integer >= 256, got {self.n_ctx!r}.")
         if not isinstance(self.batch_width, int) or isinstance(self.batch_width, bool) or self.batch_width < 1:
@@ -155,6 +163,7 @@ class ModelPool:
         self.max_retry_wait_s = max_retry_wait_s
         self._lock = threading.Lock()
         self._shared: dict[tuple[Any, ...], LLM] = {}
+        self._cpu: Any = None  # the CpuShare of this pool's llama.cpp models, made with the first one
 
     def get(self, spec: ModelSpec) -> LLM:
         """The backend for ``spec``; llama.cpp and openai backends are reused for equal settings."""
@@ -176,15 +185,18 @@ class ModelPool:
             ident = EMBEDDED_MODELS[spec.model].target() if spec.model in EMBEDDED_MODELS else spec.model
             path = Path(ident).expanduser().resolve()
             return ("llamacpp", str(path), spec.n_ctx, spec.n_threads, spec.logprobs, spec.batch_width,
-                    spec.prefix_cache_mb, spec.draft_fill)
+                    spec.prefix_cache_mb, spec.draft_fill, spec.extra_buffers)
         return (
             "openai", spec.base_url, spec.model, spec.api_key_env, spec.timeout_s, spec.max_concurrency, spec.json_schema
         )
 
     def _create(self, spec: ModelSpec) -> LLM:
         if spec.backend == "llamacpp":
+            from opro.llm.cpu import CpuShare
             from opro.llm.llamacpp import LlamaCppLLM
 
+            if self._cpu is None:
+                self._cpu = CpuShare()
             return LlamaCppLLM(
                 model_path=spec.model,
                 n_threads=spec.n_threads,
@@ -195,6 +207,8 @@ class ModelPool:
                 batch_width=spec.batch_width,
                 prefix_cache_mb=spec.prefix_cache_mb,
                 draft_fill=spec.draft_fill,
+                extra_buffers=spec.extra_buffers,
+                cpu=self._cpu,
             )
         from opro.llm.openai import OpenAILLM
 
