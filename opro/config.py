@@ -114,7 +114,7 @@ class RAGSection:
     chunk_overlap: int = 32
     retriever: Literal["bm25", "dense"] = "bm25"
     top_k: int = 2
-    #: "after" by measurement (README, "The embedded engine against its floor"): no worse on held-out
+    #: "after" by measurement (docs/benchmarks.md, "The embedded engine against its floor"): no worse on held-out
     #: questions, and every candidate of a question shares the retrieved context as a KV prefix.
     instruction_position: Literal["before", "after"] = "after"
     answer_max_tokens: int = 128
@@ -161,7 +161,7 @@ class JudgeSection:
     #: probability-weighted score from the logits at the score position (llamacpp only, nothing
     #: decoded); ``auto`` (default): logits where the backend can, else the reply. On 40 AlexNet
     #: questions the logit score separated right from wrong answers better than the reply's
-    #: (README, "Measured"), for less work per call.
+    #: (docs/benchmarks.md), for less work per call.
     score_from: Literal["reply", "logits", "auto"] = "auto"
 
     def __post_init__(self) -> None:

@@ -130,7 +130,7 @@ class PeersReport:
         return rows
 
     def table(self) -> str:
-        """The Markdown table of the README."""
+        """The Markdown table of docs/benchmarks.md."""
         n = len(self.comparison.questions)
         head = (
             f"| method | task + judge calls (budget {self.budget}) | search score (1-5) | held-out mean, 95% CI "

@@ -1,10 +1,13 @@
-"""The front door stays true: every config key is documented, every README `opro` command runs as written."""
+"""The front door stays true: every config key is documented, every README `opro` command runs as written, and
+every file a command in the README or docs/ names exists or is written by a command shown before it."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -79,8 +82,11 @@ def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.Monk
         if ">" in args:
             redirect = tmp_path / args[args.index(">") + 1]
             args = args[: args.index(">")]
-        if args[0] == "models" or "experiments/shared.toml" in args:
-            continue  # model packs are covered by test_models; scaling out needs shared servers
+        if args[0] in ("models", "doctor") or "experiments/shared.toml" in args:
+            continue  # model packs (test_models) and the real engine (doctor); scaling out needs shared servers
+        if any("://" in a for a in args):  # a judge on a server that is not here: what it reads was written, though
+            assert all((tmp_path / a).is_file() for a in args if a.endswith((".csv", ".json", ".toml"))), line
+            continue
         if args[0] == "ui":  # a server that runs until stopped: test_ui serves it; here, what it starts
             started: list[list[str]] = []
             with monkeypatch.context() as m:
@@ -101,3 +107,138 @@ def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.Monk
     assert (tmp_path / "exported" / "quickstart.json").is_file()
     assert (tmp_path / "runs" / "quickstart" / "export" / "prompt.llamaindex.json").is_file()
     assert (tmp_path / "runs" / "quickstart" / "compare" / "two-prompts" / "report.md").is_file()
+    assert (tmp_path / "runs" / "quickstart" / "evaluate" / "heldout-run.csv").is_file()  # what judge agreement reads
+
+
+# ---- every path a shown command names exists, or a command shown before it writes it --------------------------
+
+#: What a command-line argument must look like to be checked as a path.
+_PATH_SUFFIXES = (".toml", ".json", ".jsonl", ".csv", ".txt", ".pdf", ".py")
+_PATH_FOLDERS = ("experiments/", "data/", "runs/", "exported/", "docs/")
+
+
+def _doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _bash_lines(text: str) -> list[str]:
+    """The lines of a Markdown text's ```bash blocks, in order (backslash continuations joined)."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    return [line.strip() for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _repository_files() -> set[str] | None:
+    """The files of a fresh clone (tracked, or new and not ignored), so that local run outputs do not count."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT, capture_output=True, text=True, check=True, timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None  # not a git checkout: the files on disk
+    return set(filter(None, listed.split("\0")))
+
+
+def _in_repository(path: str, files: set[str] | None) -> bool:
+    if files is None:
+        return (ROOT / path).exists()
+    return path in files or any(f.startswith(path + "/") for f in files)
+
+
+def _norm(path: str) -> str:
+    return os.path.normpath(path.removeprefix("file:").removeprefix("run:"))
+
+
+def _option(args: list[str], name: str, default: str | None = None) -> str | None:
+    return args[args.index(name) + 1] if name in args and args.index(name) + 1 < len(args) else default
+
+
+def _named_paths(args: list[str]) -> list[str]:
+    """The files and folders an `opro` command line reads (its outputs, `--out X` and `> X`, left out)."""
+    named = []
+    for i, arg in enumerate(args):
+        if arg == ">" or (i and args[i - 1] in (">", "--out")) or "://" in arg:
+            continue
+        bare = arg.removeprefix("file:").removeprefix("run:")
+        if bare.endswith(_PATH_SUFFIXES) or bare.startswith(_PATH_FOLDERS):
+            named.append(_norm(bare))
+    return named
+
+
+def _prompt_kind(spec: str) -> str:
+    """The kind `opro.sources.resolve_prompt` gives a spec: `opro evaluate` names its table after it."""
+    if spec == "best" or spec.startswith("run:") or spec.endswith(".toml"):
+        return "run"
+    if spec == "initial" or spec.startswith("initial:"):
+        return "initial"
+    if spec.startswith("prompts:"):
+        return "registry"
+    return "file" if spec.startswith("file:") or (ROOT / spec).is_file() else "literal"
+
+
+def _writes(args: list[str]) -> list[tuple[str, frozenset[str]]]:
+    """What an `opro` command line writes: (path, the sub-folders of it that other commands write)."""
+    from opro.config import load_config
+    from opro.rundir import CALIBRATION_DIR, CALIBRATION_FILE, COMPARE_DIR, EVALUATE_DIR, EXPORT_DIR
+
+    written = [(_norm(out), frozenset()) for out in (_option(args, "--out"), _option(args, ">")) if out]
+    config = next((a for a in args if a.endswith(".toml") and (ROOT / a).is_file()), None)
+    if config is None:
+        return written
+    out = os.path.relpath(load_config(ROOT / config).output_dir, ROOT)
+    command = " ".join(args[:2]) if args[0] == "judge" else args[0]
+    if command == "optimize":
+        written.append((out, frozenset({COMPARE_DIR, EVALUATE_DIR, EXPORT_DIR, CALIBRATION_DIR, CALIBRATION_FILE})))
+    elif command == "compare":
+        written.append((f"{out}/{COMPARE_DIR}", frozenset()))
+    elif command == "export" and "--out" not in args:
+        written.append((f"{out}/{EXPORT_DIR}", frozenset()))
+    elif command == "evaluate" and "--out" not in args:
+        stem = f"{out}/{EVALUATE_DIR}/{_option(args, '--split', 'heldout')}-{_prompt_kind(_option(args, '--prompt', 'initial') or '')}"
+        written += [(stem + ".csv", frozenset()), (stem + ".json", frozenset())]
+    elif command == "judge calibrate":
+        written += [(f"{out}/{CALIBRATION_FILE}", frozenset()), (f"{out}/{CALIBRATION_DIR}", frozenset())]
+    return written
+
+
+def _written_before(path: str, written: list[tuple[str, frozenset[str]]]) -> bool:
+    for root, others in written:
+        if path == root:
+            return True
+        if path.startswith(root + "/") and path[len(root) + 1 :].split("/")[0] not in others:
+            return True
+    return False
+
+
+def unresolved_paths(text: str) -> list[str]:
+    """`opro` command lines of ``text``'s bash blocks that name a path nothing provides, with that path."""
+    files = _repository_files()
+    written: list[tuple[str, frozenset[str]]] = []
+    problems = []
+    for line in _bash_lines(text):
+        args = shlex.split(line, comments=True)
+        if not args or args[0] != "opro":
+            continue
+        problems += [f"{line}  ->  {p}" for p in _named_paths(args[1:])
+                     if not _in_repository(p, files) and not _written_before(p, written)]
+        written += _writes(args[1:])
+    return problems
+
+
+@pytest.mark.parametrize("doc", _doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_shown_commands_name_files_that_exist_or_are_written_before(doc: Path) -> None:
+    assert unresolved_paths(doc.read_text()) == []
+
+
+def test_the_path_check_catches_what_it_should() -> None:
+    text = """```bash
+opro optimize experiments/quickstart.toml
+opro evaluate experiments/quickstart.toml --prompt best
+opro judge agreement --answers runs/quickstart/evaluate/heldout-run.csv --labels runs/quickstart/evaluate/heldout-best.csv
+opro optimize experiments/no-such.toml --worker 0/2
+opro export best --config experiments/quickstart.toml --out exported/
+opro dataset show exported/prompt.dspy.json
+```"""
+    assert [p.split("  ->  ")[1] for p in unresolved_paths(text)] == [
+        "runs/quickstart/evaluate/heldout-best.csv", "experiments/no-such.toml"
+    ]
