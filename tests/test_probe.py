@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,36 +13,6 @@ import pytest
 from opro.errors import ModelPackError
 from opro.llm import probe as probe_module
 from opro.llm.probe import choose_extra_buffers, recorded
-
-#: A stand-in for the probe's child: crashes (a real SIGSEGV) in the modes listed in CRASH, answers in
-#: the others, and counts its runs in RUNS.
-FAKE_CHILD = textwrap.dedent(
-    """
-    import faulthandler, os, sys
-    mode = sys.argv[-1]
-    with open(os.environ["RUNS"], "a") as fh:
-        fh.write(mode + "\\n")
-    if mode in os.environ["CRASH"].split(","):
-        print("load_tensors:   AMX model buffer size =   950.71 MiB", file=sys.stderr, flush=True)
-        faulthandler.disable()
-        faulthandler._sigsegv()
-    print("load_tensors:   CPU_Mapped model buffer size =   950.71 MiB", file=sys.stderr)
-    """
-)
-
-
-@pytest.fixture
-def fake_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    # Probe records in a fresh folder; the assembled models stay where they are.
-    monkeypatch.setattr(probe_module, "cache_dir", lambda: tmp_path / "cache")
-    runs = tmp_path / "runs.txt"
-    runs.touch()
-    monkeypatch.setenv("RUNS", str(runs))
-    script = tmp_path / "child.py"
-    script.write_text(FAKE_CHILD)
-    monkeypatch.setattr(probe_module, "_child_argv", lambda path, mode: [sys.executable, str(script), str(path), mode])
-    monkeypatch.setattr(probe_module, "supports_extra_buffers_switch", lambda: True)
-    return runs
 
 
 def test_a_crash_with_extra_buffers_falls_back_to_plain_buffers_once_per_machine(
