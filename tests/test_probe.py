@@ -49,7 +49,7 @@ def test_a_model_that_crashes_either_way_is_one_line_that_says_what_to_do(
     message = str(caught.value)
     assert "\n" not in message
     assert "model.gguf cannot run on this CPU" in message and "SIGSEGV" in message
-    assert "OpenAI-compatible endpoint" in message and "opro doctor" in message
+    assert "at an OpenAI-compatible endpoint" in message and "opro doctor" in message
 
 
 def test_a_forced_setting_that_crashes_is_refused_with_the_way_out(
@@ -58,6 +58,8 @@ def test_a_forced_setting_that_crashes_is_refused_with_the_way_out(
     monkeypatch.setenv("CRASH", "on")
     with pytest.raises(ModelPackError, match=r'extra buffers on: llama.cpp crashed \(SIGSEGV\).*set \[models.task\].extra_buffers = "auto"'):
         choose_extra_buffers(tmp_path / "model.gguf", "abc", "on", where="[models.task].")
+    with pytest.raises(ModelPackError, match=r'set the \[models.\*\] tables that use this model: extra_buffers = "auto"'):
+        choose_extra_buffers(tmp_path / "model.gguf", "other", "on")
     assert choose_extra_buffers(tmp_path / "model.gguf", "abc", "off").mode == "off"
 
 

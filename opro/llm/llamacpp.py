@@ -69,6 +69,8 @@ from opro.llm.packs import model_path as resolve_model_path
 if TYPE_CHECKING:
     from llama_cpp import Llama
 
+    from opro.llm.probe import ProbeResult
+
 _OVERFLOW = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
 
 
@@ -218,7 +220,7 @@ class LlamaCppLLM(LLM):
         self.cpu = cpu or CpuShare()
         self.extra_buffers = extra_buffers
         self.probe = probe
-        self.probed: Any = None  # the ProbeResult the model was loaded under (None: not probed)
+        self.probed: ProbeResult | None = None  # what the model was loaded under (None: not probed)
         self._threads_now = 0
         self.n_ctx = n_ctx
         self.n_batch = n_batch

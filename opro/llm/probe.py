@@ -164,9 +164,10 @@ def choose_extra_buffers(path: Path, sha256: str, setting: str, *, where: str = 
             return result
         tried.append(f"extra buffers {mode}: {result.detail}")
     if setting == "auto":
-        fix = "use an OpenAI-compatible endpoint for this role, or rebuild llama-cpp-python on this machine"
+        fix = "point the roles that use it at an OpenAI-compatible endpoint, or rebuild llama-cpp-python on this machine"
     else:
-        fix = f'set {where}extra_buffers = "auto" (it falls back to what runs here)'
+        table = where or "the [models.*] tables that use this model: "
+        fix = f'set {table}extra_buffers = "auto" (it falls back to what runs here)'
     raise ModelPackError(f"{path.name} cannot run on this CPU ({'; '.join(tried)}); {fix}. `opro doctor` shows what it found.")
 
 
