@@ -140,17 +140,19 @@ class Experiment:
             retriever=self.retriever, llm=self.client("task"), max_tokens=self.config.rag.answer_max_tokens
         )
 
+    def _judge_template(self) -> str | Path:
+        """``[judge].template``: a built-in template's name, or its file resolved against the config."""
+        template = self.config.judge.template
+        return self.config.resolve(template) if template.endswith((".toml", ".txt", ".md")) else template
+
     @functools.cached_property
     def judge(self) -> CorrectnessJudge:
         from opro.judges import CorrectnessJudge
 
         j = self.config.judge
-        template: str | Path = j.template
-        if j.template.endswith((".toml", ".txt", ".md")):
-            template = self.config.resolve(j.template)
         return CorrectnessJudge(
             self.client("judge"),
-            template=template,
+            template=self._judge_template(),
             threshold=j.threshold,
             structured=j.structured,
             expected_score=j.expected_score,
@@ -288,6 +290,13 @@ class Experiment:
         for section in ("rag", "judge"):
             for k, v in vars(getattr(cfg, section)).items():
                 out[f"{section}.{k}"] = str(redact(v) if not hasattr(v, "__dataclass_fields__") else redact(vars(v)))
+        # What the judge reads, not only where it comes from: an edited template file (or another
+        # LlamaIndex's built-in text) scores differently, so it must not resume the study.
+        from opro.judges.templates import get_template
+
+        judge = get_template(self._judge_template())
+        content = json.dumps([judge.system, judge.user, judge.output_format])
+        out["judge.template_sha256"] = hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
         return out
 
     def _storage(self) -> Any:

@@ -145,3 +145,33 @@ def test_rerunning_a_finished_study_records_nothing_new(tmp_path: Path) -> None:
     assert {k: len(client.get_metric_history(run.info.run_id, k)) for k in run.data.metrics} == metrics_before
     assert len(client.search_prompt_versions("qa-test")) == versions_before
     assert run.info.status == "FINISHED"
+
+
+def test_an_edited_judge_template_file_refuses_to_resume(tmp_path: Path) -> None:
+    """The template's path is the same, its text is not: scores from two judge prompts must not mix."""
+    template = tmp_path / "judge.toml"
+    template.write_text(
+        'system = "Grade the answer."\n'
+        'user = "Question: {query}\\nReference: {reference_answer}\\nAnswer: {generated_answer}\\nScore 1 to 5."\n'
+    )
+
+    def run() -> None:
+        data = experiment_config(tmp_path)
+        data["judge"] = {**data.get("judge", {}), "template": "judge.toml"}
+        cfg = config_from_dict(data, base_dir=tmp_path, source="t.toml")
+        pool = ModelPool(scripted={
+            "task": ScriptedLLM(default=task_reply, model="task"),
+            "judge": ScriptedLLM(default=judge_reply, model="judge"),
+            "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
+        })
+        exp = Experiment(cfg, pool=pool, progress=False)
+        try:
+            exp.optimize()
+        finally:
+            exp.close()
+
+    run()
+    run()  # unchanged: resumes
+    template.write_text(template.read_text().replace("Grade the answer.", "Grade the answer strictly."))
+    with pytest.raises(ConfigError, match=r"judge\.template_sha256: '[0-9a-f]{16}' -> '[0-9a-f]{16}'.*--fresh"):
+        run()
