@@ -6,7 +6,6 @@ Build role clients from them in tests: ``ChatClient(embedded_task_llm, role="tas
 
 from __future__ import annotations
 
-import os
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -18,33 +17,27 @@ import pytest
 from opro.llm import LLM
 
 
-def _skip(reason: str) -> None:
-    # In CI the embedded models are part of the install: a missing one is a failure, not a skip.
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the embedded-model tests, but: {reason}")
-    pytest.skip(reason)
-
-
 def _embedded(name: str) -> Iterator[LLM]:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        _skip("llama-cpp-python is not installed (pip install llama-cpp-python)")
+    from fakes import require_embedded, unavailable
+
     from opro.errors import ModelPackError
     from opro.llm.llamacpp import LlamaCppLLM
-    from opro.llm.packs import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
 
-    pack = EMBEDDED_MODELS[name]
-    missing = [] if is_assembled(pack) else pack.missing()
-    if missing:
-        part, why = missing[0]
-        _skip(f"embedded model {name} is not installed ({part.package}: {why}); {INSTALL_HINT}")
+    require_embedded(name)
     try:
         llm = LlamaCppLLM(model_path=name, n_ctx=4096)
     except ModelPackError as exc:
-        _skip(f"embedded model {name} unavailable: {exc}")
+        unavailable(f"embedded model {name} unavailable: {exc}")
     yield llm
     llm.close()
+
+
+@pytest.fixture
+def shared_alexnet() -> Path:
+    """The shared AlexNet dataset's folder: a skip where it is missing, a failure in CI."""
+    from fakes import require_shared_alexnet
+
+    return require_shared_alexnet()
 
 
 @pytest.fixture(scope="session")

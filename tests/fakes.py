@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import pytest
 from fault_server import instruction_of
 
 from opro.config import OptimizerSection
@@ -336,3 +337,39 @@ def opro_process(*args: str, **kwargs: object) -> subprocess.Popen[str]:
         [sys.executable, "-c", "from opro.cli import main; main()", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs,  # type: ignore[call-overload]
     )
+
+
+# -- what a test needs that the repository does not hold ----------------------------------------------------
+
+#: The shared labelled AlexNet dataset, beside the repository (../shared/data/history_of_alexnet).
+SHARED_ALEXNET = Path(__file__).parents[1].parent / "shared/data/history_of_alexnet"
+
+
+def unavailable(reason: str) -> NoReturn:
+    """A test's real dependency (the embedded models, the shared data, a service) is missing: a skip on a
+    developer's machine, a failure in CI (``CI`` set), where the install provides everything."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run this test, but: {reason}")
+    pytest.skip(reason)
+
+
+def require_embedded(name: str) -> None:
+    """llama-cpp-python and the embedded model ``name`` are installed (or :func:`unavailable`)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        unavailable("llama-cpp-python is not installed (pip install -e '.[local]')")
+    from opro.llm.packs import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
+
+    pack = EMBEDDED_MODELS[name]
+    missing = [] if is_assembled(pack) else pack.missing()
+    if missing:
+        part, why = missing[0]
+        unavailable(f"embedded model {name} is not installed ({part.package}: {why}); {INSTALL_HINT}")
+
+
+def require_shared_alexnet() -> Path:
+    """The shared AlexNet dataset's folder (or :func:`unavailable`)."""
+    if not (SHARED_ALEXNET / "rag_dataset.json").is_file():
+        unavailable(f"the shared AlexNet dataset is not at {SHARED_ALEXNET} (../shared beside the repository)")
+    return SHARED_ALEXNET

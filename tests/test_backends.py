@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fakes import require_embedded
 
 from opro.errors import ConfigError
-from opro.llm.packs import EMBEDDED_MODELS, EMBEDDED_STRONG_MODEL, EMBEDDED_TASK_MODEL, is_assembled
+from opro.llm.packs import EMBEDDED_MODELS, EMBEDDED_STRONG_MODEL, EMBEDDED_TASK_MODEL
 from opro.llm.pool import ModelPool, ModelSpec, create_llm
 from opro.llm.scripted import ScriptedLLM
 
@@ -86,10 +87,8 @@ def test_pool_shares_openai_clients(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_pool_shares_one_llamacpp_model_between_roles() -> None:
-    pytest.importorskip("llama_cpp")
+    require_embedded(EMBEDDED_STRONG_MODEL)
     pack = EMBEDDED_MODELS[EMBEDDED_STRONG_MODEL]
-    if not is_assembled(pack) and pack.missing():
-        pytest.skip("embedded 1.5B model not installed")
     with ModelPool() as pool:
         judge = pool.get(ModelSpec.embedded("judge"))
         optimizer = pool.get(ModelSpec.embedded("optimizer"))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fakes import require_embedded
 from typer.testing import CliRunner
 
 from opro.cli import app
-from opro.llm.packs import EMBEDDED_MODELS, EMBEDDED_TASK_MODEL, is_assembled
+from opro.llm.packs import EMBEDDED_MODELS, EMBEDDED_TASK_MODEL
 
 runner = CliRunner()
 
@@ -36,9 +37,8 @@ def test_models_pull_unknown_name_fails_clearly() -> None:
 
 
 def test_models_path_prints_the_assembled_file() -> None:
+    require_embedded(EMBEDDED_TASK_MODEL)
     pack = EMBEDDED_MODELS[EMBEDDED_TASK_MODEL]
-    if not is_assembled(pack) and pack.missing():
-        pytest.skip("embedded 0.5B model not installed")
     result = runner.invoke(app, ["models", "path", EMBEDDED_TASK_MODEL])
     assert result.exit_code == 0, result.output
     path = Path(result.output.strip().splitlines()[-1])

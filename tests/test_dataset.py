@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes import SHARED_ALEXNET
 from typer.testing import CliRunner
 
 from opro.cli import app
@@ -18,8 +19,8 @@ from opro.dataset import (
 )
 from opro.errors import DataError
 
-SHARED = Path(__file__).parents[1].parent / "shared/data/history_of_alexnet"
-needs_shared = pytest.mark.skipif(not (SHARED / "rag_dataset.json").exists(), reason="shared dataset not present")
+SHARED = SHARED_ALEXNET
+needs_shared = pytest.mark.usefixtures("shared_alexnet")
 
 
 def _examples(n: int) -> tuple[Example, ...]:

@@ -4,11 +4,12 @@ from pathlib import Path
 
 import pymupdf
 import pytest
+from fakes import SHARED_ALEXNET
 
 from opro.documents import load_documents, load_file
 from opro.errors import DataError
 
-SHARED = Path(__file__).parents[1].parent / "shared/data/history_of_alexnet"
+SHARED = SHARED_ALEXNET
 ALEXNET_PDF = SHARED / "source_files/HistoryOfAlexnet.pdf"
 
 
@@ -42,7 +43,7 @@ def _image_only_pdf(path: Path) -> Path:
     return path
 
 
-@pytest.mark.skipif(not ALEXNET_PDF.exists(), reason="shared AlexNet PDF not present")
+@pytest.mark.usefixtures("shared_alexnet")
 def test_real_pdf_one_document_per_page_with_metadata() -> None:
     result = load_documents(ALEXNET_PDF)
     assert result.skipped == ()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import require_shared_alexnet
 
 from opro.errors import ConfigError, PromptError
 from opro.judges import (
@@ -301,9 +302,7 @@ DATASET = Path(__file__).parents[1].parent / "shared/data/history_of_alexnet/rag
 @pytest.mark.embedded
 def test_embedded_judge_separates_right_from_wrong(embedded_strong_llm: LLM) -> None:
     """The real 1.5B judge: a reference answer scores high, another question's reference scores low."""
-    if not DATASET.is_file():
-        pytest.skip(f"shared dataset not found at {DATASET}")
-    examples = json.loads(DATASET.read_text(encoding="utf-8"))["examples"]
+    examples = json.loads((require_shared_alexnet() / "rag_dataset.json").read_text(encoding="utf-8"))["examples"]
     # Short references keep the two calls quick on CPU: pooling operations vs an RNN-applications answer.
     right, other = examples[28], examples[140]
     judge = CorrectnessJudge(ChatClient(embedded_strong_llm, role="judge"))

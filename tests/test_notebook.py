@@ -8,20 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import require_embedded
 
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "opro_walkthrough.ipynb"
 
 
 def _require_embedded_task_model() -> None:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        pytest.skip("llama-cpp-python is not installed")
-    from opro.llm.packs import EMBEDDED_MODELS, INSTALL_HINT, is_assembled
-
-    pack = EMBEDDED_MODELS["qwen2.5-coder-0.5b-instruct"]
-    if not is_assembled(pack) and pack.missing():
-        pytest.skip(f"embedded model {pack.name} is not installed; {INSTALL_HINT}")
+    require_embedded("qwen2.5-coder-0.5b-instruct")
 
 
 @pytest.mark.embedded

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import require_embedded
 
 from opro.errors import ModelPackError
 from opro.llm import probe as probe_module
@@ -79,17 +80,9 @@ EMBEDDED = ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
 
 
 def _gguf(name: str) -> Path:
-    from opro.llm.packs import EMBEDDED_MODELS, is_assembled
-
-    pack = EMBEDDED_MODELS[name]
-    if not is_assembled(pack) and pack.missing():
-        import os
-
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the embedded-model tests, but {name} is not installed")
-        pytest.skip(f"embedded model {name} is not installed")
     from opro.llm.packs import model_path
 
+    require_embedded(name)
     return model_path(name)
 
 

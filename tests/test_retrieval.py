@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import SHARED_ALEXNET
 from llama_index.core.schema import Document
 
 from opro.errors import ConfigError, LLMConnectionError
@@ -26,7 +27,7 @@ from opro.retrieval import (
     recall_at_k,
 )
 
-SHARED = Path(__file__).parents[1].parent / "shared/data/history_of_alexnet"
+SHARED = SHARED_ALEXNET
 
 TOPICS = {
     "cats": "Cats are small domesticated felines. A cat purrs, hunts mice and sleeps most of the day.",
@@ -204,7 +205,7 @@ def test_context_overlap_defines_a_hit() -> None:
     assert context_overlap("", ref) == 0.0
 
 
-@pytest.mark.skipif(not (SHARED / "rag_dataset.json").exists(), reason="shared AlexNet dataset not present")
+@pytest.mark.usefixtures("shared_alexnet")
 def test_bm25_recall_on_the_shared_dataset(tmp_path: Path) -> None:
     """Measured (chunk 512 / overlap 64, no stemming): R@1 0.669, R@2 0.750, R@3 0.781, R@5 0.819."""
     from opro.dataset import load_dataset

@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 import pytest
 from fakes import FAULT_KEY as KEY
-from fakes import experiment_config, write_toml
+from fakes import experiment_config, unavailable, write_toml
 from fakes import opro_process as _opro
 from fault_server import FaultServer
 
@@ -37,11 +37,7 @@ from opro.llm import ChatClient
 from opro.llm.scripted import ScriptedLLM
 from opro.optimizer import OPROOptimizer
 
-
-def _missing(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the PostgreSQL scale-out test, but: {reason}")
-    pytest.skip(reason)
+_missing = unavailable
 
 
 def _free_port() -> int:
