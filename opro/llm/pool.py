@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args
 
 from opro.errors import ConfigError
 from opro.llm import LLM
+from opro.llm.cpu import CpuShare
 from opro.llm.packs import EMBEDDED_STRONG_MODEL, EMBEDDED_TASK_MODEL
 
 Backend = Literal["llamacpp", "openai", "scripted"]
@@ -80,7 +81,7 @@ class ModelSpec:
     draft_fill: int = 4
     #: llamacpp only: llama.cpp's extra buffer types (AMX, repacked weights): "auto" probes them in a
     #: child process once per machine and falls back to plain buffers where they crash; "on" / "off".
-    extra_buffers: str = "auto"
+    extra_buffers: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -163,7 +164,7 @@ class ModelPool:
         self.max_retry_wait_s = max_retry_wait_s
         self._lock = threading.Lock()
         self._shared: dict[tuple[Any, ...], LLM] = {}
-        self._cpu: Any = None  # the CpuShare of this pool's llama.cpp models, made with the first one
+        self._cpu: CpuShare | None = None  # this pool's llama.cpp models share it; made with the first one
 
     def get(self, spec: ModelSpec) -> LLM:
         """The backend for ``spec``; llama.cpp and openai backends are reused for equal settings."""
@@ -192,7 +193,6 @@ class ModelPool:
 
     def _create(self, spec: ModelSpec) -> LLM:
         if spec.backend == "llamacpp":
-            from opro.llm.cpu import CpuShare
             from opro.llm.llamacpp import LlamaCppLLM
 
             if self._cpu is None:
