@@ -50,3 +50,39 @@ def test_a_failed_search_still_ends_when_the_mlflow_sidecar_is_gone(
     with caplog.at_level("WARNING", logger="opro.recorders"):
         tracking.on_search_failed(study, RuntimeError("the search broke"), abandoned=False)  # type: ignore[arg-type]
     assert "could not be ended" in caplog.text and "process ended during tracker.finish" in caplog.text
+
+
+@pytest.mark.parametrize("template", ["cold", "warm"])
+def test_workers_opening_a_new_store_at_the_same_instant_both_get_it(
+    template: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers of a fresh run open the MLflow store behind a barrier: built from scratch (no empty
+    store kept yet: MLflow's migrations) and copied from the kept empty store. Neither fails, both see
+    one store."""
+    import threading
+
+    from opro.tracking import _client
+
+    monkeypatch.setenv("OPRO_CACHE_DIR", str(tmp_path / "cache"))
+    if template == "warm":
+        _client(f"sqlite:///{tmp_path / 'seed' / 'mlflow.db'}")
+        assert _empty_store_path().is_file()
+    uri = f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}"
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+    names: list[list[str]] = []
+
+    def open_it() -> None:
+        try:
+            start.wait(timeout=30)
+            names.append([e.name for e in _client(uri).search_experiments()])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert names == [["Default"], ["Default"]]
