@@ -10,7 +10,8 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -373,3 +374,24 @@ def require_shared_alexnet() -> Path:
     if not (SHARED_ALEXNET / "rag_dataset.json").is_file():
         unavailable(f"the shared AlexNet dataset is not at {SHARED_ALEXNET} (../shared beside the repository)")
     return SHARED_ALEXNET
+
+
+def run_together(fn: Callable[[], object], *, threads: int = 2, timeout_s: float = 60.0) -> list[BaseException]:
+    """Run ``fn`` in ``threads`` threads released at one instant (a barrier): what workers starting
+    together do. The exceptions they raised (none: an empty list)."""
+    start = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            start.wait(timeout=timeout_s)
+            fn()
+        except BaseException as exc:  # handed to the caller
+            errors.append(exc)
+
+    started = [threading.Thread(target=run) for _ in range(threads)]
+    for t in started:
+        t.start()
+    for t in started:
+        t.join(timeout=timeout_s)
+    return errors

@@ -6,6 +6,8 @@ import multiprocessing as mp
 import threading
 from pathlib import Path
 
+from fakes import run_together
+
 from opro.llm import Completion
 from opro.llm.cache import CallCache
 
@@ -120,19 +122,5 @@ def test_openers_of_a_new_cache_file_at_the_same_instant_all_open_it(tmp_path: P
     loser's "database is locked" as "not a SQLite file" (20 fresh files, 2 threads each, a barrier)."""
     for i in range(20):
         path = tmp_path / f"calls-{i}.sqlite"
-        start = threading.Barrier(2)
-        errors: list[BaseException] = []
-
-        def open_it(path: Path = path, start: threading.Barrier = start, errors: list[BaseException] = errors) -> None:
-            try:
-                start.wait(timeout=30)
-                CallCache(path).close()
-            except BaseException as exc:  # surfaced below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=open_it) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+        errors = run_together(lambda path=path: CallCache(path).close())
         assert not errors, (i, errors)

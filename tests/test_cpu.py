@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from fakes import run_together
 
 from opro.llm.cpu import CpuLoad, CpuShare, UsableCores, _busy_ticks, _cgroup_quota, cpu_info, usable_cores
 
@@ -120,19 +120,13 @@ def test_the_load_sees_another_process_keeping_a_core_busy_and_not_our_own_work(
 def test_concurrent_threads_requests_are_counted_safely() -> None:
     share = CpuShare(usable=UsableCores(frozenset(range(8)), None), load=_Load(0.0))  # type: ignore[arg-type]
     seen: list[int] = []
-    start = threading.Barrier(4)
 
     def run() -> None:
-        start.wait(timeout=10)
         for _ in range(200):
             with share.threads() as n:
                 seen.append(n)
 
-    threads = [threading.Thread(target=run) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    assert run_together(run, threads=4) == []
     assert min(seen) >= 2 and max(seen) <= 8
     with share.threads() as n:
         assert n == 8  # every request was released

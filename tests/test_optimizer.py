@@ -16,7 +16,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from fakes import Rig
+from fakes import Rig, run_together
 from fakes import history_of as _history_of
 from fakes import keyword_examples as _examples
 from fakes import keyword_optimizer as _optimizer
@@ -341,21 +341,7 @@ def test_workers_racing_to_create_the_schema_of_a_fresh_store_all_open_it(tmp_pa
 
     for i in range(20):
         url = f"sqlite:///{tmp_path / f'optuna-{i}.db'}"
-        start = threading.Barrier(2)
-        errors: list[BaseException] = []
-
-        def open_it(url: str = url, start: threading.Barrier = start, errors: list[BaseException] = errors) -> None:
-            try:
-                start.wait(timeout=30)
-                open_storage(url).engine.dispose()  # type: ignore[attr-defined]
-            except BaseException as exc:  # surfaced below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=open_it) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+        errors = run_together(lambda url=url: open_storage(url).engine.dispose())  # type: ignore[attr-defined]
         assert not errors, (i, errors)
 
 

@@ -35,7 +35,7 @@ class Switch:
         return judge_reply(messages, options)
 
 
-def _run(tmp_path: Path, judge: Callable[..., str], **overrides: dict) -> tuple[Experiment, object]:
+def _run(tmp_path: Path, judge: Callable[..., str], /, **overrides: dict) -> tuple[Experiment, object]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = config_from_dict(experiment_config(tmp_path, **overrides), base_dir=tmp_path, source="t.toml")
     pool = ModelPool(scripted={
@@ -154,24 +154,8 @@ def test_an_edited_judge_template_file_refuses_to_resume(tmp_path: Path) -> None
         'system = "Grade the answer."\n'
         'user = "Question: {query}\\nReference: {reference_answer}\\nAnswer: {generated_answer}\\nScore 1 to 5."\n'
     )
-
-    def run() -> None:
-        data = experiment_config(tmp_path)
-        data["judge"] = {**data.get("judge", {}), "template": "judge.toml"}
-        cfg = config_from_dict(data, base_dir=tmp_path, source="t.toml")
-        pool = ModelPool(scripted={
-            "task": ScriptedLLM(default=task_reply, model="task"),
-            "judge": ScriptedLLM(default=judge_reply, model="judge"),
-            "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
-        })
-        exp = Experiment(cfg, pool=pool, progress=False)
-        try:
-            exp.optimize()
-        finally:
-            exp.close()
-
-    run()
-    run()  # unchanged: resumes
+    _run(tmp_path, judge_reply, judge={"template": "judge.toml"})
+    _run(tmp_path, judge_reply, judge={"template": "judge.toml"})  # unchanged: resumes
     template.write_text(template.read_text().replace("Grade the answer.", "Grade the answer strictly."))
     with pytest.raises(ConfigError, match=r"judge\.template_sha256: '[0-9a-f]{16}' -> '[0-9a-f]{16}'.*--fresh"):
-        run()
+        _run(tmp_path, judge_reply, judge={"template": "judge.toml"})

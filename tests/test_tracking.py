@@ -59,7 +59,7 @@ def test_workers_opening_a_new_store_at_the_same_instant_both_get_it(
     """Two workers of a fresh run open the MLflow store behind a barrier: built from scratch (no empty
     store kept yet: MLflow's migrations) and copied from the kept empty store. Neither fails, both see
     one store."""
-    import threading
+    from fakes import run_together
 
     from opro.tracking import _client
 
@@ -68,21 +68,7 @@ def test_workers_opening_a_new_store_at_the_same_instant_both_get_it(
         _client(f"sqlite:///{tmp_path / 'seed' / 'mlflow.db'}")
         assert _empty_store_path().is_file()
     uri = f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}"
-    start = threading.Barrier(2)
-    errors: list[BaseException] = []
     names: list[list[str]] = []
-
-    def open_it() -> None:
-        try:
-            start.wait(timeout=30)
-            names.append([e.name for e in _client(uri).search_experiments()])
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_it) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    errors = run_together(lambda: names.append([e.name for e in _client(uri).search_experiments()]), timeout_s=120)
     assert not errors, errors
     assert names == [["Default"], ["Default"]]
