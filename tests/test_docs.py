@@ -114,7 +114,11 @@ def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.Monk
 
 #: What a command-line argument must look like to be checked as a path.
 _PATH_SUFFIXES = (".toml", ".json", ".jsonl", ".csv", ".txt", ".pdf", ".py")
-_PATH_FOLDERS = ("experiments/", "data/", "runs/", "exported/", "docs/")
+_PATH_FOLDERS = ("experiments/", "data/", "runs/", "exported/", "docs/", "tests/", "notebooks/")
+#: A path component in capitals stands for the reader's own path (CONFIG.toml, DIR, A/...).
+_PLACEHOLDER = re.compile(r"(^|/)[A-Z][A-Z_]*(\.|/|$)")
+#: How a shown command starts: `opro ...`, or a script or module run by Python; `VAR=value` prefixes allowed.
+_COMMAND = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(opro|python3?)\s")
 
 
 def _doc_files() -> list[Path]:
@@ -146,7 +150,7 @@ def _in_repository(path: str, files: set[str] | None) -> bool:
 
 
 def _norm(path: str) -> str:
-    return os.path.normpath(path.removeprefix("file:").removeprefix("run:"))
+    return os.path.normpath(path.removeprefix("file:").removeprefix("run:").split("::")[0])
 
 
 def _option(args: list[str], name: str, default: str | None = None) -> str | None:
@@ -159,7 +163,9 @@ def _named_paths(args: list[str]) -> list[str]:
     for i, arg in enumerate(args):
         if arg == ">" or (i and args[i - 1] in (">", "--out")) or "://" in arg:
             continue
-        bare = arg.removeprefix("file:").removeprefix("run:")
+        bare = arg.removeprefix("file:").removeprefix("run:").split("::")[0]
+        if _PLACEHOLDER.search(bare):  # CONFIG.toml, A/judge_calibration/...: the reader's own path
+            continue
         if bare.endswith(_PATH_SUFFIXES) or bare.startswith(_PATH_FOLDERS):
             named.append(_norm(bare))
     return named
@@ -210,18 +216,34 @@ def _written_before(path: str, written: list[tuple[str, frozenset[str]]]) -> boo
     return False
 
 
+def _shown_commands(text: str) -> list[str]:
+    """The commands ``text`` shows, in order: the lines of its ```bash blocks and its inline code spans
+    that start as a command does (`opro ...`, `python experiments/...`, `PYTHONPATH=$PWD python ...`)."""
+    out = []
+    for block, span in re.findall(r"```bash\n(.*?)```|`([^`\n]+)`", text, flags=re.S):
+        lines = _bash_lines(f"```bash\n{block}```") if block else [span.strip()]
+        out += [line for line in lines if _COMMAND.match(line)]
+    return out
+
+
 def unresolved_paths(text: str) -> list[str]:
-    """`opro` command lines of ``text``'s bash blocks that name a path nothing provides, with that path."""
+    """Commands ``text`` shows that name a path nothing provides, with that path."""
     files = _repository_files()
     written: list[tuple[str, frozenset[str]]] = []
     problems = []
-    for line in _bash_lines(text):
-        args = shlex.split(line, comments=True)
-        if not args or args[0] != "opro":
+    for line in _shown_commands(text):
+        try:
+            args = shlex.split(line, comments=True)
+        except ValueError:  # an unbalanced quote: not a command line after all
+            continue
+        while args and re.match(r"^[A-Z_]+=", args[0]):
+            args = args[1:]
+        if not args:
             continue
         problems += [f"{line}  ->  {p}" for p in _named_paths(args[1:])
                      if not _in_repository(p, files) and not _written_before(p, written)]
-        written += _writes(args[1:])
+        if args[0] == "opro":
+            written += _writes(args[1:])
     return problems
 
 
@@ -238,7 +260,9 @@ opro judge agreement --answers runs/quickstart/evaluate/heldout-run.csv --labels
 opro optimize experiments/no-such.toml --worker 0/2
 opro export best --config experiments/quickstart.toml --out exported/
 opro dataset show exported/prompt.dspy.json
-```"""
+```
+Inline too: `PYTHONPATH=$PWD python experiments/bench_nothing.py experiments/quickstart.toml`, and
+`python -m pytest tests/test_docs.py::test_x`, but not `opro optimize CONFIG.toml`."""
     assert [p.split("  ->  ")[1] for p in unresolved_paths(text)] == [
-        "runs/quickstart/evaluate/heldout-best.csv", "experiments/no-such.toml"
+        "runs/quickstart/evaluate/heldout-best.csv", "experiments/no-such.toml", "experiments/bench_nothing.py"
     ]
