@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,9 +165,12 @@ def _scale_out(
         procs.append(_opro(*args))
         return procs[-1]
 
+    # A study of its own: the cluster lives as long as the module, and a rerun of this test (pytest-repeat)
+    # must not meet the last run's study (another fault server's URL: its fingerprint refuses to resume).
+    name = f"shared-{uuid.uuid4().hex[:8]}"
     with FaultServer(key=KEY, latency_s=0.3, distinct=True, max_requests=5000, lifetime_s=500) as server:
         reference = _worker_config(tmp_path / "single", server)  # one worker, local SQLite stores
-        shared = {"optuna_storage": f"{postgres}/opro", "mlflow_uri": mlflow_server, "study_name": "shared",
+        shared = {"optuna_storage": f"{postgres}/opro", "mlflow_uri": mlflow_server, "study_name": name,
                   "worker_wait_s": 60.0}
         configs = [_worker_config(tmp_path / f"machine{i}", server, **shared) for i in range(4)]
         single = opro("optimize", str(reference), "--no-progress")
@@ -177,7 +181,7 @@ def _scale_out(
         deadline = time.monotonic() + 200
         while True:
             try:
-                study = optuna.load_study(study_name="shared", storage=storage)
+                study = optuna.load_study(study_name=name, storage=storage)
                 running = [t for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
                            if t.user_attrs.get("worker") == 1 and t.user_attrs.get("step", 0) >= 1]
             except KeyError:
@@ -195,7 +199,7 @@ def _scale_out(
         # While they run, a worker started with another N is refused before it evaluates anything.
         assert workers[0].poll() is None
         wrong = OPROOptimizer(optimizer_llm=ChatClient(ScriptedLLM(), role="optimizer"), judge=None,
-                              make_template=str, template_text=str, storage=f"{postgres}/opro", study_name="shared",
+                              make_template=str, template_text=str, storage=f"{postgres}/opro", study_name=name,
                               settings=OptimizerSection(finalists=0), worker_index=3, num_workers=4, progress=False)
         with pytest.raises(ConfigError, match=r"--worker 0/3 .* started as --worker 3/4: every worker of a study"):
             wrong.optimize(program=None, optimization_set=[object()], initial_instructions=["x"])  # type: ignore[arg-type]
@@ -203,7 +207,7 @@ def _scale_out(
         _finish(single, "single worker", 300)
 
     assert _history(tmp_path / "machine0") == _history(tmp_path / "single"), outs[0]
-    study = optuna.load_study(study_name="shared", storage=storage)
+    study = optuna.load_study(study_name=name, storage=storage)
     results: dict[tuple[int, ...], int] = {}
     parts: dict[tuple[int, ...], int] = {}
     for t in study.trials:
