@@ -45,13 +45,15 @@ PROBE_TIMEOUT_S = 300.0
 class ProbeResult:
     """One probe: ``mode`` ("on" / "off": extra buffers), whether it ``ok``, why not (``detail``), the
     model buffers llama.cpp reported (``buffers``: "CPU_REPACK model buffer size = 120.0 MiB", ...),
-    its duration, and whether it was read from the record of an earlier probe (``cached``)."""
+    its duration, whether the child died of a signal (``crashed``: a verdict on this machine and build,
+    unlike a timeout), and whether it was read from the record of an earlier probe (``cached``)."""
 
     mode: str
     ok: bool
     detail: str
     buffers: tuple[str, ...] = ()
     seconds: float = 0.0
+    crashed: bool = False
     cached: bool = False
 
 
@@ -119,7 +121,8 @@ def run_probe(path: Path, mode: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> P
         line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if "model buffer size" in line and ":" in line
     )
     if proc.returncode < 0:
-        return ProbeResult(mode, False, f"llama.cpp crashed ({_signal_name(proc.returncode)})", buffers, seconds)
+        detail = f"llama.cpp crashed ({_signal_name(proc.returncode)})"
+        return ProbeResult(mode, False, detail, buffers, seconds, crashed=True)
     if proc.returncode != 0:
         last = [line for line in proc.stderr.strip().splitlines() if line.strip()][-1:] or ["no message"]
         return ProbeResult(mode, False, f"exit {proc.returncode}: {last[0][:300]}", buffers, seconds)
@@ -135,7 +138,7 @@ def probe(path: Path, sha256: str, mode: str, *, refresh: bool = False) -> Probe
         if found is not None:
             return found
     result = run_probe(path, mode)
-    if result.ok or "crashed" in result.detail:
+    if result.ok or result.crashed:
         target = _record(sha256, mode)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
