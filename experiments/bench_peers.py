@@ -28,9 +28,11 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # DSPy imports LiteLLM: stay offline
 
+# peers.py is beside this script (this folder is on sys.path when run as a script).
+from peers import METHODS, BudgetedExperiment, PeerSettings, log_to_mlflow, run_peers
+
 from opro.config import load_config
 from opro.errors import OproError
-from opro.peers import METHODS, BudgetedExperiment, PeerSettings, log_to_mlflow, run_peers
 
 HERE = Path(__file__).resolve().parent
 

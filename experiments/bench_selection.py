@@ -4,7 +4,7 @@
 candidates the optimizer proposes (most are no better than the initial instruction, some worse, a
 few better), and a judge scores 1-5 with a per-question level plus per-call noise, sized like the
 embedded 1.5B judge on 0.5B RAG answers (README calibration: scores spread over 1-4, sd about 1.2).
-The real ``OPROOptimizer`` runs the search and the selection, twice per seed:
+The real ``opro.search.Search`` runs the search and the selection, twice per seed:
   * old rule: the search's arg-max is returned and its in-sample mean reported (finalists = 0,
     the old ``best`` pruner);
   * new rule: the top finalists and the initial instruction are re-scored on validation questions
@@ -40,7 +40,7 @@ import numpy as np
 from opro.config import OptimizerSection
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
-from opro.optimizer import OPROOptimizer
+from opro.search import CandidateScorer, Search, SearchStudy, make_proposer, make_pruner, open_storage
 
 INITIAL = "Answer the question."
 BASE_LEVEL = 3.0
@@ -52,6 +52,23 @@ NOISE_SD = 0.9  # per-call judge noise; with QUESTION_SD the spread of a prompt'
 class Ex:
     query: str
     reference_answer: str
+
+
+@dataclass(frozen=True)
+class TextTemplate:
+    """A QA template that is its instruction (what EchoProgram answers with)."""
+
+    instruction: str
+
+    @property
+    def template_text(self) -> str:
+        return f"{self.instruction}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: "
+
+    def with_instruction(self, instruction: str) -> TextTemplate:
+        return TextTemplate(instruction)
+
+    def __str__(self) -> str:
+        return self.instruction
 
 
 @dataclass(frozen=True)
@@ -127,26 +144,22 @@ def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: 
                                     prune_margin=1.0, finalists=0)
     else:
         settings = OptimizerSection(steps=steps, candidates_per_step=k, minibatch_size=2, pruner="race", finalists=3)
-    opt = OPROOptimizer(
-        optimizer_llm=ChatClient(ScriptedLLM(default=world.propose), role="optimizer", usage=usage, seed=world.seed),
-        judge=ReplyJudge(ChatClient(ScriptedLLM(default=world.judge), role="judge", usage=usage)),
-        make_template=lambda ins: ins,
-        template_text=lambda t: f"{t}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: ",
-        settings=settings,
-        storage=f"sqlite:///{folder / f'{rule}-{world.seed}.db'}",
-        study_name="bench",
-        seed=world.seed,
-        usage=usage,
-        progress=False,
-    )
     program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0]),
                                      role="task", usage=usage))
-    result = opt.optimize(
-        program=program,
+    study = SearchStudy.open(open_storage(f"sqlite:///{folder / f'{rule}-{world.seed}.db'}"), name="bench",
+                             pruner=make_pruner(settings))
+    search = Search(
+        make_proposer(settings=settings, seed=world.seed, template_text=TextTemplate("<INS>").template_text,
+                      llm=ChatClient(ScriptedLLM(default=world.propose), role="optimizer", usage=usage, seed=world.seed)),
+        CandidateScorer(program=program, template=TextTemplate(""),
+                        judge=ReplyJudge(ChatClient(ScriptedLLM(default=world.judge), role="judge", usage=usage))),
+        study, settings, usage=usage, seed=world.seed, progress=False,
+    )
+    result = search.run(
         optimization_set=[Ex(f"opt {world.seed}-{i}?", "r") for i in range(n_opt)],
         validation_set=[Ex(f"val {world.seed}-{i}?", "r") for i in range(n_val)] if rule == "new" else [],
         exemplar_set=[Ex("exemplar?", "r")],
-        initial_instructions=[INITIAL],
+        initial=[INITIAL],
     )
     effects = [world.effect(r.instruction) for r in result.history]
     return {

@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from uicheck import check_evaluation_ui  # this folder is on sys.path when run as a script
+
 from opro.config import load_config
-from opro.genai import GenAILogger
-from opro.uicheck import check_evaluation_ui
+from opro.tracking.genai import GenAILogger
 
 
 def main() -> None:

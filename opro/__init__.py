@@ -27,9 +27,10 @@ _EXPORTS: dict[str, str] = {
     "load_config": "opro.config",
     "Experiment": "opro.experiment",
     "optimize": "opro.experiment",
-    "OPROOptimizer": "opro.optimizer",
-    "OptimizationResult": "opro.optimizer",
-    "CandidateRecord": "opro.optimizer",
+    "Search": "opro.search",
+    "OptimizationResult": "opro.search",
+    "RunResult": "opro.experiment",
+    "CandidateRecord": "opro.search",
     # the RAG program and its data
     "QATemplate": "opro.prompts",
     "DEFAULT_INSTRUCTION": "opro.prompts",
@@ -80,7 +81,6 @@ __all__ = [
     "ModelPackError",
     "ModelPool",
     "ModelSpec",
-    "OPROOptimizer",
     "OproConfig",
     "OproError",
     "OptimizationResult",
@@ -88,7 +88,9 @@ __all__ = [
     "QATemplate",
     "RAGProgram",
     "RelevancyJudge",
+    "RunResult",
     "ScriptedLLM",
+    "Search",
     "UsageLedger",
     "build_retriever",
     "compare_prompts",
@@ -123,7 +125,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from opro.documents import load_documents
     from opro.errors import ConfigError, DataError, LLMError, ModelPackError, OproError, PromptError
     from opro.evaluation import evaluate_examples
-    from opro.experiment import Experiment, optimize
+    from opro.experiment import Experiment, RunResult, optimize
     from opro.export import export_prompt
     from opro.generation import generate_dataset
     from opro.judges import CorrectnessJudge, FaithfulnessJudge, RelevancyJudge
@@ -132,8 +134,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from opro.llm.pool import ModelPool, ModelSpec
     from opro.llm.scripted import ScriptedLLM
     from opro.metrics import MetricResult
-    from opro.optimizer import CandidateRecord, OPROOptimizer, OptimizationResult
     from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, QATemplate
     from opro.rag import RAGProgram
     from opro.retrieval import build_retriever
+    from opro.search import CandidateRecord, OptimizationResult, Search
     from opro.sources import resolve_prompt

@@ -35,8 +35,8 @@ from opro.rundir import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
 if TYPE_CHECKING:
     from opro.config import OproConfig
     from opro.dataset import Example
-    from opro.experiment import Experiment
     from opro.judges import CorrectnessJudge
+    from opro.workbench import Workbench
 
 CONDITIONS: tuple[str, ...] = ("reference", "wrong", "task")
 
@@ -340,7 +340,7 @@ def copy_judge_without_cache(judge: CorrectnessJudge) -> CorrectnessJudge:
 
 
 def calibrate_experiment(
-    experiment: Experiment,
+    experiment: Workbench,
     *,
     n: int = 40,
     seed: int | None = None,

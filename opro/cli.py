@@ -5,11 +5,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import typer
 
+# The export formats' table: `opro export`'s --format choices and help are read from it.
+from opro.export import EXPORT_FORMATS, FILE_ONLY_FORMATS, REGISTRY_FORMATS, SNIPPET_FORMATS, STDOUT_FORMATS
 from opro.redaction import redact_text, redact_url
+
+if TYPE_CHECKING:
+    from opro.search import OptimizationResult
 
 app = typer.Typer(
     name="opro",
@@ -416,8 +421,9 @@ def judge_agreement(
     from rich.console import Console
 
     from opro.agreement import agreement, judge_scores, load_answers, match_labels, parse_model_spec
+    from opro.config import JudgeSection
     from opro.errors import ConfigError, OproError
-    from opro.judges import SCORE_SOURCES, CorrectnessJudge
+    from opro.judges import SCORE_SOURCES, build_judge
     from opro.llm.factory import ClientFactory, open_cache
 
     if (judge_b is None) == (labels is None):
@@ -436,10 +442,12 @@ def judge_agreement(
                 raise ConfigError(f"{exc} (after mlflow:)" if mlflow_judge else str(exc)) from None
             client = models.client(model, role="judge")
             if mlflow_judge:
-                from opro.genai import MlflowCorrectnessJudge
+                from opro.tracking.genai import MlflowCorrectnessJudge
 
                 return judge_scores(MlflowCorrectnessJudge(client), rows)
-            judge = CorrectnessJudge(client, template=tmpl, score_from=score_from)  # type: ignore[arg-type]
+            # The [judge] defaults apart from the two options; the template path is read as given (cwd).
+            section = JudgeSection(template=tmpl, score_from=score_from)  # type: ignore[arg-type]
+            judge = build_judge(section=section, client=client)
             return judge_scores(judge, rows)
 
         if judge_a is None:
@@ -545,6 +553,52 @@ def judge_calibrate(
 # ---- section: optimize (owner: optimizer) ------------------------------------------------------
 
 
+def _result_table(result: OptimizationResult, *, title: str) -> Any:
+    """Initial, finalists and the returned instruction: search score beside validation score."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("")
+    table.add_column("search score\n(in-sample)", justify="right")
+    table.add_column("validation score\n[95% CI]", justify="right")
+    table.add_column("vs initial\n(Holm p)", justify="right")
+    table.add_column("instruction")
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
+        return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+    v = result.validation
+    if v is None:
+        table.add_row("initial", fmt(result.initial_score), "-", "-", escape(result.initial_instruction))
+        table.add_row("best (search)", fmt(result.best_search_score), "-", "not validated", escape(result.best_instruction))
+        return table
+    table.add_row("initial", fmt(result.initial_score), with_ci(v.initial_score, v.initial_ci), "",
+                  escape(result.initial_instruction), style="bold" if not result.validated else None)
+    for i, f in enumerate(v.finalists, start=1):
+        diff = "n/a" if f.difference is None else f"{f.difference:+.2f} (p={f.p_adjusted:.2g})"
+        returned = v.winner is not None and f.instruction == v.winner.instruction
+        table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
+                      with_ci(f.validation_score, f.validation_ci), diff, escape(f.instruction),
+                      style="bold" if returned else None)
+    return table
+
+def _usage_table(usage: dict[str, dict[str, Any]]) -> Any:
+    """Calls, cache hits, tokens and wall time per role."""
+    from rich.table import Table
+
+    table = Table(title="LLM usage by role")
+    for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
+        table.add_column(col, justify="right")
+    for role, u in usage.items():
+        table.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
+                      str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
+    return table
+
+
 @app.command()
 @_errors()
 def optimize(
@@ -566,7 +620,7 @@ def optimize(
         index, count = (int(x) for x in worker.split("/"))
     except ValueError:
         raise ConfigError(f"--worker must look like I/N (for example 0/2), got {worker!r}") from None
-    from opro.optimizer import check_worker_spec
+    from opro.search import check_worker_spec
 
     check_worker_spec(index, count)
     console = Console()
@@ -583,24 +637,20 @@ def optimize(
             markup=False, soft_wrap=True,
         )
         raise typer.Exit(130) from None
-    console.print(result.rich_table(title=f"opro optimize: {exp.config.experiment.name}"))
+    console.print(_result_table(result, title=f"opro optimize: {exp.config.experiment.name}"))
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(
         f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
         f"{result.wall_s:.0f}s; search scores on {len(exp.dataset.examples_in('optimization'))} optimization questions"
     )
     console.print(escape(result.headline()))
-    from opro.calibration import judge_noise_note
-
-    noise = judge_noise_note(exp.config)
-    console.print(noise, markup=False, soft_wrap=True)
-    exp.run_dir.add_to_summary("judge_noise", noise)  # the record says it too, beside the gain
+    console.print(result.judge_noise, markup=False, soft_wrap=True)  # summary.json says it too, beside the gain
     from opro.dataset import split_shortfall
 
     shrunk = split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None
     if shrunk:
         console.print(f"[yellow]warning:[/] {escape(shrunk)}")
-    console.print(result.usage_table())
+    console.print(_usage_table(result.usage))
     if exp.config.optimizer.steps > 0 and index == 0 and not any(r.step > 0 for r in result.history):
         reasons = sorted({r["reason"] for r in result.rejected}) or ["the optimizer returned nothing"]
         console.print(
@@ -658,7 +708,7 @@ def evaluate(
         )
         genai = None
         if exp.config.tracking.genai:
-            from opro.genai import PromptEvaluation, genai_logger
+            from opro.tracking.genai import PromptEvaluation, genai_logger
 
             genai = genai_logger(exp).log_evaluations(
                 [PromptEvaluation(label=resolved.label, template=resolved.template, report=report,
@@ -772,18 +822,25 @@ def export(
         "best", help="The prompt: best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:INSTRUCTION."
     ),
     config: Path | None = typer.Option(None, "--config", "-c", help="Experiment TOML (for best, initial, defaults)."),
-    format: str = typer.Option("text", "--format", "-f", help="text | json | llamaindex | dspy | mlflow"),
+    format: str = typer.Option("text", "--format", "-f", help=" | ".join(EXPORT_FORMATS)),
     out: Path | None = typer.Option(
-        None, "--out", "-o", help="File or directory [text/json: stdout; llamaindex/dspy: OUTPUT_DIR/export/]"
+        None, "--out", "-o",
+        help=f"File or directory [{'/'.join(STDOUT_FORMATS)}: stdout; {'/'.join(FILE_ONLY_FORMATS)}: OUTPUT_DIR/export/]",
     ),
-    alias: str | None = typer.Option(None, "--alias", help="mlflow: alias to point at the new version, e.g. production"),
-    name: str | None = typer.Option(None, "--name", help="mlflow: registered prompt name [default: the config's]"),
+    alias: str | None = typer.Option(
+        None, "--alias", help=f"{'/'.join(REGISTRY_FORMATS)}: alias to point at the new version, e.g. production"
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help=f"{'/'.join(REGISTRY_FORMATS)}: registered prompt name [default: the config's]"
+    ),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store [default: the config's]"),
-    snippet: bool = typer.Option(True, "--snippet/--no-snippet", help="llamaindex/dspy: also write a .py snippet"),
+    snippet: bool = typer.Option(
+        True, "--snippet/--no-snippet", help=f"{'/'.join(SNIPPET_FORMATS)}: also write a .py snippet"
+    ),
 ) -> None:
     """Export a prompt as text, JSON, a LlamaIndex PromptTemplate, a DSPy signature or an MLflow registry version."""
     from opro.errors import ConfigError
-    from opro.export import EXPORT_FORMATS, export_prompt
+    from opro.export import export_prompt
     from opro.sources import resolve_prompt
 
     if format not in EXPORT_FORMATS:
@@ -800,7 +857,7 @@ def export(
         check_server(store, where="--tracking-uri" if tracking_uri else "[tracking].mlflow_uri")
     resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
     target = out
-    if target is None and format in ("llamaindex", "dspy"):
+    if target is None and format in FILE_ONLY_FORMATS:
         if cfg is None:
             raise ConfigError(f"--format {format} writes files: give --out PATH or --config CONFIG.toml")
         from opro.rundir import RunDir

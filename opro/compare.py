@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.calibration import judge_noise_note
 from opro.errors import ConfigError, DataError
+from opro.judges.factory import METRIC_JUDGES, build_metric
 from opro.rundir import RunDir
 from opro.sources import ResolvedPrompt, resolve_prompt
 from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, compare_paired, holm_family
@@ -35,12 +36,12 @@ if TYPE_CHECKING:
 
     from opro.dataset import Example, GoldenDataset
     from opro.evaluation import EvaluationReport
-    from opro.experiment import Experiment
+    from opro.workbench import Workbench
 
 logger = logging.getLogger(__name__)
 
-#: Extra metrics ``compare_prompts`` can add, by name.
-EXTRA_METRICS = ("faithfulness", "relevancy", "token_f1")
+#: Extra metrics ``compare_prompts`` can add, by name: the judges the factory builds by name, and token F1.
+EXTRA_METRICS = (*METRIC_JUDGES, "token_f1")
 SPLITS = ("heldout", "optimization", "exemplar")
 
 
@@ -454,21 +455,16 @@ def _run_questions(prompt: ResolvedPrompt, own_dir: Path) -> dict[str, list[str]
 # -- extra metrics ----------------------------------------------------------------------------------
 
 
-def make_extra_metrics(names: Sequence[str], *, experiment: Experiment) -> list[Any]:
-    """``faithfulness`` / ``relevancy`` (YES/NO judges on the judge model) and ``token_f1``."""
+def make_extra_metrics(names: Sequence[str], *, experiment: Workbench) -> list[Any]:
+    """The judges of :data:`~opro.judges.METRIC_JUDGES` (``faithfulness`` / ``relevancy``, on the judge
+    model) and ``token_f1``."""
     metrics: list[Any] = []
     for raw in names:
         name = raw.strip().lower().replace("-", "_")
         if not name:
             continue
-        if name == "faithfulness":
-            from opro.judges import FaithfulnessJudge
-
-            metrics.append(FaithfulnessJudge(experiment.client("judge")))
-        elif name == "relevancy":
-            from opro.judges import RelevancyJudge
-
-            metrics.append(RelevancyJudge(experiment.client("judge")))
+        if name in METRIC_JUDGES:
+            metrics.append(build_metric(name, client=experiment.client("judge")))
         elif name == "token_f1":
             from opro.metrics import TokenF1
 
@@ -483,7 +479,7 @@ def make_extra_metrics(names: Sequence[str], *, experiment: Experiment) -> list[
 
 def compare_prompts(
     *,
-    experiment: Experiment,
+    experiment: Workbench,
     prompts: Sequence[str | ResolvedPrompt],
     baseline: int | str = 0,
     split: str = "heldout",
@@ -698,7 +694,7 @@ class PromotionDecision:
 
 
 def promote(
-    report: ComparisonReport, *, experiment: Experiment, alias: str, tracking_uri: str | None = None
+    report: ComparisonReport, *, experiment: Workbench, alias: str, tracking_uri: str | None = None
 ) -> PromotionDecision:
     """Move ``alias`` to the best compared prompt only if it beats the baseline on held-out questions.
 
@@ -763,7 +759,7 @@ class SavedComparison:
     evaluation_run_ids: tuple[str, ...] = ()
 
 
-def default_compare_dir(experiment: Experiment, name: str | None = None) -> Path:
+def default_compare_dir(experiment: Workbench, name: str | None = None) -> Path:
     stamp = name or datetime.now().strftime("%Y%m%d-%H%M%S")
     if not re.fullmatch(r"[\w.\-]+", stamp):
         raise ConfigError(f"comparison name {stamp!r}: use letters, digits, '_', '-' and '.' only")
@@ -773,7 +769,7 @@ def default_compare_dir(experiment: Experiment, name: str | None = None) -> Path
 def save_comparison(
     report: ComparisonReport,
     *,
-    experiment: Experiment,
+    experiment: Workbench,
     directory: str | Path | None = None,
     name: str | None = None,
     mlflow: bool = True,
@@ -782,7 +778,7 @@ def save_comparison(
     """Write the report files and log them as an MLflow run tagged ``opro.kind=comparison``.
 
     With ``[tracking].genai`` each prompt's evaluation also becomes an MLflow evaluation run
-    (per-question traces with the judge's verdict), see :mod:`opro.genai`.
+    (per-question traces with the judge's verdict), see :mod:`opro.tracking.genai`.
     """
     out = Path(directory) if directory is not None else default_compare_dir(experiment, name)
     report.write(out)
@@ -799,7 +795,7 @@ def save_comparison(
             params={k: v for k, v in experiment.run_params().items() if not k.startswith("optimizer.")},
         )
         if experiment.config.tracking.genai:
-            from opro.genai import log_comparison_evaluations
+            from opro.tracking.genai import log_comparison_evaluations
 
             genai = log_comparison_evaluations(report, experiment=experiment, name=out.name, tracking_uri=tracking_uri,
                                                comparison_run_id=run_id)

@@ -174,6 +174,10 @@ class JudgeSection:
 
 @dataclass(frozen=True)
 class OptimizerSection:
+    #: The proposal strategy (a name in :data:`opro.search.proposers.PROPOSERS`): ``opro``, the OPRO
+    #: meta-prompt; ``reflect``, a rewrite of the best instruction from the judge's reasons on the
+    #: exemplar questions it fails.
+    proposer: str = "opro"
     steps: int = 3
     candidates_per_step: int = 4
     temperature: float = 1.0
@@ -246,7 +250,7 @@ class TrackingSection:
     study_name: str = ""
     register_prompt: bool = True
     #: MLflow 3 GenAI records of finished evaluations: evaluation datasets, evaluation runs with
-    #: per-question traces and judge assessments (opro.genai). The search's candidates stay metrics.
+    #: per-question traces and judge assessments (opro.tracking.genai). The search's candidates stay metrics.
     genai: bool = True
     #: The lead's MLflow work during ``optimize`` (imports, store set-up, run, metrics, artifacts,
     #: registry, GenAI records) in a child process, so its CPU never takes the search's GIL; false:

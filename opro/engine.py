@@ -29,13 +29,14 @@ from __future__ import annotations
 import functools
 import logging
 import queue
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from opro.errors import LLMError
-from opro.evaluation import EvaluationRow, _context_text, _field, _metric_name, _run_metric
+from opro.errors import ConfigError, DataError, LLMError
+from opro.evaluation_types import EvaluationRow, ExtraMetric
+from opro.metrics import MetricResult, as_metric, metric_name
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,29 @@ class Answered:
     completion: Any
 
 
+def _field(example: Any, *names: str) -> str:
+    for name in names:
+        value = example.get(name) if isinstance(example, Mapping) else getattr(example, name, None)
+        if value is not None:
+            return str(value)
+    raise DataError(f"evaluation example {example!r:.120} has none of the fields {names}")
+
+
+def _context_text(ctx: Any) -> str:
+    return ctx if isinstance(ctx, str) else str(getattr(ctx, "text", ctx))
+
+
+def _run_metric(
+    metric: ExtraMetric, *, query: str, answer: str, reference: str, contexts: Sequence[str]
+) -> MetricResult:
+    result = as_metric(metric).measure(query=query, answer=answer, reference=reference, contexts=contexts)
+    if not isinstance(result, MetricResult):
+        raise ConfigError(
+            f"extra metric {metric_name(metric)!r} returned {type(result).__name__}, not MetricResult"
+        )
+    return result
+
+
 def answer(program: Any, template: Any, example: Any) -> Answered:
     """Ask ``program`` the example's question under ``template``. Raises :class:`LLMError`."""
     query = _field(example, "query")
@@ -99,7 +123,7 @@ def judge_answer(judge: Any, metrics: Sequence[Any], answered: Answered) -> Eval
     a = answered
     verdict = judge.measure(query=a.query, answer=a.text, reference=a.reference, contexts=a.contexts)
     scores = {
-        _metric_name(m): _run_metric(m, query=a.query, answer=a.text, reference=a.reference, contexts=a.contexts).score
+        metric_name(m): _run_metric(m, query=a.query, answer=a.text, reference=a.reference, contexts=a.contexts).score
         for m in metrics
     }
     completion = a.completion

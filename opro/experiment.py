@@ -7,11 +7,13 @@ the golden dataset with its split, the RAG program and the judge.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,16 +25,18 @@ from opro.llm.pool import ModelPool, ModelSpec
 from opro.paths import cache_dir
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.rundir import RunDir
+from opro.search.recorder import Recorder
+from opro.search.results import OptimizationResult
 
 if TYPE_CHECKING:
     from llama_index.core import Document
 
     from opro.dataset import GoldenDataset
     from opro.judges import CorrectnessJudge
-    from opro.optimizer import OPROOptimizer, OptimizationResult
     from opro.rag import RAGProgram
-    from opro.recorders import Recorder
     from opro.retrieval import Retriever
+    from opro.search import Search, SearchStudy, WorkerPlan
+    from opro.tracking.recorder import MlflowRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -142,23 +146,16 @@ class Experiment:
 
     def _judge_template(self) -> str | Path:
         """``[judge].template``: a built-in template's name, or its file resolved against the config."""
-        template = self.config.judge.template
-        return self.config.resolve(template) if template.endswith((".toml", ".txt", ".md")) else template
+        from opro.judges.factory import judge_template
+
+        # The same resolution build_judge applies, so the fingerprint hashes the template the judge reads.
+        return judge_template(section=self.config.judge, resolve=self.config.resolve)
 
     @functools.cached_property
     def judge(self) -> CorrectnessJudge:
-        from opro.judges import CorrectnessJudge
+        from opro.judges import build_judge
 
-        j = self.config.judge
-        return CorrectnessJudge(
-            self.client("judge"),
-            template=self._judge_template(),
-            threshold=j.threshold,
-            structured=j.structured,
-            expected_score=j.expected_score,
-            max_tokens=j.max_tokens,
-            score_from=j.score_from,
-        )
+        return build_judge(section=self.config.judge, client=self.client("judge"), resolve=self.config.resolve)
 
     # -- dataset -----------------------------------------------------------------------------
     @property
@@ -302,19 +299,15 @@ class Experiment:
     def _storage(self) -> Any:
         """The config's Optuna study store, opened once (a clear error when it cannot be)."""
         if self._study_storage is None:
-            from opro.optimizer import open_storage
+            from opro.search.study import open_storage
 
             self._study_storage = open_storage(self.config.optuna_storage)
         return self._study_storage
 
     def _study_exists(self) -> bool:
-        import optuna
+        from opro.search.study import SearchStudy
 
-        try:
-            optuna.load_study(study_name=self.config.study_name, storage=self._storage())
-        except KeyError:
-            return False
-        return True
+        return SearchStudy.load(self._storage(), name=self.config.study_name) is not None
 
     def archive_study(self) -> str | None:
         """Copy the config's study to ``<name>-archived-<time>`` and delete it, so the next run starts fresh."""
@@ -335,8 +328,9 @@ class Experiment:
     def recorders(self, *, worker_index: int = 0, num_workers: int = 1) -> list[Recorder]:
         """What the search leaves behind: the run directory, then the MLflow run and registry version
         (whose artifacts are the run directory's files)."""
-        from opro.recorders import MlflowRecorder, RunDirRecorder
+        from opro.recorders import RunDirRecorder
         from opro.tracking import MlflowTracker
+        from opro.tracking.recorder import MlflowRecorder
 
         cfg = self.config
         recorders: list[Recorder] = [RunDirRecorder(self.run_dir)]
@@ -355,42 +349,39 @@ class Experiment:
             ))
         return recorders
 
-    def optimizer(
-        self, *, worker_index: int = 0, num_workers: int = 1, recorders: Sequence[Recorder] | None = None
-    ) -> OPROOptimizer:
-        """The search, with :meth:`recorders` unless ``recorders`` are given."""
-        from opro.optimizer import OPROOptimizer
+    def open_study(self) -> SearchStudy:
+        """The config's study (created on the first run), refused when it was scored under other settings."""
+        from opro.search import SearchStudy, make_pruner
+
+        study = SearchStudy.open(self._storage(), name=self.config.study_name, pruner=make_pruner(self.config.optimizer))
+        study.check_fingerprint(self.fingerprint())
+        return study
+
+    def search(
+        self, *, study: SearchStudy, workers: WorkerPlan | None = None, recorders: Sequence[Recorder] = ()
+    ) -> Search:
+        """The search over ``study``: the configured proposer, the scorer over this experiment's program
+        and judge, the recorders."""
+        from opro.search import CandidateScorer, Search, make_proposer
 
         cfg = self.config
-        if recorders is None:
-            recorders = self.recorders(worker_index=worker_index, num_workers=num_workers)
-        return OPROOptimizer(
-            optimizer_llm=self.client("optimizer"),
-            judge=self.judge,
-            make_template=self.template,
-            template_text=lambda t: t.template_text,
-            settings=cfg.optimizer,
-            storage=cfg.optuna_storage,
-            study_name=cfg.study_name,
-            seed=cfg.experiment.seed,
-            usage=self.usage,
-            task_workers=self.client("task").llm.max_concurrency,
-            worker_index=worker_index,
-            num_workers=num_workers,
-            worker_timeout_s=cfg.tracking.worker_wait_s,
-            progress=self.progress,
-            fingerprint=self.fingerprint(),
-            recorders=recorders,
-        )
+        scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
+                                 task_slots=self.client("task").llm.max_concurrency)
+        proposer = make_proposer(settings=cfg.optimizer, llm=self.client("optimizer"),
+                                 template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)
+        return Search(proposer, scorer, study, cfg.optimizer, usage=self.usage, workers=workers,
+                      recorders=recorders, seed=cfg.experiment.seed, progress=self.progress)
 
-    def optimize(self, *, worker_index: int = 0, num_workers: int = 1, fresh: bool = False) -> OptimizationResult:
+    def optimize(self, *, worker_index: int = 0, num_workers: int = 1, fresh: bool = False) -> RunResult:
         """Run (or resume) the optimization; ``fresh`` archives an existing study first.
 
         One process per output folder and worker index: a second one is refused at once, naming the
         holder, instead of racing the first on the stores and evaluating everything twice.
         """
         from opro.locking import FileLock
+        from opro.search import WorkerPlan
 
+        plan = WorkerPlan(index=worker_index, count=num_workers, timeout_s=self.config.tracking.worker_wait_s)
         lock = FileLock(
             self.run_dir.lock(worker_index=worker_index, num_workers=num_workers),
             what=f"the output folder {self.config.output_dir}" + (f" (worker {worker_index})" if num_workers > 1 else ""),
@@ -407,56 +398,58 @@ class Experiment:
                     raise DataError(f"the optimization split is empty: {why}")
             if fresh:
                 self.archive_study()
-            record = self._record_split() if worker_index == 0 else None
+            record = self._record_split() if plan.lead else None
             recorders = self.recorders(worker_index=worker_index, num_workers=num_workers)
+            from opro.tracking.recorder import MlflowRecorder
+
+            tracking = next((r for r in recorders if isinstance(r, MlflowRecorder)), None)
+            summary = _SummaryWriter(self, tracking=tracking, split_record=record)
+            # Before the MLflow recorder, whose artifacts are the run directory's finished files.
+            recorders.insert(1, summary)
             # Without a validation stage there is nothing to trace, and the records' fixed costs (seconds
             # of MLflow imports) would only compete with the search; compare and evaluate register the
             # splits they use when they record their runs.
-            if record is not None and self.config.tracking.genai and ds.examples_in("validation"):
-                from opro.genai import ValidationTraces
-                from opro.recorders import MlflowRecorder
+            if record is not None and tracking is not None and self.config.tracking.genai and ds.examples_in("validation"):
+                from opro.tracking.genai import ValidationTraces
 
-                tracking = next(r for r in recorders if isinstance(r, MlflowRecorder))
                 recorders.append(ValidationTraces(self, tracking=tracking))  # after the run it links to
+            if num_workers > 1 and self.config.optuna_storage.startswith("sqlite"):
+                logger.warning(
+                    "%d workers share the study through a SQLite file: that works only for processes on this "
+                    "machine and serializes every write; for workers on several machines use PostgreSQL "
+                    "([tracking].optuna_storage = \"postgresql+psycopg2://...\", see the README's Scaling out)",
+                    num_workers,
+                )
             for recorder in recorders:
-                recorder.prepare(lead=worker_index == 0)
+                recorder.prepare(lead=plan.lead)
             try:
-                result = self.optimizer(worker_index=worker_index, num_workers=num_workers, recorders=recorders).optimize(
-                    program=self.program,
+                study = self.open_study()
+                result = self.search(study=study, workers=plan, recorders=recorders).run(
+                    initial=self.config.rag.initial_instructions,
                     optimization_set=ds.examples_in("optimization"),
                     exemplar_set=ds.examples_in("exemplar"),
                     validation_set=ds.examples_in("validation"),
-                    initial_instructions=self.config.rag.initial_instructions,
                 )
             except BaseException:
                 for recorder in recorders:
                     recorder.discard()
                 raise
-            if record is not None:
-                self._record_split(record)
-            return result
+            return summary.run_result(result)
 
-    def _record_split(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _record_split(self) -> dict[str, Any]:
         """What this optimization saw (:func:`opro.dataset.split_record`), for the held-out guard of
         compare / evaluate: ``split_record.json`` before the search (so a crashed run is covered), then
         ``summary.json`` and the Optuna study after it."""
         from opro.dataset import split_record
 
-        if record is None:
-            record = split_record(self.dataset)
-            path = self.run_dir.split_record
-            if path.is_file() and self._study_exists():
-                # The study's record stands: a changed split is refused by the fingerprint check, and
-                # overwriting the record first would let compare's guard accept the new split.
-                kept: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-                return kept
-            self.run_dir.write_split_record(record)
-            return record
-        self.run_dir.add_to_summary("split_record", record)
-        import optuna
-
-        study = optuna.load_study(study_name=self.config.study_name, storage=self._storage())
-        study.set_user_attr("split_record", record)
+        record = split_record(self.dataset)
+        path = self.run_dir.split_record
+        if path.is_file() and self._study_exists():
+            # The study's record stands: a changed split is refused by the fingerprint check, and
+            # overwriting the record first would let compare's guard accept the new split.
+            kept: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return kept
+        self.run_dir.write_split_record(record)
         return record
 
     def close(self) -> None:
@@ -466,7 +459,55 @@ class Experiment:
             self._study_storage = None
 
 
-def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None) -> OptimizationResult:
+@dataclass(frozen=True)
+class RunResult(OptimizationResult):
+    """What ``opro optimize`` returned: the search's result, and where the run was recorded."""
+
+    output_dir: Path | None = None
+    mlflow_run_id: str | None = None
+    #: The judge-noise note beside the gain (from ``opro calibrate``'s record), as the summary says it.
+    judge_noise: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "mlflow_run_id": self.mlflow_run_id, "judge_noise": self.judge_noise}
+
+
+class _SummaryWriter(Recorder):
+    """The composition root's own recorder: ``summary.json`` (and its copy in the study, for
+    ``opro compare best`` from the stores on any machine), written once, whole, after the run
+    directory's files and before the MLflow recorder logs them as artifacts."""
+
+    def __init__(self, experiment: Experiment, *, tracking: MlflowRecorder | None,
+                 split_record: dict[str, Any] | None) -> None:
+        self.experiment = experiment
+        self.tracking = tracking
+        self.split_record = split_record
+        self._run: tuple[OptimizationResult, RunResult] | None = None
+
+    def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
+        summary = self.run_result(result).summary()
+        if self.split_record is not None:
+            summary["split_record"] = self.split_record
+            study.save_split_record(self.split_record)
+        study.save_summary(summary)
+        self.experiment.run_dir.write_summary(summary)
+
+    def run_result(self, result: OptimizationResult) -> RunResult:
+        """``result`` with where it was recorded (the same object for the same result)."""
+        if self._run is None or self._run[0] is not result:
+            from opro.calibration import judge_noise_note
+
+            fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+            self._run = (result, RunResult(
+                **fields,
+                output_dir=self.experiment.run_dir.root,
+                mlflow_run_id=None if self.tracking is None else self.tracking.run_id,
+                judge_noise=judge_noise_note(self.experiment.config),
+            ))
+        return self._run[1]
+
+
+def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None) -> RunResult:
     """Run the OPRO optimization an experiment config describes (the Python face of ``opro optimize``)."""
     cfg = config if isinstance(config, OproConfig) else load_config(config)
     exp = Experiment(cfg, progress=progress)
@@ -476,4 +517,4 @@ def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_work
         exp.close()
 
 
-__all__ = ["Experiment", "optimize"]
+__all__ = ["Experiment", "RunResult", "optimize"]

@@ -11,16 +11,22 @@ Formats:
 - ``dspy``: a JSON that :func:`load_dspy_signature` turns into ``dspy.Signature("context, question
   -> answer", instructions=<the tuned instruction>)``, plus a ``.py`` snippet.
 - ``mlflow``: a new version in the MLflow Prompt Registry (``{{var}}`` syntax), with an alias.
+
+Each format is one entry of :data:`EXPORTERS` (a render function and where its text goes, or a
+publish function for a registry); the dispatch, the default file names and the command line's
+``--format`` choices and help all read that table, so a new format is one function and one entry.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from opro.errors import ConfigError, DataError, PromptError
 from opro.prompts import TEMPLATE_VARIABLES, QATemplate
@@ -34,15 +40,13 @@ if TYPE_CHECKING:
 
     from opro.config import OproConfig
 
+#: The names of :data:`EXPORTERS`, for type checkers (a test keeps the two the same).
 ExportFormat = Literal["text", "json", "llamaindex", "dspy", "mlflow"]
-EXPORT_FORMATS: tuple[str, ...] = ("text", "json", "llamaindex", "dspy", "mlflow")
 LLAMAINDEX_FORMAT = "opro.llamaindex_prompt/v1"
 DSPY_FORMAT = "opro.dspy_signature/v1"
 DSPY_SIGNATURE = "context, question -> answer"
 #: The LlamaIndex prompt key a RAG query engine's QA template lives under.
 LLAMAINDEX_PROMPT_KEY = "response_synthesizer:text_qa_template"
-_DEFAULT_NAMES = {"text": "prompt.txt", "json": "prompt.json", "llamaindex": "prompt.llamaindex.json",
-                  "dspy": "prompt.dspy.json"}
 
 
 @dataclass(frozen=True)
@@ -144,10 +148,10 @@ def prompt_json(prompt: ResolvedPrompt, *, config: OproConfig | None = None) -> 
     }
 
 
-def _target(out: str | Path, fmt: str) -> Path:
+def _target(out: str | Path, file_name: str) -> Path:
     p = Path(out).expanduser()
     if p.is_dir() or (not p.suffix and not p.exists()):
-        return p / _DEFAULT_NAMES[fmt]
+        return p / file_name
     return p
 
 
@@ -173,74 +177,83 @@ def export_prompt(
     tracking_uri: str | None = None,
     snippet: bool = True,
 ) -> ExportResult:
-    """Export ``prompt`` (see :func:`opro.sources.resolve_prompt`) in ``format``.
+    """Export ``prompt`` (see :func:`opro.sources.resolve_prompt`) in ``format`` (a name of :data:`EXPORTERS`).
 
     ``out`` is a file or a directory; ``text`` and ``json`` without ``out`` return the content
     instead. ``mlflow`` registers a version named ``name`` (default: the config's prompt name)
     at ``tracking_uri`` (default: the config's tracking URI) and points ``alias`` at it.
     """
-    if format not in EXPORT_FORMATS:
+    exporter = EXPORTERS.get(format)
+    if exporter is None:
         raise ConfigError(f"export format {format!r} is not one of {', '.join(EXPORT_FORMATS)}")
-    if format == "mlflow":
-        return _export_mlflow(prompt, config=config, name=name, alias=alias, tracking_uri=tracking_uri)
+    if isinstance(exporter, RegistryExporter):
+        return exporter.publish(prompt, config=config, name=name, alias=alias, tracking_uri=tracking_uri)
     if alias is not None:
-        raise ConfigError("--alias only applies to --format mlflow")
-    if format == "text":
-        text = prompt.template_text
-    elif format == "json":
-        text = json.dumps(prompt_json(prompt, config=config), indent=2, ensure_ascii=False) + "\n"
-    elif format == "llamaindex":
-        data = {
-            "format": LLAMAINDEX_FORMAT,
-            "template": prompt.template_text,
-            "prompt_type": "text_qa",
-            "prompt_key": LLAMAINDEX_PROMPT_KEY,
-            "template_vars": list(TEMPLATE_VARIABLES),
-            "metadata": prompt_json(prompt, config=config),
-        }
-        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    else:
-        if not prompt.instruction:
-            raise PromptError(
-                f"prompt {prompt.spec!r} has no instruction separate from its template; a DSPy signature needs "
-                "the instruction (export --format text or llamaindex for a custom template)"
-            )
-        data = {
-            "format": DSPY_FORMAT,
-            "signature": DSPY_SIGNATURE,
-            "instructions": prompt.instruction,
-            "metadata": prompt_json(prompt, config=config),
-        }
-        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+        raise ConfigError(f"--alias only applies to --format {' or '.join(REGISTRY_FORMATS)}")
+    # Rendered before the missing --out is reported: a prompt the format cannot hold says so first.
+    text = exporter.render(prompt, config)
     if out is None:
-        if format in ("text", "json"):
+        if exporter.stdout:
             return ExportResult(format=format, content=text)
         raise ConfigError(f"--format {format} writes files: give --out PATH (a file or a directory)")
-    path = _write(_target(out, format), text)
+    path = _write(_target(out, exporter.file_name), text)
     paths = [path]
-    if snippet and format == "llamaindex":
-        paths.append(_write(_snippet_path(path), _llamaindex_snippet(prompt.template_text)))
-    elif snippet and format == "dspy":
-        paths.append(_write(_snippet_path(path), _dspy_snippet(prompt.instruction)))
+    if snippet and exporter.snippet is not None:
+        paths.append(_write(_snippet_path(path), exporter.snippet(prompt)))
     return ExportResult(format=format, paths=tuple(paths))
 
 
-def _llamaindex_snippet(template_text: str) -> str:
+def _render_text(prompt: ResolvedPrompt, config: OproConfig | None) -> str:
+    return prompt.template_text
+
+
+def _render_json(prompt: ResolvedPrompt, config: OproConfig | None) -> str:
+    return json.dumps(prompt_json(prompt, config=config), indent=2, ensure_ascii=False) + "\n"
+
+
+def _render_llamaindex(prompt: ResolvedPrompt, config: OproConfig | None) -> str:
+    data = {
+        "format": LLAMAINDEX_FORMAT,
+        "template": prompt.template_text,
+        "prompt_type": "text_qa",
+        "prompt_key": LLAMAINDEX_PROMPT_KEY,
+        "template_vars": list(TEMPLATE_VARIABLES),
+        "metadata": prompt_json(prompt, config=config),
+    }
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def _render_dspy(prompt: ResolvedPrompt, config: OproConfig | None) -> str:
+    if not prompt.instruction:
+        raise PromptError(
+            f"prompt {prompt.spec!r} has no instruction separate from its template; a DSPy signature needs "
+            "the instruction (export --format text or llamaindex for a custom template)"
+        )
+    data = {
+        "format": DSPY_FORMAT,
+        "signature": DSPY_SIGNATURE,
+        "instructions": prompt.instruction,
+        "metadata": prompt_json(prompt, config=config),
+    }
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def _llamaindex_snippet(prompt: ResolvedPrompt) -> str:
     return (
         '"""The opro-tuned QA prompt as a LlamaIndex PromptTemplate (generated by `opro export`)."""\n\n'
         "from llama_index.core import PromptTemplate\n"
         "from llama_index.core.prompts.prompt_type import PromptType\n\n"
-        f"TEXT_QA_TEMPLATE = PromptTemplate(\n    {template_text!r},\n    prompt_type=PromptType.QUESTION_ANSWER,\n)\n\n"
+        f"TEXT_QA_TEMPLATE = PromptTemplate(\n    {prompt.template_text!r},\n    prompt_type=PromptType.QUESTION_ANSWER,\n)\n\n"
         "# query_engine = index.as_query_engine()\n"
         f'# query_engine.update_prompts({{"{LLAMAINDEX_PROMPT_KEY}": TEXT_QA_TEMPLATE}})\n'
     )
 
 
-def _dspy_snippet(instruction: str) -> str:
+def _dspy_snippet(prompt: ResolvedPrompt) -> str:
     return (
         '"""The opro-tuned instruction as a DSPy signature (generated by `opro export`)."""\n\n'
         "import dspy\n\n"
-        f"OproQA = dspy.Signature(\n    {DSPY_SIGNATURE!r},\n    instructions={instruction!r},\n)\n\n"
+        f"OproQA = dspy.Signature(\n    {DSPY_SIGNATURE!r},\n    instructions={prompt.instruction!r},\n)\n\n"
         "# qa = dspy.Predict(OproQA)\n"
         "# qa(context=..., question=...).answer\n"
     )
@@ -285,6 +298,66 @@ def _export_mlflow(
     return ExportResult(format="mlflow", uri=f"prompts:/{prompt_name}/{version}", version=version, alias=alias)
 
 
+# -- the formats ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileExporter:
+    """A format whose export is a text: written to a file, or returned when ``stdout`` allows."""
+
+    #: The exported text of a prompt (the config, when given, adds models to the provenance).
+    render: Callable[[ResolvedPrompt, OproConfig | None], str]
+    #: The file written when ``out`` is a directory.
+    file_name: str
+    #: Without ``out`` the text is returned (printed by the CLI) rather than refused.
+    stdout: bool = False
+    #: A ``.py`` snippet written beside the file (unless ``snippet=False``).
+    snippet: Callable[[ResolvedPrompt], str] | None = None
+
+
+class _Publish(Protocol):
+    def __call__(
+        self,
+        prompt: ResolvedPrompt,
+        *,
+        config: OproConfig | None,
+        name: str | None,
+        alias: str | None,
+        tracking_uri: str | None,
+    ) -> ExportResult: ...
+
+
+@dataclass(frozen=True)
+class RegistryExporter:
+    """A format whose export is a new version in a prompt registry (``alias`` applies only here)."""
+
+    publish: _Publish
+
+
+#: Every export format, by its ``--format`` name, in the order help texts list them.
+EXPORTERS: Mapping[str, FileExporter | RegistryExporter] = MappingProxyType(
+    {
+        "text": FileExporter(render=_render_text, file_name="prompt.txt", stdout=True),
+        "json": FileExporter(render=_render_json, file_name="prompt.json", stdout=True),
+        "llamaindex": FileExporter(
+            render=_render_llamaindex, file_name="prompt.llamaindex.json", snippet=_llamaindex_snippet
+        ),
+        "dspy": FileExporter(render=_render_dspy, file_name="prompt.dspy.json", snippet=_dspy_snippet),
+        "mlflow": RegistryExporter(publish=_export_mlflow),
+    }
+)
+EXPORT_FORMATS: tuple[str, ...] = tuple(EXPORTERS)
+#: Formats printed when no ``--out`` is given; the other file formats need a file or directory.
+STDOUT_FORMATS: tuple[str, ...] = tuple(k for k, e in EXPORTERS.items() if isinstance(e, FileExporter) and e.stdout)
+FILE_ONLY_FORMATS: tuple[str, ...] = tuple(
+    k for k, e in EXPORTERS.items() if isinstance(e, FileExporter) and not e.stdout
+)
+SNIPPET_FORMATS: tuple[str, ...] = tuple(
+    k for k, e in EXPORTERS.items() if isinstance(e, FileExporter) and e.snippet is not None
+)
+REGISTRY_FORMATS: tuple[str, ...] = tuple(k for k, e in EXPORTERS.items() if isinstance(e, RegistryExporter))
+
+
 # -- loading exports back ---------------------------------------------------------------------------
 
 
@@ -327,10 +400,17 @@ def load_dspy_signature(path: str | Path) -> type[dspy.Signature]:
 
 __all__ = [
     "DSPY_SIGNATURE",
+    "EXPORTERS",
     "EXPORT_FORMATS",
+    "FILE_ONLY_FORMATS",
     "LLAMAINDEX_PROMPT_KEY",
+    "REGISTRY_FORMATS",
+    "SNIPPET_FORMATS",
+    "STDOUT_FORMATS",
     "ExportFormat",
     "ExportResult",
+    "FileExporter",
+    "RegistryExporter",
     "export_prompt",
     "load_dspy_signature",
     "load_llamaindex_prompt",

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from opro.errors import OproError
 
@@ -118,8 +118,19 @@ def lease_alive(held: dict[str, Any], *, stale_s: float = 300.0) -> bool:
     return time.time() - float(held.get("beat", 0.0)) < stale_s
 
 
+class LeaseStore(Protocol):
+    """Where a lease is kept (one worker's slot in a study: :meth:`opro.search.study.SearchStudy.lease_slot`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def read(self) -> dict[str, Any]: ...
+
+    def write(self, value: dict[str, Any]) -> None: ...
+
+
 class StudyLease:
-    """``with StudyLease(study, key="holder:w0", what=...):`` one process per study key, across machines.
+    """``with StudyLease(slot, what=...):`` one process per lease slot of a study, across machines.
 
     Workers on several machines share a study through its storage (PostgreSQL), not a file system,
     so the lease lives in the study: the holder's host, pid and a heartbeat refreshed every
@@ -129,18 +140,16 @@ class StudyLease:
 
     def __init__(
         self,
-        study: Any,
+        slot: LeaseStore,
         *,
-        key: str,
         what: str,
         stale_s: float = 300.0,
         beat_s: float = 30.0,
         info: dict[str, Any] | None = None,
     ) -> None:
-        self.study = study
+        self.slot = slot
         #: Extra fields kept in the lease (a worker's N), for the other processes to check.
         self.info = dict(info or {})
-        self.key = key
         self.what = what
         self.stale_s = stale_s
         self.beat_s = beat_s
@@ -153,13 +162,13 @@ class StudyLease:
         return lease_alive(held, stale_s=self.stale_s)
 
     def _beat(self) -> None:
-        self.study.set_user_attr(self.key, {
+        self.slot.write({
             "host": socket.gethostname(), "pid": os.getpid(), "since": self.since, "beat": time.time(),
             "token": self.token, **self.info,
         })
 
     def __enter__(self) -> StudyLease:
-        held = self.study.user_attrs.get(self.key) or {}
+        held = self.slot.read()
         if held.get("token") and held["token"] != self.token and self._alive(held):
             raise LockedError(
                 f"{self.what} is being run by another opro process (pid {held.get('pid')} on {held.get('host')} "
@@ -167,7 +176,7 @@ class StudyLease:
                 f"taken over at once on its own host, after {self.stale_s:.0f} s without a heartbeat from another"
             )
         self._beat()
-        self._thread = threading.Thread(target=self._run, name=f"opro-lease-{self.key}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"opro-lease-{self.slot.name}", daemon=True)
         self._thread.start()
         return self
 
@@ -184,7 +193,7 @@ class StudyLease:
             self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
             # No token: nobody holds it. ``released`` says which process let it go, cleanly.
-            self.study.set_user_attr(self.key, {"released": self.token})
+            self.slot.write({"released": self.token})
 
 
-__all__ = ["FileLock", "LockedError", "StudyLease", "lease_alive", "waiting_lock"]
+__all__ = ["FileLock", "LeaseStore", "LockedError", "StudyLease", "lease_alive", "waiting_lock"]

@@ -90,6 +90,11 @@ def as_metric(metric: Metric | Callable[..., MetricResult]) -> Metric:
     raise ConfigError(f"{metric!r:.80} is not a metric: give an object with measure(...) or a function of answer, reference")
 
 
+def metric_name(metric: object) -> str:
+    """The name a metric's scores are reported under: its ``name``, else a function's ``__name__``."""
+    return str(getattr(metric, "name", None) or getattr(metric, "__name__", type(metric).__name__))
+
+
 # --- SQuAD normalization ---------------------------------------------------------------------------
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -210,6 +215,7 @@ __all__ = [
     "as_metric",
     "cosine_similarity",
     "exact_match",
+    "metric_name",
     "normalize_answer",
     "token_f1",
 ]

@@ -127,27 +127,21 @@ class RunDir:
         path.write_text(text, encoding="utf-8")
         return path
 
-    def write_result(self, *, best_template: str, history: Iterable[Mapping[str, Any]], summary: Mapping[str, Any]) -> None:
-        """``best_prompt.txt``, ``history.jsonl`` (one record a line) and ``summary.json``."""
+    def write_result(self, *, best_template: str, history: Iterable[Mapping[str, Any]]) -> None:
+        """``best_prompt.txt`` and ``history.jsonl`` (one record a line)."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.best_prompt.write_text(best_template, encoding="utf-8")
         with self.history.open("w", encoding="utf-8") as fh:
             for record in history:
                 fh.write(json.dumps(record) + "\n")
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
         self.summary.write_text(json.dumps(summary, indent=2), encoding="utf-8")
 
     def write_split_record(self, record: Mapping[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.split_record.write_text(json.dumps(record, indent=2), encoding="utf-8")
-
-    def add_to_summary(self, key: str, value: Any) -> bool:
-        """Set one key of ``summary.json``, if there is one; says whether there was."""
-        if not self.summary.is_file():
-            return False
-        data = json.loads(self.summary.read_text(encoding="utf-8"))
-        data[key] = value
-        self.summary.write_text(json.dumps(data, indent=2), encoding="utf-8")
-        return True
 
     # -- reads -------------------------------------------------------------------------------
     def read_json(self, path: Path) -> Any:

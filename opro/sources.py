@@ -83,23 +83,19 @@ def run_dir_of(target: str | Path) -> Path:
 
 def _study_summary(config: OproConfig) -> dict[str, Any] | None:
     """The summary worker 0 stored in the config's Optuna study, or None (no study, not finished)."""
-    import optuna
+    from opro.search.study import SearchStudy
 
     storage = config.optuna_storage
     if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
         return None  # loading would create an empty database file
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=config.study_name, storage=storage)
-    except KeyError:
-        return None
+        study = SearchStudy.load(storage, name=config.study_name)
     except Exception as exc:  # an unreachable server, a missing driver: say which store
         raise DataError(
             f"the Optuna study {config.study_name!r} in {redact_url(storage)} cannot be read "
             f"({type(exc).__name__}: {str(exc)[:200]})"
         ) from exc
-    summary = study.user_attrs.get("summary")
-    return dict(summary) if isinstance(summary, Mapping) else None
+    return None if study is None else study.summary()
 
 
 def _config_of(target: str | Path) -> OproConfig | None:

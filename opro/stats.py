@@ -339,6 +339,12 @@ def compare_paired(
     )
 
 
+def paired_valid(a: Sequence[float | None], b: Sequence[float | None]) -> tuple[list[float], list[float]]:
+    """The scores of ``a`` and ``b`` on the questions (positions) both scored validly."""
+    pairs = [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
 __all__ = [
     "ConfidenceInterval",
     "PairedComparison",
@@ -349,6 +355,7 @@ __all__ = [
     "holm",
     "holm_family",
     "paired_bootstrap_ci",
+    "paired_valid",
     "permutation_test",
     "wilcoxon_signed_rank",
     "win_tie_loss",

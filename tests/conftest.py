@@ -6,8 +6,6 @@ Build role clients from them in tests: ``ChatClient(embedded_task_llm, role="tas
 
 from __future__ import annotations
 
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,35 +72,18 @@ def genai_compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, 
 
 # -- the embedded engine's start-up probe, with a child that crashes on demand -----------------------------
 
-#: A stand-in for the probe's child: crashes (a real SIGSEGV) in the modes listed in CRASH, answers in
-#: the others, and counts its runs in RUNS.
-FAKE_CHILD = textwrap.dedent(
-    """
-    import faulthandler, os, sys
-    mode = sys.argv[-1]
-    with open(os.environ["RUNS"], "a") as fh:
-        fh.write(mode + "\\n")
-    if mode in os.environ["CRASH"].split(","):
-        print("load_tensors:   AMX model buffer size =   950.71 MiB", file=sys.stderr, flush=True)
-        faulthandler.disable()
-        faulthandler._sigsegv()
-    print("load_tensors:   CPU_Mapped model buffer size =   950.71 MiB", file=sys.stderr)
-    """
-)
-
-
 @pytest.fixture
 def fake_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The probe runs :data:`FAKE_CHILD` (set ``CRASH`` to the modes that crash) and keeps its records in
-    a fresh folder (the assembled models stay where they are); the file its runs are counted in."""
+    """The probe runs :func:`children.fake_probe` (set ``CRASH`` to the modes that crash) and keeps its
+    records in a fresh folder (the assembled models stay where they are); the file its runs are counted in."""
+    from children import argv
+
     from opro.llm import probe as probe_module
 
     monkeypatch.setattr(probe_module, "cache_dir", lambda: tmp_path / "cache")
     runs = tmp_path / "runs.txt"
     runs.touch()
     monkeypatch.setenv("RUNS", str(runs))
-    script = tmp_path / "child.py"
-    script.write_text(FAKE_CHILD)
-    monkeypatch.setattr(probe_module, "_child_argv", lambda path, mode: [sys.executable, str(script), str(path), mode])
+    monkeypatch.setattr(probe_module, "_child_argv", lambda path, mode: argv("fake_probe", path, mode))
     monkeypatch.setattr(probe_module, "supports_extra_buffers_switch", lambda: True)
     return runs

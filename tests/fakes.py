@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 from fault_server import instruction_of
@@ -23,10 +23,12 @@ from opro.config import OptimizerSection
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.cache import CallCache
 from opro.llm.pool import ModelPool
-from opro.llm.scripted import ScriptedLLM
-from opro.optimizer import OPROOptimizer
+from opro.llm.scripted import Responder, ScriptedLLM
 from opro.recorders import RunDirRecorder
 from opro.rundir import RunDir
+
+if TYPE_CHECKING:
+    from opro.search import Search, SearchStudy
 
 SECRET = "sk-test-DO-NOT-LOG-7f3a9c"
 
@@ -69,14 +71,17 @@ def scripted_pool() -> ModelPool:
     )
 
 
-def experiment_config(tmp_path: Path, **overrides: dict) -> dict:
-    (tmp_path / "docs").mkdir(exist_ok=True)
-    (tmp_path / "docs" / "alexnet.txt").write_text(DOC)
+def experiment_config(tmp_path: Path, *, questions: int = 20, doc: str = DOC, **overrides: dict) -> dict:
+    """A scripted experiment as a dict (for :func:`write_toml` or ``config_from_dict``), its document
+    ``doc`` and its ``questions`` questions written into ``tmp_path``. ``overrides``: per section, keys
+    that replace the defaults (a nested table, such as ``data.split``, is replaced whole)."""
+    (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "docs" / "alexnet.txt").write_text(doc)
     cfg = {
         "experiment": {"name": "t", "output_dir": "out", "cache_path": "calls.sqlite"},
         "data": {
             "docs": ["docs"],
-            "dataset": str(qa_file(tmp_path)),
+            "dataset": str(qa_file(tmp_path, questions)),
             "query_field": "question",
             "answer_field": "answer",
             "split": {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": 4, "seed": 1},
@@ -198,30 +203,96 @@ class Rig:
     usage: UsageLedger
 
 
+@dataclass
+class TextTemplate:
+    """A QA template that is its instruction (what EchoProgram answers with), for the search."""
+
+    instruction: str
+
+    @property
+    def template_text(self) -> str:
+        return f"{self.instruction}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: "
+
+    def with_instruction(self, instruction: str) -> TextTemplate:
+        return TextTemplate(instruction)
+
+    def __str__(self) -> str:
+        return self.instruction
+
+
+class SearchRig:
+    """Builds a :class:`opro.search.Search` from the collaborators a test gives, over a SQLite study,
+    and runs it on a program given per run (as ``Experiment`` does for a config)."""
+
+    def __init__(self, *, optimizer_llm: ChatClient, judge: Any, settings: OptimizerSection, storage: str,
+                 study_name: str, usage: UsageLedger, recorders: Sequence[Any] = (), seed: int = 0,
+                 template: Any = None, fingerprint: dict[str, str] | None = None) -> None:
+        self.optimizer_llm, self.judge, self.settings = optimizer_llm, judge, settings
+        self.storage, self.study_name, self.usage, self.seed = storage, study_name, usage, seed
+        self.recorders = tuple(recorders)
+        self.template = template or TextTemplate("")
+        self.fingerprint = fingerprint or {}
+        self.worker_index, self.num_workers, self.worker_timeout_s = 0, 1, 3600.0
+        self.task_workers, self.judge_workers = 1, None
+        self.last: Search | None = None
+
+    def study(self) -> SearchStudy:
+        from opro.search import SearchStudy, make_pruner, open_storage
+
+        return SearchStudy.open(open_storage(self.storage), name=self.study_name, pruner=make_pruner(self.settings))
+
+    def _study(self) -> Any:
+        return self.study().optuna
+
+    def search(self, program: Any) -> Search:
+        from opro.search import CandidateScorer, Search, WorkerPlan, make_proposer
+
+        study = self.study()
+        study.check_fingerprint(self.fingerprint)
+        scorer = CandidateScorer(program=program, judge=self.judge, template=self.template,
+                                 task_slots=self.task_workers, judge_slots=self.judge_workers)
+        proposer = make_proposer(settings=self.settings, llm=self.optimizer_llm,
+                                 template_text=self.template.with_instruction("<INS>").template_text, seed=self.seed)
+        self.last = Search(proposer, scorer, study, self.settings, usage=self.usage,
+                           workers=WorkerPlan(index=self.worker_index, count=self.num_workers,
+                                              timeout_s=self.worker_timeout_s),
+                           recorders=self.recorders, seed=self.seed, progress=False)
+        return self.last
+
+    def coordinator(self, *, token: str) -> tuple[Any, Callable[[str, Sequence[int]], list[str]]]:
+        """This worker's coordinator holding the lease ``token``, and its proposer's sampler."""
+        search = self.search(None)
+        search.coordinator.token = token
+        return search.coordinator, search.proposer.ask
+
+    def optimize(self, *, program: Any, optimization_set: Sequence[Any], exemplar_set: Sequence[Any] = (),
+                 validation_set: Sequence[Any] = (), initial_instructions: Sequence[str]) -> Any:
+        return self.search(program).run(initial=initial_instructions, optimization_set=optimization_set,
+                                        exemplar_set=exemplar_set, validation_set=validation_set)
+
+
 def keyword_optimizer(
-    tmp_path: Path, *, cache: CallCache | None = None, **settings: object
-) -> tuple[OPROOptimizer, Rig, EchoProgram]:
-    """An OPROOptimizer in the keyword world, recording into ``tmp_path/out``, its study in
-    ``tmp_path/optuna.db`` (study "test"). ``settings`` override the [optimizer] section."""
+    tmp_path: Path, *, cache: CallCache | None = None, judge_reply: Responder = keyword_judge_reply, **settings: object
+) -> tuple[SearchRig, Rig, EchoProgram]:
+    """A search in the keyword world, recording into ``tmp_path/out``, its study in
+    ``tmp_path/optuna.db`` (study "test"). ``judge_reply``: the judge model (a slower one, say);
+    ``settings`` override the [optimizer] section."""
     usage = UsageLedger()
     task = ScriptedLLM(default=keyword_task_reply)
-    judge_llm = ScriptedLLM(default=keyword_judge_reply)
+    judge_llm = ScriptedLLM(default=judge_reply)
     opt_llm = ScriptedLLM(default=keyword_optimizer_reply)
     program = EchoProgram(ChatClient(task, role="task", cache=cache, usage=usage))
     judge = KeywordJudge(ChatClient(judge_llm, role="judge", cache=cache, usage=usage))
     # The search itself (no validation stage: tests/test_selection.py covers that).
     base: dict[str, Any] = {"steps": 3, "candidates_per_step": 3, "minibatch_size": 2, "pruner": "none", "finalists": 0}
     base.update(settings)
-    opt = OPROOptimizer(
+    opt = SearchRig(
         optimizer_llm=ChatClient(opt_llm, role="optimizer", cache=cache, usage=usage),
         judge=judge,
-        make_template=lambda ins: ins,
-        template_text=lambda t: f"{t}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: ",
         settings=OptimizerSection(**base),
         storage=f"sqlite:///{tmp_path / 'optuna.db'}",
         study_name="test",
         usage=usage,
-        progress=False,
         recorders=[RunDirRecorder(RunDir(tmp_path / "out"))],
     )
     return opt, Rig(task, judge_llm, opt_llm, usage), program
@@ -241,67 +312,21 @@ It used ReLU activations and dropout. It was trained on two GPUs.
 def write_config(
     tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1, genai: bool = False
 ) -> Path:
-    """A scripted experiment TOML over 24 questions; returns its path. ``genai``: the MLflow GenAI
-    records (tested in test_genai; off elsewhere for speed)."""
-    (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "docs" / "alexnet.txt").write_text(COMPARE_DOC)
-    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(24)]
-    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    path = tmp_path / f"{name}.toml"
-    path.write_text(
-        f"""
-[experiment]
-name = "{name}"
-output_dir = "{out}"
-cache_path = "calls.sqlite"
-progress = false
-
-[data]
-docs = ["docs"]
-dataset = "qa.jsonl"
-query_field = "question"
-answer_field = "answer"
-
-[data.split]
-exemplar = 2
-optimization = 3
-validation = 8
-heldout = {heldout}
-seed = {seed}
-
-[rag]
-chunk_size = 64
-chunk_overlap = 0
-initial_instructions = ["Answer the question."]
-
-[models.task]
-backend = "scripted"
-model = "task"
-
-[models.judge]
-backend = "scripted"
-model = "judge"
-
-[models.optimizer]
-backend = "scripted"
-model = "optimizer"
-
-[models.generator]
-backend = "scripted"
-model = "optimizer"
-
-[optimizer]
-steps = 1
-candidates_per_step = 2
-minibatch_size = 2
-
-[tracking]
-prompt_name = "qa-{name}"
-genai = {"true" if genai else "false"}
-sidecar = {"true" if genai else "false"}
-"""
+    """A scripted experiment TOML over 24 questions (:func:`experiment_config`, one search step), written
+    as ``tmp_path/<name>.toml``; returns its path. ``genai``: the MLflow GenAI records (tested in
+    test_genai; off elsewhere for speed)."""
+    split = {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": heldout, "seed": seed}
+    cfg = experiment_config(
+        tmp_path,
+        questions=24,
+        doc=COMPARE_DOC,
+        experiment={"name": name, "output_dir": out, "progress": False},
+        data={"dataset": "qa.jsonl", "split": split},
+        models={"task": {"backend": "scripted", "model": "task"}},
+        optimizer={"steps": 1},
+        tracking={"prompt_name": f"qa-{name}", "genai": genai, "sidecar": genai},
     )
-    return path
+    return write_toml(cfg, tmp_path / f"{name}.toml")
 
 
 def optimized(tmp_path: Path, **kwargs: object) -> Path:

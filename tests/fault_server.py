@@ -2,7 +2,9 @@
 
 Roles are told apart by the request's model name (``task-model``, ``judge-model``,
 ``optimizer-model``). ``faults[role]`` makes every request of that role fail in one of the ways
-real endpoints fail. ``in_flight`` / ``peak`` count the requests being answered per role (what a
+real endpoints fail; ``prompt_faults[text]`` fails only the requests whose last message holds ``text``.
+Like a real endpoint, a reply is cut before the first ``stop`` string and at ``max_tokens`` tokens (a
+token is 4 characters here, as the usage counts them). ``in_flight`` / ``peak`` count the requests being answered per role (what a
 rate-limited endpoint would see), ``first_s`` / ``last_s`` bound the time the server was busy.
 Bounded: 127.0.0.1 only, at most ``max_requests`` answered, stops with the context manager (or by
 itself after ``lifetime_s``).
@@ -56,6 +58,16 @@ def instruction_of(prompt: str) -> str:
     return parts[0] + re.sub(r"^\s*Query:[^\n]*\n", "", parts[-1])
 
 
+def limited(text: str, *, stop: str | list[str] | None, max_tokens: int | None) -> tuple[str, str]:
+    """``text`` as an endpoint returns it under ``stop`` and ``max_tokens``, with its finish reason."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    cuts = [text.index(s) for s in stops if s and s in text]
+    text = text[: min(cuts)] if cuts else text
+    if max_tokens is not None and len(text) > 4 * max_tokens:
+        return text[: 4 * max_tokens], "length"
+    return text, "stop"
+
+
 def role_reply(role: str, prompt: str) -> str:
     """What a cooperative model of each role answers (the same truth as the scripted test models)."""
     if role == "task":
@@ -86,6 +98,7 @@ class FaultServer:
         self.max_requests = max_requests
         self.lifetime_s = lifetime_s
         self.faults: dict[str, str] = {}
+        self.prompt_faults: dict[str, str] = {}
         self.counts: Counter[str] = Counter()
         self.in_flight: Counter[str] = Counter()
         self.peak: Counter[str] = Counter()
@@ -152,12 +165,14 @@ class FaultServer:
                 ):
                     return self._send(401, {"error": {"message": "invalid api key"}})
                 time.sleep(server.latency_s)
-                if fault is not None:
-                    return self._fault(fault)
                 messages = body.get("messages") or [{}]
                 prompt = str(messages[-1].get("content", ""))
+                with server.lock:
+                    fault = next((f for text, f in server.prompt_faults.items() if text in prompt), fault)
+                if fault is not None:
+                    return self._fault(fault)
                 system = str(messages[0].get("content", "")) if messages[0].get("role") == "system" else ""
-                texts = []
+                texts: list[tuple[str, str]] = []
                 for i in range(int(body.get("n") or 1)):  # DSPy's COPRO asks for several choices at once
                     with server.lock:
                         variant = sum(server.counts.values()) * 10 + i
@@ -168,13 +183,13 @@ class FaultServer:
                             text = text.replace("</INS>", f" (variant {body.get('seed') or 0})</INS>")
                         if role == "task" and server.distinct:  # one answer per prompt: no two judge calls alike
                             text += f" [{hashlib.sha1(prompt.encode()).hexdigest()[:8]}]"
-                    texts.append(text)
+                    texts.append(limited(text, stop=body.get("stop"), max_tokens=body.get("max_tokens")))
                 self._send(200, {
                     "id": "x", "object": "chat.completion", "created": 0, "model": body.get("model"),
-                    "choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
-                                for i, t in enumerate(texts)],
-                    "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": sum(len(t) for t in texts) // 4,
-                              "total_tokens": (len(prompt) + sum(len(t) for t in texts)) // 4},
+                    "choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": why}
+                                for i, (t, why) in enumerate(texts)],
+                    "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": sum(len(t) for t, _ in texts) // 4,
+                              "total_tokens": (len(prompt) + sum(len(t) for t, _ in texts)) // 4},
                 })
 
             def _fault(self, fault: str) -> None:

@@ -20,11 +20,11 @@ from fakes import history_of as _history_of
 from fakes import keyword_examples as _examples
 from fakes import keyword_optimizer as _optimizer
 
-from opro.claims import claim, part_key, step_state
 from opro.config import OptimizerSection
 from opro.errors import ConfigError, LLMBadRequestError, OproError
-from opro.optimizer import BestSoFarPruner, EarlierStepsMedianPruner, OPROOptimizer
-from opro.recorders import MlflowRecorder
+from opro.search import BestSoFarPruner, EarlierStepsMedianPruner, SearchStudy, WorkerPlan
+from opro.search.workers import claim, part_key, step_state
+from opro.tracking.recorder import MlflowRecorder
 
 SETTINGS: dict[str, Any] = {
     "steps": 2, "candidates_per_step": 4, "minibatch_size": 2, "pruner": "race", "prune_warmup_minibatches": 1,
@@ -113,22 +113,26 @@ def test_waiting_workers_ask_for_their_share_of_the_optimizer_samples(tmp_path: 
     the texts are those one worker asking alone gets."""
     alone, _, _ = _optimizer(tmp_path / "alone")
     indices = [1000, 1001, 1002, 1003]
-    expected = alone._shared_samples(alone._study(), 1, "Propose an instruction.", indices)
+    coordinator, ask = alone.coordinator(token="")
+    expected = coordinator.shared_samples(1, "Propose an instruction.", indices, ask)
     w0, rig0, _ = _optimizer(tmp_path)
     w1, rig1, _ = _optimizer(tmp_path)
     study = w0._study()
+    coordinators = []
     for index, opt in enumerate((w0, w1)):
-        opt.worker_index, opt.num_workers, opt._token = index, 2, f"token{index}"
+        opt.worker_index, opt.num_workers = index, 2
+        coordinators.append(opt.coordinator(token=f"token{index}"))
         study.set_user_attr(f"holder:w{index}", {"host": socket.gethostname(), "pid": os.getpid(),
-                                                 "token": opt._token, "of": 2, "beat": time.time()})
+                                                 "token": f"token{index}", "of": 2, "beat": time.time()})
     if helper == "fails":
         def down(messages: Any, options: Any) -> Any:
             raise LLMBadRequestError("the optimizer endpoint refuses this worker")
         rig1.optimizer._default = down
     with ThreadPoolExecutor(1) as pool:
-        waiting = None if helper == "silent" else pool.submit(w1._await_proposals, w1._study(), 1)
+        (c0, ask0), (c1, ask1) = coordinators
+        waiting = None if helper == "silent" else pool.submit(c1.await_proposals, 1, ask1)
         started = time.monotonic()
-        texts = w0._shared_samples(study, 1, "Propose an instruction.", indices)
+        texts = c0.shared_samples(1, "Propose an instruction.", indices, ask0)
         waited = time.monotonic() - started
         study.set_user_attr("proposals:1", ["done"])
         assert waiting is None or waiting.result(timeout=30) == ["done"]
@@ -156,7 +160,7 @@ def test_a_stopped_workers_claims_are_taken_over(tmp_path: Path, part: str | Non
     study = opt._study()
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": "gone", "of": 2, "beat": time.time()}
     study.set_user_attr("holder:w1", holder)
-    won = claim(study, step=0, items=[(0, "Answer the question.")], token="gone", worker=1, part=part)
+    won = claim(SearchStudy(study), step=0, items=[(0, "Answer the question.")], token="gone", worker=1, part=part)
     assert len(won) == 1
     won[0][2].report(1.0, 0)  # it had started, then its process was killed:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -179,25 +183,21 @@ def test_a_claim_is_won_once(tmp_path: Path) -> None:
     study = opt._study()
     for i, token in enumerate(("a", "b")):
         study.set_user_attr(f"holder:w{i}", {"host": socket.gethostname(), "pid": os.getpid(), "token": token})
-    first = claim(study, step=1, items=[(0, "x"), (1, "y")], token="a", worker=0)
-    second = claim(study, step=1, items=[(0, "x"), (1, "y")], token="b", worker=1)
+    first = claim(SearchStudy(study), step=1, items=[(0, "x"), (1, "y")], token="a", worker=0)
+    second = claim(SearchStudy(study), step=1, items=[(0, "x"), (1, "y")], token="b", worker=1)
     assert [i for i, _, _ in first] == [0, 1] and second == []
-    state = step_state(study, 1, ["x", "y"])
+    state = step_state(SearchStudy(study), 1, ["x", "y"])
     assert sorted(state.claimed) == [0, 1] and not state.free(2)
     study.set_user_attr("holder:w0", {"released": "a"})  # worker 0 stopped: its claims are free again
-    state = step_state(study, 1, ["x", "y"])
+    state = step_state(SearchStudy(study), 1, ["x", "y"])
     assert len(state.stale) == 2 and state.free(2) == [0, 1]
 
 
 def test_mismatched_worker_specs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(OproError, match=r"--worker 0/0: N is the number of workers .* must be >= 1"):
-        OPROOptimizer(optimizer_llm=_optimizer(tmp_path)[0].optimizer_llm, judge=None,  # type: ignore[arg-type]
-                      make_template=str, template_text=str, storage="sqlite://", study_name="s",
-                      worker_index=0, num_workers=0)
+        WorkerPlan(index=0, count=0)
     with pytest.raises(OproError, match=r"--worker 2/2: the index I must be within 0\.\.1"):
-        OPROOptimizer(optimizer_llm=_optimizer(tmp_path)[0].optimizer_llm, judge=None,  # type: ignore[arg-type]
-                      make_template=str, template_text=str, storage="sqlite://", study_name="s",
-                      worker_index=2, num_workers=2)
+        WorkerPlan(index=2, count=2)
     opt, _rig, program = _optimizer(tmp_path, steps=1)
     study = opt._study()
     # Worker 0 of 2 is running (this process, so its lease is alive): a worker 1 of 3 is refused.
@@ -227,7 +227,6 @@ def test_a_missing_worker_0_is_named_and_the_run_ends_failed(tmp_path: Path, cap
         # Worker 1 evaluates step 0 (the initial instructions) alone, then needs worker 0's proposals.
         opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer."])  # type: ignore[arg-type]
     assert tracker.statuses == ["run-1:FAILED"]
-    assert "SQLite" in caplog.text  # N > 1 workers on a SQLite study: warned
 
 
 def _trial(step: int, value: float, intermediate: dict[int, float], state: Any = None) -> optuna.trial.FrozenTrial:

@@ -13,7 +13,7 @@ from fakes import experiment_config, scripted_pool, write_toml
 from typer.testing import CliRunner
 
 import opro.experiment
-import opro.optimizer
+import opro.search.study
 from opro.cli import app
 from opro.errors import ConfigError
 
@@ -103,7 +103,7 @@ def test_a_study_store_that_cannot_be_opened_is_named_on_a_first_run_and_on_a_re
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, message: str
 ) -> None:
     monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
-    monkeypatch.setattr(opro.optimizer.time, "sleep", lambda s: None)  # the store's retries, not waited for
+    monkeypatch.setattr(opro.search.study.time, "sleep", lambda s: None)  # the store's retries, not waited for
     (tmp_path / "afile").write_text("not a database\n")
     (tmp_path / "adir").mkdir()
     config = write_toml(experiment_config(tmp_path, tracking={"optuna_storage": store.format(tmp=tmp_path)}),

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fakes import Ex
 from fault_server import FaultServer
 
 from opro.engine import EvaluationEngine, Gate, Pair, Scored
@@ -19,12 +19,6 @@ from opro.llm import ChatClient, Completion
 from opro.llm.openai import OpenAILLM
 
 KEY = "sk-engine-test-0123456789abcdef"
-
-
-@dataclass(frozen=True)
-class Ex:
-    query: str
-    reference_answer: str
 
 
 class ContextProgram:

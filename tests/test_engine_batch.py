@@ -4,8 +4,9 @@ candidates in one ``generate_many``, with the rows a one-at-a-time run gives, ea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+from fakes import Ex
 
 from opro.engine import EvaluationEngine, Pair, Scored
 from opro.errors import LLMError
@@ -16,12 +17,6 @@ from opro.llm.scripted import ScriptedLLM
 from opro.prompts import QATemplate
 from opro.rag import RAGProgram
 from opro.retrieval import RetrievedContext
-
-
-@dataclass(frozen=True)
-class Ex:
-    query: str
-    reference_answer: str
 
 
 class OneChunk:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fakes import Ex
 
 from opro.errors import ConfigError, LLMError, LLMServerError
 from opro.evaluation import EvaluationReport, EvaluationRow, evaluate_examples
@@ -14,12 +15,6 @@ from opro.judges import CorrectnessJudge, FaithfulnessJudge
 from opro.llm import ChatClient, Completion
 from opro.llm.scripted import ScriptedLLM
 from opro.metrics import TokenF1, exact_match
-
-
-@dataclass(frozen=True)
-class _Ex:
-    query: str
-    reference_answer: str
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,7 @@ def _judge(rules: list[tuple[str, str]], *, concurrency: int = 4) -> Correctness
 
 
 def test_scores_invalid_accounting_and_metrics(tmp_path: Path) -> None:
-    examples = [_Ex("q1", "Paris"), _Ex("q2", "Rome"), _Ex("q3", "Oslo")]
+    examples = [Ex("q1", "Paris"), Ex("q2", "Rome"), Ex("q3", "Oslo")]
     program = _Program({"q1": "Paris", "q2": "Milan", "q3": "Oslo maybe"})
     judge = _judge(
         [
@@ -111,7 +106,7 @@ def test_scores_invalid_accounting_and_metrics(tmp_path: Path) -> None:
 
 
 def test_error_isolation_and_max_errors() -> None:
-    examples = [_Ex("q1", "Paris"), _Ex("fail-1", "x"), _Ex("q2", "Rome")]
+    examples = [Ex("q1", "Paris"), Ex("fail-1", "x"), Ex("q2", "Rome")]
     program = _Program({"q1": "Paris", "q2": "Rome"})
     judge = _judge([(r".", '{"score": 4, "reasoning": "ok"}')])
     report = evaluate_examples(program=program, template="T", examples=examples, judge=judge, progress=False)  # type: ignore[arg-type]
@@ -120,7 +115,7 @@ def test_error_isolation_and_max_errors() -> None:
     assert err.error is not None and "LLMServerError" in err.error and err.score is None
     assert report.mean == 4.0
 
-    many = [_Ex(f"fail-{i}", "x") for i in range(5)] + [_Ex("q1", "Paris")]
+    many = [Ex(f"fail-{i}", "x") for i in range(5)] + [Ex("q1", "Paris")]
     with pytest.raises(LLMError, match="max_errors=2"):
         evaluate_examples(
             program=program, template="T", examples=many, judge=judge, max_errors=2, progress=False
@@ -132,7 +127,7 @@ def test_error_isolation_and_max_errors() -> None:
 
 
 def test_concurrency_capped_by_backend() -> None:
-    examples = [_Ex(f"q{i}", "a") for i in range(8)]
+    examples = [Ex(f"q{i}", "a") for i in range(8)]
     answers = {f"q{i}": "a" for i in range(8)}
     serial = _Program(answers, concurrency=1)
     evaluate_examples(

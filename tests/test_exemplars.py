@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from opro.config import config_from_dict
-from opro.exemplars import ExemplarOutcome, ExemplarPicker
 from opro.experiment import Experiment
 from opro.llm import GenerationOptions, Message
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
-from opro.metaprompt import Exemplar, MetaPromptBuilder, draw_exemplars
+from opro.search.exemplars import ExemplarOutcome, ExemplarPicker
+from opro.search.metaprompt import Exemplar, MetaPromptBuilder, draw_exemplars
 
 POOL = [Exemplar(f"Question {i}?", f"Reference {i}.") for i in range(6)]
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from fakes import DOC, SECRET, experiment_config, qa_file, scripted_pool
+from fakes import DOC, SECRET, experiment_config, qa_file, scripted_pool, write_toml
 
 from opro.config import config_from_dict, load_config
 from opro.errors import ConfigError, DataError
@@ -148,18 +148,15 @@ def test_duplicates_that_shrink_the_split_are_reported(tmp_path: Path, monkeypat
 
     rows = [{"question": f"Fact number {i // 2} about AlexNet?", "answer": "x"} for i in range(12)]
     (tmp_path / "dup.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "alexnet.txt").write_text(DOC)
-    (tmp_path / "t.toml").write_text(
-        '[experiment]\nname = "t"\noutput_dir = "out"\ncache_path = "calls.sqlite"\nprogress = false\n'
-        '[data]\ndocs = ["docs"]\ndataset = "dup.jsonl"\n[data.split]\nexemplar = 3\noptimization = 3\nvalidation = 0\nheldout = 3\n'
-        '[rag]\nchunk_size = 64\nchunk_overlap = 0\ninitial_instructions = ["Answer the question."]\n'
-        '[models.task]\nbackend = "scripted"\nmodel = "task"\n[models.judge]\nbackend = "scripted"\nmodel = "judge"\n'
-        '[models.optimizer]\nbackend = "scripted"\nmodel = "optimizer"\n'
-        '[models.generator]\nbackend = "scripted"\nmodel = "optimizer"\n'
-        '[optimizer]\nsteps = 1\ncandidates_per_step = 2\nminibatch_size = 2\nfinalists = 0\n'
-        '[tracking]\nprompt_name = "qa-t"\ngenai = false\n'
+    cfg = experiment_config(
+        tmp_path,
+        experiment={"progress": False},
+        data={"dataset": "dup.jsonl", "split": {"exemplar": 3, "optimization": 3, "validation": 0, "heldout": 3}},
+        models={"task": {"backend": "scripted", "model": "task"}},
+        optimizer={"steps": 1, "finalists": 0},
+        tracking={"prompt_name": "qa-t", "sidecar": True},
     )
+    write_toml(cfg, tmp_path / "t.toml")
     monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
     monkeypatch.setenv("COLUMNS", "400")
     res = CliRunner().invoke(app, ["optimize", str(tmp_path / "t.toml"), "--no-progress"])
@@ -195,17 +192,17 @@ def test_the_mlflow_sidecar_starts_before_the_documents_and_ends_when_they_fail(
     and a run that fails before its search still ends it."""
     from fakes import write_config
 
-    import opro.sidecar
+    import opro.tracking.sidecar
 
-    started: list[opro.sidecar.Sidecar] = []
+    started: list[opro.tracking.sidecar.Sidecar] = []
     loaded_after: list[int] = []
 
-    class Recorded(opro.sidecar.Sidecar):
+    class Recorded(opro.tracking.sidecar.Sidecar):
         def __init__(self, **kwargs: object) -> None:
             super().__init__(**kwargs)  # type: ignore[arg-type]
             started.append(self)
 
-    monkeypatch.setattr(opro.sidecar, "Sidecar", Recorded)
+    monkeypatch.setattr(opro.tracking.sidecar, "Sidecar", Recorded)
     import opro.documents
 
     real_load = opro.documents.load_documents

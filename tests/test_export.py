@@ -222,3 +222,44 @@ def test_a_prompt_file_that_is_not_text_is_named(tmp_path: Path) -> None:
 def test_prompt_specs_that_are_typos_are_refused_not_taken_literally(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         resolve_prompt(spec)
+
+
+def test_the_format_table_is_the_one_list_of_formats() -> None:
+    from typing import get_args
+
+    from opro import export
+    from opro.cli import app
+
+    assert get_args(export.ExportFormat) == export.EXPORT_FORMATS == tuple(export.EXPORTERS)
+    # Every format is printed, written to a file, or published: exactly one of them.
+    kinds = (export.STDOUT_FORMATS, export.FILE_ONLY_FORMATS, export.REGISTRY_FORMATS)
+    assert sorted(f for kind in kinds for f in kind) == sorted(export.EXPORT_FORMATS)
+    assert export.SNIPPET_FORMATS == ("llamaindex", "dspy") and export.REGISTRY_FORMATS == ("mlflow",)
+    # The command line's --format choices, and what each option says it applies to, come from the table.
+    help_text = " ".join(CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "300"}).output.split())
+    assert "text | json | llamaindex | dspy | mlflow" in help_text
+    assert "[text/json: stdout; llamaindex/dspy: OUTPUT_DIR/export/]" in help_text
+    assert "llamaindex/dspy: also write a .py snippet" in help_text and "mlflow: alias to point" in help_text
+
+
+def test_a_new_format_is_one_function_and_one_table_entry(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import MappingProxyType
+
+    from opro import export
+    from opro.sources import ResolvedPrompt
+
+    def render_yaml(prompt: ResolvedPrompt, config: object) -> str:
+        return f"instruction: {prompt.instruction!r}\n"
+
+    table = {**export.EXPORTERS, "yaml": export.FileExporter(render=render_yaml, file_name="prompt.yaml")}
+    monkeypatch.setattr(export, "EXPORTERS", MappingProxyType(table))
+    prompt = resolve_prompt(f"run:{run_dir}")
+    result = export_prompt(prompt, format="yaml", out=tmp_path / "out")  # type: ignore[arg-type]
+    assert result.paths == (tmp_path / "out" / "prompt.yaml",)
+    assert result.paths[0].read_text() == f"instruction: {INSTRUCTION!r}\n"
+    with pytest.raises(ConfigError, match="--format yaml writes files: give --out"):
+        export_prompt(prompt, format="yaml")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--alias only applies to --format mlflow"):
+        export_prompt(prompt, format="yaml", out=tmp_path, alias="production")  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from children import argv
 from fakes import FAULT_KEY as KEY
 from fakes import experiment_config, write_toml
 from fakes import opro_process as _opro
@@ -159,13 +160,7 @@ def test_ctrl_c_says_how_to_resume(tmp_path: Path) -> None:
 
 def test_concurrent_mlflow_store_creation_leaves_a_usable_store(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    code = (
-        "import sys; from opro.tracking import MlflowTracker; "
-        "t = MlflowTracker(tracking_uri=sys.argv[1], experiment_name='e' + sys.argv[2]); "
-        "t.start(run_name='r', params={}); t.finish()"
-    )
-    procs = [subprocess.Popen([sys.executable, "-c", code, uri, str(i)], stderr=subprocess.PIPE, text=True)
-             for i in range(3)]
+    procs = [subprocess.Popen(argv("mlflow_run", uri, f"e{i}"), stderr=subprocess.PIPE, text=True) for i in range(3)]
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errors
     from mlflow import MlflowClient
@@ -204,22 +199,22 @@ def test_two_folders_on_one_study_one_is_refused_at_once(tmp_path: Path) -> None
 
 
 def test_a_dead_holder_s_study_lease_is_taken_over(tmp_path: Path) -> None:
-    import optuna
-
     from opro.locking import LockedError, StudyLease
+    from opro.search.study import SearchStudy, open_storage
 
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 's.db'}"), name="s")
+    slot = study.lease_slot(0)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    with StudyLease(study, key="holder:w0", what="study 's'"), pytest.raises(LockedError, match=rf"pid {os.getpid()}"):
-        StudyLease(study, key="holder:w0", what="study 's'").__enter__()
-    study.set_user_attr("holder:w0", {"host": socket.gethostname(), "pid": int(dead.stdout), "token": "x", "beat": 0})
-    with StudyLease(study, key="holder:w0", what="study 's'"):  # its holder exited: taken over at once
+    with StudyLease(slot, what="study 's'"), pytest.raises(LockedError, match=rf"pid {os.getpid()}"):
+        StudyLease(slot, what="study 's'").__enter__()
+    slot.write({"host": socket.gethostname(), "pid": int(dead.stdout), "token": "x", "beat": 0})
+    with StudyLease(slot, what="study 's'"):  # its holder exited: taken over at once
         pass
-    study.set_user_attr("holder:w0", {"host": "elsewhere", "pid": 1, "token": "y", "beat": time.time()})
+    slot.write({"host": "elsewhere", "pid": 1, "token": "y", "beat": time.time()})
     with pytest.raises(LockedError, match="on elsewhere"):
-        StudyLease(study, key="holder:w0", what="study 's'").__enter__()
-    study.set_user_attr("holder:w0", {"host": "elsewhere", "pid": 1, "token": "y", "beat": time.time() - 301})
-    with StudyLease(study, key="holder:w0", what="study 's'"):  # no heartbeat for 5 minutes: stale
+        StudyLease(slot, what="study 's'").__enter__()
+    slot.write({"host": "elsewhere", "pid": 1, "token": "y", "beat": time.time() - 301})
+    with StudyLease(slot, what="study 's'"):  # no heartbeat for 5 minutes: stale
         pass
 
 

@@ -16,7 +16,7 @@ from opro.experiment import Experiment
 
 
 def _logger(config: Path) -> Any:
-    from opro.genai import GenAILogger
+    from opro.tracking.genai import GenAILogger
 
     return GenAILogger(tracking_uri=f"sqlite:///{config.parent / 'out' / 'mlflow.db'}", experiment_name="t",
                        dataset_prefix="t")
@@ -147,11 +147,11 @@ def test_genai_records_can_be_switched_off(tmp_path: Path) -> None:
 def test_opro_judges_are_mlflow_scorers(tmp_path: Path) -> None:
     import mlflow
 
-    from opro.genai import _use_store, genai_logger, judge_scorer  # noqa: F401
     from opro.judges import CorrectnessJudge, FaithfulnessJudge
     from opro.llm import ChatClient
     from opro.llm.scripted import ScriptedLLM
     from opro.tracking import MlflowTracker
+    from opro.tracking.genai import _use_store, genai_logger, judge_scorer  # noqa: F401
 
     judge_llm = ScriptedLLM(rules=[
         (r"Paris", json.dumps({"score": 5, "reasoning": "names the capital"})),
@@ -182,9 +182,9 @@ def test_opro_judges_are_mlflow_scorers(tmp_path: Path) -> None:
 def test_mlflow_correctness_judge_as_opro_judge() -> None:
     from mlflow.genai.judges.prompts.correctness import CORRECTNESS_PROMPT_INSTRUCTIONS
 
-    from opro.genai import MlflowCorrectnessJudge, parse_yes_no_verdict
     from opro.llm import ChatClient
     from opro.llm.scripted import ScriptedLLM
+    from opro.tracking.genai import MlflowCorrectnessJudge, parse_yes_no_verdict
 
     llm = ScriptedLLM(rules=[
         (r"Paris", json.dumps({"rationale": "Let's think step by step. Supported.", "result": "yes"})),
@@ -235,8 +235,8 @@ def test_judge_agreement_with_mlflow_correctness_judge(tmp_path: Path, monkeypat
 def test_credentials_in_urls_never_reach_the_records(tmp_path: Path) -> None:
     from opro.dataset import Example, GoldenDataset
     from opro.evaluation import EvaluationReport, EvaluationRow
-    from opro.genai import GenAILogger, PromptEvaluation
     from opro.prompts import QATemplate
+    from opro.tracking.genai import GenAILogger, PromptEvaluation
 
     secret = "sk-live-0123456789"
     q = f"What does https://user:{secret}@example.com/v1 serve?"
@@ -285,27 +285,11 @@ def test_recording_an_evaluation_does_not_import_litellm(tmp_path: Path) -> None
     """MLflow's evaluate asks litellm (2,400 modules, seconds of CPU) whether its retries are on; opro's
     replay makes no LLM calls, so the records must not pay for that import."""
     import subprocess
-    import sys
 
-    script = f"""
-import sys
-from opro.dataset import Example, GoldenDataset
-from opro.evaluation import EvaluationReport, EvaluationRow
-from opro.genai import GenAILogger, PromptEvaluation
-from opro.prompts import QATemplate
-ds = GoldenDataset(tuple(Example(f"Question {{i}}?", f"Answer {{i}}.") for i in range(3))).with_split(
-    exemplar=0, optimization=0, validation=0, heldout=3, seed=0)
-rows = tuple(EvaluationRow(query=e.query, reference=e.reference_answer, answer="a", score=4.0, passing=True)
-             for e in ds.examples)
-log = GenAILogger(tracking_uri="sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="l", dataset_prefix="l")
-record = log.log_evaluations([PromptEvaluation(label="p", template=QATemplate(instruction="Answer."),
-                                               report=EvaluationReport(rows=rows))],
-                             dataset=ds, split="heldout", source="test")
-assert len(record.runs[0].trace_ids) == 3, record
-print("litellm" in sys.modules and sys.modules["litellm"] is not None)
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    from children import argv
+
+    out = subprocess.run(argv("record_evaluation", f"sqlite:///{tmp_path / 'mlflow.db'}"), capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
 
@@ -318,15 +302,15 @@ def test_the_records_start_in_a_sidecar_with_the_search_and_its_failure_stops_th
     # not a database) reaches whoever drains that thread, as a failed tracking call does.
     from types import SimpleNamespace
 
-    import opro.genai
+    import opro.tracking.genai
     from opro.errors import OproError
-    from opro.genai import ValidationTraces
-    from opro.recorders import MlflowRecorder
     from opro.tracking import MlflowTracker
+    from opro.tracking.genai import ValidationTraces
+    from opro.tracking.recorder import MlflowRecorder
 
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not a database" * 100)
-    monkeypatch.setattr(opro.genai, "_logger_settings", lambda experiment, tracking_uri=None: {
+    monkeypatch.setattr(opro.tracking.genai, "_logger_settings", lambda experiment, tracking_uri=None: {
         "tracking_uri": f"sqlite:///{garbage}", "experiment_name": "e", "dataset_prefix": "e"})
     tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"),
                               sidecar=True)
@@ -356,8 +340,8 @@ def _client_at(db: Path) -> Any:
 def test_optimize_writes_its_mlflow_records_in_the_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow's writes (the run, its metrics, the evaluation runs' traces: CPU in its SQLAlchemy store)
     never run in the searching process."""
-    from opro.genai import GenAILogger
     from opro.tracking import MlflowTracker
+    from opro.tracking.genai import GenAILogger
 
     def not_here(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("MLflow records written in the searching process")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from fakes import Ex
 
 dspy = pytest.importorskip("dspy")
 
@@ -94,7 +95,7 @@ def _judge(tmp_path: Path, reply: str) -> CorrectnessJudge:
 
 def test_the_judge_metric_gives_a_unit_score_and_gepa_feedback(tmp_path: Path) -> None:
     judge = _judge(tmp_path, json.dumps({"score": 2, "reasoning": "It names the wrong year."}))
-    example = to_dspy_examples([type("E", (), {"query": "When?", "reference_answer": "2012."})()])[0]
+    example = to_dspy_examples([Ex("When?", "2012.")])[0]
     pred = dspy.Prediction(answer="In 2010.", instruction="Answer.")
     log = ScoreLog()
     assert judge_metric(judge, log=log)(example, pred) == pytest.approx(0.25)  # (2 - 1) / 4

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from opro.metaprompt import (
+from opro.search.metaprompt import (
     Exemplar,
     MetaPromptBuilder,
     ScoredInstruction,

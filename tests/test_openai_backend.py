@@ -482,34 +482,16 @@ def test_json_schema_off_sends_no_response_format(server: FakeServer, monkeypatc
     assert "response_format" not in server.requests[0]["json"]
 
 
-def test_the_sdk_is_imported_only_to_map_an_error(tmp_path: Any) -> None:
+def test_the_sdk_is_imported_only_to_map_an_error() -> None:
     # Importing `openai` costs about a second of start-up; the sync path posts through urllib3 and needs
     # the SDK only for its exception types. A fresh process: successful calls leave it unimported,
     # a refused key still maps to LLMAuthError through it.
     import os
     import subprocess
-    import sys
-    from pathlib import Path
 
-    tests = Path(__file__).resolve().parent
-    script = f"""
-import sys
-sys.path.insert(0, {str(tests)!r})
-from fault_server import FaultServer
-from opro.errors import LLMAuthError
-from opro.llm import GenerationOptions, Message
-from opro.llm.openai import OpenAILLM
-with FaultServer(key="k-good", keep_alive=True) as server:
-    llm = OpenAILLM(model="task-model", base_url=server.base_url, api_key_env="GOOD_KEY", max_retries=0)
-    llm.generate((Message("user", "hello"),), GenerationOptions(max_tokens=8))
-    print("after success:", "openai" in sys.modules)
-    server.faults["task"] = "401"
-    try:
-        llm.generate((Message("user", "again"),), GenerationOptions(max_tokens=8))
-    except LLMAuthError:
-        print("auth error mapped:", "openai" in sys.modules)
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+    from children import argv
+
+    out = subprocess.run(argv("openai_calls", "GOOD_KEY"), capture_output=True, text=True, timeout=120,
                          env={**os.environ, "GOOD_KEY": "k-good"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines() == ["after success: False", "auth error mapped: True"], out.stdout

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 from collections import Counter
@@ -16,13 +13,14 @@ from pathlib import Path
 
 import optuna
 import pytest
+from children import argv
 from fakes import Rig, run_together
 from fakes import history_of as _history_of
 from fakes import keyword_examples as _examples
 from fakes import keyword_optimizer as _optimizer
 
 from opro.llm.cache import CallCache
-from opro.optimizer import make_pruner
+from opro.search import make_pruner
 
 
 def test_loop_finds_the_best_and_keeps_complete_history(tmp_path: Path) -> None:
@@ -44,7 +42,7 @@ def test_loop_finds_the_best_and_keeps_complete_history(tmp_path: Path) -> None:
     out = tmp_path / "out"
     lines = (out / "history.jsonl").read_text().splitlines()
     assert len(lines) == len(result.history)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = result.summary()  # summary.json is the composition root's (tests/test_experiment.py)
     assert summary["best_score"] == result.best_score
     assert (out / "best_prompt.txt").read_text() == result.best_template
     assert (out / "score_trajectory.png").stat().st_size > 1000
@@ -132,56 +130,9 @@ def test_warm_cache_rerun_makes_no_calls(tmp_path: Path) -> None:
     assert second.best_score == first.best_score
 
 
-CHILD = textwrap.dedent(
-    '''
-    import sys, time
-    from pathlib import Path
-    sys.path.insert(0, {tests!r})
-    from fakes import (
-        EchoProgram, Ex, KeywordJudge, keyword_judge_reply, keyword_optimizer_reply, keyword_task_reply,
-    )
-    from opro.llm.cache import CallCache
-    from opro.config import OptimizerSection
-    from opro.llm import ChatClient, UsageLedger
-    from opro.optimizer import OPROOptimizer
-    from opro.llm.scripted import ScriptedLLM
-    from opro.recorders import RunDirRecorder
-    from opro.rundir import RunDir
-    slow = float(sys.argv[1])
-
-    def slow_judge(messages, options):
-        time.sleep(slow)
-        return keyword_judge_reply(messages, options)
-
-    tmp = Path({tmp!r})
-    cache = CallCache(tmp / "calls.sqlite")
-    usage = UsageLedger()
-    task = ScriptedLLM(default=keyword_task_reply)
-    judge = ScriptedLLM(default=slow_judge)
-    optimizer = ScriptedLLM(default=keyword_optimizer_reply)
-    opt = OPROOptimizer(
-        optimizer_llm=ChatClient(optimizer, role="optimizer", cache=cache, usage=usage),
-        judge=KeywordJudge(ChatClient(judge, role="judge", cache=cache, usage=usage)),
-        make_template=lambda ins: ins,
-        template_text=lambda t: t + "\\n{{context_str}}\\n{{query_str}}",
-        settings=OptimizerSection(steps=3, candidates_per_step=3, minibatch_size=2, pruner="none", finalists=0),
-        storage="sqlite:///" + str(tmp / "optuna.db"),
-        study_name="resume",
-        usage=usage,
-        progress=False,
-        recorders=[RunDirRecorder(RunDir(tmp / "out"))],
-    )
-    res = opt.optimize(program=EchoProgram(ChatClient(task, role="task", cache=cache, usage=usage)),
-                       optimization_set=[Ex(f"question {{i}}?", f"ref{{i}}") for i in range(4)],
-                       exemplar_set=[Ex("q", "ref1")], initial_instructions=["Answer."])
-    print("CALLS", len(task.calls), len(judge.calls), len(optimizer.calls))
-    print("BEST", res.best_score, len(res.history))
-    '''
-)
-
-
-def _run_child(script: Path, slow: float, **kwargs: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(script), str(slow)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)  # type: ignore[call-overload]
+def _run_child(folder: Path, slow: float, **kwargs: object) -> subprocess.Popen[str]:
+    """:func:`children.keyword_search` in ``folder``, each judge call ``slow`` seconds slower."""
+    return subprocess.Popen(argv("keyword_search", folder, slow), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)  # type: ignore[call-overload]
 
 
 def _calls(out: str) -> tuple[int, int, int]:
@@ -191,13 +142,10 @@ def _calls(out: str) -> tuple[int, int, int]:
 
 
 def test_resume_after_kill_loses_nothing_and_repeats_no_call(tmp_path: Path) -> None:
-    tests_dir = str(Path(__file__).parent)
     # Reference: one uninterrupted run.
     ref_dir = tmp_path / "ref"
     ref_dir.mkdir()
-    ref_script = ref_dir / "child.py"
-    ref_script.write_text(CHILD.format(tests=tests_dir, tmp=str(ref_dir)))
-    ref = _run_child(ref_script, 0.0)
+    ref = _run_child(ref_dir, 0.0)
     ref_out, ref_err = ref.communicate(timeout=300)
     assert ref.returncode == 0, ref_err
     ref_calls = _calls(ref_out)
@@ -207,16 +155,14 @@ def test_resume_after_kill_loses_nothing_and_repeats_no_call(tmp_path: Path) -> 
     # Interrupted run: SIGKILL once a few candidates are finished, then resume.
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    script = run_dir / "child.py"
-    script.write_text(CHILD.format(tests=tests_dir, tmp=str(run_dir)))
-    child = _run_child(script, 0.05, start_new_session=True)
+    child = _run_child(run_dir, 0.05, start_new_session=True)
     storage = f"sqlite:///{run_dir / 'optuna.db'}"
     deadline = time.monotonic() + 120
     finished = 0
     while time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.3)
         try:
-            study = optuna.load_study(study_name="resume", storage=storage)
+            study = optuna.load_study(study_name="test", storage=storage)
         except Exception:
             continue
         finished = sum(1 for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
@@ -226,12 +172,12 @@ def test_resume_after_kill_loses_nothing_and_repeats_no_call(tmp_path: Path) -> 
     child.wait(timeout=30)
     assert finished >= 3, "the child finished before it could be interrupted"
     assert child.returncode == -signal.SIGKILL
-    before = optuna.load_study(study_name="resume", storage=storage)
+    before = optuna.load_study(study_name="test", storage=storage)
     done_before = {t.user_attrs["instruction"]: t.value for t in before.trials if t.state == optuna.trial.TrialState.COMPLETE}
 
     # Count backend calls made by the killed run from the cache contents, then resume.
     killed_calls = len(CallCache(run_dir / "calls.sqlite"))
-    resumed = _run_child(script, 0.0)
+    resumed = _run_child(run_dir, 0.0)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     resumed_calls = sum(_calls(out))
@@ -241,7 +187,7 @@ def test_resume_after_kill_loses_nothing_and_repeats_no_call(tmp_path: Path) -> 
     assert best.group(1) == ref_best.group(1) and best.group(2) == ref_best.group(2)
     # No call repeated: the killed run's calls plus the resumed run's calls are exactly the reference's.
     assert killed_calls + resumed_calls == sum(ref_calls)
-    after = optuna.load_study(study_name="resume", storage=storage)
+    after = optuna.load_study(study_name="test", storage=storage)
     for t in after.trials:
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["instruction"] in done_before:
             assert t.number < len(before.trials)  # finished candidates were not evaluated again
@@ -337,7 +283,7 @@ def test_one_and_32_workers_give_the_same_history_and_the_same_calls(tmp_path: P
 def test_workers_racing_to_create_the_schema_of_a_fresh_store_all_open_it(tmp_path: Path) -> None:
     """The loser of the schema race sees the winner's alembic_version row (IntegrityError) or its
     tables (OperationalError): both are retried, 20 fresh stores opened by 2 threads at one instant."""
-    from opro.optimizer import open_storage
+    from opro.search import open_storage
 
     for i in range(20):
         url = f"sqlite:///{tmp_path / f'optuna-{i}.db'}"
@@ -351,7 +297,7 @@ def test_a_lost_schema_race_is_retried_and_a_foreign_file_is_refused_at_once(
     from sqlalchemy.exc import IntegrityError
 
     from opro.errors import ConfigError
-    from opro.optimizer import open_storage
+    from opro.search import open_storage
 
     real = optuna.storages.RDBStorage
     attempts: list[str] = []

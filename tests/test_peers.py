@@ -8,24 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fakes import instruction_of
+from fakes import qa_file, task_reply
+from peers import BudgetedExperiment, PeerSettings, run_method, run_peers
 
 from opro.config import config_from_dict
 from opro.llm import GenerationOptions, Message
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
-from opro.peers import BudgetedExperiment, PeerSettings, run_method, run_peers
-
-
-def _qa_file(tmp_path: Path, n: int = 20) -> Path:
-    rows = [{"question": f"Fact number {i} about AlexNet?", "answer": f"Answer {i}."} for i in range(n)]
-    path = tmp_path / "qa.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows))
-    return path
-
-
-def _task_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    return "Using the context: yes." if "context" in instruction_of(messages[-1].content).lower() else "Yes."
 
 
 def _judge(heldout: set[str]) -> Callable[[tuple[Message, ...], GenerationOptions], str]:
@@ -56,7 +45,7 @@ def _proposer_reply(messages: tuple[Message, ...], options: GenerationOptions) -
 def _pool(heldout: set[str]) -> ModelPool:
     return ModelPool(
         scripted={
-            "task": ScriptedLLM(default=_task_reply, model="task"),
+            "task": ScriptedLLM(default=task_reply, model="task"),
             "judge": ScriptedLLM(default=_judge(heldout), model="judge"),
             "optimizer": ScriptedLLM(default=_proposer_reply, model="optimizer"),
         }
@@ -70,7 +59,7 @@ def _config(tmp_path: Path) -> dict:
         "experiment": {"name": "t", "output_dir": "out", "cache_path": "calls.sqlite"},
         "data": {
             "docs": ["docs"],
-            "dataset": str(_qa_file(tmp_path)),
+            "dataset": str(qa_file(tmp_path)),
             "query_field": "question",
             "answer_field": "answer",
             "split": {"exemplar": 3, "optimization": 3, "validation": 0, "heldout": 4, "seed": 1},

@@ -28,15 +28,14 @@ from typing import Any
 import optuna
 import pytest
 from fakes import FAULT_KEY as KEY
-from fakes import experiment_config, unavailable, write_toml
+from fakes import SearchRig, experiment_config, unavailable, write_toml
 from fakes import opro_process as _opro
 from fault_server import FaultServer
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
-from opro.llm import ChatClient
+from opro.llm import ChatClient, UsageLedger
 from opro.llm.scripted import ScriptedLLM
-from opro.optimizer import OPROOptimizer
 
 _missing = unavailable
 
@@ -198,9 +197,10 @@ def _scale_out(
         workers[1] = opro("optimize", str(configs[1]), "--worker", "1/3", "--no-progress")
         # While they run, a worker started with another N is refused before it evaluates anything.
         assert workers[0].poll() is None
-        wrong = OPROOptimizer(optimizer_llm=ChatClient(ScriptedLLM(), role="optimizer"), judge=None,
-                              make_template=str, template_text=str, storage=f"{postgres}/opro", study_name=name,
-                              settings=OptimizerSection(finalists=0), worker_index=3, num_workers=4, progress=False)
+        wrong = SearchRig(optimizer_llm=ChatClient(ScriptedLLM(), role="optimizer"), judge=None,
+                          storage=f"{postgres}/opro", study_name=name, settings=OptimizerSection(finalists=0),
+                          usage=UsageLedger())
+        wrong.worker_index, wrong.num_workers = 3, 4
         with pytest.raises(ConfigError, match=r"--worker 0/3 .* started as --worker 3/4: every worker of a study"):
             wrong.optimize(program=None, optimization_set=[object()], initial_instructions=["x"])  # type: ignore[arg-type]
         outs = {i: _finish(p, f"worker {i}", 300) for i, p in workers.items()}

@@ -4,23 +4,22 @@ decides, coverage rule, racing pruner. Scripted models with a known truth, over 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
-from fakes import EchoProgram, Ex, Verdict
+from fakes import EchoProgram, Ex, SearchRig, Verdict
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
-from opro.metaprompt import MetaPromptBuilder, ScoredInstruction
-from opro.optimizer import OPROOptimizer, OptimizationResult, RacingPruner
 from opro.recorders import RunDirRecorder
 from opro.rundir import RunDir
+from opro.search import OptimizationResult, RacingPruner
+from opro.search.metaprompt import MetaPromptBuilder, ScoredInstruction
 
 INITIAL = "Answer the question."
 
@@ -90,17 +89,14 @@ def run(
     base: dict[str, Any] = {"steps": 2, "candidates_per_step": 3, "minibatch_size": 3, "pruner": "none",
                             "finalists": 3}
     base.update(settings or {})
-    opt = OPROOptimizer(
+    opt = SearchRig(
         optimizer_llm=ChatClient(ScriptedLLM(default=optimizer), role="optimizer", usage=usage, seed=seed),
         judge=ReplyJudge(ChatClient(ScriptedLLM(default=judge), role="judge", usage=usage)),
-        make_template=lambda ins: ins,
-        template_text=lambda t: f"{t}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: ",
         settings=OptimizerSection(**base),
         storage=f"sqlite:///{tmp_path / f'optuna-{seed}.db'}",
         study_name=f"s{seed}",
         seed=seed,
         usage=usage,
-        progress=False,
         recorders=list(recorders),
     )
     task = ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0])
@@ -235,7 +231,7 @@ def test_each_validated_prompt_is_announced_as_soon_as_it_is_scored(tmp_path: Pa
 
     class Watch:
         def __getattr__(self, name: str) -> Callable[..., Any]:  # every other hook: nothing to do
-            return lambda *a, **k: None if name != "annotate" else a[0]
+            return lambda *a, **k: None
 
         def on_validated(self, study: Any, *, label: str, instruction: str) -> None:
             announced.append((label, instruction, sum(q.startswith("val question") for q in judged)))
@@ -258,23 +254,20 @@ def test_summary_and_outputs_label_the_score_and_show_the_optimism(tmp_path: Pat
         return "5" if question.startswith("opt") and not answer.startswith(INITIAL) else "3"
 
     usage = UsageLedger()
-    opt = OPROOptimizer(
+    opt = SearchRig(
         optimizer_llm=ChatClient(ScriptedLLM(default=optimizer_reply), role="optimizer", usage=usage),
         judge=ReplyJudge(ChatClient(ScriptedLLM(default=judge), role="judge", usage=usage)),
-        make_template=lambda ins: ins,
-        template_text=lambda t: f"{t}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: ",
         settings=OptimizerSection(steps=1, candidates_per_step=2, minibatch_size=3, pruner="none", finalists=2),
         storage=f"sqlite:///{tmp_path / 'o.db'}",
         study_name="s",
         usage=usage,
-        progress=False,
         recorders=[RunDirRecorder(RunDir(tmp_path / "out"))],
     )
     program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0]),
                                      role="task", usage=usage))
-    opt.optimize(program=program, optimization_set=[Ex(f"opt {i}?", "r") for i in range(3)],
+    result = opt.optimize(program=program, optimization_set=[Ex(f"opt {i}?", "r") for i in range(3)],
                  validation_set=[Ex(f"val {i}?", "r") for i in range(6)], initial_instructions=[INITIAL])
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = result.summary()
     assert summary["score_basis"] == "validation" and summary["validated"] is False
     assert summary["best_score"] == 3.0 and summary["best_instruction"] == INITIAL
     assert "6 questions not used by the search" in summary["score_label"]

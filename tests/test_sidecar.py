@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from children import argv
 
 from opro.errors import DataError, OproError
-from opro.sidecar import Sidecar
+from opro.tracking.sidecar import Sidecar
 
 
 class Counter:
@@ -146,37 +147,16 @@ def test_a_child_that_dies_is_an_opro_error_naming_it() -> None:
 def test_the_child_does_not_run_the_parents_main_script_again(tmp_path: Path) -> None:
     """multiprocessing's spawn would import an unguarded user script in the child and run it twice."""
     marker = tmp_path / "runs.txt"
-    script = tmp_path / "user_script.py"
-    script.write_text(f"""
-import functools, sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-from opro.sidecar import Sidecar
-from test_sidecar import Counter
-with open({str(marker)!r}, "a") as f:
-    f.write("run\\n")
-car = Sidecar(name="s")
-car.host("a", functools.partial(Counter, start=1))
-print(car.call("a", "add", 1))
-car.close()
-""")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    script = Path(__file__).with_name("unguarded_script.py")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OPRO_TEST_MARKER": str(marker)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2"
     assert marker.read_text() == "run\n"
 
 
-def test_the_child_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
-    script = f"""
-import os, sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-from opro.sidecar import Sidecar
-from test_sidecar import Counter
-car = Sidecar(name="s")
-car.host("a", Counter)
-print(car.call("a", "pid"), flush=True)
-os.kill(os.getpid(), 9)
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+def test_the_child_exits_when_its_parent_is_killed() -> None:
+    out = subprocess.run(argv("sidecar_parent_killed"), capture_output=True, text=True, timeout=120)
     assert out.returncode == -9
     child = int(out.stdout.strip())
     deadline = time.monotonic() + 30

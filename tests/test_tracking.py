@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opro.tracking import MlflowTracker, _empty_store_path
+from opro.tracking.mlflow import MlflowTracker, _empty_store_path
 
 
 def test_a_new_store_is_a_copy_of_an_empty_one_and_keeps_nothing_of_another(
@@ -37,7 +37,7 @@ def test_a_failed_search_still_ends_when_the_mlflow_sidecar_is_gone(
     import signal
     from types import SimpleNamespace
 
-    from opro.recorders import MlflowRecorder
+    from opro.tracking.recorder import MlflowRecorder
 
     tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"),
                               sidecar=True)
@@ -47,7 +47,7 @@ def test_a_failed_search_still_ends_when_the_mlflow_sidecar_is_gone(
     assert tracking.sidecar is not None and tracking.tracker.run_id
     os.kill(tracking.sidecar._process.pid, signal.SIGKILL)
     tracking.sidecar._process.wait(timeout=30)
-    with caplog.at_level("WARNING", logger="opro.recorders"):
+    with caplog.at_level("WARNING", logger="opro.tracking.recorder"):
         tracking.on_search_failed(study, RuntimeError("the search broke"), abandoned=False)  # type: ignore[arg-type]
     assert "could not be ended" in caplog.text and "process ended during tracker.finish" in caplog.text
 
@@ -61,7 +61,7 @@ def test_workers_opening_a_new_store_at_the_same_instant_both_get_it(
     one store."""
     from fakes import run_together
 
-    from opro.tracking import _client
+    from opro.tracking.mlflow import _client
 
     monkeypatch.setenv("OPRO_CACHE_DIR", str(tmp_path / "cache"))
     if template == "warm":

@@ -18,7 +18,7 @@ from opro.errors import OproError
 def test_the_evaluation_run_comparison_page_shows_every_question(
     genai_compared: tuple[Path, Any, Any], tmp_path: Path
 ) -> None:
-    from opro.uicheck import check_evaluation_ui, find_chromium
+    from uicheck import check_evaluation_ui, find_chromium
 
     try:
         find_chromium()
@@ -50,7 +50,7 @@ def test_the_ui_shows_the_datasets_and_each_evaluation_runs_prompt_version(
     """The rest of what a user of MLflow 3 looks for, as the browser renders it: the experiment's
     evaluation datasets (one per split), and on each compared prompt's evaluation run the registered
     prompt version it is linked to and the dataset it ran on."""
-    from opro.uicheck import check_pages
+    from uicheck import check_pages
 
     config, _, saved = genai_compared
     client = _client(config)
@@ -69,7 +69,7 @@ def test_the_ui_shows_the_datasets_and_each_evaluation_runs_prompt_version(
 
 
 def test_a_question_with_quotes_is_found_as_the_ui_renders_it_in_json() -> None:
-    from opro.uicheck import _on_page
+    from uicheck import _on_page
 
     q = 'How does the "with" statement differ from the "try" statement?'
     dom = '<td>{ "question": "How does the \\"with\\" statement differ from the \\"try\\" statement?" }</td>'

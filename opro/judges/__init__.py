@@ -2,10 +2,12 @@
 relevancy), their templates and the parsers that read their replies.
 
 :mod:`~opro.judges.templates` (prompts as data), :mod:`~opro.judges.parsing` (reading replies),
-:mod:`~opro.judges.correctness` and :mod:`~opro.judges.yesno` (one module per kind of judge).
+:mod:`~opro.judges.correctness` and :mod:`~opro.judges.yesno` (one module per kind of judge), and
+:mod:`~opro.judges.factory`, the one place judges are built (:func:`build_judge`, :func:`build_metric`).
 """
 
 from opro.judges.correctness import SCORE_SOURCES, CorrectnessJudge, correctness_schema
+from opro.judges.factory import METRIC_JUDGES, build_judge, build_metric, judge_template
 from opro.judges.parsing import (
     ParsedScore,
     expected_score_from_logprobs,
@@ -18,15 +20,19 @@ from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge, pack_contexts
 
 __all__ = [
     "BUILTIN_TEMPLATES",
+    "METRIC_JUDGES",
     "SCORE_SOURCES",
     "CorrectnessJudge",
     "FaithfulnessJudge",
     "JudgeTemplate",
     "ParsedScore",
     "RelevancyJudge",
+    "build_judge",
+    "build_metric",
     "correctness_schema",
     "expected_score_from_logprobs",
     "get_template",
+    "judge_template",
     "pack_contexts",
     "parse_score",
     "parse_yes_no",

@@ -48,6 +48,9 @@ class _YesNoJudge:
     Contexts are packed up to ``max_context_chars`` per call (LlamaIndex's compact mode). The
     first pack gets the evaluation template; each later pack refines the running answer. Once the
     answer is YES the refine template keeps it YES, so the remaining calls are skipped.
+
+    A reply without a YES/NO verdict gives an invalid result; LLM errors propagate (the batch
+    runner isolates them per item), as they do from the correctness judge.
     """
 
     name = "yes_no"

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from opro.errors import ConfigError
-from opro.llm import Completion
+from opro.llm.client import Completion
 from opro.locking import waiting_lock
 
 _SCHEMA = """

@@ -18,12 +18,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from opro.errors import LLMBadRequestError, LLMError
-
-if TYPE_CHECKING:
-    from opro.llm.cache import CallCache
 
 Role = Literal["system", "user", "assistant"]
 ROLES = ("task", "judge", "optimizer", "generator")
@@ -302,13 +299,23 @@ class _InFlight:
                     self._locks[key] = (lock, users - 1)
 
 
+class CompletionCache(Protocol):
+    """What the client asks of its call cache (:class:`opro.llm.cache.CallCache`). Named here, not
+    imported: the cache stores :class:`Completion` objects, so the dependency goes cache -> client."""
+
+    def get(self, key: str) -> Completion | None: ...
+    def put(self, key: str, completion: Completion) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def close(self) -> None: ...
+
+
 @dataclass
 class ChatClient:
     """A backend serving one role, with the call cache and usage accounting."""
 
     llm: LLM
     role: str = "task"
-    cache: CallCache | None = None
+    cache: CompletionCache | None = None
     usage: UsageLedger = field(default_factory=UsageLedger)
     #: Base seed; a call's seed is ``seed + sample_index`` so k samples differ but reproduce.
     seed: int = 0
@@ -518,6 +525,7 @@ __all__ = [
     "ROLES",
     "ChatClient",
     "Completion",
+    "CompletionCache",
     "GenerationOptions",
     "Message",
     "MessagesLike",

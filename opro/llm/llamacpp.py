@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, LLMBadRequestError, LLMError, ModelPackError
-from opro.llm import LLM, Completion, GenerationOptions, Message
+from opro.llm.client import LLM, Completion, GenerationOptions, Message
 from opro.llm.cpu import CpuShare
 from opro.llm.packs import EMBEDDED_MODELS, gguf_sha256
 from opro.llm.packs import model_path as resolve_model_path

@@ -37,7 +37,7 @@ from opro.errors import (
     LLMServerError,
     LLMTimeoutError,
 )
-from opro.llm import LLM, Completion, GenerationOptions, Message
+from opro.llm.client import LLM, Completion, GenerationOptions, Message
 from opro.redaction import redact_text, redact_url
 
 if TYPE_CHECKING:

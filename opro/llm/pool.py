@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any, Literal, get_args
 
 from opro.errors import ConfigError
-from opro.llm import LLM
+from opro.llm.client import LLM
 from opro.llm.cpu import CpuShare
 from opro.llm.packs import EMBEDDED_STRONG_MODEL, EMBEDDED_TASK_MODEL
 

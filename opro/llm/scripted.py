@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from opro.errors import LLMBadRequestError
-from opro.llm import LLM, Completion, GenerationOptions, Message, cache_key
+from opro.llm.client import LLM, Completion, GenerationOptions, Message, cache_key
 
 Responder = Callable[[tuple[Message, ...], GenerationOptions], str]
 #: For :meth:`ScriptedLLM.choice_logprobs`: messages and assistant prefix -> ``{choice: probability}``.

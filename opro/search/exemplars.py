@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from opro.metaprompt import Exemplar, draw_exemplars
+from opro.search.metaprompt import Exemplar, draw_exemplars
 
 logger = logging.getLogger(__name__)
 

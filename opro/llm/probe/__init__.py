@@ -13,9 +13,10 @@ one it runs on. The probe runs once per machine, llama.cpp build and model; its 
   probe with them off and use that; if that crashes too, one line says so (:class:`ModelPackError`).
 - ``"on"`` / ``"off"``: that setting only, probed all the same: a crash is refused with the way out.
 
-The child is ``python -m opro.llm.probe PATH MODE``: a prompt of about 100 tokens (prefill, through the batched kernels), a few
-greedy tokens (decode), and two answers decoded together (the batched path of
-:meth:`LlamaCppLLM.generate_many`).
+The child is ``python -m opro.llm.probe PATH MODE`` (``__main__.py``, the one part that imports the backend:
+:mod:`opro.llm.llamacpp` imports this module to probe before it loads): a prompt of about 100 tokens
+(prefill, through the batched kernels), a few greedy tokens (decode), and two answers decoded together
+(the batched path of :meth:`LlamaCppLLM.generate_many`).
 """
 
 from __future__ import annotations
@@ -172,28 +173,3 @@ def choose_extra_buffers(path: Path, sha256: str, setting: str, *, where: str = 
         table = where or "the [models.*] tables that use this model: "
         fix = f'set {table}extra_buffers = "auto" (it falls back to what runs here)'
     raise ModelPackError(f"{path.name} cannot run on this CPU ({'; '.join(tried)}); {fix}. `opro doctor` shows what it found.")
-
-
-def _main(argv: list[str]) -> int:
-    """``MODEL MODE``: MODE "on" / "off" is the probe itself (no probe inside); "auto" is what opro does
-    by default, probe included (the test suite runs it in a child so that a crash fails a test)."""
-    from opro.llm import GenerationOptions, Message
-    from opro.llm.llamacpp import LlamaCppLLM
-
-    path, mode = argv
-    llm = LlamaCppLLM(
-        model_path=path, extra_buffers=mode, probe=mode == "auto", verbose=mode != "auto", n_ctx=1024, batch_width=2
-    )
-    context = " ".join(f"Fact {i}: the river passes the town of Alder at mile {i * 7}." for i in range(4))
-    user = Message("user", f"Context: {context}\nQuestion: at which mile does the river pass Alder in fact 3?")
-    greedy = GenerationOptions(temperature=0.0, max_tokens=4)
-    llm.generate((Message("system", "Answer briefly."), user), greedy)
-    llm.generate_many([((Message("system", "Answer briefly."), user), greedy), ((Message("system", "Be brief."), user), greedy)])
-    threads = llm.threads_now
-    llm.close()
-    print(json.dumps({"ok": True, "extra_buffers": getattr(llm.probed, "mode", mode), "threads": threads}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))

@@ -325,6 +325,7 @@ def load_registered_template(*, tracking_uri: str, uri: str) -> str:
 
 __all__ = [
     "MlflowTracker",
+    "check_server",
     "from_mlflow_template",
     "load_registered_template",
     "safe_params",

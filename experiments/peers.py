@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from opro.budget import BudgetedChatClient, CallBudget, raised_by_budget
 from opro.errors import ConfigError
-from opro.exemplars import ExemplarStrategy
 from opro.experiment import Experiment
 from opro.llm import ChatClient
+from opro.search.exemplars import ExemplarStrategy
 
 if TYPE_CHECKING:
     from opro.compare import ComparisonReport
@@ -196,9 +196,7 @@ def run_opro(
 ) -> tuple[str, float | None, int, str]:
     """opro's search on the optimization split (exemplars from the exemplar split) until the budget
     is spent. Returns (instruction, search score, questions, stopped)."""
-    import optuna
-
-    from opro.optimizer import OPROOptimizer
+    from opro.search import CandidateScorer, Search, SearchStudy, make_proposer, make_pruner, open_storage
 
     cfg = exp.config
     ds = exp.dataset
@@ -209,32 +207,29 @@ def run_opro(
     )
     db = out_dir / f"{name}.optuna.db"
     db.unlink(missing_ok=True)  # a fresh search each run: the call cache makes a rerun free anyway
-    storage = f"sqlite:///{db}"
-    optimizer = OPROOptimizer(
-        optimizer_llm=exp.client("optimizer"), judge=exp.judge, make_template=exp.template,
-        template_text=lambda t: t.template_text, settings=opt_settings, storage=storage, study_name=name,
-        seed=cfg.experiment.seed, usage=exp.usage, task_workers=exp.client("task").llm.max_concurrency,
-        progress=False,
+    study = SearchStudy.open(open_storage(f"sqlite:///{db}"), name=name, pruner=make_pruner(opt_settings))
+    search = Search(
+        make_proposer(settings=opt_settings, llm=exp.client("optimizer"),
+                      template_text=exp.template("<INS>").template_text, seed=cfg.experiment.seed),
+        CandidateScorer(program=exp.program, judge=exp.judge, template=exp.template(""),
+                        task_slots=exp.client("task").llm.max_concurrency),
+        study, opt_settings, usage=exp.usage, seed=cfg.experiment.seed, progress=False,
     )
     initial = cfg.rag.initial_instructions[0]
     stopped = "budget"
     try:
-        result = optimizer.optimize(
-            program=exp.program, optimization_set=opt_set, exemplar_set=ds.examples_in("exemplar"),
-            initial_instructions=[initial],
-        )
+        result = search.run(initial=[initial], optimization_set=opt_set, exemplar_set=ds.examples_in("exemplar"))
         return result.best_instruction, result.best_search_score, len(opt_set), result.stopped_reason
     except Exception as exc:
         if not raised_by_budget(exc):
             logger.warning("%s failed: %s: %s", name, type(exc).__name__, str(exc)[:500])
             stopped = f"failed ({type(exc).__name__})"
     # Stopped mid-candidate by the budget: the best candidate that completed (the initial one if none).
-    study = optuna.load_study(study_name=name, storage=storage)
-    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.value is not None]
+    done = [r for r in study.records() if r.status == "complete" and r.score is not None]
     if not done:
         return initial, None, 0, stopped
-    best = max(done, key=lambda t: (t.value, -t.number))
-    return str(best.user_attrs["instruction"]), float(best.value), len(opt_set), stopped  # type: ignore[arg-type]
+    best = max(done, key=lambda r: (r.score, -r.trial_number))
+    return best.instruction, best.score, len(opt_set), stopped
 
 
 # -- DSPy ------------------------------------------------------------------------------------------

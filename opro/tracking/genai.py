@@ -37,24 +37,24 @@ from concurrent.futures import Future
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from io import StringIO
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opro.errors import OproError
-from opro.recorders import MlflowRecorder, Recorder
 from opro.redaction import redact_text
+from opro.search.recorder import Recorder
+from opro.tracking.recorder import MlflowRecorder
 
 if TYPE_CHECKING:
-    import optuna
     from mlflow import MlflowClient
 
-    from opro.compare import ComparisonReport
     from opro.dataset import GoldenDataset
     from opro.evaluation import EvaluationReport, EvaluationRow
-    from opro.experiment import Experiment
     from opro.metrics import Metric
-    from opro.optimizer import OptimizationResult
     from opro.prompts import QATemplate
-    from opro.sidecar import Sidecar
+    from opro.search.results import OptimizationResult
+    from opro.search.study import SearchStudy
+    from opro.tracking.sidecar import Sidecar
+    from opro.workbench import Workbench
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class GenAILogger:
         judge_threshold: float = 4.0,
         context_separator: str = "\n\n",
     ) -> None:
-        from opro.tracking import MlflowTracker
+        from opro.tracking.mlflow import MlflowTracker
 
         self.tracking_uri = tracking_uri
         self._tracker = MlflowTracker(tracking_uri=tracking_uri, experiment_name=experiment_name)
@@ -285,7 +285,7 @@ class GenAILogger:
             return None
         from mlflow.exceptions import MlflowException
 
-        from opro.tracking import to_mlflow_template
+        from opro.tracking.mlflow import to_mlflow_template
 
         wanted = to_mlflow_template(template_text)
 
@@ -566,12 +566,12 @@ def parse_yes_no_verdict(text: str) -> tuple[bool | None, str]:
 # -- the three places opro records evaluations -------------------------------------------------
 
 
-def genai_logger(experiment: Experiment, *, tracking_uri: str | None = None) -> GenAILogger:
+def genai_logger(experiment: Workbench, *, tracking_uri: str | None = None) -> GenAILogger:
     """A logger on the experiment's MLflow store (or ``tracking_uri``), experiment and prompt name."""
     return GenAILogger(**_logger_settings(experiment, tracking_uri=tracking_uri))
 
 
-def _logger_settings(experiment: Experiment, *, tracking_uri: str | None = None) -> dict[str, Any]:
+def _logger_settings(experiment: Workbench, *, tracking_uri: str | None = None) -> dict[str, Any]:
     """:func:`genai_logger`'s arguments: plain values, so a logger can be built in another process."""
     from opro.rag import CONTEXT_SEPARATOR
 
@@ -589,10 +589,35 @@ def _logger_settings(experiment: Experiment, *, tracking_uri: str | None = None)
     )
 
 
+class ComparedPrompt(Protocol):
+    """One prompt of a comparison, as :func:`log_comparison_evaluations` reads it."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def spec(self) -> str: ...
+    @property
+    def template_text(self) -> str: ...
+    @property
+    def evaluation(self) -> EvaluationReport: ...
+
+
+class Comparison(Protocol):
+    """What :func:`log_comparison_evaluations` reads from a :class:`opro.compare.ComparisonReport`. Named
+    here, not imported: compare calls this module to record its report, so the import goes one way."""
+
+    @property
+    def split(self) -> str: ...
+    @property
+    def prompts(self) -> Sequence[ComparedPrompt]: ...
+    @property
+    def baseline(self) -> int: ...
+
+
 def log_comparison_evaluations(
-    report: ComparisonReport,
+    report: Comparison,
     *,
-    experiment: Experiment,
+    experiment: Workbench,
     name: str,
     tracking_uri: str | None = None,
     comparison_run_id: str | None = None,
@@ -632,7 +657,7 @@ class ValidationTraces(Recorder):
     sidecar the same work runs on that thread. What a rerun found already scored is recorded at the end.
     """
 
-    def __init__(self, experiment: Experiment, *, tracking: MlflowRecorder) -> None:
+    def __init__(self, experiment: Workbench, *, tracking: MlflowRecorder) -> None:
         self.experiment = experiment
         self.tracking = tracking
         self._log: Any = None
@@ -641,7 +666,7 @@ class ValidationTraces(Recorder):
         #: Label -> the queued record of that prompt's evaluation run (None: already recorded before).
         self._logged: dict[str, Future[GenAIRecord | None]] = {}
 
-    def on_search_start(self, study: optuna.Study, *, lead: bool) -> None:
+    def on_search_start(self, study: SearchStudy, *, lead: bool) -> None:
         self._sidecar = self.tracking.sidecar
         if self._sidecar is not None:
             self._sidecar.retain()
@@ -658,7 +683,7 @@ class ValidationTraces(Recorder):
     def _prewarm(self) -> None:
         self._logger().prewarm(self.experiment.dataset)
 
-    def on_search_end(self, study: optuna.Study) -> None:
+    def on_search_end(self, study: SearchStudy) -> None:
         if self._sidecar is None:
             # In this process: waited for before it imports anything else (the plots import matplotlib,
             # which imports IPython when installed, as MLflow's harness does): two threads importing one
@@ -670,17 +695,16 @@ class ValidationTraces(Recorder):
             self._prewarmed = self.tracking.in_background(self._prewarm)
         self._prewarmed.result()  # it registered the dataset splits (a done future answers at once)
 
-    def annotate(self, result: OptimizationResult) -> OptimizationResult:
+    def on_validation_end(self, study: SearchStudy) -> None:
         if self._sidecar is None:
             # In this process the records finish before any recorder's on_result runs (the plots import
             # matplotlib; see on_search_end). A sidecar writes them while the plots are drawn.
             for job in self._logged.values():
                 job.exception()
-        return result
 
-    def on_validated(self, study: optuna.Study, *, label: str, instruction: str) -> None:
+    def on_validated(self, study: SearchStudy, *, label: str, instruction: str) -> None:
         self._logged[label] = self.tracking.in_background(
-            self._record, label, instruction, study.study_name, self.tracking.run_id)
+            self._record, label, instruction, study.name, self.tracking.run_id)
 
     def _record(self, label: str, instruction: str, study_name: str, run_id: str | None) -> GenAIRecord | None:
         evaluation = validation_evaluation(experiment=self.experiment, label=label, instruction=instruction)
@@ -690,16 +714,17 @@ class ValidationTraces(Recorder):
             evaluation, dataset=self.experiment.dataset, study_name=study_name, optimization_run_id=run_id)
         return record
 
-    def on_result(self, study: optuna.Study, result: OptimizationResult) -> None:
+    def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
         try:
             self._wait_for_prewarm()
             recorded = {label: job.result() for label, job in self._logged.items()}
-            log_validation_evaluations(result, experiment=self.experiment, register_datasets=False,
+            log_validation_evaluations(result, experiment=self.experiment, optimization_run_id=self.tracking.run_id,
+                                       register_datasets=False,
                                        recorded=recorded, log=self._logger())
         finally:
             self._release()
 
-    def on_search_failed(self, study: optuna.Study, error: BaseException, *, abandoned: bool) -> None:
+    def on_search_failed(self, study: SearchStudy, error: BaseException, *, abandoned: bool) -> None:
         # After ``tracking``'s, which drains the queued records first: what was sent is written.
         self._release()
 
@@ -709,7 +734,7 @@ class ValidationTraces(Recorder):
             self._sidecar = None
 
 
-def validation_evaluation(*, experiment: Experiment, label: str, instruction: str) -> PromptEvaluation | None:
+def validation_evaluation(*, experiment: Workbench, label: str, instruction: str) -> PromptEvaluation | None:
     """One prompt of the validation stage with its answers and verdicts (None: no call cache).
 
     The validation stage keeps scores only, so its answers and verdicts are read back through the
@@ -733,7 +758,7 @@ def validation_evaluation(*, experiment: Experiment, label: str, instruction: st
 
 
 def log_validation_prompt(
-    *, experiment: Experiment, label: str, instruction: str, study_name: str, optimization_run_id: str | None,
+    *, experiment: Workbench, label: str, instruction: str, study_name: str, optimization_run_id: str | None,
     log: GenAILogger | None = None,
 ) -> GenAIRecord | None:
     """One prompt of an optimization's validation stage as an evaluation run (None: not recorded:
@@ -752,14 +777,15 @@ def log_validation_prompt(
 def log_validation_evaluations(
     result: OptimizationResult,
     *,
-    experiment: Experiment,
+    experiment: Workbench,
+    optimization_run_id: str | None = None,
     register_datasets: bool = True,
     recorded: Mapping[str, GenAIRecord | None] | None = None,
     log: GenAILogger | None = None,
 ) -> GenAIRecord | None:
     """The validation stage of an optimization as evaluation runs: the initial instruction and each
     finalist (:func:`log_validation_prompt`), the returned finalist tagged ``opro.role = returned finalist``.
-    ``recorded``: the prompts (by label) already logged while the stage ran. ``log``: where to write
+    ``optimization_run_id``: the MLflow run of the search they link to. ``recorded``: the prompts (by label) already logged while the stage ran. ``log``: where to write
     (default: :func:`genai_logger` of the experiment)."""
     log = log or genai_logger(experiment)
     if register_datasets:  # every split, not only the validation one its runs use
@@ -768,14 +794,14 @@ def log_validation_evaluations(
     if v is None:
         return None
     records = []
-    from opro.optimizer import validation_prompts
+    from opro.search.validation import validation_prompts
 
     for label, instruction in validation_prompts(result.initial_instruction, [f.instruction for f in v.finalists]):
         if recorded is not None and label in recorded:
             record = recorded[label]
         else:
             record = log_validation_prompt(experiment=experiment, label=label, instruction=instruction,
-                                           study_name=result.study_name, optimization_run_id=result.mlflow_run_id,
+                                           study_name=result.study_name, optimization_run_id=optimization_run_id,
                                            log=log)
         if record is None:
             continue

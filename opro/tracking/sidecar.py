@@ -51,7 +51,7 @@ class Sidecar:
         from_child_r, from_child_w = os.pipe()
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-c", "from opro.sidecar import _main; _main()", str(to_child_r), str(from_child_w)],
+                [sys.executable, "-c", "from opro.tracking.sidecar import _main; _main()", str(to_child_r), str(from_child_w)],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL,
             )
         finally:
@@ -157,7 +157,7 @@ class _Proxy:
 
 
 def _main() -> None:
-    """The child's entry point: ``python -c 'from opro.sidecar import _main; _main()' READ_FD WRITE_FD``."""
+    """The child's entry point: ``python -c 'from opro.tracking.sidecar import _main; _main()' READ_FD WRITE_FD``."""
     import signal
     import sys
     from multiprocessing.connection import Connection

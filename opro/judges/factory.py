@@ -1,0 +1,83 @@
+"""Where judges are built: the correctness judge from a ``[judge]`` table, the other pointwise
+judges (faithfulness, relevancy) by name.
+
+Every part of opro that needs an LLM judge (an experiment, ``opro judge agreement``, the extra
+metrics of ``opro evaluate`` / ``opro compare``) builds it here, so the settings a judge is built
+with are decided in one place. A new kind of pointwise judge is one module in :mod:`opro.judges`
+and one line in :data:`METRIC_JUDGES`; ``tests/test_judges_contract.py`` then runs the judge
+contract over it (and fails if a judge is built anywhere else in opro).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from opro.errors import ConfigError
+from opro.judges.correctness import CorrectnessJudge
+from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge
+from opro.llm import ChatClient
+from opro.metrics import Metric
+
+if TYPE_CHECKING:  # opro.config is not needed to build a judge, only to type the table it reads
+    from opro.config import JudgeSection
+
+#: A ``[judge].template`` with one of these endings is a template file, not a built-in name.
+TEMPLATE_FILE_SUFFIXES: tuple[str, ...] = (".toml", ".txt", ".md")
+
+#: The pointwise judges built by name (``--metrics faithfulness,relevancy``), each from the judge
+#: model's client with its own defaults. Read-only: a new kind is registered here, in the source.
+METRIC_JUDGES: Mapping[str, Callable[[ChatClient], Metric]] = MappingProxyType(
+    {
+        "faithfulness": FaithfulnessJudge,
+        "relevancy": RelevancyJudge,
+    }
+)
+
+
+def judge_template(*, section: JudgeSection, resolve: Callable[[str], Path] | None = None) -> str | Path:
+    """``[judge].template`` as :class:`CorrectnessJudge` takes it: a built-in template's name, or a file.
+
+    A value ending in .toml / .txt / .md is a file, placed by ``resolve`` (an experiment resolves it
+    against its config's folder); without ``resolve`` it is used as written (relative to the working
+    directory, as a command-line option is).
+    """
+    template = section.template
+    if resolve is not None and template.endswith(TEMPLATE_FILE_SUFFIXES):
+        return resolve(template)
+    return template
+
+
+def build_judge(
+    *, section: JudgeSection, client: ChatClient, resolve: Callable[[str], Path] | None = None
+) -> CorrectnessJudge:
+    """The correctness judge a ``[judge]`` table describes, on ``client`` (the judge model).
+
+    ``resolve`` places a template file (see :func:`judge_template`). The settings the table does not
+    hold (reasoning order, temperature, the logit judge's minimum score mass) keep the judge's defaults.
+    Raises :class:`~opro.errors.ConfigError` for a template that is neither built in nor a readable
+    file, and for ``score_from = 'logits'`` on a backend that cannot read logits.
+    """
+    return CorrectnessJudge(
+        client,
+        template=judge_template(section=section, resolve=resolve),
+        threshold=section.threshold,
+        structured=section.structured,
+        expected_score=section.expected_score,
+        max_tokens=section.max_tokens,
+        score_from=section.score_from,
+    )
+
+
+def build_metric(name: str, *, client: ChatClient) -> Metric:
+    """The pointwise judge registered as ``name`` in :data:`METRIC_JUDGES`, on ``client``."""
+    try:
+        make = METRIC_JUDGES[name]
+    except KeyError:
+        raise ConfigError(f"unknown judge metric {name!r}; choose from {', '.join(METRIC_JUDGES)}") from None
+    return make(client)
+
+
+__all__ = ["METRIC_JUDGES", "TEMPLATE_FILE_SUFFIXES", "build_judge", "build_metric", "judge_template"]

@@ -1,0 +1,313 @@
+"""The search: steps of propose -> score -> record, then the validation stage.
+
+:class:`Search` takes its collaborators (a proposer, a scorer, an open study, the recorders) and
+its settings; the program, the judge and the template live in the scorer, the study store and the
+fingerprint check with whoever opened the study (:class:`opro.experiment.Experiment`).
+
+Resume: proposals are stored in the study before they are evaluated and finished trials are read
+back on start, so re-running an interrupted search re-evaluates nothing that finished and the
+call cache makes the replay of a half-evaluated candidate free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import time
+from collections.abc import Sequence
+
+from opro.config import OptimizerSection
+from opro.errors import ConfigError, OproError
+from opro.evaluation import QAExample
+from opro.llm.client import UsageLedger
+from opro.locking import StudyLease
+from opro.search.metaprompt import Exemplar
+from opro.search.proposers.base import ProposalContext, Proposer
+from opro.search.recorder import Recorder
+from opro.search.results import CandidateRecord, OptimizationResult, ValidationResult
+from opro.search.scoring import CandidateScorer
+from opro.search.steps import StepEvaluator
+from opro.search.study import SearchStudy
+from opro.search.validation import validate
+from opro.search.workers import Coordinator, UsageBook, WorkerPlan
+
+logger = logging.getLogger(__name__)
+
+#: Steps in a row whose samples were all rejected (repeats, invalid) before the search stops.
+_MAX_STEPS_WITHOUT_CANDIDATES = 3
+
+
+class Search:
+    """An OPRO search over one study. Collaborators and settings here; the questions in :meth:`run`."""
+
+    def __init__(
+        self,
+        proposer: Proposer,
+        scorer: CandidateScorer,
+        study: SearchStudy,
+        settings: OptimizerSection | None = None,
+        *,
+        usage: UsageLedger,
+        workers: WorkerPlan | None = None,
+        recorders: Sequence[Recorder] = (),
+        seed: int = 0,
+        progress: bool = True,
+    ) -> None:
+        self.proposer = proposer
+        self.scorer = scorer
+        self.study = study
+        self.settings = settings or OptimizerSection()
+        self.workers = workers or WorkerPlan.solo()
+        #: What the search leaves behind (run directory, MLflow, ...), called in this order.
+        self.recorders = tuple(recorders)
+        self.seed = seed
+        self.progress = progress
+        self.usage = UsageBook(study, usage, worker=self.workers.index)
+        self.coordinator = Coordinator(study, self.workers, self.usage)
+        self.steps = StepEvaluator(study=study, scorer=scorer, settings=self.settings, coordinator=self.coordinator,
+                                   usage=self.usage, budget_left=self.budget_left, progress=progress)
+
+    def budget_left(self) -> bool:
+        s = self.settings
+        usage = self.usage.total()
+        calls = sum(int(u.get("calls", 0)) for u in usage.values())
+        tokens = sum(int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0)) for u in usage.values())
+        if s.max_calls and calls >= s.max_calls:
+            return False
+        return not (s.max_tokens_budget and tokens >= s.max_tokens_budget)
+
+    def run(
+        self,
+        *,
+        initial: Sequence[str],
+        optimization_set: Sequence[QAExample],
+        exemplar_set: Sequence[QAExample] = (),
+        validation_set: Sequence[QAExample] = (),
+    ) -> OptimizationResult:
+        """Search on ``optimization_set``; then re-score the finalists on ``validation_set``.
+
+        The returned instruction is a finalist only if it beats the initial instruction on the
+        validation questions (paired, Holm-corrected); otherwise it is the initial instruction.
+        """
+        if not optimization_set:
+            raise OproError("the optimization split is empty: give the dataset an optimization split")
+        if not initial:
+            raise OproError("give at least one initial instruction")
+        if self.settings.finalists > 0 and not validation_set:
+            raise ConfigError(
+                f"[optimizer].finalists = {self.settings.finalists} needs validation questions, but the validation "
+                "split is empty: set [data.split].validation (e.g. 8; more questions detect smaller gains), "
+                "or set [optimizer].finalists = 0 to skip validation (then no gain is claimed)"
+            )
+        started = time.perf_counter()
+        plan = self.workers
+        # One process per (study, worker index), wherever it runs: a second one would mark the
+        # first's running trials failed and evaluate everything twice.
+        worker = f" as worker {plan.index}/{plan.count}" if plan.count > 1 else ""
+        lease = StudyLease(self.study.lease_slot(plan.index), what=f"study {self.study.name!r}{worker}",
+                           info={"of": plan.count})
+        with lease:
+            self.coordinator.token = lease.token
+            self.coordinator.check_workers()
+            return self._run(initial=initial, optimization_set=optimization_set, exemplar_set=exemplar_set,
+                             validation_set=validation_set, started=started)
+
+    def _propose(self, step: int, history: Sequence[CandidateRecord], exemplars: Sequence[Exemplar],
+                 n_questions: int) -> list[str]:
+        stored = self.study.view().proposals(step)
+        if stored is not None:
+            return stored
+        context = ProposalContext(
+            step=step, history=tuple(history), k=self.settings.candidates_per_step, n_questions=n_questions,
+            exemplars=tuple(exemplars), scorer=self.scorer,
+            sample=lambda prompt, indices: self.coordinator.shared_samples(step, prompt, indices, self.proposer.ask),
+            on_prompt=functools.partial(self._on_prompt, step),
+        )
+        proposal = self.proposer.propose(context)
+        self.study.save_proposals(step, proposal.accepted, proposal.rejected)
+        return list(proposal.accepted)
+
+    def _on_prompt(self, step: int, text: str) -> None:
+        for recorder in self.recorders:
+            recorder.on_meta_prompt(step=step, text=text)
+
+    def _on_validated(self, label: str, instruction: str) -> None:
+        for recorder in self.recorders:
+            recorder.on_validated(self.study, label=label, instruction=instruction)
+
+    def _run(
+        self,
+        *,
+        initial: Sequence[str],
+        optimization_set: Sequence[QAExample],
+        exemplar_set: Sequence[QAExample],
+        validation_set: Sequence[QAExample],
+        started: float,
+    ) -> OptimizationResult:
+        study, plan, coord = self.study, self.workers, self.coordinator
+        self.usage.load()
+        study.fail_running(plan.index)
+        history = study.records()
+        lead = plan.lead
+        for recorder in self.recorders:
+            recorder.on_search_start(study, lead=lead)
+        exemplar_pool = [Exemplar(e.query, e.reference_answer) for e in exemplar_set]
+        stopped = "steps"
+        best_so_far = -math.inf
+        steps_without_gain = 0
+        steps_without_candidates = 0
+        try:
+            for step in range(self.settings.steps + 1):
+                self.usage.load_others()
+                if step == 0:
+                    proposals: list[str] | None = list(dict.fromkeys(i.strip() for i in initial if i.strip()))
+                elif lead:
+                    if not self.budget_left():
+                        stopped = coord.stop(step, "budget")
+                        break
+                    proposals = self._propose(step, history, exemplar_pool, len(optimization_set))
+                else:
+                    proposals = coord.await_proposals(step, self.proposer.ask)
+                if proposals is None:  # worker 0 stopped the search (its budget, or no new candidates)
+                    stopped = coord.stopped_reason(step)
+                    break
+                self.steps.evaluate(step, proposals, optimization_set)
+                history = study.records()
+                step_best = max(
+                    (r.score for r in history if r.step == step and r.status == "complete" and r.score is not None),
+                    default=-math.inf,
+                )
+                if step_best > best_so_far + 1e-9:
+                    best_so_far = step_best
+                    steps_without_gain = 0
+                elif step > 0:
+                    steps_without_gain += 1
+                if lead:
+                    for recorder in self.recorders:
+                        recorder.on_step(study, step=step, history=history, best_score=best_so_far)
+                if any(r.status == "budget" and r.step == step for r in history):
+                    stopped = "budget"
+                    break
+                if lead and not self.budget_left():
+                    # Only worker 0 decides from the usage totals (each worker's view of them lags);
+                    # the others read its decision from the study.
+                    stopped = coord.stop(step + 1, "budget")
+                    break
+                if self.settings.patience and steps_without_gain >= self.settings.patience:
+                    stopped = "patience"
+                    break
+                # An optimizer that only repeats earlier instructions would otherwise be asked again
+                # for every remaining step (however many were configured), evaluating nothing.
+                steps_without_candidates = steps_without_candidates + 1 if step > 0 and not proposals else 0
+                if lead and steps_without_candidates >= _MAX_STEPS_WITHOUT_CANDIDATES:
+                    stopped = coord.stop(step + 1, "no new candidates")
+                    logger.warning(
+                        "stopping after step %d: the optimizer proposed no new instruction in %d steps in a row "
+                        "(every sample repeated an earlier one or was invalid; see the rejected samples); a higher "
+                        "[optimizer].temperature gives more varied samples", step, steps_without_candidates,
+                    )
+                    break
+            history = study.records()
+            self.usage.load_others()
+            for recorder in self.recorders:
+                recorder.on_search_end(study)
+            validation = None
+            if lead and self.settings.finalists > 0:
+                validation = validate(
+                    study=study, scorer=self.scorer, settings=self.settings, validation_set=validation_set,
+                    history=history, initial=initial[0].strip(), seed=self.seed, progress=self.progress,
+                    on_validated=self._on_validated,
+                )
+            if lead:
+                for recorder in self.recorders:
+                    recorder.on_validation_end(study)
+            result = self._result(history, stopped=stopped, wall_s=time.perf_counter() - started,
+                                  initial=initial[0], validation=validation)
+            self.scorer.close()
+        except BaseException as exc:
+            self.scorer.close()
+            with contextlib.suppress(Exception):  # the study store may be what failed
+                self.usage.save()
+            for recorder in self.recorders:
+                recorder.on_search_failed(study, exc, abandoned=coord.abandoned)
+            raise
+        self.usage.save()
+        if lead:
+            if result.rejected and not any(r.step > 0 for r in result.history):
+                reasons = sorted({r["reason"] for r in result.rejected})
+                logger.warning(
+                    "the optimizer proposed no usable instruction: %d proposal(s) rejected (%s)",
+                    len(result.rejected), "; ".join(reasons),
+                )
+            for recorder in self.recorders:
+                recorder.on_result(study, result)
+        return result
+
+    def _result(
+        self,
+        history: list[CandidateRecord],
+        *,
+        stopped: str,
+        wall_s: float,
+        initial: str,
+        validation: ValidationResult | None,
+    ) -> OptimizationResult:
+        complete = [r for r in history if r.status == "complete" and r.score is not None]
+        if not complete:
+            raise OproError(
+                "no candidate was scored: every judge reply was invalid or every call failed; "
+                "check the judge model and the logs"
+            )
+        initial = initial.strip()
+        initial_rec = next((r for r in history if r.step == 0 and r.instruction == initial), None)
+        common = {
+            "initial_instruction": initial,
+            "initial_score": initial_rec.score if initial_rec else None,
+            "history": tuple(history),
+            "usage": self.usage.total(),
+            "stopped_reason": stopped,
+            "study_name": self.study.name,
+            "wall_s": wall_s,
+            "validation": validation,
+            "rejected": self.study.rejections(),
+        }
+        if validation is None:
+            # No validation stage: the search's arg-max, labelled as the in-sample score it is.
+            best = max(complete, key=lambda r: (r.score, -r.step, -r.index))
+            return OptimizationResult(
+                best_instruction=best.instruction,
+                best_template=self.scorer.template_text(best.instruction),
+                best_score=float(best.score),  # type: ignore[arg-type]
+                score_basis="search",
+                best_search_score=best.score,
+                **common,  # type: ignore[arg-type]
+            )
+        w = validation.winner
+        instruction = w.instruction if w is not None else initial
+        search: float | None
+        if w is not None:
+            score, score_ci, search = w.validation_score, w.validation_ci, w.search_score
+        else:
+            score, score_ci = validation.initial_score, validation.initial_ci
+            search = initial_rec.score if initial_rec else None
+        if score is None:
+            raise OproError(
+                f"no validation question was scored validly for the initial instruction ({validation.n_questions} "
+                "asked): check the judge model and the logs, then rerun (finished work is kept)"
+            )
+        return OptimizationResult(
+            best_instruction=instruction,
+            best_template=self.scorer.template_text(instruction),
+            best_score=float(score),
+            score_basis="validation",
+            best_score_ci=score_ci,
+            best_search_score=search,
+            gain=None if w is None else w.difference,
+            gain_ci=None if w is None else w.difference_ci,
+            **common,  # type: ignore[arg-type]
+        )
+
+
+__all__ = ["Search"]

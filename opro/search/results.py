@@ -1,0 +1,195 @@
+"""What a search returns: plain, frozen data (no tables, no tracking ids).
+
+``OptimizationResult.summary()`` is the record of the search; the composition root adds where it
+was recorded (run directory, MLflow run) beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
+
+
+@dataclass(frozen=True)
+class CandidateRecord:
+    """One evaluated instruction."""
+
+    step: int
+    instruction: str
+    score: float | None
+    n_scored: int
+    n_invalid: int
+    n_errors: int
+    status: CandidateStatus
+    trial_number: int
+    scores: tuple[float | None, ...] = ()
+    #: Position among the step's proposals: the order of the history and the tie-breaker, whichever
+    #: worker evaluated the candidate and whatever its trial number.
+    index: int = 0
+
+    @property
+    def pruned(self) -> bool:
+        return self.status != "complete"
+
+    @property
+    def partial(self) -> bool:
+        """Stopped by the pruner: ``score`` is a running mean over the questions it was asked."""
+        return self.status == "pruned"
+
+
+@dataclass(frozen=True)
+class FinalistRecord:
+    """A finalist of the search re-scored on the validation split, paired with the initial instruction."""
+
+    instruction: str
+    trial_number: int
+    search_score: float
+    validation_score: float | None
+    validation_ci: tuple[float, float] | None
+    #: Mean of (finalist - initial) over the validation questions both scored validly.
+    difference: float | None
+    difference_ci: tuple[float, float] | None
+    n_pairs: int
+    #: The larger of the one-sided (finalist better) Wilcoxon and permutation p-values, before and after Holm.
+    p_value: float
+    p_adjusted: float
+    significant: bool
+    scores: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """The validation stage: the initial instruction and the finalists on the same questions."""
+
+    n_questions: int
+    alpha: float
+    initial_score: float | None
+    initial_ci: tuple[float, float] | None
+    initial_scores: tuple[float | None, ...]
+    finalists: tuple[FinalistRecord, ...]
+    winner: FinalistRecord | None
+    verdict: str
+
+
+@dataclass(frozen=True)
+class OptimizationResult:
+    """What a search returns. ``best_score`` is measured on ``score_basis`` data (see ``score_label``).
+
+    With a validation stage, ``best_instruction`` is a finalist only if it beat the initial
+    instruction on the validation questions by a paired test (Holm-corrected over the finalists);
+    otherwise it is the initial instruction and ``gain`` is ``None``.
+    """
+
+    best_instruction: str
+    best_template: str
+    best_score: float
+    initial_instruction: str
+    initial_score: float | None
+    history: tuple[CandidateRecord, ...]
+    usage: dict[str, dict[str, Any]]
+    stopped_reason: str
+    study_name: str
+    wall_s: float
+    #: "validation": held out from the search; "search": the in-sample mean the search maximized.
+    score_basis: Literal["validation", "search"] = "search"
+    best_score_ci: tuple[float, float] | None = None
+    #: The returned instruction's mean on the optimization questions (in-sample, optimistic).
+    best_search_score: float | None = None
+    #: Paired validation difference to the initial instruction, only when it is significant.
+    gain: float | None = None
+    gain_ci: tuple[float, float] | None = None
+    validation: ValidationResult | None = None
+    rejected: tuple[dict[str, str], ...] = ()
+
+    @property
+    def validated(self) -> bool:
+        return self.gain is not None
+
+    @property
+    def score_label(self) -> str:
+        if self.score_basis == "validation" and self.validation is not None:
+            return f"validation score ({self.validation.n_questions} questions not used by the search)"
+        return "search score (in-sample: the questions the search selected on; optimistic)"
+
+    def headline(self) -> str:
+        """One honest sentence: what was returned, on which data, and whether a gain is supported."""
+        ci = f" [{self.best_score_ci[0]:.2f}, {self.best_score_ci[1]:.2f}]" if self.best_score_ci else ""
+        score = f"{self.best_score:.2f}{ci} ({self.score_label})"
+        if self.validation is None:
+            return f"best instruction by search score {score}; no validation stage, so no gain is claimed"
+        return f"{self.validation.verdict}; returned instruction: {score}"
+
+    def summary(self) -> dict[str, Any]:
+        v = self.validation
+        return {
+            "best_instruction": self.best_instruction,
+            "best_template": self.best_template,
+            "best_score": self.best_score,
+            "score_basis": self.score_basis,
+            "score_label": self.score_label,
+            "best_score_ci": list(self.best_score_ci) if self.best_score_ci else None,
+            "best_search_score": self.best_search_score,
+            "gain": self.gain,
+            "gain_ci": list(self.gain_ci) if self.gain_ci else None,
+            "validated": self.validated,
+            "headline": self.headline(),
+            "initial_instruction": self.initial_instruction,
+            "initial_score": self.initial_score,
+            "validation": None if v is None else {
+                **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner")},
+                "finalists": [asdict(f) for f in v.finalists],
+                "winner": None if v.winner is None else v.winner.instruction,
+            },
+            "n_candidates": len(self.history),
+            "n_pruned": sum(1 for r in self.history if r.status == "pruned"),
+            "rejected": list(self.rejected),
+            "stopped_reason": self.stopped_reason,
+            "study_name": self.study_name,
+            "usage": self.usage,
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+def merge_usage(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-role usage of ``a`` and ``b`` added up (``cost_usd`` stays ``None`` where both are unknown)."""
+    out: dict[str, dict[str, Any]] = {role: dict(u) for role, u in a.items()}
+    for role, u in b.items():
+        if role not in out:
+            out[role] = dict(u)
+            continue
+        for k, v in u.items():
+            if isinstance(v, int | float) or out[role].get(k) is None:
+                prev = out[role].get(k)
+                out[role][k] = v if prev is None else (prev + v if v is not None else prev)
+    return out
+
+
+def optimism_points(result: OptimizationResult) -> list[dict[str, Any]]:
+    """Search vs validation score of the initial instruction and every finalist, for the optimism plot."""
+    v = result.validation
+    if v is None:
+        return []
+    points = [{
+        "label": "initial", "search": result.initial_score, "validation": v.initial_score,
+        "returned": not result.validated,
+    }]
+    for i, f in enumerate(v.finalists, start=1):
+        points.append({
+            "label": f"finalist {i}", "search": f.search_score, "validation": f.validation_score,
+            "returned": v.winner is not None and f.instruction == v.winner.instruction,
+        })
+    return points
+
+
+__all__ = [
+    "CandidateRecord",
+    "CandidateStatus",
+    "FinalistRecord",
+    "OptimizationResult",
+    "ValidationResult",
+    "merge_usage",
+    "optimism_points",
+]

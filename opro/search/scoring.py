@@ -1,0 +1,163 @@
+"""The scorer: candidate instructions answered by the RAG program and judged, through the engine.
+
+:class:`CandidateScorer` holds what a score depends on (the program, the judge, the QA template a
+candidate instruction is placed into) and the one long-lived :class:`~opro.engine.EvaluationEngine`
+of a search, so the search steps, the exemplar feedback, the proposers' feedback and the validation
+stage all ask through the same slots, cache and error rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from opro.engine import EvaluationEngine, Pair, Scored, answer_then_judge, role_limit
+from opro.errors import LLMError
+from opro.evaluation import Judge, Program, QAExample
+from opro.progress import progress_bar
+from opro.search.exemplars import ExemplarOutcome
+from opro.search.metaprompt import Exemplar
+
+logger = logging.getLogger(__name__)
+
+#: A question's outcome: its score, None (the judge's reply was invalid) or the call's error.
+Outcome = float | LLMError | None
+
+
+class Template(Protocol):
+    """A QA template whose instruction the search varies (:class:`opro.prompts.QATemplate`)."""
+
+    @property
+    def template_text(self) -> str: ...
+
+    def with_instruction(self, instruction: str) -> Template: ...
+
+
+@dataclass(frozen=True)
+class QuestionFeedback:
+    """One question answered under an instruction and judged: what a reflective proposer reads."""
+
+    query: str
+    reference: str
+    answer: str
+    score: float | None
+    reason: str
+
+
+class CandidateScorer:
+    """Scores candidate instructions. Settings (program, judge, template, slots) here; questions in calls."""
+
+    def __init__(
+        self, *, program: Program, judge: Judge, template: Template, task_slots: int = 1, judge_slots: int | None = None
+    ) -> None:
+        self.program = program
+        self.judge = judge
+        self.prototype = template
+        self.task_slots = max(1, task_slots)
+        #: None: the judge backend's max_concurrency (what its endpoint accepts).
+        self.judge_slots = None if judge_slots is None else max(1, judge_slots)
+        self._engine: EvaluationEngine | None = None
+
+    def template(self, instruction: str) -> Template:
+        return self.prototype.with_instruction(instruction)
+
+    def template_text(self, instruction: str) -> str:
+        return self.template(instruction).template_text
+
+    @property
+    def engine(self) -> EvaluationEngine:
+        """The search's long-lived engine (closed by :meth:`close`)."""
+        if self._engine is None:
+            slots = self.judge_slots if self.judge_slots is not None else role_limit(self.judge)
+            self._engine = EvaluationEngine(
+                program=self.program, judge=self.judge, task_slots=self.task_slots, judge_slots=slots
+            )
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    @staticmethod
+    def outcome(scored: Scored, instruction: str) -> Outcome:
+        if scored.error is not None:
+            logger.warning("candidate %r, question %r: %s", instruction[:60], scored.row.query[:60], scored.error)
+            return scored.error
+        return scored.score
+
+    def _one(self, instruction: str, query: str, reference: str) -> Scored:
+        pair = Pair(key="exemplar", index=0, template=self.template(instruction),
+                    example={"query": query, "reference_answer": reference})
+        return answer_then_judge(program=self.program, judge=self.judge, pair=pair)  # permanent errors raise
+
+    def exemplar_outcome(self, instruction: str, exemplar: Exemplar) -> ExemplarOutcome:
+        """An exemplar answered with ``instruction`` and judged, for the feedback-aware strategies."""
+        scored = self._one(instruction, exemplar.query, exemplar.answer)
+        row = scored.row
+        if scored.error is not None:
+            logger.warning("exemplar %r: %s", exemplar.query[:60], scored.error)
+            return ExemplarOutcome(answer="", score=None, passing=None)
+        if row.invalid:
+            return ExemplarOutcome(answer=row.answer, score=None, passing=None)
+        return ExemplarOutcome(answer=row.answer, score=row.score, passing=row.passing, reason=row.feedback)
+
+    def feedback(self, instruction: str, examples: Sequence[QAExample]) -> list[QuestionFeedback]:
+        """Each question answered under ``instruction`` and judged, with the judge's reason (the calls
+        of a candidate the search scored come from the call cache)."""
+        got: dict[int, Scored] = {}
+        template = self.template(instruction)
+        pairs = [Pair(key=0, index=i, template=template, example=ex) for i, ex in enumerate(examples)]
+        self.engine.run(pairs, on_scored=lambda s: got.__setitem__(s.pair.index, s))
+        out = []
+        for i, ex in enumerate(examples):
+            s = got[i]
+            out.append(QuestionFeedback(
+                query=ex.query, reference=str(ex.reference_answer or ""), answer=s.row.answer,
+                score=None if s.error is not None or s.row.invalid else s.row.score,
+                reason=str(s.error) if s.error is not None else s.row.feedback,
+            ))
+        return out
+
+    def score_prompts(
+        self,
+        prompts: Sequence[tuple[str, str]],
+        examples: Sequence[QAExample],
+        *,
+        on_done: Callable[[int, list[Outcome]], None],
+        progress: bool = True,
+    ) -> None:
+        """Every (label, instruction) on every question; ``on_done(k, outcomes)`` as soon as prompt
+        ``k``'s questions are all in."""
+        if not prompts:
+            return
+        engine = self.engine
+        templates = [self.template(ins) for _, ins in prompts]
+        if engine.serial:
+            # Question-major, like the search: one question's prompts are answered in one batch.
+            order = [(k, i) for i in range(len(examples)) for k in range(len(prompts))]
+        else:
+            # Prompt by prompt: the first prompts are done (and recorded, e.g. as MLflow traces)
+            # while the later ones are still being asked.
+            order = [(k, i) for k in range(len(prompts)) for i in range(len(examples))]
+        pairs = [Pair(key=k, index=i, template=templates[k], example=examples[i]) for k, i in order]
+        got: dict[tuple[int, int], Outcome] = {}
+        left = [len(examples)] * len(prompts)
+        with progress_bar(
+            f"validation: {len(prompts)} prompt(s) x {len(examples)} questions", total=len(pairs), enabled=progress
+        ) as bar:
+
+            def on_scored(scored: Scored) -> None:
+                k = int(scored.pair.key)  # type: ignore[call-overload]
+                got[(k, scored.pair.index)] = self.outcome(scored, prompts[k][1])
+                bar.advance()
+                left[k] -= 1
+                if not left[k]:
+                    on_done(k, [got[(k, i)] for i in range(len(examples))])
+
+            engine.run(pairs, on_scored=on_scored)
+
+
+__all__ = ["CandidateScorer", "Outcome", "QuestionFeedback", "Template"]

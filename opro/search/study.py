@@ -1,0 +1,500 @@
+"""The search's Optuna study, typed: the one module that names a user-attribute key.
+
+Every candidate is an Optuna trial (its instruction, step and proposal index as attributes, its mean
+judge score as the value); the study's own attributes hold what workers share and what a rerun
+resumes from (proposals, samples, usage, leases, validation scores, the fingerprint, the result and
+the recorders' bookkeeping). Everything else reads and writes them through :class:`SearchStudy` and
+:class:`CandidateTrial`, so the schema lives here and nowhere else.
+
+Study attributes::
+
+    fingerprint               the settings the scores were made under (a resume must match)
+    workers                   N of ``--worker I/N``
+    holder:w<I>               worker I's lease (host, pid, heartbeat, token, N)
+    usage:w<I>                worker I's LLM usage by role (budgets and totals cover the whole study)
+    proposals:<step>          the step's accepted candidate instructions (worker 0 proposes)
+    rejected:<step>           the step's rejected samples, with reasons
+    sampling:<step>           worker 0's dealing of the step's optimizer samples to the live workers
+    sample:<step>:<tag>:<i>   a sample's text (or its error) asked by the worker it was dealt to
+    stopped:<step>            worker 0 stopped the search before this step (reason, token)
+    validation:<sha>          a prompt's per-question validation scores
+    summary                   the lead's final summary (``opro compare best`` from the stores)
+    split_record              the questions the optimization saw (the held-out guard)
+    mlflow_run_id             the MLflow run of the search
+    mlflow_logged:<run id>    steps whose candidates that run has logged
+    recorded_result           digest of the result the MLflow recorder recorded
+
+Trial attributes: ``instruction step index worker host claim`` (the claim), ``part`` and ``parts``
+(split candidates), ``part_scores``, ``scores`` (per question, as the racing pruner reads them) and
+the result ``score n_scored n_invalid n_errors status``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from opro.errors import ConfigError
+from opro.locking import lease_alive, waiting_lock
+from opro.redaction import redact_url
+from opro.search.metaprompt import normalize_instruction
+from opro.search.results import CandidateRecord, CandidateStatus
+
+#: Statuses a new process evaluates again: the endpoint failed or the budget ran out, not the candidate.
+RETRY_STATUSES: frozenset[str] = frozenset({"failed", "budget"})
+_LEASE_PREFIX = "holder:w"
+_USAGE_PREFIX = "usage:w"
+
+
+class FingerprintMismatch(ConfigError):
+    """The study was scored under other settings: resuming it would mix incomparable scores."""
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optuna.storages.BaseStorage:
+    """The Optuna study store at ``url``; a :class:`ConfigError` naming ``where`` (URL redacted) when it
+    cannot be opened: a missing driver, a database that does not answer, a file that is not SQLite.
+
+    SQLite runs in WAL mode with ``synchronous=NORMAL``: the search writes a few attributes per
+    candidate and minibatch, and a full fsync each (tens of ms) would stall the requests. A commit
+    still survives a killed process; only a power cut can lose the last ones."""
+    from sqlalchemy import event
+    from sqlalchemy.exc import (
+        ArgumentError,
+        DatabaseError,
+        IntegrityError,
+        NoSuchModuleError,
+        OperationalError,
+    )
+
+    sqlite = url.startswith("sqlite:///")
+    if sqlite:
+        path = Path(url.removeprefix("sqlite:///"))
+        if path.is_dir():
+            raise ConfigError(f"{where} = {url!r} names a folder: name a database file in it (.../optuna.db)")
+        path.parent.mkdir(parents=True, exist_ok=True)  # an OSError names the path in the CLI
+    for attempt in range(5):
+        try:
+            # Schema creation of a SQLite file happens under a file lock (as the MLflow store's), so
+            # processes and threads starting together do not race on it; a server retries below.
+            with waiting_lock(path.with_name(path.name + ".lock")) if sqlite else contextlib.nullcontext():
+                storage = optuna.storages.RDBStorage(
+                    url, engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else None
+                )
+            break
+        except (OperationalError, IntegrityError) as exc:
+            # Workers starting together race to create the schema: the loser sees a table that now
+            # exists (OperationalError), a locked database, or the winner's alembic_version row
+            # (IntegrityError: UNIQUE constraint failed), and retries against the finished schema. A
+            # database that does not answer fails the same way every time.
+            if attempt < 4:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            why = str(exc.orig or exc).strip().splitlines()[0]
+            hint = (
+                "another process kept changing its schema; run again once it has started"
+                if isinstance(exc, IntegrityError)
+                else "check that the database server is up and the URL's host, port, user and database"
+            )
+        except (ImportError, ArgumentError, NoSuchModuleError) as exc:
+            why, hint = str(exc), (
+                "for PostgreSQL install the driver (pip install 'opro[postgres]') and name it in the URL "
+                "(postgresql+psycopg2://...)"
+            )
+        except (DatabaseError, RuntimeError) as exc:  # not a database; or a schema of another Optuna
+            why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            hint = "point it at a new file, or move that file away (`optuna storage upgrade` for an older study)"
+        raise ConfigError(f"cannot open the Optuna study store {redact_url(url)} ({where}): {why}; {hint}") from None
+    if sqlite:
+
+        def pragmas(conn: Any, _record: Any) -> None:
+            cursor = conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        event.listen(storage.engine, "connect", pragmas)
+        storage.engine.dispose()  # connections opened while creating the schema get the pragmas too
+    return storage
+
+
+@dataclass(frozen=True)
+class CandidateTrial:
+    """What the search stored on one trial, typed (a claim, a part, or a finished candidate)."""
+
+    number: int
+    trial_id: int
+    state: optuna.trial.TrialState
+    value: float | None
+    intermediate_values: Mapping[int, float]
+    instruction: str | None
+    step: int
+    index: int
+    worker: int
+    claim: str | None
+    #: ``"<part>/<size>"`` on a part's trial (None on a candidate's).
+    part: str | None
+    #: Questions per part, on a candidate's claim when the candidate is split among the workers.
+    parts: int
+    part_scores: tuple[Any, ...]
+    status: str | None
+    score: float | None
+    n_scored: int
+    n_invalid: int
+    n_errors: int
+    scores: tuple[float | None, ...]
+
+    @classmethod
+    def of(cls, t: optuna.trial.FrozenTrial) -> CandidateTrial:
+        a = t.user_attrs
+        return cls(
+            number=t.number, trial_id=t._trial_id, state=t.state, value=t.value,
+            intermediate_values=t.intermediate_values,
+            instruction=a.get("instruction"), step=int(a.get("step", 0)), index=int(a.get("index", 0)),
+            worker=int(a.get("worker", -1)), claim=a.get("claim"),
+            part=None if a.get("part") is None else str(a["part"]), parts=int(a.get("parts") or 0),
+            part_scores=tuple(a.get("part_scores") or ()), status=a.get("status"), score=a.get("score"),
+            n_scored=int(a.get("n_scored", 0)), n_invalid=int(a.get("n_invalid", 0)),
+            n_errors=int(a.get("n_errors", 0)), scores=tuple(a.get("scores") or ()),
+        )
+
+    @property
+    def is_candidate(self) -> bool:
+        """A candidate's own trial (not a part of a split candidate, not a foreign trial)."""
+        return self.instruction is not None and self.part is None
+
+
+def claim_template(*, instruction: str, step: int, index: int, worker: int, token: str,
+                   part: str | None) -> optuna.trial.FrozenTrial:
+    """A RUNNING trial that claims candidate ``index`` of ``step`` (or that part of it) for ``worker``."""
+    return optuna.trial.FrozenTrial(
+        number=-1,
+        state=optuna.trial.TrialState.RUNNING,
+        value=None,
+        datetime_start=datetime.datetime.now(),
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs={
+            "instruction": instruction, "step": step, "index": index, "worker": worker,
+            "host": socket.gethostname(), "claim": token, **({} if part is None else {"part": part}),
+        },
+        system_attrs={},
+        intermediate_values={},
+        trial_id=-1,
+    )
+
+
+def complete_before(study: optuna.Study, step: int) -> list[CandidateTrial]:
+    """Complete candidates of the steps before ``step``: what a pruning decision may compare with.
+
+    Candidates of the same step are left out: which of them finished first depends on timing and on
+    how many workers share the step, and a decision must not.
+    """
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        c = CandidateTrial.of(t)
+        if t.value is not None and c.step < step:
+            out.append(c)
+    return out
+
+
+@dataclass(frozen=True)
+class StudyView:
+    """The study's attributes as read at one moment: what the workers poll, typed."""
+
+    attrs: Mapping[str, Any]
+
+    def proposals(self, step: int) -> list[str] | None:
+        stored = self.attrs.get(f"proposals:{step}")
+        return None if stored is None else list(stored)
+
+    def sampling(self, step: int) -> dict[str, Any] | None:
+        value = self.attrs.get(f"sampling:{step}")
+        return value if isinstance(value, dict) else None
+
+    def sample(self, step: int, tag: str, index: int) -> dict[str, Any]:
+        return dict(self.attrs.get(f"sample:{step}:{tag}:{index}") or {})
+
+    def has_sample(self, step: int, tag: str, index: int) -> bool:
+        return f"sample:{step}:{tag}:{index}" in self.attrs
+
+    def stopped(self, step: int) -> dict[str, Any]:
+        return dict(self.attrs.get(f"stopped:{step}") or {})
+
+    def lease(self, worker: int) -> dict[str, Any]:
+        return dict(self.attrs.get(f"{_LEASE_PREFIX}{worker}") or {})
+
+    def live_workers(self, *, stale_s: float = 300.0) -> dict[int, dict[str, Any]]:
+        """The live leases, by worker index."""
+        out: dict[int, dict[str, Any]] = {}
+        for key, held in self.attrs.items():
+            if key.startswith(_LEASE_PREFIX) and isinstance(held, dict) and lease_alive(held, stale_s=stale_s):
+                out[int(key.removeprefix(_LEASE_PREFIX))] = held
+        return out
+
+    def usage_of_others(self, worker: int) -> list[dict[str, Any]]:
+        mine = f"{_USAGE_PREFIX}{worker}"
+        return [dict(v) for k, v in self.attrs.items() if k.startswith(_USAGE_PREFIX) and k != mine]
+
+
+class LeaseSlot:
+    """Where one worker's lease is kept in the study (for :class:`opro.locking.StudyLease`)."""
+
+    def __init__(self, study: optuna.Study, worker: int) -> None:
+        self._study = study
+        self._key = f"{_LEASE_PREFIX}{worker}"
+
+    @property
+    def name(self) -> str:
+        return self._key
+
+    def read(self) -> dict[str, Any]:
+        return dict(self._study.user_attrs.get(self._key) or {})
+
+    def write(self, value: Mapping[str, Any]) -> None:
+        self._study.set_user_attr(self._key, dict(value))
+
+
+class SearchStudy:
+    """An Optuna study holding one search: its candidates as trials and its shared state as attributes."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.optuna = study
+
+    @classmethod
+    def open(cls, storage: optuna.storages.BaseStorage, *, name: str,
+             pruner: optuna.pruners.BasePruner | None = None) -> SearchStudy:
+        """Create the study ``name`` in ``storage``, or load it (a rerun resumes it)."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        from sqlalchemy.exc import IntegrityError, OperationalError
+
+        for attempt in range(5):
+            try:
+                return cls(optuna.create_study(storage=storage, study_name=name, direction="maximize",
+                                               pruner=pruner, load_if_exists=True))
+            except (OperationalError, IntegrityError):
+                # Workers starting together race to create the study; the loser retries.
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def load(cls, storage: optuna.storages.BaseStorage | str, *, name: str) -> SearchStudy | None:
+        """The study ``name`` if it exists, else None."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            return cls(optuna.load_study(study_name=name, storage=storage))
+        except KeyError:
+            return None
+
+    @property
+    def name(self) -> str:
+        return self.optuna.study_name
+
+    def view(self) -> StudyView:
+        return StudyView(self.optuna.user_attrs)
+
+    def trials(self, *, states: Sequence[optuna.trial.TrialState] | None = None) -> list[CandidateTrial]:
+        return [CandidateTrial.of(t) for t in self.optuna.get_trials(deepcopy=False, states=states)]
+
+    # -- settings the scores depend on --------------------------------------------------------
+    def check_fingerprint(self, fingerprint: Mapping[str, str]) -> None:
+        """Record ``fingerprint`` in a new study; refuse one whose scores were made under other settings."""
+        if not fingerprint:
+            return
+        stored = self.optuna.user_attrs.get("fingerprint")
+        if stored is None:
+            self.optuna.set_user_attr("fingerprint", dict(fingerprint))
+            return
+        keys = sorted(set(stored) | set(fingerprint))
+        changed = [k for k in keys if stored.get(k) != fingerprint.get(k)]
+        if changed:
+            shown = "; ".join(f"{k}: {stored.get(k)!r} -> {fingerprint.get(k)!r}" for k in changed[:8])
+            raise FingerprintMismatch(
+                f"study {self.name!r} was scored under other settings ({len(changed)} changed: {shown}"
+                f"{'; ...' if len(changed) > 8 else ''}); its scores would not be comparable. Rerun with --fresh to "
+                "archive that study and start a new one, restore the settings, or set [tracking].study_name"
+            )
+
+    def set_workers(self, n: int) -> None:
+        self.optuna.set_user_attr("workers", n)
+
+    def lease_slot(self, worker: int) -> LeaseSlot:
+        return LeaseSlot(self.optuna, worker)
+
+    # -- usage ----------------------------------------------------------------------------------
+    def usage(self, worker: int) -> dict[str, dict[str, Any]]:
+        return dict(self.optuna.user_attrs.get(f"{_USAGE_PREFIX}{worker}") or {})
+
+    def save_usage(self, worker: int, usage: Mapping[str, Any]) -> None:
+        self.optuna.set_user_attr(f"{_USAGE_PREFIX}{worker}", dict(usage))
+
+    # -- proposals ------------------------------------------------------------------------------
+    def save_proposals(self, step: int, accepted: Sequence[str], rejected: Sequence[Mapping[str, str]]) -> None:
+        self.optuna.set_user_attr(f"proposals:{step}", list(accepted))
+        self.optuna.set_user_attr(f"rejected:{step}", [dict(r) for r in rejected])
+
+    def rejections(self) -> tuple[dict[str, str], ...]:
+        out: list[dict[str, str]] = []
+        for key, value in sorted(self.optuna.user_attrs.items()):
+            if key.startswith("rejected:"):
+                out.extend({"step": key.split(":", 1)[1], **r} for r in value)
+        return tuple(out)
+
+    def deal_samples(self, step: int, *, tag: str, prompt: str, dealt: Mapping[int, Mapping[str, Any]]) -> None:
+        self.optuna.set_user_attr(f"sampling:{step}", {
+            "tag": tag, "prompt": prompt, "dealt": {str(i): dict(d) for i, d in dealt.items()},
+        })
+
+    def save_sample(self, step: int, tag: str, index: int, value: Mapping[str, str]) -> None:
+        self.optuna.set_user_attr(f"sample:{step}:{tag}:{index}", dict(value))
+
+    def stop(self, step: int, *, reason: str, token: str) -> None:
+        self.optuna.set_user_attr(f"stopped:{step}", {"reason": reason, "token": token})
+
+    # -- candidates -----------------------------------------------------------------------------
+    def records(self) -> list[CandidateRecord]:
+        """Every finished candidate (the latest attempt of each), in (step, proposal index) order."""
+        out = []
+        for t in self.trials():
+            if not t.is_candidate or t.state == optuna.trial.TrialState.RUNNING:
+                continue  # running, or a part of a split candidate (its candidate's trial has the result)
+            if t.state == optuna.trial.TrialState.FAIL and t.status not in ("failed", "incomplete"):
+                continue  # an interrupted attempt; it is re-run
+            status: CandidateStatus = t.status or "complete"  # type: ignore[assignment]
+            out.append(CandidateRecord(
+                step=t.step, instruction=str(t.instruction), score=t.score, n_scored=t.n_scored,
+                n_invalid=t.n_invalid, n_errors=t.n_errors, status=status, trial_number=t.number,
+                scores=t.scores, index=t.index,
+            ))
+        # A rerun re-evaluates failed and budget-stopped candidates: the latest attempt stands.
+        latest: dict[tuple[int, str], CandidateRecord] = {}
+        for r in sorted(out, key=lambda r: r.trial_number):
+            latest[(r.step, normalize_instruction(r.instruction))] = r
+        # By (step, proposal index): the same order whichever worker evaluated what, and after restarts.
+        return sorted(latest.values(), key=lambda r: (r.step, r.index, r.trial_number))
+
+    def fail_running(self, worker: int) -> None:
+        """Trials ``worker`` left RUNNING when it was interrupted: failed, to be re-run."""
+        for t in self.trials(states=(optuna.trial.TrialState.RUNNING,)):
+            if t.worker == worker:
+                self.optuna.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+
+    def new_claim(self, *, instruction: str, step: int, index: int, worker: int, token: str,
+                  part: str | None) -> int:
+        """Create a claim's RUNNING trial in one transaction (the public ``ask()`` cannot set its
+        attributes with it); returns its trial id."""
+        template = claim_template(instruction=instruction, step=step, index=index, worker=worker, token=token,
+                                  part=part)
+        return int(self.optuna._storage.create_new_trial(self.optuna._study_id, template_trial=template))
+
+    def trial_number(self, trial_id: int) -> int:
+        return int(self.optuna._storage.get_trial(trial_id).number)
+
+    def fail(self, number: int) -> None:
+        self.optuna.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+
+    @staticmethod
+    def mark_split(trial: optuna.trial.Trial, part_size: int) -> None:
+        trial.set_user_attr("parts", part_size)
+
+    @staticmethod
+    def split_size(trial: optuna.trial.Trial) -> int:
+        """Questions per part of a claimed candidate split among the workers (0: not split)."""
+        return int(trial.user_attrs.get("parts") or 0)
+
+    @staticmethod
+    def report(trial: optuna.trial.Trial, mean: float, minibatch: int, scores: Sequence[float | None] | None) -> None:
+        """A running mean after ``minibatch``; with ``scores``, the per-question scores the racing pruner reads."""
+        if scores is not None:
+            trial.set_user_attr("scores", list(scores))
+        trial.report(mean, minibatch)
+
+    def finish(self, trial: optuna.trial.Trial, *, status: CandidateStatus, score: float | None, n_scored: int,
+               n_invalid: int, n_errors: int, scores: Sequence[float | None]) -> None:
+        """A candidate's result: COMPLETE with its mean, PRUNED, or FAIL (failed / incomplete)."""
+        for k, v in {"score": score, "n_scored": n_scored, "n_invalid": n_invalid, "n_errors": n_errors,
+                     "status": status, "scores": list(scores)}.items():
+            trial.set_user_attr(k, v)
+        if status == "complete":
+            self.optuna.tell(trial, score)
+        elif status in ("failed", "incomplete"):
+            self.optuna.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            self.optuna.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+    def finish_part(self, trial: optuna.trial.Trial, *, part_scores: Sequence[Any], failed: bool) -> None:
+        """A part's outcomes, for the candidate's owner to add up. A part is never a result of its own
+        (FAIL); "failed" stands only while its worker runs: a rerun asks the part's questions again."""
+        trial.set_user_attr("part_scores", list(part_scores))
+        trial.set_user_attr("status", "failed" if failed else "complete")
+        self.optuna.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    # -- validation and the result --------------------------------------------------------------
+    def validation_scores(self, instruction: str) -> list[float | None] | None:
+        stored = self.optuna.user_attrs.get(f"validation:{sha(normalize_instruction(instruction))}")
+        return None if stored is None else list(stored)
+
+    def save_validation_scores(self, instruction: str, scores: Sequence[float | None]) -> None:
+        self.optuna.set_user_attr(f"validation:{sha(normalize_instruction(instruction))}", list(scores))
+
+    def summary(self) -> dict[str, Any] | None:
+        stored = self.optuna.user_attrs.get("summary")
+        return dict(stored) if isinstance(stored, Mapping) else None
+
+    def save_summary(self, summary: Mapping[str, Any]) -> None:
+        import json
+
+        self.optuna.set_user_attr("summary", json.loads(json.dumps(dict(summary), default=str)))
+
+    def save_split_record(self, record: Mapping[str, Any]) -> None:
+        self.optuna.set_user_attr("split_record", dict(record))
+
+    # -- what the MLflow recorder keeps to resume -----------------------------------------------
+    def mlflow_run_id(self) -> str | None:
+        run_id = self.optuna.user_attrs.get("mlflow_run_id")
+        return None if run_id is None else str(run_id)
+
+    def set_mlflow_run_id(self, run_id: str) -> None:
+        self.optuna.set_user_attr("mlflow_run_id", run_id)
+
+    def mlflow_logged_steps(self, run_id: str) -> list[int]:
+        return [int(s) for s in self.optuna.user_attrs.get(f"mlflow_logged:{run_id}") or []]
+
+    def set_mlflow_logged_steps(self, run_id: str, steps: Sequence[int]) -> None:
+        self.optuna.set_user_attr(f"mlflow_logged:{run_id}", list(steps))
+
+    def recorded_result(self) -> str | None:
+        value = self.optuna.user_attrs.get("recorded_result")
+        return None if value is None else str(value)
+
+    def set_recorded_result(self, digest: str) -> None:
+        self.optuna.set_user_attr("recorded_result", digest)
+
+
+__all__ = [
+    "RETRY_STATUSES",
+    "CandidateTrial",
+    "FingerprintMismatch",
+    "LeaseSlot",
+    "SearchStudy",
+    "StudyView",
+    "complete_before",
+    "open_storage",
+    "sha",
+]
+

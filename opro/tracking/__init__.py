@@ -1,0 +1,26 @@
+"""Everything opro records in MLflow, and the one part of opro that imports it.
+
+:mod:`~opro.tracking.mlflow` (runs, params, metrics, artifacts, the prompt registry), :mod:`~opro.tracking.genai`
+(evaluation datasets, per-question traces and judge assessments for the GenAI UI) and
+:mod:`~opro.tracking.sidecar` (the child process that does MLflow's CPU work off the search's GIL).
+The tracker's names are re-exported so ``from opro.tracking import MlflowTracker`` reads as before; the
+other modules are imported by their own names (each imports MLflow only when called).
+"""
+
+from opro.tracking.mlflow import (
+    MlflowTracker,
+    check_server,
+    from_mlflow_template,
+    load_registered_template,
+    safe_params,
+    to_mlflow_template,
+)
+
+__all__ = [
+    "MlflowTracker",
+    "check_server",
+    "from_mlflow_template",
+    "load_registered_template",
+    "safe_params",
+    "to_mlflow_template",
+]

@@ -1,0 +1,279 @@
+"""The MLflow recorder: one MLflow run per study, resumed by the run id kept in the study, and the
+Prompt Registry version of the returned prompt."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from opro.rundir import RunDir
+from opro.search.recorder import Recorder
+
+if TYPE_CHECKING:
+    from opro.search.results import CandidateRecord, OptimizationResult
+    from opro.search.study import SearchStudy
+    from opro.tracking.mlflow import MlflowTracker
+    from opro.tracking.sidecar import Sidecar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+class MlflowRecorder(Recorder):
+    """One MLflow run per study, resumed by the run id kept in the study, and the Prompt Registry.
+
+    Tracking calls run on one background thread, in order, so MLflow's store set-up and writes never
+    hold the search up; a failed call is raised at the next step boundary. ``params`` are logged when
+    the lead starts a new run. ``run_dir``: whose files become the run's artifacts. ``register_prompt``:
+    ``(name, alias)`` to register the returned template under. ``sidecar``: the lead's MLflow work
+    (imports, store set-up, writes: seconds of CPU) runs in a child process (:attr:`sidecar`, which
+    :class:`opro.genai.ValidationTraces` shares), so it never takes this process's GIL from the
+    search; without it, on the thread of this process (cheaper where MLflow is already imported).
+    """
+
+    def __init__(
+        self,
+        tracker: MlflowTracker,
+        *,
+        params: Mapping[str, Any] | None = None,
+        run_dir: RunDir | None = None,
+        register_prompt: tuple[str, str] | None = None,
+        sidecar: bool = False,
+    ) -> None:
+        self.tracker = tracker
+        self.params = dict(params or {})
+        self.run_dir = run_dir
+        self.register_prompt = register_prompt
+        self.use_sidecar = sidecar
+        self._sidecar: Sidecar | None = None
+        #: Where the tracking calls go: ``tracker`` itself, or its stand-in for the one in the sidecar.
+        self._mlflow: Any = tracker
+        self._lead = False
+        #: The run id the study held when this worker started (a resume continues that run).
+        self._run_id: str | None = None
+        self._started: Future[str] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._jobs: list[Future[Any]] = []
+        self._released = False
+
+    # -- the tracking thread -------------------------------------------------------------------
+    def in_background(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn`` on the one tracking thread, in order, while the search goes on: the tracking
+        calls and other MLflow work that should not hold the search up (one thread, so no two import
+        MLflow at once). A failure is raised at the next step boundary or when the jobs are drained."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opro-mlflow")
+        job = self._pool.submit(fn, *args)
+        self._jobs.append(job)
+        return job
+
+    @property
+    def sidecar(self) -> Sidecar | None:
+        """The child process the MLflow work goes to, once the lead's search started (None: in this process)."""
+        return self._sidecar
+
+    def _release(self) -> None:
+        if self._sidecar is not None and not self._released:
+            self._released = True
+            self._sidecar.release()
+
+    def _check(self) -> None:
+        """Raise the error of a tracking call that failed (a broken MLflow store)."""
+        for job in self._jobs:
+            if job.done() and job.exception() is not None:
+                self._drain()
+
+    def _drain(self) -> None:
+        """Wait for every queued tracking call; raise the first failure."""
+        jobs, self._jobs = self._jobs, []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for job in jobs:
+            job.result()
+
+    def _start_sidecar(self) -> None:
+        if not self.use_sidecar or self._sidecar is not None:
+            return
+        import functools
+
+        from opro.tracking.mlflow import MlflowTracker
+        from opro.tracking.sidecar import Sidecar
+
+        self._sidecar = Sidecar(name="opro-mlflow").retain()
+        self._sidecar.host("tracker", functools.partial(
+            MlflowTracker, tracking_uri=self.tracker.tracking_uri, experiment_name=self.tracker.experiment_name))
+        self._mlflow = self._sidecar.proxy("tracker")
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def prepare(self, *, lead: bool) -> None:
+        # The sidecar imports MLflow and opens its store (about 4 s of CPU) while this process loads
+        # and chunks the documents, not beside the first step's requests.
+        if lead:
+            from opro.tracking.mlflow import check_server
+
+            check_server(self.tracker.tracking_uri)  # before the search spends calls, not after
+        if lead and self.use_sidecar:
+            self._start_sidecar()
+            self.in_background(self._mlflow.open)
+
+    def discard(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        self._jobs = []
+        self._release()
+
+    def on_search_start(self, study: SearchStudy, *, lead: bool) -> None:
+        self._lead = lead
+        self._run_id = study.mlflow_run_id()
+        if not lead:
+            return
+        resume = self._run_id
+        self._start_sidecar()
+
+        def start_run() -> str:
+            rid: str = self._mlflow.start(run_name=study.name, params=self.params, resume_run_id=resume)
+            self.tracker.run_id = rid  # mirrored here: which run the later calls write to
+            study.set_mlflow_run_id(rid)
+            return rid
+
+        # MLflow's store set-up and run start take seconds: done beside the first step's requests.
+        self._started = self.in_background(start_run)
+
+    def on_step(
+        self, study: SearchStudy, *, step: int, history: Sequence[CandidateRecord], best_score: float
+    ) -> None:
+        self.in_background(self._log_step, study, step, list(history), best_score)
+        self._check()
+
+    def _log_step(self, study: SearchStudy, step: int, history: Sequence[CandidateRecord], best: float) -> None:
+        """Every candidate of a finished step, whichever worker evaluated it, once per run.
+
+        The MLflow step of a candidate is its position in the (step, proposal index) order, the
+        same with any number of workers."""
+        if self.tracker.run_id is None:
+            return
+        logged = study.mlflow_logged_steps(self.tracker.run_id)
+        if step in logged:
+            return
+        for position, r in enumerate(history):
+            if r.step != step:
+                continue
+            metrics = {"candidate_score": r.score} if r.score is not None else {}
+            metrics["candidate_step"] = float(r.step)
+            self._mlflow.log_metrics(metrics, step=position)
+        if best > -math.inf:
+            self._mlflow.log_metrics({"search_best_score": best}, step=step)
+        study.set_mlflow_logged_steps(self.tracker.run_id, [*logged, step])
+
+    def on_search_end(self, study: SearchStudy) -> None:
+        if self._started is not None:
+            self._run_id = self._started.result()
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run of the search, once the search ended (None without a run)."""
+        return self._run_id
+
+    def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
+        try:
+            self._drain()
+            # A rerun of a finished study changes nothing: no second registry version, no repeated metrics.
+            digest = _sha(json.dumps(
+                {k: v for k, v in result.summary().items() if k not in ("usage", "wall_s")}, sort_keys=True, default=str
+            ))
+            if study.recorded_result() != digest:
+                self._log_result(result)
+                study.set_recorded_result(digest)
+            self._mlflow.finish()
+        finally:
+            self._release()
+
+    def on_search_failed(self, study: SearchStudy, error: BaseException, *, abandoned: bool) -> None:
+        # Never leave the MLflow run RUNNING: KILLED when the user stopped it, FAILED otherwise;
+        # another worker ends it FAILED when it gives up on a worker 0 that is gone.
+        if self._lead:
+            try:
+                with contextlib.suppress(Exception):  # the tracking store may be what failed
+                    self._drain()
+                self._mlflow.finish(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            except Exception as exc:  # the search's own error is what the user must see
+                logger.warning("the MLflow run %s could not be ended (%s: %s)", self.tracker.run_id,
+                               type(exc).__name__, exc)
+            finally:
+                self._release()
+        elif abandoned and self._run_id:
+            with contextlib.suppress(Exception):
+                self.tracker.run_id = self._run_id
+                self.tracker.finish(status="FAILED")
+
+    def _log_result(self, result: OptimizationResult) -> None:
+        tracker = self._mlflow
+        metrics: dict[str, float] = {"best_score": result.best_score}
+        if result.best_search_score is not None:
+            metrics["best_search_score"] = result.best_search_score
+        if result.initial_score is not None:
+            metrics["initial_score"] = result.initial_score
+        v = result.validation
+        if v is not None:
+            if v.initial_score is not None:
+                metrics["initial_validation_score"] = v.initial_score
+            metrics["gain"] = result.gain if result.gain is not None else 0.0
+            for i, f in enumerate(v.finalists):
+                if f.validation_score is not None:
+                    tracker.log_metrics(
+                        {"finalist_search_score": f.search_score, "finalist_validation_score": f.validation_score,
+                         "finalist_p_adjusted": f.p_adjusted},
+                        step=i,
+                    )
+        tracker.log_metrics(metrics, step=max((r.step for r in result.history), default=0))
+        for role, u in result.usage.items():
+            tracker.log_metrics(
+                {f"{role}_calls": u["calls"], f"{role}_cache_hits": u["cache_hits"],
+                 f"{role}_tokens": u["prompt_tokens"] + u["completion_tokens"]},
+                step=0,
+            )
+        if self.run_dir is not None:
+            for path in self.run_dir.optimize_outputs():
+                tracker.log_artifact(path)
+            if self.run_dir.metaprompts.is_dir():
+                tracker.log_artifact(self.run_dir.metaprompts, artifact_path="metaprompts")
+        tracker.set_tags({
+            "opro.best_instruction": result.best_instruction[:5000],
+            "opro.score_basis": result.score_basis,
+            "opro.validated": str(result.validated).lower(),
+            "opro.headline": result.headline()[:5000],
+        })
+        if self.register_prompt is not None:
+            name, alias = self.register_prompt
+            version = tracker.register_prompt(
+                name=name,
+                template_text=result.best_template,
+                alias=alias,
+                commit_message=(
+                    f"opro study {result.study_name}: {result.score_basis} score {result.best_score:.3f}"
+                    + ("" if result.validated or result.score_basis == "search" else " (initial instruction: no validated gain)")
+                ),
+                tags={
+                    "opro.score": f"{result.best_score:.4f}",
+                    "opro.score_basis": result.score_basis,
+                    "opro.validated": str(result.validated).lower(),
+                    "opro.run_id": str(self._run_id),
+                },
+            )
+            tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})
+
+
+__all__ = ["MlflowRecorder"]

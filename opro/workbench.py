@@ -1,0 +1,64 @@
+"""What the commands built on an experiment read from it: its config, dataset, program, judge and clients.
+
+:class:`opro.experiment.Experiment` is the composition root (it builds everything and imports the
+modules that run on it), so :mod:`opro.compare`, :mod:`opro.calibration` and
+:mod:`opro.tracking.genai` are typed against this protocol instead of importing it back.
+``Experiment`` satisfies it as it is; a test may hand over any object with these members.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from opro.config import OproConfig
+    from opro.dataset import GoldenDataset
+    from opro.judges.correctness import CorrectnessJudge
+    from opro.llm.cache import CallCache
+    from opro.llm.client import ChatClient, UsageLedger
+    from opro.llm.pool import ModelSpec
+    from opro.prompts import QATemplate
+    from opro.rag import RAGProgram
+
+
+class Workbench(Protocol):
+    """An experiment's parts, built on first use (read-only here: the experiment owns them)."""
+
+    @property
+    def config(self) -> OproConfig: ...
+    @property
+    def dataset(self) -> GoldenDataset:
+        """The split golden dataset."""
+        ...
+    @property
+    def dataset_dir(self) -> Path: ...
+    @property
+    def program(self) -> RAGProgram: ...
+    @property
+    def judge(self) -> CorrectnessJudge: ...
+    @property
+    def cache(self) -> CallCache | None:
+        """The shared call cache (None when ``[experiment].cache`` is off)."""
+        ...
+    @property
+    def usage(self) -> UsageLedger: ...
+    @property
+    def progress(self) -> bool: ...
+
+    def client(self, role: str) -> ChatClient:
+        """The chat client of ``role`` ("task", "judge", ...), over the shared cache and ledger."""
+        ...
+
+    def spec(self, role: str) -> ModelSpec: ...
+
+    def template(self, instruction: str) -> QATemplate:
+        """The QA template with ``instruction`` in the configured position."""
+        ...
+
+    def run_params(self) -> dict[str, Any]:
+        """Everything that defines the run, for MLflow (no secrets)."""
+        ...
+
+
+__all__ = ["Workbench"]

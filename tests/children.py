@@ -1,0 +1,149 @@
+"""The child processes tests start, as functions: ``python tests/children.py NAME ARG...`` runs
+``NAME(*ARGS)`` in a fresh interpreter (:func:`argv` builds that command line; the arguments arrive as
+strings). A test starts a child only where what it proves needs another process: a native crash, a
+process killed, processes racing, or the modules a fresh interpreter imports.
+
+Running this file puts ``tests/`` first on ``sys.path``, so a child imports the shared doubles
+(``fakes``, ``fault_server``) as the tests do."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def argv(name: str, *args: object) -> list[str]:
+    """The command line that runs ``name(*args)`` here in a child process."""
+    if not callable(globals().get(name)) or name.startswith("_") or name in ("argv", "main"):
+        raise ValueError(f"no child named {name!r} in {__file__}")
+    return [sys.executable, str(HERE / "children.py"), name, *map(str, args)]
+
+
+# -- the embedded engine's start-up probe (conftest.fake_child) ------------------------------------------
+
+
+def fake_probe(path: str, mode: str) -> None:
+    """A stand-in for the probe's child (``python -m opro.llm.probe PATH MODE``): crashes with a real
+    SIGSEGV in the modes listed in ``$CRASH``, answers in the others, and counts its runs in ``$RUNS``."""
+    import faulthandler
+
+    with open(os.environ["RUNS"], "a") as fh:
+        fh.write(mode + "\n")
+    if mode in os.environ["CRASH"].split(","):
+        print("load_tensors:   AMX model buffer size =   950.71 MiB", file=sys.stderr, flush=True)
+        faulthandler.disable()
+        faulthandler._sigsegv()  # type: ignore[attr-defined]
+    print("load_tensors:   CPU_Mapped model buffer size =   950.71 MiB", file=sys.stderr)
+
+
+# -- the OPRO loop, killed and resumed (test_optimizer) -----------------------------------------------------
+
+
+def keyword_search(folder: str, judge_delay_s: str) -> None:
+    """The keyword-world search (:func:`fakes.keyword_optimizer`) recording into ``folder`` with its call
+    cache there, each judge call ``judge_delay_s`` slower; prints the backend calls per model
+    (``CALLS task judge optimizer``) and the result (``BEST score candidates``)."""
+    import time
+
+    from fakes import Ex, keyword_examples, keyword_judge_reply, keyword_optimizer
+
+    from opro.llm import GenerationOptions, Message
+    from opro.llm.cache import CallCache
+
+    delay = float(judge_delay_s)
+
+    def slow_judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        time.sleep(delay)
+        return keyword_judge_reply(messages, options)
+
+    tmp = Path(folder)
+    opt, rig, program = keyword_optimizer(tmp, cache=CallCache(tmp / "calls.sqlite"), judge_reply=slow_judge)
+    result = opt.optimize(program=program, optimization_set=keyword_examples(4),  # type: ignore[arg-type]
+                          exemplar_set=[Ex("q", "ref1")], initial_instructions=["Answer."])
+    print("CALLS", len(rig.task.calls), len(rig.judge.calls), len(rig.optimizer.calls))
+    print("BEST", result.best_score, len(result.history))
+
+
+# -- processes racing for one MLflow store (test_faults) ---------------------------------------------------
+
+
+def mlflow_run(tracking_uri: str, experiment: str) -> None:
+    """One MLflow run in experiment ``experiment`` of the store at ``tracking_uri``, created if missing."""
+    from opro.tracking import MlflowTracker
+
+    tracker = MlflowTracker(tracking_uri=tracking_uri, experiment_name=experiment)
+    tracker.start(run_name="r", params={})
+    tracker.finish()
+
+
+# -- what a fresh interpreter imports (test_genai, test_openai_backend) ------------------------------------
+
+
+def record_evaluation(tracking_uri: str) -> None:
+    """Records an evaluation of 3 held-out questions as MLflow GenAI records at ``tracking_uri``; prints
+    whether that imported litellm."""
+    from opro.dataset import Example, GoldenDataset
+    from opro.evaluation import EvaluationReport, EvaluationRow
+    from opro.prompts import QATemplate
+    from opro.tracking.genai import GenAILogger, PromptEvaluation
+
+    ds = GoldenDataset(tuple(Example(f"Question {i}?", f"Answer {i}.") for i in range(3))).with_split(
+        exemplar=0, optimization=0, validation=0, heldout=3, seed=0)
+    rows = tuple(EvaluationRow(query=e.query, reference=e.reference_answer, answer="a", score=4.0, passing=True)
+                 for e in ds.examples)
+    log = GenAILogger(tracking_uri=tracking_uri, experiment_name="l", dataset_prefix="l")
+    record = log.log_evaluations([PromptEvaluation(label="p", template=QATemplate(instruction="Answer."),
+                                                   report=EvaluationReport(rows=rows))],
+                                 dataset=ds, split="heldout", source="test")
+    assert len(record.runs[0].trace_ids) == 3, record
+    print("litellm" in sys.modules and sys.modules["litellm"] is not None)
+
+
+def openai_calls(key_env: str) -> None:
+    """A call of the openai backend to the loopback server that succeeds, then one refused for its key
+    (``$key_env`` holds the key the server takes); prints after each whether the ``openai`` SDK was imported."""
+    from fault_server import FaultServer
+
+    from opro.errors import LLMAuthError
+    from opro.llm import GenerationOptions, Message
+    from opro.llm.openai import OpenAILLM
+
+    with FaultServer(key=os.environ[key_env], keep_alive=True) as server:
+        llm = OpenAILLM(model="task-model", base_url=server.base_url, api_key_env=key_env, max_retries=0)
+        llm.generate((Message("user", "hello"),), GenerationOptions(max_tokens=8))
+        print("after success:", "openai" in sys.modules)
+        server.faults["task"] = "401"
+        try:
+            llm.generate((Message("user", "again"),), GenerationOptions(max_tokens=8))
+        except LLMAuthError:
+            print("auth error mapped:", "openai" in sys.modules)
+
+
+# -- a sidecar whose parent is killed (test_sidecar) ------------------------------------------------------
+
+
+def sidecar_parent_killed() -> None:
+    """Starts a sidecar, prints its process id, then kills this process (SIGKILL): no clean-up runs."""
+    import signal
+
+    from test_sidecar import Counter
+
+    from opro.tracking.sidecar import Sidecar
+
+    car = Sidecar(name="s")
+    car.host("a", Counter)
+    print(car.call("a", "pid"), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(args: list[str]) -> None:
+    name, *rest = args
+    argv(name)  # a known child
+    globals()[name](*rest)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,116 @@
+"""The package's import graph and its seams, read from the code (every import, lazy and
+TYPE_CHECKING ones included): no import loop, the search below what records it, one owner of the
+study schema."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "opro"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+
+    def known(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                out.update(filter(None, (known(a.name) for a in node.names if a.name.startswith("opro"))))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, base] if base else parts)
+                if base.startswith("opro"):
+                    for a in node.names:
+                        target = f"{base}.{a.name}" if f"{base}.{a.name}" in mods else known(base)
+                        if target:
+                            out.add(target)
+        out.discard(mod)
+        edges[mod] = out
+    return edges
+
+
+def _loops(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_has_no_import_loop() -> None:
+    assert _loops(_graph()) == []
+
+
+def test_the_search_imports_nothing_that_records_or_composes_it() -> None:
+    """opro/search/ knows no file layout, MLflow, CLI wording or composition root."""
+    above = ("opro.experiment", "opro.cli", "opro.tracking", "opro.recorders", "opro.rundir", "opro.compare",
+             "opro.export", "opro.sources", "opro.workbench")
+    edges = _graph()
+    wrong = {(m, t) for m, targets in edges.items() if m.startswith("opro.search")
+             for t in targets if t.startswith(above)}
+    assert not wrong, sorted(wrong)
+
+
+def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
+    owner = PACKAGE / "search" / "study.py"
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("user_attrs", "set_user_attr"):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not found, found
+
+
+def test_the_graph_reader_sees_a_loop() -> None:
+    """The checks above can fail: a loop and an upward import are found when they are there."""
+    assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert "opro.search.study" in _graph()["opro.search.steps"]
