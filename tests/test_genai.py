@@ -304,6 +304,7 @@ def test_the_records_start_in_a_sidecar_with_the_search_and_its_failure_stops_th
 
     import opro.tracking.genai
     from opro.errors import OproError
+    from opro.search.study import SearchStudy, open_storage
     from opro.tracking import MlflowTracker
     from opro.tracking.genai import ValidationTraces
     from opro.tracking.recorder import MlflowRecorder
@@ -315,7 +316,7 @@ def test_the_records_start_in_a_sidecar_with_the_search_and_its_failure_stops_th
     tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"),
                               sidecar=True)
     traces = ValidationTraces(SimpleNamespace(dataset=None), tracking=tracking)  # type: ignore[arg-type]
-    study = SimpleNamespace(user_attrs={}, study_name="s", set_user_attr=lambda key, value: None)
+    study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"), name="s")
     tracking.on_search_start(study, lead=True)  # type: ignore[arg-type]
     assert len(tracking._jobs) == 1 and tracking.sidecar is not None  # the run's start
     traces.on_search_start(study, lead=True)  # type: ignore[arg-type]
