@@ -35,13 +35,14 @@ def test_a_failed_search_still_ends_when_the_mlflow_sidecar_is_gone(
     """The search's own error is what reaches the user, not the sidecar's: ending the run is best effort."""
     import os
     import signal
-    from types import SimpleNamespace
 
     from opro.tracking.recorder import MlflowRecorder
 
     tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"),
                               sidecar=True)
-    study = SimpleNamespace(user_attrs={}, study_name="s", set_user_attr=lambda key, value: None)
+    from opro.search.study import SearchStudy, open_storage
+
+    study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"), name="s")
     tracking.on_search_start(study, lead=True)  # type: ignore[arg-type]
     tracking._drain()  # the run started, in the child
     assert tracking.sidecar is not None and tracking.tracker.run_id
