@@ -734,11 +734,12 @@ def promote(
     resolved = resolve_prompt(best.spec, config=experiment.config, tracking_uri=tracking_uri)
     exported = export_prompt(resolved, format="mlflow", alias=alias, config=experiment.config,
                              tracking_uri=tracking_uri)
-    from mlflow import MlflowClient
+    from opro.tracking.mlflow import tag_prompt_version
 
-    client = MlflowClient(tracking_uri=tracking_uri or experiment.config.mlflow_uri)
+    assert exported.version is not None  # the MLflow exporter always registers a version
     d = v.stats.difference
-    for key, value in {
+    tag_prompt_version(tracking_uri=tracking_uri or experiment.config.mlflow_uri, name=experiment.config.prompt_name,
+                       version=exported.version, tags={
         "opro.heldout_mean": f"{best.mean.estimate:.4f}" if best.mean is not None else "",
         "opro.heldout_difference": f"{d.estimate:.4f}",
         "opro.heldout_ci": f"[{d.low:.4f}, {d.high:.4f}]",
@@ -746,8 +747,7 @@ def promote(
         "opro.heldout_p_wilcoxon": f"{v.stats.p_wilcoxon:.4g}",
         "opro.heldout_p_permutation": f"{v.stats.p_permutation:.4g}",
         "opro.heldout_baseline": v.baseline[:250],
-    }.items():
-        client.set_prompt_version_tag(experiment.config.prompt_name, str(exported.version), key, value)
+    })
     return PromotionDecision(alias, True, best.label, exported.uri, tuple(reasons))
 
 

@@ -41,6 +41,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+
+def shared_sqlite_warning(storage: str, *, num_workers: int) -> str | None:
+    """What to tell workers that share a study through a SQLite file (None: nothing to tell)."""
+    if num_workers <= 1 or not storage.startswith("sqlite"):
+        return None
+    return (f"{num_workers} workers share the study through a SQLite file: that works only for processes on "
+            "this machine and serializes every write; for workers on several machines use PostgreSQL "
+            "([tracking].optuna_storage = \"postgresql+psycopg2://...\", see the README's Scaling out)")
+
 class Experiment:
     """Builds and holds the parts of one experiment config."""
 
@@ -413,13 +422,9 @@ class Experiment:
                 from opro.tracking.genai import ValidationTraces
 
                 recorders.append(ValidationTraces(self, tracking=tracking))  # after the run it links to
-            if num_workers > 1 and self.config.optuna_storage.startswith("sqlite"):
-                logger.warning(
-                    "%d workers share the study through a SQLite file: that works only for processes on this "
-                    "machine and serializes every write; for workers on several machines use PostgreSQL "
-                    "([tracking].optuna_storage = \"postgresql+psycopg2://...\", see the README's Scaling out)",
-                    num_workers,
-                )
+            shared = shared_sqlite_warning(self.config.optuna_storage, num_workers=num_workers)
+            if shared:
+                logger.warning("%s", shared)
             for recorder in recorders:
                 recorder.prepare(lead=plan.lead)
             try:

@@ -76,9 +76,9 @@ def _models_from_run(run_dir: Path, run_id: str) -> dict[str, dict[str, Any]]:
     if not db.is_file():
         return {}
     try:
-        from mlflow import MlflowClient
+        from opro.tracking.mlflow import run_params
 
-        params = MlflowClient(tracking_uri=f"sqlite:///{db}").get_run(run_id).data.params
+        params = run_params(tracking_uri=f"sqlite:///{db}", run_id=run_id)
     except Exception:  # a moved or foreign store: provenance is optional
         return {}
     out: dict[str, dict[str, Any]] = {}

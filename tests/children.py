@@ -3,8 +3,8 @@
 strings). A test starts a child only where what it proves needs another process: a native crash, a
 process killed, processes racing, or the modules a fresh interpreter imports.
 
-Running this file puts ``tests/`` first on ``sys.path``, so a child imports the shared doubles
-(``fakes``, ``fault_server``) as the tests do."""
+Running this file puts ``tests/`` first on ``sys.path``, and it adds ``experiments/`` as pytest's
+``pythonpath`` does, so a child imports the shared doubles (``fakes``, ``fault_server``) as the tests do."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(1, str(HERE.parent / "experiments"))
 
 
 def argv(name: str, *args: object) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
+from bench_selection import TextTemplate  # the bench and the tests share one
 from fault_server import instruction_of
 
 from opro.config import OptimizerSection
@@ -201,23 +202,6 @@ class Rig:
     judge: ScriptedLLM
     optimizer: ScriptedLLM
     usage: UsageLedger
-
-
-@dataclass
-class TextTemplate:
-    """A QA template that is its instruction (what EchoProgram answers with), for the search."""
-
-    instruction: str
-
-    @property
-    def template_text(self) -> str:
-        return f"{self.instruction}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: "
-
-    def with_instruction(self, instruction: str) -> TextTemplate:
-        return TextTemplate(instruction)
-
-    def __str__(self) -> str:
-        return self.instruction
 
 
 class SearchRig:

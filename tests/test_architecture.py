@@ -110,7 +110,55 @@ def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
     assert not found, found
 
 
+#: The floors of docs/architecture.md, lowest first. A module imports only from its own floor or
+#: those below; a module missing here fails the test, so a new one is placed deliberately.
+FLOORS: dict[str, int] = {
+    **dict.fromkeys(("opro.errors", "opro.prompts", "opro.paths", "opro.redaction", "opro.progress",
+                     "opro.locking", "opro.plots", "opro.rundir", "opro.stats"), 0),
+    **dict.fromkeys(("opro.llm", "opro.config", "opro.budget"), 1),
+    **dict.fromkeys(("opro.rag", "opro.retrieval", "opro.documents", "opro.dataset", "opro.generation",
+                     "opro.corpus", "opro.judges", "opro.metrics"), 2),
+    **dict.fromkeys(("opro.engine", "opro.evaluation_types", "opro.workbench"), 3),
+    **dict.fromkeys(("opro.search", "opro.evaluation"), 3.5),
+    **dict.fromkeys(("opro.recorders", "opro.tracking", "opro.compare", "opro.export", "opro.calibration",
+                     "opro.sources", "opro.integrations", "opro.agreement"), 4),
+    "opro.experiment": 5,
+    "opro.cli": 6,
+}
+#: ``opro/__init__.py`` is the public facade: it re-exports from every floor and nothing imports it.
+FACADE = "opro"
+
+
+def _floor(module: str) -> float:
+    if module == FACADE:
+        return 7
+    for name in sorted(FLOORS, key=len, reverse=True):
+        if module == name or module.startswith(name + "."):
+            return FLOORS[name]
+    raise AssertionError(f"{module} is on no floor: add it to FLOORS (and to docs/architecture.md)")
+
+
+def test_every_import_points_to_the_same_floor_or_below() -> None:
+    upward = sorted(f"{m} (floor {_floor(m):g}) -> {t} (floor {_floor(t):g})"
+                    for m, targets in _graph().items() for t in targets if _floor(t) > _floor(m))
+    assert not upward, upward
+
+
+def test_only_the_tracking_wing_imports_mlflow() -> None:
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.is_relative_to(PACKAGE / "tracking"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not found, found
+
+
 def test_the_graph_reader_sees_a_loop() -> None:
     """The checks above can fail: a loop and an upward import are found when they are there."""
     assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert "opro.search.study" in _graph()["opro.search.steps"]
+    assert _floor("opro.search.steps") < _floor("opro.tracking.genai") < _floor("opro.experiment")

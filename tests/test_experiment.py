@@ -223,3 +223,13 @@ def test_the_mlflow_sidecar_starts_before_the_documents_and_ends_when_they_fail(
         exp.close()
     assert loaded_after == [1]  # the sidecar was running when the documents were read
     started[0]._process.wait(timeout=30)  # and it ended with the failed run
+
+
+def test_workers_sharing_a_sqlite_study_are_told_it_is_one_machine_only() -> None:
+    from opro.experiment import shared_sqlite_warning
+
+    said = shared_sqlite_warning("sqlite:///out/optuna.db", num_workers=3)
+    assert said is not None and said.startswith("3 workers share the study through a SQLite file")
+    assert "postgresql" in said
+    assert shared_sqlite_warning("sqlite:///out/optuna.db", num_workers=1) is None
+    assert shared_sqlite_warning("postgresql+psycopg2://u@h/db", num_workers=3) is None

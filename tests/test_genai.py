@@ -359,3 +359,34 @@ def test_optimize_writes_its_mlflow_records_in_the_sidecar(tmp_path: Path, monke
     assert all(len(_traces(client, r.info.run_id)) == 8 for r in runs)
     run = client.get_run(summary["mlflow_run_id"])
     assert "best_score" in run.data.metrics and run.info.status == "FINISHED"
+
+
+def test_validation_traces_keep_the_answers_the_search_scored(tmp_path: Path) -> None:
+    """The validation stage's records come from its own scoring (answers, contexts, verdicts), not from
+    asking again: without a call cache to replay through, every prompt is still recorded with a
+    trace per question and the scores the search used."""
+    from fakes import COMPARE_DOC, experiment_config, write_toml
+
+    split = {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": 4, "seed": 1}
+    cfg = experiment_config(tmp_path, questions=24, doc=COMPARE_DOC,
+                            experiment={"name": "t", "output_dir": "out", "progress": False, "cache": False},
+                            data={"dataset": "qa.jsonl", "split": split},
+                            models={"task": {"backend": "scripted", "model": "task"}}, optimizer={"steps": 1},
+                            tracking={"prompt_name": "qa-t", "genai": True, "sidecar": False})
+    config = write_toml(cfg, tmp_path / "t.toml")
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        result = exp.optimize()
+    finally:
+        exp.close()
+    assert result.validation is not None and result.validation.finalists
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    runs = list(client.search_runs([exp_id], filter_string="tags.`opro.source` = 'validation'"))
+    assert len(runs) == 1 + len(result.validation.finalists)
+    by_label = {r.data.tags["opro.prompt_label"]: r for r in runs}
+    assert by_label["initial"].data.metrics["correctness/mean"] == pytest.approx(result.validation.initial_score)
+    for r in runs:
+        traces = _traces(client, r.info.run_id)
+        assert len(traces) == 8
+        assert all(t.data.response for t in traces)  # the answers the search got, not empty replays

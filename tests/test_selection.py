@@ -233,7 +233,7 @@ def test_each_validated_prompt_is_announced_as_soon_as_it_is_scored(tmp_path: Pa
         def __getattr__(self, name: str) -> Callable[..., Any]:  # every other hook: nothing to do
             return lambda *a, **k: None
 
-        def on_validated(self, study: Any, *, label: str, instruction: str) -> None:
+        def on_validated(self, study: Any, *, label: str, instruction: str, rows: Any) -> None:
             announced.append((label, instruction, sum(q.startswith("val question") for q in judged)))
 
     r = run(tmp_path, judge=counting, seed=5, recorders=[Watch()], concurrency=4)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from opro.config import OptimizerSection
 from opro.errors import ConfigError, OproError
 from opro.evaluation import QAExample
+from opro.evaluation_types import EvaluationRow
 from opro.llm.client import UsageLedger
 from opro.locking import StudyLease
 from opro.search.metaprompt import Exemplar
@@ -133,9 +134,9 @@ class Search:
         for recorder in self.recorders:
             recorder.on_meta_prompt(step=step, text=text)
 
-    def _on_validated(self, label: str, instruction: str) -> None:
+    def _on_validated(self, label: str, instruction: str, rows: Sequence[EvaluationRow]) -> None:
         for recorder in self.recorders:
-            recorder.on_validated(self.study, label=label, instruction=instruction)
+            recorder.on_validated(self.study, label=label, instruction=instruction, rows=rows)
 
     def _run(
         self,

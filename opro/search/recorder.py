@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from opro.evaluation_types import EvaluationRow
     from opro.search.results import CandidateRecord, OptimizationResult
     from opro.search.study import SearchStudy
 
@@ -53,9 +54,12 @@ class Recorder(Protocol):
         """The steps are over; the validation stage (lead only) comes next."""
         return None
 
-    def on_validated(self, study: SearchStudy, *, label: str, instruction: str) -> None:
+    def on_validated(
+        self, study: SearchStudy, *, label: str, instruction: str, rows: Sequence[EvaluationRow]
+    ) -> None:
         """The validation stage scored every question of one prompt (``label``: ``initial`` or
-        ``finalist K``); its scores are in the study. Not called for prompts a rerun found scored."""
+        ``finalist K``); its scores are in the study and ``rows`` are its answers and verdicts (the
+        validation questions, in order). Not called for prompts a rerun found scored."""
         return None
 
     def on_validation_end(self, study: SearchStudy) -> None:

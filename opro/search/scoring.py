@@ -126,11 +126,11 @@ class CandidateScorer:
         prompts: Sequence[tuple[str, str]],
         examples: Sequence[QAExample],
         *,
-        on_done: Callable[[int, list[Outcome]], None],
+        on_done: Callable[[int, list[Scored]], None],
         progress: bool = True,
     ) -> None:
-        """Every (label, instruction) on every question; ``on_done(k, outcomes)`` as soon as prompt
-        ``k``'s questions are all in."""
+        """Every (label, instruction) on every question; ``on_done(k, scored)`` as soon as prompt
+        ``k``'s questions are all in, in question order (each with its row: answer, contexts, verdict)."""
         if not prompts:
             return
         engine = self.engine
@@ -143,7 +143,7 @@ class CandidateScorer:
             # while the later ones are still being asked.
             order = [(k, i) for k in range(len(prompts)) for i in range(len(examples))]
         pairs = [Pair(key=k, index=i, template=templates[k], example=examples[i]) for k, i in order]
-        got: dict[tuple[int, int], Outcome] = {}
+        got: dict[tuple[int, int], Scored] = {}
         left = [len(examples)] * len(prompts)
         with progress_bar(
             f"validation: {len(prompts)} prompt(s) x {len(examples)} questions", total=len(pairs), enabled=progress
@@ -151,7 +151,7 @@ class CandidateScorer:
 
             def on_scored(scored: Scored) -> None:
                 k = int(scored.pair.key)  # type: ignore[call-overload]
-                got[(k, scored.pair.index)] = self.outcome(scored, prompts[k][1])
+                got[(k, scored.pair.index)] = scored
                 bar.advance()
                 left[k] -= 1
                 if not left[k]:

@@ -9,11 +9,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from opro.config import OptimizerSection
+from opro.engine import Scored
 from opro.errors import LLMError
 from opro.evaluation import QAExample
+from opro.evaluation_types import EvaluationRow
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult
-from opro.search.scoring import CandidateScorer, Outcome
+from opro.search.scoring import CandidateScorer
 from opro.search.study import SearchStudy
 from opro.stats import bootstrap_mean_ci, compare_paired, holm, paired_valid
 
@@ -31,12 +33,13 @@ def score_on(
     prompts: Sequence[tuple[str, str]],
     examples: Sequence[QAExample],
     *,
-    on_validated: Callable[[str, str], None],
+    on_validated: Callable[[str, str, Sequence[EvaluationRow]], None],
     progress: bool = True,
 ) -> dict[str, list[float | None]]:
     """Per-question validation scores of each (label, instruction), kept in the study so a rerun
-    asks nothing. ``on_validated(label, instruction)`` as soon as all of a prompt's questions are
-    scored without an LLM error (a prompt with errors is asked again by a rerun)."""
+    asks nothing. ``on_validated(label, instruction, rows)`` as soon as all of a prompt's questions
+    are scored without an LLM error (a prompt with errors is asked again by a rerun); ``rows`` are
+    its questions' answers and verdicts, in question order, for the recorders that keep them."""
     out: dict[str, list[float | None]] = {}
     todo: list[tuple[str, str]] = []
     for label, ins in prompts:
@@ -46,12 +49,13 @@ def score_on(
         else:
             todo.append((label, ins))
 
-    def done(k: int, results: list[Outcome]) -> None:
+    def done(k: int, scored: list[Scored]) -> None:
         label, ins = todo[k]
+        results = [scorer.outcome(s, ins) for s in scored]
         out[ins] = [None if isinstance(r, LLMError) else r for r in results]
         if not any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
             study.save_validation_scores(ins, out[ins])
-            on_validated(label, ins)
+            on_validated(label, ins, tuple(s.row for s in scored))
 
     scorer.score_prompts(todo, examples, on_done=done, progress=progress)
     return out
@@ -66,7 +70,7 @@ def validate(
     history: Sequence[CandidateRecord],
     initial: str,
     seed: int = 0,
-    on_validated: Callable[[str, str], None] = lambda label, instruction: None,
+    on_validated: Callable[[str, str, Sequence[EvaluationRow]], None] = lambda label, instruction, rows: None,
     progress: bool = True,
 ) -> ValidationResult:
     """The finalists (the best complete candidates besides the initial instruction) and the initial

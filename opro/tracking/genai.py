@@ -651,10 +651,12 @@ class ValidationTraces(Recorder):
     of CPU per trace in its SQLAlchemy store, plus seconds of imports) runs there, so it never takes
     this process's GIL from the search: when the search starts the sidecar imports MLflow's
     evaluation harness and registers the dataset splits while the search waits on its models. Each
-    prompt is sent as soon as the validation stage has scored it (:meth:`on_validated`): its answers
-    and verdicts are read back through the call cache on ``tracking``'s background thread (in order
-    with the run it links to) and written while the later prompts are still being asked. Without a
-    sidecar the same work runs on that thread. What a rerun found already scored is recorded at the end.
+    prompt is sent as soon as the validation stage has scored it (:meth:`on_validated`), with the
+    answers and verdicts the scoring produced (nothing is asked again), on ``tracking``'s background
+    thread (in order with the run it links to), and written while the later prompts are still being
+    asked. Without a sidecar the same work runs on that thread. A prompt a rerun found already scored
+    was recorded by the run that scored it; only if that run died before writing it is it read back
+    through the call cache at the end (:func:`log_validation_prompt`).
     """
 
     def __init__(self, experiment: Workbench, *, tracking: MlflowRecorder) -> None:
@@ -702,14 +704,18 @@ class ValidationTraces(Recorder):
             for job in self._logged.values():
                 job.exception()
 
-    def on_validated(self, study: SearchStudy, *, label: str, instruction: str) -> None:
-        self._logged[label] = self.tracking.in_background(
-            self._record, label, instruction, study.name, self.tracking.run_id)
+    def on_validated(
+        self, study: SearchStudy, *, label: str, instruction: str, rows: Sequence[EvaluationRow]
+    ) -> None:
+        from opro.evaluation_types import EvaluationReport
+        from opro.metrics import metric_name
 
-    def _record(self, label: str, instruction: str, study_name: str, run_id: str | None) -> GenAIRecord | None:
-        evaluation = validation_evaluation(experiment=self.experiment, label=label, instruction=instruction)
-        if evaluation is None:
-            return None
+        report = EvaluationReport(rows=tuple(rows), judge=metric_name(self.experiment.judge))
+        evaluation = _validation_prompt(label, self.experiment.template(instruction), instruction, report)
+        self._logged[label] = self.tracking.in_background(
+            self._record, evaluation, study.name, self.tracking.run_id)
+
+    def _record(self, evaluation: PromptEvaluation, study_name: str, run_id: str | None) -> GenAIRecord | None:
         record: GenAIRecord | None = self._logger().log_validation(
             evaluation, dataset=self.experiment.dataset, study_name=study_name, optimization_run_id=run_id)
         return record
@@ -734,13 +740,21 @@ class ValidationTraces(Recorder):
             self._sidecar = None
 
 
-def validation_evaluation(*, experiment: Workbench, label: str, instruction: str) -> PromptEvaluation | None:
-    """One prompt of the validation stage with its answers and verdicts (None: no call cache).
+def _validation_prompt(label: str, template: QATemplate, instruction: str, report: EvaluationReport) -> PromptEvaluation:
+    role = "initial" if label == "initial" else "finalist"
+    return PromptEvaluation(label=label, template=template, report=report,
+                            tags={"opro.role": role, "opro.instruction": instruction[:5000]})
 
-    The validation stage keeps scores only, so its answers and verdicts are read back through the
-    experiment's call cache (the same calls, answered from the cache: no new LLM work; a judge
-    reply that was unreadable is not cached and is asked again). Without a cache this would repeat
-    every call, so it is skipped with a warning.
+
+def validation_evaluation(*, experiment: Workbench, label: str, instruction: str) -> PromptEvaluation | None:
+    """One prompt of a finished validation stage with its answers and verdicts, read back (None: no
+    call cache). For a prompt whose rows are gone: one a rerun found scored in the study, whose run
+    died before recording it (a live search hands its rows to :meth:`ValidationTraces.on_validated`).
+
+    The study keeps scores only, so the answers and verdicts are read back through the experiment's
+    call cache (the same calls, answered from the cache: no new LLM work; a judge reply that was
+    unreadable is not cached and is asked again). Without a cache this would repeat every call, so
+    it is skipped with a warning.
     """
     from opro.evaluation import evaluate_examples
 
@@ -752,9 +766,7 @@ def validation_evaluation(*, experiment: Workbench, label: str, instruction: str
         program=experiment.program, template=template, examples=experiment.dataset.examples_in("validation"),
         judge=experiment.judge, progress=False,
     )
-    role = "initial" if label == "initial" else "finalist"
-    return PromptEvaluation(label=label, template=template, report=report,
-                            tags={"opro.role": role, "opro.instruction": instruction[:5000]})
+    return _validation_prompt(label, template, instruction, report)
 
 
 def log_validation_prompt(

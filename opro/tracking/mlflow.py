@@ -323,11 +323,27 @@ def load_registered_template(*, tracking_uri: str, uri: str) -> str:
     return from_mlflow_template(str(prompt.template))
 
 
+def tag_prompt_version(*, tracking_uri: str, name: str, version: int, tags: Mapping[str, str]) -> None:
+    """Set tags on a registered prompt version (the held-out evidence a promotion rests on)."""
+    client = _client(tracking_uri)
+    for key, value in tags.items():
+        client.set_prompt_version_tag(name, str(version), key, value)
+
+
+def run_params(*, tracking_uri: str, run_id: str) -> dict[str, str]:
+    """A run's logged params; raises MLflow's own errors for a missing run or store."""
+    from mlflow import MlflowClient
+
+    return dict(MlflowClient(tracking_uri=tracking_uri).get_run(run_id).data.params)
+
+
 __all__ = [
     "MlflowTracker",
     "check_server",
     "from_mlflow_template",
     "load_registered_template",
+    "run_params",
     "safe_params",
+    "tag_prompt_version",
     "to_mlflow_template",
 ]
