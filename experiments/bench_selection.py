@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from opro.config import OptimizerSection
+from opro.errors import ConfigError
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
 from opro.search import CandidateScorer, Search, SearchStudy, make_proposer, make_pruner, open_storage
@@ -98,12 +99,16 @@ def true_mean(effect: float, n: int = 200_000) -> float:
 class World:
     """One seed's truth: the effect of every instruction the optimizer can propose."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, *, better_by: float | None = None) -> None:
         self.seed = seed
+        #: None: the mixture below; a number: about 1 proposal in 6 is better by it, the rest equal.
+        self.better_by = better_by
 
     def effect(self, instruction: str) -> float:
         if instruction.startswith(INITIAL):
             return 0.0
+        if self.better_by is not None:
+            return self.better_by if _normal(self.seed, "better", instruction) > 1.0 else 0.0
         z = _normal(self.seed, "effect", instruction)
         # Most proposals are no better than the initial instruction; about 1 in 6 is 0.5+ better.
         return round(-0.15 + 0.45 * z, 2)
@@ -137,13 +142,15 @@ class ReplyJudge:
         return Verdict(float(reply), False)
 
 
-def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: int, folder: Path) -> dict[str, Any]:
+def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: int, folder: Path,
+             design: dict[str, Any] | None = None) -> dict[str, Any]:
     usage = UsageLedger()
     if rule == "old":
         settings = OptimizerSection(steps=steps, candidates_per_step=k, minibatch_size=2, pruner="best",
                                     prune_margin=1.0, finalists=0)
     else:
-        settings = OptimizerSection(steps=steps, candidates_per_step=k, minibatch_size=2, pruner="race", finalists=3)
+        settings = OptimizerSection(**{"steps": steps, "candidates_per_step": k, "minibatch_size": 2,
+                                       "pruner": "race", **(design or {})})
     program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0]),
                                      role="task", usage=usage))
     study = SearchStudy.open(open_storage(f"sqlite:///{folder / f'{rule}-{world.seed}.db'}"), name="bench",
@@ -167,6 +174,7 @@ def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: 
         "returned_effect": world.effect(result.best_instruction),
         "best_proposed_effect": max(effects),
         "claims_gain": result.validated if rule == "new" else result.best_instruction != INITIAL,
+        "reported_gain": result.gain,
         "calls": usage.total_calls(),
     }
 
@@ -204,6 +212,66 @@ def simulate(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int) -> list[
                 "seconds": time.perf_counter() - started,
             })
     return rows
+
+
+def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dict[str, Any],
+          effects: Sequence[float] = (0.0, 0.5, 1.0)) -> list[dict[str, Any]]:
+    """Worlds where about 1 proposal in 6 is truly better by ``effect`` (judge points before rounding)
+    and the rest are equal to the initial instruction: how often the validated search returns a
+    better one, how often it claims a gain in the null world (and whether a rerun with a looser
+    alpha can claim one), and the bias of the reported gain among the runs that claim one."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for effect in effects:
+            started = time.perf_counter()
+            runs, reruns = [], 0
+            for s in range(seeds):
+                world = World(s, better_by=effect)
+                folder = Path(tmp) / f"e{effect}"
+                folder.mkdir(exist_ok=True)
+                runs.append(run_once(world, rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k, folder=folder,
+                                     design=design))
+                if effect == 0.0 and s < min(seeds, 50):
+                    # The alpha-shopping rerun: the same study and questions, a looser alpha.
+                    try:
+                        again = run_once(world, rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k,
+                                         folder=folder, design={**design, "alpha": min(0.5, 4 * design.get("alpha", 0.05))})
+                        reruns += bool(again["claims_gain"]) and not runs[-1]["claims_gain"]
+                    except ConfigError:
+                        pass
+            base = true_mean(0.0, n=50_000)
+            better = true_mean(effect, n=50_000) - base
+            claims = [r for r in runs if r["claims_gain"]]
+            bias = [r["reported_gain"] - (true_mean(r["returned_effect"], n=50_000) - base) for r in claims]
+            rows.append({
+                "effect": effect, "true_gain": better, "seeds": seeds,
+                # Among the seeds whose search proposed a better prompt (about 1 in 6 proposals is).
+                "p_returns_better": float(np.mean([r["returned_effect"] > 0 for r in runs
+                                                   if r["best_proposed_effect"] > 0] or [math.nan])) if effect else math.nan,
+                "p_proposed": float(np.mean([r["best_proposed_effect"] > 0 for r in runs])),
+                "p_claims": float(np.mean([r["claims_gain"] for r in runs])),
+                "rerun_new_claims": reruns,
+                "gain_bias": float(np.mean(bias)) if bias else math.nan,
+                "gain_bias_se": float(np.std(bias, ddof=1) / math.sqrt(len(bias))) if len(bias) > 1 else math.nan,
+                "calls_per_run": float(np.mean([r["calls"] for r in runs])),
+                "seconds": time.perf_counter() - started,
+            })
+    return rows
+
+
+def print_power(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: int, n_val: int, steps: int,
+                k: int) -> None:
+    print(f"(c) power: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation questions, "
+          f"design {design}")
+    print("| true effect (judge points; mean-score gain) | seeds | better one proposed | P(returns it, when proposed) "
+          "| P(claims a gain) | new claims by an alpha x4 rerun | bias of the claimed gain | calls/run |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        better = "n/a" if math.isnan(r["p_returns_better"]) else f"{r['p_returns_better']:.3f}"
+        bias = "n/a" if math.isnan(r["gain_bias"]) else f"{r['gain_bias']:+.3f} ± {r['gain_bias_se']:.3f}"
+        proposed = "n/a" if not r["effect"] else f"{r['p_proposed']:.2f}"
+        print(f"| +{r['effect']:.1f} ({r['true_gain']:+.2f}) | {r['seeds']} | {proposed} | {better} | {r['p_claims']:.3f} "
+              f"| {r['rerun_new_claims']} | {bias} | {r['calls_per_run']:.0f} |")
 
 
 def print_simulation(rows: list[dict[str, Any]], *, n_opt: int, n_val: int, steps: int, k: int) -> None:
@@ -249,10 +317,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--candidates", type=int, default=3)
     ap.add_argument("--run-dir", type=Path, help="print (b) for this run folder instead of simulating")
+    ap.add_argument("--power", action="store_true", help="(c): fixed true effects 0, +0.5, +1.0 instead of (a)")
+    ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
     args = ap.parse_args(argv)
     logging.disable(logging.WARNING)
     if args.run_dir:
         print_run(args.run_dir)
+        return 0
+    if args.power:
+        design = json.loads(args.design)
+        prows = power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
+                      k=args.candidates, design=design)
+        print_power(prows, design=design, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
+                    k=args.candidates)
         return 0
     rows = simulate(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
                     k=args.candidates)

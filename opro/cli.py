@@ -562,7 +562,7 @@ def _result_table(result: OptimizationResult, *, title: str) -> Any:
     table.add_column("")
     table.add_column("search score\n(in-sample)", justify="right")
     table.add_column("validation score\n[95% CI]", justify="right")
-    table.add_column("vs initial\n(Holm p)", justify="right")
+    table.add_column("vs initial\n(sequential p)", justify="right")
     table.add_column("instruction")
 
     def fmt(x: float | None) -> str:
@@ -579,7 +579,10 @@ def _result_table(result: OptimizationResult, *, title: str) -> Any:
     table.add_row("initial", fmt(result.initial_score), with_ci(v.initial_score, v.initial_ci), "",
                   escape(result.initial_instruction), style="bold" if not result.validated else None)
     for i, f in enumerate(v.finalists, start=1):
-        diff = "n/a" if f.difference is None else f"{f.difference:+.2f} (p={f.p_adjusted:.2g})"
+        diff = ("not chosen" + (f" (selection {f.selection_score:.2f})" if f.selection_score is not None else "")
+                if not f.chosen else "n/a" if f.difference is None
+                else f"{f.difference:+.2f} [{f.difference_ci[0]:+.2f}, {f.difference_ci[1]:+.2f}] (p={f.p_value:.2g})"
+                if f.difference_ci and f.p_value is not None else f"{f.difference:+.2f}")
         returned = v.winner is not None and f.instruction == v.winner.instruction
         table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
                       with_ci(f.validation_score, f.validation_ci), diff, escape(f.instruction),

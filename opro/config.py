@@ -205,11 +205,18 @@ class OptimizerSection:
     lookahead: bool = True
     #: One-sided confidence of the racing pruner's bound (higher: prunes less, later).
     race_confidence: float = 0.95
-    #: Finalists (best by search score) re-scored on the validation split against the initial
-    #: instruction; 0 turns the validation stage off (the search score is then in-sample only).
+    #: Finalists (best by search score) taken to the validation stage; 0 turns it off (the search
+    #: score is then in-sample only). With more than one, the first ``selection_questions``
+    #: validation questions choose the one that is tested against the initial instruction.
     finalists: int = 3
-    #: Significance level of the validation test (Holm-corrected over the finalists).
+    selection_questions: int = 4
+    #: Significance level of the validation decision (one-sided, over all its looks).
     alpha: float = 0.05
+    #: The chosen finalist and the initial instruction are asked the other validation questions in
+    #: this many batches, with a decision after each (group-sequential, O'Brien-Fleming-type alpha
+    #: spending: see opro/sequential.py); ``futility``: stop once the finalist is not ahead.
+    validation_looks: int = 3
+    futility: bool = True
     #: A candidate counts as complete only if this share of its questions was scored validly.
     min_coverage: float = 0.9
     patience: int = 0
@@ -232,6 +239,10 @@ class OptimizerSection:
             raise ConfigError(f"[optimizer].temperature must be within 0..2, got {self.temperature}")
         if self.finalists < 0:
             raise ConfigError(f"[optimizer].finalists must be >= 0 (0: no validation stage), got {self.finalists}")
+        if self.selection_questions < 0:
+            raise ConfigError(f"[optimizer].selection_questions must be >= 0, got {self.selection_questions}")
+        if self.validation_looks < 1:
+            raise ConfigError(f"[optimizer].validation_looks must be >= 1 (1: one test at the end), got {self.validation_looks}")
         if not 0.0 < self.alpha < 1.0:
             raise ConfigError(f"[optimizer].alpha must be between 0 and 1 (e.g. 0.05), got {self.alpha}")
         if not 0.0 < self.min_coverage <= 1.0:

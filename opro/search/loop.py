@@ -90,7 +90,8 @@ class Search:
         """Search on ``optimization_set``; then re-score the finalists on ``validation_set``.
 
         The returned instruction is a finalist only if it beats the initial instruction on the
-        validation questions (paired, Holm-corrected); otherwise it is the initial instruction.
+        validation questions (a group-sequential paired test; see :mod:`opro.search.validation`);
+        otherwise it is the initial instruction.
         """
         if not optimization_set:
             raise OproError("the optimization split is empty: give the dataset an optimization split")

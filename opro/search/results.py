@@ -7,7 +7,7 @@ was recorded (run directory, MLflow run) beside it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
@@ -42,36 +42,49 @@ class CandidateRecord:
 
 @dataclass(frozen=True)
 class FinalistRecord:
-    """A finalist of the search re-scored on the validation split, paired with the initial instruction."""
+    """A finalist of the search in the validation stage. Only the *chosen* one is tested against the
+    initial instruction; its scores, difference and p-value are on the confirmation questions."""
 
     instruction: str
     trial_number: int
     search_score: float
+    #: The chosen finalist's mean on the confirmation questions (None for the others).
     validation_score: float | None
     validation_ci: tuple[float, float] | None
-    #: Mean of (finalist - initial) over the validation questions both scored validly.
+    #: Mean of (finalist - initial) over the confirmation questions both scored validly.
     difference: float | None
     difference_ci: tuple[float, float] | None
     n_pairs: int
-    #: The larger of the one-sided (finalist better) Wilcoxon and permutation p-values, before and after Holm.
-    p_value: float
-    p_adjusted: float
+    #: The group-sequential test's one-sided p-value (stagewise ordering; one hypothesis, so
+    #: ``p_adjusted`` is the same number). None for a finalist that was not chosen.
+    p_value: float | None
+    p_adjusted: float | None
     significant: bool
     scores: tuple[float | None, ...] = ()
+    chosen: bool = False
+    #: Mean on the selection questions (None without a selection part).
+    selection_score: float | None = None
 
 
 @dataclass(frozen=True)
 class ValidationResult:
-    """The validation stage: the initial instruction and the finalists on the same questions."""
+    """The validation stage: finalists chosen on the selection questions, the chosen one and the
+    initial instruction on the confirmation questions, one look after each batch."""
 
     n_questions: int
     alpha: float
+    #: The initial instruction on the confirmation questions asked (the same as the chosen finalist).
     initial_score: float | None
     initial_ci: tuple[float, float] | None
     initial_scores: tuple[float | None, ...]
     finalists: tuple[FinalistRecord, ...]
     winner: FinalistRecord | None
     verdict: str
+    #: Every look of the sequential test (:meth:`opro.sequential.Look.as_dict`), in order.
+    looks: tuple[dict[str, Any], ...] = ()
+    #: The design the decision was made under (alpha, looks, futility, selection questions, procedure).
+    design: Mapping[str, Any] = field(default_factory=dict)
+    selection_questions: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,8 +92,8 @@ class OptimizationResult:
     """What a search returns. ``best_score`` is measured on ``score_basis`` data (see ``score_label``).
 
     With a validation stage, ``best_instruction`` is a finalist only if it beat the initial
-    instruction on the validation questions by a paired test (Holm-corrected over the finalists);
-    otherwise it is the initial instruction and ``gain`` is ``None``.
+    instruction on validation questions by a group-sequential paired test, and ``gain`` is measured
+    on questions that did not choose it; otherwise it is the initial instruction and ``gain`` is ``None``.
     """
 
     best_instruction: str
@@ -139,7 +152,8 @@ class OptimizationResult:
             "initial_instruction": self.initial_instruction,
             "initial_score": self.initial_score,
             "validation": None if v is None else {
-                **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner")},
+                **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner", "design")},
+                "design": dict(v.design),
                 "finalists": [asdict(f) for f in v.finalists],
                 "winner": None if v.winner is None else v.winner.instruction,
             },

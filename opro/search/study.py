@@ -17,7 +17,9 @@ Study attributes::
     sampling:<step>           worker 0's dealing of the step's optimizer samples to the live workers
     sample:<step>:<tag>:<i>   a sample's text (or its error) asked by the worker it was dealt to
     stopped:<step>            worker 0 stopped the search before this step (reason, token)
-    validation:<sha>          a prompt's per-question validation scores
+    validation:<sha>:<sha>    a prompt's per-question scores on a batch of validation questions
+    validation_design         the validation decision's design (alpha, looks, finalists, questions)
+    validation_looks          every look of that decision (statistic, boundary, p-value, decision)
     summary                   the lead's final summary (``opro compare best`` from the stores)
     split_record              the questions the optimization saw (the held-out guard)
     mlflow_run_id             the MLflow run of the search
@@ -61,6 +63,29 @@ class FingerprintMismatch(ConfigError):
 
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def questions_key(queries: Sequence[str]) -> str:
+    return sha("\x1f".join(queries))
+
+
+def _validation_key(instruction: str, queries: Sequence[str]) -> str:
+    return f"validation:{sha(normalize_instruction(instruction))}:{questions_key(queries)}"
+
+
+class ValidationReuse(ConfigError):
+    """The validation questions already decided a verdict under another design."""
+
+    def __init__(self, study: str, before: Mapping[str, Any], now: Mapping[str, Any]) -> None:
+        shown = ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in ("alpha", "looks", "futility",
+                          "selection_questions", "finalists") if before.get(k) != now.get(k)) or "other finalists"
+        super().__init__(
+            f"these {now.get('n_questions')} validation questions already decided a verdict in study {study!r} "
+            f"under another design ({shown}). Testing again on questions whose verdict was seen would let a "
+            "rerun keep the settings that happen to claim a gain. Restore that design to resume its decision, "
+            "or validate on new questions ([data.split].seed, or more questions in the dataset); "
+            "`opro compare` on the held-out split measures any prompt without deciding here"
+        )
 
 
 def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optuna.storages.BaseStorage:
@@ -271,8 +296,10 @@ class LeaseSlot:
 class SearchStudy:
     """An Optuna study holding one search: its candidates as trials and its shared state as attributes."""
 
-    def __init__(self, study: optuna.Study) -> None:
+    def __init__(self, study: optuna.Study, storage: optuna.storages.BaseStorage | str | None = None) -> None:
         self.optuna = study
+        #: Where the study lives (its other studies are checked by :meth:`begin_validation`).
+        self.storage = storage
 
     @classmethod
     def open(cls, storage: optuna.storages.BaseStorage, *, name: str,
@@ -284,7 +311,7 @@ class SearchStudy:
         for attempt in range(5):
             try:
                 return cls(optuna.create_study(storage=storage, study_name=name, direction="maximize",
-                                               pruner=pruner, load_if_exists=True))
+                                               pruner=pruner, load_if_exists=True), storage)
             except (OperationalError, IntegrityError):
                 # Workers starting together race to create the study; the loser retries.
                 if attempt == 4:
@@ -297,7 +324,7 @@ class SearchStudy:
         """The study ``name`` if it exists, else None."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            return cls(optuna.load_study(study_name=name, storage=storage))
+            return cls(optuna.load_study(study_name=name, storage=storage), storage)
         except KeyError:
             return None
 
@@ -445,12 +472,41 @@ class SearchStudy:
         self.optuna.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     # -- validation and the result --------------------------------------------------------------
-    def validation_scores(self, instruction: str) -> list[float | None] | None:
-        stored = self.optuna.user_attrs.get(f"validation:{sha(normalize_instruction(instruction))}")
+    def validation_scores(self, instruction: str, queries: Sequence[str]) -> list[float | None] | None:
+        """A prompt's scores on these validation questions (keyed by both: a question set is never
+        mistaken for another), or None when not scored."""
+        stored = self.optuna.user_attrs.get(_validation_key(instruction, queries))
         return None if stored is None else list(stored)
 
-    def save_validation_scores(self, instruction: str, scores: Sequence[float | None]) -> None:
-        self.optuna.set_user_attr(f"validation:{sha(normalize_instruction(instruction))}", list(scores))
+    def save_validation_scores(self, instruction: str, queries: Sequence[str], scores: Sequence[float | None]) -> None:
+        self.optuna.set_user_attr(_validation_key(instruction, queries), list(scores))
+
+    def validation_design(self) -> dict[str, Any] | None:
+        stored = self.optuna.user_attrs.get("validation_design")
+        return dict(stored) if isinstance(stored, Mapping) else None
+
+    def validation_looks(self) -> list[dict[str, Any]]:
+        return [dict(x) for x in self.optuna.user_attrs.get("validation_looks", [])]
+
+    def begin_validation(self, design: Mapping[str, Any]) -> None:
+        """Record the design of the validation decision about to be made, refusing a second decision
+        on the same validation questions under another design, in this study or any other of its
+        storage (an archived ``--fresh`` one included): a rerun that changed alpha, the finalists or
+        the looks would otherwise test again on questions whose verdict it has seen."""
+        questions, key = design["questions"], design["key"]
+        prior = [(self.name, self.validation_design())]
+        if self.storage is not None:
+            prior += [(summary.study_name, summary.user_attrs.get("validation_design"))
+                      for summary in optuna.get_all_study_summaries(self.storage, include_best_trial=False)
+                      if summary.study_name != self.name]
+        for name, other in prior:
+            if isinstance(other, Mapping) and other.get("questions") == questions and other.get("key") != key:
+                raise ValidationReuse(name, dict(other), dict(design))
+        self.optuna.set_user_attr("validation_design", dict(design))
+
+    def save_validation_look(self, look: Mapping[str, Any]) -> None:
+        looks = [x for x in self.validation_looks() if x.get("look") != look.get("look")]
+        self.optuna.set_user_attr("validation_looks", sorted([*looks, dict(look)], key=lambda x: x["look"]))
 
     def summary(self) -> dict[str, Any] | None:
         stored = self.optuna.user_attrs.get("summary")
@@ -493,8 +549,10 @@ __all__ = [
     "LeaseSlot",
     "SearchStudy",
     "StudyView",
+    "ValidationReuse",
     "complete_before",
     "open_storage",
+    "questions_key",
     "sha",
 ]
 

@@ -1,12 +1,29 @@
-"""The validation stage: the search's finalists against the initial instruction on questions the
-search never saw, by paired one-sided tests with Holm's correction over the finalists."""
+"""The validation stage: is the search's best finalist really better than the initial instruction?
+
+On questions the search never saw, in two parts that never share a question:
+
+1. **Selection** (with more than one finalist): the finalists answer the first
+   ``selection_questions`` validation questions; the one with the best mean over its search
+   questions and these is *chosen*. These questions only choose; they test nothing.
+2. **Confirmation**: the chosen finalist and the initial instruction answer the other validation
+   questions in ``validation_looks`` batches, and after each batch a group-sequential one-sided
+   sign-flip test (:mod:`opro.sequential`) decides: success, futility, or the next batch. One
+   hypothesis is tested, so no multiplicity correction is needed, and a clear effect stops early.
+
+The reported gain, its interval and the returned score come from the confirmation questions only:
+questions that did not choose the finalist among the others (no winner's curse from the selection).
+
+Every look is recorded in the study with the design it was made under; the same questions cannot
+decide again under another design (:meth:`SearchStudy.begin_validation`), so a rerun cannot shop for
+the alpha, finalists or steps that happen to claim a gain.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
 from opro.config import OptimizerSection
 from opro.engine import Scored
@@ -16,10 +33,13 @@ from opro.evaluation_types import EvaluationRow
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult
 from opro.search.scoring import CandidateScorer
-from opro.search.study import SearchStudy
-from opro.stats import bootstrap_mean_ci, compare_paired, holm, paired_valid
+from opro.search.study import SearchStudy, questions_key, sha
+from opro.sequential import Look, decide, look_sizes, t_interval
+from opro.stats import paired_valid
 
 logger = logging.getLogger(__name__)
+
+OnValidated = Callable[[str, str, Sequence[EvaluationRow]], None]
 
 
 def validation_prompts(initial: str, finalists: Sequence[str]) -> list[tuple[str, str]]:
@@ -33,17 +53,18 @@ def score_on(
     prompts: Sequence[tuple[str, str]],
     examples: Sequence[QAExample],
     *,
-    on_validated: Callable[[str, str, Sequence[EvaluationRow]], None],
+    on_validated: OnValidated,
     progress: bool = True,
 ) -> dict[str, list[float | None]]:
-    """Per-question validation scores of each (label, instruction), kept in the study so a rerun
-    asks nothing. ``on_validated(label, instruction, rows)`` as soon as all of a prompt's questions
-    are scored without an LLM error (a prompt with errors is asked again by a rerun); ``rows`` are
-    its questions' answers and verdicts, in question order, for the recorders that keep them."""
+    """Per-question validation scores of each (label, instruction) on ``examples``, kept in the study
+    (keyed by the prompt and the questions) so a rerun asks nothing. ``on_validated(label,
+    instruction, rows)`` as soon as all of a prompt's questions are scored without an LLM error (a
+    prompt with errors is asked again by a rerun); ``rows`` are its answers and verdicts, in order."""
+    queries = [e.query for e in examples]
     out: dict[str, list[float | None]] = {}
     todo: list[tuple[str, str]] = []
     for label, ins in prompts:
-        stored = study.validation_scores(ins)
+        stored = study.validation_scores(ins, queries)
         if stored is not None and len(stored) == len(examples):
             out[ins] = stored
         else:
@@ -54,11 +75,44 @@ def score_on(
         results = [scorer.outcome(s, ins) for s in scored]
         out[ins] = [None if isinstance(r, LLMError) else r for r in results]
         if not any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
-            study.save_validation_scores(ins, out[ins])
+            study.save_validation_scores(ins, queries, out[ins])
             on_validated(label, ins, tuple(s.row for s in scored))
 
-    scorer.score_prompts(todo, examples, on_done=done, progress=progress)
+    if examples:
+        scorer.score_prompts(todo, examples, on_done=done, progress=progress)
     return out
+
+
+@dataclass
+class _Rows:
+    """Each prompt's rows over the batches this process scored; a prompt is handed to the recorders
+    once its questions are all here (a batch a rerun found scored leaves it out)."""
+
+    rows: dict[str, list[EvaluationRow]] = field(default_factory=dict)
+    batches: dict[str, int] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def expect(self, label: str, instruction: str) -> None:
+        self.labels[label] = instruction
+        self.batches[label] = self.batches.get(label, 0) + 1
+
+    def add(self, label: str, instruction: str, rows: Sequence[EvaluationRow]) -> None:
+        self.rows.setdefault(label, []).extend(rows)
+        self.batches[label] -= 1
+
+    def finish(self, on_validated: OnValidated) -> None:
+        for label, instruction in self.labels.items():
+            if self.batches.get(label, 0) == 0 and label in self.rows:
+                on_validated(label, instruction, tuple(self.rows[label]))
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    valid = [x for x in values if x is not None]
+    return sum(valid) / len(valid) if valid else None
+
+
+def _ci(values: Sequence[float | None]) -> tuple[float, float] | None:
+    return t_interval([x for x in values if x is not None])
 
 
 def validate(
@@ -70,12 +124,11 @@ def validate(
     history: Sequence[CandidateRecord],
     initial: str,
     seed: int = 0,
-    on_validated: Callable[[str, str, Sequence[EvaluationRow]], None] = lambda label, instruction, rows: None,
+    on_validated: OnValidated = lambda label, instruction, rows: None,
     progress: bool = True,
 ) -> ValidationResult:
-    """The finalists (the best complete candidates besides the initial instruction) and the initial
-    instruction on the same validation questions; a finalist wins only if it is better by a one-sided
-    paired test, Holm-corrected over the finalists."""
+    """Choose a finalist on the selection questions, then test it against the initial instruction
+    on the confirmation questions, look by look (see the module docstring)."""
     s = settings
     initial_key = normalize_instruction(initial)
     complete = [r for r in history if r.status == "complete" and r.score is not None]
@@ -84,83 +137,130 @@ def validate(
         key=lambda r: (-(r.score or 0.0), r.step, r.index),
     )[: s.finalists]
     n = len(validation_set)
-    scores = score_on(study, scorer, validation_prompts(initial, [f.instruction for f in finalists]),
-                      validation_set, on_validated=on_validated, progress=progress)
-    init_scores = scores[initial]
-    init_valid = [x for x in init_scores if x is not None]
-
-    def ci(values: Sequence[float]) -> tuple[float, float] | None:
-        if not values:
-            return None
-        c = bootstrap_mean_ci(values, seed=seed)
-        return (c.low, c.high)
-
-    raw: list[tuple[CandidateRecord, list[float | None], Any]] = []
-    for f in finalists:
-        a, b = paired_valid(scores[f.instruction], init_scores)
-        cmp = compare_paired(a, b, seed=seed, alpha=s.alpha) if a else None
-        raw.append((f, scores[f.instruction], cmp))
-    # One-sided: the question is only whether a finalist is *better* than the initial instruction.
-    # Both nulls are symmetric, so the one-sided p-value is half the two-sided one in that direction.
-    p_raw = [
-        (max(c.wilcoxon.p_value, c.permutation.p_value) / 2 if c.difference.estimate > 0 else 1.0)
-        if c is not None and c.n else 1.0
-        for _, _, c in raw
-    ]
-    p_adj = holm(p_raw) if p_raw else []
-    records = []
-    for (f, f_scores, cmp), p, q in zip(raw, p_raw, p_adj, strict=True):
-        valid = [x for x in f_scores if x is not None]
-        covered = len(valid) >= s.min_coverage * n and len(init_valid) >= s.min_coverage * n
-        diff = cmp.difference if cmp is not None else None
-        records.append(
-            FinalistRecord(
-                instruction=f.instruction,
-                trial_number=f.trial_number,
-                search_score=float(f.score or 0.0),
-                validation_score=sum(valid) / len(valid) if valid else None,
-                validation_ci=ci(valid),
-                difference=None if diff is None else diff.estimate,
-                difference_ci=None if diff is None else (diff.low, diff.high),
-                n_pairs=cmp.n if cmp is not None else 0,
-                p_value=p,
-                p_adjusted=q,
-                significant=bool(covered and diff is not None and diff.estimate > 0 and q < s.alpha),
-                scores=tuple(f_scores),
-            )
-        )
-    winners = [r for r in records if r.significant]
-    # Ties to the better search rank (the finalists' order), not to a trial number.
-    winner = (
-        max(winners, key=lambda r: (r.validation_score or 0.0, -records.index(r))) if winners else None
-    )
     if not finalists:
-        verdict = "no candidate besides the initial instruction completed the search: nothing to validate"
-    elif winner is None:
-        best = max(records, key=lambda r: r.difference if r.difference is not None else -math.inf)
-        d = "n/a" if best.difference is None else f"{best.difference:+.2f}"
-        verdict = (
-            f"no finalist beat the initial instruction on {n} validation questions "
-            f"(best difference {d}, one-sided Holm-adjusted p={best.p_adjusted:.3g} >= alpha {s.alpha:g} "
-            f"over {len(records)} finalist(s)): the initial instruction is returned and no gain is claimed"
+        return ValidationResult(
+            n_questions=0, alpha=s.alpha, initial_score=None, initial_ci=None, initial_scores=(), finalists=(),
+            winner=None, verdict="no candidate besides the initial instruction completed the search: nothing to validate",
         )
+    n_sel = min(s.selection_questions, max(0, n - 2)) if len(finalists) > 1 else 0
+    selection, confirmation = list(validation_set[:n_sel]), list(validation_set[n_sel:])
+    sizes = look_sizes(len(confirmation), s.validation_looks)
+    labels = validation_prompts(initial, [f.instruction for f in finalists])
+    design = {
+        "alpha": s.alpha, "looks": len(sizes), "futility": s.futility, "selection_questions": n_sel,
+        "finalists": [ins for label, ins in labels[1:]], "initial": initial, "n_questions": n,
+        "procedure": "chosen finalist vs initial: group-sequential one-sided sign-flip test, "
+                     "O'Brien-Fleming-type alpha spending, non-binding futility",
+        "questions": questions_key([e.query for e in validation_set]),
+    }
+    design["key"] = sha(repr(sorted((k, repr(v)) for k, v in design.items())))
+    study.begin_validation(design)
+    rows = _Rows()
+
+    def collect(label: str, instruction: str, got: Sequence[EvaluationRow]) -> None:
+        rows.add(label, instruction, got)
+
+    # 1. Selection: the finalists on the selection questions; pooled with their search questions.
+    sel_scores: dict[str, list[float | None]] = {}
+    chosen = 0
+    if n_sel:
+        for label, ins in labels[1:]:
+            rows.expect(label, ins)
+        sel_scores = score_on(study, scorer, labels[1:], selection, on_validated=collect, progress=progress)
+
+        def pooled(k: int) -> tuple[float, int]:
+            f = finalists[k]
+            valid = [x for x in sel_scores[f.instruction] if x is not None]
+            total = (f.score or 0.0) * f.n_scored + sum(valid)
+            return (total / max(1, f.n_scored + len(valid)), -k)  # ties to the better search rank
+
+        chosen = max(range(len(finalists)), key=pooled)
+    pick = finalists[chosen]
+    pick_label = labels[1 + chosen][0]
+
+    # 2. Confirmation: the chosen finalist and the initial instruction, batch by batch, a look after each.
+    pairs = [("initial", initial), (pick_label, pick.instruction)]
+    init_scores: list[float | None] = []
+    pick_scores: list[float | None] = []
+    looks: list[Look] = []
+    seen: list[int] = []
+    start = 0
+    for k, size in enumerate(sizes, start=1):
+        batch = confirmation[start:size]
+        start = size
+        for label, ins in pairs:
+            rows.expect(label, ins)
+        got = score_on(study, scorer, pairs, batch, on_validated=collect, progress=progress)
+        init_scores += got[initial]
+        pick_scores += got[pick.instruction]
+        a, b = paired_valid(pick_scores, init_scores)
+        seen.append(len(a))
+        look = decide([x - y for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(confirmation),
+                      last=k == len(sizes), earlier=[x.boundary for x in looks], alpha=s.alpha,
+                      futility=s.futility, seed=seed)
+        looks.append(look)
+        study.save_validation_look(look.as_dict())
+        logger.info("validation look %d/%d: %d pairs, mean difference %+.2f, p=%.3g: %s",
+                    k, len(sizes), look.n, look.mean_difference, look.p_value, look.decision)
+        if look.decision != "continue":
+            break
+    rows.finish(on_validated)
+    final = looks[-1]
+    asked = len(init_scores)
+    covered = (sum(x is not None for x in pick_scores) >= s.min_coverage * asked
+               and sum(x is not None for x in init_scores) >= s.min_coverage * asked)
+    a, b = paired_valid(pick_scores, init_scores)
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    records = []
+    for k, f in enumerate(finalists):
+        if k == chosen:
+            records.append(FinalistRecord(
+                instruction=f.instruction, trial_number=f.trial_number, search_score=float(f.score or 0.0),
+                validation_score=_mean(pick_scores), validation_ci=_ci(pick_scores),
+                difference=sum(diffs) / len(diffs) if diffs else None, difference_ci=t_interval(diffs),
+                n_pairs=len(diffs), p_value=final.p_value, p_adjusted=final.p_value,
+                significant=bool(covered and final.decision == "success"), scores=tuple(pick_scores),
+                chosen=True, selection_score=_mean(sel_scores.get(f.instruction, [])),
+            ))
+        else:
+            records.append(FinalistRecord(
+                instruction=f.instruction, trial_number=f.trial_number, search_score=float(f.score or 0.0),
+                validation_score=None, validation_ci=None, difference=None, difference_ci=None, n_pairs=0,
+                p_value=math.nan, p_adjusted=math.nan, significant=False, scores=(),
+                chosen=False, selection_score=_mean(sel_scores.get(f.instruction, [])),
+            ))
+    winner = records[chosen] if records[chosen].significant else None
+    used = n_sel + asked
+    how = (f"finalist {chosen + 1} of {len(finalists)}"
+           + (f" (chosen on {n_sel} selection questions)" if n_sel else "")
+           + f", look {final.look} of {len(sizes)}, {final.n} paired questions")
+    d = records[chosen].difference
+    lo, hi = records[chosen].difference_ci or (math.nan, math.nan)
+    if winner is not None:
+        verdict = (f"a finalist beat the initial instruction by {d:+.2f} (95% CI {lo:+.2f} to {hi:+.2f}) on "
+                   f"validation questions that did not choose it ({how}; sequential one-sided p={final.p_value:.3g} "
+                   f"<= alpha {s.alpha:g})")
     else:
-        lo, hi = winner.difference_ci or (math.nan, math.nan)
-        verdict = (
-            f"a finalist beat the initial instruction on {n} validation questions by {winner.difference:+.2f} "
-            f"(95% CI {lo:+.2f} to {hi:+.2f}, one-sided Holm-adjusted p={winner.p_adjusted:.3g} "
-            f"over {len(records)} finalist(s), alpha {s.alpha:g})"
-        )
+        why = {"futility": "stopped for futility: it was not ahead",
+               "end": f"sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}"}.get(final.decision, final.decision)
+        if final.decision == "success":  # significant by the test, but too few questions scored validly
+            why = f"only {len(diffs)} of {asked} questions scored validly (min_coverage {s.min_coverage:g})"
+        shown = "n/a" if d is None else f"{d:+.2f}"
+        verdict = (f"no finalist beat the initial instruction ({how}: difference {shown}, {why}): the initial "
+                   "instruction is returned and no gain is claimed")
     logger.info("validation: %s", verdict)
     return ValidationResult(
-        n_questions=n,
+        n_questions=used,
         alpha=s.alpha,
-        initial_score=sum(init_valid) / len(init_valid) if init_valid else None,
-        initial_ci=ci(init_valid),
+        initial_score=_mean(init_scores),
+        initial_ci=_ci(init_scores),
         initial_scores=tuple(init_scores),
         finalists=tuple(records),
         winner=winner,
         verdict=verdict,
+        looks=tuple(x.as_dict() for x in looks),
+        design={k: v for k, v in design.items() if k not in ("finalists", "initial")},
+        selection_questions=n_sel,
     )
 
 

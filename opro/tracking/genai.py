@@ -655,8 +655,7 @@ class ValidationTraces(Recorder):
     answers and verdicts the scoring produced (nothing is asked again), on ``tracking``'s background
     thread (in order with the run it links to), and written while the later prompts are still being
     asked. Without a sidecar the same work runs on that thread. A prompt a rerun found already scored
-    was recorded by the run that scored it; only if that run died before writing it is it read back
-    through the call cache at the end (:func:`log_validation_prompt`).
+    was recorded by the run that scored it; nothing is asked again to record it.
     """
 
     def __init__(self, experiment: Workbench, *, tracking: MlflowRecorder) -> None:
@@ -724,9 +723,7 @@ class ValidationTraces(Recorder):
         try:
             self._wait_for_prewarm()
             recorded = {label: job.result() for label, job in self._logged.items()}
-            log_validation_evaluations(result, experiment=self.experiment, optimization_run_id=self.tracking.run_id,
-                                       register_datasets=False,
-                                       recorded=recorded, log=self._logger())
+            log_validation_evaluations(result, recorded=recorded, log=self._logger())
         finally:
             self._release()
 
@@ -746,75 +743,26 @@ def _validation_prompt(label: str, template: QATemplate, instruction: str, repor
                             tags={"opro.role": role, "opro.instruction": instruction[:5000]})
 
 
-def validation_evaluation(*, experiment: Workbench, label: str, instruction: str) -> PromptEvaluation | None:
-    """One prompt of a finished validation stage with its answers and verdicts, read back (None: no
-    call cache). For a prompt whose rows are gone: one a rerun found scored in the study, whose run
-    died before recording it (a live search hands its rows to :meth:`ValidationTraces.on_validated`).
-
-    The study keeps scores only, so the answers and verdicts are read back through the experiment's
-    call cache (the same calls, answered from the cache: no new LLM work; a judge reply that was
-    unreadable is not cached and is asked again). Without a cache this would repeat every call, so
-    it is skipped with a warning.
-    """
-    from opro.evaluation import evaluate_examples
-
-    if experiment.cache is None:
-        logger.warning("validation traces need the call cache ([experiment].cache = true); %s not recorded", label)
-        return None
-    template = experiment.template(instruction)
-    report = evaluate_examples(
-        program=experiment.program, template=template, examples=experiment.dataset.examples_in("validation"),
-        judge=experiment.judge, progress=False,
-    )
-    return _validation_prompt(label, template, instruction, report)
-
-
-def log_validation_prompt(
-    *, experiment: Workbench, label: str, instruction: str, study_name: str, optimization_run_id: str | None,
-    log: GenAILogger | None = None,
-) -> GenAIRecord | None:
-    """One prompt of an optimization's validation stage as an evaluation run (None: not recorded:
-    already there, or no call cache; see :func:`validation_evaluation`). ``log``: where to write
-    (default: :func:`genai_logger` of the experiment)."""
-    log = log or genai_logger(experiment)
-    if optimization_run_id and log.validation_recorded(label=label, optimization_run_id=optimization_run_id):
-        return None  # a rerun of a finished optimization: asked nothing
-    evaluation = validation_evaluation(experiment=experiment, label=label, instruction=instruction)
-    if evaluation is None:
-        return None
-    return log.log_validation(evaluation, dataset=experiment.dataset, study_name=study_name,
-                              optimization_run_id=optimization_run_id)
-
-
 def log_validation_evaluations(
     result: OptimizationResult,
     *,
-    experiment: Workbench,
-    optimization_run_id: str | None = None,
-    register_datasets: bool = True,
-    recorded: Mapping[str, GenAIRecord | None] | None = None,
-    log: GenAILogger | None = None,
+    recorded: Mapping[str, GenAIRecord | None],
+    log: GenAILogger,
 ) -> GenAIRecord | None:
-    """The validation stage of an optimization as evaluation runs: the initial instruction and each
-    finalist (:func:`log_validation_prompt`), the returned finalist tagged ``opro.role = returned finalist``.
-    ``optimization_run_id``: the MLflow run of the search they link to. ``recorded``: the prompts (by label) already logged while the stage ran. ``log``: where to write
-    (default: :func:`genai_logger` of the experiment)."""
-    log = log or genai_logger(experiment)
-    if register_datasets:  # every split, not only the validation one its runs use
-        log.register_datasets(experiment.dataset)
+    """The validation stage's evaluation runs, recorded while it ran (``recorded``, by label), with
+    the returned finalist tagged ``opro.role = returned finalist``; one record over all of them.
+
+    A prompt is recorded from the rows its scoring made, never by asking again: one whose questions
+    a rerun found already scored was recorded by the run that scored them (or, if that run died
+    first, is not recorded; its scores are in the study)."""
     v = result.validation
     if v is None:
         return None
-    records = []
     from opro.search.validation import validation_prompts
 
+    records = []
     for label, instruction in validation_prompts(result.initial_instruction, [f.instruction for f in v.finalists]):
-        if recorded is not None and label in recorded:
-            record = recorded[label]
-        else:
-            record = log_validation_prompt(experiment=experiment, label=label, instruction=instruction,
-                                           study_name=result.study_name, optimization_run_id=optimization_run_id,
-                                           log=log)
+        record = recorded.get(label)
         if record is None:
             continue
         if v.winner is not None and instruction == v.winner.instruction:
@@ -956,7 +904,5 @@ __all__ = [
     "judge_scorer",
     "log_comparison_evaluations",
     "log_validation_evaluations",
-    "log_validation_prompt",
     "parse_yes_no_verdict",
-    "validation_evaluation",
 ]
