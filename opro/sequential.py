@@ -1,0 +1,187 @@
+"""A group-sequential paired test: is prompt A better than prompt B, looked at after each batch of questions?
+
+Built for a validation stage that asks its questions in batches and decides after each (a *look*):
+stop for success once the evidence is strong enough, stop for futility once success is out of
+reach, ask the next batch otherwise. Looking repeatedly at a fixed-level test inflates its error
+rate (five looks at 0.05 reject a true null about 14% of the time), so each look gets only part of
+``alpha``:
+
+- **Alpha spending** (Lan & DeMets 1983) with the O'Brien-Fleming-type function
+  ``alpha(t) = 2 - 2 Phi(z_{1 - alpha/2} / sqrt(t))``, where ``t = n_k / n_max`` is the share of the
+  planned questions seen. Early looks get almost nothing (they stop only on overwhelming evidence),
+  so the last look keeps nearly the whole ``alpha`` and the power of a fixed test of ``n_max``
+  questions; the looks are free where the effect is large and cost little where it is not.
+- **A sign-flip (permutation) test of the summed paired differences**, not a normal approximation:
+  judge scores are a few integers per question (or, from the logit judge, continuous), and at 8-30
+  questions the z-boundaries of textbook designs are off. Under the null (the two prompts are
+  exchangeable on each question) every difference's sign is a fair coin given its size, so the
+  boundary of look ``k`` is computed from the distribution of the look-``k`` sum over sign flips of
+  the differences seen so far, among the flips that crossed no earlier boundary: it rejects at most
+  ``alpha(t_k)`` minus what the earlier looks did spend. The earlier boundaries depend only on sizes
+  already conditioned on, so the chance of ever rejecting a true null is at most ``alpha(1) = alpha``. Up to 16 questions every flip is
+  enumerated (exact); above, ``draws`` seeded Monte Carlo flips (error about 0.002 at 20,000).
+- **Futility is non-binding**: the boundaries are computed as if the test never stopped for
+  futility, so stopping for it can only lower the error rate.
+
+Why not an anytime-valid e-process: it allows looking after every question and extending without a
+plan, but for the same error rate it needs roughly 1.5-2x the questions of a planned design at the
+sizes opro runs (tens of questions), and the question budget is what a user pays for.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+EXACT_MAX_N = 16
+_EPS = 1e-9
+
+
+def look_sizes(n_max: int, looks: int) -> tuple[int, ...]:
+    """Questions seen at each look: ``looks`` near-even steps ending at ``n_max`` (duplicates dropped)."""
+    if n_max < 1 or looks < 1:
+        raise ValueError(f"n_max ({n_max}) and looks ({looks}) must be >= 1")
+    return tuple(sorted({max(1, math.ceil(n_max * k / looks)) for k in range(1, looks + 1)}))
+
+
+def spent(alpha: float, t: float) -> float:
+    """The O'Brien-Fleming-type alpha spent by information fraction ``t`` (0 at 0, ``alpha`` at 1)."""
+    if t <= 0:
+        return 0.0
+    t = min(t, 1.0)
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    return 2 * (1 - NormalDist().cdf(z / math.sqrt(t)))
+
+
+@dataclass(frozen=True)
+class Look:
+    """One interim decision: what was seen, the boundary it was held to, and what was decided."""
+
+    look: int
+    #: Paired questions (both prompts scored) at this look, and the planned maximum.
+    n: int
+    n_max: int
+    #: Sum and mean of the paired differences (A - B).
+    statistic: float
+    mean_difference: float
+    #: The sum at or above which this look rejects (``inf``: it cannot).
+    boundary: float
+    alpha_spent: float
+    #: One-sided p-value in the stagewise ordering (an earlier crossing counts as more extreme): at
+    #: most ``alpha`` exactly when some look succeeded. Valid for the whole sequence of looks.
+    p_value: float
+    #: ``success``: A is better (the null is rejected); ``futility``: stopped, A not ahead;
+    #: ``continue``: ask the next batch; ``end``: the last look, not rejected.
+    decision: str
+
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        return {"look": self.look, "n": self.n, "n_max": self.n_max, "statistic": self.statistic,
+                "mean_difference": self.mean_difference,
+                "boundary": None if math.isinf(self.boundary) else self.boundary,
+                "alpha_spent": self.alpha_spent, "p_value": self.p_value, "decision": self.decision}
+
+
+def _flips(n: int, *, draws: int, seed: int) -> np.ndarray:
+    if n <= EXACT_MAX_N:
+        return np.array(list(itertools.product((1.0, -1.0), repeat=n))) if n else np.ones((1, 0))
+    return np.random.default_rng(seed).choice((1.0, -1.0), size=(draws, n))
+
+
+def _flip_sums(differences: Sequence[float], *, draws: int, seed: int) -> np.ndarray:
+    """Running sums of the differences under every sign flip (or ``draws`` random ones): row per flip."""
+    signs = _flips(len(differences), draws=draws, seed=seed)
+    return (signs * np.abs(np.asarray(differences, dtype=float))).cumsum(axis=1)
+
+
+def _alive(sums: np.ndarray, sizes: Sequence[int], earlier: Sequence[float]) -> np.ndarray:
+    """The flips that crossed none of the earlier looks' boundaries."""
+    alive = np.ones(len(sums), dtype=bool)
+    for size, c in zip(sizes[: len(earlier)], earlier, strict=True):
+        alive &= sums[:, size - 1] < c - _EPS
+    return alive
+
+
+def boundary(
+    differences: Sequence[float], *, sizes: Sequence[int], earlier: Sequence[float], spend: float,
+    draws: int = 20_000, seed: int = 0,
+) -> float:
+    """The smallest sum ``c`` for the look at ``sizes[-1]`` questions such that, over sign flips of
+    ``differences``, P(no earlier sum reached its boundary in ``earlier`` and the last sum >= c) is at
+    most ``spend``. ``inf`` when no such ``c`` exists (the look cannot reject)."""
+    n = sizes[-1]
+    if len(differences) != n or len(earlier) != len(sizes) - 1:
+        raise ValueError("one difference per question of the last look, one boundary per earlier look")
+    if spend <= 0 or n == 0:
+        return math.inf
+    sums = _flip_sums(differences, draws=draws, seed=seed)
+    return _boundary(sums, sizes, earlier, spend)
+
+
+def _boundary(sums: np.ndarray, sizes: Sequence[int], earlier: Sequence[float], spend: float) -> float:
+    last = sums[_alive(sums, sizes, earlier), sizes[-1] - 1]
+    allowed = math.floor(spend * len(sums) + _EPS)
+    if allowed < 1 or not len(last):
+        return math.inf
+    # The smallest tie-free threshold with at most ``allowed`` flips at or above it.
+    values, counts = np.unique(-last, return_counts=True)  # ascending -last: descending sums
+    ok = np.nonzero(np.cumsum(counts) <= allowed)[0]
+    return math.inf if not len(ok) else float(-values[ok[-1]])
+
+
+def decide(
+    differences: Sequence[float], *, seen: Sequence[int], n_max: int, last: bool, earlier: Sequence[float],
+    alpha: float, futility: bool = True, draws: int = 20_000, seed: int = 0,
+) -> Look:
+    """The look after ``seen[-1]`` paired differences (``seen``: the count at every look so far, this
+    one included; ``n_max``: the planned count; ``last``: no look follows, so the rest of ``alpha`` is
+    spent), given the boundaries ``earlier`` the previous looks were held to (their :attr:`Look.boundary`)."""
+    look = len(seen)
+    n = seen[-1] if seen else 0
+    if look < 1 or len(earlier) != look - 1 or len(differences) != n or n > n_max:
+        raise ValueError(f"look {look}: {n} differences of at most {n_max}, one boundary per earlier look")
+    budget = alpha if last else spent(alpha, n / n_max)
+    d = list(differences)
+    s = float(sum(d))
+    if n == 0:
+        return Look(look=look, n=0, n_max=n_max, statistic=0.0, mean_difference=0.0, boundary=math.inf,
+                    alpha_spent=budget, p_value=1.0, decision="end" if last else "continue")
+    sums = _flip_sums(d, draws=draws, seed=seed + look)
+    alive = _alive(sums, seen, earlier)
+    # What the earlier looks really spent (their discrete boundaries spend less than allotted) is
+    # recycled: this look may reject up to the cumulative budget minus that.
+    crossed = float(np.mean(~alive))
+    c = _boundary(sums, seen, earlier, budget - crossed) if budget > crossed else math.inf
+    # Stagewise ordering: a crossing at an earlier look is more extreme than any outcome of this one,
+    # so p <= the cumulative budget exactly when this look rejects.
+    p = crossed + float(np.mean(alive & (sums[:, n - 1] >= s - _EPS)))
+    if s >= c - _EPS:
+        decision = "success"
+    elif last:
+        decision = "end"
+    elif futility and look > 1 and s <= 0:
+        decision = "futility"
+    else:
+        decision = "continue"
+    return Look(look=look, n=n, n_max=n_max, statistic=s, mean_difference=s / n, boundary=c,
+                alpha_spent=budget, p_value=min(1.0, p), decision=decision)
+
+
+def t_interval(values: Sequence[float], *, level: float = 0.95) -> tuple[float, float] | None:
+    """Student's t interval for a mean (near its stated coverage at 5-30 values, where the percentile
+    bootstrap covers 82-89% of a 95% interval); ``None`` below 2 values."""
+    from scipy.stats import t as student
+
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return None
+    m, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
+    h = float(student.ppf(0.5 + level / 2, len(x) - 1)) * se
+    return (m - h, m + h)
+
+
+__all__ = ["EXACT_MAX_N", "Look", "boundary", "decide", "look_sizes", "spent", "t_interval"]

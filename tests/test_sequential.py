@@ -1,0 +1,77 @@
+"""The group-sequential sign-flip test: its error rate over every sign pattern, its p-value, its interval."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from opro.sequential import decide, look_sizes, spent, t_interval
+
+
+def _run(d: np.ndarray, sizes: tuple[int, ...], *, alpha: float, futility: bool, seed: int = 0) -> list:
+    looks: list = []
+    for k, size in enumerate(sizes, start=1):
+        look = decide(d[:size], seen=sizes[:k], n_max=sizes[-1], last=k == len(sizes),
+                      earlier=[x.boundary for x in looks], alpha=alpha, futility=futility, seed=seed)
+        looks.append(look)
+        if look.decision != "continue":
+            break
+    return looks
+
+
+def test_look_sizes_and_spending() -> None:
+    assert look_sizes(24, 3) == (8, 16, 24)
+    assert look_sizes(10, 3) == (4, 7, 10)
+    assert look_sizes(2, 5) == (1, 2)
+    assert spent(0.05, 0) == 0 and spent(0.05, 1) == pytest.approx(0.05)
+    assert spent(0.05, 1 / 3) < 0.001 < spent(0.05, 2 / 3) < 0.05  # O'Brien-Fleming: little early
+
+
+@pytest.mark.parametrize("magnitudes", [[0, 1, 1, 2, 1, 3, 1, 1, 2, 0, 1, 4], [1] * 12, [2, 1] * 6])
+def test_the_error_rate_over_every_sign_pattern_is_at_most_alpha(magnitudes: list[int]) -> None:
+    """Under the null every sign is a fair coin given the sizes: over all 4,096 patterns the test
+    rejects at most alpha of them, looks and all (exact, not simulated)."""
+    mags = np.array(magnitudes, dtype=float)
+    sizes = look_sizes(12, 3)
+    signs = np.array(list(itertools.product((1, -1), repeat=12)), dtype=float)
+    sums = (signs * mags).cumsum(axis=1)
+    for alpha in (0.05, 0.2):
+        # The boundaries depend on the sizes only: computed once (futility off: never stopped early).
+        looks = _run(-mags, sizes, alpha=alpha, futility=False)  # never crosses: every look is reached
+        assert len(looks) == 3
+        rejected = np.zeros(len(signs), dtype=bool)
+        for size, look in zip(sizes, looks, strict=True):
+            rejected |= sums[:, size - 1] >= look.boundary - 1e-9
+        assert 0 < rejected.mean() <= alpha + 1e-12
+
+
+def test_the_p_value_agrees_with_the_decision_and_a_clear_effect_stops_early() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        d = np.round(rng.normal(0.6, 1.3, 24))
+        looks = _run(d, look_sizes(24, 3), alpha=0.05, futility=True)
+        assert (looks[-1].decision == "success") == (looks[-1].p_value <= looks[-1].alpha_spent + 1e-12)
+    looks = _run(np.full(24, 2.0), look_sizes(24, 3), alpha=0.05, futility=True)
+    assert looks[-1].decision == "success" and looks[-1].n < 24
+    looks = _run(np.full(24, -1.0), look_sizes(24, 3), alpha=0.05, futility=True)
+    assert [x.decision for x in looks] == ["continue", "futility"]
+
+
+def test_random_flips_above_the_exact_size_keep_the_error_rate() -> None:
+    """Above 16 questions the flips are drawn: the null's rejection rate stays near alpha or below."""
+    rng = np.random.default_rng(2)
+    sizes = look_sizes(30, 3)
+    hits = sum(_run(np.round(rng.normal(0, 1.3, 30)), sizes, alpha=0.2, futility=False, seed=i)[-1].decision == "success"
+               for i in range(150))
+    assert hits / 150 <= 0.2 + 2.5 * math.sqrt(0.2 * 0.8 / 150)
+
+
+def test_the_t_interval_covers_at_small_sizes() -> None:
+    rng = np.random.default_rng(3)
+    covered = [lo <= 0.5 <= hi for lo, hi in (t_interval(list(rng.normal(0.5, 1.2, 6))) or (0, 0)
+                                             for _ in range(2000))]
+    assert 0.935 <= float(np.mean(covered)) <= 0.965
+    assert t_interval([1.0]) is None
