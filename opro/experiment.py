@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-
 def shared_sqlite_warning(storage: str, *, num_workers: int) -> str | None:
     """What to tell workers that share a study through a SQLite file (None: nothing to tell)."""
     if num_workers <= 1 or not storage.startswith("sqlite"):
@@ -49,6 +48,7 @@ def shared_sqlite_warning(storage: str, *, num_workers: int) -> str | None:
     return (f"{num_workers} workers share the study through a SQLite file: that works only for processes on "
             "this machine and serializes every write; for workers on several machines use PostgreSQL "
             "([tracking].optuna_storage = \"postgresql+psycopg2://...\", see the README's Scaling out)")
+
 
 class Experiment:
     """Builds and holds the parts of one experiment config."""

@@ -1,9 +1,10 @@
 """A group-sequential paired test: is prompt A better than prompt B, looked at after each batch of questions?
 
-The validation stage asks its questions in batches and decides after each (a *look*): stop for
-success once the evidence is strong enough, stop for futility once success is out of reach, ask the
-next batch otherwise. Looking repeatedly at a fixed-level test inflates its error rate (five looks
-at 0.05 reject a true null about 14% of the time), so each look gets only part of ``alpha``:
+Built for a validation stage that asks its questions in batches and decides after each (a *look*):
+stop for success once the evidence is strong enough, stop for futility once success is out of
+reach, ask the next batch otherwise. Looking repeatedly at a fixed-level test inflates its error
+rate (five looks at 0.05 reject a true null about 14% of the time), so each look gets only part of
+``alpha``:
 
 - **Alpha spending** (Lan & DeMets 1983) with the O'Brien-Fleming-type function
   ``alpha(t) = 2 - 2 Phi(z_{1 - alpha/2} / sqrt(t))``, where ``t = n_k / n_max`` is the share of the
@@ -105,22 +106,6 @@ def _alive(sums: np.ndarray, sizes: Sequence[int], earlier: Sequence[float]) -> 
     return alive
 
 
-def boundary(
-    differences: Sequence[float], *, sizes: Sequence[int], earlier: Sequence[float], spend: float,
-    draws: int = 20_000, seed: int = 0,
-) -> float:
-    """The smallest sum ``c`` for the look at ``sizes[-1]`` questions such that, over sign flips of
-    ``differences``, P(no earlier sum reached its boundary in ``earlier`` and the last sum >= c) is at
-    most ``spend``. ``inf`` when no such ``c`` exists (the look cannot reject)."""
-    n = sizes[-1]
-    if len(differences) != n or len(earlier) != len(sizes) - 1:
-        raise ValueError("one difference per question of the last look, one boundary per earlier look")
-    if spend <= 0 or n == 0:
-        return math.inf
-    sums = _flip_sums(differences, draws=draws, seed=seed)
-    return _boundary(sums, sizes, earlier, spend)
-
-
 def _boundary(sums: np.ndarray, sizes: Sequence[int], earlier: Sequence[float], spend: float) -> float:
     last = sums[_alive(sums, sizes, earlier), sizes[-1] - 1]
     allowed = math.floor(spend * len(sums) + _EPS)
@@ -183,4 +168,4 @@ def t_interval(values: Sequence[float], *, level: float = 0.95) -> tuple[float, 
     return (m - h, m + h)
 
 
-__all__ = ["EXACT_MAX_N", "Look", "boundary", "decide", "look_sizes", "spent", "t_interval"]
+__all__ = ["EXACT_MAX_N", "Look", "decide", "look_sizes", "spent", "t_interval"]

@@ -5,6 +5,7 @@ study schema."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "opro"
@@ -17,6 +18,15 @@ def _modules() -> dict[str, Path]:
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out[name] = path
     return out
+
+
+def _nodes(*, skip: Path) -> Iterator[tuple[str, ast.AST]]:
+    """Every AST node of every module outside ``skip`` (a file or a folder), with where it stands."""
+    for path in PACKAGE.rglob("*.py"):
+        if path == skip or path.is_relative_to(skip):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            yield f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}", node
 
 
 def _graph() -> dict[str, set[str]]:
@@ -99,14 +109,8 @@ def test_the_search_imports_nothing_that_records_or_composes_it() -> None:
 
 
 def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
-    owner = PACKAGE / "search" / "study.py"
-    found = []
-    for path in PACKAGE.rglob("*.py"):
-        if path == owner:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Attribute) and node.attr in ("user_attrs", "set_user_attr"):
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    found = [where for where, node in _nodes(skip=PACKAGE / "search" / "study.py")
+             if isinstance(node, ast.Attribute) and node.attr in ("user_attrs", "set_user_attr")]
     assert not found, found
 
 
@@ -146,14 +150,11 @@ def test_every_import_points_to_the_same_floor_or_below() -> None:
 
 def test_only_the_tracking_wing_imports_mlflow() -> None:
     found = []
-    for path in PACKAGE.rglob("*.py"):
-        if path.is_relative_to(PACKAGE / "tracking"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    for where, node in _nodes(skip=PACKAGE / "tracking"):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
+            found.append(where)
     assert not found, found
 
 
