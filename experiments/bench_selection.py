@@ -175,6 +175,8 @@ def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: 
         "best_proposed_effect": max(effects),
         "claims_gain": result.validated if rule == "new" else result.best_instruction != INITIAL,
         "reported_gain": result.gain,
+        "gain_ci": result.gain_ci,
+        "raw_gain": result.validation.winner.difference_raw if result.validation and result.validation.winner else None,
         "calls": usage.total_calls(),
     }
 
@@ -242,7 +244,10 @@ def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dic
             base = true_mean(0.0, n=50_000)
             better = true_mean(effect, n=50_000) - base
             claims = [r for r in runs if r["claims_gain"]]
-            bias = [r["reported_gain"] - (true_mean(r["returned_effect"], n=50_000) - base) for r in claims]
+            truth = [true_mean(r["returned_effect"], n=50_000) - base for r in claims]
+            bias = [r["reported_gain"] - t for r, t in zip(claims, truth, strict=True)]
+            raw_bias = [r["raw_gain"] - t for r, t in zip(claims, truth, strict=True)]
+            covered = [r["gain_ci"][0] <= t <= r["gain_ci"][1] for r, t in zip(claims, truth, strict=True)]
             rows.append({
                 "effect": effect, "true_gain": better, "seeds": seeds,
                 # Among the seeds whose search proposed a better prompt (about 1 in 6 proposals is).
@@ -253,6 +258,8 @@ def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dic
                 "rerun_new_claims": reruns,
                 "gain_bias": float(np.mean(bias)) if bias else math.nan,
                 "gain_bias_se": float(np.std(bias, ddof=1) / math.sqrt(len(bias))) if len(bias) > 1 else math.nan,
+                "raw_bias": float(np.mean(raw_bias)) if raw_bias else math.nan,
+                "ci_coverage": float(np.mean(covered)) if covered else math.nan,
                 "calls_per_run": float(np.mean([r["calls"] for r in runs])),
                 "seconds": time.perf_counter() - started,
             })
@@ -264,14 +271,18 @@ def print_power(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: in
     print(f"(c) power: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation questions, "
           f"design {design}")
     print("| true effect (judge points; mean-score gain) | seeds | better one proposed | P(returns it, when proposed) "
-          "| P(claims a gain) | new claims by an alpha x4 rerun | bias of the claimed gain | calls/run |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| P(claims a gain) | new claims by an alpha x4 rerun | bias of the claimed gain (unadjusted) "
+          "| its 95% CI covers | calls/run |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         better = "n/a" if math.isnan(r["p_returns_better"]) else f"{r['p_returns_better']:.3f}"
         bias = "n/a" if math.isnan(r["gain_bias"]) else f"{r['gain_bias']:+.3f} ± {r['gain_bias_se']:.3f}"
+        if not math.isnan(r["raw_bias"]):
+            bias += f" ({r['raw_bias']:+.3f})"
+        cover = "n/a" if math.isnan(r["ci_coverage"]) else f"{r['ci_coverage']:.2f}"
         proposed = "n/a" if not r["effect"] else f"{r['p_proposed']:.2f}"
         print(f"| +{r['effect']:.1f} ({r['true_gain']:+.2f}) | {r['seeds']} | {proposed} | {better} | {r['p_claims']:.3f} "
-              f"| {r['rerun_new_claims']} | {bias} | {r['calls_per_run']:.0f} |")
+              f"| {r['rerun_new_claims']} | {bias} | {cover} | {r['calls_per_run']:.0f} |")
 
 
 def print_simulation(rows: list[dict[str, Any]], *, n_opt: int, n_val: int, steps: int, k: int) -> None:

@@ -47,7 +47,7 @@ class SplitSection:
     optimization: int = 8
     #: Questions that score the finalists once at the end of the search (0: no validation stage,
     #: which needs ``[optimizer].finalists = 0``).
-    validation: int = 8
+    validation: int = 36
     heldout: int = 10
     seed: int = 0
 
@@ -178,8 +178,8 @@ class OptimizerSection:
     #: meta-prompt; ``reflect``, a rewrite of the best instruction from the judge's reasons on the
     #: exemplar questions it fails.
     proposer: str = "opro"
-    steps: int = 3
-    candidates_per_step: int = 4
+    steps: int = 2
+    candidates_per_step: int = 3
     temperature: float = 1.0
     max_history: int = 20
     min_history_score: float = 0.0
@@ -208,7 +208,7 @@ class OptimizerSection:
     #: Finalists (best by search score) taken to the validation stage; 0 turns it off (the search
     #: score is then in-sample only). With more than one, the first ``selection_questions``
     #: validation questions choose the one that is tested against the initial instruction.
-    finalists: int = 3
+    finalists: int = 2
     selection_questions: int = 4
     #: Significance level of the validation decision (one-sided, over all its looks).
     alpha: float = 0.05

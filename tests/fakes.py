@@ -72,7 +72,7 @@ def scripted_pool() -> ModelPool:
     )
 
 
-def experiment_config(tmp_path: Path, *, questions: int = 20, doc: str = DOC, **overrides: dict) -> dict:
+def experiment_config(tmp_path: Path, *, questions: int = 24, doc: str = DOC, **overrides: dict) -> dict:
     """A scripted experiment as a dict (for :func:`write_toml` or ``config_from_dict``), its document
     ``doc`` and its ``questions`` questions written into ``tmp_path``. ``overrides``: per section, keys
     that replace the defaults (a nested table, such as ``data.split``, is replaced whole)."""
@@ -85,7 +85,7 @@ def experiment_config(tmp_path: Path, *, questions: int = 20, doc: str = DOC, **
             "dataset": str(qa_file(tmp_path, questions)),
             "query_field": "question",
             "answer_field": "answer",
-            "split": {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": 4, "seed": 1},
+            "split": {"exemplar": 2, "optimization": 3, "validation": 12, "heldout": 4, "seed": 1},
         },
         "rag": {"chunk_size": 64, "chunk_overlap": 0, "initial_instructions": ["Answer the question."]},
         "models": {
@@ -296,13 +296,13 @@ It used ReLU activations and dropout. It was trained on two GPUs.
 def write_config(
     tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1, genai: bool = False
 ) -> Path:
-    """A scripted experiment TOML over 24 questions (:func:`experiment_config`, one search step), written
+    """A scripted experiment TOML over 28 questions (:func:`experiment_config`, one search step), written
     as ``tmp_path/<name>.toml``; returns its path. ``genai``: the MLflow GenAI records (tested in
     test_genai; off elsewhere for speed)."""
-    split = {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": heldout, "seed": seed}
+    split = {"exemplar": 2, "optimization": 3, "validation": 12, "heldout": heldout, "seed": seed}
     cfg = experiment_config(
         tmp_path,
-        questions=24,
+        questions=28,
         doc=COMPARE_DOC,
         experiment={"name": name, "output_dir": out, "progress": False},
         data={"dataset": "qa.jsonl", "split": split},

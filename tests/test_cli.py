@@ -162,7 +162,7 @@ def test_a_dataset_of_one_question_repeated_says_why_the_optimization_split_is_e
 ) -> None:
     monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
     dups = tmp_path / "dups.jsonl"
-    dups.write_text((json.dumps({"question": "What is AlexNet?", "answer": "A CNN."}) + "\n") * 20)
+    dups.write_text((json.dumps({"question": "What is AlexNet?", "answer": "A CNN."}) + "\n") * 24)
     config = write_toml(experiment_config(tmp_path, data={"dataset": str(dups)}), tmp_path / "exp.toml")
     result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
     assert result.exit_code == 1, result.output

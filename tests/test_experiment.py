@@ -83,7 +83,7 @@ def test_split_larger_than_dataset_is_a_clear_error(tmp_path: Path) -> None:
     cfg = config_from_dict(
         experiment_config(tmp_path, data={"split": {"exemplar": 9, "optimization": 9, "validation": 0, "heldout": 9}}), base_dir=tmp_path, source="t.toml"
     )
-    with pytest.raises(DataError, match=r"asks for 27 examples .* has 20"):
+    with pytest.raises(DataError, match=r"asks for 27 examples .* has 24"):
         Experiment(cfg, pool=scripted_pool(), progress=False).dataset  # noqa: B018
 
 

@@ -97,6 +97,19 @@ def prompt_hash(config: Path) -> str:
     return load_dataset(config.parent / "out" / "dataset").content_hash[:8]
 
 
+def _answered(validation: dict[str, Any]) -> dict[str, tuple[int, float]]:
+    """Each prompt's validation questions and mean from summary.json: the finalists answered the
+    selection questions, the chosen one and the initial instruction the confirmation questions."""
+    n_sel = validation["selection_questions"]
+    out = {"initial": (len(validation["initial_scores"]), validation["initial_score"])}
+    for i, f in enumerate(validation["finalists"], start=1):
+        conf = f["scores"] if f["chosen"] else []
+        total = (f["selection_score"] or 0.0) * n_sel + sum(conf)
+        if n_sel + len(conf):
+            out[f"finalist {i}"] = (n_sel + len(conf), total / (n_sel + len(conf)))
+    return out
+
+
 def test_optimize_records_its_validation_stage_once(compared: tuple[Path, Any, Any]) -> None:
     config, _, _ = compared
     client = _client(config)
@@ -108,13 +121,13 @@ def test_optimize_records_its_validation_stage_once(compared: tuple[Path, Any, A
     runs = validation_runs()
     summary = json.loads((config.parent / "out" / "summary.json").read_text())
     finalists = summary["validation"]["finalists"]
-    assert len(runs) == 1 + len(finalists)
+    answered = _answered(summary["validation"])
+    assert len(runs) == len(answered) == 1 + len(finalists)
     by_label = {r.data.tags["opro.prompt_label"]: r for r in runs}
-    assert by_label["initial"].data.metrics["correctness/mean"] == summary["validation"]["initial_score"]
-    for i, f in enumerate(finalists, start=1):
-        assert by_label[f"finalist {i}"].data.metrics["correctness/mean"] == pytest.approx(f["validation_score"])
+    for label, (n, mean) in answered.items():
+        assert by_label[label].data.metrics["correctness/mean"] == pytest.approx(mean)
+        assert len(_traces(client, by_label[label].info.run_id)) == n
     assert all(r.data.tags["opro.optimization_run_id"] == summary["mlflow_run_id"] for r in runs)
-    assert all(len(_traces(client, r.info.run_id)) == 8 for r in runs)
     winner = summary["validation"]["winner"]
     roles = {r.data.tags["opro.prompt_label"]: r.data.tags["opro.role"] for r in runs}
     assert roles == {"initial": "initial", **{
@@ -355,8 +368,9 @@ def test_optimize_writes_its_mlflow_records_in_the_sidecar(tmp_path: Path, monke
     exp_id = client.get_experiment_by_name("t").experiment_id
     runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'validation'")
     summary = json.loads((config.parent / "out" / "summary.json").read_text())
-    assert len(runs) == 1 + len(summary["validation"]["finalists"])
-    assert all(len(_traces(client, r.info.run_id)) == 8 for r in runs)
+    answered = _answered(summary["validation"])
+    assert len(runs) == len(answered) == 1 + len(summary["validation"]["finalists"])
+    assert sorted(len(_traces(client, r.info.run_id)) for r in runs) == sorted(n for n, _ in answered.values())
     run = client.get_run(summary["mlflow_run_id"])
     assert "best_score" in run.data.metrics and run.info.status == "FINISHED"
 
@@ -367,7 +381,7 @@ def test_validation_traces_keep_the_answers_the_search_scored(tmp_path: Path) ->
     trace per question and the scores the search used."""
     from fakes import COMPARE_DOC, experiment_config, write_toml
 
-    split = {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": 4, "seed": 1}
+    split = {"exemplar": 2, "optimization": 3, "validation": 12, "heldout": 4, "seed": 1}
     cfg = experiment_config(tmp_path, questions=24, doc=COMPARE_DOC,
                             experiment={"name": "t", "output_dir": "out", "progress": False, "cache": False},
                             data={"dataset": "qa.jsonl", "split": split},
@@ -386,7 +400,8 @@ def test_validation_traces_keep_the_answers_the_search_scored(tmp_path: Path) ->
     assert len(runs) == 1 + len(result.validation.finalists)
     by_label = {r.data.tags["opro.prompt_label"]: r for r in runs}
     assert by_label["initial"].data.metrics["correctness/mean"] == pytest.approx(result.validation.initial_score)
+    answered = _answered(json.loads((tmp_path / "out" / "summary.json").read_text())["validation"])
     for r in runs:
         traces = _traces(client, r.info.run_id)
-        assert len(traces) == 8
+        assert len(traces) == answered[r.data.tags["opro.prompt_label"]][0]
         assert all(t.data.response for t in traces)  # the answers the search got, not empty replays

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from opro.sequential import decide, look_sizes, spent, t_interval
+from opro.sequential import _stopped, conditional_estimate, decide, look_sizes, spent, t_interval, z_boundaries
 
 
 def _run(d: np.ndarray, sizes: tuple[int, ...], *, alpha: float, futility: bool, seed: int = 0) -> list:
@@ -75,3 +75,45 @@ def test_the_t_interval_covers_at_small_sizes() -> None:
                                              for _ in range(2000))]
     assert 0.935 <= float(np.mean(covered)) <= 0.965
     assert t_interval([1.0]) is None
+
+
+def test_the_z_boundaries_spend_alpha_like_the_sign_flip_test() -> None:
+    z = z_boundaries((11, 22, 32), alpha=0.05)
+    assert z[0] > z[1] > z[2] > 1.6  # O'Brien-Fleming: the first look needs overwhelming evidence
+    assert z[2] < 1.645 + 0.1  # the last keeps nearly the whole alpha
+    # Normal paired differences under the null: the design claims about alpha of the time.
+    rng = np.random.default_rng(3)
+    claimed, _ = _stopped(rng.normal(size=(20_000, 32)), (11, 22, 32), z, futility=False)
+    assert abs(float(claimed.mean()) - 0.05) < 0.008
+
+
+def test_the_claimed_gain_is_adjusted_for_having_been_claimed() -> None:
+    """Among the claims at a true +0.5 (sd 1.2, 32 questions in 3 looks), the plain mean is above the
+    truth in most of them; the adjusted estimate is above it in about half and its interval covers it."""
+    sizes, theta = (11, 22, 32), 0.5
+    z = z_boundaries(sizes, alpha=0.05)
+    rng = np.random.default_rng(11)
+    raw_above, adj_above, covered, claims = 0, 0, 0, 0
+    for t in range(200):
+        d = np.round(rng.normal(theta, 1.2, 32) * 2) / 2  # judge-like steps of 0.5
+        looks = _run(d, sizes, alpha=0.05, futility=True)
+        if looks[-1].decision != "success":
+            continue
+        seen = d[: looks[-1].n]
+        est = conditional_estimate(seen, sizes=sizes, alpha=0.05, draws=1000, seed=t)
+        claims += 1
+        raw_above += est.raw > theta
+        adj_above += est.gain > theta
+        covered += est.ci[0] <= theta <= est.ci[1]
+        assert est.ci[0] - 1e-6 <= est.gain <= est.ci[1] + 1e-6 and est.gain <= est.raw + 1e-9
+    assert claims >= 60 and len(z) == 3
+    assert raw_above / claims > 0.7  # the winner's curse the adjustment removes
+    assert 0.35 < adj_above / claims < 0.65
+    assert covered / claims > 0.88
+
+
+def test_the_adjustment_of_a_claim_without_noise_is_nothing() -> None:
+    est = conditional_estimate([1.0] * 11, sizes=(11, 22, 32), alpha=0.05, draws=500)
+    assert est.raw == 1.0 and est.gain == pytest.approx(1.0, abs=0.01)
+    with pytest.raises(ValueError, match="at least 2"):
+        conditional_estimate([1.0], sizes=(11,), alpha=0.05)

@@ -275,6 +275,17 @@ class Search:
             "validation": validation,
             "rejected": self.study.rejections(),
         }
+        if validation is not None and not validation.finalists and initial_rec is not None:
+            # Nothing to validate: the initial instruction, on the search score it has (validation
+            # questions would only measure it, at a cost, and decide nothing).
+            return OptimizationResult(
+                best_instruction=initial,
+                best_template=self.scorer.template_text(initial),
+                best_score=float(initial_rec.score),  # type: ignore[arg-type]
+                score_basis="search",
+                best_search_score=initial_rec.score,
+                **common,  # type: ignore[arg-type]
+            )
         if validation is None:
             # No validation stage: the search's arg-max, labelled as the in-sample score it is.
             best = max(complete, key=lambda r: (r.score, -r.step, -r.index))
@@ -289,8 +300,10 @@ class Search:
         w = validation.winner
         instruction = w.instruction if w is not None else initial
         search: float | None
-        if w is not None:
-            score, score_ci, search = w.validation_score, w.validation_ci, w.search_score
+        if w is not None and w.difference is not None and validation.initial_score is not None:
+            # The initial instruction's confirmation mean (never selected on) plus the adjusted gain.
+            score, search = validation.initial_score + w.difference, w.search_score
+            score_ci = _shifted(validation.initial_score, validation.initial_ci, w.difference, w.difference_ci)
         else:
             score, score_ci = validation.initial_score, validation.initial_ci
             search = initial_rec.score if initial_rec else None
@@ -310,6 +323,15 @@ class Search:
             gain_ci=None if w is None else w.difference_ci,
             **common,  # type: ignore[arg-type]
         )
+
+
+def _shifted(base: float, base_ci: tuple[float, float] | None, gain: float,
+             gain_ci: tuple[float, float] | None) -> tuple[float, float] | None:
+    """An interval for ``base + gain`` from the two intervals, half-widths added in quadrature."""
+    if base_ci is None or gain_ci is None:
+        return None
+    h = (base_ci[1] - base_ci[0]) / 2
+    return (base + gain - math.hypot(gain - gain_ci[0], h), base + gain + math.hypot(gain_ci[1] - gain, h))
 
 
 __all__ = ["Search"]

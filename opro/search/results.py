@@ -51,7 +51,10 @@ class FinalistRecord:
     #: The chosen finalist's mean on the confirmation questions (None for the others).
     validation_score: float | None
     validation_ci: tuple[float, float] | None
-    #: Mean of (finalist - initial) over the confirmation questions both scored validly.
+    #: (finalist - initial) over the confirmation questions both scored validly: for a claimed
+    #: winner adjusted for having been claimed (:func:`opro.sequential.conditional_estimate`,
+    #: conditionally median-unbiased, with a conditional interval); otherwise their mean and Student
+    #: t interval.
     difference: float | None
     difference_ci: tuple[float, float] | None
     n_pairs: int
@@ -64,6 +67,8 @@ class FinalistRecord:
     chosen: bool = False
     #: Mean on the selection questions (None without a selection part).
     selection_score: float | None = None
+    #: The plain mean of the differences (what ``difference`` is before the claim's adjustment).
+    difference_raw: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,9 @@ class OptimizationResult:
     best_score_ci: tuple[float, float] | None = None
     #: The returned instruction's mean on the optimization questions (in-sample, optimistic).
     best_search_score: float | None = None
-    #: Paired validation difference to the initial instruction, only when it is significant.
+    #: Paired validation difference to the initial instruction, only when it is significant,
+    #: adjusted for having been claimed (``best_score`` is the initial instruction's confirmation
+    #: mean plus it); the unadjusted one is the winner's ``difference_raw``.
     gain: float | None = None
     gain_ci: tuple[float, float] | None = None
     validation: ValidationResult | None = None

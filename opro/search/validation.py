@@ -12,6 +12,8 @@ On questions the search never saw, in two parts that never share a question:
 
 The reported gain, its interval and the returned score come from the confirmation questions only:
 questions that did not choose the finalist among the others (no winner's curse from the selection).
+A claimed gain is also adjusted for having been claimed (a claim is made when the sample looked
+good): :func:`opro.sequential.conditional_estimate`.
 
 Every look is recorded in the study with the design it was made under; the same questions cannot
 decide again under another design (:meth:`SearchStudy.begin_validation`), so a rerun cannot shop for
@@ -34,7 +36,7 @@ from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult
 from opro.search.scoring import CandidateScorer
 from opro.search.study import SearchStudy, questions_key, sha
-from opro.sequential import Look, decide, look_sizes, t_interval
+from opro.sequential import Look, conditional_estimate, decide, look_sizes, t_interval
 from opro.stats import paired_valid
 
 logger = logging.getLogger(__name__)
@@ -211,15 +213,23 @@ def validate(
                and sum(x is not None for x in init_scores) >= s.min_coverage * asked)
     a, b = paired_valid(pick_scores, init_scores)
     diffs = [x - y for x, y in zip(a, b, strict=True)]
+    claimed = bool(covered and final.decision == "success")
+    raw = sum(diffs) / len(diffs) if diffs else None
+    difference, difference_ci = raw, t_interval(diffs)
+    if claimed and len(diffs) >= 2:
+        # Among claims the plain mean is inflated (a claim is made when the sample looked good):
+        # report the gain adjusted for having been claimed, with its conditional interval.
+        est = conditional_estimate(diffs, sizes=sizes, alpha=s.alpha, futility=s.futility, seed=seed)
+        difference, difference_ci = est.gain, est.ci
     records = []
     for k, f in enumerate(finalists):
         if k == chosen:
             records.append(FinalistRecord(
                 instruction=f.instruction, trial_number=f.trial_number, search_score=float(f.score or 0.0),
                 validation_score=_mean(pick_scores), validation_ci=_ci(pick_scores),
-                difference=sum(diffs) / len(diffs) if diffs else None, difference_ci=t_interval(diffs),
+                difference=difference, difference_ci=difference_ci, difference_raw=raw,
                 n_pairs=len(diffs), p_value=final.p_value, p_adjusted=final.p_value,
-                significant=bool(covered and final.decision == "success"), scores=tuple(pick_scores),
+                significant=claimed, scores=tuple(pick_scores),
                 chosen=True, selection_score=_mean(sel_scores.get(f.instruction, [])),
             ))
         else:
@@ -237,9 +247,9 @@ def validate(
     d = records[chosen].difference
     lo, hi = records[chosen].difference_ci or (math.nan, math.nan)
     if winner is not None:
-        verdict = (f"a finalist beat the initial instruction by {d:+.2f} (95% CI {lo:+.2f} to {hi:+.2f}) on "
-                   f"validation questions that did not choose it ({how}; sequential one-sided p={final.p_value:.3g} "
-                   f"<= alpha {s.alpha:g})")
+        verdict = (f"a finalist beat the initial instruction on validation questions that did not choose it "
+                   f"({how}; sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}); its gain, adjusted "
+                   f"for having been claimed: {d:+.2f} (95% CI {lo:+.2f} to {hi:+.2f}; unadjusted {raw:+.2f})")
     else:
         why = {"futility": "stopped for futility: it was not ahead",
                "end": f"sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}"}.get(final.decision, final.decision)
