@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--candidates", type=int, default=3)
     ap.add_argument("--run-dir", type=Path, help="print (b) for this run folder instead of simulating")
     ap.add_argument("--power", action="store_true", help="(c): fixed true effects 0, +0.5, +1.0 instead of (a)")
+    ap.add_argument("--effects", default="0,0.5,1", help="(c): the true effects, comma-separated")
     ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
     args = ap.parse_args(argv)
     logging.disable(logging.WARNING)
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.power:
         design = json.loads(args.design)
         prows = power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
-                      k=args.candidates, design=design)
+                      k=args.candidates, design=design, effects=[float(e) for e in args.effects.split(",")])
         print_power(prows, design=design, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
                     k=args.candidates)
         return 0

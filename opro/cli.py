@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -604,6 +605,29 @@ def _usage_table(usage: dict[str, dict[str, Any]]) -> Any:
 
 @app.command()
 @_errors()
+def plan(
+    config: Path = typer.Argument(..., help="Experiment TOML file (see experiments/)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """Before a run: the smallest gain it can detect, its calls, tokens, time and cost per role (no LLM call)."""
+    import json
+
+    from opro.experiment import Experiment
+    from opro.plan import make_plan
+
+    exp = Experiment.from_file(config, progress=False)
+    try:
+        made = make_plan(exp.config, documents=lambda: exp.documents)
+    finally:
+        exp.close()
+    if as_json:
+        typer.echo(json.dumps(made.as_dict(), indent=2))
+    else:
+        typer.echo("\n".join(made.lines()))
+
+
+@app.command()
+@_errors()
 def optimize(
     config: Path = typer.Argument(..., help="Experiment TOML file (see experiments/)."),
     worker: str = typer.Option("0/1", help="I/N: this is worker I of N sharing one Optuna study (RDB storage)."),
@@ -630,7 +654,16 @@ def optimize(
     try:
         exp = Experiment.from_file(config, progress=False if no_progress else None)
         try:
+            plan = None
+            if index == 0:
+                from opro.plan import make_plan
+
+                plan = make_plan(exp.config, documents=lambda: exp.documents)
+                console.print("\n".join(plan.lines()), markup=False, soft_wrap=True)
+                exp.run_dir.write_plan(plan.as_dict())
+            started = time.perf_counter()
             result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
+            taken = time.perf_counter() - started
         finally:
             exp.close()
     except KeyboardInterrupt:
@@ -654,6 +687,10 @@ def optimize(
     if shrunk:
         console.print(f"[yellow]warning:[/] {escape(shrunk)}")
     console.print(_usage_table(result.usage))
+    if plan is not None:
+        from opro.plan import check
+
+        console.print("\n".join(check(plan.as_dict(), result.usage, wall_s=taken)), markup=False, soft_wrap=True)
     if exp.config.optimizer.steps > 0 and index == 0 and not any(r.step > 0 for r in result.history):
         reasons = sorted({r["reason"] for r in result.rejected}) or ["the optimizer returned nothing"]
         console.print(
@@ -779,6 +816,10 @@ def compare(
         specs.insert(0, baseline)
     console = Console()
     exp = Experiment.from_file(config, progress=False if no_progress else None)
+    if split == "heldout":
+        from opro.plan import make_plan
+
+        console.print("\n".join(make_plan(exp.config).compare_lines()), markup=False, soft_wrap=True)
     if mlflow or promote_alias:
         from opro.tracking import check_server
 

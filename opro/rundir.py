@@ -6,6 +6,7 @@ the saved dataset, the newest comparison reports) are read here::
 
     OUTPUT_DIR/
       summary.json  history.jsonl  best_prompt.txt      what `opro optimize` returned
+      plan.json                                         what it planned to ask (`opro plan`)
       score_trajectory.png  optimism.png                its plots
       metaprompts/step_NNN.txt                          every meta-prompt sent to the optimizer
       split_record.json                                 the split the search saw (held-out guard)
@@ -28,6 +29,7 @@ from opro.errors import DataError
 SUMMARY_FILE = "summary.json"
 HISTORY_FILE = "history.jsonl"
 BEST_PROMPT_FILE = "best_prompt.txt"
+PLAN_FILE = "plan.json"
 TRAJECTORY_PLOT = "score_trajectory.png"
 OPTIMISM_PLOT = "optimism.png"
 METAPROMPTS_DIR = "metaprompts"
@@ -61,6 +63,10 @@ class RunDir:
     @property
     def history(self) -> Path:
         return self.root / HISTORY_FILE
+
+    @property
+    def plan(self) -> Path:
+        return self.root / PLAN_FILE
 
     @property
     def best_prompt(self) -> Path:
@@ -121,6 +127,11 @@ class RunDir:
         return (self.dataset / "rag_dataset.json").is_file()
 
     # -- writes ------------------------------------------------------------------------------
+    def write_plan(self, plan: Mapping[str, Any]) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.plan.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+        return self.plan
+
     def write_metaprompt(self, step: int, text: str) -> Path:
         self.metaprompts.mkdir(parents=True, exist_ok=True)
         path = self.metaprompts / f"step_{step:03d}.txt"

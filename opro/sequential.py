@@ -279,5 +279,66 @@ def conditional_estimate(
     )
 
 
-__all__ = ["EXACT_MAX_N", "Estimate", "Look", "conditional_estimate", "decide", "look_sizes", "spent",
+def min_questions(alpha: float, *, sides: int = 1) -> int:
+    """The fewest paired questions with which a sign-flip test can reach ``alpha`` at all: its
+    smallest p-value is ``sides / 2**n`` (every difference the same sign)."""
+    return max(1, math.ceil(math.log2(sides / alpha)))
+
+
+@dataclass(frozen=True)
+class Power:
+    """What a design can detect, for paired differences with standard deviation ``sd``."""
+
+    #: The smallest true gain claimed with probability ``power`` (None: no gain can be claimed).
+    detectable: float | None
+    power: float
+    #: Expected paired questions asked when there is no gain (futility stops most runs early) and
+    #: when the gain is ``detectable``.
+    questions_null: float
+    questions_detectable: float
+
+
+def design_power(
+    sizes: Sequence[int], *, alpha: float, sd: float, futility: bool = True, power: float = 0.8,
+    draws: int = 4000, seed: int = 0,
+) -> Power:
+    """The minimum detectable gain of the group-sequential design with looks at ``sizes``, by
+    simulating normal paired differences through it (studentized boundaries, as
+    :func:`conditional_estimate`), and the questions it asks on average."""
+    n_max = int(sizes[-1])
+    noise = np.random.default_rng(seed).normal(0.0, sd, size=(draws, n_max))
+    z = z_boundaries(sizes, alpha=alpha, seed=seed)
+
+    def run(theta: float) -> tuple[float, float]:
+        d = noise + theta
+        claimed, _ = _stopped(d, sizes, z, futility)
+        return float(claimed.mean()), _asked(d, sizes, z, futility)
+
+    _, asked_null = run(0.0)
+    if n_max < min_questions(alpha):
+        return Power(detectable=None, power=power, questions_null=asked_null, questions_detectable=math.nan)
+    lo, hi = 0.0, 4.0 * sd
+    if run(hi)[0] < power:
+        return Power(detectable=None, power=power, questions_null=asked_null, questions_detectable=math.nan)
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if run(mid)[0] < power else (lo, mid)
+    return Power(detectable=hi, power=power, questions_null=asked_null, questions_detectable=run(hi)[1])
+
+
+def _asked(d: np.ndarray, sizes: Sequence[int], z: np.ndarray, futility: bool) -> float:
+    """Mean paired questions asked before the design stops."""
+    done = np.zeros(len(d), dtype=bool)
+    asked = np.full(len(d), float(sizes[-1]))
+    for k, n in enumerate(sizes[:-1]):
+        x = d[:, :n]
+        s = x.sum(1)
+        stop = ~done & (((s >= z[k] * np.sqrt((x * x).sum(1)) - _EPS) & (s > 0))
+                        | (futility and k > 0) & (s <= 0))
+        asked[stop] = n
+        done |= stop
+    return float(asked.mean())
+
+
+__all__ = ["EXACT_MAX_N", "Estimate", "Power", "design_power", "min_questions", "Look", "conditional_estimate", "decide", "look_sizes", "spent",
            "t_interval", "z_boundaries"]

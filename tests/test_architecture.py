@@ -125,7 +125,7 @@ FLOORS: dict[str, int] = {
     **dict.fromkeys(("opro.engine", "opro.evaluation_types", "opro.workbench"), 3),
     **dict.fromkeys(("opro.search", "opro.evaluation"), 3.5),
     **dict.fromkeys(("opro.recorders", "opro.tracking", "opro.compare", "opro.export", "opro.calibration",
-                     "opro.sources", "opro.integrations", "opro.agreement"), 4),
+                     "opro.sources", "opro.integrations", "opro.agreement", "opro.plan"), 4),
     "opro.experiment": 5,
     "opro.cli": 6,
 }

@@ -363,3 +363,18 @@ def test_a_rerun_cannot_shop_for_the_settings_that_claim_a_gain(tmp_path: Path) 
     again = run(tmp_path, judge=judge, settings={"alpha": 0.001})
     assert again.summary()["validation"] == first.summary()["validation"]
     assert study.validation_looks() == looks
+
+
+def test_a_call_budget_caps_the_whole_run_validation_included(tmp_path: Path) -> None:
+    """[optimizer].max_calls = 30 once made 84 calls (the validation stage was not counted and the
+    budget was checked only between minibatches). Now the validation stage's most is kept back."""
+    from opro.errors import ConfigError
+
+    judge = noisy_judge(0, lambda answer: 0.0)
+    # 12 validation questions, 3 finalists: 4 choose, 8 confirm: 2 x (3 x 4 + 2 x 8) = 56 calls at most.
+    with pytest.raises(ConfigError, match=r"max_calls = 30 covers the whole run.* can take 56 task \+ judge calls"):
+        run(tmp_path / "a", judge=judge, settings={"max_calls": 30})
+    r = run(tmp_path / "b", judge=judge, settings={"max_calls": 130, "steps": 10})
+    calls = sum(u["calls"] for u in r.usage.values())
+    assert r.stopped_reason == "budget" and r.validation is not None and r.validation.finalists
+    assert 80 < calls <= 130, r.usage

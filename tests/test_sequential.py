@@ -8,7 +8,17 @@ import math
 import numpy as np
 import pytest
 
-from opro.sequential import _stopped, conditional_estimate, decide, look_sizes, spent, t_interval, z_boundaries
+from opro.sequential import (
+    _stopped,
+    conditional_estimate,
+    decide,
+    design_power,
+    look_sizes,
+    min_questions,
+    spent,
+    t_interval,
+    z_boundaries,
+)
 
 
 def _run(d: np.ndarray, sizes: tuple[int, ...], *, alpha: float, futility: bool, seed: int = 0) -> list:
@@ -117,3 +127,21 @@ def test_the_adjustment_of_a_claim_without_noise_is_nothing() -> None:
     assert est.raw == 1.0 and est.gain == pytest.approx(1.0, abs=0.01)
     with pytest.raises(ValueError, match="at least 2"):
         conditional_estimate([1.0], sizes=(11,), alpha=0.05)
+
+
+def test_the_detectable_gain_is_claimed_by_the_real_test_about_80_percent_of_the_time() -> None:
+    """design_power simulates the studentized boundaries; the sign-flip test it stands for claims the
+    gain it calls detectable at 80% power about 80% of the time."""
+    sizes, sd = look_sizes(24, 3), 1.2
+    p = design_power(sizes, alpha=0.05, sd=sd)
+    assert p.detectable is not None and 0.5 < p.detectable < 1.2
+    assert sizes[0] <= p.questions_null <= 24
+    rng = np.random.default_rng(5)
+    runs = 300
+    claimed = sum(
+        _run(np.round(rng.normal(p.detectable, sd, 24) * 2) / 2, sizes, alpha=0.05, futility=True,
+             seed=t)[-1].decision == "success"
+        for t in range(runs))
+    assert abs(claimed / runs - 0.8) < 0.08
+    assert design_power(look_sizes(4, 2), alpha=0.05, sd=sd).detectable is None  # 1/16 > 0.05
+    assert min_questions(0.05) == 5 and min_questions(0.05, sides=2) == 6

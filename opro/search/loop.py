@@ -65,19 +65,26 @@ class Search:
         self.recorders = tuple(recorders)
         self.seed = seed
         self.progress = progress
+        #: Task + judge calls a call budget keeps back for the validation stage (set by :meth:`run`).
+        self.validation_reserve = 0
         self.usage = UsageBook(study, usage, worker=self.workers.index)
         self.coordinator = Coordinator(study, self.workers, self.usage)
         self.steps = StepEvaluator(study=study, scorer=scorer, settings=self.settings, coordinator=self.coordinator,
                                    usage=self.usage, budget_left=self.budget_left, progress=progress)
 
-    def budget_left(self) -> bool:
+    def budget_left(self, need: int = 1) -> bool:
+        """Whether ``need`` more calls fit the budget with the validation stage's share kept back
+        (``max_calls`` and ``max_tokens_budget`` cover the whole run). Tokens are counted ahead at
+        the mean tokens per call so far."""
         s = self.settings
         usage = self.usage.total()
         calls = sum(int(u.get("calls", 0)) for u in usage.values())
         tokens = sum(int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0)) for u in usage.values())
-        if s.max_calls and calls >= s.max_calls:
+        ahead = max(1, need) + self.validation_reserve
+        if s.max_calls and calls + ahead > s.max_calls:
             return False
-        return not (s.max_tokens_budget and tokens >= s.max_tokens_budget)
+        per_call = tokens / calls if calls else 0.0
+        return not (s.max_tokens_budget and tokens + ahead * per_call > s.max_tokens_budget)
 
     def run(
         self,
@@ -103,6 +110,16 @@ class Search:
                 "split is empty: set [data.split].validation (e.g. 8; more questions detect smaller gains), "
                 "or set [optimizer].finalists = 0 to skip validation (then no gain is claimed)"
             )
+        from opro.search.validation import max_calls
+
+        self.validation_reserve = max_calls(self.settings, len(validation_set))
+        cap = self.settings.max_calls
+        if cap and cap < self.validation_reserve + 2 * len(initial):
+            raise ConfigError(
+                f"[optimizer].max_calls = {cap} covers the whole run, and the validation stage can take "
+                f"{self.validation_reserve} task + judge calls ({len(validation_set)} questions, "
+                f"{self.settings.finalists} finalist(s)): raise max_calls above {self.validation_reserve} "
+                "(`opro plan` shows the split), or lower [data.split].validation")
         started = time.perf_counter()
         plan = self.workers
         # One process per (study, worker index), wherever it runs: a second one would mark the
@@ -166,7 +183,9 @@ class Search:
                 if step == 0:
                     proposals: list[str] | None = list(dict.fromkeys(i.strip() for i in initial if i.strip()))
                 elif lead:
-                    if not self.budget_left():
+                    # Room for the step's optimizer samples (up to 3 per candidate) and its first minibatch.
+                    k = self.settings.candidates_per_step
+                    if not self.budget_left(3 * k + 2 * k * min(self.settings.minibatch_size, len(optimization_set))):
                         stopped = coord.stop(step, "budget")
                         break
                     proposals = self._propose(step, history, exemplar_pool, len(optimization_set))

@@ -125,7 +125,7 @@ class StepEvaluator:
         settings: OptimizerSection,
         coordinator: Coordinator,
         usage: UsageBook,
-        budget_left: Callable[[], bool],
+        budget_left: Callable[[int], bool],
         progress: bool = True,
     ) -> None:
         self.study = study
@@ -292,7 +292,11 @@ class _StepRun:
             if b > 0 and not self._batch_done(b - 1):
                 return "hold"
             self.budget_checked.add(b)
-            if not self.owner.budget_left():
+            # The whole minibatch must fit (every live candidate's task and judge calls on it), so
+            # the budget is a cap, not a point after which one more minibatch still runs.
+            going = sum(1 for c in self.live if c.status == "complete" and not c.lost)
+            asks = min(self.n, (b + 1) * self.size) - b * self.size
+            if not self.owner.budget_left(2 * going * asks):
                 for other in self.live:
                     if other.status == "complete":
                         other.status = "budget"

@@ -49,6 +49,24 @@ def validation_prompts(initial: str, finalists: Sequence[str]) -> list[tuple[str
     return [("initial", initial), *((f"finalist {i}", f) for i, f in enumerate(finalists, start=1))]
 
 
+def split_sizes(settings: OptimizerSection, n_questions: int, n_finalists: int) -> tuple[int, int]:
+    """(selection, confirmation) questions of a validation stage over ``n_questions`` with
+    ``n_finalists`` finalists: selection only when there is a choice to make, and at least 2
+    questions left to confirm on."""
+    n_sel = min(settings.selection_questions, max(0, n_questions - 2)) if n_finalists > 1 else 0
+    return n_sel, n_questions - n_sel
+
+
+def max_calls(settings: OptimizerSection, n_questions: int) -> int:
+    """The most task + judge calls a validation stage over ``n_questions`` can make (every finalist
+    on the selection questions, both prompts on every confirmation question): what a call budget
+    keeps back for it."""
+    if not settings.finalists or not n_questions:
+        return 0
+    n_sel, n_conf = split_sizes(settings, n_questions, settings.finalists)
+    return 2 * (settings.finalists * n_sel + 2 * n_conf)
+
+
 def score_on(
     study: SearchStudy,
     scorer: CandidateScorer,
@@ -144,7 +162,7 @@ def validate(
             n_questions=0, alpha=s.alpha, initial_score=None, initial_ci=None, initial_scores=(), finalists=(),
             winner=None, verdict="no candidate besides the initial instruction completed the search: nothing to validate",
         )
-    n_sel = min(s.selection_questions, max(0, n - 2)) if len(finalists) > 1 else 0
+    n_sel, _ = split_sizes(s, n, len(finalists))
     selection, confirmation = list(validation_set[:n_sel]), list(validation_set[n_sel:])
     sizes = look_sizes(len(confirmation), s.validation_looks)
     labels = validation_prompts(initial, [f.instruction for f in finalists])
@@ -274,4 +292,4 @@ def validate(
     )
 
 
-__all__ = ["score_on", "validate", "validation_prompts"]
+__all__ = ["max_calls", "score_on", "split_sizes", "validate", "validation_prompts"]

@@ -1,0 +1,332 @@
+"""What a run will cost and what it can detect, before it runs (``opro plan``, and the first lines of
+``opro optimize``).
+
+Three figures a user needs before spending an afternoon of LLM calls:
+
+- **What it can detect.** The smallest true gain the validation stage claims in 80% of runs, for
+  these split sizes and this judge's noise (:func:`opro.sequential.design_power`), and the same for
+  ``opro compare`` on the held-out questions; a warning where a significant result is impossible.
+  The noise is the standard deviation of the per-question score difference of two prompts: from
+  ``opro judge calibrate`` when it was run (its test-retest noise, a lower bound: prompts also
+  differ question by question), else from the last run's validation stage, else a stated default.
+- **What it will ask.** Calls and tokens per role, split into search, validation and dataset
+  generation. The search figure is its maximum (no candidate pruned, which is what a search
+  without clear losers does); the validation figure is its expectation when there is no gain
+  (futility stops some runs early), its maximum beside it.
+- **How long and how much.** Per-call tokens and seconds come from the last run in the same output
+  folder when there is one (``summary.json``'s usage), else from defaults measured on the embedded
+  models (2 idle cores) or assumed for an endpoint; cost from the price table of
+  :class:`opro.llm.UsageLedger` where the model has a price.
+
+After a run, :func:`check` puts the estimate beside what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opro.config import OproConfig
+from opro.llm.client import DEFAULT_PRICES
+from opro.sequential import design_power, look_sizes, min_questions
+
+if TYPE_CHECKING:
+    from llama_index.core.schema import Document
+
+#: Paired per-question score difference of two prompts (1-5 judge) when nothing was measured: the
+#: spread bench_selection's judge model gives (question difficulty shared, per-call noise 0.9,
+#: rounded to whole scores), close to what the validation stages of the real runs in
+#: docs/benchmarks.md show.
+DEFAULT_DIFFERENCE_SD = 1.3
+POWER = 0.8
+
+# Per-call defaults for the embedded models on 2 idle cores (prompt tokens/s, completion tokens/s),
+# from the quickstart's measured usage (docs/statistics.md); an endpoint: seconds per call.
+_EMBEDDED_SPEED = {"0.5b": (150.0, 18.0), "1.5b": (90.0, 9.0)}
+_ENDPOINT_S = 1.5
+
+
+@dataclass(frozen=True)
+class RoleEstimate:
+    role: str
+    search_calls: float
+    validation_calls: float
+    validation_calls_max: float
+    generation_calls: float
+    prompt_tokens_per_call: float
+    completion_tokens_per_call: float
+    seconds_per_call: float
+    #: Where the per-call figures come from.
+    basis: str
+    cost_usd: float | None = None
+
+    @property
+    def calls(self) -> float:
+        return self.search_calls + self.validation_calls + self.generation_calls
+
+    @property
+    def tokens(self) -> float:
+        return self.calls * (self.prompt_tokens_per_call + self.completion_tokens_per_call)
+
+    @property
+    def seconds(self) -> float:
+        return self.calls * self.seconds_per_call
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: str
+    split: Mapping[str, int]
+    selection_questions: int
+    confirmation_questions: int
+    looks: tuple[int, ...]
+    alpha: float
+    difference_sd: float
+    sd_basis: str
+    #: Smallest true gain the validation stage claims in 80% of runs where the search proposed and
+    #: chose it (None: no gain can be claimed); the same for ``opro compare`` on the held-out split.
+    detectable: float | None
+    heldout_detectable: float | None
+    roles: tuple[RoleEstimate, ...]
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def calls(self) -> float:
+        return sum(r.calls for r in self.roles)
+
+    @property
+    def seconds(self) -> float:
+        # The embedded models share the CPU, so roles add up; endpoints were divided by their slots.
+        return sum(r.seconds for r in self.roles)
+
+    @property
+    def cost_usd(self) -> float | None:
+        costs = [r.cost_usd for r in self.roles if r.cost_usd is not None]
+        return sum(costs) if costs else None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(calls=self.calls, seconds=self.seconds, cost_usd=self.cost_usd)
+        return out
+
+    def compare_lines(self) -> list[str]:
+        """What ``opro compare`` on the held-out split can detect, and its warning if it cannot."""
+        n = self.split.get("heldout", 0)
+        if self.heldout_detectable is None:
+            return [f"warning: `opro compare` cannot find a significant difference on {n} held-out questions "
+                    f"(its two-sided tests need at least {min_questions(self.alpha, sides=2)} at alpha {self.alpha:g}), "
+                    "so `--promote` cannot pass"]
+        return [f"{n} held-out questions: a difference of {self.heldout_detectable:+.2f} points is detected with "
+                f"{POWER:.0%} power at alpha {self.alpha:g} (paired score sd {self.difference_sd:.2f}: {self.sd_basis})"]
+
+    def lines(self) -> list[str]:
+        """The plan as a few lines of text."""
+        s = self.split
+        det = "no gain can be claimed" if self.detectable is None else f"{self.detectable:+.2f} points"
+        held = ("no difference can be significant" if self.heldout_detectable is None
+                else f"{self.heldout_detectable:+.2f} points")
+        out = [
+            f"plan for {self.source}: split {s.get('exemplar', 0)} exemplar / {s.get('optimization', 0)} optimization / "
+            f"{s.get('validation', 0)} validation / {s.get('heldout', 0)} held-out",
+            f"detectable at {POWER:.0%} power, alpha {self.alpha:g} (paired score sd {self.difference_sd:.2f}: "
+            f"{self.sd_basis}): validation {det} ({self.selection_questions} selection + "
+            f"{self.confirmation_questions} confirmation questions, looks at {', '.join(map(str, self.looks)) or '-'}); "
+            f"held-out compare {held}",
+        ]
+        for r in self.roles:
+            if not r.calls:
+                continue
+            parts = [f"search {r.search_calls:.0f}"]
+            if r.validation_calls_max:
+                parts.append(f"validation {r.validation_calls:.0f} (at most {r.validation_calls_max:.0f})")
+            if r.generation_calls:
+                parts.append(f"dataset {r.generation_calls:.0f}")
+            cost = "" if r.cost_usd is None else f", ${r.cost_usd:.2f}"
+            out.append(f"  {r.role}: {r.calls:.0f} calls ({', '.join(parts)}), {r.tokens:,.0f} tokens, "
+                       f"{_duration(r.seconds)}{cost} [{r.basis}]")
+        cost = "" if self.cost_usd is None else f", ${self.cost_usd:.2f}"
+        out.append(f"total: {self.calls:.0f} calls, {sum(r.tokens for r in self.roles):,.0f} tokens, "
+                   f"about {_duration(self.seconds)}{cost} (a warm call cache makes a rerun free)")
+        out += [f"warning: {w}" for w in self.warnings]
+        return out
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _difference_sd(config: OproConfig) -> tuple[float, str]:
+    from opro.calibration import judge_signature, load_calibration
+    from opro.errors import DataError
+
+    try:
+        report = load_calibration(config.output_dir)
+    except DataError:
+        report = None
+    if report is not None and report.retest and report.retest.sd and (
+            not report.signature or report.signature == judge_signature(config)):
+        # Two prompts' scores on a question differ by the judge's noise on each (and by how the prompts
+        # differ on it, which a retest cannot see: a lower bound).
+        return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)"
+    last = _last_summary(config)
+    v = (last or {}).get("validation") or {}
+    chosen = next((f for f in v.get("finalists", []) if f.get("chosen")), None)
+    if chosen:
+        pairs = [(a, b) for a, b in zip(chosen.get("scores", []), v.get("initial_scores", []), strict=False)
+                 if a is not None and b is not None]
+        if len(pairs) >= 5:
+            d = [a - b for a, b in pairs]
+            m = sum(d) / len(d)
+            sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
+            if sd > 0:
+                return sd, f"the last run's validation stage ({len(d)} pairs)"
+    return DEFAULT_DIFFERENCE_SD, "default: not measured; run `opro judge calibrate`"
+
+
+def _last_summary(config: OproConfig) -> dict[str, Any] | None:
+    from opro.rundir import RunDir
+
+    path = RunDir(config.output_dir).summary
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _generation_calls(config: OproConfig, documents: Callable[[], Sequence[Document]] | None) -> float:
+    """One generator call per chunk the dataset is generated from; 0 with a dataset (given or made)."""
+    d = config.data
+    if d.dataset or (config.output_dir / "dataset" / "opro_settings.txt").exists() or documents is None:
+        return 0.0
+    from opro.generation import select_chunks
+    from opro.retrieval import chunk_documents
+
+    chunks = chunk_documents(documents(), chunk_size=config.rag.chunk_size, chunk_overlap=config.rag.chunk_overlap)
+    return float(len(select_chunks(chunks, max_chunks=d.max_chunks or None)))
+
+
+def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> tuple[float, float, float, str]:
+    """(prompt tokens, completion tokens, seconds) per call of ``role``, and where they come from."""
+    measured = ((last or {}).get("usage") or {}).get(role) or {}
+    if measured.get("calls", 0) >= 3:
+        n = measured["calls"]
+        return (measured["prompt_tokens"] / n, measured["completion_tokens"] / n, measured["wall_s"] / n,
+                f"measured: the last run's {n} calls")
+    rag, spec = config.rag, getattr(config.models, role)
+    prompt, completion = {
+        "task": (120 + 0.8 * rag.top_k * rag.chunk_size, min(rag.answer_max_tokens, 70)),
+        "judge": (450.0, 0.0 if config.judge.score_from != "reply" else 12.0),
+        "optimizer": (250 + 25 * min(config.optimizer.max_history, 6) + 40 * config.optimizer.exemplars, 75.0),
+        "generator": (80 + 0.8 * rag.chunk_size, 20.0 * config.data.questions_per_chunk + 15),
+    }[role]
+    if spec.backend == "scripted":
+        return prompt, completion, 0.0, "scripted: no time"
+    if spec.backend == "openai":
+        slots = spec.max_concurrency or 4
+        return prompt, completion, _ENDPOINT_S / slots, f"assumed {_ENDPOINT_S:g} s per call over {slots} slots"
+    size = "0.5b" if "0.5b" in spec.model.lower() else "1.5b"
+    prefill, decode = _EMBEDDED_SPEED[size]
+    return (prompt, completion, prompt / prefill + completion / decode,
+            f"default for a {size.upper()} embedded model on 2 idle cores")
+
+
+def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]] | None = None) -> Plan:
+    """The plan of ``opro optimize`` for ``config`` (reads the output folder; makes no LLM call).
+    ``documents``: the corpus, read only when the dataset is still to be generated from it (one
+    generator call per chunk); without it that count is left out."""
+    o, s = config.optimizer, config.data.split
+    sd, sd_basis = _difference_sd(config)
+    warnings: list[str] = []
+    validating = o.finalists > 0 and s.validation > 0
+    finalists = min(o.finalists, 1 + o.steps * o.candidates_per_step)
+    n_sel = min(o.selection_questions, max(0, s.validation - 2)) if validating and finalists > 1 else 0
+    n_conf = s.validation - n_sel if validating else 0
+    sizes = look_sizes(n_conf, o.validation_looks) if n_conf else ()
+    detectable, asked = None, 0.0
+    if sizes:
+        p = design_power(sizes, alpha=o.alpha, sd=sd, futility=o.futility, power=POWER)
+        detectable, asked = p.detectable, p.questions_null
+        if n_conf < min_questions(o.alpha):
+            warnings.append(
+                f"the validation stage cannot claim a gain: {n_conf} confirmation questions give a smallest "
+                f"p-value of {0.5 ** n_conf:.3g} > alpha {o.alpha:g}; give [data.split].validation at least "
+                f"{min_questions(o.alpha) + n_sel} (better: enough for the gain you look for)")
+        elif detectable is not None and detectable > 1.0:
+            warnings.append(f"only a gain above {detectable:.1f} points is likely to be confirmed: raise "
+                            "[data.split].validation to detect smaller ones")
+    elif validating is False and o.finalists == 0:
+        warnings.append("no validation stage ([optimizer].finalists = 0): the returned score is in-sample and no "
+                        "gain is claimed")
+    held = None
+    if s.heldout >= min_questions(o.alpha, sides=2):
+        from statistics import NormalDist
+
+        z = NormalDist().inv_cdf
+        held = (z(1 - o.alpha / 2) + z(POWER)) * sd / math.sqrt(s.heldout)
+
+    candidates = len(config.rag.initial_instructions) + o.steps * o.candidates_per_step
+    scored = candidates * s.optimization
+    extra = {"random": 0, "failures": o.steps * o.exemplars, "hardest": (o.steps + 1) * s.exemplar}[o.exemplar_strategy]
+    conf_max = 2.0 * n_conf
+    val = (finalists * n_sel + 2.0 * asked) if sizes else 0.0
+    val_max = (finalists * n_sel + conf_max) if sizes else 0.0
+    calls = {
+        "task": (scored + extra, val, val_max, 0.0),
+        "judge": (scored + extra, val, val_max, 0.0),
+        # Between k and 3k samples a step (rejected proposals are replaced); about 1.5k in practice.
+        "optimizer": (1.5 * o.steps * o.candidates_per_step, 0.0, 0.0, 0.0),
+        "generator": (0.0, 0.0, 0.0, _generation_calls(config, documents)),
+    }
+    last = _last_summary(config)
+    roles = []
+    for role, (search, v, vmax, gen) in calls.items():
+        prompt, completion, seconds, basis = _per_call(config, role, last)
+        price = DEFAULT_PRICES.get(getattr(config.models, role).model)
+        n = search + v + gen
+        cost = None if price is None else n * (prompt * price.prompt + completion * price.completion) / 1e6
+        roles.append(RoleEstimate(role=role, search_calls=search, validation_calls=v, validation_calls_max=vmax,
+                                  generation_calls=gen, prompt_tokens_per_call=prompt,
+                                  completion_tokens_per_call=completion, seconds_per_call=seconds, basis=basis,
+                                  cost_usd=cost))
+    made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
+                looks=tuple(sizes), alpha=o.alpha, difference_sd=sd, sd_basis=sd_basis, detectable=detectable,
+                heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings))
+    if held is None:
+        return replace(made, warnings=(*made.warnings, made.compare_lines()[0].removeprefix("warning: ")))
+    return made
+
+
+def check(plan: Mapping[str, Any], usage: Mapping[str, Mapping[str, Any]], *, wall_s: float) -> list[str]:
+    """The plan (:meth:`Plan.as_dict`, as saved before the run) beside the run's usage: calls per
+    role (made + cache hits, since the plan counts requests) and wall time, with the difference."""
+    out = []
+    total_est = total = 0.0
+    for r in plan.get("roles", []):
+        u = usage.get(r["role"]) or {}
+        est = r["search_calls"] + r["validation_calls"] + r["generation_calls"]
+        got = float(u.get("calls", 0) + u.get("cache_hits", 0))
+        total_est, total = total_est + est, total + got
+        if est or got:
+            out.append(f"  {r['role']}: planned {est:.0f} calls, made {got:.0f} ({_rel(got, est)})")
+    planned_s = float(plan.get("seconds", 0.0))
+    out.insert(0, f"plan vs run: {total_est:.0f} calls planned, {total:.0f} made ({_rel(total, total_est)}); "
+                  f"{_duration(planned_s)} planned, {_duration(wall_s)} taken ({_rel(wall_s, planned_s)})")
+    return out
+
+
+def _rel(got: float, est: float) -> str:
+    if not est:
+        return "n/a" if got else "as planned"
+    return f"{(got - est) / est:+.0%}"
+
+
+__all__ = ["DEFAULT_DIFFERENCE_SD", "Plan", "RoleEstimate", "check", "make_plan"]

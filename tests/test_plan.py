@@ -1,0 +1,92 @@
+"""`opro plan`: what a run can detect and what it will ask, checked against scripted runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fakes import experiment_config, scripted_pool, write_toml
+from typer.testing import CliRunner
+
+import opro.experiment
+from opro.cli import app
+from opro.config import config_from_dict
+from opro.plan import DEFAULT_DIFFERENCE_SD, check, make_plan
+
+
+def _config(tmp_path: Path, **overrides: dict) -> object:
+    return config_from_dict(experiment_config(tmp_path, **overrides), base_dir=tmp_path, source="t.toml")
+
+
+def test_optimize_prints_its_plan_and_then_the_plan_beside_what_it_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
+    config = write_toml(experiment_config(tmp_path, optimizer={"steps": 2, "candidates_per_step": 2,
+                                                               "minibatch_size": 2, "pruner": "none"}),
+                        tmp_path / "exp.toml")
+    result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert said.startswith("plan for ") and "plan vs run:" in said
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    usage = json.loads((tmp_path / "out" / "summary.json").read_text())["usage"]
+    made = {role: u["calls"] + u["cache_hits"] for role, u in usage.items()}
+    planned = {r["role"]: r["search_calls"] + r["validation_calls"] + r["generation_calls"] for r in plan["roles"]}
+    # The scripted search prunes nothing here: the search's calls are exactly its plan.
+    for role in ("task", "judge"):
+        search_max = next(r for r in plan["roles"] if r["role"] == role)
+        assert search_max["search_calls"] == (1 + 2 * 2) * 3
+        assert abs(made[role] - planned[role]) <= 0.2 * planned[role], (role, made[role], planned[role])
+    assert sum(made.values()) == pytest.approx(sum(planned.values()), rel=0.2)
+    lines = check(plan, usage, wall_s=1.0)
+    assert lines[0].startswith(f"plan vs run: {sum(planned.values()):.0f} calls planned, {sum(made.values())} made")
+
+
+def test_the_plan_says_when_no_gain_can_be_claimed_or_confirmed(tmp_path: Path) -> None:
+    small = make_plan(_config(tmp_path, data={"split": {"exemplar": 2, "optimization": 3, "validation": 4,
+                                                          "heldout": 5, "seed": 1}}))
+    assert small.detectable is None and small.heldout_detectable is None
+    assert any("cannot claim a gain" in w and "2 confirmation questions give a smallest p-value of 0.25 > alpha 0.05" in w for w in small.warnings)
+    assert any("`opro compare` cannot find a significant difference on 5 held-out" in w for w in small.warnings)
+    big = make_plan(_config(tmp_path, data={"split": {"exemplar": 2, "optimization": 3, "validation": 16,
+                                                        "heldout": 6, "seed": 1}}))
+    assert big.detectable is not None and big.heldout_detectable is not None
+    assert not any("cannot" in w for w in big.warnings)
+    assert big.difference_sd == DEFAULT_DIFFERENCE_SD and big.sd_basis.startswith("default")
+    text = "\n".join(big.lines())
+    assert f"validation {big.detectable:+.2f} points" in text and "held-out compare" in text
+
+
+def test_more_validation_questions_detect_a_smaller_gain_and_the_last_run_sets_the_noise(tmp_path: Path) -> None:
+    def plan(validation: int) -> object:
+        return make_plan(_config(tmp_path, questions=80, data={
+            "split": {"exemplar": 2, "optimization": 3, "validation": validation, "heldout": 10, "seed": 1}}))
+
+    assert plan(12).detectable > plan(24).detectable > plan(48).detectable  # type: ignore[attr-defined, operator]
+    out = tmp_path / "out"
+    out.mkdir()
+    validation = {"initial_scores": [3.0] * 10, "finalists": [
+        {"chosen": True, "scores": [3.0, 4.0, 5.0, 3.0, 2.0, 4.0, 3.0, 4.0, 3.0, 5.0]}]}
+    (out / "summary.json").write_text(json.dumps({"validation": validation}))
+    measured = plan(24)
+    assert measured.sd_basis == "the last run's validation stage (10 pairs)"
+    assert measured.difference_sd == pytest.approx(0.9661, abs=1e-3)
+    assert measured.detectable < plan(24).detectable * 2  # type: ignore[operator]
+
+
+def test_the_plan_counts_one_generator_call_per_chunk_when_the_dataset_is_generated(tmp_path: Path) -> None:
+    from llama_index.core.schema import Document
+
+    cfg = experiment_config(tmp_path)
+    cfg["data"] = {k: v for k, v in cfg["data"].items() if k not in ("dataset", "query_field", "answer_field")}
+    text = " ".join(f"Sentence {i} says something about AlexNet and its training." for i in range(200))
+    docs = [Document(text=text)]
+    made = make_plan(config_from_dict(cfg, base_dir=tmp_path, source="t.toml"), documents=lambda: docs)
+    generator = next(r for r in made.roles if r.role == "generator")
+    from opro.generation import select_chunks
+    from opro.retrieval import chunk_documents
+
+    assert generator.generation_calls == len(select_chunks(chunk_documents(docs, chunk_size=64, chunk_overlap=0),
+                                                           max_chunks=None)) > 1
