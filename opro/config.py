@@ -44,10 +44,10 @@ class ExperimentSection:
 @dataclass(frozen=True)
 class SplitSection:
     exemplar: int = 3
-    optimization: int = 8
+    optimization: int = 6
     #: Questions that score the finalists once at the end of the search (0: no validation stage,
     #: which needs ``[optimizer].finalists = 0``).
-    validation: int = 36
+    validation: int = 48
     heldout: int = 10
     seed: int = 0
 

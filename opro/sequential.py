@@ -340,5 +340,17 @@ def _asked(d: np.ndarray, sizes: Sequence[int], z: np.ndarray, futility: bool) -
     return float(asked.mean())
 
 
-__all__ = ["EXACT_MAX_N", "Estimate", "Power", "design_power", "min_questions", "Look", "conditional_estimate", "decide", "look_sizes", "spent",
-           "t_interval", "z_boundaries"]
+__all__ = [
+    "EXACT_MAX_N",
+    "Estimate",
+    "Look",
+    "Power",
+    "conditional_estimate",
+    "decide",
+    "design_power",
+    "look_sizes",
+    "min_questions",
+    "spent",
+    "t_interval",
+    "z_boundaries",
+]

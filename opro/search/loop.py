@@ -319,6 +319,7 @@ class Search:
         w = validation.winner
         instruction = w.instruction if w is not None else initial
         search: float | None
+        score: float | None
         if w is not None and w.difference is not None and validation.initial_score is not None:
             # The initial instruction's confirmation mean (never selected on) plus the adjusted gain.
             score, search = validation.initial_score + w.difference, w.search_score
