@@ -139,7 +139,7 @@ class Plan:
         for r in self.roles:
             if not r.calls:
                 continue
-            parts = [f"search {r.search_calls:.0f}"]
+            parts = [f"search {r.search_calls:.0f}"] if r.search_calls else []
             if r.validation_calls_max:
                 parts.append(f"validation {r.validation_calls:.0f} (at most {r.validation_calls_max:.0f})")
             if r.generation_calls:
@@ -201,8 +201,14 @@ def _last_summary(config: OproConfig) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+#: Share of the generated questions kept (the rest are unusable or near-duplicates) and answered:
+#: 19 of 24 on the quickstart.
+_KEPT = 0.8
+
+
 def _generation_calls(config: OproConfig, documents: Callable[[], Sequence[Document]] | None) -> float:
-    """One generator call per chunk the dataset is generated from; 0 with a dataset (given or made)."""
+    """Generator calls for a dataset generated from the corpus: one per chunk for its questions and
+    one per kept question for its answer; 0 with a dataset (given or made)."""
     d = config.data
     if d.dataset or (config.output_dir / "dataset" / "opro_settings.txt").exists() or documents is None:
         return 0.0
@@ -210,7 +216,7 @@ def _generation_calls(config: OproConfig, documents: Callable[[], Sequence[Docum
     from opro.retrieval import chunk_documents
 
     chunks = chunk_documents(documents(), chunk_size=config.rag.chunk_size, chunk_overlap=config.rag.chunk_overlap)
-    return float(len(select_chunks(chunks, max_chunks=d.max_chunks or None)))
+    return len(select_chunks(chunks, max_chunks=d.max_chunks or None)) * (1 + _KEPT * d.questions_per_chunk)
 
 
 def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> tuple[float, float, float, str]:
