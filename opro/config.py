@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from opro.errors import ConfigError, PromptError
+from opro.llm.client import DEFAULT_PRICES, Price
 from opro.llm.pool import ModelSpec, check_endpoint
 from opro.prompts import DEFAULT_INSTRUCTION, validate_instruction
 
@@ -45,8 +46,8 @@ class ExperimentSection:
 class SplitSection:
     exemplar: int = 3
     optimization: int = 6
-    #: Questions that score the finalists once at the end of the search (0: no validation stage,
-    #: which needs ``[optimizer].finalists = 0``).
+    #: Questions the search never selects on: a few choose a finalist, the rest test it against the
+    #: initial instruction (0: no validation stage, which needs ``[optimizer].finalists = 0``).
     validation: int = 48
     heldout: int = 10
     seed: int = 0
@@ -333,6 +334,16 @@ class OproConfig:
     #: Directory relative paths are resolved against (the config file's directory).
     base_dir: Path = field(default_factory=Path.cwd)
     source: str = "<defaults>"
+
+    def prices(self) -> dict[str, Price]:
+        """USD per million tokens by model name: the usage ledger's table, overridden by the prices the
+        model tables give (``price_prompt``, ``price_completion``)."""
+        table = dict(DEFAULT_PRICES)
+        for role in ("task", "judge", "optimizer", "generator"):
+            spec = getattr(self.models, role)
+            if spec.price_prompt is not None and spec.price_completion is not None:
+                table[spec.model] = Price(float(spec.price_prompt), float(spec.price_completion))
+        return table
 
     # -- derived locations -------------------------------------------------------------------
     def resolve(self, path: str) -> Path:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
 from opro.errors import DataError, ModelPackError
-from opro.llm import ChatClient
+from opro.llm import ChatClient, UsageLedger
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
 from opro.paths import cache_dir
@@ -61,6 +61,7 @@ class Experiment:
         self.models = ClientFactory(
             pool=pool or ModelPool(),
             cache=open_cache(config.resolve(exp.cache_path) if exp.cache_path else None, enabled=exp.cache),
+            usage=UsageLedger(prices=config.prices()),
             seed=exp.seed,
         )
         self.pool, self.cache, self.usage = self.models.pool, self.models.cache, self.models.usage

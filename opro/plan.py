@@ -15,8 +15,8 @@ Three figures a user needs before spending an afternoon of LLM calls:
   (futility stops some runs early), its maximum beside it.
 - **How long and how much.** Per-call tokens and seconds come from the last run in the same output
   folder when there is one (``summary.json``'s usage), else from defaults measured on the embedded
-  models (2 idle cores) or assumed for an endpoint; cost from the price table of
-  :class:`opro.llm.UsageLedger` where the model has a price.
+  models (2 idle cores) or assumed for an endpoint; cost where the model has a price (its table's
+  ``price_prompt`` / ``price_completion``, else the usage ledger's built-in table).
 
 After a run, :func:`check` puts the estimate beside what happened.
 """
@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
-from opro.llm.client import DEFAULT_PRICES
 from opro.sequential import design_power, look_sizes, min_questions
 
 if TYPE_CHECKING:
@@ -295,7 +294,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     roles = []
     for role, (search, v, vmax, gen) in calls.items():
         prompt, completion, seconds, basis = _per_call(config, role, last)
-        price = DEFAULT_PRICES.get(getattr(config.models, role).model)
+        price = config.prices().get(getattr(config.models, role).model)
         n = search + v + gen
         cost = None if price is None else n * (prompt * price.prompt + completion * price.completion) / 1e6
         roles.append(RoleEstimate(role=role, search_calls=search, validation_calls=v, validation_calls_max=vmax,

@@ -91,3 +91,17 @@ def test_the_plan_counts_the_generator_calls_when_the_dataset_is_generated(tmp_p
     chunks = len(select_chunks(chunk_documents(docs, chunk_size=64, chunk_overlap=0), max_chunks=None))
     # One call per chunk for its questions (2 per chunk here), one per kept question for its answer.
     assert chunks > 1 and generator.generation_calls == pytest.approx(chunks * (1 + 0.8 * 2))
+
+
+def test_a_model_with_a_price_gets_a_cost(tmp_path: Path) -> None:
+    from opro.errors import ConfigError
+
+    models = {"judge": {"backend": "scripted", "model": "judge", "price_prompt": 1.0, "price_completion": 4.0}}
+    made = make_plan(_config(tmp_path, models=models))
+    judge = next(r for r in made.roles if r.role == "judge")
+    assert judge.cost_usd == pytest.approx(
+        judge.calls * (judge.prompt_tokens_per_call * 1.0 + judge.completion_tokens_per_call * 4.0) / 1e6)
+    assert made.cost_usd == judge.cost_usd and all(r.cost_usd is None for r in made.roles if r.role != "judge")
+    assert f"${judge.cost_usd:.2f}" in "\n".join(made.lines())
+    with pytest.raises(ConfigError, match="give both price_prompt and price_completion"):
+        _config(tmp_path, models={"judge": {"backend": "scripted", "model": "judge", "price_prompt": 1.0}})

@@ -72,6 +72,10 @@ class ModelSpec:
     #: for servers that reject that type (llama-cpp-python's server accepts only text/json_object);
     #: the judges then ask for JSON in the prompt and parse the text.
     json_schema: bool = True
+    #: USD per million prompt and completion tokens, for cost estimates (`opro plan`) and the usage
+    #: ledger; None: the ledger's built-in table, where it knows the model.
+    price_prompt: float | None = None
+    price_completion: float | None = None
     #: llamacpp only: the most greedy answers of one question decoded together (1: one at a time).
     batch_width: int = 4
     #: llamacpp only: memory (MB) for saved KV prefixes, reused by later prompts that share them (0: off).
@@ -106,6 +110,12 @@ class ModelSpec:
             raise ConfigError(f"prefix_cache_mb must be an integer >= 0 (0: off), got {self.prefix_cache_mb!r}.")
         if not isinstance(self.draft_fill, int) or isinstance(self.draft_fill, bool) or self.draft_fill < 0:
             raise ConfigError(f"draft_fill must be an integer >= 0 (0 or 1: off), got {self.draft_fill!r}.")
+        for name in ("price_prompt", "price_completion"):
+            price = getattr(self, name)
+            if price is not None and (isinstance(price, bool) or not isinstance(price, int | float) or price < 0):
+                raise ConfigError(f"{name} must be a number >= 0 (USD per million tokens), got {price!r}.")
+        if (self.price_prompt is None) != (self.price_completion is None):
+            raise ConfigError("give both price_prompt and price_completion (USD per million tokens), or neither.")
         if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}.")
         if self.max_concurrency is not None and (not isinstance(self.max_concurrency, int) or self.max_concurrency < 1):
