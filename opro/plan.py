@@ -6,9 +6,9 @@ Three figures a user needs before spending an afternoon of LLM calls:
 - **What it can detect.** The smallest true gain the validation stage claims in 80% of runs, for
   these split sizes and this judge's noise (:func:`opro.sequential.design_power`), and the same for
   ``opro compare`` on the held-out questions; a warning where a significant result is impossible.
-  The noise is the standard deviation of the per-question score difference of two prompts: from
-  ``opro judge calibrate`` when it was run (its test-retest noise, a lower bound: prompts also
-  differ question by question), else from the last run's validation stage, else a stated default.
+  The noise is the standard deviation of the per-question score difference of two prompts: from the
+  last run's validation stage when there is one, else from ``opro judge calibrate`` (its test-retest
+  noise, a lower bound: prompts also differ question by question), else a stated default.
 - **What it will ask.** Calls and tokens per role, split into search, validation and dataset
   generation. The search figure is its maximum (no candidate pruned, which is what a search
   without clear losers does); the validation figure is its expectation when there is no gain
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
+from opro.rundir import RunDir
 from opro.sequential import design_power, look_sizes, min_questions
 
 if TYPE_CHECKING:
@@ -162,20 +163,12 @@ def _duration(seconds: float) -> str:
 
 
 def _difference_sd(config: OproConfig) -> tuple[float, str]:
+    """The paired per-question score difference's sd: measured on the last run's confirmation pairs
+    (what the test sees), else from the judge's calibration (a lower bound), else the default."""
     from opro.calibration import judge_signature, load_calibration
     from opro.errors import DataError
 
-    try:
-        report = load_calibration(config.output_dir)
-    except DataError:
-        report = None
-    if report is not None and report.retest and report.retest.sd and (
-            not report.signature or report.signature == judge_signature(config)):
-        # Two prompts' scores on a question differ by the judge's noise on each (and by how the prompts
-        # differ on it, which a retest cannot see: a lower bound).
-        return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)"
-    last = _last_summary(config)
-    v = (last or {}).get("validation") or {}
+    v = (_last_summary(config) or {}).get("validation") or {}
     chosen = next((f for f in v.get("finalists", []) if f.get("chosen")), None)
     if chosen:
         pairs = [(a, b) for a, b in zip(chosen.get("scores", []), v.get("initial_scores", []), strict=False)
@@ -186,12 +179,19 @@ def _difference_sd(config: OproConfig) -> tuple[float, str]:
             sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
             if sd > 0:
                 return sd, f"the last run's validation stage ({len(d)} pairs)"
+    try:
+        report = load_calibration(config.output_dir)
+    except DataError:
+        report = None
+    if report is not None and report.retest and report.retest.sd and (
+            not report.signature or report.signature == judge_signature(config)):
+        # Two prompts' scores on a question differ by the judge's noise on each (and by how the prompts
+        # differ on it, which a retest cannot see: a lower bound).
+        return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)"
     return DEFAULT_DIFFERENCE_SD, "default: not measured; run `opro judge calibrate`"
 
 
 def _last_summary(config: OproConfig) -> dict[str, Any] | None:
-    from opro.rundir import RunDir
-
     path = RunDir(config.output_dir).summary
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -209,7 +209,7 @@ def _generation_calls(config: OproConfig, documents: Callable[[], Sequence[Docum
     """Generator calls for a dataset generated from the corpus: one per chunk for its questions and
     one per kept question for its answer; 0 with a dataset (given or made)."""
     d = config.data
-    if d.dataset or (config.output_dir / "dataset" / "opro_settings.txt").exists() or documents is None:
+    if d.dataset or RunDir(config.output_dir).has_dataset() or documents is None:
         return 0.0
     from opro.generation import select_chunks
     from opro.retrieval import chunk_documents
