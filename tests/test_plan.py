@@ -105,3 +105,18 @@ def test_a_model_with_a_price_gets_a_cost(tmp_path: Path) -> None:
     assert f"${judge.cost_usd:.2f}" in "\n".join(made.lines())
     with pytest.raises(ConfigError, match="give both price_prompt and price_completion"):
         _config(tmp_path, models={"judge": {"backend": "scripted", "model": "judge", "price_prompt": 1.0}})
+
+
+def test_without_an_earlier_run_the_calibrated_judge_noise_is_used(tmp_path: Path) -> None:
+    from opro.calibration import CalibrationReport, RetestStats, judge_signature, write_calibration
+
+    cfg = _config(tmp_path)
+    report = CalibrationReport(
+        judge="judge", method="logits", dataset="d", n_questions=10, seed=0, conditions=(), auc=None,
+        separation=None, invalid_rate=None, auc_most_likely=None, s_per_call=None, calls=10, cache_hits=0,
+        retest=RetestStats(n=10, exact=0.5, within_1=1.0, mean_abs_difference=0.4, sd=0.5),
+        signature=judge_signature(cfg))  # type: ignore[arg-type]
+    write_calibration(report, [], output_dir=cfg.output_dir, plot=False)  # type: ignore[attr-defined]
+    made = make_plan(cfg)
+    assert made.difference_sd == pytest.approx(0.5 * 2 ** 0.5)
+    assert made.sd_basis.startswith("opro judge calibrate's test-retest noise")
