@@ -15,7 +15,7 @@ from opro.export import EXPORT_FORMATS, FILE_ONLY_FORMATS, REGISTRY_FORMATS, SNI
 from opro.redaction import redact_text, redact_url
 
 if TYPE_CHECKING:
-    from opro.search import OptimizationResult
+    from opro.search import FinalistRecord, OptimizationResult
 
 app = typer.Typer(
     name="opro",
@@ -554,6 +554,17 @@ def judge_calibrate(
 # ---- section: optimize (owner: optimizer) ------------------------------------------------------
 
 
+def _versus_initial(f: FinalistRecord) -> str:
+    """A finalist's cell in the "vs initial" column: only the chosen one was tested."""
+    if not f.chosen:
+        return "not chosen" + (f" (selection {f.selection_score:.2f})" if f.selection_score is not None else "")
+    if f.difference is None:
+        return "n/a"
+    if f.difference_ci is None or f.p_value is None:
+        return f"{f.difference:+.2f}"
+    return f"{f.difference:+.2f} [{f.difference_ci[0]:+.2f}, {f.difference_ci[1]:+.2f}] (p={f.p_value:.2g})"
+
+
 def _result_table(result: OptimizationResult, *, title: str) -> Any:
     """Initial, finalists and the returned instruction: search score beside validation score."""
     from rich.markup import escape
@@ -580,10 +591,7 @@ def _result_table(result: OptimizationResult, *, title: str) -> Any:
     table.add_row("initial", fmt(result.initial_score), with_ci(v.initial_score, v.initial_ci), "",
                   escape(result.initial_instruction), style="bold" if not result.validated else None)
     for i, f in enumerate(v.finalists, start=1):
-        diff = ("not chosen" + (f" (selection {f.selection_score:.2f})" if f.selection_score is not None else "")
-                if not f.chosen else "n/a" if f.difference is None
-                else f"{f.difference:+.2f} [{f.difference_ci[0]:+.2f}, {f.difference_ci[1]:+.2f}] (p={f.p_value:.2g})"
-                if f.difference_ci and f.p_value is not None else f"{f.difference:+.2f}")
+        diff = _versus_initial(f)
         returned = v.winner is not None and f.instruction == v.winner.instruction
         table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
                       with_ci(f.validation_score, f.validation_ci), diff, escape(f.instruction),

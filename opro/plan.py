@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
 from opro.rundir import RunDir
+from opro.search.validation import split_sizes
 from opro.sequential import design_power, look_sizes, min_questions
 
 if TYPE_CHECKING:
@@ -174,11 +176,9 @@ def _difference_sd(config: OproConfig) -> tuple[float, str]:
         pairs = [(a, b) for a, b in zip(chosen.get("scores", []), v.get("initial_scores", []), strict=False)
                  if a is not None and b is not None]
         if len(pairs) >= 5:
-            d = [a - b for a, b in pairs]
-            m = sum(d) / len(d)
-            sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
+            sd = statistics.stdev(a - b for a, b in pairs)
             if sd > 0:
-                return sd, f"the last run's validation stage ({len(d)} pairs)"
+                return sd, f"the last run's validation stage ({len(pairs)} pairs)"
     try:
         report = load_calibration(config.output_dir)
     except DataError:
@@ -252,8 +252,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     warnings: list[str] = []
     validating = o.finalists > 0 and s.validation > 0
     finalists = min(o.finalists, 1 + o.steps * o.candidates_per_step)
-    n_sel = min(o.selection_questions, max(0, s.validation - 2)) if validating and finalists > 1 else 0
-    n_conf = s.validation - n_sel if validating else 0
+    n_sel, n_conf = split_sizes(o, s.validation, finalists) if validating else (0, 0)
     sizes = look_sizes(n_conf, o.validation_looks) if n_conf else ()
     detectable, asked = None, 0.0
     if sizes:
@@ -272,9 +271,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
                         "gain is claimed")
     held = None
     if s.heldout >= min_questions(o.alpha, sides=2):
-        from statistics import NormalDist
-
-        z = NormalDist().inv_cdf
+        z = statistics.NormalDist().inv_cdf
         held = (z(1 - o.alpha / 2) + z(POWER)) * sd / math.sqrt(s.heldout)
 
     candidates = len(config.rag.initial_instructions) + o.steps * o.candidates_per_step

@@ -201,12 +201,15 @@ def z_boundaries(sizes: Sequence[int], *, alpha: float, draws: int = 200_000, se
     return np.asarray(out)
 
 
-def _stopped(d: np.ndarray, sizes: Sequence[int], z: np.ndarray, futility: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Run the design on each row of paired differences: (claimed, mean at the stopping look)."""
+def _stopped(d: np.ndarray, sizes: Sequence[int], z: np.ndarray,
+             futility: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run the design on each row of paired differences: (claimed, mean at the stopping look,
+    questions asked by then)."""
     rows = len(d)
     claimed = np.zeros(rows, dtype=bool)
     done = np.zeros(rows, dtype=bool)
     mean = np.zeros(rows)
+    asked = np.zeros(rows)
     for k, n in enumerate(sizes):
         x = d[:, :n]
         s = x.sum(1)
@@ -216,8 +219,18 @@ def _stopped(d: np.ndarray, sizes: Sequence[int], z: np.ndarray, futility: bool)
         if futility and 0 < k < len(sizes) - 1:
             stop |= ~done & (s <= 0)
         mean[stop & ~done] = s[stop & ~done] / n
+        asked[stop & ~done] = n
         done |= stop
-    return claimed, mean
+    return claimed, mean, asked
+
+
+def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float) -> tuple[float, float]:
+    """The bracket left after 30 halvings around where the increasing ``f`` crosses ``target``
+    (clamped to ``[lo, hi]``)."""
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return lo, hi
 
 
 def conditional_estimate(
@@ -253,18 +266,11 @@ def conditional_estimate(
     floor = max(50, draws // 100)  # claims needed before a conditional tail is trusted
 
     def claims(theta: float) -> np.ndarray:
-        claimed, mean = _stopped(residuals + theta, sizes, z, futility)
+        claimed, mean, _ = _stopped(residuals + theta, sizes, z, futility)
         return mean[claimed]
 
     def solve(f: Callable[[float], float], target: float, lo: float, hi: float) -> float:
-        # f increases with theta; returns the theta where it crosses target, clamped to [lo, hi].
-        for _ in range(30):
-            mid = (lo + hi) / 2
-            if f(mid) < target:
-                lo = mid
-            else:
-                hi = mid
-        return (lo + hi) / 2
+        return sum(_bisect(f, target, lo, hi)) / 2
 
     def p_above(theta: float) -> float:  # P(mean at stop >= observed | claimed)
         m = claims(theta)
@@ -310,34 +316,14 @@ def design_power(
     z = z_boundaries(sizes, alpha=alpha, seed=seed)
 
     def run(theta: float) -> tuple[float, float]:
-        d = noise + theta
-        claimed, _ = _stopped(d, sizes, z, futility)
-        return float(claimed.mean()), _asked(d, sizes, z, futility)
+        claimed, _, asked = _stopped(noise + theta, sizes, z, futility)
+        return float(claimed.mean()), float(asked.mean())
 
     _, asked_null = run(0.0)
-    if n_max < min_questions(alpha):
+    if n_max < min_questions(alpha) or run(4.0 * sd)[0] < power:
         return Power(detectable=None, power=power, questions_null=asked_null, questions_detectable=math.nan)
-    lo, hi = 0.0, 4.0 * sd
-    if run(hi)[0] < power:
-        return Power(detectable=None, power=power, questions_null=asked_null, questions_detectable=math.nan)
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if run(mid)[0] < power else (lo, mid)
+    _, hi = _bisect(lambda theta: run(theta)[0], power, 0.0, 4.0 * sd)
     return Power(detectable=hi, power=power, questions_null=asked_null, questions_detectable=run(hi)[1])
-
-
-def _asked(d: np.ndarray, sizes: Sequence[int], z: np.ndarray, futility: bool) -> float:
-    """Mean paired questions asked before the design stops."""
-    done = np.zeros(len(d), dtype=bool)
-    asked = np.full(len(d), float(sizes[-1]))
-    for k, n in enumerate(sizes[:-1]):
-        x = d[:, :n]
-        s = x.sum(1)
-        stop = ~done & (((s >= z[k] * np.sqrt((x * x).sum(1)) - _EPS) & (s > 0))
-                        | (futility and k > 0) & (s <= 0))
-        asked[stop] = n
-        done |= stop
-    return float(asked.mean())
 
 
 __all__ = [

@@ -93,7 +93,7 @@ def test_the_z_boundaries_spend_alpha_like_the_sign_flip_test() -> None:
     assert z[2] < 1.645 + 0.1  # the last keeps nearly the whole alpha
     # Normal paired differences under the null: the design claims about alpha of the time.
     rng = np.random.default_rng(3)
-    claimed, _ = _stopped(rng.normal(size=(20_000, 32)), (11, 22, 32), z, futility=False)
+    claimed, _, _ = _stopped(rng.normal(size=(20_000, 32)), (11, 22, 32), z, futility=False)
     assert abs(float(claimed.mean()) - 0.05) < 0.008
 
 
