@@ -17,6 +17,7 @@ better prompt (>= +0.5) that the search proposed is returned.
 ``opro compare`` report and prints the winner's search, validation and held-out scores.
 
     python experiments/bench_selection.py --seeds 200
+    python experiments/bench_selection.py --power --seeds 200 --optimization 6 --validation 48 --unused 20
     python experiments/bench_selection.py --run-dir runs/history_of_alexnet
 """
 
@@ -143,7 +144,7 @@ class ReplyJudge:
 
 
 def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: int, folder: Path,
-             design: dict[str, Any] | None = None) -> dict[str, Any]:
+             design: dict[str, Any] | None = None, n_unused: int = 0) -> dict[str, Any]:
     usage = UsageLedger()
     if rule == "old":
         settings = OptimizerSection(steps=steps, candidates_per_step=k, minibatch_size=2, pruner="best",
@@ -165,6 +166,7 @@ def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: 
     result = search.run(
         optimization_set=[Ex(f"opt {world.seed}-{i}?", "r") for i in range(n_opt)],
         validation_set=[Ex(f"val {world.seed}-{i}?", "r") for i in range(n_val)] if rule == "new" else [],
+        extension_set=[Ex(f"unused {world.seed}-{i}?", "r") for i in range(n_unused)] if rule == "new" else [],
         exemplar_set=[Ex("exemplar?", "r")],
         initial=[INITIAL],
     )
@@ -217,7 +219,7 @@ def simulate(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int) -> list[
 
 
 def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dict[str, Any],
-          effects: Sequence[float] = (0.0, 0.5, 1.0)) -> list[dict[str, Any]]:
+          effects: Sequence[float] = (0.0, 0.5, 1.0), n_unused: int = 0) -> list[dict[str, Any]]:
     """Worlds where about 1 proposal in 6 is truly better by ``effect`` (judge points before rounding)
     and the rest are equal to the initial instruction: how often the validated search returns a
     better one, how often it claims a gain in the null world (and whether a rerun with a looser
@@ -232,12 +234,13 @@ def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dic
                 folder = Path(tmp) / f"e{effect}"
                 folder.mkdir(exist_ok=True)
                 runs.append(run_once(world, rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k, folder=folder,
-                                     design=design))
+                                     design=design, n_unused=n_unused))
                 if effect == 0.0 and s < min(seeds, 50):
                     # The alpha-shopping rerun: the same study and questions, a looser alpha.
                     try:
                         again = run_once(world, rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k,
-                                         folder=folder, design={**design, "alpha": min(0.5, 4 * design.get("alpha", 0.05))})
+                                         folder=folder, design={**design, "alpha": min(0.5, 4 * design.get("alpha", 0.05))},
+                                         n_unused=n_unused)
                         reruns += bool(again["claims_gain"]) and not runs[-1]["claims_gain"]
                     except ConfigError:
                         pass
@@ -267,9 +270,9 @@ def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dic
 
 
 def print_power(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: int, n_val: int, steps: int,
-                k: int) -> None:
+                k: int, n_unused: int = 0) -> None:
     print(f"(c) power: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation questions, "
-          f"design {design}")
+          f"{n_unused} unused questions to extend into, design {design}")
     print("| true effect (judge points; mean-score gain) | seeds | better one proposed | P(returns it, when proposed) "
           "| P(claims a gain) | new claims by an alpha x4 rerun | bias of the claimed gain (unadjusted) "
           "| its 95% CI covers | calls/run |")
@@ -331,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--power", action="store_true", help="(c): fixed true effects 0, +0.5, +1.0 instead of (a)")
     ap.add_argument("--effects", default="0,0.5,1", help="(c): the true effects, comma-separated")
     ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
+    ap.add_argument("--unused", type=int, default=20,
+                    help="questions in no split that the validation may extend into ([optimizer].validation_extension)")
     args = ap.parse_args(argv)
     logging.disable(logging.WARNING)
     if args.run_dir:
@@ -339,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.power:
         design = json.loads(args.design)
         prows = power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
-                      k=args.candidates, design=design, effects=[float(e) for e in args.effects.split(",")])
+                      k=args.candidates, design=design, effects=[float(e) for e in args.effects.split(",")],
+                      n_unused=args.unused)
         print_power(prows, design=design, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
-                    k=args.candidates)
+                    k=args.candidates, n_unused=args.unused)
         return 0
     rows = simulate(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
                     k=args.candidates)

@@ -262,7 +262,8 @@ class ComparisonReport:
             f"{len(self.questions)} {where} questions; judge `{self.judge}` (1-5, pass at {self.judge_threshold:g}); "
             f"dataset `{self.dataset_hash[:12]}`; baseline **{self.baseline_prompt.label}**.",
             f"Intervals: {self.level:.0%} percentile bootstrap ({self.n_resamples} resamples, seed {self.seed}); "
-            f"tests two-sided at alpha {self.alpha:g} (Wilcoxon signed-rank, paired sign-flip permutation).",
+            f"tests two-sided at alpha {self.alpha:g}: the paired sign-flip permutation test decides; the Wilcoxon "
+            "signed-rank p-value is shown beside it.",
             self.multiplicity(),
         ]
         if self.split == "heldout":
@@ -374,13 +375,14 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
     Held-out questions are matched by the sha256 of their normalized text and, where the record keeps
     the normalized texts, as near-duplicates.
     """
-    from opro.dataset import SPLIT_NAMES, QuestionKey, normalize_question, question_hash, split_hash
+    from opro.dataset import QuestionKey, normalize_question, question_hash, split_hash
 
     if dataset.split is None:
         raise DataError("the dataset has no split; create one with `opro dataset import`")
     seen_hashes: dict[str, str] = {}
     seen_texts: list[tuple[QuestionKey, str, difflib.SequenceMatcher[str]]] = []
-    for name in SPLIT_NAMES:
+    # Every recorded part but held-out: the splits, and the questions a validation could extend into.
+    for name in record["questions"]:
         if name == "heldout":
             continue
         for h in record["questions"].get(name) or ():
@@ -570,7 +572,7 @@ def compare_prompts(
             [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha
         )
         versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=len(examples) - len(pairs), stats=stats))
-    # Several prompts against one baseline: a family of tests, so Holm-adjust both tests' p-values.
+    # Several prompts against one baseline: a family of tests, so Holm-adjust the p-values.
     family = [v for v in versus if v is not None]
     if len(family) > 1:
         adjusted = iter(holm_family([v.stats for v in family]))
@@ -699,8 +701,8 @@ def promote(
     """Move ``alias`` to the best compared prompt only if it beats the baseline on held-out questions.
 
     Required: a held-out comparison whose leakage check passed, and a positive mean difference that
-    both paired tests call significant at the report's alpha (Holm-adjusted when several prompts
-    were compared). Among prompts that qualify, the one with the highest held-out mean wins; it is
+    the paired sign-flip permutation test calls significant at the report's alpha (Holm-adjusted when
+    several prompts were compared). Among prompts that qualify, the one with the highest held-out mean wins; it is
     registered as a new version tagged with its held-out figures, then the alias points at it.
     """
     from opro.export import export_prompt

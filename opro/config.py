@@ -218,6 +218,11 @@ class OptimizerSection:
     #: spending: see opro/sequential.py); ``futility``: stop once the finalist is not ahead.
     validation_looks: int = 3
     futility: bool = True
+    #: The confirmation may go on past the validation split by one more look of up to this many
+    #: questions that are in no split (never held-out; the dataset's unused questions, in a seeded
+    #: order), asked only when the split's looks did not decide. Planned before the first look, so the
+    #: error rate holds; 0: the validation split only.
+    validation_extension: int = 20
     #: A candidate counts as complete only if this share of its questions was scored validly.
     min_coverage: float = 0.9
     patience: int = 0
@@ -393,6 +398,7 @@ _RANGES: dict[str, tuple[str, dict[str, tuple[float | None, float | None, str]]]
             "prune_warmup_minibatches": (0, None, ""),
             "patience": (0, None, "0 turns early stopping off"),
             "max_calls": (0, None, "0 means no limit"),
+            "validation_extension": (0, None, "0: the validation split only"),
             "max_tokens_budget": (0, None, "0 means no limit"),
         },
     ),

@@ -372,8 +372,10 @@ def split_shortfall(split: Split) -> str | None:
     )
 
 
-def split_record(dataset: GoldenDataset) -> dict[str, Any]:
-    """What an optimization saw: sha256 of each normalized question per split, and of the split.
+def split_record(dataset: GoldenDataset, *, extension: Sequence[Example] = ()) -> dict[str, Any]:
+    """What an optimization saw: sha256 of each normalized question per split, and of the split;
+    ``extension``: the questions outside the split its validation may extend into (kept as their own
+    ``extension`` entry, checked like the others).
 
     Saved by ``opro optimize`` (``split_record.json``, ``summary.json``, the Optuna study) so that
     ``compare`` / ``evaluate --split heldout`` can refuse a held-out set that overlaps it later, even
@@ -395,6 +397,10 @@ def split_record(dataset: GoldenDataset) -> dict[str, Any]:
         record["questions"][name] = [question_hash(n) for n in normalized]
         if name != "heldout":
             record["normalized"][name] = normalized
+    if extension:
+        normalized = [normalize_question(e.query) for e in extension]
+        record["questions"]["extension"] = [question_hash(n) for n in normalized]
+        record["normalized"]["extension"] = normalized
     return record
 
 
@@ -448,6 +454,17 @@ class GoldenDataset:
         if self.split is None:
             raise DataError("the dataset has no split; create one with .with_split(...) or `opro dataset import`")
         return tuple(self.examples[i] for i in self.split.indices(name))
+
+    def unused(self) -> tuple[Example, ...]:
+        """The examples in no split, in an order seeded by the split's seed: the pool a validation
+        extension draws from. Never held-out (groups of related questions are placed whole, so none of
+        these is a near-duplicate of a held-out one either)."""
+        if self.split is None:
+            raise DataError("the dataset has no split; create one with .with_split(...) or `opro dataset import`")
+        placed = {i for name in SPLIT_NAMES for i in self.split.indices(name)}
+        rest = [i for i in range(len(self.examples)) if i not in placed]
+        random.Random(f"unused-{self.split.seed}").shuffle(rest)
+        return tuple(self.examples[i] for i in rest)
 
     def to_json(self) -> dict[str, Any]:
         return {"examples": [e.to_json() for e in self.examples]}

@@ -31,7 +31,7 @@ from opro.search.results import OptimizationResult
 if TYPE_CHECKING:
     from llama_index.core import Document
 
-    from opro.dataset import GoldenDataset
+    from opro.dataset import Example, GoldenDataset
     from opro.judges import CorrectnessJudge
     from opro.rag import RAGProgram
     from opro.retrieval import Retriever
@@ -435,6 +435,7 @@ class Experiment:
                     optimization_set=ds.examples_in("optimization"),
                     exemplar_set=ds.examples_in("exemplar"),
                     validation_set=ds.examples_in("validation"),
+                    extension_set=self.extension_set(),
                 )
             except BaseException:
                 for recorder in recorders:
@@ -442,13 +443,21 @@ class Experiment:
                 raise
             return summary.run_result(result)
 
+    def extension_set(self) -> tuple[Example, ...]:
+        """The questions in no split that the validation stage may extend into (up to
+        ``[optimizer].validation_extension``; none without a validation stage)."""
+        o, ds = self.config.optimizer, self.dataset
+        if not o.finalists or not o.validation_extension or not ds.examples_in("validation"):
+            return ()
+        return ds.unused()[: o.validation_extension]
+
     def _record_split(self) -> dict[str, Any]:
         """What this optimization saw (:func:`opro.dataset.split_record`), for the held-out guard of
         compare / evaluate: ``split_record.json`` before the search (so a crashed run is covered), then
         ``summary.json`` and the Optuna study after it."""
         from opro.dataset import split_record
 
-        record = split_record(self.dataset)
+        record = split_record(self.dataset, extension=self.extension_set())
         path = self.run_dir.split_record
         if path.is_file() and self._study_exists():
             # The study's record stands: a changed split is refused by the fingerprint check, and

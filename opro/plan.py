@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
 from opro.rundir import RunDir
-from opro.search.validation import split_sizes
-from opro.sequential import design_power, look_sizes, min_questions
+from opro.search.validation import confirmation_looks, split_sizes
+from opro.sequential import design_power, min_questions
 
 if TYPE_CHECKING:
     from llama_index.core.schema import Document
@@ -84,6 +84,8 @@ class Plan:
     split: Mapping[str, int]
     selection_questions: int
     confirmation_questions: int
+    #: Questions in no split the confirmation may add as its last look (``validation_extension``).
+    extension_questions: int
     looks: tuple[int, ...]
     alpha: float
     difference_sd: float
@@ -135,7 +137,9 @@ class Plan:
             f"{s.get('validation', 0)} validation / {s.get('heldout', 0)} held-out",
             f"detectable at {POWER:.0%} power, alpha {self.alpha:g} (paired score sd {self.difference_sd:.2f}: "
             f"{self.sd_basis}): validation {det} ({self.selection_questions} selection + "
-            f"{self.confirmation_questions} confirmation questions, looks at {', '.join(map(str, self.looks)) or '-'}); "
+            f"{self.confirmation_questions} confirmation questions"
+            + (f" + up to {self.extension_questions} extension questions" if self.extension_questions else "")
+            + f", looks at {', '.join(map(str, self.looks)) or '-'}); "
             f"held-out compare {held}",
         ]
         for r in self.roles:
@@ -205,17 +209,44 @@ def _last_summary(config: OproConfig) -> dict[str, Any] | None:
 _KEPT = 0.8
 
 
-def _generation_calls(config: OproConfig, documents: Callable[[], Sequence[Document]] | None) -> float:
-    """Generator calls for a dataset generated from the corpus: one per chunk for its questions and
-    one per kept question for its answer; 0 with a dataset (given or made)."""
+def _chunks_to_generate(config: OproConfig, documents: Callable[[], Sequence[Document]] | None) -> int:
+    """Chunks a dataset generated from the corpus asks questions of; 0 with a dataset (given or made)."""
     d = config.data
     if d.dataset or RunDir(config.output_dir).has_dataset() or documents is None:
-        return 0.0
+        return 0
     from opro.generation import select_chunks
     from opro.retrieval import chunk_documents
 
     chunks = chunk_documents(documents(), chunk_size=config.rag.chunk_size, chunk_overlap=config.rag.chunk_overlap)
-    return len(select_chunks(chunks, max_chunks=d.max_chunks or None)) * (1 + _KEPT * d.questions_per_chunk)
+    return len(select_chunks(chunks, max_chunks=d.max_chunks or None))
+
+
+def _generation_calls(config: OproConfig, chunks: int) -> float:
+    """Generator calls for a dataset generated from ``chunks`` chunks: one per chunk for its questions
+    and one per kept question for its answer."""
+    return chunks * (1 + _KEPT * config.data.questions_per_chunk)
+
+
+def _unused_questions(config: OproConfig, chunks: int) -> int:
+    """Questions in no split, which a validation may extend into: counted in the run's dataset once it
+    is made, else in the given dataset, else estimated from the chunks still to be generated."""
+    from opro.dataset import load_dataset
+    from opro.errors import OproError
+
+    s = config.data.split
+    placed = s.exemplar + s.optimization + s.validation + s.heldout
+    run = RunDir(config.output_dir)
+    try:
+        if run.has_dataset():
+            made = load_dataset(run.dataset)
+            if made.split is not None:
+                return len(made.unused())
+            return max(0, len(made) - placed)
+        if config.data.dataset:
+            return max(0, len(load_dataset(config.data.dataset)) - placed)
+    except (OproError, OSError):  # the run itself says what is wrong with the dataset
+        return 0
+    return max(0, int(chunks * config.data.questions_per_chunk * _KEPT) - placed)
 
 
 def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> tuple[float, float, float, str]:
@@ -253,15 +284,17 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     validating = o.finalists > 0 and s.validation > 0
     finalists = min(o.finalists, 1 + o.steps * o.candidates_per_step)
     n_sel, n_conf = split_sizes(o, s.validation, finalists) if validating else (0, 0)
-    sizes = look_sizes(n_conf, o.validation_looks) if n_conf else ()
+    chunks = _chunks_to_generate(config, documents)
+    unused = _unused_questions(config, chunks) if validating and o.validation_extension else 0
+    sizes = confirmation_looks(o, n_conf, unused)
     detectable, asked = None, 0.0
     if sizes:
         p = design_power(sizes, alpha=o.alpha, sd=sd, futility=o.futility, power=POWER)
         detectable, asked = p.detectable, p.questions_null
-        if n_conf < min_questions(o.alpha):
+        if sizes[-1] < min_questions(o.alpha):
             warnings.append(
-                f"the validation stage cannot claim a gain: {n_conf} confirmation questions give a smallest "
-                f"p-value of {0.5 ** n_conf:.3g} > alpha {o.alpha:g}; give [data.split].validation at least "
+                f"the validation stage cannot claim a gain: {sizes[-1]} confirmation questions give a smallest "
+                f"p-value of {0.5 ** sizes[-1]:.3g} > alpha {o.alpha:g}; give [data.split].validation at least "
                 f"{min_questions(o.alpha) + n_sel} (better: enough for the gain you look for)")
         elif detectable is not None and detectable > 1.0:
             warnings.append(f"only a gain above {detectable:.1f} points is likely to be confirmed: raise "
@@ -277,7 +310,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     candidates = len(config.rag.initial_instructions) + o.steps * o.candidates_per_step
     scored = candidates * s.optimization
     extra = {"random": 0, "failures": o.steps * o.exemplars, "hardest": (o.steps + 1) * s.exemplar}[o.exemplar_strategy]
-    conf_max = 2.0 * n_conf
+    conf_max = 2.0 * (sizes[-1] if sizes else 0)
     val = (finalists * n_sel + 2.0 * asked) if sizes else 0.0
     val_max = (finalists * n_sel + conf_max) if sizes else 0.0
     calls = {
@@ -285,7 +318,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         "judge": (scored + extra, val, val_max, 0.0),
         # Between k and 3k samples a step (rejected proposals are replaced); about 1.5k in practice.
         "optimizer": (1.5 * o.steps * o.candidates_per_step, 0.0, 0.0, 0.0),
-        "generator": (0.0, 0.0, 0.0, _generation_calls(config, documents)),
+        "generator": (0.0, 0.0, 0.0, _generation_calls(config, chunks)),
     }
     last = _last_summary(config)
     roles = []
@@ -299,7 +332,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
                                   completion_tokens_per_call=completion, seconds_per_call=seconds, basis=basis,
                                   cost_usd=cost))
     made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
-                looks=tuple(sizes), alpha=o.alpha, difference_sd=sd, sd_basis=sd_basis, detectable=detectable,
+                extension_questions=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha, difference_sd=sd, sd_basis=sd_basis, detectable=detectable,
                 heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings))
     if held is None:
         return replace(made, warnings=(*made.warnings, made.compare_lines()[0].removeprefix("warning: ")))

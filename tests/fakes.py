@@ -250,9 +250,11 @@ class SearchRig:
         return search.coordinator, search.proposer.ask
 
     def optimize(self, *, program: Any, optimization_set: Sequence[Any], exemplar_set: Sequence[Any] = (),
-                 validation_set: Sequence[Any] = (), initial_instructions: Sequence[str]) -> Any:
+                 validation_set: Sequence[Any] = (), extension_set: Sequence[Any] = (),
+                 initial_instructions: Sequence[str]) -> Any:
         return self.search(program).run(initial=initial_instructions, optimization_set=optimization_set,
-                                        exemplar_set=exemplar_set, validation_set=validation_set)
+                                        exemplar_set=exemplar_set, validation_set=validation_set,
+                                        extension_set=extension_set)
 
 
 def keyword_optimizer(

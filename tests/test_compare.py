@@ -221,6 +221,20 @@ def test_promotion_is_granted_for_a_significant_held_out_gain(
     assert template is not None and "context" in template.lower()
 
 
+def test_promotion_can_pass_on_six_held_out_questions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quickstart's held-out size: 6 questions, every one 3 points better, give a two-sided
+    sign-flip p of 2/64 = 0.031 < 0.05, so a real gain can be promoted (at 5 it could never be)."""
+    from opro.cli import app
+
+    config = optimized(tmp_path, heldout=6)
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    monkeypatch.setenv("COLUMNS", "240")
+    result = CliRunner().invoke(app, ["compare", str(config), "--promote", "six", "--no-mlflow", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "promoted best to alias 'six'" in result.output and "permutation p=0.0312" in result.output
+    assert _alias_template(config, "six") is not None
+
+
 def test_resplit_in_place_after_optimize_is_refused_naming_the_moved_questions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -299,3 +313,28 @@ def test_a_changed_split_without_overlap_is_refused_and_no_record_says_current_o
     split = replace(split, dataset_hash=content_hash(near))
     with pytest.raises(DataError, match=r"1 held-out question\(s\) were seen.*optimization, as a near-duplicate"):
         check_heldout_against_record(GoldenDataset(near, split), record=record)
+
+
+def test_the_questions_a_validation_may_extend_into_are_recorded_and_never_held_out(tmp_path: Path) -> None:
+    """The extension pool is the questions in no split (never held-out), in a seeded order; the split
+    record keeps it, so a later re-split that moves one of them into held-out is refused."""
+    from dataclasses import replace
+
+    from opro.compare import check_heldout_against_record
+    from opro.dataset import split_record
+
+    examples = tuple(Example(query=f"Which colour has bird number {i}?", reference_answer="x") for i in range(20))
+    ds = GoldenDataset(examples).with_split(exemplar=2, optimization=3, validation=4, heldout=5, seed=3)
+    assert ds.split is not None
+    pool = ds.unused()
+    placed = {examples[i] for n in ("exemplar", "optimization", "validation", "heldout")
+              for i in ds.split.indices(n)}  # type: ignore[arg-type]
+    assert len(pool) == 6 and not set(pool) & placed
+    assert pool == ds.unused() and [e.query for e in pool] != sorted(e.query for e in pool)  # seeded, shuffled
+    record = split_record(ds, extension=pool[:4])
+    assert len(record["questions"]["extension"]) == 4
+    check_heldout_against_record(ds, record=record)
+    moved = examples.index(pool[0])
+    resplit = replace(ds, split=replace(ds.split, heldout=(*ds.split.heldout, moved)))
+    with pytest.raises(DataError, match=r"1 held-out question\(s\) were seen by the optimization.*was in the extension"):
+        check_heldout_against_record(resplit, record=record)

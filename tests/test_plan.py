@@ -45,11 +45,16 @@ def test_optimize_prints_its_plan_and_then_the_plan_beside_what_it_did(
 
 
 def test_the_plan_says_when_no_gain_can_be_claimed_or_confirmed(tmp_path: Path) -> None:
-    small = make_plan(_config(tmp_path, data={"split": {"exemplar": 2, "optimization": 3, "validation": 4,
-                                                          "heldout": 5, "seed": 1}}))
+    split = {"exemplar": 2, "optimization": 3, "validation": 4, "heldout": 5, "seed": 1}
+    small = make_plan(_config(tmp_path, data={"split": split}, optimizer={"validation_extension": 0}))
     assert small.detectable is None and small.heldout_detectable is None
     assert any("cannot claim a gain" in w and "2 confirmation questions give a smallest p-value of 0.25 > alpha 0.05" in w for w in small.warnings)
     assert any("`opro compare` cannot find a significant difference on 5 held-out" in w for w in small.warnings)
+    # The 10 questions of the 24 in no split: the confirmation may extend into them, and then can claim.
+    extended = make_plan(_config(tmp_path, data={"split": split}))
+    assert extended.extension_questions == 10 and extended.looks == (1, 2, 12) and extended.detectable is not None
+    assert not any("cannot claim" in w for w in extended.warnings)
+    assert "2 confirmation questions + up to 10 extension questions, looks at 1, 2, 12" in " ".join(extended.lines())
     big = make_plan(_config(tmp_path, data={"split": {"exemplar": 2, "optimization": 3, "validation": 16,
                                                         "heldout": 6, "seed": 1}}))
     assert big.detectable is not None and big.heldout_detectable is not None

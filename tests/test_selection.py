@@ -85,6 +85,7 @@ def run(
     recorders: Sequence[Any] = (),
     concurrency: int = 1,
     study_name: str | None = None,
+    n_unused: int = 0,
 ) -> OptimizationResult:
     usage = UsageLedger()
     base: dict[str, Any] = {"steps": 2, "candidates_per_step": 3, "minibatch_size": 3, "pruner": "none",
@@ -109,6 +110,7 @@ def run(
         program=program,
         optimization_set=[Ex(f"opt question {seed}-{i}?", f"ref {i}") for i in range(n_opt)],
         validation_set=[Ex(f"val question {seed}-{i}?", f"vref {i}") for i in range(n_val)],
+        extension_set=[Ex(f"unused question {seed}-{i}?", f"uref {i}") for i in range(n_unused)],
         exemplar_set=[Ex("exemplar?", "yes")],
         initial_instructions=[INITIAL],
     )
@@ -166,8 +168,8 @@ def test_validation_stage_reverts_to_the_initial_instruction(tmp_path: Path) -> 
     chosen = [f for f in r.validation.finalists if f.chosen]
     assert len(chosen) == 1 and chosen[0].validation_score == 3.0 and chosen[0].difference == 0.0
     assert not any(f.significant for f in r.validation.finalists)
-    # Every difference is 0: the second look stops for futility instead of asking the last batch.
-    assert [look["decision"] for look in r.validation.looks] == ["continue", "futility"]
+    # Every difference is 0: the first look stops for futility instead of asking the other batches.
+    assert [look["decision"] for look in r.validation.looks] == ["futility"]
     assert "no finalist beat the initial instruction" in r.headline()
 
 
@@ -283,7 +285,8 @@ def test_summary_and_outputs_label_the_score_and_show_the_optimism(tmp_path: Pat
     summary = result.summary()
     assert summary["score_basis"] == "validation" and summary["validated"] is False
     assert summary["best_score"] == 3.0 and summary["best_instruction"] == INITIAL
-    assert "6 questions not used by the search" in summary["score_label"]
+    # 4 selection questions, then the first confirmation question: no difference, futility stops there.
+    assert "5 questions not used by the search" in summary["score_label"]
     assert [f["search_score"] for f in summary["validation"]["finalists"]] == [5.0, 5.0]
     assert (tmp_path / "out" / "optimism.png").stat().st_size > 1000
 
@@ -378,3 +381,53 @@ def test_a_call_budget_caps_the_whole_run_validation_included(tmp_path: Path) ->
     calls = sum(u["calls"] for u in r.usage.values())
     assert r.stopped_reason == "budget" and r.validation is not None and r.validation.finalists
     assert 80 < calls <= 130, r.usage
+
+
+def _extension_judge(lift_on: Callable[[str], int]) -> Callable[..., str]:
+    """3 for the initial instruction's answers; 3 + ``lift_on(question)`` for any other's."""
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        answer, question = _answer_and_question(messages)
+        return str(3 if answer.startswith(INITIAL) else 3 + lift_on(question))
+
+    return judge
+
+
+def test_a_finalist_still_ahead_after_the_split_is_confirmed_on_the_extension(tmp_path: Path) -> None:
+    """Ahead on a third of the confirmation questions (p = 1/8 on 8: no decision), then better on
+    every extension question: the planned last look asks them and claims the gain, and the design,
+    the looks and the verdict say the extension was used."""
+    usage_questions: list[str] = []
+
+    def lift(question: str) -> int:
+        usage_questions.append(question)
+        if question.startswith("unused"):
+            return 1
+        return 1 if int(question.split("-")[1].rstrip("?")) % 3 == 1 else 0
+
+    r = run(tmp_path, judge=_extension_judge(lift), n_unused=25, settings={"validation_extension": 20})
+    v = r.validation
+    assert v is not None and r.validated
+    assert [x["n"] for x in v.looks] == [3, 6, 8, 28] and v.looks[-1]["decision"] == "success"
+    assert [x["decision"] for x in v.looks[:3]] == ["continue"] * 3 and v.looks[2]["p_value"] > 0.05
+    assert v.design["extension"] == 20 and v.design["looks"] == 4
+    assert "20 of them from the extension" in v.verdict
+    asked = {q for q in usage_questions if q.startswith("unused")}
+    assert asked == {f"unused question 0-{i}?" for i in range(20)}  # the first 20 of the pool, no more
+
+
+def test_a_finalist_behind_at_the_first_look_stops_there_and_never_asks_the_extension(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def lift(question: str) -> int:
+        asked.append(question)
+        return -1
+
+    r = run(tmp_path, judge=_extension_judge(lift), n_unused=25)
+    v = r.validation
+    assert v is not None and not r.validated
+    assert [(x["n"], x["decision"]) for x in v.looks] == [(3, "futility")]
+    assert not any(q.startswith("unused") for q in asked)
+    # The budget keeps back the extension too: 2 x (3 finalists x 4 + 2 x (8 + 20)) = 136 calls.
+    with pytest.raises(ConfigError, match=r"can take 136 task \+ judge calls \(12 questions and up to 20 extension"):
+        run(tmp_path / "b", judge=_extension_judge(lift), n_unused=25, settings={"max_calls": 100})

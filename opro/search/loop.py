@@ -93,8 +93,11 @@ class Search:
         optimization_set: Sequence[QAExample],
         exemplar_set: Sequence[QAExample] = (),
         validation_set: Sequence[QAExample] = (),
+        extension_set: Sequence[QAExample] = (),
     ) -> OptimizationResult:
-        """Search on ``optimization_set``; then re-score the finalists on ``validation_set``.
+        """Search on ``optimization_set``; then re-score the finalists on ``validation_set`` (and, when
+        its looks do not decide, on up to ``[optimizer].validation_extension`` of ``extension_set``:
+        questions in no split, never held-out).
 
         The returned instruction is a finalist only if it beats the initial instruction on the
         validation questions (a group-sequential paired test; see :mod:`opro.search.validation`);
@@ -112,14 +115,17 @@ class Search:
             )
         from opro.search.validation import max_calls
 
-        self.validation_reserve = max_calls(self.settings, len(validation_set))
+        self.validation_reserve = max_calls(self.settings, len(validation_set), len(extension_set))
         cap = self.settings.max_calls
         if cap and cap < self.validation_reserve + 2 * len(initial):
             raise ConfigError(
                 f"[optimizer].max_calls = {cap} covers the whole run, and the validation stage can take "
-                f"{self.validation_reserve} task + judge calls ({len(validation_set)} questions, "
-                f"{self.settings.finalists} finalist(s)): raise max_calls above {self.validation_reserve} "
-                "(`opro plan` shows the split), or lower [data.split].validation")
+                f"{self.validation_reserve} task + judge calls ({len(validation_set)} questions"
+                + (f" and up to {min(len(extension_set), self.settings.validation_extension)} extension questions"
+                   if extension_set and self.settings.validation_extension else "")
+                + f", {self.settings.finalists} finalist(s)): raise max_calls above {self.validation_reserve} "
+                "(`opro plan` shows the split), or lower [data.split].validation "
+                "or [optimizer].validation_extension")
         started = time.perf_counter()
         plan = self.workers
         # One process per (study, worker index), wherever it runs: a second one would mark the
@@ -131,7 +137,7 @@ class Search:
             self.coordinator.token = lease.token
             self.coordinator.check_workers()
             return self._run(initial=initial, optimization_set=optimization_set, exemplar_set=exemplar_set,
-                             validation_set=validation_set, started=started)
+                             validation_set=validation_set, extension_set=extension_set, started=started)
 
     def _propose(self, step: int, history: Sequence[CandidateRecord], exemplars: Sequence[Exemplar],
                  n_questions: int) -> list[str]:
@@ -163,6 +169,7 @@ class Search:
         optimization_set: Sequence[QAExample],
         exemplar_set: Sequence[QAExample],
         validation_set: Sequence[QAExample],
+        extension_set: Sequence[QAExample],
         started: float,
     ) -> OptimizationResult:
         study, plan, coord = self.study, self.workers, self.coordinator
@@ -238,7 +245,8 @@ class Search:
             if lead and self.settings.finalists > 0:
                 validation = validate(
                     study=study, scorer=self.scorer, settings=self.settings, validation_set=validation_set,
-                    history=history, initial=initial[0].strip(), seed=self.seed, progress=self.progress,
+                    history=history, initial=initial[0].strip(), extension_set=extension_set, seed=self.seed,
+                    progress=self.progress,
                     on_validated=self._on_validated,
                 )
             if lead:

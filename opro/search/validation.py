@@ -9,6 +9,10 @@ On questions the search never saw, in two parts that never share a question:
    questions in ``validation_looks`` batches, and after each batch a group-sequential one-sided
    sign-flip test (:mod:`opro.sequential`) decides: success, futility, or the next batch. One
    hypothesis is tested, so no multiplicity correction is needed, and a clear effect stops early.
+   When the split's looks did not decide, one more look asks up to ``validation_extension``
+   questions that are in no split (never held-out): planned with the other looks before the first
+   one, so the error rate holds, and asked only where the finalist is still ahead (futility stops the
+   rest), which is where more questions change the decision.
 
 The reported gain, its interval and the returned score come from the confirmation questions only:
 questions that did not choose the finalist among the others (no winner's curse from the selection).
@@ -57,14 +61,26 @@ def split_sizes(settings: OptimizerSection, n_questions: int, n_finalists: int) 
     return n_sel, n_questions - n_sel
 
 
-def max_calls(settings: OptimizerSection, n_questions: int) -> int:
-    """The most task + judge calls a validation stage over ``n_questions`` can make (every finalist
-    on the selection questions, both prompts on every confirmation question): what a call budget
-    keeps back for it."""
+def confirmation_looks(settings: OptimizerSection, n_confirmation: int, n_extension: int = 0) -> tuple[int, ...]:
+    """Paired questions seen at each look of a confirmation: ``validation_looks`` near-even batches
+    of the ``n_confirmation`` questions of the validation split, then one look after up to
+    ``n_extension`` more (``validation_extension`` caps them)."""
+    if n_confirmation < 1:
+        return ()
+    sizes = look_sizes(n_confirmation, settings.validation_looks)
+    extra = min(n_extension, settings.validation_extension)
+    return (*sizes, n_confirmation + extra) if extra else sizes
+
+
+def max_calls(settings: OptimizerSection, n_questions: int, n_extension: int = 0) -> int:
+    """The most task + judge calls a validation stage over ``n_questions`` (and up to ``n_extension``
+    extension questions) can make (every finalist on the selection questions, both prompts on every
+    confirmation question): what a call budget keeps back for it."""
     if not settings.finalists or not n_questions:
         return 0
     n_sel, n_conf = split_sizes(settings, n_questions, settings.finalists)
-    return 2 * (settings.finalists * n_sel + 2 * n_conf)
+    sizes = confirmation_looks(settings, n_conf, n_extension)
+    return 2 * (settings.finalists * n_sel + 2 * (sizes[-1] if sizes else 0))
 
 
 def score_on(
@@ -143,12 +159,15 @@ def validate(
     validation_set: Sequence[QAExample],
     history: Sequence[CandidateRecord],
     initial: str,
+    extension_set: Sequence[QAExample] = (),
     seed: int = 0,
     on_validated: OnValidated = lambda label, instruction, rows: None,
     progress: bool = True,
 ) -> ValidationResult:
     """Choose a finalist on the selection questions, then test it against the initial instruction
-    on the confirmation questions, look by look (see the module docstring)."""
+    on the confirmation questions, look by look, the last look on up to ``validation_extension`` of
+    ``extension_set`` (questions in no split) when the earlier ones did not decide (see the module
+    docstring)."""
     s = settings
     initial_key = normalize_instruction(initial)
     complete = [r for r in history if r.status == "complete" and r.score is not None]
@@ -164,7 +183,9 @@ def validate(
         )
     n_sel, _ = split_sizes(s, n, len(finalists))
     selection, confirmation = list(validation_set[:n_sel]), list(validation_set[n_sel:])
-    sizes = look_sizes(len(confirmation), s.validation_looks)
+    sizes = confirmation_looks(s, len(confirmation), len(extension_set))
+    extension = list(extension_set[: sizes[-1] - len(confirmation)])
+    confirmation += extension
     labels = validation_prompts(initial, [f.instruction for f in finalists])
     design = {
         "alpha": s.alpha, "looks": len(sizes), "futility": s.futility, "selection_questions": n_sel,
@@ -173,6 +194,9 @@ def validate(
                      "O'Brien-Fleming-type alpha spending, non-binding futility",
         "questions": questions_key([e.query for e in validation_set]),
     }
+    if extension:  # absent otherwise, so that designs recorded before extensions existed still match
+        design["extension"] = len(extension)
+        design["extension_questions"] = questions_key([e.query for e in extension])
     design["key"] = sha(repr(sorted((k, repr(v)) for k, v in design.items())))
     study.begin_validation(design)
     rows = _Rows()
@@ -259,9 +283,11 @@ def validate(
             ))
     winner = records[chosen] if records[chosen].significant else None
     used = n_sel + asked
+    extended = max(0, asked - (len(confirmation) - len(extension)))
     how = (f"finalist {chosen + 1} of {len(finalists)}"
            + (f" (chosen on {n_sel} selection questions)" if n_sel else "")
-           + f", look {final.look} of {len(sizes)}, {final.n} paired questions")
+           + f", look {final.look} of {len(sizes)}, {final.n} paired questions"
+           + (f", {extended} of them from the extension" if extended else ""))
     d = records[chosen].difference
     lo, hi = records[chosen].difference_ci or (math.nan, math.nan)
     if winner is not None:
@@ -292,4 +318,4 @@ def validate(
     )
 
 
-__all__ = ["max_calls", "score_on", "split_sizes", "validate", "validation_prompts"]
+__all__ = ["confirmation_looks", "max_calls", "score_on", "split_sizes", "validate", "validation_prompts"]
