@@ -805,7 +805,7 @@ def compare(
     promote_alias: str | None = typer.Option(
         None, "--promote",
         help="Move this Prompt Registry alias to the best prompt, only if it beats the baseline on held-out "
-        "questions by both tests (Holm-adjusted); otherwise refuse (exit 1) with the figures.",
+        "questions by the paired permutation test (Holm-adjusted); otherwise refuse (exit 1) with the figures.",
     ),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
 ) -> None:

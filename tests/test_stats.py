@@ -161,3 +161,12 @@ def test_win_tie_loss_and_verdict() -> None:
     assert weak.win_tie_loss.n == 4
     empty = compare_paired([], [])
     assert empty.n == 0 and "nothing to compare" in empty.verdict()
+
+
+def test_the_permutation_test_alone_decides_significance() -> None:
+    """Continuous differences whose sizes carry the evidence: the sign-flip test (which uses them)
+    rejects, Wilcoxon's ranks do not; the comparison is significant, and the verdict shows both."""
+    d = [1.6, 2.0, 1.8, -1.8, 1.8, 0.9, 1.0, 1.0, 1.0]
+    c = compare_paired([3 + x for x in d], [3.0] * len(d))
+    assert c.permutation.p_value == pytest.approx(9 / 256) and c.wilcoxon.p_value > 0.05
+    assert c.significant and "significant at 0.05" in c.verdict() and "Wilcoxon p=0.0938" in c.verdict()
