@@ -807,6 +807,10 @@ def compare(
         help="Move this Prompt Registry alias to the best prompt, only if it beats the baseline on held-out "
         "questions by the paired permutation test (Holm-adjusted); otherwise refuse (exit 1) with the figures.",
     ),
+    min_coverage: float = typer.Option(
+        0.9, "--min-coverage", min=0.01, max=1.0,
+        help="With --promote: the share of held-out questions both prompts must have valid scores on.",
+    ),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
 ) -> None:
     """Compare prompts on the held-out split: mean with 95% CI, pass rate, win/tie/loss, paired tests."""
@@ -847,7 +851,8 @@ def compare(
         )
         saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
         if promote_alias is not None:
-            decision = promote(report, experiment=exp, alias=promote_alias, tracking_uri=tracking_uri)
+            decision = promote(report, experiment=exp, alias=promote_alias, tracking_uri=tracking_uri,
+                               min_coverage=min_coverage)
     finally:
         exp.close()
     console.print(report.rich_table())

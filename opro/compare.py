@@ -695,16 +695,27 @@ class PromotionDecision:
         return f"refused to move alias {self.alias!r}: " + "; ".join(self.reasons)
 
 
+#: Share of the held-out questions both prompts must have a valid score on before a promotion: a
+#: judge that could not read most of a prompt's answers leaves a comparison of the few it could.
+MIN_PROMOTION_COVERAGE = 0.9
+
+
 def promote(
-    report: ComparisonReport, *, experiment: Workbench, alias: str, tracking_uri: str | None = None
+    report: ComparisonReport, *, experiment: Workbench, alias: str, tracking_uri: str | None = None,
+    min_coverage: float = MIN_PROMOTION_COVERAGE,
 ) -> PromotionDecision:
     """Move ``alias`` to the best compared prompt only if it beats the baseline on held-out questions.
 
-    Required: a held-out comparison whose leakage check passed, and a positive mean difference that
-    the paired sign-flip permutation test calls significant at the report's alpha (Holm-adjusted when
-    several prompts were compared). Among prompts that qualify, the one with the highest held-out mean wins; it is
-    registered as a new version tagged with its held-out figures, then the alias points at it.
+    Required: a held-out comparison whose leakage check passed, valid scores of both prompts on at
+    least ``min_coverage`` of the held-out questions (pairs are dropped where either judgment is
+    invalid), and a positive mean difference that the paired sign-flip permutation test calls
+    significant at the report's alpha (Holm-adjusted when several prompts were compared). Among
+    prompts that qualify, the one with the highest held-out mean wins; it is registered as a new
+    version tagged with its held-out figures (alpha, n, coverage, p, the family), then the alias
+    points at it.
     """
+    if not 0.0 < min_coverage <= 1.0:
+        raise ConfigError(f"min_coverage must be in (0, 1] (e.g. 0.9), got {min_coverage}")
     from opro.export import export_prompt
     from opro.sources import resolve_prompt
 
@@ -726,6 +737,12 @@ def promote(
             f"Wilcoxon p={s.p_wilcoxon:.3g}, permutation p={s.p_permutation:.3g}"
             + (f" (Holm, {s.n_comparisons} comparisons)" if s.n_comparisons > 1 else "")
         )
+        coverage = s.n / len(report.questions) if report.questions else 0.0
+        figures += f", {s.n} of {len(report.questions)} questions scored validly for both ({coverage:.0%})"
+        if coverage < min_coverage:
+            reasons.append(figures + f": below the {min_coverage:.0%} coverage a promotion needs (fix the judge's "
+                                     "invalid replies and compare again)")
+            continue
         ok = s.n > 0 and d.estimate > 0 and s.significant
         reasons.append(figures + ("" if ok else f": not a significant gain at alpha {report.alpha:g}"))
         if ok:
@@ -746,6 +763,11 @@ def promote(
         "opro.heldout_difference": f"{d.estimate:.4f}",
         "opro.heldout_ci": f"[{d.low:.4f}, {d.high:.4f}]",
         "opro.heldout_n": str(v.stats.n),
+        "opro.heldout_questions": str(len(report.questions)),
+        "opro.heldout_coverage": f"{v.stats.n / len(report.questions):.4f}",
+        "opro.heldout_alpha": f"{report.alpha:g}",
+        "opro.heldout_test": "two-sided paired sign-flip permutation",
+        "opro.heldout_family": str(v.stats.n_comparisons),
         "opro.heldout_p_wilcoxon": f"{v.stats.p_wilcoxon:.4g}",
         "opro.heldout_p_permutation": f"{v.stats.p_permutation:.4g}",
         "opro.heldout_baseline": v.baseline[:250],
@@ -872,6 +894,7 @@ def log_comparison(
 
 __all__ = [
     "EXTRA_METRICS",
+    "MIN_PROMOTION_COVERAGE",
     "ComparisonReport",
     "PromptScores",
     "SavedComparison",

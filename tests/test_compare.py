@@ -338,3 +338,59 @@ def test_the_questions_a_validation_may_extend_into_are_recorded_and_never_held_
     resplit = replace(ds, split=replace(ds.split, heldout=(*ds.split.heldout, moved)))
     with pytest.raises(DataError, match=r"1 held-out question\(s\) were seen by the optimization.*was in the extension"):
         check_heldout_against_record(resplit, record=record)
+
+
+def test_promotion_is_refused_when_too_few_held_out_questions_were_scored_validly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40, item 2: the judge cannot read a third of the better prompt's answers; its gain over
+    the questions left is significant, but 90% coverage is required, so nothing is promoted; with the
+    coverage lowered on purpose it is, and the version's tags carry alpha, n, coverage and p."""
+    import json as _json
+
+    from fakes import judge_reply, optimizer_reply, task_reply
+
+    from opro.cli import app
+    from opro.llm import GenerationOptions, Message
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    config = optimized(tmp_path)
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        held = [e.query for e in exp.dataset.examples_in("heldout")]
+    finally:
+        exp.close()
+    unreadable = set(held[:3])
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        text = messages[-1].content
+        if "using the context" in text.lower() and any(q in text for q in unreadable):
+            return "no idea"
+        return judge_reply(messages, options)
+
+    def pool() -> ModelPool:
+        return ModelPool(scripted={"task": ScriptedLLM(default=task_reply, model="task"),
+                                   "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
+                                   "judge": ScriptedLLM(default=judge, model="judge")})
+
+    monkeypatch.setattr("opro.experiment.ModelPool", pool)
+    monkeypatch.setenv("COLUMNS", "300")
+    valid = len(held) - len(unreadable)  # 7 of 10: significant on them (p = 2/128), below 90%
+    args = ["compare", str(config), "--promote", "cov", "--no-mlflow", "--no-progress", "--name", "cov"]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 1, refused.output
+    said = " ".join(refused.output.split())
+    assert f"{valid} of 10 questions scored validly for both ({valid * 10}%): below the 90% coverage" in said
+    report = _json.loads((tmp_path / "out" / "compare" / "cov" / "report.json").read_text())
+    assert report["prompts"][1]["versus_baseline"]["permutation_p"] < 0.05  # the old rule would have promoted it
+    assert _alias_template(config, "cov") is None
+    granted = CliRunner().invoke(app, [*args[:-1], "cov2", "--min-coverage", "0.6"])
+    assert granted.exit_code == 0 and "promoted best to alias 'cov'" in granted.output, granted.output
+    from fakes import mlflow_client
+
+    version = mlflow_client(config).get_prompt_version_by_alias("qa-t", "cov")
+    tags = version.tags
+    assert tags["opro.heldout_alpha"] == "0.05" and tags["opro.heldout_n"] == str(valid)
+    assert tags["opro.heldout_questions"] == "10" and float(tags["opro.heldout_coverage"]) == valid / 10
+    assert tags["opro.heldout_family"] == "1" and float(tags["opro.heldout_p_permutation"]) < 0.05
