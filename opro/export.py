@@ -117,7 +117,8 @@ def provenance(prompt: ResolvedPrompt, *, config: OproConfig | None = None) -> d
         opro_version = version("opro")
     except PackageNotFoundError:
         opro_version = "unknown"
-    info: dict[str, Any] = {k: v for k, v in prompt.provenance.items() if v is not None}
+    # A missing gain stays, as null: "no gain was claimed" is information, not an absent field.
+    info: dict[str, Any] = {k: v for k, v in prompt.provenance.items() if v is not None or k == "gain"}
     info["kind"] = prompt.kind
     if config is not None:
         info["models"] = _models_from_config(config)
@@ -279,9 +280,11 @@ def _export_mlflow(
 
     prov = provenance(prompt, config=config)
     tags = {"opro.source": prompt.spec[:250], "opro.kind": prompt.kind}
-    for key in ("mlflow_run_id", "optimization_score", "dataset_hash"):
+    for key in ("mlflow_run_id", "score", "score_basis", "dataset_hash"):
         if prov.get(key) is not None:
             tags[f"opro.{key}"] = str(prov[key])
+    if prompt.kind == "run":
+        tags["opro.gain"] = "none" if prov.get("gain") is None else f"{prov['gain']:.4f}"
     tracker = MlflowTracker(tracking_uri=uri, experiment_name=prompt_name)
     try:
         version = tracker.register_prompt(

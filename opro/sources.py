@@ -142,8 +142,16 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
         "run_dir": str(run_dir),
         "mlflow_run_id": summary.get("mlflow_run_id"),
         "study_name": summary.get("study_name"),
-        "optimization_score": summary.get("best_score"),
-        "initial_score": summary.get("initial_score"),
+        # Each score with the data it was measured on: the returned prompt's on score_basis
+        # (validation, or search without a validation stage), the initial one's on both.
+        "score": summary.get("best_score"),
+        "score_basis": summary.get("score_basis"),
+        "score_label": summary.get("score_label"),
+        "initial_search_score": summary.get("initial_score"),
+        "initial_validation_score": (summary.get("validation") or {}).get("initial_score"),
+        # None where no gain was claimed: "no gain found", not a gain of 0.
+        "gain": summary.get("gain"),
+        "gain_ci": summary.get("gain_ci"),
         "initial_instruction": summary.get("initial_instruction"),
     }
     if stored is not None:

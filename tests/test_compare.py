@@ -114,7 +114,7 @@ def test_prompt_specs_and_their_errors(run_config: Path, tmp_path: Path) -> None
     cfg = load_config(run_config)
     assert resolve_prompt("initial", config=cfg).instruction == "Answer the question."
     best = resolve_prompt("best", config=cfg)
-    assert best.kind == "run" and best.provenance["optimization_score"] == 5.0
+    assert best.kind == "run" and best.provenance["score"] == 5.0
     assert resolve_prompt(f"run:{run_config}").template == best.template
     assert resolve_prompt(f"run:{cfg.output_dir}").template == best.template
     assert resolve_prompt(str(run_config)).template == best.template

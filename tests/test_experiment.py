@@ -14,6 +14,33 @@ from opro.errors import ConfigError, DataError
 from opro.experiment import Experiment
 
 
+def test_no_claimed_gain_is_recorded_as_none_never_as_zero(tmp_path: Path) -> None:
+    """Issue 40, item 4: MLflow once logged gain = 0.0 when no gain was found."""
+    from fakes import optimizer_reply, task_reply
+    from mlflow import MlflowClient
+
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    flat = ModelPool(scripted={"task": ScriptedLLM(default=task_reply, model="task"),
+                               "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
+                               "judge": ScriptedLLM(default=lambda m, o: '{"score": 3}', model="judge")})
+    cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="test.toml")
+    exp = Experiment(cfg, pool=flat, progress=False)
+    try:
+        result = exp.optimize()
+    finally:
+        exp.close()
+    assert not result.validated and result.gain is None
+    uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run = client.get_run(result.mlflow_run_id)
+    assert "gain" not in run.data.metrics and run.data.tags["opro.gain"] == "none"
+    assert client.get_prompt_version_by_alias("qa-test", "latest-best").tags["opro.gain"] == "none"
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert "gain" in summary and summary["gain"] is None
+
+
 def test_experiment_end_to_end_on_scripted_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="test.toml")
@@ -45,6 +72,13 @@ def test_experiment_end_to_end_on_scripted_models(tmp_path: Path, monkeypatch: p
     history = client.get_metric_history(run.info.run_id, "candidate_score")
     assert len(history) == len(result.history)
     assert run.data.metrics["best_score"] == 5.0
+    # Every score names its basis; a gain is logged only where one was claimed (issue 40, item 4).
+    assert run.data.tags["opro.score_basis"] == "validation" and "not used by the search" in run.data.tags["opro.score_label"]
+    assert run.data.metrics["initial_search_score"] == result.initial_score and "initial_score" not in run.data.metrics
+    assert result.gain is not None and run.data.metrics["gain"] == pytest.approx(result.gain)
+    assert run.data.tags["opro.gain"] == f"{result.gain:.4f}"
+    version = client.get_prompt_version_by_alias("qa-test", "latest-best")
+    assert version.tags["opro.score_basis"] == "validation" and version.tags["opro.gain"] == f"{result.gain:.4f}"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"history.jsonl", "summary.json", "best_prompt.txt", "score_trajectory.png", "metaprompts"} <= artifacts
 

@@ -30,8 +30,11 @@ def run_dir(tmp_path: Path) -> Path:
                 "best_instruction": INSTRUCTION,
                 "best_template": template,
                 "best_score": 4.5,
+                "score_basis": "validation",
                 "initial_instruction": "Answer.",
                 "initial_score": 3.0,
+                "validation": {"initial_score": 3.5},
+                "gain": None,
                 "mlflow_run_id": "abc123",
                 "study_name": "s",
             }
@@ -68,7 +71,10 @@ def test_json_round_trip_with_provenance_and_no_secrets(run_dir: Path, tmp_path:
     assert data["template"] == prompt.template_text
     assert data["variables"] == ["context_str", "query_str"]
     prov = data["provenance"]
-    assert prov["mlflow_run_id"] == "abc123" and prov["optimization_score"] == 4.5 and prov["initial_score"] == 3.0
+    assert prov["mlflow_run_id"] == "abc123" and prov["score"] == 4.5 and prov["score_basis"] == "validation"
+    # Each score names its data (issue 40, item 4): the initial one on both, and no gain is null, not 0.
+    assert prov["initial_search_score"] == 3.0 and prov["initial_validation_score"] == 3.5 and prov["gain"] is None
+    assert "optimization_score" not in prov and "initial_score" not in prov
     assert "sk-secret" not in path.read_text()
     assert load_prompt_json(path) == prompt.template
     assert resolve_prompt(str(path)).template == prompt.template  # a prompt source for compare / export
@@ -204,7 +210,7 @@ def test_best_comes_from_the_study_where_the_output_folder_has_no_summary(tmp_pa
                                     "best_score": 4.5, "study_name": "s", "mlflow_run_id": "r1"})
     prompt = resolve_prompt("best", config=cfg)
     assert prompt.template.template_text == template.template_text
-    assert prompt.provenance["summary_from"].startswith("the study 's'") and prompt.provenance["optimization_score"] == 4.5
+    assert prompt.provenance["summary_from"].startswith("the study 's'") and prompt.provenance["score"] == 4.5
 
 
 def test_a_prompt_file_that_is_not_text_is_named(tmp_path: Path) -> None:

@@ -221,16 +221,23 @@ class MlflowRecorder(Recorder):
 
     def _log_result(self, result: OptimizationResult) -> None:
         tracker = self._mlflow
+        # Every metric names its basis (search: the optimization questions, in-sample; validation:
+        # questions the search never selected on); best_score's is the opro.score_basis tag. No
+        # claimed gain is no "gain" metric and the tag opro.gain = none, never a gain of 0.
         metrics: dict[str, float] = {"best_score": result.best_score}
         if result.best_search_score is not None:
             metrics["best_search_score"] = result.best_search_score
         if result.initial_score is not None:
-            metrics["initial_score"] = result.initial_score
+            metrics["initial_search_score"] = result.initial_score
         v = result.validation
         if v is not None:
             if v.initial_score is not None:
                 metrics["initial_validation_score"] = v.initial_score
-            metrics["gain"] = result.gain if result.gain is not None else 0.0
+            metrics["validation_questions"] = v.n_questions
+            if result.gain is not None:
+                metrics["gain"] = result.gain
+                if result.gain_ci is not None:
+                    metrics["gain_ci_low"], metrics["gain_ci_high"] = result.gain_ci
             for i, f in enumerate(v.finalists):
                 if f.validation_score is not None:
                     tracker.log_metrics(
@@ -253,6 +260,8 @@ class MlflowRecorder(Recorder):
         tracker.set_tags({
             "opro.best_instruction": result.best_instruction[:5000],
             "opro.score_basis": result.score_basis,
+            "opro.score_label": result.score_label,
+            "opro.gain": "none" if result.gain is None else f"{result.gain:.4f}",
             "opro.validated": str(result.validated).lower(),
             "opro.headline": result.headline()[:5000],
         })
@@ -269,6 +278,8 @@ class MlflowRecorder(Recorder):
                 tags={
                     "opro.score": f"{result.best_score:.4f}",
                     "opro.score_basis": result.score_basis,
+                    "opro.score_label": result.score_label,
+                    "opro.gain": "none" if result.gain is None else f"{result.gain:.4f}",
                     "opro.validated": str(result.validated).lower(),
                     "opro.run_id": str(self._run_id),
                 },
