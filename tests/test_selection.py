@@ -86,6 +86,7 @@ def run(
     concurrency: int = 1,
     study_name: str | None = None,
     n_unused: int = 0,
+    validation_name: str = "val question",
 ) -> OptimizationResult:
     usage = UsageLedger()
     base: dict[str, Any] = {"steps": 2, "candidates_per_step": 3, "minibatch_size": 3, "pruner": "none",
@@ -109,7 +110,7 @@ def run(
     return opt.optimize(
         program=program,
         optimization_set=[Ex(f"opt question {seed}-{i}?", f"ref {i}") for i in range(n_opt)],
-        validation_set=[Ex(f"val question {seed}-{i}?", f"vref {i}") for i in range(n_val)],
+        validation_set=[Ex(f"{validation_name} {seed}-{i}?", f"vref {i}") for i in range(n_val)],
         extension_set=[Ex(f"unused question {seed}-{i}?", f"uref {i}") for i in range(n_unused)],
         exemplar_set=[Ex("exemplar?", "yes")],
         initial_instructions=[INITIAL],
@@ -229,6 +230,32 @@ def test_validation_scores_are_kept_and_a_rerun_makes_no_call(tmp_path: Path) ->
     assert calls == []
     assert second.summary()["validation"] == first.summary()["validation"]
     assert second.best_instruction == first.best_instruction
+
+
+def test_other_validation_questions_are_asked_and_the_earlier_decision_stays_on_record(tmp_path: Path) -> None:
+    """Issue 40, item 6: through the Python API, a rerun on other validation questions once reused the
+    old questions' scores (0 calls) and still called its finalist validated. Scores are kept per
+    prompt and per question, so the new questions are asked; the first decision is not overwritten."""
+    from opro.search.study import SearchStudy
+
+    first = run(tmp_path, judge=noisy_judge(3), seed=3)
+    asked: list[str] = []
+
+    def counting(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        asked.append(_answer_and_question(messages)[1])
+        return noisy_judge(3)(messages, options)
+
+    second = run(tmp_path, judge=counting, seed=3, validation_name="other question")
+    assert second.validation is not None and first.validation is not None
+    assert {q for q in asked if q.startswith("other question")}  # asked, not reused
+    assert not any(q.startswith("val question") for q in asked)
+    assert second.validation.design["questions"] != first.validation.design["questions"]
+    study = SearchStudy.load(f"sqlite:///{tmp_path / 'optuna-3.db'}", name="s3")
+    assert study is not None
+    history = study.validation_history()
+    assert [h["design"]["questions"] for h in history] == [first.validation.design["questions"]]
+    assert history[0]["looks"] == list(first.validation.looks)
+    assert study.validation_looks() == list(second.validation.looks)
 
 
 def test_each_validated_prompt_is_announced_with_the_rows_it_was_scored_on(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ Study attributes::
     validation:<sha>:<sha>    a prompt's per-question scores on a batch of validation questions
     validation_design         the validation decision's design (alpha, looks, finalists, questions)
     validation_looks          every look of that decision (statistic, boundary, p-value, decision)
+    validation_history        earlier decisions of the study on other validation questions (design, looks)
     summary                   the lead's final summary (``opro compare best`` from the stores)
     split_record              the questions the optimization saw (the held-out guard)
     mlflow_run_id             the MLflow run of the search
@@ -488,6 +489,11 @@ class SearchStudy:
     def validation_looks(self) -> list[dict[str, Any]]:
         return [dict(x) for x in self.optuna.user_attrs.get("validation_looks", [])]
 
+    def validation_history(self) -> list[dict[str, Any]]:
+        """Earlier decisions of this study, each ``{"design", "looks"}``, made on other validation
+        questions (the same questions cannot decide twice): kept, never overwritten."""
+        return [dict(x) for x in self.optuna.user_attrs.get("validation_history", [])]
+
     def begin_validation(self, design: Mapping[str, Any]) -> None:
         """Record the design of the validation decision about to be made, refusing a second decision
         on the same validation questions under another design, in this study or any other of its
@@ -502,6 +508,12 @@ class SearchStudy:
         for name, other in prior:
             if isinstance(other, Mapping) and other.get("questions") == questions and other.get("key") != key:
                 raise ValidationReuse(name, dict(other), dict(design))
+        before = self.validation_design()
+        if before is not None and before.get("key") != key:
+            # A decision on other questions (a new validation split): the earlier one stays on record.
+            self.optuna.set_user_attr("validation_history", [
+                *self.validation_history(), {"design": before, "looks": self.validation_looks()}])
+            self.optuna.set_user_attr("validation_looks", [])
         self.optuna.set_user_attr("validation_design", dict(design))
 
     def save_validation_look(self, look: Mapping[str, Any]) -> None:
