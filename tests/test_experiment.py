@@ -267,3 +267,49 @@ def test_workers_sharing_a_sqlite_study_are_told_it_is_one_machine_only() -> Non
     assert "postgresql" in said
     assert shared_sqlite_warning("sqlite:///out/optuna.db", num_workers=1) is None
     assert shared_sqlite_warning("postgresql+psycopg2://u@h/db", num_workers=3) is None
+
+
+def test_a_rerun_after_the_judge_is_mended_scores_again_and_matches_a_run_that_never_failed(tmp_path: Path) -> None:
+    """Issue 40, item 8: a judge that returns only unreadable replies for a while once left its
+    candidates failed for good: the rerun after the fix sent 0 requests and exited "no candidate was
+    scored" until optuna.db was deleted by hand."""
+    from fakes import judge_reply, optimizer_reply, task_reply
+
+    from opro.errors import OproError
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    broken = {"on": True}
+    judged: list[int] = []
+
+    def judge(messages, options):  # type: ignore[no-untyped-def]
+        judged.append(1)
+        return "Sorry, I cannot grade this." if broken["on"] else judge_reply(messages, options)
+
+    def pool() -> ModelPool:
+        return ModelPool(scripted={"task": ScriptedLLM(default=task_reply, model="task"),
+                                   "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
+                                   "judge": ScriptedLLM(default=judge, model="judge")})
+
+    def optimize(folder: Path) -> object:
+        folder.mkdir(exist_ok=True)
+        cfg = config_from_dict(experiment_config(folder), base_dir=folder, source="test.toml")
+        exp = Experiment(cfg, pool=pool(), progress=False)
+        try:
+            return exp.optimize()
+        finally:
+            exp.close()
+
+    with pytest.raises(OproError, match=r"every judge reply of step 0 was unreadable .*rerun the same command"):
+        optimize(tmp_path / "a")
+    broken["on"] = False
+    judged.clear()
+    mended = optimize(tmp_path / "a")
+    assert judged  # judged again: unreadable replies were neither kept as scores nor cached
+    clean = optimize(tmp_path / "b")
+
+    def history(result: object) -> list[tuple[object, ...]]:
+        return [(r.step, r.instruction, r.score, r.status) for r in result.history]  # type: ignore[attr-defined]
+
+    assert history(mended) == history(clean) and mended.validated  # type: ignore[attr-defined]
+    assert mended.best_instruction == clean.best_instruction  # type: ignore[attr-defined]

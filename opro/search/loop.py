@@ -285,9 +285,12 @@ class Search:
     ) -> OptimizationResult:
         complete = [r for r in history if r.status == "complete" and r.score is not None]
         if not complete:
+            invalid, errors = sum(r.n_invalid for r in history), sum(r.n_errors for r in history)
             raise OproError(
-                "no candidate was scored: every judge reply was invalid or every call failed; "
-                "check the judge model and the logs"
+                f"no candidate was scored: {invalid} judge replies were unreadable and {errors} calls failed "
+                f"over {len(history)} candidate(s); check the judge model, its endpoint and the logs, then rerun "
+                "the same command: the answers are kept, and candidates that failed for either reason are "
+                "evaluated again"
             )
         initial = initial.strip()
         initial_rec = next((r for r in history if r.step == 0 and r.instruction == initial), None)

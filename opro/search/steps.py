@@ -213,6 +213,15 @@ class StepEvaluator:
                             "warnings above): fix the endpoint and rerun the same command; finished work is kept "
                             "and the failed candidates are evaluated again"
                         )
+                    if new and all(r.n_scored == 0 and r.n_invalid for r in new):
+                        # The judge is broken, not the candidates: a next step proposed from a history
+                        # without a score would differ from the one a working judge leads to.
+                        raise OproError(
+                            f"every judge reply of step {step} was unreadable ({sum(r.n_invalid for r in new)} "
+                            "replies; see the warnings above): fix the judge (its model, endpoint, template or "
+                            "[judge].max_tokens) and rerun the same command; the answers are kept and these "
+                            "candidates are judged again"
+                        )
                     poll = 0.05
                 continue
             if len(state.done) >= n:

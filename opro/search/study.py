@@ -52,8 +52,9 @@ from opro.redaction import redact_url
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, CandidateStatus
 
-#: Statuses a new process evaluates again: the endpoint failed or the budget ran out, not the candidate.
-RETRY_STATUSES: frozenset[str] = frozenset({"failed", "budget"})
+#: Statuses a new process evaluates again: the endpoint failed, the budget ran out or the judge's
+#: replies could not be read (``incomplete``), not the candidate.
+RETRY_STATUSES: frozenset[str] = frozenset({"failed", "budget", "incomplete"})
 _LEASE_PREFIX = "holder:w"
 _USAGE_PREFIX = "usage:w"
 
