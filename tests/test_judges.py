@@ -342,6 +342,30 @@ def test_an_unreadable_judge_reply_is_not_replayed_from_the_cache(tmp_path: Path
     cache.close()
 
 
+@pytest.mark.parametrize("kind", ["faithfulness", "relevancy"])
+def test_an_unreadable_yes_no_reply_is_not_replayed_from_the_cache(tmp_path: Path, kind: str) -> None:
+    """Issue 40, item 7: the yes/no judges kept unreadable replies in the call cache, so after the
+    endpoint was mended `compare --metrics faithfulness` sent nothing and still showed n/a."""
+    from opro.llm.cache import CallCache
+
+    replies = iter(["Hmm.", "YES", "YES"])
+    llm = ScriptedLLM(default=lambda messages, options: next(replies))
+    cache = CallCache(tmp_path / "calls.sqlite")
+    judge = (FaithfulnessJudge if kind == "faithfulness" else RelevancyJudge)(ChatClient(llm, role="judge", cache=cache))
+
+    def ask() -> object:
+        if kind == "faithfulness":
+            return judge.evaluate(answer="a", contexts=["c"])  # type: ignore[call-arg]
+        return judge.evaluate(query="q", answer="a", contexts=["c"])  # type: ignore[call-arg]
+
+    first = ask()
+    assert first.invalid and len(cache) == 0  # type: ignore[attr-defined]
+    second = ask()
+    assert second.passing and len(cache) == 1  # type: ignore[attr-defined]
+    assert ask().passing and len(llm.calls) == 2  # type: ignore[attr-defined]  # the readable reply is replayed
+    cache.close()
+
+
 # --- prompts that come from the library that owns them ------------------------------------------------
 
 

@@ -122,21 +122,30 @@ class _YesNoJudge:
 
     def _judge(self, query_str: str, contexts: Sequence[str]) -> MetricResult:
         dialogue = self._dialogue(query_str, contexts)
+        messages = None
         try:
             messages = next(dialogue)
             while True:
                 messages = dialogue.send(self.llm.complete(messages, **self._options()).text)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            return self._settled(done.value, messages)
 
     async def _ajudge(self, query_str: str, contexts: Sequence[str]) -> MetricResult:
         dialogue = self._dialogue(query_str, contexts)
+        messages = None
         try:
             messages = next(dialogue)
             while True:
                 messages = dialogue.send((await self.llm.acomplete(messages, **self._options())).text)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            return self._settled(done.value, messages)
+
+    def _settled(self, result: MetricResult, last: Any) -> MetricResult:
+        """An unreadable last reply leaves the call cache, as the correctness judge's does: a rerun
+        (once the judge is mended) asks it again instead of showing the cached "n/a"."""
+        if result.invalid and last is not None:
+            self.llm.forget(last, **self._options())
+        return result
 
 
 class FaithfulnessJudge(_YesNoJudge):
