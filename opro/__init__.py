@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "CandidateRecord": "opro.search",
     # the RAG program and its data
     "QATemplate": "opro.prompts",
+    "Demo": "opro.prompts",
     "DEFAULT_INSTRUCTION": "opro.prompts",
     "DEFAULT_BASE_TEMPLATE": "opro.prompts",
     "load_documents": "opro.documents",
@@ -57,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "DataError": "opro.errors",
     "ModelPackError": "opro.errors",
     "PromptError": "opro.errors",
+    "LeakageError": "opro.errors",
     "LLMError": "opro.errors",
 }
 
@@ -71,11 +73,13 @@ __all__ = [
     "ConfigError",
     "CorrectnessJudge",
     "DataError",
+    "Demo",
     "Example",
     "Experiment",
     "FaithfulnessJudge",
     "GoldenDataset",
     "LLMError",
+    "LeakageError",
     "Message",
     "MetricResult",
     "ModelPackError",
@@ -123,7 +127,15 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from opro.config import OproConfig, load_config
     from opro.dataset import Example, GoldenDataset, load_dataset
     from opro.documents import load_documents
-    from opro.errors import ConfigError, DataError, LLMError, ModelPackError, OproError, PromptError
+    from opro.errors import (
+        ConfigError,
+        DataError,
+        LeakageError,
+        LLMError,
+        ModelPackError,
+        OproError,
+        PromptError,
+    )
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment, RunResult, optimize
     from opro.export import export_prompt
@@ -134,7 +146,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from opro.llm.pool import ModelPool, ModelSpec
     from opro.llm.scripted import ScriptedLLM
     from opro.metrics import MetricResult
-    from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, QATemplate
+    from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, Demo, QATemplate
     from opro.rag import RAGProgram
     from opro.retrieval import build_retriever
     from opro.search import CandidateRecord, OptimizationResult, Search

@@ -35,14 +35,17 @@ app.add_typer(models_app, name="models")
 def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
     """Print an error for people (no traceback) and return the exit to raise.
 
-    Exit 2 for a usage or configuration error, 1 for a failure while working.
+    Exit 2 for a usage or configuration error and for a refused held-out claim (whichever command
+    refuses it), 1 for a failure while working.
     """
     from rich.console import Console
     from rich.markup import escape
 
-    from opro.errors import ConfigError
+    from opro.errors import ConfigError, LeakageError
 
-    if code is None:
+    if isinstance(exc, LeakageError):
+        code = 2
+    elif code is None:
         code = 2 if isinstance(exc, ConfigError | ValueError) else 1
 
     # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
@@ -721,7 +724,7 @@ def optimize(
 def evaluate(
     config: Path = typer.Argument(..., help="Experiment TOML file."),
     prompt: str = typer.Option("initial", help="best | initial | run:DIR | prompts:/NAME@ALIAS | FILE | text:INSTRUCTION"),
-    split: str = typer.Option("heldout", help="optimization | heldout | exemplar"),
+    split: str = typer.Option("heldout", help="heldout | validation | optimization | exemplar"),
     metrics: str = typer.Option("", help="Extra metrics, comma-separated: faithfulness, relevancy, token_f1."),
     out: Path | None = typer.Option(None, help="Per-question table: .csv or .json (default: both, in <output_dir>/evaluate/)."),
     max_errors: int | None = typer.Option(None, help="Stop after this many failed questions (default: no limit)."),
@@ -732,13 +735,14 @@ def evaluate(
     from rich.markup import escape
 
     from opro.compare import check_heldout, make_extra_metrics
+    from opro.dataset import SPLIT_NAMES
     from opro.errors import ConfigError
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment
     from opro.sources import resolve_prompt
 
-    if split not in ("optimization", "heldout", "exemplar"):
-        raise ConfigError(f"--split {split!r}: use optimization, heldout or exemplar")
+    if split not in SPLIT_NAMES:
+        raise ConfigError(f"--split {split!r}: use one of {', '.join(SPLIT_NAMES)}")
     console = Console()
     exp = Experiment.from_file(config, progress=False if no_progress else None)
     try:
@@ -793,7 +797,7 @@ def compare(
         "[default: best]",
     ),
     baseline: str = typer.Option("initial", "--baseline", help="The prompt the others are tested against (added if not given)."),
-    split: str = typer.Option("heldout", "--split", help="heldout | optimization | exemplar"),
+    split: str = typer.Option("heldout", "--split", help="heldout | validation | optimization | exemplar"),
     metrics: str = typer.Option("", "--metrics", help="Extra metrics, comma-separated: faithfulness,relevancy,token_f1"),
     out: Path | None = typer.Option(None, "--out", help="Report directory [default: OUTPUT_DIR/compare/NAME]"),
     name: str | None = typer.Option(None, "--name", help="Name of the comparison [default: a timestamp]"),

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.calibration import judge_noise_note
-from opro.errors import ConfigError, DataError
+from opro.errors import ConfigError, DataError, LeakageError
 from opro.judges.factory import METRIC_JUDGES, build_metric
 from opro.rundir import RunDir
 from opro.sources import ResolvedPrompt, resolve_prompt
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 #: Extra metrics ``compare_prompts`` can add, by name: the judges the factory builds by name, and token F1.
 EXTRA_METRICS = (*METRIC_JUDGES, "token_f1")
-SPLITS = ("heldout", "optimization", "exemplar")
+SPLITS = ("heldout", "validation", "optimization", "exemplar")
 
 
 @dataclass(frozen=True)
@@ -350,7 +350,7 @@ def check_heldout_leakage(
                 seen.setdefault(held[key], []).append(where)
     if seen:
         listed = _first_five([f"{q!r} (also in {', '.join(sorted(set(w)))})" for q, w in seen.items()])
-        raise DataError(
+        raise LeakageError(
             f"refusing to call this comparison held-out: {len(seen)} held-out question(s) were seen during "
             f"optimization: {listed}. Re-split the dataset (for example another [data.split].seed in a new "
             "output_dir) or compare with split='optimization' and do not report it as held-out"
@@ -410,12 +410,12 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
     )
     if moved:
         listed = _first_five([f"{q!r} (was in the {n} split)" for q, n in moved.items()])
-        raise DataError(
+        raise LeakageError(
             f"refusing to call this held-out: {len(moved)} held-out question(s) were seen by the optimization "
             f"recorded in {where}: {listed}"
             + (" (the split changed since it was recorded)" if changed else "") + f". To fix: {todo}"
         )
-    raise DataError(
+    raise LeakageError(
         f"refusing to call this held-out: the split changed since the optimization recorded it in {where} "
         f"(split.json hash {str(record['split_sha256'])[:12]} != {split_hash(dataset.split)[:12]}). To fix: {todo}"
     )

@@ -3,6 +3,7 @@
     OproError
     ├── ConfigError            a config file, key or value is wrong (names the key and what is allowed)
     ├── DataError              a document, dataset file or field is unusable (names the file / field)
+    │   └── LeakageError       held-out questions were seen by an optimization: a held-out claim is refused
     ├── ModelPackError         an embedded model pack is missing or corrupt (names the package to install)
     ├── PromptError            a template or instruction is malformed
     └── LLMError               a call to a language model failed (carries model and provider)
@@ -29,6 +30,11 @@ class ConfigError(OproError):
 
 class DataError(OproError):
     """A document, dataset file or record cannot be used."""
+
+
+class LeakageError(DataError):
+    """Questions to be called held-out were seen by an optimization (or its split changed since):
+    every command refuses it the same way (exit 2)."""
 
 
 class ModelPackError(OproError):

@@ -276,8 +276,13 @@ def test_resplit_in_place_after_optimize_is_refused_naming_the_moved_questions(
     monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
     monkeypatch.setenv("COLUMNS", "400")
     res = CliRunner().invoke(app, ["evaluate", str(path), "--split", "heldout", "--no-progress"])
-    assert res.exit_code != 0 and "seen by the optimization" in res.output
+    assert res.exit_code == 2 and "seen by the optimization" in res.output  # one exit code for one refusal
     assert sorted(moved)[0] in res.output.replace("\n", "")
+    res = CliRunner().invoke(app, ["compare", str(path), "--no-mlflow", "--no-progress"])
+    assert res.exit_code == 2 and "seen by the optimization" in res.output
+    # Every split can be scored (not called held-out): the validation split too.
+    res = CliRunner().invoke(app, ["evaluate", str(path), "--split", "validation", "--no-progress"])
+    assert res.exit_code == 0, res.output
 
 
 def test_a_changed_split_without_overlap_is_refused_and_no_record_says_current_only(tmp_path: Path) -> None:
