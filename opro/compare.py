@@ -103,6 +103,8 @@ class ComparisonReport:
     models: Mapping[str, str] = field(default_factory=dict)
     #: What the held-out check was made against (the split `opro optimize` recorded, or only the current one).
     leakage_basis: str = ""
+    #: Per prompt label: what its provenance let the guard check, or why it could not ("unchecked: ...").
+    leakage_by_prompt: Mapping[str, str] = field(default_factory=dict)
     config: str = ""
     usage: Mapping[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -173,6 +175,7 @@ class ComparisonReport:
             "dataset_hash": self.dataset_hash,
             "leakage_checked": self.leakage_checked,
             "leakage_basis": self.leakage_basis,
+            "leakage_by_prompt": dict(self.leakage_by_prompt),
             "models": dict(self.models),
             "config": self.config,
             "usage": dict(self.usage),
@@ -272,6 +275,7 @@ class ComparisonReport:
                 + ("no held-out question appears in the exemplar, optimization or validation splits"
                    + (f" ({self.leakage_basis})." if self.leakage_basis else ".") if self.leakage_checked else "not run.")
             )
+            lines += [f"- {label}: {what}" for label, what in self.leakage_by_prompt.items()]
         if self.models:
             lines.append("Models: " + ", ".join(f"{k} `{v}`" for k, v in self.models.items()) + ".")
         lines += ["", "| " + " | ".join(self._columns()) + " |", "|" + "---|" * len(self._columns())]
@@ -375,31 +379,11 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
     Held-out questions are matched by the sha256 of their normalized text and, where the record keeps
     the normalized texts, as near-duplicates.
     """
-    from opro.dataset import QuestionKey, normalize_question, question_hash, split_hash
+    from opro.dataset import split_hash
 
     if dataset.split is None:
         raise DataError("the dataset has no split; create one with `opro dataset import`")
-    seen_hashes: dict[str, str] = {}
-    seen_texts: list[tuple[QuestionKey, str, difflib.SequenceMatcher[str]]] = []
-    # Every recorded part but held-out: the splits, and the questions a validation could extend into.
-    for name in record["questions"]:
-        if name == "heldout":
-            continue
-        for h in record["questions"].get(name) or ():
-            seen_hashes.setdefault(str(h), name)
-        for t in (record.get("normalized") or {}).get(name) or ():
-            key = QuestionKey.of(str(t))  # and a matcher that keeps its index of it: held-out x seen pairs
-            seen_texts.append((key, name, difflib.SequenceMatcher(None, "", key.again)))
-    moved: dict[str, str] = {}
-    for e in dataset.examples_in("heldout"):
-        norm = normalize_question(e.query)
-        if question_hash(norm) in seen_hashes:
-            moved[e.query] = seen_hashes[question_hash(norm)]
-        else:
-            key = QuestionKey.of(norm)
-            near = next((n for t, n, matcher in seen_texts if key.same_as(t, matcher)), None)
-            if near is not None:
-                moved[e.query] = f"{near}, as a near-duplicate"
+    moved = _seen_in_record(dataset, record)
     changed = record["split_sha256"] != split_hash(dataset.split)
     if not moved and not changed:
         return
@@ -421,6 +405,35 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
     )
 
 
+def _seen_in_record(dataset: GoldenDataset, record: Mapping[str, Any]) -> dict[str, str]:
+    """Held-out questions of ``dataset`` that ``record`` lists as seen (exactly, by the hash of the
+    normalized text, or as near-duplicates of its kept texts): question -> where it was seen."""
+    from opro.dataset import QuestionKey, normalize_question, question_hash
+
+    seen_hashes: dict[str, str] = {}
+    seen_texts: list[tuple[QuestionKey, str, difflib.SequenceMatcher[str]]] = []
+    # Every recorded part but held-out: the splits, and the questions a validation could extend into.
+    for name in record["questions"]:
+        if name == "heldout":
+            continue
+        for h in record["questions"].get(name) or ():
+            seen_hashes.setdefault(str(h), name)
+        for t in (record.get("normalized") or {}).get(name) or ():
+            key = QuestionKey.of(str(t))  # and a matcher that keeps its index of it: held-out x seen pairs
+            seen_texts.append((key, name, difflib.SequenceMatcher(None, "", key.again)))
+    moved: dict[str, str] = {}
+    for e in dataset.examples_in("heldout"):
+        norm = normalize_question(e.query)
+        if question_hash(norm) in seen_hashes:
+            moved[e.query] = seen_hashes[question_hash(norm)]
+        else:
+            key = QuestionKey.of(norm)
+            near = next((n for t, n, matcher in seen_texts if key.same_as(t, matcher)), None)
+            if near is not None:
+                moved[e.query] = f"{near}, as a near-duplicate"
+    return moved
+
+
 def check_heldout(
     dataset: GoldenDataset, *, output_dir: str | Path, other_questions: Mapping[str, Sequence[str]] | None = None
 ) -> str:
@@ -433,25 +446,44 @@ def check_heldout(
     return LEAKAGE_CURRENT_ONLY if record is None else LEAKAGE_RECORDED
 
 
-def _run_questions(prompt: ResolvedPrompt, own_dir: Path) -> dict[str, list[str]]:
-    """Exemplar + optimization questions of another run whose best prompt is compared."""
-    if prompt.run_dir is None or prompt.run_dir.resolve() == own_dir.resolve():
-        return {}
-    from opro.dataset import load_dataset
+def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_dir: Path) -> str:
+    """The held-out guard for one compared prompt, from whatever its provenance tells: the run it
+    came from (``best``, ``run:DIR``, an exported JSON, a registry version opro tagged), whose recorded
+    exemplar, optimization, validation and extension questions must not be held-out here (exactly or
+    as near-duplicates). Raises :class:`LeakageError` on an overlap; returns what was checked, or
+    ``unchecked: ...`` with why (never "clean" for a prompt whose tuning questions are unknown)."""
+    if prompt.kind == "initial":
+        return "the config's initial instruction: tuned on no question"
+    if prompt.run_dir is None:
+        return ("unchecked: its provenance names no opro run, so the questions it was tuned on are unknown "
+                "(a literal, a plain file, or a registry version opro did not register)")
+    run_dir = prompt.run_dir
+    if run_dir.resolve() == own_dir.resolve():
+        return "this config's own optimization: checked against its split record above"
+    if not run_dir.is_dir():
+        return f"unchecked: the run it came from ({run_dir}) is not on this machine"
+    run = RunDir(run_dir)
+    record = run.read_split_record()
+    if record is None and run.has_dataset():
+        from opro.dataset import load_dataset, split_record
 
-    run = RunDir(prompt.run_dir)
-    if not run.has_dataset():
-        raise DataError(
-            f"prompt {prompt.spec!r}: {prompt.run_dir} has no dataset/ directory, so its optimization questions are "
-            "unknown and the held-out check cannot be made; compare that run's own config instead"
+        ds = load_dataset(run.dataset)
+        record = split_record(ds) if ds.split is not None else None
+        basis = f"checked against the current split of {run_dir} (it kept no split record)"
+    else:
+        parts = ", ".join(k for k in (record or {}).get("questions", {}) if k != "heldout")
+        basis = f"checked against the split recorded by {run_dir} ({parts})"
+    if record is None:
+        return f"unchecked: {run_dir} has neither a split record nor a dataset"
+    moved = _seen_in_record(dataset, record)
+    if moved:
+        listed = _first_five([f"{q!r} (in its {n} split)" for q, n in moved.items()])
+        raise LeakageError(
+            f"refusing to call this held-out: prompt {prompt.spec!r} comes from the optimization in {run_dir}, "
+            f"which saw {len(moved)} of these held-out question(s): {listed}. Compare it on a split that run "
+            "never saw (another dataset, or that run's own config)"
         )
-    ds = load_dataset(run.dataset)
-    if ds.split is None:
-        return {}
-    return {
-        f"{prompt.spec} exemplar split": [e.query for e in ds.examples_in("exemplar")],
-        f"{prompt.spec} optimization split": [e.query for e in ds.examples_in("optimization")],
-    }
+    return basis
 
 
 # -- extra metrics ----------------------------------------------------------------------------------
@@ -516,11 +548,11 @@ def compare_prompts(
     dataset = experiment.dataset
     leakage_checked = False
     leakage_basis = ""
+    leakage_by_prompt: dict[str, str] = {}
     if split == "heldout":
-        others: dict[str, list[str]] = {}
-        for p in resolved:
-            others.update(_run_questions(p, cfg.output_dir))
-        leakage_basis = check_heldout(dataset, output_dir=cfg.output_dir, other_questions=others)
+        leakage_basis = check_heldout(dataset, output_dir=cfg.output_dir)
+        leakage_by_prompt = {p.label: check_prompt_source(p, dataset=dataset, own_dir=Path(cfg.output_dir))
+                             for p in resolved}
         leakage_checked = True
     examples: tuple[Example, ...] = dataset.examples_in(split)  # type: ignore[arg-type]
     if not examples:
@@ -594,6 +626,7 @@ def compare_prompts(
         dataset_hash=dataset.content_hash,
         leakage_checked=leakage_checked,
         leakage_basis=leakage_basis,
+        leakage_by_prompt=leakage_by_prompt,
         models=models,
         config=cfg.source,
         usage=experiment.usage.as_dict(),
@@ -737,6 +770,11 @@ def promote(
             f"Wilcoxon p={s.p_wilcoxon:.3g}, permutation p={s.p_permutation:.3g}"
             + (f" (Holm, {s.n_comparisons} comparisons)" if s.n_comparisons > 1 else "")
         )
+        source = report.leakage_by_prompt.get(p.label, "")
+        if source.startswith("unchecked"):
+            reasons.append(f"{p.label}: held-out leakage {source}; only a prompt whose tuning questions are known "
+                           "can be promoted (compare it from its run, or export it yourself)")
+            continue
         coverage = s.n / len(report.questions) if report.questions else 0.0
         figures += f", {s.n} of {len(report.questions)} questions scored validly for both ({coverage:.0%})"
         if coverage < min_coverage:
@@ -902,6 +940,7 @@ __all__ = [
     "check_heldout",
     "check_heldout_against_record",
     "check_heldout_leakage",
+    "check_prompt_source",
     "compare_prompts",
     "default_compare_dir",
     "load_split_record",

@@ -280,7 +280,7 @@ def _export_mlflow(
 
     prov = provenance(prompt, config=config)
     tags = {"opro.source": prompt.spec[:250], "opro.kind": prompt.kind}
-    for key in ("mlflow_run_id", "score", "score_basis", "dataset_hash"):
+    for key in ("mlflow_run_id", "run_dir", "score", "score_basis", "dataset_hash"):
         if prov.get(key) is not None:
             tags[f"opro.{key}"] = str(prov[key])
     if prompt.kind == "run":

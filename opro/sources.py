@@ -139,7 +139,7 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
         raise DataError(f"{where}: best_template does not contain best_instruction; the file was edited?")
     provenance = {
         "source": spec,
-        "run_dir": str(run_dir),
+        "run_dir": str(Path(run_dir).resolve()),
         "mlflow_run_id": summary.get("mlflow_run_id"),
         "study_name": summary.get("study_name"),
         # Each score with the data it was measured on: the returned prompt's on score_basis
@@ -176,15 +176,22 @@ def _from_registry(spec: str, config: OproConfig | None, tracking_uri: str | Non
         raise ConfigError(f"prompt {spec!r}: which MLflow store? pass --config CONFIG.toml or --tracking-uri URI")
     if not re.fullmatch(r"prompts:/[A-Za-z0-9_.\-]+(@[A-Za-z0-9_.\-]+|/\d+)", spec):
         raise ConfigError(f"prompt {spec!r}: use prompts:/NAME@ALIAS or prompts:/NAME/VERSION")
-    from opro.tracking import load_registered_template
+    from opro.tracking import load_registered_prompt
 
-    text = load_registered_template(tracking_uri=uri, uri=spec)
+    text, tags = load_registered_prompt(tracking_uri=uri, uri=spec)
+    provenance: dict[str, Any] = {"source": spec, "tracking_uri": redact_url(uri)}
+    # What opro tagged the version with when it registered it: the run it came from (the held-out
+    # guard reads that run's split record).
+    for key in ("run_dir", "run_id", "mlflow_run_id", "dataset_hash", "score", "score_basis"):
+        if tags.get(f"opro.{key}"):
+            provenance[key] = tags[f"opro.{key}"]
     return ResolvedPrompt(
         spec=spec,
         kind="registry",
         label=spec,
         template=QATemplate.from_template_text(text),
-        provenance={"source": spec, "tracking_uri": redact_url(uri)},
+        provenance=provenance,
+        run_dir=Path(provenance["run_dir"]) if "run_dir" in provenance else None,
     )
 
 
@@ -209,7 +216,9 @@ def _from_file(spec: str, path: Path, config: OproConfig | None) -> ResolvedProm
             template = _template(text, config)
         except PromptError as exc:
             raise PromptError(f"{path}: {exc}") from None
-    return ResolvedPrompt(spec=spec, kind="file", label=path.name, template=template, provenance=provenance)
+    run_dir = provenance.get("run_dir")  # an exported prompt JSON names the run it came from
+    return ResolvedPrompt(spec=spec, kind="file", label=path.name, template=template, provenance=provenance,
+                          run_dir=Path(run_dir) if isinstance(run_dir, str) and run_dir else None)
 
 
 def _parse_full_template(text: str) -> QATemplate:

@@ -99,7 +99,8 @@ def test_a_run_optimized_on_another_split_is_refused(tmp_path: Path) -> None:
     other = write_config(tmp_path / "b", name="b", seed=2)
     exp = Experiment.from_file(other, pool=scripted_pool(), progress=False)
     try:
-        with pytest.raises(DataError, match=r"held-out question\(s\) were seen during optimization: 'Fact number \d+ about AlexNet\?'"):
+        with pytest.raises(DataError, match=r"comes from the optimization in .*which saw \d+ of these held-out "
+                                            r"question\(s\): 'Fact number \d+ about AlexNet\?' \(in its \w+ split\)"):
             compare_prompts(experiment=exp, prompts=["initial", f"run:{tmp_path / 'a' / 'out'}"])
         # Not called held-out, the same comparison runs.
         report = compare_prompts(experiment=exp, prompts=["initial", f"run:{tmp_path / 'a' / 't.toml'}"], split="optimization")
@@ -399,3 +400,49 @@ def test_promotion_is_refused_when_too_few_held_out_questions_were_scored_validl
     assert tags["opro.heldout_alpha"] == "0.05" and tags["opro.heldout_n"] == str(valid)
     assert tags["opro.heldout_questions"] == "10" and float(tags["opro.heldout_coverage"]) == valid / 10
     assert tags["opro.heldout_family"] == "1" and float(tags["opro.heldout_p_permutation"]) < 0.05
+
+
+def test_every_prompt_source_is_checked_by_its_provenance_or_reported_unchecked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40, item 1: another run's prompt was checked against its exemplar and optimization
+    questions only (not the validation questions that chose it), its exported JSON and its registry
+    version not at all, and a literal was reported as clean."""
+    from opro.cli import app
+    from opro.errors import LeakageError
+    from opro.export import export_prompt
+
+    optimized(tmp_path / "a", seed=1)
+    a_out = (tmp_path / "a" / "out").resolve()
+    other = write_config(tmp_path / "b", name="b", seed=2)
+    exported = export_prompt(resolve_prompt(f"run:{a_out}"), format="json", out=tmp_path / "exp").paths[0]
+    a_registry = f"sqlite:///{a_out / 'mlflow.db'}"
+    exp = Experiment.from_file(other, pool=scripted_pool(), progress=False)
+    try:
+        with pytest.raises(LeakageError, match=r"\(in its validation split\)"):  # the split that chose A's winner
+            compare_prompts(experiment=exp, prompts=["initial", f"run:{a_out}"])
+        with pytest.raises(LeakageError, match=r"prompt '.*prompt.json' comes from the optimization in"):
+            compare_prompts(experiment=exp, prompts=["initial", str(exported)])
+        with pytest.raises(LeakageError, match=r"prompt 'prompts:/qa-t@latest-best' comes from the optimization in"):
+            compare_prompts(experiment=exp, prompts=["initial", "prompts:/qa-t@latest-best"], tracking_uri=a_registry)
+    finally:
+        exp.close()
+    # In A's own config: what was checked is said per prompt; a literal is unchecked, never clean.
+    exp = Experiment.from_file(tmp_path / "a" / "t.toml", pool=scripted_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best", "text:Answer from the context."],
+                                 n_resamples=1000)
+    finally:
+        exp.close()
+    by = report.leakage_by_prompt
+    assert by["initial"].startswith("the config's initial instruction") and by["best"].startswith("this config's own")
+    assert by["Answer from the context."].startswith("unchecked: its provenance names no opro run")
+    report.write(tmp_path / "rep")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "- Answer from the context.: unchecked:" in md
+    # An unchecked prompt cannot be promoted, however significant its gain.
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    monkeypatch.setenv("COLUMNS", "300")
+    res = CliRunner().invoke(app, ["compare", str(tmp_path / "a" / "t.toml"), "--prompt", "text:Answer from the context.",
+                                   "--promote", "lit", "--no-mlflow", "--no-progress"])
+    assert res.exit_code == 1 and "only a prompt whose tuning questions are known can be promoted" in " ".join(res.output.split())

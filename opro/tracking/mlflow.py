@@ -313,6 +313,12 @@ class MlflowTracker:
 
 def load_registered_template(*, tracking_uri: str, uri: str) -> str:
     """``prompts:/name@alias`` or ``prompts:/name/3`` -> the template in opro's ``{var}`` syntax."""
+    return load_registered_prompt(tracking_uri=tracking_uri, uri=uri)[0]
+
+
+def load_registered_prompt(*, tracking_uri: str, uri: str) -> tuple[str, dict[str, str]]:
+    """The template of ``prompts:/name@alias`` / ``prompts:/name/3`` in opro's ``{var}`` syntax, and
+    the version's tags (where opro records the run a prompt came from)."""
     client = _client(tracking_uri)
     try:
         prompt = client.load_prompt(uri)
@@ -320,7 +326,7 @@ def load_registered_template(*, tracking_uri: str, uri: str) -> str:
         raise ConfigError(f"cannot load prompt {uri!r} from {tracking_uri}: {exc}") from exc
     if prompt is None:
         raise ConfigError(f"prompt {uri!r} not found in {tracking_uri}")
-    return from_mlflow_template(str(prompt.template))
+    return from_mlflow_template(str(prompt.template)), {str(k): str(v) for k, v in (prompt.tags or {}).items()}
 
 
 def tag_prompt_version(*, tracking_uri: str, name: str, version: int, tags: Mapping[str, str]) -> None:
@@ -341,6 +347,7 @@ __all__ = [
     "MlflowTracker",
     "check_server",
     "from_mlflow_template",
+    "load_registered_prompt",
     "load_registered_template",
     "run_params",
     "safe_params",

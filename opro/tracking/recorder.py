@@ -282,6 +282,7 @@ class MlflowRecorder(Recorder):
                     "opro.gain": "none" if result.gain is None else f"{result.gain:.4f}",
                     "opro.validated": str(result.validated).lower(),
                     "opro.run_id": str(self._run_id),
+                    **({"opro.run_dir": str(self.run_dir.root.resolve())} if self.run_dir is not None else {}),
                 },
             )
             tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})
