@@ -9,6 +9,7 @@ from its KV cache instead of re-reading the context.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -84,12 +85,40 @@ def validate_base_template(base: str) -> str:
 
 
 @dataclass(frozen=True)
+class Demo:
+    """A worked example: a question with its context and a good answer, shown to the task model in
+    the same fields as the question it must answer (as DSPy gives each demonstration its fields),
+    not pasted into the instruction, where small models answer the example instead of the question."""
+
+    query: str
+    context: str
+    answer: str
+
+    def __post_init__(self) -> None:
+        for name in ("query", "context", "answer"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise PromptError(f"a demonstration's {name} must be non-empty text, got {value!r}")
+            # Written literally into the template: the template's own variables would be filled there.
+            clash = [v for v in TEMPLATE_VARIABLES if "{" + v + "}" in value]
+            if clash:
+                raise PromptError(f"a demonstration's {name} contains the template variable {{{clash[0]}}}: "
+                                  "remove it from the example")
+
+    def to_json(self) -> dict[str, str]:
+        return {"query": self.query, "context": self.context, "answer": self.answer}
+
+
+@dataclass(frozen=True)
 class QATemplate:
-    """An instruction placed into a base template. Empty instruction: the base template alone."""
+    """An instruction placed into a base template, after any demonstrations. Empty instruction: the
+    base template alone (with its demonstrations)."""
 
     instruction: str = DEFAULT_INSTRUCTION
     base: str = DEFAULT_BASE_TEMPLATE
     position: Position = "before"
+    #: Worked examples, each filled into the base template's fields before the question's own.
+    demos: tuple[Demo, ...] = ()
 
     def __post_init__(self) -> None:
         if self.position not in ("before", "after"):
@@ -97,21 +126,32 @@ class QATemplate:
         validate_base_template(self.base)
         if self.instruction != "":
             object.__setattr__(self, "instruction", validate_instruction(self.instruction))
+        object.__setattr__(self, "demos", tuple(self.demos))
+
+    def _demo_block(self) -> str:
+        """The demonstrations as literal text: each one the base template filled with its context and
+        question (one pass, so a value is never substituted into), followed by its answer."""
+        def filled(d: Demo) -> str:
+            values = {"context_str": d.context, "query_str": d.query}
+            return _VARIABLE.sub(lambda m: values.get(m.group(1), m.group(0)), self.base)
+
+        return "".join(f"{filled(d)}{d.answer.strip()}\n\n" for d in self.demos)
 
     def _assemble(self, instruction: str, base: str) -> str:
+        demos = self._demo_block()
         if not instruction:
-            return base
+            return f"{demos}{base}"
         if self.position == "before":
-            return f"{instruction}\n{base}"
+            return f"{instruction}\n{demos}{base}"
         # After the context and the query, right before the answer cue, so the prefix up to the query
         # is identical for every candidate instruction.
         cut = base.rfind(_ANSWER_CUE)
         if cut < 0:
-            return f"{base.rstrip()}\n{instruction}\n"
+            return f"{demos}{base.rstrip()}\n{instruction}\n"
         head = base[:cut]
         if head and not head.endswith("\n"):
             head += "\n"
-        return f"{head}{instruction}\n{base[cut:]}"
+        return f"{demos}{head}{instruction}\n{base[cut:]}"
 
     @property
     def template_text(self) -> str:
@@ -138,7 +178,10 @@ class QATemplate:
         return PromptTemplate(self.template_text, prompt_type=PromptType.QUESTION_ANSWER)
 
     def with_instruction(self, instruction: str) -> QATemplate:
-        return QATemplate(instruction=instruction, base=self.base, position=self.position)
+        return QATemplate(instruction=instruction, base=self.base, position=self.position, demos=self.demos)
+
+    def with_demos(self, demos: Sequence[Demo]) -> QATemplate:
+        return QATemplate(instruction=self.instruction, base=self.base, position=self.position, demos=tuple(demos))
 
     @classmethod
     def from_template_text(cls, text: str, *, base: str = DEFAULT_BASE_TEMPLATE) -> QATemplate:
@@ -185,6 +228,7 @@ __all__ = [
     "DEFAULT_BASE_TEMPLATE",
     "DEFAULT_INSTRUCTION",
     "TEMPLATE_VARIABLES",
+    "Demo",
     "Position",
     "QATemplate",
     "validate_base_template",

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from opro.errors import PromptError
-from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, QATemplate, validate_instruction
+from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, Demo, QATemplate, validate_instruction
 
 
 def test_defaults_match_the_reference_notebook() -> None:
@@ -95,3 +95,29 @@ def test_from_template_text_reads_llama_index_default() -> None:
     )
     custom = QATemplate.from_template_text("Docs: {context_str}\nQ: {query_str}\nA:")
     assert custom.instruction == "" and custom.base == "Docs: {context_str}\nQ: {query_str}\nA:"
+
+
+@pytest.mark.parametrize("position", ["before", "after"])
+def test_demonstrations_come_in_the_question_fields_before_the_question(position: str) -> None:
+    """Each demonstration is the base template filled with its own context and question, then its
+    answer; the instruction keeps its place around the real question; LlamaIndex formats the same."""
+    demos = (Demo("Who won in {2012}?", "AlexNet won ImageNet 2012.", "AlexNet."), Demo("Q2?", "C2", "A2"))
+    t = QATemplate("Be brief.", position=position, demos=demos)  # type: ignore[arg-type]
+    text = t.format(context_str="CTX", query_str="Q?")
+    first = "---------------------\nAlexNet won ImageNet 2012.\n---------------------\nQuery: Who won in {2012}?\nAnswer: AlexNet.\n\n"
+    second = "---------------------\nC2\n---------------------\nQuery: Q2?\nAnswer: A2\n\n"
+    plain = QATemplate("Be brief.", position=position).format(context_str="CTX", query_str="Q?")  # type: ignore[arg-type]
+    if position == "before":
+        assert text == "Be brief.\n" + first + second + plain.removeprefix("Be brief.\n")
+    else:
+        assert text == first + second + plain
+    assert t.to_llama_index().format(context_str="CTX", query_str="Q?") == text
+    assert t.with_instruction("Other.").demos == demos and QATemplate("").with_demos(demos[:1]).format(
+        context_str="CTX", query_str="Q?").startswith(first)
+
+
+@pytest.mark.parametrize("bad", [dict(query=""), dict(context="   "), dict(answer="see {query_str}")])
+def test_a_demonstration_needs_text_in_every_field_and_no_template_variable(bad: dict[str, str]) -> None:
+    fields = {"query": "q?", "context": "c", "answer": "a", **bad}
+    with pytest.raises(PromptError, match="demonstration's"):
+        Demo(**fields)

@@ -1,0 +1,191 @@
+"""Where is the headroom? Each search dimension alone, paired against the initial configuration on
+held-out questions, on the real models.
+
+A RAG prompt can only be optimized along a dimension that moves the judge's score. This bench scores,
+on the same held-out questions, the initial configuration (the config's first initial instruction,
+its retriever's top_k) and each change alone:
+
+* ``none``: no instruction at all (the bare template of LlamaIndex's OPRO notebook);
+* ``returned``: the instruction the config's last ``opro optimize`` returned (when it returned
+  another one than the initial);
+* ``demos-K``: the initial instruction with K worked examples from the exemplar split (question, its
+  reference context, else its retrieved one, cut to ``--demo-chars``, its reference answer), each in
+  the template's own fields
+  before the question (:class:`opro.prompts.Demo`), never pasted into the instruction;
+* ``top_k-K``: the initial instruction with K retrieved chunks instead of the config's.
+
+Held-out questions: the config's held-out split, then the questions in no split that a validation
+extension does not reserve (``[optimizer].validation_extension``), up to ``--heldout``: none of them
+was seen by a search, chose a demo or was an exemplar. Each change is paired with the initial
+configuration by question: mean difference with its 95% paired bootstrap interval, win/tie/loss and
+the two-sided sign-flip permutation p-value (the test ``opro compare`` decides by).
+
+    python experiments/bench_headroom.py experiments/history_of_alexnet.toml --heldout 40
+    python experiments/bench_headroom.py experiments/history_of_alexnet.toml --heldout 40 --task-model qwen2.5-coder-1.5b-instruct
+
+Every call goes through the config's call cache, so a rerun (or a second task model beside the
+first) asks only what is new. ``--out FILE`` keeps the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opro.config import OproConfig, load_config
+from opro.dataset import Example, GoldenDataset
+from opro.evaluation import evaluate_templates
+from opro.experiment import Experiment
+from opro.llm.pool import ModelPool
+from opro.prompts import Demo, QATemplate
+from opro.rag import RAGProgram
+from opro.retrieval import RetrievedContext, Retriever
+from opro.stats import compare_paired
+
+
+class FixedK:
+    """A retriever that always returns ``top_k`` chunks (the top_k dimension alone)."""
+
+    def __init__(self, retriever: Retriever, top_k: int) -> None:
+        self.retriever, self.top_k = retriever, top_k
+
+    def retrieve(self, query: str) -> list[RetrievedContext]:
+        return self.retriever.retrieve(query, top_k=self.top_k)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.retriever.describe(), "top_k": self.top_k}
+
+
+def heldout_questions(dataset: GoldenDataset, *, config: OproConfig, n: int) -> tuple[Example, ...]:
+    """The held-out split, then the unused questions a validation extension does not reserve."""
+    reserved = config.optimizer.validation_extension if config.optimizer.finalists else 0
+    return (dataset.examples_in("heldout") + dataset.unused()[reserved:])[:n]
+
+
+def demos_from(examples: Sequence[Example], *, k: int, chars: int, retriever: Retriever) -> tuple[Demo, ...]:
+    """K demonstrations from exemplar questions with a reference answer: the question, its reference
+    context (else what the retriever finds for it) cut to ``chars``, and its reference answer."""
+    out = []
+    for e in examples:
+        found = e.reference_contexts[:1] or [c.text for c in retriever.retrieve(e.query)]
+        context = " ".join(" ".join(found).split())[:chars]
+        if context and e.reference_answer.strip():
+            out.append(Demo(query=e.query, context=context, answer=e.reference_answer.strip()))
+        if len(out) == k:
+            return tuple(out)
+    raise SystemExit(f"only {len(out)} exemplar questions can be demonstrations; asked for {k}: "
+                     "give [data.split].exemplar more questions")
+
+
+def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[int],
+                   demo_chars: int) -> list[tuple[str, QATemplate, Any]]:
+    """(label, template, program) of the initial configuration and of each change alone."""
+    initial = exp.template(exp.config.rag.initial_instructions[0])
+    program = exp.program
+    out: list[tuple[str, QATemplate, Any]] = [("initial", initial, program), ("none", initial.with_instruction(""), program)]
+    summary = exp.run_dir.summary
+    if summary.is_file():
+        returned = json.loads(summary.read_text(encoding="utf-8")).get("best_instruction", "")
+        if returned and returned.strip() != initial.instruction:
+            out.append(("returned", initial.with_instruction(returned), program))
+    exemplars = exp.dataset.examples_in("exemplar")
+    for k in demos:
+        shown = demos_from(exemplars, k=k, chars=demo_chars, retriever=exp.retriever)
+        out.append((f"demos-{k}", initial.with_demos(shown), program))
+    for k in top_ks:
+        if k != exp.config.rag.top_k:
+            fixed = RAGProgram(retriever=FixedK(exp.retriever, k), llm=exp.client("task"),  # type: ignore[arg-type]
+                               max_tokens=exp.config.rag.answer_max_tokens)
+            out.append((f"top_k-{k}", initial, fixed))
+    return out
+
+
+def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Sequence[int], demo_chars: int,
+        progress: bool, pool: ModelPool | None = None) -> dict[str, Any]:
+    exp = Experiment(config, pool=pool, progress=progress)
+    try:
+        questions = heldout_questions(exp.dataset, config=config, n=heldout)
+        configs = configurations(exp, demos=demos, top_ks=top_ks, demo_chars=demo_chars)
+        started = time.perf_counter()
+        reports: dict[str, Any] = {}
+        # One stream per program, question-major: a question's prompts are decoded together.
+        for program in dict.fromkeys(p for _, _, p in configs):
+            mine = [(label, t) for label, t, p in configs if p is program]
+            got = evaluate_templates(program=program, templates=[t for _, t in mine], examples=questions,
+                                     judge=exp.judge, progress=progress)
+            reports.update({label: r for (label, _), r in zip(mine, got, strict=True)})
+        wall_s = time.perf_counter() - started
+        base = [r.score for r in reports["initial"].rows]
+        rows = []
+        for label, template, _ in configs:
+            scores = [r.score for r in reports[label].rows]
+            pairs = [(a, b) for a, b in zip(scores, base, strict=True) if a is not None and b is not None]
+            c = compare_paired([a for a, _ in pairs], [b for _, b in pairs]) if label != "initial" else None
+            valid = [s for s in scores if s is not None]
+            rows.append({
+                "configuration": label,
+                "instruction": template.instruction,
+                "demos": len(template.demos),
+                "mean": sum(valid) / len(valid) if valid else None,
+                "n": len(valid),
+                "difference": None if c is None else c.difference.estimate,
+                "ci": None if c is None else [c.difference.low, c.difference.high],
+                "win_tie_loss": None if c is None else str(c.win_tie_loss),
+                "p": None if c is None else c.permutation.p_value,
+            })
+        return {"config": str(config.source), "task_model": config.models.task.model,
+                "judge_model": config.models.judge.model, "heldout": len(questions), "wall_s": wall_s,
+                "usage": exp.usage.as_dict(), "rows": rows}
+    finally:
+        exp.close()
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"{result['config']}: task {result['task_model']}, judge {result['judge_model']}, "
+          f"{result['heldout']} held-out questions, {result['wall_s'] / 60:.0f} min")
+    print("| configuration | held-out mean | difference vs initial, 95% CI | W / T / L | p (sign-flip) |")
+    print("|---|---|---|---|---|")
+    for r in result["rows"]:
+        mean = "n/a" if r["mean"] is None else f"{r['mean']:.2f}"
+        if r["difference"] is None:
+            print(f"| **{r['configuration']}** | {mean} | (baseline) | | |")
+            continue
+        lo, hi = r["ci"]
+        print(f"| {r['configuration']} | {mean} | {r['difference']:+.2f} [{lo:+.2f}, {hi:+.2f}] "
+              f"| {r['win_tie_loss']} | {r['p']:.3g} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", type=Path)
+    ap.add_argument("--heldout", type=int, default=40, help="held-out questions to score on")
+    ap.add_argument("--demos", default="1,2,3", help="numbers of demonstrations, comma-separated ('' for none)")
+    ap.add_argument("--top-k", default="1,4", help="retrieved chunks to try, comma-separated ('' for none)")
+    ap.add_argument("--demo-chars", type=int, default=600, help="a demonstration's context is cut to this many characters")
+    ap.add_argument("--task-model", help="another task model (e.g. qwen2.5-coder-1.5b-instruct)")
+    ap.add_argument("--out", type=Path, help="write the rows as JSON")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    config = load_config(args.config)
+    if args.task_model:
+        task = dataclasses.replace(config.models.task, model=args.task_model)
+        config = dataclasses.replace(config, models=dataclasses.replace(config.models, task=task))
+    result = run(config, heldout=args.heldout, demos=[int(k) for k in args.demos.split(",") if k],
+                 top_ks=[int(k) for k in args.top_k.split(",") if k], demo_chars=args.demo_chars,
+                 progress=not args.no_progress)
+    print_table(result)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
