@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import hashlib
 import json
 import logging
 import math
@@ -746,9 +747,58 @@ def promote(
     prompts that qualify, the one with the highest held-out mean wins; it is registered as a new
     version tagged with its held-out figures (alpha, n, coverage, p, the family), then the alias
     points at it.
+
+    Every attempt is recorded (``promotions.json`` in the output folder). An alias gets one attempt
+    per held-out set: a later one on the same questions with other prompts, another baseline or
+    another alpha is refused (it would be a new chance at a false promotion, outside the error
+    budget of the first); the same attempt may be repeated exactly, and a fresh held-out set starts
+    a new budget.
     """
     if not 0.0 < min_coverage <= 1.0:
         raise ConfigError(f"min_coverage must be in (0, 1] (e.g. 0.9), got {min_coverage}")
+    if report.split != "heldout" or not report.leakage_checked:  # refused as no attempt at all
+        return _promote(report, experiment=experiment, alias=alias, tracking_uri=tracking_uri, min_coverage=min_coverage)
+    attempt = _promotion_attempt(report, alias=alias, registry=experiment.config.prompt_name, min_coverage=min_coverage)
+    run = RunDir(experiment.config.output_dir)
+    earlier = [a for a in run.read_promotions()
+               if (a.get("registry"), a.get("alias"), a.get("questions")) == (attempt["registry"], alias, attempt["questions"])]
+    if earlier and not any(a.get("family") == attempt["family"] for a in earlier):
+        # One error budget per alias and held-out set: another family of prompts (or another alpha)
+        # on the same questions would be a fresh chance at a false promotion.
+        last = earlier[-1]
+        return PromotionDecision(alias, False, None, None, (
+            f"alias {alias!r} already had a promotion attempt on these {len(report.questions)} held-out questions "
+            f"({last.get('at')}: {', '.join(last.get('prompts', []))} at alpha {last.get('alpha')}, "
+            f"{'granted' if last.get('granted') else 'refused'}); another attempt on the same questions with other "
+            "prompts or another alpha would spend the error budget again. Use a fresh held-out set (a new "
+            "output_dir with another [data.split].seed, or more data), or repeat that attempt exactly",
+        ))
+    decision = _promote(report, experiment=experiment, alias=alias, tracking_uri=tracking_uri, min_coverage=min_coverage)
+    run.add_promotion({**attempt, "granted": decision.granted, "promoted": decision.label, "uri": decision.uri})
+    return decision
+
+
+def _promotion_attempt(report: ComparisonReport, *, alias: str, registry: str, min_coverage: float) -> dict[str, Any]:
+    """What identifies a promotion attempt: the alias, the held-out questions, and the family (the
+    compared templates, the baseline, alpha and the coverage rule)."""
+    from opro.dataset import normalize_question, question_hash
+
+    def sha(text: str) -> str:
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    questions = sha(repr(sorted(question_hash(normalize_question(q)) for q in report.questions)))
+    prompts = sorted(f"{p.label}={sha(p.template_text)}" for p in report.prompts)
+    return {
+        "at": datetime.now().isoformat(timespec="seconds"), "registry": registry, "alias": alias,
+        "questions": questions, "n_questions": len(report.questions), "prompts": prompts,
+        "baseline": report.baseline_prompt.label, "alpha": report.alpha, "min_coverage": min_coverage,
+        "family": sha(repr((prompts, report.baseline_prompt.label, report.alpha, min_coverage))),
+    }
+
+
+def _promote(
+    report: ComparisonReport, *, experiment: Workbench, alias: str, tracking_uri: str | None, min_coverage: float
+) -> PromotionDecision:
     from opro.export import export_prompt
     from opro.sources import resolve_prompt
 

@@ -13,6 +13,7 @@ the saved dataset, the newest comparison reports) are read here::
       dataset/                                          the split golden dataset every command uses
       compare/NAME/   evaluate/   export/   corpus/      later commands' outputs
       judge_calibration.json  judge_calibration/        `opro judge calibrate`
+      promotions.json                                   every `compare --promote` attempt, per alias
       .opro.lock  .opro-worker-I.lock                   one process per folder (and worker)
 """
 
@@ -41,6 +42,7 @@ EXPORT_DIR = "export"
 CORPUS_DIR = "corpus"
 CALIBRATION_FILE = "judge_calibration.json"
 CALIBRATION_DIR = "judge_calibration"
+PROMOTIONS_FILE = "promotions.json"
 
 #: What `opro optimize` writes at the top of the folder, in the order it is listed and logged.
 OPTIMIZE_OUTPUTS = (BEST_PROMPT_FILE, HISTORY_FILE, SUMMARY_FILE, TRAJECTORY_PLOT, OPTIMISM_PLOT)
@@ -150,6 +152,23 @@ class RunDir:
         self.root.mkdir(parents=True, exist_ok=True)
         self.summary.write_text(json.dumps(summary, indent=2), encoding="utf-8")
 
+    @property
+    def promotions(self) -> Path:
+        return self.root / PROMOTIONS_FILE
+
+    def read_promotions(self) -> list[dict[str, Any]]:
+        """Every recorded `compare --promote` attempt (``promotions.json``), oldest first."""
+        if not self.promotions.is_file():
+            return []
+        data = self.read_json(self.promotions)
+        return [dict(x) for x in data] if isinstance(data, list) else []
+
+    def add_promotion(self, attempt: Mapping[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.promotions.with_name(f".{PROMOTIONS_FILE}.tmp")
+        tmp.write_text(json.dumps([*self.read_promotions(), dict(attempt)], indent=2), encoding="utf-8")
+        tmp.replace(self.promotions)
+
     def write_split_record(self, record: Mapping[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.split_record.write_text(json.dumps(record, indent=2), encoding="utf-8")
@@ -190,6 +209,7 @@ __all__ = [
     "CALIBRATION_DIR",
     "CALIBRATION_FILE",
     "OPTIMIZE_OUTPUTS",
+    "PROMOTIONS_FILE",
     "SPLIT_RECORD_FILE",
     "SUMMARY_FILE",
     "RunDir",

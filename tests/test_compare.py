@@ -391,11 +391,13 @@ def test_promotion_is_refused_when_too_few_held_out_questions_were_scored_validl
     report = _json.loads((tmp_path / "out" / "compare" / "cov" / "report.json").read_text())
     assert report["prompts"][1]["versus_baseline"]["permutation_p"] < 0.05  # the old rule would have promoted it
     assert _alias_template(config, "cov") is None
-    granted = CliRunner().invoke(app, [*args[:-1], "cov2", "--min-coverage", "0.6"])
-    assert granted.exit_code == 0 and "promoted best to alias 'cov'" in granted.output, granted.output
+    # Lowered on purpose (for another alias: on 'cov' that would be a second attempt, another budget).
+    granted = CliRunner().invoke(app, ["compare", str(config), "--promote", "cov-low", "--min-coverage", "0.6",
+                                       "--no-mlflow", "--no-progress", "--name", "cov2"])
+    assert granted.exit_code == 0 and "promoted best to alias 'cov-low'" in granted.output, granted.output
     from fakes import mlflow_client
 
-    version = mlflow_client(config).get_prompt_version_by_alias("qa-t", "cov")
+    version = mlflow_client(config).get_prompt_version_by_alias("qa-t", "cov-low")
     tags = version.tags
     assert tags["opro.heldout_alpha"] == "0.05" and tags["opro.heldout_n"] == str(valid)
     assert tags["opro.heldout_questions"] == "10" and float(tags["opro.heldout_coverage"]) == valid / 10
@@ -446,3 +448,35 @@ def test_every_prompt_source_is_checked_by_its_provenance_or_reported_unchecked(
     res = CliRunner().invoke(app, ["compare", str(tmp_path / "a" / "t.toml"), "--prompt", "text:Answer from the context.",
                                    "--promote", "lit", "--no-mlflow", "--no-progress"])
     assert res.exit_code == 1 and "only a prompt whose tuning questions are known can be promoted" in " ".join(res.output.split())
+
+
+def test_repeated_promotion_attempts_on_the_same_held_out_questions_spend_one_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40, item 3: each `compare --promote` was its own family, so retrying with another alpha
+    or other prompts until one passed was unbounded (a null world: 15.5% after 20 tries). One
+    attempt per alias and held-out set; the same attempt may be repeated exactly."""
+    from opro.cli import app
+    from opro.rundir import RunDir
+
+    config = optimized(tmp_path)
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    monkeypatch.setenv("COLUMNS", "300")
+
+    def attempt(*extra: str) -> tuple[int, str]:
+        res = CliRunner().invoke(app, ["compare", str(config), "--promote", "prod", "--no-mlflow", "--no-progress", *extra])
+        return res.exit_code, " ".join(res.output.split())
+
+    code, said = attempt("--alpha", "0.001")  # +3 on 10 questions: p = 2/1024 > 0.001
+    assert code == 1 and "not a significant gain at alpha 0.001" in said
+    code, said = attempt("--alpha", "0.05")  # alpha shopping on the same questions
+    assert code == 1 and "already had a promotion attempt on these 10 held-out questions" in said
+    assert "Use a fresh held-out set" in said and _alias_template(config, "prod") is None
+    code, said = attempt("--alpha", "0.001")  # the same attempt again: allowed, and the same answer
+    assert code == 1 and "not a significant gain at alpha 0.001" in said
+    attempts = RunDir(tmp_path / "out").read_promotions()
+    assert [a["alpha"] for a in attempts] == [0.001, 0.001] and not any(a["granted"] for a in attempts)
+    assert attempts[0]["family"] == attempts[1]["family"] and attempts[0]["n_questions"] == 10
+    # Another alias is its own budget.
+    res = CliRunner().invoke(app, ["compare", str(config), "--promote", "staging", "--no-mlflow", "--no-progress"])
+    assert res.exit_code == 0 and "promoted best to alias 'staging'" in res.output
