@@ -60,9 +60,12 @@ def plot_trajectory(
     scores: Sequence[float | None],
     pruned: Sequence[bool],
     path: Path,
-    title: str = "OPRO: instruction score by step",
+    title: str = "OPRO: search score by step (in-sample: the optimization questions)",
+    n_questions: int | None = None,
 ) -> Path:
-    """Every candidate as a point (pruned ones hollow), best-so-far as a line, like the OPRO paper."""
+    """Every candidate as a point (pruned ones hollow), best-so-far as a line, like the OPRO paper.
+    Every score here is in-sample (the search selected on these questions): the axis says so, and
+    the validated figures are in ``optimism.png`` and the summary."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,14 +98,15 @@ def plot_trajectory(
             best = max(best, by_step[s])
             xs.append(s)
             ys.append(best)
-        ax.step(xs, ys, where="post", color="C3", linewidth=2, label="best so far")
+        ax.step(xs, ys, where="post", color="C3", linewidth=2, label="best so far (in-sample, biased upward)")
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step (0 = initial instructions)")
-    ax.set_ylabel("mean judge score (1-5)")
+    on = f"{n_questions} optimization questions" if n_questions else "the optimization questions"
+    ax.set_ylabel(f"search score: mean judge score (1-5)\non {on}", fontsize=8)
     ax.set_ylim(0.8, 5.2)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     return save_figure(fig, path)

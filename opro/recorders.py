@@ -42,6 +42,7 @@ class RunDirRecorder(Recorder):
             scores=[r.score for r in result.history],
             pruned=[r.pruned for r in result.history],
             path=out.trajectory_plot,
+            n_questions=max((r.n_scored + r.n_invalid + r.n_errors for r in result.history if not r.pruned), default=None),
         )
         if result.validation is not None and result.validation.finalists:
             plot_optimism(optimism_points(result), path=out.optimism_plot)
