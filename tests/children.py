@@ -140,6 +140,22 @@ def sidecar_parent_killed() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+# -- the CLI as a user runs it, on scripted models (test_genai) -------------------------------------------
+
+
+def cli_on_scripted_models(*args: str) -> None:
+    """``opro ARGS`` through :func:`opro.cli.main` (which leaves through ``os._exit``, as a real
+    command does), its experiments on :func:`fakes.scripted_pool`."""
+    from fakes import scripted_pool
+
+    import opro.experiment
+    from opro.cli import main as opro_main
+
+    opro.experiment.ModelPool = lambda: scripted_pool()  # type: ignore[assignment,misc]
+    sys.argv = ["opro", *args]
+    opro_main()
+
+
 def main(args: list[str]) -> None:
     name, *rest = args
     argv(name)  # a known child

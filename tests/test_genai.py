@@ -405,3 +405,27 @@ def test_validation_traces_keep_the_answers_the_search_scored(tmp_path: Path) ->
         traces = _traces(client, r.info.run_id)
         assert len(traces) == answered[r.data.tags["opro.prompt_label"]][0]
         assert all(t.data.response for t in traces)  # the answers the search got, not empty replays
+
+
+def test_every_trace_a_command_logs_is_in_the_store_when_it_returns(tmp_path: Path) -> None:
+    """Issue 40, item 7: `opro evaluate` with every call cached kept 25-27 of 30 traces (those still
+    queued when the CLI left through os._exit were lost). Run as a user runs it, twice (the second
+    time every call is cached), each run's traces are all there once the process has exited."""
+    import subprocess
+
+    from children import argv
+
+    config = optimized(tmp_path, genai=True)
+    for attempt in ("uncached", "cached"):
+        done = subprocess.run(argv("cli_on_scripted_models", "evaluate", str(config), "--prompt", "best",
+                                   "--split", "heldout", "--no-progress"),
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        assert done.returncode == 0, (attempt, done.stdout[-2000:], done.stderr[-2000:])
+        client = _client(config)
+        exp_id = client.get_experiment_by_name("t").experiment_id
+        runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'evaluate'",
+                                  order_by=["attributes.start_time DESC"])
+        traces = client.search_traces(locations=[exp_id], run_id=runs[0].info.run_id, max_results=1000)
+        assessed = [t for t in traces if t.info.assessments]
+        assert len(traces) == 10 and len(assessed) == 10, (attempt, len(traces), len(assessed))

@@ -414,6 +414,9 @@ class GenAILogger:
         except Exception:
             self.client.set_terminated(run_id, status="FAILED")
             raise
+        # Traces may be queued for a background writer: in the store before this returns, so that a
+        # command leaving through os._exit (the CLI) loses none, and the count below is the real one.
+        mlflow.flush_trace_async_logging(terminate=False)
         traces = self.client.search_traces(locations=[exp_id], run_id=run_id, max_results=1000)
         trace_ids = tuple(t.info.trace_id for t in traces)
         logger.info("evaluation run %s: %d traces, metrics %s", run_id, len(trace_ids), result.metrics)
