@@ -63,6 +63,8 @@ class PromptScores:
     n_invalid: int
     n_errors: int
     metric_means: Mapping[str, float | None]
+    #: Per extra metric, the questions whose verdict was unreadable (counted, never hidden in a mean).
+    metric_invalid: Mapping[str, int]
     evaluation: EvaluationReport
 
     @property
@@ -136,6 +138,7 @@ class ComparisonReport:
                 "n_invalid": p.n_invalid,
                 "n_errors": p.n_errors,
                 "metric_means": dict(p.metric_means),
+                "metric_invalid": dict(p.metric_invalid),
                 "scores": list(p.scores),
                 "answers": [r.answer for r in p.evaluation.rows],
             }
@@ -207,7 +210,8 @@ class ComparisonReport:
                     f"{s.p_wilcoxon:.3g}",
                     f"{s.p_permutation:.3g}",
                 ]
-            row += [_fmt(p.metric_means.get(m)) for m in self.metric_names]
+            row += [_fmt(p.metric_means.get(m)) + (f" ({k} invalid)" if (k := p.metric_invalid.get(m, 0)) else "")
+                    for m in self.metric_names]
             rows.append(row)
         return rows
 
@@ -590,6 +594,7 @@ def compare_prompts(
                 n_invalid=report.n_invalid,
                 n_errors=report.n_errors,
                 metric_means=report.metric_means(),
+                metric_invalid=report.metric_invalid(),
                 evaluation=report,
             )
         )

@@ -125,6 +125,13 @@ class EvaluationReport:
             for name in names
         }
 
+    def metric_invalid(self) -> dict[str, int]:
+        """Per extra metric, the answered rows whose verdict could not be read (no score)."""
+        names: list[str] = []
+        for r in self.rows:
+            names.extend(k for k in r.metrics if k not in names)
+        return {name: sum(1 for r in self.rows if r.error is None and r.metrics.get(name) is None) for name in names}
+
     def summary(self) -> str:
         def fmt(x: float | None, digits: int = 3) -> str:
             return "n/a" if x is None else f"{x:.{digits}f}"

@@ -480,3 +480,17 @@ def test_repeated_promotion_attempts_on_the_same_held_out_questions_spend_one_bu
     # Another alias is its own budget.
     res = CliRunner().invoke(app, ["compare", str(config), "--promote", "staging", "--no-mlflow", "--no-progress"])
     assert res.exit_code == 0 and "promoted best to alias 'staging'" in res.output
+
+
+def test_unreadable_verdicts_of_an_extra_metric_are_counted(run_config: Path, tmp_path: Path) -> None:
+    """Issue 40, item 7: a yes/no judge whose replies cannot be read showed "n/a" with no count."""
+    exp = Experiment.from_file(run_config, pool=scripted_pool(), progress=False)
+    try:  # the scripted judge answers JSON scores, never YES/NO: every faithfulness verdict is unreadable
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"], extra_metrics=["faithfulness"],
+                                 n_resamples=1000)
+    finally:
+        exp.close()
+    assert all(p.metric_invalid == {"faithfulness": 10} and p.metric_means["faithfulness"] is None for p in report.prompts)
+    report.write(tmp_path / "rep")
+    assert "n/a (10 invalid)" in (tmp_path / "rep" / "report.md").read_text()
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["prompts"][0]["metric_invalid"] == {"faithfulness": 10}
