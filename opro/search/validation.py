@@ -194,6 +194,8 @@ def validate(
                      "O'Brien-Fleming-type alpha spending, non-binding futility",
         "questions": questions_key([e.query for e in validation_set]),
     }
+    if s.futility:  # earlier versions stopped from look 2: in the key, a decision is never resumed under another rule
+        design["futility_from_look"] = 1
     if extension:  # absent otherwise, so that designs recorded before extensions existed still match
         design["extension"] = len(extension)
         design["extension_questions"] = questions_key([e.query for e in extension])
