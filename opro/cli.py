@@ -748,7 +748,7 @@ def evaluate(
     try:
         resolved = resolve_prompt(prompt, config=exp.config)
         if split == "heldout":
-            console.print(check_heldout(exp.dataset, output_dir=exp.config.output_dir))
+            console.print(check_heldout(exp.dataset, output_dir=exp.config.output_dir, embed=exp.paraphrase_embed()))
         report = evaluate_examples(
             program=exp.program,
             template=resolved.template,

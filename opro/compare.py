@@ -35,7 +35,7 @@ from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from opro.dataset import Example, GoldenDataset
+    from opro.dataset import Embed, Example, GoldenDataset
     from opro.evaluation import EvaluationReport
     from opro.workbench import Workbench
 
@@ -377,7 +377,8 @@ def load_split_record(output_dir: str | Path) -> dict[str, Any] | None:
     return RunDir(Path(output_dir)).read_split_record()
 
 
-def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str, Any], where: str = "the split record") -> None:
+def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str, Any], where: str = "the split record",
+                                 embed: Embed | None = None) -> None:
     """Raise :class:`DataError` if the held-out questions of ``dataset`` as it is now were seen by the
     optimization that wrote ``record`` (see :func:`opro.dataset.split_record`), or the split changed.
 
@@ -388,7 +389,7 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
 
     if dataset.split is None:
         raise DataError("the dataset has no split; create one with `opro dataset import`")
-    moved = _seen_in_record(dataset, record)
+    moved = _seen_in_record(dataset, record, embed=embed)
     changed = record["split_sha256"] != split_hash(dataset.split)
     if not moved and not changed:
         return
@@ -410,10 +411,11 @@ def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str,
     )
 
 
-def _seen_in_record(dataset: GoldenDataset, record: Mapping[str, Any]) -> dict[str, str]:
+def _seen_in_record(dataset: GoldenDataset, record: Mapping[str, Any], *, embed: Embed | None = None) -> dict[str, str]:
     """Held-out questions of ``dataset`` that ``record`` lists as seen (exactly, by the hash of the
-    normalized text, or as near-duplicates of its kept texts): question -> where it was seen."""
-    from opro.dataset import QuestionKey, normalize_question, question_hash
+    normalized text, as near-duplicates of its kept texts, or, with ``embed``, as paraphrases of
+    them): question -> where it was seen."""
+    from opro.dataset import QuestionKey, normalize_question, paraphrase_pairs, question_hash
 
     seen_hashes: dict[str, str] = {}
     seen_texts: list[tuple[QuestionKey, str, difflib.SequenceMatcher[str]]] = []
@@ -436,22 +438,30 @@ def _seen_in_record(dataset: GoldenDataset, record: Mapping[str, Any]) -> dict[s
             near = next((n for t, n, matcher in seen_texts if key.same_as(t, matcher)), None)
             if near is not None:
                 moved[e.query] = f"{near}, as a near-duplicate"
+    if embed is not None and seen_texts:
+        held = [e for e in dataset.examples_in("heldout") if e.query not in moved]
+        seen = [(key.normal, name) for key, name, _ in seen_texts]
+        for i, j, cos in paraphrase_pairs([normalize_question(e.query) for e in held], [t for t, _ in seen],
+                                          embed=embed):
+            moved.setdefault(held[i].query, f"{seen[j][1]}, as a paraphrase (cosine {cos:.2f})")
     return moved
 
 
 def check_heldout(
-    dataset: GoldenDataset, *, output_dir: str | Path, other_questions: Mapping[str, Sequence[str]] | None = None
+    dataset: GoldenDataset, *, output_dir: str | Path, other_questions: Mapping[str, Sequence[str]] | None = None,
+    embed: Embed | None = None,
 ) -> str:
     """Both held-out guards: against the record of `opro optimize` in ``output_dir`` (when there is
     one) and against the current split. Returns what the check was made against, for the report."""
     record = load_split_record(output_dir)
     if record is not None:
-        check_heldout_against_record(dataset, record=record, where=str(Path(output_dir)))
+        check_heldout_against_record(dataset, record=record, where=str(Path(output_dir)), embed=embed)
     check_heldout_leakage(dataset, other_questions=other_questions)
     return LEAKAGE_CURRENT_ONLY if record is None else LEAKAGE_RECORDED
 
 
-def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_dir: Path) -> str:
+def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_dir: Path,
+                        embed: Embed | None = None) -> str:
     """The held-out guard for one compared prompt, from whatever its provenance tells: the run it
     came from (``best``, ``run:DIR``, an exported JSON, a registry version opro tagged), whose recorded
     exemplar, optimization, validation and extension questions must not be held-out here (exactly or
@@ -480,7 +490,7 @@ def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_d
         basis = f"checked against the split recorded by {run_dir} ({parts})"
     if record is None:
         return f"unchecked: {run_dir} has neither a split record nor a dataset"
-    moved = _seen_in_record(dataset, record)
+    moved = _seen_in_record(dataset, record, embed=embed)
     if moved:
         listed = _first_five([f"{q!r} (in its {n} split)" for q, n in moved.items()])
         raise LeakageError(
@@ -555,8 +565,9 @@ def compare_prompts(
     leakage_basis = ""
     leakage_by_prompt: dict[str, str] = {}
     if split == "heldout":
-        leakage_basis = check_heldout(dataset, output_dir=cfg.output_dir)
-        leakage_by_prompt = {p.label: check_prompt_source(p, dataset=dataset, own_dir=Path(cfg.output_dir))
+        embed = experiment.paraphrase_embed()
+        leakage_basis = check_heldout(dataset, output_dir=cfg.output_dir, embed=embed)
+        leakage_by_prompt = {p.label: check_prompt_source(p, dataset=dataset, own_dir=Path(cfg.output_dir), embed=embed)
                              for p in resolved}
         leakage_checked = True
     examples: tuple[Example, ...] = dataset.examples_in(split)  # type: ignore[arg-type]

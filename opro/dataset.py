@@ -22,7 +22,7 @@ import json
 import random
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -267,11 +267,34 @@ class Split:
             ) from exc
 
 
-def related_groups(examples: Sequence[Example]) -> list[list[int]]:
+#: Cosine similarity of two questions' embeddings at and above which they are paraphrases (one split).
+PARAPHRASE_COSINE = 0.9
+
+#: Embeds texts (an :class:`opro.retrieval.Embedder`'s ``embed``): rows of a float array.
+Embed = Callable[[Sequence[str]], Any]
+
+
+def paraphrase_pairs(left: Sequence[str], right: Sequence[str], *, embed: Embed,
+                     threshold: float = PARAPHRASE_COSINE) -> list[tuple[int, int, float]]:
+    """(i, j, cosine) of every question ``left[i]`` whose embedding is at least ``threshold`` similar
+    to ``right[j]``'s: paraphrases that share no wording for the lexical check to see."""
+    import numpy as np
+
+    if not left or not right:
+        return []
+    a, b = (np.asarray(embed(list(x)), dtype=float) for x in (left, right))
+    a /= np.linalg.norm(a, axis=1, keepdims=True) + 1e-12
+    b /= np.linalg.norm(b, axis=1, keepdims=True) + 1e-12
+    sim = a @ b.T
+    return [(int(i), int(j), float(sim[i, j])) for i, j in zip(*np.nonzero(sim >= threshold), strict=True)]
+
+
+def related_groups(examples: Sequence[Example], *, embed: Embed | None = None) -> list[list[int]]:
     """Indices of related examples, grouped by union-find, in order of their first index.
 
-    Related: the same normalized question, near-duplicate questions (:func:`same_question`), or a
-    shared reference context (normalized; generated questions carry their chunk as context).
+    Related: the same normalized question, near-duplicate questions (:func:`same_question`), a
+    shared reference context (normalized; generated questions carry their chunk as context), or,
+    with ``embed``, paraphrases (:func:`paraphrase_pairs`).
     """
     parent = list(range(len(examples)))
 
@@ -300,6 +323,11 @@ def related_groups(examples: Sequence[Example]) -> list[list[int]]:
         for i in range(j):
             if find(i) != find(j) and questions[i].same_as(questions[j], matcher):
                 union(i, j)
+    if embed is not None:
+        texts = [normalize_question(e.query) for e in examples]
+        for i, j, _ in paraphrase_pairs(texts, texts, embed=embed):
+            if i < j:
+                union(i, j)
     groups: dict[int, list[int]] = {}
     for i in range(len(examples)):
         groups.setdefault(find(i), []).append(i)
@@ -314,18 +342,20 @@ def make_split(
     heldout: int | None,
     seed: int,
     validation: int = 0,
+    embed: Embed | None = None,
 ) -> Split:
     """Seeded disjoint split. ``heldout=None`` takes every remaining example.
 
-    Examples are grouped by :func:`related_groups`; a group is placed whole into the first split (in
-    shuffled order) with room for it, so related questions never straddle two splits.
+    Examples are grouped by :func:`related_groups` (with ``embed``, paraphrases too); a group is
+    placed whole into the first split (in shuffled order) with room for it, so related questions
+    never straddle two splits.
     """
     for name, size in (
         ("exemplar", exemplar), ("optimization", optimization), ("validation", validation), ("heldout", heldout)
     ):
         if size is not None and size < 0:
             raise DataError(f"split size {name}={size} must be >= 0")
-    order = related_groups(examples)
+    order = related_groups(examples, embed=embed)
     random.Random(seed).shuffle(order)
     wanted = exemplar + optimization + validation + (heldout or 0)
     if wanted > len(examples):
@@ -440,13 +470,14 @@ class GoldenDataset:
         return content_hash(self.examples)
 
     def with_split(
-        self, *, exemplar: int, optimization: int, heldout: int | None, seed: int, validation: int = 0
+        self, *, exemplar: int, optimization: int, heldout: int | None, seed: int, validation: int = 0,
+        embed: Embed | None = None,
     ) -> GoldenDataset:
         return replace(
             self,
             split=make_split(
                 self.examples, exemplar=exemplar, optimization=optimization, validation=validation,
-                heldout=heldout, seed=seed,
+                heldout=heldout, seed=seed, embed=embed,
             ),
         )
 
@@ -666,6 +697,7 @@ def import_qa(
 
 __all__ = [
     "DATASET_FILE",
+    "PARAPHRASE_COSINE",
     "SPLIT_FILE",
     "SPLIT_NAMES",
     "Example",
@@ -681,6 +713,7 @@ __all__ = [
     "load_labelled_rag_dataset",
     "make_split",
     "normalize_question",
+    "paraphrase_pairs",
     "question_hash",
     "read_records",
     "related_groups",

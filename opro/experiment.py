@@ -134,14 +134,26 @@ class Experiment:
         )
 
     def _embedder(self) -> Any:
+        if self.config.rag.retriever != "dense":
+            return None
+        return self._configured_embedder
+
+    @functools.cached_property
+    def _configured_embedder(self) -> Any:
         emb = self.config.rag.embeddings
-        if self.config.rag.retriever != "dense" or emb is None:
+        if emb is None:
             return None
         from opro.retrieval import OpenAIEmbedder, SentenceTransformerEmbedder
 
         if emb.local_path:
             return SentenceTransformerEmbedder(model_path=self.config.resolve(emb.local_path))
         return OpenAIEmbedder(model=emb.model, base_url=emb.base_url or None, api_key_env=emb.api_key_env)
+
+    def paraphrase_embed(self) -> Any:
+        """The configured embeddings' ``embed`` (paraphrase checks of the split and the held-out guard),
+        whatever the retriever; None without ``[rag.embeddings]``."""
+        embedder = self._configured_embedder
+        return None if embedder is None else embedder.embed
 
     def template(self, instruction: str) -> QATemplate:
         return QATemplate(instruction=instruction, base=DEFAULT_BASE_TEMPLATE, position=self.config.rag.instruction_position)
@@ -185,6 +197,8 @@ class Experiment:
                 + ([d.split.validation] if d.split.validation else []),
                 "chunking": [self.config.rag.chunk_size, self.config.rag.chunk_overlap],
                 "generator": self.spec("generator").safe_dict() if not d.dataset else None,
+                # Paraphrases are kept in one split where embeddings are configured.
+                **({"paraphrases": self._configured_embedder.identity} if self._configured_embedder else {}),
             },
             sort_keys=True,
         )
@@ -233,7 +247,8 @@ class Experiment:
                 + ("" if d.dataset else " or raise [data].max_chunks / questions_per_chunk")
             )
         split = raw.with_split(
-            exemplar=s.exemplar, optimization=s.optimization, validation=s.validation, heldout=s.heldout, seed=s.seed
+            exemplar=s.exemplar, optimization=s.optimization, validation=s.validation, heldout=s.heldout, seed=s.seed,
+            embed=self.paraphrase_embed(),
         )
         split.save(self.dataset_dir)
         marker.write_text(fingerprint)

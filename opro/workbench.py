@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
-    from opro.dataset import GoldenDataset
+    from opro.dataset import Embed, GoldenDataset
     from opro.judges.correctness import CorrectnessJudge
     from opro.llm.cache import CallCache
     from opro.llm.client import ChatClient, UsageLedger
@@ -58,6 +58,11 @@ class Workbench(Protocol):
 
     def run_params(self) -> dict[str, Any]:
         """Everything that defines the run, for MLflow (no secrets)."""
+        ...
+
+    def paraphrase_embed(self) -> Embed | None:
+        """Embeds questions for the paraphrase checks (split and held-out guard) where
+        ``[rag.embeddings]`` is configured; None elsewhere (the lexical checks only)."""
         ...
 
 

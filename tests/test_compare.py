@@ -494,3 +494,38 @@ def test_unreadable_verdicts_of_an_extra_metric_are_counted(run_config: Path, tm
     report.write(tmp_path / "rep")
     assert "n/a (10 invalid)" in (tmp_path / "rep" / "report.md").read_text()
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["prompts"][0]["metric_invalid"] == {"faithfulness": 10}
+
+
+def test_paraphrases_stay_in_one_split_and_a_held_out_paraphrase_is_refused_where_embeddings_exist() -> None:
+    """Issue 40, item 5: "What year did AlexNet win ImageNet?" went to exemplar and its paraphrase to
+    held-out, and the lexical check passed. With embeddings (here a fake that knows the pair shares a
+    meaning), the split keeps them together and the guard names a paraphrase across splits."""
+    import numpy as np
+
+    from opro.compare import check_heldout_against_record
+    from opro.dataset import Split, content_hash, normalize_question, related_groups, split_record
+    from opro.errors import LeakageError
+
+    first, para = "What year did AlexNet win ImageNet?", "In which year was the ImageNet challenge taken by AlexNet?"
+    meaning: dict[str, int] = {normalize_question(first): 0, normalize_question(para): 0}
+
+    def embed(texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), 64))
+        for row, t in enumerate(texts):
+            out[row, meaning.setdefault(normalize_question(t), len(set(meaning.values())))] = 1.0
+        return out
+
+    others = [f"Which layer number {i} uses dropout?" for i in range(10)]
+    examples = tuple(Example(query=q, reference_answer="x") for q in [first, para, *others])
+    assert [0, 1] not in related_groups(examples)  # the lexical check does not see it
+    assert [0, 1] in related_groups(examples, embed=embed)
+    for seed in range(5):
+        ds = GoldenDataset(examples).with_split(exemplar=3, optimization=3, heldout=4, seed=seed, embed=embed)
+        assert ds.split is not None and sum(i in ds.split.heldout for i in (0, 1)) in (0, 2)
+    # A split made without embeddings that put them apart: the guard refuses, naming the paraphrase.
+    split = Split(seed=0, exemplar=(0, 2), optimization=(3, 4), heldout=(1, 5, 6), dataset_hash=content_hash(examples))
+    apart = GoldenDataset(examples, split)
+    record = split_record(apart)
+    check_heldout_against_record(apart, record=record)  # lexical only: passes, as before
+    with pytest.raises(LeakageError, match=r"was in the exemplar, as a paraphrase \(cosine 1.00\)"):
+        check_heldout_against_record(apart, record=record, embed=embed)
