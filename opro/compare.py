@@ -271,7 +271,8 @@ class ComparisonReport:
             f"dataset `{self.dataset_hash[:12]}`; baseline **{self.baseline_prompt.label}**.",
             f"Intervals: {self.level:.0%} percentile bootstrap ({self.n_resamples} resamples, seed {self.seed}); "
             f"tests two-sided at alpha {self.alpha:g}: the paired sign-flip permutation test decides; the Wilcoxon "
-            "signed-rank p-value is shown beside it.",
+            "signed-rank p-value is shown beside it. Every answer was decoded alone (never in a batch with "
+            "another prompt's), so no prompt's score depends on the prompts compared beside it.",
             self.multiplicity(),
         ]
         if self.split == "heldout":
@@ -579,7 +580,9 @@ def compare_prompts(
     show = experiment.progress if progress is None else progress
     results: list[PromptScores] = []
     logger.info("evaluating %d prompts on %d %s questions", len(resolved), len(examples), split)
-    # All prompts in one stream: the endpoints stay busy instead of draining between prompts.
+    # All prompts in one stream: the endpoints stay busy instead of draining between prompts. No answer
+    # is decoded in a batch with another prompt's: a prompt's score must not depend on what it is
+    # compared with (an embedded model's batched answers can part from lone ones on long answers).
     reports = evaluate_templates(
         program=experiment.program,
         templates=[p.template for p in resolved],
@@ -587,6 +590,7 @@ def compare_prompts(
         judge=experiment.judge,
         extra_metrics=metrics,
         progress=show,
+        batch=False,
     )
     for p, report in zip(resolved, reports, strict=True):
         scores = tuple(r.score if r.scored else None for r in report.rows)

@@ -200,13 +200,15 @@ class EvaluationEngine:
         metrics: Sequence[Any] = (),
         task_slots: int | None = None,
         judge_slots: int | None = None,
+        batch: bool = True,
     ) -> None:
         self.program = program
         self.judge = judge
         self.metrics = tuple(metrics)
         self.task_slots = max(1, task_slots if task_slots is not None else role_limit(program))
         self.judge_slots = max(1, judge_slots if judge_slots is not None else role_limit(judge))
-        self.batch_width = batch_limit(program)
+        # batch=False: every answer decoded alone, so it cannot depend on what was decoded beside it.
+        self.batch_width = batch_limit(program) if batch else 1
         self._pool: ThreadPoolExecutor | None = None
         # Until one judgment came back, answers wait for their judges instead of streaming on: a judge
         # that refuses every call (a bad key) then costs at most task_slots answers.

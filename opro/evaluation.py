@@ -79,10 +79,13 @@ def evaluate_templates(
     workers: int | None = None,
     max_errors: int | None = None,
     progress: bool = True,
+    batch: bool = True,
 ) -> list[EvaluationReport]:
     """:func:`evaluate_examples` for several templates on the same examples, all pairs in one stream
     (question-major, so consecutive answers share their retrieved context); one report per template.
-    ``max_errors`` counts per template."""
+    ``max_errors`` counts per template. ``batch=False``: no answer is decoded in a batch with another
+    template's (an embedded model's batched sums differ slightly, and a long greedy answer can part
+    from the lone one), so each template's answers do not depend on the templates beside it."""
     if max_errors is not None and max_errors < 0:
         raise ConfigError(f"max_errors={max_errors} must be >= 0 (or None for no limit)")
     items = list(examples)
@@ -110,7 +113,8 @@ def evaluate_templates(
                     )
 
         with EvaluationEngine(
-            program=program, judge=judge, metrics=extra_metrics, task_slots=task_slots, judge_slots=judge_slots
+            program=program, judge=judge, metrics=extra_metrics, task_slots=task_slots, judge_slots=judge_slots,
+            batch=batch,
         ) as engine:
             engine.run(pairs, on_scored=record)
 

@@ -529,3 +529,41 @@ def test_paraphrases_stay_in_one_split_and_a_held_out_paraphrase_is_refused_wher
     check_heldout_against_record(apart, record=record)  # lexical only: passes, as before
     with pytest.raises(LeakageError, match=r"was in the exemplar, as a paraphrase \(cosine 1.00\)"):
         check_heldout_against_record(apart, record=record, embed=embed)
+
+
+def test_a_compared_prompt_is_never_decoded_in_a_batch_with_another(tmp_path: Path) -> None:
+    """Issue 40, item 9: an embedded model's batched answers can part from lone ones on long answers
+    (experiments/bench_batch_text.py: 7 of 30), so a prompt's held-out score moved with the prompts
+    compared beside it. compare decodes every answer alone: one fixed layout, whatever is compared."""
+    from collections.abc import Sequence as Seq
+
+    from fakes import judge_reply, task_reply
+
+    from opro.llm import Completion, GenerationOptions, Message
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    class Batching(ScriptedLLM):
+        supports_batch = True
+        max_concurrency = 1
+        batch_width = 4
+
+        def __init__(self) -> None:
+            super().__init__(default=task_reply, model="task")
+            self.batches: list[int] = []
+
+        def generate_many(self, calls: Seq[tuple[tuple[Message, ...], GenerationOptions]]) -> list[Completion]:
+            self.batches.append(len(calls))
+            return super().generate_many(calls)  # type: ignore[return-value]
+
+    config = optimized(tmp_path)  # its held-out questions were never answered: every call is real
+    task, judge = Batching(), ScriptedLLM(default=judge_reply, model="judge")
+    judge.max_concurrency = 1  # as on llama.cpp: the serial engine, which batches a question's answers
+    pool = ModelPool(scripted={"task": task, "judge": judge})
+    exp = Experiment.from_file(config, pool=pool, progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best", "text:Answer plainly, from the context."],
+                                 n_resamples=1000)
+    finally:
+        exp.close()
+    assert len(report.questions) == 10 and task.batches == []  # every answer alone
