@@ -475,7 +475,7 @@ def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_d
                 "(a literal, a plain file, or a registry version opro did not register)")
     run_dir = prompt.run_dir
     if run_dir.resolve() == own_dir.resolve():
-        return "this config's own optimization: checked against its split record above"
+        return "this config's own optimization: checked by the split check above"
     if not run_dir.is_dir():
         return f"unchecked: the run it came from ({run_dir}) is not on this machine"
     run = RunDir(run_dir)

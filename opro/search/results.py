@@ -158,6 +158,8 @@ class OptimizationResult:
             "headline": self.headline(),
             "initial_instruction": self.initial_instruction,
             "initial_score": self.initial_score,
+            # initial_score is the search's (in-sample); the validation stage's is validation.initial_score.
+            "initial_score_basis": "search",
             "validation": None if v is None else {
                 **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner", "design")},
                 "design": dict(v.design),
