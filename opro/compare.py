@@ -480,17 +480,17 @@ def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_d
         return f"unchecked: the run it came from ({run_dir}) is not on this machine"
     run = RunDir(run_dir)
     record = run.read_split_record()
-    if record is None and run.has_dataset():
+    if record is not None:
+        parts = ", ".join(k for k in record["questions"] if k != "heldout")
+        basis = f"checked against the split recorded by {run_dir} ({parts})"
+    else:  # a run from before split records: its current split is the best evidence there is
         from opro.dataset import load_dataset, split_record
 
-        ds = load_dataset(run.dataset)
-        record = split_record(ds) if ds.split is not None else None
+        ds = load_dataset(run.dataset) if run.has_dataset() else None
+        if ds is None or ds.split is None:
+            return f"unchecked: {run_dir} has neither a split record nor a split dataset"
+        record = split_record(ds)
         basis = f"checked against the current split of {run_dir} (it kept no split record)"
-    else:
-        parts = ", ".join(k for k in (record or {}).get("questions", {}) if k != "heldout")
-        basis = f"checked against the split recorded by {run_dir} ({parts})"
-    if record is None:
-        return f"unchecked: {run_dir} has neither a split record nor a dataset"
     moved = _seen_in_record(dataset, record, embed=embed)
     if moved:
         listed = _first_five([f"{q!r} (in its {n} split)" for q, n in moved.items()])
