@@ -478,6 +478,14 @@ class Experiment:
             # The study's record stands: a changed split is refused by the fingerprint check, and
             # overwriting the record first would let compare's guard accept the new split.
             kept: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            # A record kept from before the validation could extend (or with a smaller pool) gains the
+            # questions this run may ask: the guard only ever learns more, never less.
+            for part in ("questions", "normalized"):
+                have = list((kept.get(part) or {}).get("extension") or [])
+                more = [x for x in (record.get(part) or {}).get("extension") or [] if x not in have]
+                if more:
+                    kept.setdefault(part, {})["extension"] = have + more
+            self.run_dir.write_split_record(kept)
             return kept
         self.run_dir.write_split_record(record)
         return record

@@ -567,3 +567,23 @@ def test_a_compared_prompt_is_never_decoded_in_a_batch_with_another(tmp_path: Pa
     finally:
         exp.close()
     assert len(report.questions) == 10 and task.batches == []  # every answer alone
+
+
+def test_a_split_record_kept_from_before_the_extension_learns_the_extension(tmp_path: Path) -> None:
+    """A run recorded before validations could extend, resumed by this version, may ask unused
+    questions: its kept record gains them, so the guard knows every question the run could see."""
+    config = optimized(tmp_path, heldout=6)  # 28 questions, 23 in the split: 5 unused
+    path = tmp_path / "out" / "split_record.json"
+    record = json.loads(path.read_text())
+    assert len(record["questions"]["extension"]) == 5
+    for part in ("questions", "normalized"):
+        del record[part]["extension"]
+    path.write_text(json.dumps(record))
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        exp.optimize()  # the study exists: its record stands, and learns the extension
+    finally:
+        exp.close()
+    again = json.loads(path.read_text())
+    assert len(again["questions"]["extension"]) == 5 and len(again["normalized"]["extension"]) == 5
+    assert again["split_sha256"] == record["split_sha256"]
