@@ -116,21 +116,21 @@ class EvaluationReport:
         scored = [r for r in self.rows if r.scored]
         return sum(1 for r in scored if r.passing) / len(scored) if scored else None
 
+    @property
+    def metric_names(self) -> list[str]:
+        """The extra metrics of the rows, in the order they first appear."""
+        return list(dict.fromkeys(k for r in self.rows for k in r.metrics))
+
     def metric_means(self) -> dict[str, float | None]:
-        names: list[str] = []
-        for r in self.rows:
-            names.extend(k for k in r.metrics if k not in names)
         return {
             name: _mean([v for r in self.rows if r.error is None and (v := r.metrics.get(name)) is not None])
-            for name in names
+            for name in self.metric_names
         }
 
     def metric_invalid(self) -> dict[str, int]:
         """Per extra metric, the answered rows whose verdict could not be read (no score)."""
-        names: list[str] = []
-        for r in self.rows:
-            names.extend(k for k in r.metrics if k not in names)
-        return {name: sum(1 for r in self.rows if r.error is None and r.metrics.get(name) is None) for name in names}
+        return {name: sum(1 for r in self.rows if r.error is None and r.metrics.get(name) is None)
+                for name in self.metric_names}
 
     def summary(self) -> str:
         def fmt(x: float | None, digits: int = 3) -> str:
