@@ -6,8 +6,9 @@ on the same held-out questions, the initial configuration (the config's first in
 its retriever's top_k) and each change alone:
 
 * ``none``: no instruction at all (the bare template of LlamaIndex's OPRO notebook);
-* ``returned``: the instruction the config's last ``opro optimize`` returned (when it returned
-  another one than the initial);
+* ``returned``: the configuration the config's last ``opro optimize`` returned (when it returned
+  another one than the initial), whole (wording, demonstrations, settings), and ``returned wording``:
+  its instruction alone;
 * ``demos-K``: the initial instruction with K worked examples from the exemplar split (question, its
   reference context, else its retrieved one, cut to ``--demo-chars``, its reference answer), each in
   the template's own fields
@@ -47,6 +48,7 @@ from opro.llm.pool import ModelPool
 from opro.prompts import Demo, QATemplate
 from opro.rag import RAGProgram
 from opro.retrieval import RetrievedContext, Retriever
+from opro.search.space import reference_demos
 from opro.stats import compare_paired
 
 
@@ -70,18 +72,13 @@ def heldout_questions(dataset: GoldenDataset, *, config: OproConfig, n: int) -> 
 
 
 def demos_from(examples: Sequence[Example], *, k: int, chars: int, retriever: Retriever) -> tuple[Demo, ...]:
-    """K demonstrations from exemplar questions with a reference answer: the question, its reference
-    context (else what the retriever finds for it) cut to ``chars``, and its reference answer."""
-    out = []
-    for e in examples:
-        found = e.reference_contexts[:1] or [c.text for c in retriever.retrieve(e.query)]
-        context = " ".join(" ".join(found).split())[:chars]
-        if context and e.reference_answer.strip():
-            out.append(Demo(query=e.query, context=context, answer=e.reference_answer.strip()))
-        if len(out) == k:
-            return tuple(out)
-    raise SystemExit(f"only {len(out)} exemplar questions can be demonstrations; asked for {k}: "
-                     "give [data.split].exemplar more questions")
+    """K demonstrations from exemplar questions, as ``[search.space] demo_source = "references"`` draws
+    them (:func:`opro.search.space.reference_demos`)."""
+    pool = reference_demos(examples, chars=chars, retrieve=lambda q: [c.text for c in retriever.retrieve(q)])
+    if len(pool) < k:
+        raise SystemExit(f"only {len(pool)} exemplar questions can be demonstrations; asked for {k}: "
+                         "give [data.split].exemplar more questions")
+    return pool[:k]
 
 
 def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[int],
@@ -92,8 +89,16 @@ def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[in
     out: list[tuple[str, QATemplate, Any]] = [("initial", initial, program), ("none", initial.with_instruction(""), program)]
     summary = exp.run_dir.summary
     if summary.is_file():
-        returned = json.loads(summary.read_text(encoding="utf-8")).get("best_instruction", "")
-        if returned and returned.strip() != initial.instruction:
+        data = json.loads(summary.read_text(encoding="utf-8"))
+        returned = data.get("best_instruction", "")
+        if data.get("best_configuration"):
+            # The search's returned configuration whole (wording, demonstrations, settings) and its wording alone.
+            whole = QATemplate.from_json(data["best_configuration"])
+            if whole != initial:
+                out.append(("returned", whole, program))
+            if whole.instruction != initial.instruction and (whole.demos or whole.settings):
+                out.append(("returned wording", initial.with_instruction(whole.instruction), program))
+        elif returned and returned.strip() != initial.instruction:
             out.append(("returned", initial.with_instruction(returned), program))
     exemplars = exp.dataset.examples_in("exemplar")
     for k in demos:

@@ -66,6 +66,8 @@ class PromptScores:
     #: Per extra metric, the questions whose verdict was unreadable (counted, never hidden in a mean).
     metric_invalid: Mapping[str, int]
     evaluation: EvaluationReport
+    #: The settings the prompt was answered with beside its template (``top_k``, ``answer_max_tokens``).
+    settings: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def n_scored(self) -> int:
@@ -131,6 +133,7 @@ class ComparisonReport:
                 "kind": p.kind,
                 "instruction": p.instruction,
                 "template": p.template_text,
+                "settings": dict(p.settings),
                 "provenance": dict(p.provenance),
                 "mean": ci(p.mean),
                 "pass_rate": p.pass_rate,
@@ -291,7 +294,8 @@ class ComparisonReport:
             lines.append(f"- {self.judge_noise}")
         lines += ["", "## Prompts", ""]
         for p in self.prompts:
-            lines += [f"**{p.label}** (`{p.spec}`):", "", "```text", p.template_text, "```", ""]
+            with_settings = f", answered with {', '.join(f'{k} = {v}' for k, v in p.settings.items())}" if p.settings else ""
+            lines += [f"**{p.label}** (`{p.spec}`{with_settings}):", "", "```text", p.template_text, "```", ""]
         lines += ["## Per question", "", "| # | question | " + " | ".join(p.label for p in self.prompts) + " |"]
         lines.append("|" + "---|" * (2 + len(self.prompts)))
         for i, q in enumerate(self.questions):
@@ -467,7 +471,29 @@ def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_d
     came from (``best``, ``run:DIR``, an exported JSON, a registry version opro tagged), whose recorded
     exemplar, optimization, validation and extension questions must not be held-out here (exactly or
     as near-duplicates). Raises :class:`LeakageError` on an overlap; returns what was checked, or
-    ``unchecked: ...`` with why (never "clean" for a prompt whose tuning questions are unknown)."""
+    ``unchecked: ...`` with why (never "clean" for a prompt whose tuning questions are unknown).
+
+    Whatever its source, a prompt's demonstrations are checked too: a held-out question shown as a
+    worked example (with its answer) is refused, exactly or as a near-duplicate."""
+    demos = prompt.template.demos
+    if demos:
+        from opro.dataset import normalize_question, question_hash
+
+        norm = [normalize_question(d.query) for d in demos]
+        shown = _seen_in_record(dataset, {"questions": {"demonstrations": [question_hash(n) for n in norm]},
+                                          "normalized": {"demonstrations": norm}}, embed=embed)
+        if shown:
+            listed = _first_five([repr(q) for q in shown])
+            raise LeakageError(
+                f"refusing to call this held-out: prompt {prompt.spec!r} shows {len(shown)} of these held-out "
+                f"question(s) as demonstrations, with answers: {listed}. Take its demonstrations from questions "
+                "outside the held-out split (opro optimize draws them from the exemplar split)"
+            )
+    basis = _source_basis(prompt, dataset=dataset, own_dir=own_dir, embed=embed)
+    return basis + (f"; its {len(demos)} demonstration(s) are no held-out question" if demos else "")
+
+
+def _source_basis(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_dir: Path, embed: Embed | None) -> str:
     if prompt.kind == "initial":
         return "the config's initial instruction: tuned on no question"
     if prompt.run_dir is None:
@@ -602,6 +628,7 @@ def compare_prompts(
                 kind=p.kind,
                 instruction=p.instruction,
                 template_text=p.template_text,
+                settings=p.template.settings,
                 provenance=dict(p.provenance),
                 scores=scores,
                 mean=bootstrap_mean_ci(valid, level=level, n_resamples=n_resamples, seed=seed) if valid else None,
@@ -807,7 +834,9 @@ def _promotion_attempt(report: ComparisonReport, *, alias: str, registry: str, m
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     questions = sha(repr(sorted(question_hash(normalize_question(q)) for q in report.questions)))
-    prompts = sorted(f"{p.label}={sha(p.template_text)}" for p in report.prompts)
+    # Settings only where there are some: attempts recorded before settings existed keep their keys.
+    prompts = sorted(f"{p.label}={sha(p.template_text + (repr(sorted(p.settings.items())) if p.settings else ''))}"
+                     for p in report.prompts)
     return {
         "at": datetime.now().isoformat(timespec="seconds"), "registry": registry, "alias": alias,
         "questions": questions, "n_questions": len(report.questions), "prompts": prompts,

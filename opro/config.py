@@ -258,6 +258,46 @@ class OptimizerSection:
 
 
 @dataclass(frozen=True)
+class SpaceSection:
+    """What the search may change beside the wording, each a list of values to choose from (empty:
+    not searched). Optuna's sampler proposes a value of each for every new candidate, from the scores
+    of the candidates before it, while the optimizer LLM proposes the wording."""
+
+    #: Worked examples from the exemplar split shown before the question (0: none).
+    demos: tuple[int, ...] = ()
+    #: Retrieved chunks per question.
+    top_k: tuple[int, ...] = ()
+    #: The task model's answer length.
+    answer_max_tokens: tuple[int, ...] = ()
+    #: Demonstrations: the exemplar questions' reference answers, or the task model's own answers
+    #: that the judge passed (DSPy's BootstrapFewShot).
+    demo_source: Literal["references", "bootstrapped"] = "references"
+    #: A demonstration's context is cut to this many characters.
+    demo_chars: int = 600
+    sampler: Literal["tpe", "random"] = "tpe"
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+        for name, low in (("demos", 0), ("top_k", 1), ("answer_max_tokens", 1)):
+            values = getattr(self, name)
+            bad = [v for v in values if v < low]
+            if bad:
+                raise ConfigError(f"[search.space].{name} values must be >= {low}, got {bad[0]}")
+            if len(set(values)) != len(values):
+                raise ConfigError(f"[search.space].{name} lists a value twice: {list(values)}")
+
+    @property
+    def dimensions(self) -> dict[str, tuple[int, ...]]:
+        """The open dimensions and their choices (in the config's order)."""
+        return {name: getattr(self, name) for name in ("demos", "top_k", "answer_max_tokens") if getattr(self, name)}
+
+
+@dataclass(frozen=True)
+class SearchSection:
+    space: SpaceSection = field(default_factory=SpaceSection)
+
+
+@dataclass(frozen=True)
 class TrackingSection:
     #: Empty: ``sqlite:///<output_dir>/mlflow.db``.
     mlflow_uri: str = ""
@@ -335,6 +375,7 @@ class OproConfig:
     models: ModelsSection = field(default_factory=ModelsSection)
     judge: JudgeSection = field(default_factory=JudgeSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    search: SearchSection = field(default_factory=SearchSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
     #: Directory relative paths are resolved against (the config file's directory).
     base_dir: Path = field(default_factory=Path.cwd)
@@ -386,6 +427,7 @@ _RANGES: dict[str, tuple[str, dict[str, tuple[float | None, float | None, str]]]
     "DataSection": ("data", {"max_chunks": (0, None, "0 uses every chunk")}),
     "RAGSection": ("rag", {"answer_max_tokens": (1, None, "the task model's answer length")}),
     "JudgeSection": ("judge", {"max_tokens": (1, None, "the judge's reply length")}),
+    "SpaceSection": ("search.space", {"demo_chars": (50, None, "a demonstration's context length")}),
     "TrackingSection": ("tracking", {"worker_wait_s": (1, 86400, "seconds a worker waits for a missing one")}),
     "OptimizerSection": (
         "optimizer",
@@ -544,6 +586,8 @@ __all__ = [
     "OproConfig",
     "OptimizerSection",
     "RAGSection",
+    "SearchSection",
+    "SpaceSection",
     "SplitSection",
     "TrackingSection",
     "check_mlflow_uri",

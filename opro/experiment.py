@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from opro.rag import RAGProgram
     from opro.retrieval import Retriever
     from opro.search import Search, SearchStudy, WorkerPlan
+    from opro.search.space import SearchSpace
     from opro.tracking.recorder import MlflowRecorder
 
 logger = logging.getLogger(__name__)
@@ -157,6 +158,34 @@ class Experiment:
 
     def template(self, instruction: str) -> QATemplate:
         return QATemplate(instruction=instruction, base=DEFAULT_BASE_TEMPLATE, position=self.config.rag.instruction_position)
+
+    @functools.cached_property
+    def search_space(self) -> SearchSpace | None:
+        """``[search.space]`` with its demonstration pool (exemplar questions only), or None when only
+        the wording is searched."""
+        from opro.search.space import SearchSpace, bootstrapped_demos, reference_demos
+
+        sp, rag = self.config.search.space, self.config.rag
+        if not sp.dimensions:
+            return None
+        exemplars = self.dataset.examples_in("exemplar")
+        demos: tuple[Any, ...] = ()
+        if "demos" in sp.dimensions and sp.demo_source == "references":
+            demos = reference_demos(exemplars, chars=sp.demo_chars,
+                                    retrieve=lambda q: [c.text for c in self.retriever.retrieve(q)])
+        elif "demos" in sp.dimensions:
+            from opro.evaluation import evaluate_templates
+
+            # The task model's answers under the initial configuration, judged (cached calls, counted).
+            report = evaluate_templates(program=self.program, templates=[self.template(rag.initial_instructions[0])],
+                                        examples=exemplars, judge=self.judge, progress=self.progress)[0]
+            rows = {r.query: r for r in report.rows if r.error is None and not r.invalid}
+            demos = bootstrapped_demos(exemplars, answer=lambda e: rows.get(e.query), chars=sp.demo_chars)
+        return SearchSpace(
+            dimensions=sp.dimensions, demos=demos, sampler=sp.sampler, seed=self.config.experiment.seed,
+            demo_source=sp.demo_source,
+            initial={"demos": 0, "top_k": rag.top_k, "answer_max_tokens": rag.answer_max_tokens},
+        )
 
     @functools.cached_property
     def program(self) -> RAGProgram:
@@ -289,6 +318,9 @@ class Experiment:
             for k, v in vars(getattr(cfg, section)).items():
                 if k != "embeddings":
                     params[f"{section}.{k}"] = v
+        for k, v in vars(cfg.search.space).items():
+            if v or k not in ("demos", "top_k", "answer_max_tokens"):
+                params[f"search.space.{k}"] = v
         return params
 
     def fingerprint(self) -> dict[str, str]:
@@ -319,6 +351,8 @@ class Experiment:
         judge = get_template(self._judge_template())
         content = json.dumps([judge.system, judge.user, judge.output_format])
         out["judge.template_sha256"] = hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
+        if self.search_space is not None:  # absent otherwise: studies from before the space still resume
+            out["search.space"] = json.dumps(self.search_space.describe(), sort_keys=True)
         return out
 
     def _storage(self) -> Any:
@@ -391,7 +425,7 @@ class Experiment:
 
         cfg = self.config
         scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
-                                 task_slots=self.client("task").llm.max_concurrency)
+                                 task_slots=self.client("task").llm.max_concurrency, space=self.search_space)
         proposer = make_proposer(settings=cfg.optimizer, llm=self.client("optimizer"),
                                  template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)
         return Search(proposer, scorer, study, cfg.optimizer, usage=self.usage, workers=workers,

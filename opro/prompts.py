@@ -8,10 +8,12 @@ from its KV cache instead of re-reading the context.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import PromptError
 
@@ -108,17 +110,35 @@ class Demo:
     def to_json(self) -> dict[str, str]:
         return {"query": self.query, "context": self.context, "answer": self.answer}
 
+    @classmethod
+    def from_json(cls, data: Any, *, where: str = "a demonstration") -> Demo:
+        if not isinstance(data, Mapping):
+            raise PromptError(f"{where} must be an object with query, context and answer, got {data!r}")
+        missing = [k for k in ("query", "context", "answer") if not isinstance(data.get(k), str)]
+        if missing:
+            raise PromptError(f"{where} has no text for {', '.join(missing)}")
+        return cls(query=data["query"], context=data["context"], answer=data["answer"])
+
 
 @dataclass(frozen=True)
 class QATemplate:
     """An instruction placed into a base template, after any demonstrations. Empty instruction: the
-    base template alone (with its demonstrations)."""
+    base template alone (with its demonstrations).
+
+    ``top_k`` and ``answer_max_tokens`` are the settings the prompt is answered with (None: the
+    program's own): a search that opens them returns them with the wording, and a prompt is compared,
+    exported and registered with them, since its scores were measured under them.
+    """
 
     instruction: str = DEFAULT_INSTRUCTION
     base: str = DEFAULT_BASE_TEMPLATE
     position: Position = "before"
     #: Worked examples, each filled into the base template's fields before the question's own.
     demos: tuple[Demo, ...] = ()
+    #: Retrieved chunks per question (None: the retriever's own).
+    top_k: int | None = None
+    #: The task model's answer length (None: the program's own).
+    answer_max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.position not in ("before", "after"):
@@ -127,6 +147,47 @@ class QATemplate:
         if self.instruction != "":
             object.__setattr__(self, "instruction", validate_instruction(self.instruction))
         object.__setattr__(self, "demos", tuple(self.demos))
+        for name in ("top_k", "answer_max_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise PromptError(f"{name} must be a positive integer or unset, got {value!r}")
+
+    @property
+    def settings(self) -> dict[str, int]:
+        """The settings this prompt is answered with that differ from the program's own."""
+        return {k: v for k, v in (("top_k", self.top_k), ("answer_max_tokens", self.answer_max_tokens))
+                if v is not None}
+
+    @property
+    def key(self) -> str:
+        """What identifies the configuration: the full template text (demonstrations included) and
+        its settings."""
+        settings = self.settings
+        if not settings:
+            return self.template_text
+        return self.template_text + "\x1f" + json.dumps(settings, sort_keys=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole configuration: wording, frame, demonstrations and settings (what exports carry)."""
+        return {"instruction": self.instruction, "base": self.base, "position": self.position,
+                "demos": [d.to_json() for d in self.demos], **self.settings}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, where: str = "the prompt") -> QATemplate:
+        """The inverse of :meth:`to_json` (missing demos and settings: none)."""
+        demos = data.get("demos") or ()
+        if not isinstance(demos, list | tuple):
+            raise PromptError(f"{where}: 'demos' must be a list of objects with query, context and answer")
+        try:
+            return cls(
+                instruction=str(data.get("instruction", "")), base=str(data.get("base", DEFAULT_BASE_TEMPLATE)),
+                position=data.get("position", "before"),
+                demos=tuple(Demo.from_json(d, where=f"{where}: demos[{i}]") for i, d in enumerate(demos)),
+                top_k=data.get("top_k"), answer_max_tokens=data.get("answer_max_tokens"),
+            )
+        except PromptError as exc:
+            msg = str(exc)
+            raise PromptError(msg if msg.startswith(where) else f"{where}: {msg}") from None
 
     def _demo_block(self) -> str:
         """The demonstrations as literal text: each one the base template filled with its context and
@@ -178,10 +239,13 @@ class QATemplate:
         return PromptTemplate(self.template_text, prompt_type=PromptType.QUESTION_ANSWER)
 
     def with_instruction(self, instruction: str) -> QATemplate:
-        return QATemplate(instruction=instruction, base=self.base, position=self.position, demos=self.demos)
+        return dataclasses.replace(self, instruction=instruction)
 
     def with_demos(self, demos: Sequence[Demo]) -> QATemplate:
-        return QATemplate(instruction=self.instruction, base=self.base, position=self.position, demos=tuple(demos))
+        return dataclasses.replace(self, demos=tuple(demos))
+
+    def with_settings(self, *, top_k: int | None = None, answer_max_tokens: int | None = None) -> QATemplate:
+        return dataclasses.replace(self, top_k=top_k, answer_max_tokens=answer_max_tokens)
 
     @classmethod
     def from_template_text(cls, text: str, *, base: str = DEFAULT_BASE_TEMPLATE) -> QATemplate:

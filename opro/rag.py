@@ -81,15 +81,26 @@ class RAGProgram:
         self.template = template or QATemplate()
         self.context_separator = context_separator
 
+    def _retrieve(self, query: str, template: QATemplate) -> tuple[RetrievedContext, ...]:
+        # A template's own top_k (a searched setting) over the retriever's.
+        if template.top_k is None:
+            return tuple(self.retriever.retrieve(query))
+        return tuple(self.retriever.retrieve(query, top_k=template.top_k))
+
+    def _max_tokens(self, template: QATemplate) -> int:
+        return template.answer_max_tokens or self.max_tokens
+
     def build_prompt(self, query: str, *, template: QATemplate | None = None) -> tuple[str, tuple[RetrievedContext, ...]]:
-        contexts = tuple(self.retriever.retrieve(query))
+        use = template or self.template
+        contexts = self._retrieve(query, use)
         context_str = self.context_separator.join(c.text for c in contexts)
-        return (template or self.template).format(context_str=context_str, query_str=query), contexts
+        return use.format(context_str=context_str, query_str=query), contexts
 
     def answer(self, query: str, *, template: QATemplate | None = None) -> Answer:
         prompt, contexts = self.build_prompt(query, template=template)
         completion = self.llm.complete(
-            [Message("user", prompt)], temperature=self.temperature, max_tokens=self.max_tokens
+            [Message("user", prompt)], temperature=self.temperature,
+            max_tokens=self._max_tokens(template or self.template),
         )
         return Answer(query=query, text=completion.text.strip(), contexts=contexts, completion=completion)
 
@@ -98,13 +109,18 @@ class RAGProgram:
         to the backend as one batch (:meth:`ChatClient.complete_many`), which a llama.cpp model decodes
         together over their shared prefix. Each call is cached on its own; a failed call gives its
         :class:`LLMError` in its place."""
-        contexts = tuple(self.retriever.retrieve(query))
-        context_str = self.context_separator.join(c.text for c in contexts)
-        options = {"temperature": self.temperature, "max_tokens": self.max_tokens}
-        calls = [([Message("user", t.format(context_str=context_str, query_str=query))], options) for t in templates]
+        found: dict[int | None, tuple[RetrievedContext, ...]] = {}  # retrieval once per top_k
+        calls, contexts = [], []
+        for t in templates:
+            if t.top_k not in found:
+                found[t.top_k] = self._retrieve(query, t)
+            contexts.append(found[t.top_k])
+            context_str = self.context_separator.join(c.text for c in found[t.top_k])
+            options = {"temperature": self.temperature, "max_tokens": self._max_tokens(t)}
+            calls.append(([Message("user", t.format(context_str=context_str, query_str=query))], options))
         return [
-            r if isinstance(r, LLMError) else Answer(query=query, text=r.text.strip(), contexts=contexts, completion=r)
-            for r in self.llm.complete_many(calls)
+            r if isinstance(r, LLMError) else Answer(query=query, text=r.text.strip(), contexts=c, completion=r)
+            for r, c in zip(self.llm.complete_many(calls), contexts, strict=True)
         ]
 
     def answer_many(
@@ -145,8 +161,8 @@ class RAGProgram:
         from llama_index.core.query_engine import RetrieverQueryEngine
 
         return RetrieverQueryEngine.from_args(
-            retriever=as_llama_index_retriever(self.retriever),
-            llm=chat_client_llm(self.llm, max_tokens=self.max_tokens, temperature=self.temperature),
+            retriever=as_llama_index_retriever(self.retriever, top_k=self.template.top_k),
+            llm=chat_client_llm(self.llm, max_tokens=self._max_tokens(self.template), temperature=self.temperature),
             text_qa_template=self.template.to_llama_index(),
             **kwargs,
         )
@@ -200,8 +216,14 @@ class QueryEngineProgram:
     def answer(self, query: str, *, template: QATemplate | None = None) -> Answer:
         import time
 
+        use = template or self.template
+        if use.settings:
+            raise PromptError(
+                f"a LlamaIndex query engine keeps its own retrieval and generation settings; this prompt sets "
+                f"{use.settings}: build the engine with them (similarity_top_k, the LLM's max_tokens) or evaluate "
+                "it with opro's RAG program"
+            )
         with self._lock:
-            use = template or self.template
             apply_template(self.engine, use)
             started = time.perf_counter()
             response = self.engine.query(query)
@@ -312,9 +334,10 @@ def _retriever_adapter_class() -> type:
     class OproRetriever(BaseRetriever):
         """A LlamaIndex retriever over an opro :class:`~opro.retrieval.Retriever`."""
 
-        def __init__(self, retriever: Retriever) -> None:
+        def __init__(self, retriever: Retriever, top_k: int | None = None) -> None:
             super().__init__()
             self._opro = retriever
+            self._top_k = top_k
 
         def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
             return [
@@ -329,7 +352,8 @@ def _retriever_adapter_class() -> type:
                     ),
                     score=c.score,
                 )
-                for c in self._opro.retrieve(query_bundle.query_str)
+                for c in (self._opro.retrieve(query_bundle.query_str) if self._top_k is None
+                          else self._opro.retrieve(query_bundle.query_str, top_k=self._top_k))
             ]
 
     return OproRetriever
@@ -339,9 +363,10 @@ def _node_id(c: RetrievedContext) -> dict[str, str]:
     return {"id_": c.chunk_id} if c.chunk_id else {}
 
 
-def as_llama_index_retriever(retriever: Retriever) -> Any:
-    """Wrap an opro retriever as a LlamaIndex ``BaseRetriever``."""
-    return _retriever_adapter_class()(retriever)
+def as_llama_index_retriever(retriever: Retriever, *, top_k: int | None = None) -> Any:
+    """Wrap an opro retriever as a LlamaIndex ``BaseRetriever`` (``top_k``: chunks per query, else
+    the retriever's own)."""
+    return _retriever_adapter_class()(retriever, top_k)
 
 
 __all__ = [

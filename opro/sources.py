@@ -131,10 +131,20 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
         best_instruction = str(summary["best_instruction"])
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise DataError(f"{where}: not an opro optimization summary ({exc!r})") from exc
-    template = QATemplate.from_template_text(best_template)
-    if template.template_text != best_template:
-        # Not the default base template: keep the full template exactly as it was scored.
-        template = QATemplate(instruction="", base=best_template)
+    configuration = summary.get("best_configuration")
+    if configuration:
+        # The whole configuration as it was scored: wording, demonstrations and settings.
+        try:
+            template = QATemplate.from_json(configuration, where=f"{where}: best_configuration")
+        except PromptError as exc:
+            raise DataError(str(exc)) from None
+        if template.template_text != best_template:
+            raise DataError(f"{where}: best_configuration does not give best_template; the file was edited?")
+    else:
+        template = QATemplate.from_template_text(best_template)
+        if template.template_text != best_template:
+            # Not the default base template: keep the full template exactly as it was scored.
+            template = QATemplate(instruction="", base=best_template)
     if template.instruction and template.instruction != best_instruction.strip():
         raise DataError(f"{where}: best_template does not contain best_instruction; the file was edited?")
     provenance = {
@@ -185,11 +195,15 @@ def _from_registry(spec: str, config: OproConfig | None, tracking_uri: str | Non
     for key in ("run_dir", "run_id", "mlflow_run_id", "dataset_hash", "score", "score_basis"):
         if tags.get(f"opro.{key}"):
             provenance[key] = tags[f"opro.{key}"]
+    template = QATemplate.from_template_text(text)
+    settings = {k: tags[f"opro.{k}"] for k in ("top_k", "answer_max_tokens") if tags.get(f"opro.{k}", "").isdigit()}
+    if settings:  # the settings opro registered the version with (the demonstrations are in its text)
+        template = template.with_settings(**{k: int(v) for k, v in settings.items()})
     return ResolvedPrompt(
         spec=spec,
         kind="registry",
         label=spec,
-        template=QATemplate.from_template_text(text),
+        template=template,
         provenance=provenance,
         run_dir=Path(provenance["run_dir"]) if "run_dir" in provenance else None,
     )
@@ -243,8 +257,10 @@ def _from_json(text: str, path: Path) -> tuple[QATemplate, dict[str, Any]]:
     prov = dict(data.get("provenance") or data.get("metadata") or {})
     if isinstance(data.get("template"), str):
         if isinstance(data.get("base"), str) and isinstance(data.get("instruction"), str):
-            position = data.get("position", "before")
-            return QATemplate(instruction=data["instruction"], base=data["base"], position=position), prov
+            template = QATemplate.from_json(data, where=str(path))
+            if template.template_text != data["template"]:
+                raise DataError(f"{path}: its instruction, base and demos do not give its template; the file was edited?")
+            return template, prov
         return QATemplate.from_template_text(data["template"]), prov
     if isinstance(data.get("instruction"), str):
         return QATemplate(instruction=data["instruction"]), prov

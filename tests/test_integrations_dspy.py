@@ -19,6 +19,7 @@ from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger  # noqa
 from opro.llm.cache import CallCache  # noqa: E402
 from opro.llm.scripted import ScriptedLLM  # noqa: E402
 from opro.metrics import MetricResult  # noqa: E402
+from opro.prompts import Demo, QATemplate  # noqa: E402
 from opro.rag import RAGProgram  # noqa: E402
 from opro.retrieval import RetrievedContext  # noqa: E402
 
@@ -81,11 +82,22 @@ def test_the_rag_module_asks_exactly_what_opros_program_asks(tmp_path: Path) -> 
     assert prompt.replace("Answer tersely.", instruction) == llm.calls[0][0][-1].content
 
 
-def test_the_rag_module_refuses_demos_it_cannot_show(tmp_path: Path) -> None:
-    program = RAGProgram(retriever=_Retriever(), llm=_client(tmp_path, ScriptedLLM(default="x")))  # type: ignore[arg-type]
+def test_the_rag_module_shows_demos_in_their_own_fields_as_opros_program_does(tmp_path: Path) -> None:
+    llm = ScriptedLLM(default="Forty-two.")
+    client = _client(tmp_path, llm)
+    demo = Demo(query="Who wrote it?", context="It was written by Ada.", answer="Ada.")
+    template = QATemplate(instruction="Answer briefly.", demos=(demo,), answer_max_tokens=16)
+    program = RAGProgram(retriever=_Retriever(), llm=client, max_tokens=48, template=template)  # type: ignore[arg-type]
+    opro_answer = program.answer("What is the answer?")
+    pred = OproRAG(program, instruction="Answer briefly.")(question="What is the answer?")
+    assert pred.answer == opro_answer.text
+    assert len(llm.calls) == 1  # one cache entry: the same prompt, demonstration included, and max_tokens
+    prompt, options = llm.calls[0][0][-1].content, llm.calls[0][1]
+    assert prompt.index("Who wrote it?") < prompt.rindex("Ada.") < prompt.index("What is the answer?")
+    assert options.max_tokens == 16
     module = OproRAG(program, instruction="Answer.")
-    module.generate.demos = [dspy.Example(context="c", question="q", answer="a")]
-    with pytest.raises(ConfigError, match="0 demos"):
+    module.generate.demos = [dspy.Example(question="q", answer="a")]  # a labeled demo without its context
+    with pytest.raises(ConfigError, match="0 labeled demos"):
         module(question="q")
 
 

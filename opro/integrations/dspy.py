@@ -32,7 +32,7 @@ from dspy.lm15 import Response, TextPart, Usage
 
 from opro.errors import ConfigError
 from opro.llm import ChatClient, Completion, Message, Role, cache_key
-from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.prompts import DEFAULT_BASE_TEMPLATE, Demo, QATemplate
 
 if TYPE_CHECKING:
     from opro.metrics import Metric
@@ -292,12 +292,16 @@ class OproTemplateAdapter(dspy.Adapter):  # type: ignore[misc]
         return QATemplate(instruction=instruction, base=self.base, position=self.position)  # type: ignore[arg-type]
 
     def format(self, signature: Any, demos: list[dict[str, Any]], inputs: dict[str, Any]) -> list[dict[str, Any]]:
-        if demos:
-            raise ConfigError(
-                "OproRAG's template has no slot for demos: compile it with 0 demos "
-                "(MIPROv2: max_bootstrapped_demos=0, max_labeled_demos=0)"
-            )
-        prompt = self.template(signature.instructions).format(
+        # Each demonstration in the template's own fields before the question, as opro shows them.
+        shown = []
+        for d in demos:
+            if not all(str(d.get(k) or "").strip() for k in ("context", "question", "answer")):
+                raise ConfigError(
+                    "OproRAG shows a demonstration with its context, question and answer; one lacks some of them: "
+                    "bootstrap demos with their contexts, or compile with 0 labeled demos"
+                )
+            shown.append(Demo(query=str(d["question"]), context=str(d["context"]), answer=str(d["answer"])))
+        prompt = self.template(signature.instructions).with_demos(shown).format(
             context_str=str(inputs["context"]), query_str=str(inputs["question"])
         )
         return [{"role": "user", "content": prompt}]
@@ -319,8 +323,12 @@ class OproRAG(dspy.Module):  # type: ignore[misc]
         self._program = _Shared(program)
         self._adapter = OproTemplateAdapter(base=template.base, position=template.position)
         self.generate = dspy.Predict(dspy.Signature(RAG_SIGNATURE, instructions=instruction))
+        # The program's configuration whole: its demonstrations in DSPy's demo fields, its settings below.
+        self.generate.demos = [dspy.Example(context=d.context, question=d.query, answer=d.answer) for d in template.demos]
+        self._top_k = template.top_k
         # The same options as RAGProgram.answer, so both ask the task model the same call (one cache entry).
-        self.generate.set_lm(lm or OproLM(program.llm, temperature=program.temperature, max_tokens=program.max_tokens))
+        max_tokens = template.answer_max_tokens or program.max_tokens
+        self.generate.set_lm(lm or OproLM(program.llm, temperature=program.temperature, max_tokens=max_tokens))
 
     @property
     def instruction(self) -> str:
@@ -328,7 +336,8 @@ class OproRAG(dspy.Module):  # type: ignore[misc]
 
     def forward(self, question: str) -> Any:
         program: RAGProgram = self._program.value
-        contexts = program.retriever.retrieve(question)
+        contexts = (program.retriever.retrieve(question) if self._top_k is None
+                    else program.retriever.retrieve(question, top_k=self._top_k))
         context = program.context_separator.join(c.text for c in contexts)
         with dspy.context(adapter=self._adapter):
             pred = self.generate(context=context, question=question)

@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError, OproError
@@ -151,8 +152,24 @@ class Search:
             on_prompt=functools.partial(self._on_prompt, step),
         )
         proposal = self.proposer.propose(context)
-        self.study.save_proposals(step, proposal.accepted, proposal.rejected)
+        # The other dimensions of each new candidate, from Optuna's sampler over the scored history.
+        space = self.scorer.space
+        params = space.sample(history, len(proposal.accepted), step=step) if space is not None else []
+        self.study.save_proposals(step, proposal.accepted, proposal.rejected, params=params)
         return list(proposal.accepted)
+
+    def _configure(self, step: int, proposals: Sequence[str]) -> None:
+        """Tell the scorer the stored values of the step's candidates (step 0: the initial
+        configuration's, written by every worker alike)."""
+        space = self.scorer.space
+        if space is None:
+            return
+        stored = self.study.view().params(step)
+        if step == 0 and len(stored) != len(proposals):
+            stored = [dict(space.initial) for _ in proposals]
+            self.study.save_params(0, stored)
+        for instruction, params in zip(proposals, stored, strict=False):
+            self.scorer.configure(instruction, params)
 
     def _on_prompt(self, step: int, text: str) -> None:
         for recorder in self.recorders:
@@ -177,6 +194,8 @@ class Search:
         study.fail_running(plan.index)
         history = study.records()
         lead = plan.lead
+        for r in history:
+            self.scorer.configure(r.instruction, r.params)
         for recorder in self.recorders:
             recorder.on_search_start(study, lead=lead)
         exemplar_pool = [Exemplar(e.query, e.reference_answer) for e in exemplar_set]
@@ -201,6 +220,7 @@ class Search:
                 if proposals is None:  # worker 0 stopped the search (its budget, or no new candidates)
                     stopped = coord.stopped_reason(step)
                     break
+                self._configure(step, proposals)
                 self.steps.evaluate(step, proposals, optimization_set)
                 history = study.records()
                 step_best = max(
@@ -309,23 +329,19 @@ class Search:
             # Nothing to validate: the initial instruction, on the search score it has (validation
             # questions would only measure it, at a cost, and decide nothing).
             return OptimizationResult(
-                best_instruction=initial,
-                best_template=self.scorer.template_text(initial),
                 best_score=float(initial_rec.score),  # type: ignore[arg-type]
                 score_basis="search",
                 best_search_score=initial_rec.score,
-                **common,  # type: ignore[arg-type]
+                **self._returned(initial), **common,  # type: ignore[arg-type]
             )
         if validation is None:
             # No validation stage: the search's arg-max, labelled as the in-sample score it is.
             best = max(complete, key=lambda r: (r.score, -r.step, -r.index))
             return OptimizationResult(
-                best_instruction=best.instruction,
-                best_template=self.scorer.template_text(best.instruction),
                 best_score=float(best.score),  # type: ignore[arg-type]
                 score_basis="search",
                 best_search_score=best.score,
-                **common,  # type: ignore[arg-type]
+                **self._returned(best.instruction), **common,  # type: ignore[arg-type]
             )
         w = validation.winner
         instruction = w.instruction if w is not None else initial
@@ -344,8 +360,7 @@ class Search:
                 "asked): check the judge model and the logs, then rerun (finished work is kept)"
             )
         return OptimizationResult(
-            best_instruction=instruction,
-            best_template=self.scorer.template_text(instruction),
+            **self._returned(instruction),  # type: ignore[arg-type]
             best_score=float(score),
             score_basis="validation",
             best_score_ci=score_ci,
@@ -354,6 +369,14 @@ class Search:
             gain_ci=None if w is None else w.difference_ci,
             **common,  # type: ignore[arg-type]
         )
+
+
+    def _returned(self, instruction: str) -> dict[str, Any]:
+        """The returned candidate's fields: its instruction, template and whole configuration."""
+        template = self.scorer.template(instruction)
+        return {"best_instruction": instruction, "best_template": template.template_text,
+                "best_configuration": template.to_json() if hasattr(template, "to_json") else {},
+                "best_params": self.scorer.params_of(instruction)}
 
 
 def _shifted(base: float, base_ci: tuple[float, float] | None, gain: float,

@@ -29,6 +29,8 @@ class CandidateRecord:
     #: Position among the step's proposals: the order of the history and the tie-breaker, whichever
     #: worker evaluated the candidate and whatever its trial number.
     index: int = 0
+    #: Its values of the open search dimensions (``[search.space]``; empty when only wording is searched).
+    params: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def pruned(self) -> bool:
@@ -123,6 +125,11 @@ class OptimizationResult:
     gain_ci: tuple[float, float] | None = None
     validation: ValidationResult | None = None
     rejected: tuple[dict[str, str], ...] = ()
+    #: The returned configuration whole (:meth:`opro.prompts.QATemplate.to_json`: wording, frame,
+    #: demonstrations, settings); what ``best`` resolves to and exports carry.
+    best_configuration: Mapping[str, Any] = field(default_factory=dict)
+    #: Its values of the open search dimensions (empty when only wording was searched).
+    best_params: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def validated(self) -> bool:
@@ -147,6 +154,8 @@ class OptimizationResult:
         return {
             "best_instruction": self.best_instruction,
             "best_template": self.best_template,
+            "best_configuration": dict(self.best_configuration),
+            "best_params": dict(self.best_params),
             "best_score": self.best_score,
             "score_basis": self.score_basis,
             "score_label": self.score_label,

@@ -9,16 +9,19 @@ stage all ask through the same slots, cache and error rows.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from opro.engine import EvaluationEngine, Pair, Scored, answer_then_judge, role_limit
 from opro.errors import LLMError
 from opro.evaluation import Judge, Program, QAExample
 from opro.progress import progress_bar
 from opro.search.exemplars import ExemplarOutcome
-from opro.search.metaprompt import Exemplar
+from opro.search.metaprompt import Exemplar, normalize_instruction
+
+if TYPE_CHECKING:
+    from opro.search.space import SearchSpace
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +50,17 @@ class QuestionFeedback:
 
 
 class CandidateScorer:
-    """Scores candidate instructions. Settings (program, judge, template, slots) here; questions in calls."""
+    """Scores candidate configurations. Settings (program, judge, template, slots, search space) here;
+    questions in calls.
+
+    A candidate is named by its instruction (unique in a study: the proposers refuse repeats); with
+    a search space open, :meth:`configure` records the candidate's values of the other dimensions
+    (the study's record of them), and :meth:`template` gives the whole configuration.
+    """
 
     def __init__(
-        self, *, program: Program, judge: Judge, template: Template, task_slots: int = 1, judge_slots: int | None = None
+        self, *, program: Program, judge: Judge, template: Template, task_slots: int = 1, judge_slots: int | None = None,
+        space: SearchSpace | None = None,
     ) -> None:
         self.program = program
         self.judge = judge
@@ -58,10 +68,26 @@ class CandidateScorer:
         self.task_slots = max(1, task_slots)
         #: None: the judge backend's max_concurrency (what its endpoint accepts).
         self.judge_slots = None if judge_slots is None else max(1, judge_slots)
+        self.space = space if space is not None and space.open else None
+        self._params: dict[str, dict[str, int]] = {}
         self._engine: EvaluationEngine | None = None
 
+    def configure(self, instruction: str, params: Mapping[str, int]) -> None:
+        """The values of the open dimensions ``instruction``'s candidate is scored with."""
+        if self.space is not None:
+            self._params[normalize_instruction(instruction)] = {k: int(v) for k, v in params.items()}
+
+    def params_of(self, instruction: str) -> dict[str, int]:
+        """A candidate's values of the open dimensions (the initial configuration's when not configured)."""
+        if self.space is None:
+            return {}
+        return {**self.space.initial, **self._params.get(normalize_instruction(instruction), {})}
+
     def template(self, instruction: str) -> Template:
-        return self.prototype.with_instruction(instruction)
+        base = self.prototype.with_instruction(instruction)
+        if self.space is None:
+            return base
+        return self.space.configure(base, self.params_of(instruction))  # type: ignore[arg-type]
 
     def template_text(self, instruction: str) -> str:
         return self.template(instruction).template_text

@@ -146,7 +146,8 @@ class StepEvaluator:
         return bool(self.settings.max_calls or self.settings.max_tokens_budget)
 
     def _claim(self, step: int, items: Sequence[tuple[int, str]], *, part: str | None = None) -> list[Claimed]:
-        return claim(self.study, step=step, items=items, token=self.coordinator.token, worker=self.worker, part=part)
+        return claim(self.study, step=step, items=items, token=self.coordinator.token, worker=self.worker, part=part,
+                     space=self.scorer.space)
 
     def evaluate(self, step: int, proposals: Sequence[str], examples: Sequence[QAExample]) -> list[CandidateRecord]:
         """Claim and evaluate candidates of ``step`` until every proposal has a result, by this worker

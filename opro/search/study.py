@@ -13,6 +13,7 @@ Study attributes::
     holder:w<I>               worker I's lease (host, pid, heartbeat, token, N)
     usage:w<I>                worker I's LLM usage by role (budgets and totals cover the whole study)
     proposals:<step>          the step's accepted candidate instructions (worker 0 proposes)
+    params:<step>             each proposal's values of the open search dimensions (Optuna's sampler)
     rejected:<step>           the step's rejected samples, with reasons
     sampling:<step>           worker 0's dealing of the step's optimizer samples to the live workers
     sample:<step>:<tag>:<i>   a sample's text (or its error) asked by the worker it was dealt to
@@ -27,6 +28,7 @@ Study attributes::
     mlflow_logged:<run id>    steps whose candidates that run has logged
     recorded_result           digest of the result the MLflow recorder recorded
 
+Trial parameters: the candidate's values of the open search dimensions (``demos``, ``top_k``, ...).
 Trial attributes: ``instruction step index worker host claim`` (the claim), ``part`` and ``parts``
 (split candidates), ``part_scores``, ``scores`` (per question, as the racing pruner reads them) and
 the result ``score n_scored n_invalid n_errors status``.
@@ -40,8 +42,9 @@ import hashlib
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import optuna
@@ -182,6 +185,7 @@ class CandidateTrial:
     n_invalid: int
     n_errors: int
     scores: tuple[float | None, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, t: optuna.trial.FrozenTrial) -> CandidateTrial:
@@ -195,6 +199,7 @@ class CandidateTrial:
             part_scores=tuple(a.get("part_scores") or ()), status=a.get("status"), score=a.get("score"),
             n_scored=int(a.get("n_scored", 0)), n_invalid=int(a.get("n_invalid", 0)),
             n_errors=int(a.get("n_errors", 0)), scores=tuple(a.get("scores") or ()),
+            params=MappingProxyType(dict(t.params)),
         )
 
     @property
@@ -204,16 +209,20 @@ class CandidateTrial:
 
 
 def claim_template(*, instruction: str, step: int, index: int, worker: int, token: str,
-                   part: str | None) -> optuna.trial.FrozenTrial:
-    """A RUNNING trial that claims candidate ``index`` of ``step`` (or that part of it) for ``worker``."""
+                   part: str | None, params: Mapping[str, int] | None = None,
+                   distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None,
+                   ) -> optuna.trial.FrozenTrial:
+    """A RUNNING trial that claims candidate ``index`` of ``step`` (or that part of it) for ``worker``,
+    with the candidate's values of the open search dimensions as its parameters."""
+    params = dict(params or {})
     return optuna.trial.FrozenTrial(
         number=-1,
         state=optuna.trial.TrialState.RUNNING,
         value=None,
         datetime_start=datetime.datetime.now(),
         datetime_complete=None,
-        params={},
-        distributions={},
+        params=params,
+        distributions={k: v for k, v in (distributions or {}).items() if k in params},
         user_attrs={
             "instruction": instruction, "step": step, "index": index, "worker": worker,
             "host": socket.gethostname(), "claim": token, **({} if part is None else {"part": part}),
@@ -247,6 +256,10 @@ class StudyView:
     def proposals(self, step: int) -> list[str] | None:
         stored = self.attrs.get(f"proposals:{step}")
         return None if stored is None else list(stored)
+
+    def params(self, step: int) -> list[dict[str, int]]:
+        """Each proposal's values of the open search dimensions (none stored: only wording)."""
+        return [dict(p) for p in self.attrs.get(f"params:{step}") or ()]
 
     def sampling(self, step: int) -> dict[str, Any] | None:
         value = self.attrs.get(f"sampling:{step}")
@@ -373,9 +386,15 @@ class SearchStudy:
         self.optuna.set_user_attr(f"{_USAGE_PREFIX}{worker}", dict(usage))
 
     # -- proposals ------------------------------------------------------------------------------
-    def save_proposals(self, step: int, accepted: Sequence[str], rejected: Sequence[Mapping[str, str]]) -> None:
+    def save_proposals(self, step: int, accepted: Sequence[str], rejected: Sequence[Mapping[str, str]],
+                       params: Sequence[Mapping[str, int]] = ()) -> None:
+        if params:  # before the proposals: a worker that reads the proposals finds their values
+            self.save_params(step, params)
         self.optuna.set_user_attr(f"proposals:{step}", list(accepted))
         self.optuna.set_user_attr(f"rejected:{step}", [dict(r) for r in rejected])
+
+    def save_params(self, step: int, params: Sequence[Mapping[str, int]]) -> None:
+        self.optuna.set_user_attr(f"params:{step}", [dict(p) for p in params])
 
     def rejections(self) -> tuple[dict[str, str], ...]:
         out: list[dict[str, str]] = []
@@ -408,7 +427,7 @@ class SearchStudy:
             out.append(CandidateRecord(
                 step=t.step, instruction=str(t.instruction), score=t.score, n_scored=t.n_scored,
                 n_invalid=t.n_invalid, n_errors=t.n_errors, status=status, trial_number=t.number,
-                scores=t.scores, index=t.index,
+                scores=t.scores, index=t.index, params=dict(t.params),
             ))
         # A rerun re-evaluates failed and budget-stopped candidates: the latest attempt stands.
         latest: dict[tuple[int, str], CandidateRecord] = {}
@@ -424,11 +443,12 @@ class SearchStudy:
                 self.optuna.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     def new_claim(self, *, instruction: str, step: int, index: int, worker: int, token: str,
-                  part: str | None) -> int:
+                  part: str | None, params: Mapping[str, int] | None = None,
+                  distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None) -> int:
         """Create a claim's RUNNING trial in one transaction (the public ``ask()`` cannot set its
         attributes with it); returns its trial id."""
         template = claim_template(instruction=instruction, step=step, index=index, worker=worker, token=token,
-                                  part=part)
+                                  part=part, params=params, distributions=distributions)
         return int(self.optuna._storage.create_new_trial(self.optuna._study_id, template_trial=template))
 
     def trial_number(self, trial_id: int) -> int:

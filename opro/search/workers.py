@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -29,6 +29,9 @@ from opro.locking import lease_alive
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import merge_usage
 from opro.search.study import RETRY_STATUSES, CandidateTrial, SearchStudy, StudyView, sha
+
+if TYPE_CHECKING:
+    from opro.search.space import SearchSpace
 
 logger = logging.getLogger(__name__)
 
@@ -162,12 +165,18 @@ def claim(
     worker: int,
     stale_s: float = 300.0,
     part: str | None = None,
+    space: SearchSpace | None = None,
 ) -> list[tuple[int, str, optuna.trial.Trial]]:
     """Claim the candidates ``items`` (proposal index, instruction) of ``step`` (with ``part``: that
-    part of each); returns those won."""
+    part of each; with ``space``, each claim carries the proposal's values as trial parameters);
+    returns those won."""
+    values = study.view().params(step) if space is not None and space.open and part is None else []
+    dists = space.distributions() if space is not None else None
     created = [
         (index, instruction, study.new_claim(instruction=instruction, step=step, index=index, worker=worker,
-                                             token=token, part=part))
+                                             token=token, part=part,
+                                             params=values[index] if index < len(values) else None,
+                                             distributions=dists))
         for index, instruction in items
     ]
     state = step_state(study, step, [ins for _, ins in items], stale_s=stale_s, part=part)

@@ -251,6 +251,18 @@ class MlflowTracker:
             raise OproError("MlflowTracker: call start() first")
         return self.run_id
 
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Params of the run; one already logged with another value stays as it was (MLflow keeps
+        params immutable), and is said so in the log."""
+        from mlflow.entities import Param
+        from mlflow.exceptions import MlflowException
+
+        run_id = self._require_run()
+        try:
+            self.client.log_batch(run_id, params=[Param(k, v) for k, v in safe_params(params).items()])
+        except MlflowException as exc:
+            logger.warning("MLflow run %s keeps its earlier params (%s)", run_id, str(exc)[:200])
+
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
         import time
 

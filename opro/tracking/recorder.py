@@ -173,6 +173,8 @@ class MlflowRecorder(Recorder):
                 continue
             metrics = {"candidate_score": r.score} if r.score is not None else {}
             metrics["candidate_step"] = float(r.step)
+            # Its values of the open search dimensions, one series each (the trial's Optuna params).
+            metrics.update({f"candidate_{name}": float(v) for name, v in r.params.items()})
             self._mlflow.log_metrics(metrics, step=position)
         if best > -math.inf:
             self._mlflow.log_metrics({"search_best_score": best}, step=step)
@@ -257,6 +259,8 @@ class MlflowRecorder(Recorder):
                 tracker.log_artifact(path)
             if self.run_dir.metaprompts.is_dir():
                 tracker.log_artifact(self.run_dir.metaprompts, artifact_path="metaprompts")
+        if result.best_params:  # the returned configuration's values of the open search dimensions
+            tracker.log_params({f"best.{name}": v for name, v in result.best_params.items()})
         tracker.set_tags({
             "opro.best_instruction": result.best_instruction[:5000],
             "opro.score_basis": result.score_basis,
@@ -283,6 +287,9 @@ class MlflowRecorder(Recorder):
                     "opro.validated": str(result.validated).lower(),
                     "opro.run_id": str(self._run_id),
                     **({"opro.run_dir": str(self.run_dir.root.resolve())} if self.run_dir is not None else {}),
+                    # Not text of the template, answered with it (the demonstrations are in the text).
+                    **{f"opro.{k}": str(v) for k, v in result.best_configuration.items()
+                       if k in ("top_k", "answer_max_tokens")},
                 },
             )
             tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})

@@ -1,0 +1,143 @@
+"""The search space beside the wording: demonstrations and retrieval / generation settings.
+
+A candidate is a whole configuration: an instruction, proposed by the optimizer LLM, and a value of
+each open dimension (``[search.space]``), proposed by Optuna's sampler (TPE, seeded) from the scores
+of the candidates before it. The values are drawn once, when worker 0 proposes the step, and stored
+with the step's proposals, so every worker and every rerun evaluates the same configurations; each
+candidate's trial carries them as Optuna parameters (the dashboard and ``trials_dataframe`` show
+them) and the validation stage decides between whole configurations.
+
+Demonstrations come from the exemplar split only (never optimization, validation or held-out
+questions): its reference answers, or the task model's own answers that the judge passed (DSPy's
+BootstrapFewShot). ``demos = k`` shows the first k of that pool, each in the template's own fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import optuna
+
+from opro.errors import ConfigError
+from opro.prompts import Demo, QATemplate
+from opro.search.results import CandidateRecord
+
+logger = logging.getLogger(__name__)
+
+#: A configuration's values beside the wording, by dimension.
+Params = Mapping[str, int]
+DIMENSIONS = ("demos", "top_k", "answer_max_tokens")
+
+
+def _demo_context(texts: Sequence[str], chars: int) -> str:
+    return " ".join(" ".join(texts).split())[:chars]
+
+
+def reference_demos(examples: Sequence[Any], *, retrieve: Callable[[str], Sequence[str]], chars: int) -> tuple[Demo, ...]:
+    """Demonstrations from exemplar questions with a reference answer: the question, its reference
+    context (else what the retriever finds for it) cut to ``chars``, and its reference answer."""
+    out = []
+    for e in examples:
+        context = _demo_context(e.reference_contexts[:1] or retrieve(e.query), chars)
+        answer = str(e.reference_answer or "").strip()
+        if context and answer:
+            out.append(Demo(query=e.query, context=context, answer=answer))
+    return tuple(out)
+
+
+def bootstrapped_demos(examples: Sequence[Any], *, answer: Callable[[Any], Any], chars: int) -> tuple[Demo, ...]:
+    """Demonstrations from the task model's own answers to exemplar questions that the judge passed
+    (``answer(example)`` gives the judged row: its answer, contexts and verdict), as DSPy's
+    BootstrapFewShot keeps the traces its metric accepts."""
+    out = []
+    for e in examples:
+        row = answer(e)
+        if row is None or not row.passing or not row.answer.strip():
+            continue
+        context = _demo_context(row.contexts, chars)
+        if context:
+            out.append(Demo(query=e.query, context=context, answer=row.answer.strip()))
+    return tuple(out)
+
+
+class SearchSpace:
+    """The open dimensions, their choices, the initial configuration's values and the demo pool."""
+
+    def __init__(
+        self,
+        *,
+        dimensions: Mapping[str, Sequence[int]],
+        initial: Mapping[str, int],
+        demos: Sequence[Demo] = (),
+        sampler: str = "tpe",
+        seed: int = 0,
+        demo_source: str = "references",
+    ) -> None:
+        unknown = sorted(set(dimensions) - set(DIMENSIONS))
+        if unknown:
+            raise ConfigError(f"[search.space] has no dimension {unknown[0]!r}; open: {', '.join(DIMENSIONS)}")
+        # The initial configuration is a point of the space: its value is always a choice.
+        self.choices = {name: tuple(sorted(set(values) | {initial[name]})) for name, values in dimensions.items()
+                        if values}
+        self.initial = {name: int(initial[name]) for name in self.choices}
+        self.demos = tuple(demos)
+        self.sampler = sampler
+        self.seed = seed
+        self.demo_source = demo_source
+        if "demos" in self.choices and max(self.choices["demos"]) > len(self.demos):
+            raise ConfigError(
+                f"[search.space].demos asks for up to {max(self.choices['demos'])} demonstrations, but the exemplar "
+                f"split gives {len(self.demos)} ({demo_source}): raise [data.split].exemplar or lower the demos"
+            )
+
+    @property
+    def open(self) -> bool:
+        return bool(self.choices)
+
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        return {name: optuna.distributions.CategoricalDistribution(values) for name, values in self.choices.items()}
+
+    def describe(self) -> dict[str, Any]:
+        """What a score depends on (the study's fingerprint): the choices, the sampler and the demos."""
+        pool = json.dumps([d.to_json() for d in self.demos], sort_keys=True)
+        return {"choices": {k: list(v) for k, v in self.choices.items()}, "sampler": self.sampler,
+                "demo_source": self.demo_source, "demos_sha256": hashlib.sha256(pool.encode()).hexdigest()[:16]}
+
+    def _make_sampler(self, step: int) -> optuna.samplers.BaseSampler:
+        if self.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=self.seed + step)
+        # Few candidates: TPE starts modelling after a handful, and constant_liar spreads one step's picks.
+        return optuna.samplers.TPESampler(seed=self.seed + step, n_startup_trials=4, constant_liar=True)
+
+    def sample(self, history: Sequence[CandidateRecord], k: int, *, step: int) -> list[dict[str, int]]:
+        """Values for ``k`` new candidates of ``step``, drawn by the sampler from the scored history."""
+        if not self.open or k <= 0:
+            return [{} for _ in range(max(0, k))]
+        dists = self.distributions()
+        sampling = optuna.create_study(direction="maximize", sampler=self._make_sampler(step))
+        for r in history:
+            params = {n: r.params.get(n) for n in dists}
+            if r.status != "complete" or r.score is None or any(
+                    v not in self.choices[n] for n, v in params.items()):
+                continue
+            sampling.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(r.score)))
+        # Asked trials stay running: TPE's constant liar counts them, so one step's picks spread out.
+        return [{n: int(v) for n, v in sampling.ask(dists).params.items()} for _ in range(k)]
+
+    def configure(self, template: QATemplate, params: Params) -> QATemplate:
+        """``template`` with these values (the initial configuration's for a dimension not given)."""
+        values = {**self.initial, **{k: int(v) for k, v in params.items() if k in self.choices}}
+        out = template
+        if "demos" in values:
+            out = out.with_demos(self.demos[: values["demos"]])
+        if "top_k" in values or "answer_max_tokens" in values:
+            out = out.with_settings(top_k=values.get("top_k", template.top_k),
+                                    answer_max_tokens=values.get("answer_max_tokens", template.answer_max_tokens))
+        return out
+
+
+__all__ = ["DIMENSIONS", "Params", "SearchSpace", "bootstrapped_demos", "reference_demos"]
