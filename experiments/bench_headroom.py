@@ -13,7 +13,11 @@ its retriever's top_k) and each change alone:
   reference context, else its retrieved one, cut to ``--demo-chars``, its reference answer), each in
   the template's own fields
   before the question (:class:`opro.prompts.Demo`), never pasted into the instruction;
-* ``top_k-K``: the initial instruction with K retrieved chunks instead of the config's.
+* ``top_k-K``: the initial instruction with K retrieved chunks instead of the config's;
+* ``instruction-N``: the N-th ``--instruction`` in place of the initial one.
+
+With ``[data].not_in_context`` (:mod:`opro.withheld`) a share of the questions cannot be answered
+from the corpus: their reference says so and the judge scores them by that requirement's rule.
 
 Held-out questions: the config's held-out split, then the questions in no split that a validation
 extension does not reserve (``[optimizer].validation_extension``), up to ``--heldout``: none of them
@@ -50,6 +54,7 @@ from opro.rag import RAGProgram
 from opro.retrieval import RetrievedContext, Retriever
 from opro.search.space import reference_demos
 from opro.stats import compare_paired
+from opro.withheld import NOT_IN_CONTEXT
 
 
 class FixedK:
@@ -81,12 +86,13 @@ def demos_from(examples: Sequence[Example], *, k: int, chars: int, retriever: Re
     return pool[:k]
 
 
-def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[int],
-                   demo_chars: int) -> list[tuple[str, QATemplate, Any]]:
+def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[int], demo_chars: int,
+                   instructions: Sequence[str] = ()) -> list[tuple[str, QATemplate, Any]]:
     """(label, template, program) of the initial configuration and of each change alone."""
     initial = exp.template(exp.config.rag.initial_instructions[0])
     program = exp.program
     out: list[tuple[str, QATemplate, Any]] = [("initial", initial, program), ("none", initial.with_instruction(""), program)]
+    out += [(f"instruction-{i + 1}", initial.with_instruction(text), program) for i, text in enumerate(instructions)]
     summary = exp.run_dir.summary
     if summary.is_file():
         data = json.loads(summary.read_text(encoding="utf-8"))
@@ -113,11 +119,11 @@ def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[in
 
 
 def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Sequence[int], demo_chars: int,
-        progress: bool, pool: ModelPool | None = None) -> dict[str, Any]:
+        progress: bool, pool: ModelPool | None = None, instructions: Sequence[str] = ()) -> dict[str, Any]:
     exp = Experiment(config, pool=pool, progress=progress)
     try:
         questions = heldout_questions(exp.dataset, config=config, n=heldout)
-        configs = configurations(exp, demos=demos, top_ks=top_ks, demo_chars=demo_chars)
+        configs = configurations(exp, demos=demos, top_ks=top_ks, demo_chars=demo_chars, instructions=instructions)
         started = time.perf_counter()
         reports: dict[str, Any] = {}
         # One stream per program, question-major: a question's prompts are decoded together.
@@ -147,14 +153,19 @@ def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Seque
             })
         return {"config": str(config.source), "task_model": config.models.task.model,
                 "judge_model": config.models.judge.model, "heldout": len(questions), "wall_s": wall_s,
+                "not_in_context": sum(e.reference_answer == NOT_IN_CONTEXT for e in questions),
+                "instructions": list(instructions),
                 "usage": exp.usage.as_dict(), "rows": rows}
     finally:
         exp.close()
 
 
 def print_table(result: dict[str, Any]) -> None:
+    unanswerable = f" ({result['not_in_context']} not answerable from the corpus)" if result.get("not_in_context") else ""
     print(f"{result['config']}: task {result['task_model']}, judge {result['judge_model']}, "
-          f"{result['heldout']} held-out questions, {result['wall_s'] / 60:.0f} min")
+          f"{result['heldout']} held-out questions{unanswerable}, {result['wall_s'] / 60:.0f} min")
+    for i, text in enumerate(result.get("instructions") or (), start=1):
+        print(f"instruction-{i}: {text}")
     print("| configuration | held-out mean | difference vs initial, 95% CI | W / T / L | p (sign-flip) |")
     print("|---|---|---|---|---|")
     for r in result["rows"]:
@@ -174,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demos", default="1,2,3", help="numbers of demonstrations, comma-separated ('' for none)")
     ap.add_argument("--top-k", default="1,4", help="retrieved chunks to try, comma-separated ('' for none)")
     ap.add_argument("--demo-chars", type=int, default=600, help="a demonstration's context is cut to this many characters")
+    ap.add_argument("--instruction", action="append", default=[],
+                    help="another instruction to score alone (repeatable): instruction-1, instruction-2, ...")
     ap.add_argument("--task-model", help="another task model (e.g. qwen2.5-coder-1.5b-instruct)")
     ap.add_argument("--out", type=Path, help="write the rows as JSON")
     ap.add_argument("--no-progress", action="store_true")
@@ -185,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         config = dataclasses.replace(config, models=dataclasses.replace(config.models, task=task))
     result = run(config, heldout=args.heldout, demos=[int(k) for k in args.demos.split(",") if k],
                  top_ks=[int(k) for k in args.top_k.split(",") if k], demo_chars=args.demo_chars,
-                 progress=not args.no_progress)
+                 progress=not args.no_progress, instructions=args.instruction)
     print_table(result)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2), encoding="utf-8")

@@ -75,6 +75,9 @@ class DataSection:
     questions_per_chunk: int = 2
     max_chunks: int = 0
     skip_bad: bool = False
+    #: Share of the questions made unanswerable: their reference contexts are taken out of the corpus
+    #: and their reference answer says so (:mod:`opro.withheld`); 0: the corpus as it is.
+    not_in_context: float = 0.0
     split: SplitSection = field(default_factory=SplitSection)
 
     def __post_init__(self) -> None:
@@ -424,7 +427,8 @@ class OproConfig:
 _RANGES: dict[str, tuple[str, dict[str, tuple[float | None, float | None, str]]]] = {
     "ExperimentSection": ("experiment", {"seed": (0, None, "")}),
     "SplitSection": ("data.split", {"seed": (0, None, "")}),
-    "DataSection": ("data", {"max_chunks": (0, None, "0 uses every chunk")}),
+    "DataSection": ("data", {"max_chunks": (0, None, "0 uses every chunk"),
+                             "not_in_context": (0, 0.5, "the share of questions whose context is withheld")}),
     "RAGSection": ("rag", {"answer_max_tokens": (1, None, "the task model's answer length")}),
     "JudgeSection": ("judge", {"max_tokens": (1, None, "the judge's reply length")}),
     "SpaceSection": ("search.space", {"demo_chars": (50, None, "a demonstration's context length")}),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
-from opro.errors import DataError, ModelPackError
+from opro.errors import ConfigError, DataError, ModelPackError
 from opro.llm import ChatClient, UsageLedger
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from opro.search import Search, SearchStudy, WorkerPlan
     from opro.search.space import SearchSpace
     from opro.tracking.recorder import MlflowRecorder
+    from opro.withheld import Withheld
 
 logger = logging.getLogger(__name__)
 
@@ -110,19 +111,45 @@ class Experiment:
         return list(result.documents)
 
     @functools.cached_property
-    def retriever(self) -> Retriever:
+    def _chunks(self) -> list[Any]:
+        """The corpus's chunks, all of them (kept on disk, keyed by the files' bytes and the chunking)."""
         from opro.documents import source_files
-        from opro.retrieval import build_retriever, chunk_documents, files_chunks_key, kept_chunks
+        from opro.retrieval import chunk_documents, files_chunks_key, kept_chunks
 
         rag = self.config.rag
         # Keyed by the files' bytes, so a run whose chunks are kept (resume, compare, another worker)
         # loads no document: no PDF parsing and no LlamaIndex import (seconds of start-up).
         key = files_chunks_key(source_files(self.document_paths), chunk_size=rag.chunk_size,
                                chunk_overlap=rag.chunk_overlap, skip_bad=self.config.data.skip_bad)
-        chunks = kept_chunks(
+        return list(kept_chunks(
             cache_dir() / "indexes" / f"chunks-files-{key[:24]}.json",
             lambda: chunk_documents(self.documents, chunk_size=rag.chunk_size, chunk_overlap=rag.chunk_overlap),
-        )
+        ))
+
+    @property
+    def withheld(self) -> Withheld | None:
+        """What ``[data].not_in_context`` took out of the corpus (recorded with the dataset), or None."""
+        if not self.config.data.not_in_context:
+            return None
+        from opro.withheld import Withheld
+
+        _ = self.dataset  # prepared (and the record written) first
+        path = self.dataset_dir / "withheld.json"
+        if not path.is_file():
+            raise DataError(f"{path} is missing: the dataset was prepared without it; delete {self.dataset_dir} "
+                            "and run again")
+        return Withheld.from_json(json.loads(path.read_text(encoding="utf-8")))
+
+    @functools.cached_property
+    def retriever(self) -> Retriever:
+        from opro.retrieval import build_retriever
+
+        rag = self.config.rag
+        chunks = self._chunks
+        withheld = self.withheld
+        if withheld is not None:  # the chunks that held the withheld questions' answers are not searched
+            gone = set(withheld.chunk_ids)
+            chunks = [c for c in chunks if c.id not in gone]
         return build_retriever(
             chunks=chunks,
             chunk_size=rag.chunk_size,
@@ -225,6 +252,7 @@ class Experiment:
                 "split": [d.split.exemplar, d.split.optimization, d.split.heldout, d.split.seed]
                 + ([d.split.validation] if d.split.validation else []),
                 "chunking": [self.config.rag.chunk_size, self.config.rag.chunk_overlap],
+                **({"not_in_context": d.not_in_context} if d.not_in_context else {}),
                 "generator": self.spec("generator").safe_dict() if not d.dataset else None,
                 # Paraphrases are kept in one split where embeddings are configured.
                 **({"paraphrases": self._configured_embedder.identity} if self._configured_embedder else {}),
@@ -248,6 +276,11 @@ class Experiment:
             names = {"query_field": d.query_field, "answer_field": d.answer_field, "contexts_field": d.contexts_field}
             raw = load_dataset(self.config.resolve(d.dataset), **{k: v for k, v in names.items() if v})
             if raw.split is not None:  # an opro dataset folder: its own split.json wins over [data.split]
+                if d.not_in_context:
+                    raise ConfigError(
+                        f"{self.config.source}: [data].not_in_context needs a dataset without a split (it changes "
+                        f"reference answers before splitting); {d.dataset} has its own split.json"
+                    )
                 self._warn_folder_split(raw)
                 raw.save(self.dataset_dir)
                 marker.write_text(fingerprint)
@@ -266,6 +299,14 @@ class Experiment:
                 max_chunks=d.max_chunks or None,
                 progress=self.progress,
             )
+        withheld = None
+        if d.not_in_context:
+            from opro.withheld import apply_withheld, withhold
+
+            withheld = withhold(raw.examples, self._chunks, fraction=d.not_in_context, seed=d.split.seed)
+            raw = apply_withheld(raw, withheld)
+            logger.info("%d of %d questions are now unanswerable from the corpus (%d chunks withheld)",
+                        len(withheld.queries), len(raw), len(withheld.chunk_ids))
         s = d.split
         wanted = s.exemplar + s.optimization + s.validation + s.heldout
         if wanted > len(raw):
@@ -280,6 +321,8 @@ class Experiment:
             embed=self.paraphrase_embed(),
         )
         split.save(self.dataset_dir)
+        if withheld is not None:
+            (self.dataset_dir / "withheld.json").write_text(json.dumps(withheld.to_json(), indent=1), encoding="utf-8")
         marker.write_text(fingerprint)
         assert split.split is not None
         shrunk = split_shortfall(split.split)

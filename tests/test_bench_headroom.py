@@ -29,9 +29,12 @@ def test_each_dimension_alone_is_scored_on_questions_nothing_else_used(tmp_path:
         tmp_path, questions=40, optimizer={"validation_extension": 5},
         data={"split": {"exemplar": 3, "optimization": 3, "validation": 6, "heldout": 8, "seed": 1}}),
         base_dir=tmp_path, source="t.toml")
-    result = run(cfg, heldout=30, demos=[1, 2], top_ks=[1, 3], demo_chars=80, progress=False, pool=pool)
+    result = run(cfg, heldout=30, demos=[1, 2], top_ks=[1, 3], demo_chars=80, progress=False, pool=pool,
+                 instructions=["Answer only from the context."])
     rows = {r["configuration"]: r for r in result["rows"]}
-    assert list(rows) == ["initial", "none", "demos-1", "demos-2", "top_k-1", "top_k-3"]  # top_k 2 is the initial
+    # top_k 2 is the initial
+    assert list(rows) == ["initial", "none", "instruction-1", "demos-1", "demos-2", "top_k-1", "top_k-3"]
+    assert rows["instruction-1"]["instruction"] == "Answer only from the context."
     assert rows["demos-2"]["difference"] == 3.0 and rows["demos-2"]["p"] < 0.05 and rows["demos-2"]["demos"] == 2
     assert rows["none"]["difference"] == 0.0 and rows["none"]["instruction"] == ""
     assert result["heldout"] == 40 - 3 - 3 - 6 - 5  # the extension's 5 stay out

@@ -22,6 +22,7 @@ from opro.judges.parsing import (
 from opro.judges.templates import JudgeTemplate, get_template
 from opro.llm import ChatClient, Completion, Message
 from opro.metrics import MetricResult
+from opro.withheld import NOT_IN_CONTEXT, requirement_score
 
 # --- correctness judge -----------------------------------------------------------------------------
 
@@ -54,6 +55,12 @@ def correctness_schema(*, reasoning_first: bool) -> dict[str, Any]:
         "required": order,
         "type": "object",
     }
+
+
+def _not_in_context(reference: str | None) -> bool:
+    """A question the corpus cannot answer (:mod:`opro.withheld`): scored by its rule, not by a judge
+    call (a small judge cannot be trusted to tell "says so" from "answers anyway")."""
+    return reference is not None and reference.strip() == NOT_IN_CONTEXT
 
 
 class CorrectnessJudge:
@@ -208,6 +215,8 @@ class CorrectnessJudge:
         if not answer.strip():
             # Nothing to judge: an empty answer is wrong, not unreadable.
             return MetricResult(self.name, SCORE_MIN, False, "empty answer"), None
+        if _not_in_context(reference):
+            return requirement_score(answer, name=self.name, threshold=self.threshold), None
         if self.uses_logits:
             messages, prefix = self._choose_args(query, answer, reference)
             completion = self.llm.choose(messages, prefix=prefix, choices=SCORE_CHOICES)
@@ -222,6 +231,8 @@ class CorrectnessJudge:
     async def aevaluate(self, *, query: str, answer: str, reference: str | None) -> MetricResult:
         if not answer.strip():
             return MetricResult(self.name, SCORE_MIN, False, "empty answer")
+        if _not_in_context(reference):
+            return requirement_score(answer, name=self.name, threshold=self.threshold)
         if self.uses_logits:
             messages, prefix = self._choose_args(query, answer, reference)
             return self._logit_result(await self.llm.achoose(messages, prefix=prefix, choices=SCORE_CHOICES))
