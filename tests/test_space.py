@@ -290,3 +290,39 @@ def test_on_the_embedded_model_the_exports_answer_as_opro_does(tmp_path: Path, e
     module = OproRAG(program, instruction=template.instruction)
     module.generate.demos = load_dspy_program(dsp).demos
     assert module(question=question).answer == opro_answer
+
+
+def test_two_workers_evaluate_the_single_workers_configurations(searched: tuple[Path, object], tmp_path: Path) -> None:
+    import threading
+
+    source, result = searched
+    path = tmp_path / "space.toml"
+    for name in ("space.toml", "qa.jsonl"):
+        (tmp_path / name).write_text((source.parent / name).read_text())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "alexnet.txt").write_text((source.parent / "docs" / "alexnet.txt").read_text())
+    results: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        exp = Experiment.from_file(path, pool=_pool(), progress=False)
+        try:
+            results[i] = exp.optimize(worker_index=i, num_workers=2)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            exp.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    lead = results[0]
+    assert [(r.instruction, dict(r.params)) for r in lead.history] == \
+        [(r.instruction, dict(r.params)) for r in result.history]  # type: ignore[attr-defined]
+    assert lead.best_configuration == result.best_configuration  # type: ignore[attr-defined]
+    study = optuna.load_study(study_name="space", storage=f"sqlite:///{tmp_path / 'out' / 'optuna.db'}")
+    by_worker = {t.user_attrs.get("worker") for t in study.get_trials() if t.params}
+    assert by_worker == {0, 1}  # both evaluated candidates, each trial with its configuration's params
