@@ -103,12 +103,12 @@ def withhold(examples: Sequence[Any], chunks: Sequence[Any], *, fraction: float,
 
 
 def apply_withheld(dataset: Any, withheld: Withheld) -> Any:
-    """The dataset with :data:`NOT_IN_CONTEXT` as the reference answer of every withheld question; its
-    reference contexts are dropped (the corpus no longer holds them: a demonstration of it shows what
-    the retriever finds instead)."""
+    """The dataset with :data:`NOT_IN_CONTEXT` as the reference answer of every withheld question. Its
+    reference contexts stay: they say where the answer was, and keep questions about one passage in
+    one split."""
     lost = set(withheld.queries)
-    examples = [dataclasses.replace(e, reference_answer=NOT_IN_CONTEXT, reference_contexts=())
-                if e.query in lost else e for e in dataset.examples]
+    examples = [dataclasses.replace(e, reference_answer=NOT_IN_CONTEXT) if e.query in lost else e
+                for e in dataset.examples]
     return dataclasses.replace(dataset, examples=tuple(examples))
 
 

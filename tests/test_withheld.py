@@ -94,7 +94,7 @@ def test_an_experiment_carries_unanswerable_questions_and_its_corpus_never_retur
     exp = Experiment.from_file(_config(tmp_path), pool=scripted_pool(), progress=False)
     try:
         lost = [e for e in exp.dataset.examples if e.reference_answer == NOT_IN_CONTEXT]
-        assert 4 <= len(lost) <= 8 and all(not e.reference_contexts for e in lost)
+        assert 4 <= len(lost) <= 8 and all(e.reference_contexts for e in lost)  # where the answer was
         withheld = exp.withheld
         assert withheld is not None and {e.query for e in lost} == set(withheld.queries)
         assert (exp.dataset_dir / "withheld.json").is_file()
@@ -112,3 +112,13 @@ def test_an_experiment_carries_unanswerable_questions_and_its_corpus_never_retur
 def test_not_in_context_is_checked_on_load() -> None:
     with pytest.raises(ConfigError, match=r"not_in_context"):
         config_from_dict({"data": {"docs": ["d"], "not_in_context": 0.8}})
+
+
+def test_a_demonstration_of_an_unanswerable_question_shows_what_the_retriever_finds() -> None:
+    from opro.search.space import reference_demos
+
+    class E:
+        query, reference_contexts, reference_answer = "How many?", ("the withheld passage",), NOT_IN_CONTEXT
+
+    (demo,) = reference_demos([E()], chars=100, retrieve=lambda q: ["an unrelated passage"])
+    assert (demo.context, demo.answer) == ("an unrelated passage", NOT_IN_CONTEXT)

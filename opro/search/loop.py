@@ -370,7 +370,6 @@ class Search:
             **common,  # type: ignore[arg-type]
         )
 
-
     def _returned(self, instruction: str) -> dict[str, Any]:
         """The returned candidate's fields: its instruction, template and whole configuration."""
         template = self.scorer.template(instruction)

@@ -25,6 +25,7 @@ import optuna
 from opro.errors import ConfigError
 from opro.prompts import Demo, QATemplate
 from opro.search.results import CandidateRecord
+from opro.withheld import NOT_IN_CONTEXT
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +40,13 @@ def _demo_context(texts: Sequence[str], chars: int) -> str:
 
 def reference_demos(examples: Sequence[Any], *, retrieve: Callable[[str], Sequence[str]], chars: int) -> tuple[Demo, ...]:
     """Demonstrations from exemplar questions with a reference answer: the question, its reference
-    context (else what the retriever finds for it) cut to ``chars``, and its reference answer."""
+    context (else what the retriever finds for it) cut to ``chars``, and its reference answer. A
+    question the corpus cannot answer (:data:`opro.withheld.NOT_IN_CONTEXT`) shows what the retriever
+    finds, as the model will see it."""
     out = []
     for e in examples:
-        context = _demo_context(e.reference_contexts[:1] or retrieve(e.query), chars)
+        withheld = str(e.reference_answer or "").strip() == NOT_IN_CONTEXT
+        context = _demo_context((not withheld and e.reference_contexts[:1]) or retrieve(e.query), chars)
         answer = str(e.reference_answer or "").strip()
         if context and answer:
             out.append(Demo(query=e.query, context=context, answer=answer))
