@@ -121,7 +121,7 @@ FLOORS: dict[str, int] = {
                      "opro.locking", "opro.plots", "opro.rundir", "opro.stats", "opro.sequential"), 0),
     **dict.fromkeys(("opro.llm", "opro.config", "opro.budget"), 1),
     **dict.fromkeys(("opro.rag", "opro.retrieval", "opro.documents", "opro.dataset", "opro.generation",
-                     "opro.corpus", "opro.judges", "opro.metrics"), 2),
+                     "opro.corpus", "opro.judges", "opro.metrics", "opro.withheld"), 2),
     **dict.fromkeys(("opro.engine", "opro.evaluation_types", "opro.workbench"), 3),
     **dict.fromkeys(("opro.search", "opro.evaluation"), 3.5),
     **dict.fromkeys(("opro.recorders", "opro.tracking", "opro.compare", "opro.export", "opro.calibration",

@@ -28,6 +28,7 @@ def test_configuration_reference_lists_every_key() -> None:
         JudgeSection,
         OptimizerSection,
         RAGSection,
+        SpaceSection,
         SplitSection,
         TrackingSection,
     )
@@ -38,7 +39,7 @@ def test_configuration_reference_lists_every_key() -> None:
     tables = {
         "[experiment]": ExperimentSection, "[data]": DataSection, "[data.split]": SplitSection, "[rag]": RAGSection,
         "[rag.embeddings]": EmbeddingsSection, "[models.task]": ModelSpec, "[judge]": JudgeSection,
-        "[optimizer]": OptimizerSection, "[tracking]": TrackingSection,
+        "[optimizer]": OptimizerSection, "[search.space]": SpaceSection, "[tracking]": TrackingSection,
     }
     for table, cls in tables.items():
         body = next(s for s in sections if s.startswith(f"`{table}`"))
