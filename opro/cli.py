@@ -586,20 +586,28 @@ def _result_table(result: OptimizationResult, *, title: str) -> Any:
     def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
         return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
+    params = {r.instruction: r.params for r in result.history}
+
+    def shown(instruction: str) -> str:
+        """The instruction, and with [search.space] open its configuration's values."""
+        values = params.get(instruction) or {}
+        return escape(instruction + (f"\n[{', '.join(f'{k} {v}' for k, v in values.items())}]" if values else ""))
+
     v = result.validation
     if v is None:
-        table.add_row("initial", fmt(result.initial_score), "-", "-", escape(result.initial_instruction))
-        table.add_row("best (search)", fmt(result.best_search_score), "-", "not validated", escape(result.best_instruction))
+        table.add_row("initial", fmt(result.initial_score), "-", "-", shown(result.initial_instruction))
+        table.add_row("best (search)", fmt(result.best_search_score), "-", "not validated", shown(result.best_instruction))
         return table
     table.add_row("initial", fmt(result.initial_score), with_ci(v.initial_score, v.initial_ci), "",
-                  escape(result.initial_instruction), style="bold" if not result.validated else None)
+                  shown(result.initial_instruction), style="bold" if not result.validated else None)
     for i, f in enumerate(v.finalists, start=1):
         diff = _versus_initial(f)
         returned = v.winner is not None and f.instruction == v.winner.instruction
         table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
-                      with_ci(f.validation_score, f.validation_ci), diff, escape(f.instruction),
+                      with_ci(f.validation_score, f.validation_ci), diff, shown(f.instruction),
                       style="bold" if returned else None)
     return table
+
 
 def _usage_table(usage: dict[str, dict[str, Any]]) -> Any:
     """Calls, cache hits, tokens and wall time per role."""

@@ -326,3 +326,21 @@ def test_two_workers_evaluate_the_single_workers_configurations(searched: tuple[
     study = optuna.load_study(study_name="space", storage=f"sqlite:///{tmp_path / 'out' / 'optuna.db'}")
     by_worker = {t.user_attrs.get("worker") for t in study.get_trials() if t.params}
     assert by_worker == {0, 1}  # both evaluated candidates, each trial with its configuration's params
+
+
+def test_optimize_shows_each_row_with_its_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import opro.experiment
+    from opro.cli import app
+
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: _pool())
+    monkeypatch.setenv("COLUMNS", "400")  # rich's table, unwrapped
+    config = _config(tmp_path)
+    result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"], terminal_width=240)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "[demos 0, top_k 2, answer_max_tokens 128]" in said  # the initial configuration
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    best = summary["best_params"]
+    assert f"[demos {best['demos']}, top_k {best['top_k']}, answer_max_tokens {best['answer_max_tokens']}]" in said
