@@ -343,12 +343,15 @@ def make_split(
     seed: int,
     validation: int = 0,
     embed: Embed | None = None,
+    stratify: Callable[[Example], str] | None = None,
 ) -> Split:
     """Seeded disjoint split. ``heldout=None`` takes every remaining example.
 
     Examples are grouped by :func:`related_groups` (with ``embed``, paraphrases too); a group is
     placed whole into the first split (in shuffled order) with room for it, so related questions
-    never straddle two splits.
+    never straddle two splits. With ``stratify`` (a group's stratum is its first question's), the
+    shuffled strata are interleaved in proportion, so every split gets its share of each (for example
+    of the questions the corpus cannot answer).
     """
     for name, size in (
         ("exemplar", exemplar), ("optimization", optimization), ("validation", validation), ("heldout", heldout)
@@ -357,6 +360,8 @@ def make_split(
             raise DataError(f"split size {name}={size} must be >= 0")
     order = related_groups(examples, embed=embed)
     random.Random(seed).shuffle(order)
+    if stratify is not None:
+        order = _interleaved(order, key=lambda g: stratify(examples[g[0]]))
     wanted = exemplar + optimization + validation + (heldout or 0)
     if wanted > len(examples):
         raise DataError(
@@ -383,6 +388,23 @@ def make_split(
         dataset_hash=content_hash(examples),
         requested=dict(limits),
     )
+
+
+def _interleaved(groups: list[list[int]], *, key: Callable[[list[int]], str]) -> list[list[int]]:
+    """The groups, each stratum in its own (shuffled) order, merged so that every prefix holds each
+    stratum in proportion to its size (the largest deficit goes next)."""
+    strata: dict[str, list[list[int]]] = {}
+    for g in groups:
+        strata.setdefault(key(g), []).append(g)
+    total = len(groups)
+    taken = dict.fromkeys(strata, 0)
+    out: list[list[int]] = []
+    for n in range(1, total + 1):
+        name = max((s for s in strata if taken[s] < len(strata[s])),
+                   key=lambda s: n * len(strata[s]) / total - taken[s])
+        out.append(strata[name][taken[name]])
+        taken[name] += 1
+    return out
 
 
 def split_shortfall(split: Split) -> str | None:
@@ -471,13 +493,13 @@ class GoldenDataset:
 
     def with_split(
         self, *, exemplar: int, optimization: int, heldout: int | None, seed: int, validation: int = 0,
-        embed: Embed | None = None,
+        embed: Embed | None = None, stratify: Callable[[Example], str] | None = None,
     ) -> GoldenDataset:
         return replace(
             self,
             split=make_split(
                 self.examples, exemplar=exemplar, optimization=optimization, validation=validation,
-                heldout=heldout, seed=seed, embed=embed,
+                heldout=heldout, seed=seed, embed=embed, stratify=stratify,
             ),
         )
 

@@ -316,9 +316,12 @@ class Experiment:
                 f"has {len(raw)}; lower the split sizes"
                 + ("" if d.dataset else " or raise [data].max_chunks / questions_per_chunk")
             )
+        # With withheld questions, every split gets its share of them (the search must see some).
+        lost: set[str] = set() if withheld is None else set(withheld.queries)
+        stratify = None if withheld is None else (lambda e: "withheld" if e.query in lost else "kept")
         split = raw.with_split(
             exemplar=s.exemplar, optimization=s.optimization, validation=s.validation, heldout=s.heldout, seed=s.seed,
-            embed=self.paraphrase_embed(),
+            embed=self.paraphrase_embed(), stratify=stratify,
         )
         split.save(self.dataset_dir)
         if withheld is not None:

@@ -30,7 +30,7 @@ def _fact(i: int) -> str:
 
 class _Ex:
     def __init__(self, i: int) -> None:
-        self.query = f"How many {TOPICS[i]} sites were counted?"
+        self.query = f"How many {TOPICS[i]} sites did team {i} count in {1990 + i}?"  # distinct: not one group
         self.reference_contexts = (_fact(i),)
         self.reference_answer = f"{i * 7 + 3} sites."
 
@@ -98,6 +98,8 @@ def test_an_experiment_carries_unanswerable_questions_and_its_corpus_never_retur
         withheld = exp.withheld
         assert withheld is not None and {e.query for e in lost} == set(withheld.queries)
         assert (exp.dataset_dir / "withheld.json").is_file()
+        for name in ("exemplar", "optimization", "validation", "heldout"):  # each split gets its share
+            assert any(e.reference_answer == NOT_IN_CONTEXT for e in exp.dataset.examples_in(name)), name
         for e in lost:  # the numbers their answers needed are nowhere in what the retriever finds
             i = TOPICS.index(e.query.split()[2])
             found = " ".join(c.text for c in exp.retriever.retrieve(e.query, top_k=20))
@@ -122,3 +124,17 @@ def test_a_demonstration_of_an_unanswerable_question_shows_what_the_retriever_fi
 
     (demo,) = reference_demos([E()], chars=100, retrieve=lambda q: ["an unrelated passage"])
     assert (demo.context, demo.answer) == ("an unrelated passage", NOT_IN_CONTEXT)
+
+
+def test_a_stratified_split_gives_every_split_its_share_and_changes_nothing_unstratified() -> None:
+    from opro.dataset import Example, make_split
+
+    examples = [Example(query=f"Question number {i} about topic {i * 13}?", reference_answer="a") for i in range(40)]
+    hard = {e.query for e in examples[:10]}  # a quarter, all at the front
+    split = make_split(examples, exemplar=8, optimization=8, validation=12, heldout=12, seed=0,
+                       stratify=lambda e: "hard" if e.query in hard else "easy")
+    for name, size in (("exemplar", 8), ("optimization", 8), ("validation", 12), ("heldout", 12)):
+        n_hard = sum(examples[i].query in hard for i in split.indices(name))
+        assert abs(n_hard - size / 4) <= 1, (name, n_hard)
+    plain = make_split(examples, exemplar=8, optimization=8, validation=12, heldout=12, seed=0)
+    assert plain == make_split(examples, exemplar=8, optimization=8, validation=12, heldout=12, seed=0)
