@@ -9,7 +9,6 @@ from its KV cache instead of re-reading the context.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -157,15 +156,6 @@ class QATemplate:
         """The settings this prompt is answered with that differ from the program's own."""
         return {k: v for k, v in (("top_k", self.top_k), ("answer_max_tokens", self.answer_max_tokens))
                 if v is not None}
-
-    @property
-    def key(self) -> str:
-        """What identifies the configuration: the full template text (demonstrations included) and
-        its settings."""
-        settings = self.settings
-        if not settings:
-            return self.template_text
-        return self.template_text + "\x1f" + json.dumps(settings, sort_keys=True)
 
     def to_json(self) -> dict[str, Any]:
         """The whole configuration: wording, frame, demonstrations and settings (what exports carry)."""
