@@ -127,18 +127,20 @@ def test_a_templates_settings_choose_its_chunks_and_answer_length_in_a_batch_too
     from opro.retrieval import RetrievedContext
 
     class Counting:
-        calls: list[int | None] = []
+        def __init__(self) -> None:
+            self.calls: list[int | None] = []
 
         def retrieve(self, query: str, *, top_k: int | None = None) -> list[RetrievedContext]:
             self.calls.append(top_k)
             return [RetrievedContext(text=f"chunk {i}", score=1.0) for i in range(top_k or 2)]
 
     llm = ScriptedLLM(default="ok")
-    program = RAGProgram(retriever=Counting(), llm=ChatClient(llm, role="task", usage=UsageLedger()),  # type: ignore[arg-type]
+    retriever = Counting()
+    program = RAGProgram(retriever=retriever, llm=ChatClient(llm, role="task", usage=UsageLedger()),  # type: ignore[arg-type]
                          max_tokens=100)
     plain, wide, short = QATemplate(), QATemplate(top_k=3), QATemplate(answer_max_tokens=7)
     answers = program.answer_group("q?", templates=[plain, wide, short])
     assert [len(a.contexts) for a in answers] == [2, 3, 2]  # type: ignore[union-attr]
-    assert sorted(Counting.calls, key=str) == [3, None]  # once per top_k
+    assert sorted(retriever.calls, key=str) == [3, None]  # once per top_k
     assert [o.max_tokens for _, o in llm.calls] == [100, 100, 7]
     assert "chunk 2" in llm.calls[1][0][-1].content and "chunk 2" not in llm.calls[0][0][-1].content
