@@ -96,6 +96,8 @@ class Plan:
     heldout_detectable: float | None
     roles: tuple[RoleEstimate, ...]
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    #: ``[search.space]``'s open dimensions and their choices (empty: only the wording is searched).
+    space: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def calls(self) -> float:
@@ -142,6 +144,10 @@ class Plan:
             + f", looks at {', '.join(map(str, self.looks)) or '-'}); "
             f"held-out compare {held}",
         ]
+        if self.space:
+            out.append("search space: the wording, and " + "; ".join(f"{k} {list(v)}" for k, v in self.space.items())
+                       + (" (demonstrations lengthen the task's prompts: its time per call is estimated without them)"
+                          if "demos" in self.space else ""))
         for r in self.roles:
             if not r.calls:
                 continue
@@ -310,6 +316,9 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     candidates = len(config.rag.initial_instructions) + o.steps * o.candidates_per_step
     scored = candidates * s.optimization
     extra = {"random": 0, "failures": o.steps * o.exemplars, "hardest": (o.steps + 1) * s.exemplar}[o.exemplar_strategy]
+    space = config.search.space
+    if "demos" in space.dimensions and space.demo_source == "bootstrapped":
+        extra += s.exemplar  # the exemplar questions answered and judged once, for the demonstration pool
     conf_max = 2.0 * (sizes[-1] if sizes else 0)
     val = (finalists * n_sel + 2.0 * asked) if sizes else 0.0
     val_max = (finalists * n_sel + conf_max) if sizes else 0.0
@@ -333,7 +342,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
                                   cost_usd=cost))
     made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
                 extension_questions=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha, difference_sd=sd, sd_basis=sd_basis, detectable=detectable,
-                heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings))
+                heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings), space=space.dimensions)
     if held is None:
         return replace(made, warnings=(*made.warnings, made.compare_lines()[0].removeprefix("warning: ")))
     return made

@@ -125,3 +125,17 @@ def test_without_an_earlier_run_the_calibrated_judge_noise_is_used(tmp_path: Pat
     made = make_plan(cfg)
     assert made.difference_sd == pytest.approx(0.5 * 2 ** 0.5)
     assert made.sd_basis.startswith("opro judge calibrate's test-retest noise")
+
+
+def test_the_plan_names_the_open_search_space_and_counts_bootstrapping(tmp_path: Path) -> None:
+    def plan(**space: object) -> object:
+        cfg = experiment_config(tmp_path, search={"space": space} if space else {})
+        return make_plan(config_from_dict(cfg, base_dir=tmp_path))
+
+    plain = plan()
+    assert not any(line.startswith("search space") for line in plain.lines())  # type: ignore[attr-defined]
+    refs = plan(demos=[0, 2], top_k=[1, 3])
+    assert "search space: the wording, and demos [0, 2]; top_k [1, 3]" in " ".join(refs.lines())  # type: ignore[attr-defined]
+    boot = plan(demos=[0, 2], demo_source="bootstrapped")
+    task = {r.role: r for r in boot.roles}["task"]  # type: ignore[attr-defined]
+    assert task.search_calls == {r.role: r for r in plain.roles}["task"].search_calls + 2  # type: ignore[attr-defined]
