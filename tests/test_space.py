@@ -344,3 +344,37 @@ def test_optimize_shows_each_row_with_its_configuration(tmp_path: Path, monkeypa
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     best = summary["best_params"]
     assert f"[demos {best['demos']}, top_k {best['top_k']}, answer_max_tokens {best['answer_max_tokens']}]" in said
+
+
+def test_bootstrapped_demonstrations_are_the_task_models_answers_the_judge_passed(tmp_path: Path) -> None:
+    import re
+
+    def odd(text: str) -> bool:
+        m = re.search(r"Fact number (\d+) ", text)
+        return bool(m) and int(m.group(1)) % 2 == 1
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        return json.dumps({"score": 5 if odd(messages[-1].content) else 2, "reasoning": "scripted"})
+
+    llms = {**_llms(), "judge": ScriptedLLM(default=judge, model="judge")}
+    path = _config(tmp_path, demos=[0, 1], demo_source="bootstrapped")
+    exp = Experiment.from_file(path, pool=_pool(llms), progress=False)
+    try:
+        space = exp.search_space
+        assert space is not None
+        want = [e.query for e in exp.dataset.examples_in("exemplar") if odd(e.query)]
+        assert want  # the split gives this world an odd exemplar
+        assert [d.query for d in space.demos] == want  # those the judge passed, in the split's order
+        assert all(d.answer == "Yes." and d.context for d in space.demos)  # the model's own answer and context
+    finally:
+        exp.close()
+    (tmp_path / "out").rename(tmp_path / "first")
+    (tmp_path / "calls.sqlite").rename(tmp_path / "first.sqlite")  # another judge: its verdicts are not cached
+    none = {**_llms(), "judge": ScriptedLLM(default=lambda m, o: json.dumps({"score": 1, "reasoning": "no"}),
+                                            model="judge")}
+    exp = Experiment.from_file(path, pool=_pool(none), progress=False)
+    try:
+        with pytest.raises(ConfigError, match=r"exemplar split gives 0 \(bootstrapped\)"):
+            _ = exp.search_space
+    finally:
+        exp.close()
