@@ -134,6 +134,7 @@ def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Seque
             reports.update({label: r for (label, _), r in zip(mine, got, strict=True)})
         wall_s = time.perf_counter() - started
         base = [r.score for r in reports["initial"].rows]
+        unanswerable = [e.reference_answer == NOT_IN_CONTEXT for e in questions]
         rows = []
         for label, template, _ in configs:
             scores = [r.score for r in reports[label].rows]
@@ -150,6 +151,11 @@ def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Seque
                 "ci": None if c is None else [c.difference.low, c.difference.high],
                 "win_tie_loss": None if c is None else str(c.win_tie_loss),
                 "p": None if c is None else c.permutation.p_value,
+                "scores": scores,
+                # With [data].not_in_context: the mean on the questions the corpus cannot answer, and on the rest.
+                **({"mean_not_in_context": _mean([s for s, u in zip(scores, unanswerable, strict=True) if u]),
+                    "mean_answerable": _mean([s for s, u in zip(scores, unanswerable, strict=True) if not u])}
+                   if any(unanswerable) else {}),
             })
         return {"config": str(config.source), "task_model": config.models.task.model,
                 "judge_model": config.models.judge.model, "heldout": len(questions), "wall_s": wall_s,
@@ -160,12 +166,25 @@ def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Seque
         exp.close()
 
 
+def _mean(scores: Sequence[float | None]) -> float | None:
+    valid = [s for s in scores if s is not None]
+    return sum(valid) / len(valid) if valid else None
+
+
 def print_table(result: dict[str, Any]) -> None:
     unanswerable = f" ({result['not_in_context']} not answerable from the corpus)" if result.get("not_in_context") else ""
     print(f"{result['config']}: task {result['task_model']}, judge {result['judge_model']}, "
           f"{result['heldout']} held-out questions{unanswerable}, {result['wall_s'] / 60:.0f} min")
     for i, text in enumerate(result.get("instructions") or (), start=1):
         print(f"instruction-{i}: {text}")
+    split = result.get("not_in_context")
+    if split:
+        print(f"| configuration | mean on the {split} not answerable | mean on the {result['heldout'] - split} answerable |")
+        print("|---|---|---|")
+        for r in result["rows"]:
+            cells = ["n/a" if r.get(k) is None else f"{r[k]:.2f}" for k in ("mean_not_in_context", "mean_answerable")]
+            print(f"| {r['configuration']} | {cells[0]} | {cells[1]} |")
+        print()
     print("| configuration | held-out mean | difference vs initial, 95% CI | W / T / L | p (sign-flip) |")
     print("|---|---|---|---|---|")
     for r in result["rows"]:

@@ -52,3 +52,13 @@ def test_each_dimension_alone_is_scored_on_questions_nothing_else_used(tmp_path:
     print_table(result)
     out = capsys.readouterr().out
     assert "| **initial** | 2.00 | (baseline) | | |" in out and "| demos-2 | 5.00 | +3.00 [+3.00, +3.00] | 23/0/0 |" in out
+
+
+def test_with_unanswerable_questions_the_table_splits_the_means_by_kind(capsys) -> None:  # type: ignore[no-untyped-def]
+    row = {"configuration": "initial", "mean": 2.0, "difference": None, "mean_not_in_context": 1.0,
+           "mean_answerable": 3.0}
+    print_table({"config": "c.toml", "task_model": "t", "judge_model": "j", "heldout": 4, "wall_s": 60,
+                 "not_in_context": 2, "rows": [row]})
+    out = capsys.readouterr().out
+    assert "(2 not answerable from the corpus)" in out
+    assert "| initial | 1.00 | 3.00 |" in out and "mean on the 2 not answerable | mean on the 2 answerable" in out
