@@ -307,6 +307,8 @@ def _export_mlflow(
             tags[f"opro.{key}"] = str(prov[key])
     if prompt.kind == "run":
         tags["opro.gain"] = "none" if prov.get("gain") is None else f"{prov['gain']:.4f}"
+    # Not text of the template, answered with it (its demonstrations are in the text); prompts:/ reads them back.
+    tags.update({f"opro.{k}": str(v) for k, v in prompt.template.settings.items()})
     tracker = MlflowTracker(tracking_uri=uri, experiment_name=prompt_name)
     try:
         version = tracker.register_prompt(

@@ -196,6 +196,10 @@ def _from_registry(spec: str, config: OproConfig | None, tracking_uri: str | Non
         if tags.get(f"opro.{key}"):
             provenance[key] = tags[f"opro.{key}"]
     template = QATemplate.from_template_text(text)
+    if template.template_text != text and template.base.split("\n", 1)[0] in template.instruction:
+        # The frame filled once more before the question's (demonstrations) is no instruction: keep the
+        # registered text exactly, as the base.
+        template = QATemplate(instruction="", base=text)
     settings = {k: tags[f"opro.{k}"] for k in ("top_k", "answer_max_tokens") if tags.get(f"opro.{k}", "").isdigit()}
     if settings:  # the settings opro registered the version with (the demonstrations are in its text)
         template = template.with_settings(**{k: int(v) for k, v in settings.items()})
@@ -257,10 +261,8 @@ def _from_json(text: str, path: Path) -> tuple[QATemplate, dict[str, Any]]:
     prov = dict(data.get("provenance") or data.get("metadata") or {})
     if isinstance(data.get("template"), str):
         if isinstance(data.get("base"), str) and isinstance(data.get("instruction"), str):
-            template = QATemplate.from_json(data, where=str(path))
-            if template.template_text != data["template"]:
-                raise DataError(f"{path}: its instruction, base and demos do not give its template; the file was edited?")
-            return template, prov
+            # The structured fields win over the rendered "template" (a hand-edited instruction counts).
+            return QATemplate.from_json(data, where=str(path)), prov
         return QATemplate.from_template_text(data["template"]), prov
     if isinstance(data.get("instruction"), str):
         return QATemplate(instruction=data["instruction"]), prov

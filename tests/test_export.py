@@ -269,3 +269,24 @@ def test_a_new_format_is_one_function_and_one_table_entry(
         export_prompt(prompt, format="yaml")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="--alias only applies to --format mlflow"):
         export_prompt(prompt, format="yaml", out=tmp_path, alias="production")  # type: ignore[arg-type]
+
+
+def test_a_registered_configuration_keeps_its_settings_and_demonstrations(tmp_path: Path) -> None:
+    from opro.prompts import Demo, QATemplate
+    from opro.sources import ResolvedPrompt
+
+    uri = f"sqlite:///{tmp_path / 'registry.db'}"
+    template = QATemplate(instruction="Answer.", top_k=4, answer_max_tokens=64,
+                          demos=(Demo(query="Who?", context="Ada wrote it.", answer="Ada."),))
+    prompt = ResolvedPrompt(spec="cfg.json", kind="file", label="cfg", template=template)
+    export_prompt(prompt, format="mlflow", name="qa", tracking_uri=uri)
+    back = resolve_prompt("prompts:/qa/1", tracking_uri=uri).template
+    assert (back.top_k, back.answer_max_tokens) == (4, 64)
+    assert back.template_text == template.template_text  # the demonstration is in the registered text
+    # An exported JSON whose instruction was edited by hand: the structured fields win.
+    path = export_prompt(prompt, format="json", out=tmp_path / "p.json").paths[0]
+    data = json.loads(path.read_text())
+    data["instruction"] = "Answer briefly."
+    path.write_text(json.dumps(data))
+    edited = resolve_prompt(str(path)).template
+    assert edited.instruction == "Answer briefly." and edited.demos == template.demos and edited.top_k == 4
