@@ -26,7 +26,7 @@ from opro.errors import ConfigError, LLMError, PromptError
 from opro.llm import ChatClient, Completion, Message
 from opro.progress import progress_bar
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
-from opro.retrieval import RetrievedContext, Retriever
+from opro.retrieval import RetrievedContext, Retriever, retrieve_top
 
 TEXT_QA_KEY = "response_synthesizer:text_qa_template"
 CONTEXT_SEPARATOR = "\n\n"  # what LlamaIndex's compact synthesizer puts between chunks
@@ -83,9 +83,7 @@ class RAGProgram:
 
     def _retrieve(self, query: str, template: QATemplate) -> tuple[RetrievedContext, ...]:
         # A template's own top_k (a searched setting) over the retriever's.
-        if template.top_k is None:
-            return tuple(self.retriever.retrieve(query))
-        return tuple(self.retriever.retrieve(query, top_k=template.top_k))
+        return tuple(retrieve_top(self.retriever, query, top_k=template.top_k))
 
     def _max_tokens(self, template: QATemplate) -> int:
         return template.answer_max_tokens or self.max_tokens
@@ -352,8 +350,7 @@ def _retriever_adapter_class() -> type:
                     ),
                     score=c.score,
                 )
-                for c in (self._opro.retrieve(query_bundle.query_str) if self._top_k is None
-                          else self._opro.retrieve(query_bundle.query_str, top_k=self._top_k))
+                for c in retrieve_top(self._opro, query_bundle.query_str, top_k=self._top_k)
             ]
 
     return OproRetriever

@@ -293,6 +293,14 @@ class Retriever(ABC):
         return list(result)
 
 
+def retrieve_top(retriever: Any, query: str, *, top_k: int | None) -> list[RetrievedContext]:
+    """``retriever.retrieve(query)``, passing ``top_k`` only when one is set (a prompt's own, else the
+    retriever's): a duck-typed retriever without the keyword keeps working wherever none is set."""
+    if top_k is None:
+        return list(retriever.retrieve(query))
+    return list(retriever.retrieve(query, top_k=top_k))
+
+
 class BM25Retriever(Retriever):
     kind = "bm25"
 
@@ -574,4 +582,5 @@ __all__ = [
     "index_key",
     "is_hit",
     "recall_at_k",
+    "retrieve_top",
 ]

@@ -33,6 +33,7 @@ from dspy.lm15 import Response, TextPart, Usage
 from opro.errors import ConfigError
 from opro.llm import ChatClient, Completion, Message, Role, cache_key
 from opro.prompts import DEFAULT_BASE_TEMPLATE, Demo, QATemplate
+from opro.retrieval import retrieve_top
 
 if TYPE_CHECKING:
     from opro.metrics import Metric
@@ -336,8 +337,7 @@ class OproRAG(dspy.Module):  # type: ignore[misc]
 
     def forward(self, question: str) -> Any:
         program: RAGProgram = self._program.value
-        contexts = (program.retriever.retrieve(question) if self._top_k is None
-                    else program.retriever.retrieve(question, top_k=self._top_k))
+        contexts = retrieve_top(program.retriever, question, top_k=self._top_k)
         context = program.context_separator.join(c.text for c in contexts)
         with dspy.context(adapter=self._adapter):
             pred = self.generate(context=context, question=question)
