@@ -50,24 +50,10 @@ from opro.evaluation import evaluate_templates
 from opro.experiment import Experiment
 from opro.llm.pool import ModelPool
 from opro.prompts import Demo, QATemplate
-from opro.rag import RAGProgram
-from opro.retrieval import RetrievedContext, Retriever
+from opro.retrieval import Retriever
 from opro.search.space import reference_demos
 from opro.stats import compare_paired
 from opro.withheld import NOT_IN_CONTEXT
-
-
-class FixedK:
-    """A retriever that always returns ``top_k`` chunks (the top_k dimension alone)."""
-
-    def __init__(self, retriever: Retriever, top_k: int) -> None:
-        self.retriever, self.top_k = retriever, top_k
-
-    def retrieve(self, query: str) -> list[RetrievedContext]:
-        return self.retriever.retrieve(query, top_k=self.top_k)
-
-    def describe(self) -> dict[str, Any]:
-        return {**self.retriever.describe(), "top_k": self.top_k}
 
 
 def heldout_questions(dataset: GoldenDataset, *, config: OproConfig, n: int) -> tuple[Example, ...]:
@@ -87,12 +73,12 @@ def demos_from(examples: Sequence[Example], *, k: int, chars: int, retriever: Re
 
 
 def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[int], demo_chars: int,
-                   instructions: Sequence[str] = ()) -> list[tuple[str, QATemplate, Any]]:
-    """(label, template, program) of the initial configuration and of each change alone."""
+                   instructions: Sequence[str] = ()) -> list[tuple[str, QATemplate]]:
+    """(label, template) of the initial configuration and of each change alone (a template carries its
+    demonstrations and its top_k, as a searched configuration does)."""
     initial = exp.template(exp.config.rag.initial_instructions[0])
-    program = exp.program
-    out: list[tuple[str, QATemplate, Any]] = [("initial", initial, program), ("none", initial.with_instruction(""), program)]
-    out += [(f"instruction-{i + 1}", initial.with_instruction(text), program) for i, text in enumerate(instructions)]
+    out: list[tuple[str, QATemplate]] = [("initial", initial), ("none", initial.with_instruction(""))]
+    out += [(f"instruction-{i + 1}", initial.with_instruction(text)) for i, text in enumerate(instructions)]
     summary = exp.run_dir.summary
     if summary.is_file():
         data = json.loads(summary.read_text(encoding="utf-8"))
@@ -101,20 +87,16 @@ def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[in
             # The search's returned configuration whole (wording, demonstrations, settings) and its wording alone.
             whole = QATemplate.from_json(data["best_configuration"])
             if whole != initial:
-                out.append(("returned", whole, program))
+                out.append(("returned", whole))
             if whole.instruction != initial.instruction and (whole.demos or whole.settings):
-                out.append(("returned wording", initial.with_instruction(whole.instruction), program))
+                out.append(("returned wording", initial.with_instruction(whole.instruction)))
         elif returned and returned.strip() != initial.instruction:
-            out.append(("returned", initial.with_instruction(returned), program))
+            out.append(("returned", initial.with_instruction(returned)))
     exemplars = exp.dataset.examples_in("exemplar")
     for k in demos:
         shown = demos_from(exemplars, k=k, chars=demo_chars, retriever=exp.retriever)
-        out.append((f"demos-{k}", initial.with_demos(shown), program))
-    for k in top_ks:
-        if k != exp.config.rag.top_k:
-            fixed = RAGProgram(retriever=FixedK(exp.retriever, k), llm=exp.client("task"),  # type: ignore[arg-type]
-                               max_tokens=exp.config.rag.answer_max_tokens)
-            out.append((f"top_k-{k}", initial, fixed))
+        out.append((f"demos-{k}", initial.with_demos(shown)))
+    out += [(f"top_k-{k}", initial.with_settings(top_k=k)) for k in top_ks if k != exp.config.rag.top_k]
     return out
 
 
@@ -125,18 +107,15 @@ def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Seque
         questions = heldout_questions(exp.dataset, config=config, n=heldout)
         configs = configurations(exp, demos=demos, top_ks=top_ks, demo_chars=demo_chars, instructions=instructions)
         started = time.perf_counter()
-        reports: dict[str, Any] = {}
-        # One stream per program, question-major: a question's prompts are decoded together.
-        for program in dict.fromkeys(p for _, _, p in configs):
-            mine = [(label, t) for label, t, p in configs if p is program]
-            got = evaluate_templates(program=program, templates=[t for _, t in mine], examples=questions,
-                                     judge=exp.judge, progress=progress)
-            reports.update({label: r for (label, _), r in zip(mine, got, strict=True)})
+        # One stream, question-major: a question's prompts are decoded together.
+        got = evaluate_templates(program=exp.program, templates=[t for _, t in configs], examples=questions,
+                                 judge=exp.judge, progress=progress)
+        reports = {label: r for (label, _), r in zip(configs, got, strict=True)}
         wall_s = time.perf_counter() - started
         base = [r.score for r in reports["initial"].rows]
         unanswerable = [e.reference_answer == NOT_IN_CONTEXT for e in questions]
         rows = []
-        for label, template, _ in configs:
+        for label, template in configs:
             scores = [r.score for r in reports[label].rows]
             pairs = [(a, b) for a, b in zip(scores, base, strict=True) if a is not None and b is not None]
             c = compare_paired([a for a, _ in pairs], [b for _, b in pairs]) if label != "initial" else None
