@@ -244,10 +244,14 @@ class QATemplate:
         Recognizes ``instruction + "\\n" + base`` and the *after* layout; LlamaIndex's default QA
         template (instruction sentences around the context block) is mapped to the default base with
         those sentences as the instruction. Any other template with both variables becomes the base
-        with an empty instruction.
+        with an empty instruction; so does one whose would-be instruction holds the frame filled again
+        (demonstrations), which is no instruction.
         """
+        frame = base.split("\n", 1)[0]
         if text.endswith(base) and (len(text) == len(base) or text[: -len(base)].endswith("\n")):
-            return cls(instruction=text[: -len(base)].strip(), base=base)
+            instruction = text[: -len(base)].strip()
+            if not (frame and frame in instruction):
+                return cls(instruction=instruction, base=base)
         cut = base.rfind(_ANSWER_CUE)
         if cut >= 0:
             head, tail = base[:cut], base[cut:]
@@ -256,7 +260,7 @@ class QATemplate:
                 if middle and not _VARIABLE.search(middle):
                     return cls(instruction=middle, base=base, position="after")
         li = _parse_llama_index_default(text)
-        if li is not None and base == DEFAULT_BASE_TEMPLATE:
+        if li is not None and base == DEFAULT_BASE_TEMPLATE and not (frame and frame in li):
             return cls(instruction=li, base=base)
         return cls(instruction="", base=validate_base_template(text))
 

@@ -196,10 +196,6 @@ def _from_registry(spec: str, config: OproConfig | None, tracking_uri: str | Non
         if tags.get(f"opro.{key}"):
             provenance[key] = tags[f"opro.{key}"]
     template = QATemplate.from_template_text(text)
-    if template.template_text != text and template.base.split("\n", 1)[0] in template.instruction:
-        # The frame filled once more before the question's (demonstrations) is no instruction: keep the
-        # registered text exactly, as the base.
-        template = QATemplate(instruction="", base=text)
     settings = {k: tags[f"opro.{k}"] for k in ("top_k", "answer_max_tokens") if tags.get(f"opro.{k}", "").isdigit()}
     if settings:  # the settings opro registered the version with (the demonstrations are in its text)
         template = template.with_settings(**{k: int(v) for k, v in settings.items()})

@@ -135,3 +135,11 @@ def test_a_configuration_round_trips_through_json_with_its_demos_and_settings() 
         QATemplate(top_k=0)
     with pytest.raises(PromptError, match=r"exported\.json: demos\[0\] has no text for answer"):
         QATemplate.from_json({"instruction": "x", "demos": [{"query": "q", "context": "c"}]}, where="exported.json")
+
+
+@pytest.mark.parametrize("position", ["before", "after"])
+def test_a_full_template_with_demonstrations_reads_back_exactly(position: str) -> None:
+    t = QATemplate(instruction="Answer.", position=position, demos=(Demo(query="Who?", context="Ada wrote it.", answer="Ada."),))
+    back = QATemplate.from_template_text(t.template_text)
+    assert back.template_text == t.template_text  # the filled frame is not read as part of an instruction
+    assert "Who?" not in back.instruction
