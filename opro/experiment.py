@@ -365,7 +365,7 @@ class Experiment:
                 if k != "embeddings":
                     params[f"{section}.{k}"] = v
         for k, v in vars(cfg.search.space).items():
-            if v or k not in ("demos", "top_k", "answer_max_tokens"):
+            if v:  # an empty list: that dimension is not searched
                 params[f"search.space.{k}"] = v
         return params
 
