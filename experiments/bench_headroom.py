@@ -14,6 +14,7 @@ its retriever's top_k) and each change alone:
   the template's own fields
   before the question (:class:`opro.prompts.Demo`), never pasted into the instruction;
 * ``top_k-K``: the initial instruction with K retrieved chunks instead of the config's;
+* ``chunk_size-N``: the initial instruction over the corpus chunked at N tokens (indexed once, kept);
 * ``instruction-N``: the N-th ``--instruction`` in place of the initial one.
 
 With ``[data].not_in_context`` (:mod:`opro.withheld`) a share of the questions cannot be answered
@@ -73,9 +74,9 @@ def demos_from(examples: Sequence[Example], *, k: int, chars: int, retriever: Re
 
 
 def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[int], demo_chars: int,
-                   instructions: Sequence[str] = ()) -> list[tuple[str, QATemplate]]:
+                   instructions: Sequence[str] = (), chunk_sizes: Sequence[int] = ()) -> list[tuple[str, QATemplate]]:
     """(label, template) of the initial configuration and of each change alone (a template carries its
-    demonstrations and its top_k, as a searched configuration does)."""
+    demonstrations and its settings, as a searched configuration does)."""
     initial = exp.template(exp.config.rag.initial_instructions[0])
     out: list[tuple[str, QATemplate]] = [("initial", initial), ("none", initial.with_instruction(""))]
     out += [(f"instruction-{i + 1}", initial.with_instruction(text)) for i, text in enumerate(instructions)]
@@ -97,15 +98,18 @@ def configurations(exp: Experiment, *, demos: Sequence[int], top_ks: Sequence[in
         shown = demos_from(exemplars, k=k, chars=demo_chars, retriever=exp.retriever)
         out.append((f"demos-{k}", initial.with_demos(shown)))
     out += [(f"top_k-{k}", initial.with_settings(top_k=k)) for k in top_ks if k != exp.config.rag.top_k]
+    out += [(f"chunk_size-{n}", initial.with_settings(chunk_size=n)) for n in chunk_sizes if n != exp.config.rag.chunk_size]
     return out
 
 
 def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Sequence[int], demo_chars: int,
-        progress: bool, pool: ModelPool | None = None, instructions: Sequence[str] = ()) -> dict[str, Any]:
+        progress: bool, pool: ModelPool | None = None, instructions: Sequence[str] = (),
+        chunk_sizes: Sequence[int] = ()) -> dict[str, Any]:
     exp = Experiment(config, pool=pool, progress=progress)
     try:
         questions = heldout_questions(exp.dataset, config=config, n=heldout)
-        configs = configurations(exp, demos=demos, top_ks=top_ks, demo_chars=demo_chars, instructions=instructions)
+        configs = configurations(exp, demos=demos, top_ks=top_ks, demo_chars=demo_chars, instructions=instructions,
+                                 chunk_sizes=chunk_sizes)
         started = time.perf_counter()
         # One stream, question-major: a question's prompts are decoded together.
         got = evaluate_templates(program=exp.program, templates=[t for _, t in configs], examples=questions,
@@ -182,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", type=int, default=40, help="held-out questions to score on")
     ap.add_argument("--demos", default="1,2,3", help="numbers of demonstrations, comma-separated ('' for none)")
     ap.add_argument("--top-k", default="1,4", help="retrieved chunks to try, comma-separated ('' for none)")
+    ap.add_argument("--chunk-size", default="", help="chunk sizes to try, comma-separated ('' for none)")
     ap.add_argument("--demo-chars", type=int, default=600, help="a demonstration's context is cut to this many characters")
     ap.add_argument("--instruction", action="append", default=[],
                     help="another instruction to score alone (repeatable): instruction-1, instruction-2, ...")
@@ -196,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         config = dataclasses.replace(config, models=dataclasses.replace(config.models, task=task))
     result = run(config, heldout=args.heldout, demos=[int(k) for k in args.demos.split(",") if k],
                  top_ks=[int(k) for k in args.top_k.split(",") if k], demo_chars=args.demo_chars,
-                 progress=not args.no_progress, instructions=args.instruction)
+                 progress=not args.no_progress, instructions=args.instruction,
+                 chunk_sizes=[int(n) for n in args.chunk_size.split(",") if n])
     print_table(result)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2), encoding="utf-8")

@@ -272,6 +272,9 @@ class SpaceSection:
     top_k: tuple[int, ...] = ()
     #: The task model's answer length.
     answer_max_tokens: tuple[int, ...] = ()
+    #: The chunking the corpus is indexed in (tokens per chunk, ``[rag].chunk_overlap`` kept): each value
+    #: is chunked and indexed once, and kept on disk.
+    chunk_size: tuple[int, ...] = ()
     #: Demonstrations: the exemplar questions' reference answers, or the task model's own answers
     #: that the judge passed (DSPy's BootstrapFewShot).
     demo_source: Literal["references", "bootstrapped"] = "references"
@@ -281,7 +284,7 @@ class SpaceSection:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        for name, low in (("demos", 0), ("top_k", 1), ("answer_max_tokens", 1)):
+        for name, low in (("demos", 0), ("top_k", 1), ("answer_max_tokens", 1), ("chunk_size", 32)):
             values = getattr(self, name)
             bad = [v for v in values if v < low]
             if bad:
@@ -292,7 +295,8 @@ class SpaceSection:
     @property
     def dimensions(self) -> dict[str, tuple[int, ...]]:
         """The open dimensions and their choices (in the config's order)."""
-        return {name: getattr(self, name) for name in ("demos", "top_k", "answer_max_tokens") if getattr(self, name)}
+        return {name: getattr(self, name) for name in ("demos", "top_k", "answer_max_tokens", "chunk_size")
+                if getattr(self, name)}
 
 
 @dataclass(frozen=True)
@@ -383,6 +387,12 @@ class OproConfig:
     #: Directory relative paths are resolved against (the config file's directory).
     base_dir: Path = field(default_factory=Path.cwd)
     source: str = "<defaults>"
+
+    def __post_init__(self) -> None:
+        small = [v for v in self.search.space.chunk_size if v <= self.rag.chunk_overlap]
+        if small:
+            raise ConfigError(f"[search.space].chunk_size = {small[0]} is not above [rag].chunk_overlap "
+                              f"({self.rag.chunk_overlap}): every chunk size must be larger than the overlap")
 
     def prices(self) -> dict[str, Price]:
         """USD per million tokens by model name: the usage ledger's table, overridden by the prices the

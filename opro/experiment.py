@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,8 @@ class Experiment:
         self.pool, self.cache, self.usage = self.models.pool, self.models.cache, self.models.usage
         self._clients: dict[str, ChatClient] = {}
         self._study_storage: Any = None
+        self._retrievers: dict[int, Retriever] = {}  # by chunk size: the config's, and a searched one's
+        self._retrievers_lock = threading.RLock()
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: Any) -> Experiment:
@@ -112,18 +115,22 @@ class Experiment:
 
     @functools.cached_property
     def _chunks(self) -> list[Any]:
-        """The corpus's chunks, all of them (kept on disk, keyed by the files' bytes and the chunking)."""
+        """The corpus's chunks at ``[rag].chunk_size``, all of them."""
+        return self._chunks_at(self.config.rag.chunk_size)
+
+    def _chunks_at(self, chunk_size: int) -> list[Any]:
+        """The corpus chunked at ``chunk_size`` (kept on disk, keyed by the files' bytes and the chunking)."""
         from opro.documents import source_files
         from opro.retrieval import chunk_documents, files_chunks_key, kept_chunks
 
         rag = self.config.rag
         # Keyed by the files' bytes, so a run whose chunks are kept (resume, compare, another worker)
         # loads no document: no PDF parsing and no LlamaIndex import (seconds of start-up).
-        key = files_chunks_key(source_files(self.document_paths), chunk_size=rag.chunk_size,
+        key = files_chunks_key(source_files(self.document_paths), chunk_size=chunk_size,
                                chunk_overlap=rag.chunk_overlap, skip_bad=self.config.data.skip_bad)
         return list(kept_chunks(
             cache_dir() / "indexes" / f"chunks-files-{key[:24]}.json",
-            lambda: chunk_documents(self.documents, chunk_size=rag.chunk_size, chunk_overlap=rag.chunk_overlap),
+            lambda: chunk_documents(self.documents, chunk_size=chunk_size, chunk_overlap=rag.chunk_overlap),
         ))
 
     @property
@@ -140,19 +147,39 @@ class Experiment:
                             "and run again")
         return Withheld.from_json(json.loads(path.read_text(encoding="utf-8")))
 
-    @functools.cached_property
+    @property
     def retriever(self) -> Retriever:
+        """The retriever over the corpus chunked at ``[rag].chunk_size``."""
+        return self.retriever_at(self.config.rag.chunk_size)
+
+    def retriever_at(self, chunk_size: int) -> Retriever:
+        """The retriever over the corpus chunked at ``chunk_size`` (``[search.space].chunk_size``): chunked
+        and indexed once, kept on disk; without what ``[data].not_in_context`` withholds."""
+        with self._retrievers_lock:  # candidates are answered concurrently: one build per size
+            if chunk_size not in self._retrievers:
+                self._retrievers[chunk_size] = self._build_retriever(chunk_size)
+            return self._retrievers[chunk_size]
+
+    def _build_retriever(self, chunk_size: int) -> Retriever:
         from opro.retrieval import build_retriever
 
         rag = self.config.rag
-        chunks = self._chunks
+        chunks = self._chunks_at(chunk_size)
         withheld = self.withheld
         if withheld is not None:  # the chunks that held the withheld questions' answers are not searched
             gone = set(withheld.chunk_ids)
+            if chunk_size != rag.chunk_size:  # the same text taken out of another chunking
+                from opro.withheld import withheld_at
+
+                lost = set(withheld.queries)
+                gone = set(withheld_at(
+                    chunks, removed=[c.text for c in self._chunks if c.id in gone],
+                    contexts=[c for e in self.dataset.examples if e.query in lost for c in e.reference_contexts],
+                ))
             chunks = [c for c in chunks if c.id not in gone]
         return build_retriever(
             chunks=chunks,
-            chunk_size=rag.chunk_size,
+            chunk_size=chunk_size,
             chunk_overlap=rag.chunk_overlap,
             kind=rag.retriever,
             top_k=rag.top_k,
@@ -211,7 +238,8 @@ class Experiment:
         return SearchSpace(
             dimensions=sp.dimensions, demos=demos, sampler=sp.sampler, seed=self.config.experiment.seed,
             demo_source=sp.demo_source,
-            initial={"demos": 0, "top_k": rag.top_k, "answer_max_tokens": rag.answer_max_tokens},
+            initial={"demos": 0, "top_k": rag.top_k, "answer_max_tokens": rag.answer_max_tokens,
+                     "chunk_size": rag.chunk_size},
         )
 
     @functools.cached_property
@@ -219,7 +247,8 @@ class Experiment:
         from opro.rag import RAGProgram
 
         return RAGProgram(
-            retriever=self.retriever, llm=self.client("task"), max_tokens=self.config.rag.answer_max_tokens
+            retriever=self.retriever, llm=self.client("task"), max_tokens=self.config.rag.answer_max_tokens,
+            chunked=self.retriever_at,
         )
 
     def _judge_template(self) -> str | Path:

@@ -213,8 +213,8 @@ def _render_json(prompt: ResolvedPrompt, config: OproConfig | None) -> str:
 
 def _llamaindex_settings(template: QATemplate) -> dict[str, int]:
     """The configuration's settings under LlamaIndex's names (a retriever's ``similarity_top_k``, the
-    LLM's ``max_tokens``)."""
-    names = {"top_k": "similarity_top_k", "answer_max_tokens": "max_tokens"}
+    LLM's ``max_tokens``, the node parser's ``chunk_size``)."""
+    names = {"top_k": "similarity_top_k", "answer_max_tokens": "max_tokens", "chunk_size": "chunk_size"}
     return {names[k]: v for k, v in template.settings.items()}
 
 
@@ -268,6 +268,9 @@ def _llamaindex_snippet(prompt: ResolvedPrompt) -> str:
         lines += f"SIMILARITY_TOP_K = {top_k}  # the retrieved chunks it was scored with\n"
     if "max_tokens" in settings:
         lines += f"MAX_TOKENS = {settings['max_tokens']}  # the answer length it was scored with (the LLM's max_tokens)\n"
+    if "chunk_size" in settings:
+        lines += (f"CHUNK_SIZE = {settings['chunk_size']}  # the chunking it was scored with: "
+                  "index = VectorStoreIndex.from_documents(docs, transformations=[SentenceSplitter(chunk_size=CHUNK_SIZE)])\n")
     return lines + (
         f"\n# query_engine = index.as_query_engine({'similarity_top_k=SIMILARITY_TOP_K' if top_k is not None else ''})\n"
         f'# query_engine.update_prompts({{"{LLAMAINDEX_PROMPT_KEY}": TEXT_QA_TEMPLATE}})\n'
@@ -422,10 +425,10 @@ def load_llamaindex_prompt(path: str | Path) -> PromptTemplate:
 
 def load_llamaindex_settings(path: str | Path) -> dict[str, int]:
     """The settings an ``opro export --format llamaindex`` prompt was scored with, under LlamaIndex's
-    names: ``similarity_top_k`` (for ``index.as_query_engine`` or a retriever) and ``max_tokens``
-    (the LLM's); empty when the prompt keeps the engine's own."""
+    names: ``similarity_top_k`` (for ``index.as_query_engine`` or a retriever), ``max_tokens`` (the
+    LLM's) and ``chunk_size`` (a ``SentenceSplitter``'s); empty when the prompt keeps the engine's own."""
     data = _read(path, LLAMAINDEX_FORMAT)
-    return {k: int(data[k]) for k in ("similarity_top_k", "max_tokens") if data.get(k) is not None}
+    return {k: int(data[k]) for k in ("similarity_top_k", "max_tokens", "chunk_size") if data.get(k) is not None}
 
 
 def load_dspy_program(path: str | Path) -> dspy.Predict:

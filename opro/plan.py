@@ -147,7 +147,8 @@ class Plan:
         if self.space:
             out.append("search space: the wording, and " + "; ".join(f"{k} {list(v)}" for k, v in self.space.items())
                        + (" (demonstrations lengthen the task's prompts: its time per call is estimated without them)"
-                          if "demos" in self.space else ""))
+                          if "demos" in self.space else "")
+                       + (" (each chunk size is chunked and indexed once, then kept)" if "chunk_size" in self.space else ""))
         for r in self.roles:
             if not r.calls:
                 continue

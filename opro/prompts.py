@@ -25,6 +25,8 @@ DEFAULT_INSTRUCTION = (
     "Given the context information and not prior knowledge, answer the query."
 )
 TEMPLATE_VARIABLES = ("context_str", "query_str")
+#: The settings a prompt may carry beside its text (:class:`QATemplate`), as a search space names them.
+SETTINGS = ("top_k", "answer_max_tokens", "chunk_size")
 Position = Literal["before", "after"]
 
 # What LlamaIndex's SafeFormatter treats as a template variable: ``{name}`` / ``{a.b}``.
@@ -124,9 +126,9 @@ class QATemplate:
     """An instruction placed into a base template, after any demonstrations. Empty instruction: the
     base template alone (with its demonstrations).
 
-    ``top_k`` and ``answer_max_tokens`` are the settings the prompt is answered with (None: the
-    program's own): a search that opens them returns them with the wording, and a prompt is compared,
-    exported and registered with them, since its scores were measured under them.
+    ``top_k``, ``answer_max_tokens`` and ``chunk_size`` are the settings the prompt is answered with
+    (None: the program's own): a search that opens them returns them with the wording, and a prompt is
+    compared, exported and registered with them, since its scores were measured under them.
     """
 
     instruction: str = DEFAULT_INSTRUCTION
@@ -138,6 +140,8 @@ class QATemplate:
     top_k: int | None = None
     #: The task model's answer length (None: the program's own).
     answer_max_tokens: int | None = None
+    #: The chunking the corpus is retrieved in (None: the program's own index).
+    chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.position not in ("before", "after"):
@@ -146,7 +150,7 @@ class QATemplate:
         if self.instruction != "":
             object.__setattr__(self, "instruction", validate_instruction(self.instruction))
         object.__setattr__(self, "demos", tuple(self.demos))
-        for name in ("top_k", "answer_max_tokens"):
+        for name in SETTINGS:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise PromptError(f"{name} must be a positive integer or unset, got {value!r}")
@@ -154,8 +158,7 @@ class QATemplate:
     @property
     def settings(self) -> dict[str, int]:
         """The settings this prompt is answered with that differ from the program's own."""
-        return {k: v for k, v in (("top_k", self.top_k), ("answer_max_tokens", self.answer_max_tokens))
-                if v is not None}
+        return {k: v for k in SETTINGS if (v := getattr(self, k)) is not None}
 
     def to_json(self) -> dict[str, Any]:
         """The whole configuration: wording, frame, demonstrations and settings (what exports carry)."""
@@ -173,7 +176,7 @@ class QATemplate:
                 instruction=str(data.get("instruction", "")), base=str(data.get("base", DEFAULT_BASE_TEMPLATE)),
                 position=data.get("position", "before"),
                 demos=tuple(Demo.from_json(d, where=f"{where}: demos[{i}]") for i, d in enumerate(demos)),
-                top_k=data.get("top_k"), answer_max_tokens=data.get("answer_max_tokens"),
+                **{k: data.get(k) for k in SETTINGS},
             )
         except PromptError as exc:
             msg = str(exc)
@@ -234,8 +237,9 @@ class QATemplate:
     def with_demos(self, demos: Sequence[Demo]) -> QATemplate:
         return dataclasses.replace(self, demos=tuple(demos))
 
-    def with_settings(self, *, top_k: int | None = None, answer_max_tokens: int | None = None) -> QATemplate:
-        return dataclasses.replace(self, top_k=top_k, answer_max_tokens=answer_max_tokens)
+    def with_settings(self, *, top_k: int | None = None, answer_max_tokens: int | None = None,
+                      chunk_size: int | None = None) -> QATemplate:
+        return dataclasses.replace(self, top_k=top_k, answer_max_tokens=answer_max_tokens, chunk_size=chunk_size)
 
     @classmethod
     def from_template_text(cls, text: str, *, base: str = DEFAULT_BASE_TEMPLATE) -> QATemplate:
@@ -285,6 +289,7 @@ def _parse_llama_index_default(text: str) -> str | None:
 __all__ = [
     "DEFAULT_BASE_TEMPLATE",
     "DEFAULT_INSTRUCTION",
+    "SETTINGS",
     "TEMPLATE_VARIABLES",
     "Demo",
     "Position",

@@ -70,7 +70,10 @@ class RAGProgram:
         temperature: float = 0.0,
         template: QATemplate | None = None,
         context_separator: str = CONTEXT_SEPARATOR,
+        chunked: Callable[[int], Retriever] | None = None,
     ) -> None:
+        """``chunked(chunk_size)`` gives the retriever over the corpus chunked at that size (built once,
+        kept): what answers a template whose ``chunk_size`` is set. Without it, such a template is refused."""
         if max_tokens <= 0:
             raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
         self.retriever = retriever
@@ -80,17 +83,30 @@ class RAGProgram:
         #: Used when a call gives no template; what get_prompts()/update_prompts() read and write.
         self.template = template or QATemplate()
         self.context_separator = context_separator
+        self.chunked = chunked
 
-    def _retrieve(self, query: str, template: QATemplate) -> tuple[RetrievedContext, ...]:
-        # A template's own top_k (a searched setting) over the retriever's.
-        return tuple(retrieve_top(self.retriever, query, top_k=template.top_k))
+    def retriever_for(self, template: QATemplate) -> Retriever:
+        """The retriever over ``template``'s chunking (a searched setting), else the program's."""
+        if template.chunk_size is None:
+            return self.retriever
+        if self.chunked is None:
+            raise PromptError(
+                f"this prompt is answered with chunk_size = {template.chunk_size}, but the program has one index: "
+                "build it with chunked= (an experiment's program has it), or remove the prompt's chunk_size"
+            )
+        return self.chunked(template.chunk_size)
+
+    def retrieve(self, query: str, *, template: QATemplate | None = None) -> tuple[RetrievedContext, ...]:
+        """The contexts ``template`` is answered with: its own chunking and top_k over the program's."""
+        use = template or self.template
+        return tuple(retrieve_top(self.retriever_for(use), query, top_k=use.top_k))
 
     def _max_tokens(self, template: QATemplate) -> int:
         return template.answer_max_tokens or self.max_tokens
 
     def build_prompt(self, query: str, *, template: QATemplate | None = None) -> tuple[str, tuple[RetrievedContext, ...]]:
         use = template or self.template
-        contexts = self._retrieve(query, use)
+        contexts = self.retrieve(query, template=use)
         context_str = self.context_separator.join(c.text for c in contexts)
         return use.format(context_str=context_str, query_str=query), contexts
 
@@ -107,13 +123,14 @@ class RAGProgram:
         to the backend as one batch (:meth:`ChatClient.complete_many`), which a llama.cpp model decodes
         together over their shared prefix. Each call is cached on its own; a failed call gives its
         :class:`LLMError` in its place."""
-        found: dict[int | None, tuple[RetrievedContext, ...]] = {}  # retrieval once per top_k
+        found: dict[tuple[int | None, int | None], tuple[RetrievedContext, ...]] = {}  # once per retrieval setting
         calls, contexts = [], []
         for t in templates:
-            if t.top_k not in found:
-                found[t.top_k] = self._retrieve(query, t)
-            contexts.append(found[t.top_k])
-            context_str = self.context_separator.join(c.text for c in found[t.top_k])
+            key = (t.chunk_size, t.top_k)
+            if key not in found:
+                found[key] = self.retrieve(query, template=t)
+            contexts.append(found[key])
+            context_str = self.context_separator.join(c.text for c in found[key])
             options = {"temperature": self.temperature, "max_tokens": self._max_tokens(t)}
             calls.append(([Message("user", t.format(context_str=context_str, query_str=query))], options))
         return [
@@ -159,7 +176,7 @@ class RAGProgram:
         from llama_index.core.query_engine import RetrieverQueryEngine
 
         return RetrieverQueryEngine.from_args(
-            retriever=as_llama_index_retriever(self.retriever, top_k=self.template.top_k),
+            retriever=as_llama_index_retriever(self.retriever_for(self.template), top_k=self.template.top_k),
             llm=chat_client_llm(self.llm, max_tokens=self._max_tokens(self.template), temperature=self.temperature),
             text_qa_template=self.template.to_llama_index(),
             **kwargs,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import ConfigError, DataError, PromptError
-from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.prompts import DEFAULT_BASE_TEMPLATE, SETTINGS, QATemplate
 from opro.redaction import redact_url
 from opro.rundir import RunDir
 
@@ -196,7 +196,7 @@ def _from_registry(spec: str, config: OproConfig | None, tracking_uri: str | Non
         if tags.get(f"opro.{key}"):
             provenance[key] = tags[f"opro.{key}"]
     template = QATemplate.from_template_text(text)
-    settings = {k: tags[f"opro.{k}"] for k in ("top_k", "answer_max_tokens") if tags.get(f"opro.{k}", "").isdigit()}
+    settings = {k: tags[f"opro.{k}"] for k in SETTINGS if tags.get(f"opro.{k}", "").isdigit()}
     if settings:  # the settings opro registered the version with (the demonstrations are in its text)
         template = template.with_settings(**{k: int(v) for k, v in settings.items()})
     return ResolvedPrompt(

@@ -102,6 +102,28 @@ def withhold(examples: Sequence[Any], chunks: Sequence[Any], *, fraction: float,
     return Withheld(chunk_ids=tuple(c.id for c in chunks if c.id in removed), queries=tuple(lost))
 
 
+def withheld_at(chunks: Sequence[Any], *, removed: Sequence[str], contexts: Sequence[str]) -> tuple[str, ...]:
+    """The chunks of another chunking of the same corpus (``[search.space].chunk_size``) that the
+    withholding takes out: each mostly made of the ``removed`` chunks' text or holding a withheld
+    question's reference context (``contexts``), then, while a context keeps :data:`_KEPT` of its
+    distinctive 4-grams in the rest, the chunk that holds most of it. The same questions stay
+    unanswerable whatever the chunking."""
+    chunk_sh = {c.id: _shingles(c.text) for c in chunks}
+    df: Counter[tuple[str, ...]] = Counter(s for sh in chunk_sh.values() for s in sh)
+    chunk_sh = {cid: {s for s in sh if df[s] <= _COMMON} for cid, sh in chunk_sh.items()}
+    gone_text = {s for t in removed for s in _shingles(t)}
+    ctx = [sh for c in contexts if (sh := {s for s in _shingles(c) if 0 < df[s] <= _COMMON})]
+    out = {cid for cid, sh in chunk_sh.items()
+           if sh and (len(sh & gone_text) >= _HOLDS * len(sh) or any(_holds(sh, c) for c in ctx))}
+    for c in ctx:
+        while True:
+            rest = {cid: len(sh & c) for cid, sh in chunk_sh.items() if cid not in out and sh & c}
+            if sum(rest.values()) < _KEPT * len(c):  # a bound on what the rest holds of it
+                break
+            out.add(max(rest, key=lambda cid: rest[cid]))
+    return tuple(c.id for c in chunks if c.id in out)
+
+
 def apply_withheld(dataset: Any, withheld: Withheld) -> Any:
     """The dataset with :data:`NOT_IN_CONTEXT` as the reference answer of every withheld question. Its
     reference contexts stay: they say where the answer was, and keep questions about one passage in
@@ -128,4 +150,4 @@ def requirement_score(answer: str, *, name: str, threshold: float) -> MetricResu
     return MetricResult(name, 5.0, threshold <= 5.0, "says the context lacks the answer")
 
 
-__all__ = ["NOT_IN_CONTEXT", "Withheld", "apply_withheld", "requirement_score", "says_not_in_context", "withhold"]
+__all__ = ["NOT_IN_CONTEXT", "Withheld", "apply_withheld", "requirement_score", "says_not_in_context", "withheld_at", "withhold"]

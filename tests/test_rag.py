@@ -144,3 +144,29 @@ def test_a_templates_settings_choose_its_chunks_and_answer_length_in_a_batch_too
     assert sorted(retriever.calls, key=str) == [3, None]  # once per top_k
     assert [o.max_tokens for _, o in llm.calls] == [100, 100, 7]
     assert "chunk 2" in llm.calls[1][0][-1].content and "chunk 2" not in llm.calls[0][0][-1].content
+
+
+def test_a_template_with_its_own_chunking_is_answered_from_that_chunkings_retriever() -> None:
+    from opro.llm import UsageLedger
+    from opro.retrieval import RetrievedContext
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name, self.calls = name, 0
+
+        def retrieve(self, query: str, *, top_k: int | None = None) -> list[RetrievedContext]:
+            self.calls += 1
+            return [RetrievedContext(text=f"{self.name} chunk", score=1.0)]
+
+    own, by_size = Named("own"), {256: Named("256")}
+    llm = ScriptedLLM(default="ok")
+    program = RAGProgram(retriever=own, llm=ChatClient(llm, role="task", usage=UsageLedger()),  # type: ignore[arg-type]
+                         chunked=lambda size: by_size[size])  # type: ignore[arg-type,return-value]
+    small, plain = QATemplate(chunk_size=256), QATemplate()
+    assert [c.text for c in program.answer("q?", template=small).contexts] == ["256 chunk"]
+    answers = program.answer_group("q?", templates=[plain, small, small.with_instruction("Say it.")])
+    assert [a.contexts[0].text for a in answers] == ["own chunk", "256 chunk", "256 chunk"]  # type: ignore[union-attr]
+    assert (own.calls, by_size[256].calls) == (1, 2)  # once per chunking in a group
+    single = RAGProgram(retriever=own, llm=ChatClient(llm, role="task", usage=UsageLedger()))  # type: ignore[arg-type]
+    with pytest.raises(PromptError, match=r"chunk_size = 256.*one index"):
+        single.answer("q?", template=small)

@@ -58,7 +58,7 @@ def _config(tmp_path: Path, **space: object) -> Path:
         experiment={"name": "space", "output_dir": "out", "progress": False},
         data={"split": {"exemplar": 4, "optimization": 4, "validation": 16, "heldout": 8, "seed": 1}},
         optimizer={"steps": 3, "candidates_per_step": 2, "minibatch_size": 2, "patience": 0},
-        search={"space": {"demos": [0, 1, 2], "top_k": [1, 3], "answer_max_tokens": [32, 64], **space}},
+        search={"space": {"demos": [0, 1, 2], "top_k": [1, 3], "answer_max_tokens": [32, 64], "chunk_size": [32], **space}},
     )
     return write_toml(cfg, tmp_path / "space.toml")
 
@@ -82,8 +82,9 @@ def test_demonstrations_and_settings_are_searched_and_the_validated_gate_returns
     path, result = searched
     history = result.history  # type: ignore[attr-defined]
     initial = history[0]
-    assert initial.step == 0 and initial.params == {"demos": 0, "top_k": 2, "answer_max_tokens": 128}
-    assert all(set(r.params) == {"demos", "top_k", "answer_max_tokens"} for r in history)
+    assert initial.step == 0 and initial.params == {"demos": 0, "top_k": 2, "answer_max_tokens": 128, "chunk_size": 64}
+    assert all(set(r.params) == {"demos", "top_k", "answer_max_tokens", "chunk_size"} for r in history)
+    assert {r.params["chunk_size"] for r in history} == {32, 64}  # each chunking was tried
     assert all(r.params["demos"] in (0, 1, 2) and r.params["top_k"] in (1, 2, 3) for r in history)
     # Only a demonstration moves this task model: the gate returns a configuration with one, on
     # validation questions that did not choose it.
@@ -109,10 +110,10 @@ def test_each_trial_records_its_values_in_optuna_and_mlflow(searched: tuple[Path
     complete = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == len(result.history)  # type: ignore[attr-defined]
     for t in complete:
-        assert set(t.params) == {"demos", "top_k", "answer_max_tokens"}
+        assert set(t.params) == {"demos", "top_k", "answer_max_tokens", "chunk_size"}
         assert isinstance(t.distributions["demos"], optuna.distributions.CategoricalDistribution)
     frame = study.trials_dataframe()
-    assert {"params_demos", "params_top_k", "params_answer_max_tokens"} <= set(frame.columns)
+    assert {"params_demos", "params_top_k", "params_answer_max_tokens", "params_chunk_size"} <= set(frame.columns)
     client = mlflow_client(path)
     run = client.search_runs([client.get_experiment_by_name("space").experiment_id])[0]
     best = result.best_params  # type: ignore[attr-defined]
@@ -167,7 +168,7 @@ def test_the_returned_configuration_exports_and_reloads_answering_the_same(
     try:
         best = resolve_prompt("best", config=exp.config)
         template = best.template
-        assert template.demos and template.top_k is not None and template.answer_max_tokens is not None
+        assert template.demos and None not in (template.top_k, template.answer_max_tokens, template.chunk_size)
         files = {f: export_prompt(best, format=f, out=tmp_path / f, config=exp.config).paths[0]  # type: ignore[arg-type]
                  for f in ("json", "llamaindex", "dspy")}
         assert load_prompt_json(files["json"]) == template
@@ -178,14 +179,15 @@ def test_the_returned_configuration_exports_and_reloads_answering_the_same(
         # messages and the options): exactly the same call, or the scripted model would be asked anew.
         asked = len(task.calls)
         assert asked and "Query:" in task.calls[-1][0][-1].content
-        # LlamaIndex: the exported template (demonstrations in it) over a retriever with its top_k and an
-        # LLM with its max_tokens asks the task model exactly the same call.
+        # LlamaIndex: the exported template (demonstrations in it) over a retriever with its chunking and
+        # top_k and an LLM with its max_tokens asks the task model exactly the same call.
         from llama_index.core.query_engine import RetrieverQueryEngine
 
         settings = load_llamaindex_settings(files["llamaindex"])
-        assert settings == {"similarity_top_k": template.top_k, "max_tokens": template.answer_max_tokens}
+        assert settings == {"similarity_top_k": template.top_k, "max_tokens": template.answer_max_tokens,
+                            "chunk_size": template.chunk_size}
         engine = RetrieverQueryEngine.from_args(
-            retriever=as_llama_index_retriever(exp.retriever, top_k=settings["similarity_top_k"]),
+            retriever=as_llama_index_retriever(exp.retriever_at(settings["chunk_size"]), top_k=settings["similarity_top_k"]),
             llm=chat_client_llm(exp.client("task"), max_tokens=settings["max_tokens"]),
             text_qa_template=load_llamaindex_prompt(files["llamaindex"]),
         )
@@ -195,7 +197,7 @@ def test_the_returned_configuration_exports_and_reloads_answering_the_same(
         predict = load_dspy_program(files["dspy"])
         assert [d.question for d in predict.demos] == [d.query for d in template.demos]
         program = RAGProgram(retriever=exp.retriever, llm=exp.client("task"), max_tokens=exp.config.rag.answer_max_tokens,
-                             template=template)
+                             template=template, chunked=exp.retriever_at)
         module = OproRAG(program, instruction=template.instruction)
         module.generate.demos = predict.demos
         assert module(question=question).answer == opro_answer.text and len(task.calls) == asked
@@ -340,10 +342,10 @@ def test_optimize_shows_each_row_with_its_configuration(tmp_path: Path, monkeypa
     result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"], terminal_width=240)
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
-    assert "[demos 0, top_k 2, answer_max_tokens 128]" in said  # the initial configuration
+    assert "[demos 0, top_k 2, answer_max_tokens 128, chunk_size 64]" in said  # the initial configuration
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     best = summary["best_params"]
-    assert f"[demos {best['demos']}, top_k {best['top_k']}, answer_max_tokens {best['answer_max_tokens']}]" in said
+    assert ("[" + ", ".join(f"{k} {best[k]}" for k in ("demos", "top_k", "answer_max_tokens", "chunk_size")) + "]") in said
 
 
 def test_bootstrapped_demonstrations_are_the_task_models_answers_the_judge_passed(tmp_path: Path) -> None:

@@ -138,3 +138,38 @@ def test_a_stratified_split_gives_every_split_its_share_and_changes_nothing_unst
         assert abs(n_hard - size / 4) <= 1, (name, n_hard)
     plain = make_split(examples, exemplar=8, optimization=8, validation=12, heldout=12, seed=0)
     assert plain == make_split(examples, exemplar=8, optimization=8, validation=12, heldout=12, seed=0)
+
+
+def test_another_chunking_withholds_the_same_answers_and_is_indexed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import opro.retrieval
+
+    path = _config(tmp_path, )
+    text = path.read_text() + '\n[search.space]\nchunk_size = [96]\n'
+    path.write_text(text)
+    exp = Experiment.from_file(path, pool=scripted_pool(), progress=False)
+    try:
+        lost = [e for e in exp.dataset.examples if e.reference_answer == NOT_IN_CONTEXT]
+        wide = exp.retriever_at(96)
+        assert wide is exp.retriever_at(96) and exp.retriever_at(48) is exp.retriever
+        assert max(len(c.text) for c in wide.chunks) > max(len(c.text) for c in exp.retriever.chunks)  # another chunking
+        for e in lost:  # the withheld numbers are in no chunk of the other chunking either
+            i = TOPICS.index(e.query.split()[2])
+            assert f"counted {i * 7 + 3} sites" not in " ".join(c.text for c in wide.retrieve(e.query, top_k=50))
+        kept = [e for e in exp.dataset.examples if e.reference_answer != NOT_IN_CONTEXT]
+        found = " ".join(c.text for c in wide.retrieve(kept[0].query, top_k=50))
+        assert kept[0].reference_answer.split()[0] in found  # the rest of the corpus stays
+    finally:
+        exp.close()
+    # Chunked and indexed once: another experiment over the same files loads both, chunking nothing.
+    monkeypatch.setattr(opro.retrieval, "chunk_documents", lambda *a, **k: pytest.fail("chunked again"))
+    again = Experiment.from_file(path, pool=scripted_pool(), progress=False)
+    try:
+        assert [c.id for c in again.retriever_at(96).chunks] == [c.id for c in wide.chunks]
+    finally:
+        again.close()
+
+
+def test_a_chunk_size_must_exceed_the_overlap() -> None:
+    with pytest.raises(ConfigError, match=r"\[search\.space\]\.chunk_size = 32 is not above \[rag\]\.chunk_overlap"):
+        config_from_dict({"data": {"docs": ["d"]}, "rag": {"chunk_size": 128, "chunk_overlap": 32},
+                          "search": {"space": {"chunk_size": [32]}}})

@@ -33,7 +33,6 @@ from dspy.lm15 import Response, TextPart, Usage
 from opro.errors import ConfigError
 from opro.llm import ChatClient, Completion, Message, Role, cache_key
 from opro.prompts import DEFAULT_BASE_TEMPLATE, Demo, QATemplate
-from opro.retrieval import retrieve_top
 
 if TYPE_CHECKING:
     from opro.metrics import Metric
@@ -326,7 +325,7 @@ class OproRAG(dspy.Module):  # type: ignore[misc]
         self.generate = dspy.Predict(dspy.Signature(RAG_SIGNATURE, instructions=instruction))
         # The program's configuration whole: its demonstrations in DSPy's demo fields, its settings below.
         self.generate.demos = [dspy.Example(context=d.context, question=d.query, answer=d.answer) for d in template.demos]
-        self._top_k = template.top_k
+        self._template = template
         # The same options as RAGProgram.answer, so both ask the task model the same call (one cache entry).
         max_tokens = template.answer_max_tokens or program.max_tokens
         self.generate.set_lm(lm or OproLM(program.llm, temperature=program.temperature, max_tokens=max_tokens))
@@ -337,7 +336,7 @@ class OproRAG(dspy.Module):  # type: ignore[misc]
 
     def forward(self, question: str) -> Any:
         program: RAGProgram = self._program.value
-        contexts = retrieve_top(program.retriever, question, top_k=self._top_k)
+        contexts = program.retrieve(question, template=self._template)
         context = program.context_separator.join(c.text for c in contexts)
         with dspy.context(adapter=self._adapter):
             pred = self.generate(context=context, question=question)

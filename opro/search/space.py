@@ -23,7 +23,7 @@ from typing import Any
 import optuna
 
 from opro.errors import ConfigError
-from opro.prompts import Demo, QATemplate
+from opro.prompts import SETTINGS, Demo, QATemplate
 from opro.search.results import CandidateRecord
 from opro.withheld import NOT_IN_CONTEXT
 
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 #: A configuration's values beside the wording, by dimension.
 Params = Mapping[str, int]
-DIMENSIONS = ("demos", "top_k", "answer_max_tokens")
+DIMENSIONS = ("demos", *SETTINGS)
 
 
 def _demo_context(texts: Sequence[str], chars: int) -> str:
@@ -138,9 +138,8 @@ class SearchSpace:
         out = template
         if "demos" in values:
             out = out.with_demos(self.demos[: values["demos"]])
-        if "top_k" in values or "answer_max_tokens" in values:
-            out = out.with_settings(top_k=values.get("top_k", template.top_k),
-                                    answer_max_tokens=values.get("answer_max_tokens", template.answer_max_tokens))
+        if any(k in values for k in SETTINGS):
+            out = out.with_settings(**{k: values.get(k, getattr(template, k)) for k in SETTINGS})
         return out
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from opro.prompts import SETTINGS
 from opro.rundir import RunDir
 from opro.search.recorder import Recorder
 
@@ -289,7 +290,7 @@ class MlflowRecorder(Recorder):
                     **({"opro.run_dir": str(self.run_dir.root.resolve())} if self.run_dir is not None else {}),
                     # Not text of the template, answered with it (the demonstrations are in the text).
                     **{f"opro.{k}": str(v) for k, v in result.best_configuration.items()
-                       if k in ("top_k", "answer_max_tokens")},
+                       if k in SETTINGS},
                 },
             )
             tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})
