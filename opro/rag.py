@@ -235,8 +235,8 @@ class QueryEngineProgram:
         if use.settings:
             raise PromptError(
                 f"a LlamaIndex query engine keeps its own retrieval and generation settings; this prompt sets "
-                f"{use.settings}: build the engine with them (similarity_top_k, the LLM's max_tokens) or evaluate "
-                "it with opro's RAG program"
+                f"{use.settings}: build the engine with them (similarity_top_k, the LLM's max_tokens, the node "
+                "parser's chunk_size) or evaluate it with opro's RAG program"
             )
         with self._lock:
             apply_template(self.engine, use)
