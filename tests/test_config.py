@@ -17,6 +17,7 @@ from opro.config import (
     RAGSection,
     SplitSection,
     config_from_dict,
+    load_config,
 )
 from opro.errors import ConfigError
 
@@ -137,8 +138,6 @@ def test_good_tracking_uris_are_accepted() -> None:
 
 
 def test_a_config_file_must_be_utf8_and_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
-    from opro.config import load_config
-
     latin = tmp_path / "latin.toml"
     latin.write_bytes('[experiment]\nname = "caf\u00e9"\n[data]\ndocs = ["docs"]\n'.encode("latin-1"))
     with pytest.raises(ConfigError, match=r"latin.toml: not UTF-8 text \(byte \d+\): save the config as UTF-8"):
@@ -146,3 +145,10 @@ def test_a_config_file_must_be_utf8_and_may_start_with_a_byte_order_mark(tmp_pat
     bom = tmp_path / "bom.toml"
     bom.write_bytes(b"\xef\xbb\xbf" + '[experiment]\nname = "caf\u00e9"\n[data]\ndocs = ["docs"]\n'.encode())
     assert load_config(bom).experiment.name == "caf\u00e9"
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "experiments").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_experiment_config_loads(path: Path) -> None:
+    # The worked examples the docs run: a renamed or mistyped key fails here, not in a user's hour-long run.
+    config = load_config(path)
+    assert config.experiment.name and config.source == str(path)
