@@ -260,6 +260,10 @@ class OptimizerSection:
             raise ConfigError(f"[optimizer].race_confidence must be in [0.5, 1) (e.g. 0.95), got {self.race_confidence}")
 
 
+#: ``[search.space]``'s dimensions, in order, and the least value each may take.
+_SPACE_FLOORS = {"demos": 0, "top_k": 1, "answer_max_tokens": 1, "chunk_size": 32}
+
+
 @dataclass(frozen=True)
 class SpaceSection:
     """What the search may change beside the wording, each a list of values to choose from (empty:
@@ -284,7 +288,7 @@ class SpaceSection:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        for name, low in (("demos", 0), ("top_k", 1), ("answer_max_tokens", 1), ("chunk_size", 32)):
+        for name, low in _SPACE_FLOORS.items():
             values = getattr(self, name)
             bad = [v for v in values if v < low]
             if bad:
@@ -295,8 +299,7 @@ class SpaceSection:
     @property
     def dimensions(self) -> dict[str, tuple[int, ...]]:
         """The open dimensions and their choices (in the config's order)."""
-        return {name: getattr(self, name) for name in ("demos", "top_k", "answer_max_tokens", "chunk_size")
-                if getattr(self, name)}
+        return {name: getattr(self, name) for name in _SPACE_FLOORS if getattr(self, name)}
 
 
 @dataclass(frozen=True)

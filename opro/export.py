@@ -211,11 +211,14 @@ def _render_json(prompt: ResolvedPrompt, config: OproConfig | None) -> str:
     return json.dumps(prompt_json(prompt, config=config), indent=2, ensure_ascii=False) + "\n"
 
 
+#: A prompt's settings under LlamaIndex's names: a retriever's ``similarity_top_k``, the LLM's
+#: ``max_tokens``, the node parser's ``chunk_size``.
+_LLAMAINDEX_NAMES = {"top_k": "similarity_top_k", "answer_max_tokens": "max_tokens", "chunk_size": "chunk_size"}
+
+
 def _llamaindex_settings(template: QATemplate) -> dict[str, int]:
-    """The configuration's settings under LlamaIndex's names (a retriever's ``similarity_top_k``, the
-    LLM's ``max_tokens``, the node parser's ``chunk_size``)."""
-    names = {"top_k": "similarity_top_k", "answer_max_tokens": "max_tokens", "chunk_size": "chunk_size"}
-    return {names[k]: v for k, v in template.settings.items()}
+    """The configuration's settings under LlamaIndex's names."""
+    return {_LLAMAINDEX_NAMES[k]: v for k, v in template.settings.items()}
 
 
 def _render_llamaindex(prompt: ResolvedPrompt, config: OproConfig | None) -> str:
@@ -428,7 +431,7 @@ def load_llamaindex_settings(path: str | Path) -> dict[str, int]:
     names: ``similarity_top_k`` (for ``index.as_query_engine`` or a retriever), ``max_tokens`` (the
     LLM's) and ``chunk_size`` (a ``SentenceSplitter``'s); empty when the prompt keeps the engine's own."""
     data = _read(path, LLAMAINDEX_FORMAT)
-    return {k: int(data[k]) for k in ("similarity_top_k", "max_tokens", "chunk_size") if data.get(k) is not None}
+    return {k: int(data[k]) for k in _LLAMAINDEX_NAMES.values() if data.get(k) is not None}
 
 
 def load_dspy_program(path: str | Path) -> dspy.Predict:

@@ -51,6 +51,14 @@ def _shingles(text: str) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + _SHINGLE]) for i in range(max(1, len(words) - _SHINGLE + 1))} if words else set()
 
 
+def _distinctive(chunks: Sequence[Any]) -> tuple[dict[str, set[tuple[str, ...]]], Counter[tuple[str, ...]]]:
+    """Each chunk's distinctive 4-grams (in at most :data:`_COMMON` chunks: running headers and
+    boilerplate would tie every chunk to every question), and every 4-gram's chunk count."""
+    chunk_sh = {c.id: _shingles(c.text) for c in chunks}
+    df: Counter[tuple[str, ...]] = Counter(s for sh in chunk_sh.values() for s in sh)
+    return {cid: {s for s in sh if df[s] <= _COMMON} for cid, sh in chunk_sh.items()}, df
+
+
 def _holds(chunk: set[tuple[str, ...]], context: set[tuple[str, ...]]) -> bool:
     if not chunk or not context:
         return False
@@ -76,12 +84,9 @@ def withhold(examples: Sequence[Any], chunks: Sequence[Any], *, fraction: float,
     """Draw questions (seeded) and take their reference contexts out of ``chunks`` until about
     ``fraction`` of the questions with a reference context can no longer be answered from the rest.
 
-    Texts are compared by their word 4-grams that are distinctive in the corpus (in at most
-    :data:`_COMMON` chunks: running headers and boilerplate would tie every chunk to every question),
+    Texts are compared by their word 4-grams that are distinctive in the corpus (:func:`_distinctive`),
     and a context by those of its 4-grams the corpus holds at all (text extraction differs)."""
-    chunk_sh = {c.id: _shingles(c.text) for c in chunks}
-    df: Counter[tuple[str, ...]] = Counter(s for sh in chunk_sh.values() for s in sh)
-    chunk_sh = {cid: {s for s in sh if df[s] <= _COMMON} for cid, sh in chunk_sh.items()}
+    chunk_sh, df = _distinctive(chunks)
     eligible = [e for e in examples if e.reference_contexts]
     contexts = {e.query: {s for c in e.reference_contexts for s in _shingles(c) if 0 < df[s] <= _COMMON}
                 for e in eligible}
@@ -108,9 +113,7 @@ def withheld_at(chunks: Sequence[Any], *, removed: Sequence[str], contexts: Sequ
     question's reference context (``contexts``), then, while a context keeps :data:`_KEPT` of its
     distinctive 4-grams in the rest, the chunk that holds most of it. The same questions stay
     unanswerable whatever the chunking."""
-    chunk_sh = {c.id: _shingles(c.text) for c in chunks}
-    df: Counter[tuple[str, ...]] = Counter(s for sh in chunk_sh.values() for s in sh)
-    chunk_sh = {cid: {s for s in sh if df[s] <= _COMMON} for cid, sh in chunk_sh.items()}
+    chunk_sh, df = _distinctive(chunks)
     gone_text = {s for t in removed for s in _shingles(t)}
     ctx = [sh for c in contexts if (sh := {s for s in _shingles(c) if 0 < df[s] <= _COMMON})]
     out = {cid for cid, sh in chunk_sh.items()
