@@ -291,26 +291,40 @@ def test_workers_racing_to_create_the_schema_of_a_fresh_store_all_open_it(tmp_pa
         assert not errors, (i, errors)
 
 
-def test_a_lost_schema_race_is_retried_and_a_foreign_file_is_refused_at_once(
+def test_a_lost_schema_race_is_retried_and_a_foreign_file_or_a_denied_user_is_refused_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     from opro.errors import ConfigError
     from opro.search import open_storage
 
     real = optuna.storages.RDBStorage
     attempts: list[str] = []
+    lost = [  # what the loser of fresh workers sees: SQLite's, then PostgreSQL's (a table created meanwhile)
+        IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed: alembic_version.version_num")),
+        ProgrammingError("CREATE TABLE studies", {}, Exception('relation "studies" already exists')),
+    ]
 
-    def loses_the_race_once(url: str, **kwargs: object) -> optuna.storages.RDBStorage:
+    def loses_the_race_twice(url: str, **kwargs: object) -> optuna.storages.RDBStorage:
         attempts.append(url)
-        if len(attempts) == 1:  # what the loser of two fresh workers sees
-            raise IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed: alembic_version.version_num"))
+        if len(attempts) <= len(lost):
+            raise lost[len(attempts) - 1]
         return real(url, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(optuna.storages, "RDBStorage", loses_the_race_once)
+    monkeypatch.setattr(optuna.storages, "RDBStorage", loses_the_race_twice)
     open_storage(f"sqlite:///{tmp_path / 'optuna.db'}")
-    assert len(attempts) == 2
+    assert len(attempts) == 3
+
+    def denied(url: str, **kwargs: object) -> optuna.storages.RDBStorage:
+        attempts.append(url)
+        raise ProgrammingError("CREATE TABLE studies", {}, Exception("permission denied for schema public"))
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", denied)
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"permission denied for schema public; check that the URL's user may create"):
+        open_storage("postgresql+psycopg2://opro:secret@db.example/opro")
+    assert len(attempts) == 4 and time.perf_counter() - started < 0.4  # not a race: refused at once
     monkeypatch.setattr(optuna.storages, "RDBStorage", real)
     foreign = tmp_path / "notes.db"
     foreign.write_text("not a database, but a text file of some length " * 100)

@@ -36,6 +36,7 @@ from opro.config import OptimizerSection
 from opro.errors import ConfigError
 from opro.llm import ChatClient, UsageLedger
 from opro.llm.scripted import ScriptedLLM
+from opro.search import open_storage
 
 _missing = unavailable
 
@@ -176,7 +177,7 @@ def _scale_out(
         workers = {i: opro("optimize", str(configs[i]), "--worker", f"{i}/3", "--no-progress") for i in (0, 1)}
 
         # Kill worker 1 (SIGKILL: no clean-up) while it holds a claim on a candidate of step 1.
-        storage = optuna.storages.RDBStorage(f"{postgres}/opro")
+        storage = open_storage(f"{postgres}/opro")  # the workers may be creating its schema this instant
         deadline = time.monotonic() + 200
         while True:
             try:
@@ -249,3 +250,34 @@ def _scale_out(
     assert exported.exit_code == 0, exported.output
     assert exported.stdout.strip() == summary["best_template"].strip()
     assert not (tmp_path / "machine3" / "out" / "summary.json").exists()
+
+
+def test_workers_racing_to_create_the_schema_of_a_fresh_postgresql_store_all_open_it(postgres: str) -> None:
+    """On PostgreSQL the loser of the schema race sees the winner's types (a unique violation in
+    pg_type) or alembic_version row when both create at once, and its tables (DuplicateTable, a
+    ProgrammingError) when it looked before the winner committed and created after: all are retried.
+    4 threads open each of 12 fresh databases, starting within 0.1 s of each other."""
+    import random
+    import threading
+
+    from fakes import run_together
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(f"{postgres}/opro", isolation_level="AUTOCOMMIT")
+    rng, lock = random.Random(0), threading.Lock()
+
+    def open_after_a_while(url: str) -> None:
+        with lock:
+            delay = rng.uniform(0.0, 0.1)
+        time.sleep(delay)
+        open_storage(url).engine.dispose()  # type: ignore[attr-defined]
+
+    try:
+        for i in range(12):
+            db = f"race_{uuid.uuid4().hex[:8]}"
+            with admin.connect() as conn:
+                conn.execute(text(f"CREATE DATABASE {db}"))
+            errors = run_together(lambda db=db: open_after_a_while(f"{postgres}/{db}"), threads=4)  # type: ignore[misc]
+            assert not errors, (i, errors)
+    finally:
+        admin.dispose()

@@ -107,6 +107,7 @@ def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optun
         IntegrityError,
         NoSuchModuleError,
         OperationalError,
+        ProgrammingError,
     )
 
     sqlite = url.startswith("sqlite:///")
@@ -124,20 +125,23 @@ def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optun
                     url, engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else None
                 )
             break
-        except (OperationalError, IntegrityError) as exc:
+        except (OperationalError, IntegrityError, ProgrammingError) as exc:
             # Workers starting together race to create the schema: the loser sees a table that now
-            # exists (OperationalError), a locked database, or the winner's alembic_version row
-            # (IntegrityError: UNIQUE constraint failed), and retries against the finished schema. A
-            # database that does not answer fails the same way every time.
-            if attempt < 4:
+            # exists (SQLite: OperationalError; PostgreSQL: ProgrammingError, DuplicateTable), a locked
+            # database, or the winner's alembic_version row or table type (IntegrityError: a unique
+            # violation), and retries against the finished schema. A database that does not answer
+            # fails the same way every time; any other ProgrammingError (a missing privilege) at once.
+            why = str(exc.orig or exc).strip().splitlines()[0]
+            denied = isinstance(exc, ProgrammingError) and "already exists" not in why
+            if attempt < 4 and not denied:
                 time.sleep(0.5 * (attempt + 1))
                 continue
-            why = str(exc.orig or exc).strip().splitlines()[0]
-            hint = (
-                "another process kept changing its schema; run again once it has started"
-                if isinstance(exc, IntegrityError)
-                else "check that the database server is up and the URL's host, port, user and database"
-            )
+            if denied:
+                hint = "check that the URL's user may create tables in that database"
+            elif isinstance(exc, OperationalError):
+                hint = "check that the database server is up and the URL's host, port, user and database"
+            else:
+                hint = "another process kept changing its schema; run again once it has started"
         except (ImportError, ArgumentError, NoSuchModuleError) as exc:
             why, hint = str(exc), (
                 "for PostgreSQL install the driver (pip install 'opro[postgres]') and name it in the URL "
