@@ -146,8 +146,6 @@ class Plan:
         ]
         if self.space:
             out.append("search space: the wording, and " + "; ".join(f"{k} {list(v)}" for k, v in self.space.items())
-                       + (" (demonstrations lengthen the task's prompts: its time per call is estimated without them)"
-                          if "demos" in self.space else "")
                        + (" (each chunk size is chunked and indexed once, then kept)" if "chunk_size" in self.space else ""))
         for r in self.roles:
             if not r.calls:
@@ -263,9 +261,17 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> 
         n = measured["calls"]
         return (measured["prompt_tokens"] / n, measured["completion_tokens"] / n, measured["wall_s"] / n,
                 f"measured: the last run's {n} calls")
-    rag, spec = config.rag, getattr(config.models, role)
+    rag, spec, space = config.rag, getattr(config.models, role), config.search.space
+
+    def mean(choices: tuple[int, ...], default: int) -> float:
+        # The sampler spreads the candidates over an open dimension's choices: their mean, else the config's.
+        return statistics.fmean(choices) if choices else float(default)
+
+    # A demonstration: its context (demo_chars, about 4 characters a token), question, answer, field names.
+    demos = mean(space.demos, 0) * (space.demo_chars / 4 + 60)
+    context = 0.8 * mean(space.top_k, rag.top_k) * mean(space.chunk_size, rag.chunk_size)
     prompt, completion = {
-        "task": (120 + 0.8 * rag.top_k * rag.chunk_size, min(rag.answer_max_tokens, 70)),
+        "task": (120 + context + demos, min(mean(space.answer_max_tokens, rag.answer_max_tokens), 70)),
         "judge": (450.0, 0.0 if config.judge.score_from != "reply" else 12.0),
         "optimizer": (250 + 25 * min(config.optimizer.max_history, 6) + 40 * config.optimizer.exemplars, 75.0),
         "generator": (80 + 0.8 * rag.chunk_size, 20.0 * config.data.questions_per_chunk + 15),

@@ -139,3 +139,19 @@ def test_the_plan_names_the_open_search_space_and_counts_bootstrapping(tmp_path:
     boot = plan(demos=[0, 2], demo_source="bootstrapped")
     task = {r.role: r for r in boot.roles}["task"]  # type: ignore[attr-defined]
     assert task.search_calls == {r.role: r for r in plain.roles}["task"].search_calls + 2  # type: ignore[attr-defined]
+
+
+def test_the_task_prompts_are_estimated_over_the_open_choices(tmp_path: Path) -> None:
+    """Demonstrations and larger settings lengthen the task's prompts: the estimate averages the
+    choices the sampler spreads candidates over (the worse-start run took twice its plan without this)."""
+    def task_prompt(**space: object) -> float:
+        cfg = experiment_config(tmp_path, search={"space": space} if space else {}, rag={"top_k": 2, "chunk_size": 256})
+        made = make_plan(config_from_dict(cfg, base_dir=tmp_path))
+        return {r.role: r for r in made.roles}["task"].prompt_tokens_per_call
+
+    plain = task_prompt()
+    assert plain == pytest.approx(120 + 0.8 * 2 * 256)
+    assert task_prompt(top_k=[1, 2, 3]) == pytest.approx(plain)  # the same mean
+    assert task_prompt(top_k=[2, 4]) == pytest.approx(120 + 0.8 * 3 * 256)
+    assert task_prompt(chunk_size=[256, 512]) == pytest.approx(120 + 0.8 * 2 * 384)
+    assert task_prompt(demos=[0, 2], demo_chars=400) == pytest.approx(plain + 1 * (400 / 4 + 60))
