@@ -322,8 +322,9 @@ def test_a_lost_schema_race_is_retried_and_a_foreign_file_or_a_denied_user_is_re
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", denied)
     started = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"permission denied for schema public; check that the URL's user may create"):
+    with pytest.raises(ConfigError, match=r"permission denied for schema public; check that the URL's user may create") as err:
         open_storage("postgresql+psycopg2://opro:secret@db.example/opro")
+    assert "secret" not in str(err.value)
     assert len(attempts) == 4 and time.perf_counter() - started < 0.4  # not a race: refused at once
     monkeypatch.setattr(optuna.storages, "RDBStorage", real)
     foreign = tmp_path / "notes.db"

@@ -143,7 +143,8 @@ def test_the_plan_names_the_open_search_space_and_counts_bootstrapping(tmp_path:
 
 def test_the_task_prompts_are_estimated_over_the_open_choices(tmp_path: Path) -> None:
     """Demonstrations and larger settings lengthen the task's prompts: the estimate averages the
-    choices the sampler spreads candidates over (the worse-start run took twice its plan without this)."""
+    choices the sampler spreads candidates over (the worse-start run's task prompts were 1.7 times the
+    estimate that left them out)."""
     def task_prompt(**space: object) -> float:
         cfg = experiment_config(tmp_path, search={"space": space} if space else {}, rag={"top_k": 2, "chunk_size": 256})
         made = make_plan(config_from_dict(cfg, base_dir=tmp_path))
