@@ -16,7 +16,7 @@ import dataclasses
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,12 @@ def _distinctive(chunks: Sequence[Any]) -> tuple[dict[str, set[tuple[str, ...]]]
     return {cid: {s for s in sh if df[s] <= _COMMON} for cid, sh in chunk_sh.items()}, df
 
 
+def _held(texts: Iterable[str], df: Counter[tuple[str, ...]]) -> set[tuple[str, ...]]:
+    """The distinctive 4-grams of ``texts`` that the corpus (its 4-gram counts ``df``) holds at all:
+    a reference context is compared by those only, since text extraction differs."""
+    return {s for t in texts for s in _shingles(t) if 0 < df[s] <= _COMMON}
+
+
 def _holds(chunk: set[tuple[str, ...]], context: set[tuple[str, ...]]) -> bool:
     if not chunk or not context:
         return False
@@ -88,8 +94,7 @@ def withhold(examples: Sequence[Any], chunks: Sequence[Any], *, fraction: float,
     and a context by those of its 4-grams the corpus holds at all (text extraction differs)."""
     chunk_sh, df = _distinctive(chunks)
     eligible = [e for e in examples if e.reference_contexts]
-    contexts = {e.query: {s for c in e.reference_contexts for s in _shingles(c) if 0 < df[s] <= _COMMON}
-                for e in eligible}
+    contexts = {e.query: _held(e.reference_contexts, df) for e in eligible}
     eligible = [e for e in eligible if contexts[e.query]]
     target = round(fraction * len(eligible))
     order = list(eligible)
@@ -115,7 +120,7 @@ def withheld_at(chunks: Sequence[Any], *, removed: Sequence[str], contexts: Sequ
     unanswerable whatever the chunking."""
     chunk_sh, df = _distinctive(chunks)
     gone_text = {s for t in removed for s in _shingles(t)}
-    ctx = [sh for c in contexts if (sh := {s for s in _shingles(c) if 0 < df[s] <= _COMMON})]
+    ctx = [sh for c in contexts if (sh := _held([c], df))]
     out = {cid for cid, sh in chunk_sh.items()
            if sh and (len(sh & gone_text) >= _HOLDS * len(sh) or any(_holds(sh, c) for c in ctx))}
     for c in ctx:
