@@ -18,7 +18,9 @@ REDACTED = "***"
 #: Keys whose values are secrets wherever they appear (mapping keys, query parameters).
 SECRET_KEY = re.compile(r"(api[_-]?key|apikey|secret|password|passwd|token|auth|credential|signature|sig)", re.I)
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+# A URL in prose ends before the punctuation that follows it ("... at https://h/v1?key=K: refused"): that
+# ": " belongs to the sentence, and would vanish into the redacted query value if it were matched.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+?(?=[.,;:!?)\]]*(?:[\s'\"<>]|$))")
 
 
 def redact_url(url: str) -> str:

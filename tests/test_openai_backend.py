@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -198,6 +199,21 @@ def test_429_with_retry_after_then_success(server: FakeServer, llm: OpenAILLM) -
     assert len(server.requests) == 2
     # The Retry-After of 0.3 s was honoured, although the jittered backoff is at most 0.05 s.
     assert server.times[1] - server.times[0] >= 0.28
+
+
+def test_a_long_retry_wait_is_announced_and_a_short_backoff_is_not(
+    server: FakeServer, llm: OpenAILLM, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import opro.llm.openai as backend_module
+
+    monkeypatch.setattr(backend_module, "LOUD_WAIT_S", 0.25)  # the threshold, scaled to a test's waits
+    server.script(error(429, "slow down", {"Retry-After": "0.3"}), error(500), ok("fine"))
+    with caplog.at_level(logging.WARNING, logger="opro.llm.openai"):
+        assert llm.generate(MSGS, OPTS).text == "fine"
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1, said  # the 500's jittered backoff (at most 0.05 s here) is routine: not said
+    assert "waiting 0 s before retry 1 of" in said[0] and "Retry-After" in said[0] and "slow down" in said[0]
+    assert SECRET not in caplog.text
 
 
 def test_500_then_success(server: FakeServer, llm: OpenAILLM) -> None:

@@ -17,6 +17,7 @@ import functools
 import importlib
 import importlib.metadata
 import json
+import logging
 import os
 import random
 import threading
@@ -47,6 +48,10 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 # Servers such as llama.cpp's or vLLM's accept any key; the SDK insists on a non-empty one.
 _NO_KEY = "no-key-needed"
+#: A retry wait at least this long is announced (a warning): shorter backoffs are routine.
+LOUD_WAIT_S = 5.0
+
+logger = logging.getLogger(__name__)
 
 
 def _is_local(base_url: str) -> bool:
@@ -354,7 +359,13 @@ class OpenAILLM(LLM):
 
     def _wait(self, retry: int, error: LLMError, started: float) -> float | None:
         with self._rng_lock:
-            return self.policy.next_wait(retry, error, started, self._rng)
+            wait = self.policy.next_wait(retry, error, started, self._rng)
+        if wait is not None and wait >= LOUD_WAIT_S:
+            # A server's Retry-After can hold a call for a minute: say so, or the run looks hung.
+            why = "as the server's Retry-After asks" if getattr(error, "retry_after", None) is not None else "backing off"
+            logger.warning("%s: waiting %.0f s before retry %d of %d (%s)",
+                           redact_text(error.detail), wait, retry + 1, self.policy.max_retries, why)
+        return wait
 
     def generate(self, messages: tuple[Message, ...], options: GenerationOptions) -> Completion:
         kwargs = self._request(messages, options)
