@@ -1,0 +1,52 @@
+"""The decision ledger beside the dataset (issue 49): a validation decision cannot be re-bought by a new
+output folder (a new study store) or a new split seed that reuses the questions whose verdict was seen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import experiment_config, scripted_pool, write_toml
+
+from opro.experiment import Experiment
+from opro.ledger import LEDGER_FILE
+from opro.search.study import ValidationReuse
+
+
+def _optimize(tmp_path: Path, *, out: str, seed: int = 1, **optimizer: Any) -> Any:
+    """The scripted experiment over ``tmp_path/qa.jsonl`` (28 questions, 12 validation) into ``out``."""
+    split = {"exemplar": 2, "optimization": 3, "validation": 12, "heldout": 10, "seed": seed}
+    cfg = experiment_config(tmp_path, questions=28, experiment={"name": "t", "output_dir": out, "progress": False},
+                            data={"dataset": "qa.jsonl", "split": split}, optimizer={"steps": 1, **optimizer})
+    exp = Experiment.from_file(write_toml(cfg, tmp_path / f"{out}.toml"), pool=scripted_pool(), progress=False)
+    try:
+        return exp.optimize()
+    finally:
+        exp.close()
+
+
+def test_a_new_output_folder_or_split_seed_cannot_re_decide_the_validation_questions_of_a_dataset(
+    tmp_path: Path,
+) -> None:
+    """A new output_dir is a new optuna.db: it gave the same validation questions a fresh decision under
+    another alpha. A new [data.split].seed reshuffles the same pool: most "new" validation questions
+    were seen. Both are refused, naming the earlier verdict; the same decision in another folder is
+    the same decision (allowed, and the same verdict)."""
+    first = _optimize(tmp_path, out="out1", alpha=0.05)
+    assert first.validated
+    ledger = tmp_path / LEDGER_FILE  # beside qa.jsonl, read by every output folder of that dataset
+    records = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [r["verdict"] for r in records] == [None, records[-1]["verdict"]] and records[-1]["verdict"].startswith(
+        "validated: success at look")
+    assert records[0]["design"]["min_coverage"] == 0.9 and len(records[0]["questions"]) >= 12
+    assert "output folder" in records[0]["where"] and records[0]["where"].endswith("out1")
+    with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.1") as info:
+        _optimize(tmp_path, out="out2", alpha=0.1)
+    assert "(validated: success at look" in str(info.value) and "out1" in str(info.value)
+    with pytest.raises(ValidationReuse, match=r"\d+ of these 12 validation questions \(\d+%\) already decided") as info:
+        _optimize(tmp_path, out="out3", seed=2, alpha=0.05)
+    assert "other settings (" in str(info.value) and "split" in str(info.value)
+    same = _optimize(tmp_path, out="out4", alpha=0.05)
+    assert same.validated and same.summary()["validation"] == first.summary()["validation"]
