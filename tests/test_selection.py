@@ -465,7 +465,7 @@ def test_a_finalist_behind_at_the_first_look_stops_there_and_never_asks_the_exte
         run(tmp_path / "b", judge=_extension_judge(lift), n_unused=25, settings={"max_calls": 100})
 
 
-# -- issue 49: decisions that cannot be re-bought ----------------------------------------------------
+# -- issue 49: decisions that cannot be re-bought, and a judge that failed only during validation ------
 
 def _coverage_judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
     """5 for the finalists' answers, 3 for the initial instruction's; one confirmation reply of the
@@ -522,3 +522,51 @@ def test_the_ledger_refuses_a_decision_on_questions_an_earlier_one_saw_in_anothe
     other = run(tmp_path / "c", judge=noisy_judge(2), ledger=ledger, validation_range=range(11, 23))
     assert other.validation is not None and other.validation.looks
     assert [d.verdict is not None for d in ledger.decisions()] == [True, True]
+
+
+def test_a_rerun_after_a_judge_that_failed_only_during_validation_decides_like_a_clean_run(tmp_path: Path) -> None:
+    """Issue 49 (fault harness): a judge whose replies were unreadable only during validation, then mended:
+    the rerun ended rc 1 with 0 requests, because unreadable validation replies were kept as scored. Now
+    they are not kept (and the judge keeps them out of the call cache): the rerun asks them again."""
+    from fakes import experiment_config, judge_reply, optimizer_reply, task_reply, write_toml
+
+    from opro.errors import OproError
+    from opro.experiment import Experiment
+    from opro.llm.pool import ModelPool
+
+    broken = {"on": True, "asked": 0}
+    unreadable: set[str] = set()
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        text = messages[-1].content
+        if any(q in text for q in unreadable):
+            broken["asked"] += 1
+            if broken["on"]:
+                return "I cannot grade this."
+        return judge_reply(messages, options)
+
+    def optimize(folder: Path) -> Any:
+        cfg = experiment_config(folder, questions=24, experiment={"name": "t", "output_dir": "out",
+                                                                  "cache_path": "calls.sqlite", "progress": False},
+                                optimizer={"steps": 1})
+        pool = ModelPool(scripted={"task": ScriptedLLM(default=task_reply, model="task"),
+                                   "judge": ScriptedLLM(default=judge, model="judge"),
+                                   "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer")})
+        exp = Experiment.from_file(write_toml(cfg, folder / "t.toml"), pool=pool, progress=False)
+        try:
+            unreadable.update(e.query for e in (*exp.dataset.examples_in("validation"), *exp.extension_set()))
+            return exp.optimize()
+        finally:
+            exp.close()
+
+    broken["on"] = False
+    clean = optimize(tmp_path / "clean")
+    assert clean.validated
+    broken["on"] = True
+    with pytest.raises(OproError, match="no validation question was scored validly for the initial instruction"):
+        optimize(tmp_path / "mended")
+    broken.update(on=False, asked=0)
+    mended = optimize(tmp_path / "mended")
+    assert broken["asked"] > 0  # asked again, not replayed from the study or the call cache
+    assert mended.summary()["validation"] == clean.summary()["validation"]
+    assert (mended.best_instruction, mended.gain, mended.validated) == (clean.best_instruction, clean.gain, True)

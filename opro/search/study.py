@@ -601,7 +601,9 @@ class SearchStudy:
         self.optuna.set_user_attr("validation_decisions", [d.to_json() for d in latest(decisions)])
 
     def save_validation_look(self, look: Mapping[str, Any]) -> None:
-        looks = [x for x in self.validation_looks() if x.get("look") != look.get("look")]
+        # Looks are made in order: a look made again (a rerun that re-asked questions whose judge
+        # replies were unreadable) replaces the later ones the earlier attempt made.
+        looks = [x for x in self.validation_looks() if x.get("look", 0) < look.get("look", 0)]
         self.optuna.set_user_attr("validation_looks", sorted([*looks, dict(look)], key=lambda x: x["look"]))
 
     def summary(self) -> dict[str, Any] | None:

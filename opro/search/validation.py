@@ -25,6 +25,11 @@ study and in the decision ledger beside the dataset (:mod:`opro.ledger`). Questi
 verdict cannot decide again under another design or other settings, in any study, storage or output
 folder (more than :data:`opro.ledger.MAX_SEEN_SHARE` of them shared is refused), so a rerun cannot
 shop for the alpha, finalists, steps, coverage rule or judge that happen to claim a gain.
+
+A prompt's batch whose judge replies were too often unreadable (valid on fewer than ``min_coverage``
+of its questions) is not kept, like an ``incomplete`` candidate of the search: the next run asks
+those questions again (the judge keeps unreadable replies out of the call cache), so a rerun after a
+judge that failed only here decides like a clean run.
 """
 
 from __future__ import annotations
@@ -95,12 +100,15 @@ def score_on(
     examples: Sequence[QAExample],
     *,
     on_validated: OnValidated,
+    min_coverage: float = 0.0,
     progress: bool = True,
 ) -> dict[str, list[float | None]]:
     """Per-question validation scores of each (label, instruction) on ``examples``, kept in the study
     (keyed by the prompt and the questions) so a rerun asks nothing. ``on_validated(label,
-    instruction, rows)`` as soon as all of a prompt's questions are scored without an LLM error (a
-    prompt with errors is asked again by a rerun); ``rows`` are its answers and verdicts, in order."""
+    instruction, rows)`` as soon as all of a prompt's questions are scored without an LLM error and
+    with valid judge replies on at least ``min_coverage`` of them; a prompt short of either is not
+    kept, and a rerun asks it again (as the search does an ``incomplete`` candidate); ``rows`` are its
+    answers and verdicts, in order."""
     queries = [e.query for e in examples]
     out: dict[str, list[float | None]] = {}
     todo: list[tuple[str, str]] = []
@@ -115,9 +123,16 @@ def score_on(
         label, ins = todo[k]
         results = [scorer.outcome(s, ins) for s in scored]
         out[ins] = [None if isinstance(r, LLMError) else r for r in results]
-        if not any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
-            study.save_validation_scores(ins, queries, out[ins])
-            on_validated(label, ins, tuple(s.row for s in scored))
+        valid = sum(x is not None for x in out[ins])
+        if any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
+            return
+        if valid < min_coverage * len(results):
+            # Unreadable judge replies (never cached): kept as scored, they would never be asked again.
+            logger.warning("validation of %s: %d of %d judge replies were unreadable (min_coverage %g): not kept; "
+                           "the next run asks them again", label, len(results) - valid, len(results), min_coverage)
+            return
+        study.save_validation_scores(ins, queries, out[ins])
+        on_validated(label, ins, tuple(s.row for s in scored))
 
     if examples:
         scorer.score_prompts(todo, examples, on_done=done, progress=progress)
@@ -279,7 +294,8 @@ def validate(
     if n_sel:
         for label, ins in labels[1:]:
             rows.expect(label, ins)
-        sel_scores = score_on(study, scorer, labels[1:], selection, on_validated=collect, progress=progress)
+        sel_scores = score_on(study, scorer, labels[1:], selection, on_validated=collect,
+                              min_coverage=s.min_coverage, progress=progress)
 
         def pooled(k: int) -> tuple[float, int]:
             f = finalists[k]
@@ -298,12 +314,16 @@ def validate(
     looks: list[Look] = []
     seen: list[int] = []
     start = 0
+    unkept = 0  # unscored confirmation questions of batches not kept (asked again by the next run)
     for k, size in enumerate(sizes, start=1):
         batch = confirmation[start:size]
         start = size
         for label, ins in pairs:
             rows.expect(label, ins)
-        got = score_on(study, scorer, pairs, batch, on_validated=collect, progress=progress)
+        got = score_on(study, scorer, pairs, batch, on_validated=collect, min_coverage=s.min_coverage,
+                       progress=progress)
+        unkept += sum(sum(x is None for x in got[ins]) for _, ins in pairs
+                      if study.validation_scores(ins, [e.query for e in batch]) is None)
         init_scores += got[initial]
         pick_scores += got[pick.instruction]
         a, b = paired_valid(pick_scores, init_scores)
@@ -371,10 +391,14 @@ def validate(
         shown = "n/a" if d is None else f"{d:+.2f}"
         verdict = (f"no finalist beat the initial instruction ({how}: difference {shown}, {why}): the initial "
                    "instruction is returned and no gain is claimed")
+    if unkept:
+        verdict += (f"; {unkept} confirmation question(s) got unreadable judge replies or failed calls and are asked "
+                    "again by the next run: fix the judge or the endpoint and rerun to decide on them")
     logger.info("validation: %s", verdict)
     settled = replace(decision, verdict=(
         f"{'validated' if winner is not None else 'no gain'}: {final.decision} at look {final.look} of "
-        f"{len(sizes)}, {final.n} paired questions, p={final.p_value:.3g}, alpha {s.alpha:g}"))
+        f"{len(sizes)}, {final.n} paired questions, p={final.p_value:.3g}, alpha {s.alpha:g}"
+        + (f"; {unkept} question(s) unscored, asked again by the next run" if unkept else "")))
     study.settle_validation(settled)
     if ledger is not None:
         ledger.settle(settled)
