@@ -181,8 +181,9 @@ def _decision(study: SearchStudy, design: dict[str, Any], queries: Sequence[str]
     """The ledger's record of the decision ``design`` describes, on ``queries`` (selection,
     confirmation and extension questions), under the study's fingerprint."""
     fingerprint = _fingerprint(study)
-    shown: dict[str, Any] = {k: design[k] for k in ("alpha", "looks", "futility", "selection_questions",
-                                                    "min_coverage", "extension", "n_questions") if k in design}
+    # A future objective or margin joins the design (and its key) like min_coverage, and is shown here.
+    shown: dict[str, Any] = {k: design[k] for k in ("alpha", "looks", "futility", "selection_questions", "min_coverage",
+                                                    "objective", "margin", "extension", "n_questions") if k in design}
     shown["finalist instructions"] = sha(repr(design["finalists"]))
     shown["initial instruction"] = sha(design["initial"])
     shown["validation questions"] = design["questions"]
