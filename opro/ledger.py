@@ -24,7 +24,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from opro.errors import DataError
 from opro.locking import waiting_lock
 
 logger = logging.getLogger(__name__)
@@ -129,20 +128,14 @@ class DecisionLedger:
         if not self.path.is_file():
             return []
         out = []
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        for n, line in enumerate(lines, start=1):
+        for n, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 out.append(Decision.from_json(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as exc:
-                # A torn last line (a crash mid-append) is skipped; anything else is a damaged ledger,
-                # and dropping it silently would reopen the budgets it holds.
-                if n == len(lines):
-                    logger.warning("%s: line %d is incomplete and is ignored (%s)", self.path, n, exc)
-                    continue
-                raise DataError(f"{self.path}: line {n} is not a decision record ({exc}); restore the file from "
-                                "a backup (deleting it forgets every decision it holds)") from None
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                # A line torn by a crash mid-append holds no finished record; it is said, not fatal.
+                logger.warning("%s: line %d is not a decision record and is ignored (%s)", self.path, n, exc)
         return out
 
     def decisions(self) -> list[Decision]:
@@ -175,8 +168,11 @@ class DecisionLedger:
         where = ", ".join(x for x in (decision.where, self.origin) if x)
         record = {**decision.to_json(), "where": where, "at": decision.at or now()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, sort_keys=True) + "\n")
+        with self.path.open("a+b") as fh:
+            fh.seek(0, 2)
+            torn = fh.tell() > 0 and (fh.seek(-1, 2), fh.read(1))[1] != b"\n"
+            # After a torn last line, a new line: the record must not be glued to the fragment.
+            fh.write(("\n" if torn else "").encode() + (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def short_hashes(hashes: Sequence[str]) -> tuple[str, ...]:

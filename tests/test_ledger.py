@@ -50,3 +50,26 @@ def test_a_new_output_folder_or_split_seed_cannot_re_decide_the_validation_quest
     assert "other settings (" in str(info.value) and "split" in str(info.value)
     same = _optimize(tmp_path, out="out4", alpha=0.05)
     assert same.validated and same.summary()["validation"] == first.summary()["validation"]
+
+
+def test_the_ledger_counts_shared_questions_keeps_the_latest_verdict_and_survives_a_torn_line(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from opro.ledger import Decision, DecisionLedger
+
+    ledger = DecisionLedger(tmp_path / LEDGER_FILE, origin="output folder x")
+    first = Decision(scope="validation", key="a", questions=tuple(f"q{i}" for i in range(10)), design={"alpha": 0.05})
+    assert ledger.begin(first) is None and ledger.begin(first) is None  # the same decision: allowed, written once
+    ledger.settle(replace(first, verdict="no gain"))
+    with ledger.path.open("a") as fh:
+        fh.write('{"scope": "valid')  # a crash mid-append
+    # One shared question of ten (10%) is allowed; two are not, and the earlier verdict comes back.
+    one = Decision(scope="validation", key="b", questions=("q9", *(f"n{i}" for i in range(9))))
+    assert ledger.begin(one) is None
+    two = Decision(scope="validation", key="c", questions=("q8", "q9", *(f"m{i}" for i in range(8))))
+    seen = ledger.begin(two)
+    assert seen is not None and (seen.key, seen.verdict, seen.where) == ("a", "no gain", "output folder x")
+    assert ledger.begin(replace(two, scope="promotion qa@prod")) is None  # another budget
+    assert [(d.key, d.verdict) for d in ledger.decisions()] == [("a", "no gain"), ("b", None), ("c", None)]
+    # "a" begun and settled, the fragment, then "b" and the promotion on lines of their own (the refused "c": none).
+    assert len(ledger.path.read_text().splitlines()) == 5
