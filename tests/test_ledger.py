@@ -45,6 +45,7 @@ def test_a_new_output_folder_or_split_seed_cannot_re_decide_the_validation_quest
     with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.1") as info:
         _optimize(tmp_path, out="out2", alpha=0.1)
     assert "(validated: success at look" in str(info.value) and "out1" in str(info.value)
+    assert (tmp_path / "out1" / "metaprompts").is_dir() and not (tmp_path / "out2" / "metaprompts").exists()  # no search
     with pytest.raises(ValidationReuse, match=r"\d+ of these 12 validation questions \(\d+%\) already decided") as info:
         _optimize(tmp_path, out="out3", seed=2, alpha=0.05)
     assert "other settings (" in str(info.value) and "split" in str(info.value)
@@ -73,3 +74,21 @@ def test_the_ledger_counts_shared_questions_keeps_the_latest_verdict_and_survive
     assert [(d.key, d.verdict) for d in ledger.decisions()] == [("a", "no gain"), ("b", None), ("c", None)]
     # "a" begun and settled, the fragment, then "b" and the promotion on lines of their own (the refused "c": none).
     assert len(ledger.path.read_text().splitlines()) == 5
+
+
+def test_the_ledger_lies_beside_the_dataset_or_for_a_generated_one_beside_the_call_cache(tmp_path: Path) -> None:
+    from opro.config import config_from_dict
+
+    def ledger_of(**data: Any) -> Path:
+        cfg = config_from_dict(experiment_config(tmp_path, data=data), base_dir=tmp_path / "cfg", source="t.toml")
+        exp = Experiment(cfg, pool=scripted_pool(), progress=False)
+        try:
+            return exp.decisions.path
+        finally:
+            exp.close()
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "qa.jsonl").touch()  # only where it lies matters here
+    assert ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl")) == tmp_path / "data" / LEDGER_FILE
+    assert ledger_of(dataset=str(tmp_path / "data")) == tmp_path / "data" / LEDGER_FILE  # a dataset folder: in it
+    assert ledger_of(dataset="") == tmp_path / "cfg" / LEDGER_FILE  # beside calls.sqlite, the config's call cache
