@@ -795,11 +795,12 @@ def promote(
     version tagged with its held-out figures (alpha, n, coverage, p, the family), then the alias
     points at it.
 
-    Every attempt is recorded (``promotions.json`` in the output folder). An alias gets one attempt
-    per held-out set: a later one on the same questions with other prompts, another baseline or
-    another alpha is refused (it would be a new chance at a false promotion, outside the error
-    budget of the first); the same attempt may be repeated exactly, and a fresh held-out set starts
-    a new budget.
+    Every attempt is recorded, in the decision ledger beside the dataset (shared by every output
+    folder of that dataset) and in ``promotions.json`` in the output folder. An alias gets one
+    attempt per held-out set, across output folders: a later one on the same questions (more than
+    :data:`opro.ledger.MAX_SEEN_SHARE` of them) with other prompts, another baseline or another alpha
+    is refused (it would be a new chance at a false promotion, outside the error budget of the
+    first); the same attempt may be repeated exactly, and a fresh held-out set starts a new budget.
     """
     if not 0.0 < min_coverage <= 1.0:
         raise ConfigError(f"min_coverage must be in (0, 1] (e.g. 0.9), got {min_coverage}")
@@ -807,22 +808,49 @@ def promote(
         return _promote(report, experiment=experiment, alias=alias, tracking_uri=tracking_uri, min_coverage=min_coverage)
     attempt = _promotion_attempt(report, alias=alias, registry=experiment.config.prompt_name, min_coverage=min_coverage)
     run = RunDir(experiment.config.output_dir)
+    # promotions.json first: attempts made before the ledger existed are only there.
     earlier = [a for a in run.read_promotions()
                if (a.get("registry"), a.get("alias"), a.get("questions")) == (attempt["registry"], alias, attempt["questions"])]
     if earlier and not any(a.get("family") == attempt["family"] for a in earlier):
         # One error budget per alias and held-out set: another family of prompts (or another alpha)
         # on the same questions would be a fresh chance at a false promotion.
         last = earlier[-1]
-        return PromotionDecision(alias, False, None, None, (
-            f"alias {alias!r} already had a promotion attempt on these {len(report.questions)} held-out questions "
-            f"({last.get('at')}: {', '.join(last.get('prompts', []))} at alpha {last.get('alpha')}, "
-            f"{'granted' if last.get('granted') else 'refused'}); another attempt on the same questions with other "
-            "prompts or another alpha would spend the error budget again. Use a fresh held-out set (a new "
-            "output_dir with another [data.split].seed, or more data), or repeat that attempt exactly",
-        ))
+        return _refused_again(alias, shared=len(report.questions), n=len(report.questions), where="this output folder",
+                              at=last.get("at"), prompts=last.get("prompts", []), alpha=last.get("alpha"),
+                              verdict="granted" if last.get("granted") else "refused")
+    from opro.dataset import normalize_question, question_hash
+    from opro.ledger import Decision, short_hashes
+
+    entry = Decision(
+        scope=f"promotion {attempt['registry']}@{alias}", key=attempt["family"],
+        questions=short_hashes([question_hash(normalize_question(q)) for q in dict.fromkeys(report.questions)]),
+        design={k: attempt[k] for k in ("prompts", "baseline", "alpha", "min_coverage")}, at=attempt["at"],
+    )
+    seen = experiment.decisions.begin(entry)
+    if seen is not None:
+        return _refused_again(alias, shared=entry.seen_share(seen)[0], n=len(report.questions), where=seen.where,
+                              at=seen.at, prompts=seen.design.get("prompts", []), alpha=seen.design.get("alpha"),
+                              verdict=seen.verdict or "not finished")
     decision = _promote(report, experiment=experiment, alias=alias, tracking_uri=tracking_uri, min_coverage=min_coverage)
     run.add_promotion({**attempt, "granted": decision.granted, "promoted": decision.label, "uri": decision.uri})
+    experiment.decisions.settle(replace(
+        entry, verdict=f"granted: {decision.label} ({decision.uri})" if decision.granted else "refused"))
     return decision
+
+
+def _refused_again(alias: str, *, shared: int, n: int, where: str, at: Any, prompts: Sequence[str], alpha: Any,
+                   verdict: str) -> PromotionDecision:
+    """The refusal of a second promotion attempt on held-out questions an earlier one decided on."""
+    from opro.ledger import MAX_SEEN_SHARE
+
+    on = f"these {n}" if shared == n else f"{shared} of these {n}"
+    return PromotionDecision(alias, False, None, None, (
+        f"alias {alias!r} already had a promotion attempt on {on} held-out questions ({where}, {at}: "
+        f"{', '.join(prompts)} at alpha {alpha}, {verdict}); another attempt on the same questions with other "
+        "prompts or another alpha would spend the error budget again. Use a fresh held-out set (more data; a new "
+        f"[data.split].seed only where at most {MAX_SEEN_SHARE:.0%} of its held-out questions were in this one), "
+        "or repeat that attempt exactly",
+    ))
 
 
 def _promotion_attempt(report: ComparisonReport, *, alias: str, registry: str, min_coverage: float) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
     from opro.dataset import Example, GoldenDataset
     from opro.judges import CorrectnessJudge
+    from opro.ledger import DecisionLedger
     from opro.rag import RAGProgram
     from opro.retrieval import Retriever
     from opro.search import Search, SearchStudy, WorkerPlan
@@ -265,6 +267,28 @@ class Experiment:
         return build_judge(section=self.config.judge, client=self.client("judge"), resolve=self.config.resolve)
 
     # -- dataset -----------------------------------------------------------------------------
+    @functools.cached_property
+    def decisions(self) -> DecisionLedger:
+        """The decision ledger of this experiment's dataset, shared by every output folder and study
+        store that uses it: ``opro_decisions.jsonl`` beside ``[data].dataset`` (in the file's folder,
+        or in the dataset folder), or, for a generated dataset (written into each output folder, so
+        not shared), beside the call cache, which every run of the same generation shares. A dataset
+        in a folder opro cannot write falls back to the call cache's folder."""
+        from opro.ledger import LEDGER_FILE, DecisionLedger
+        from opro.paths import default_call_cache_path
+
+        exp = self.config.experiment
+        fallback = (self.config.resolve(exp.cache_path) if exp.cache_path else default_call_cache_path()).parent
+        folder = fallback
+        if self.config.data.dataset:
+            data = self.config.resolve(self.config.data.dataset)
+            folder = data if data.is_dir() else data.parent
+            if not os.access(folder, os.W_OK):
+                logger.warning("the decision ledger cannot be written beside the dataset (%s is read-only): it is "
+                               "kept in %s, which only runs with this call cache folder read", folder, fallback)
+                folder = fallback
+        return DecisionLedger(folder / LEDGER_FILE, origin=f"output folder {self.run_dir.root}")
+
     @property
     def dataset_dir(self) -> Path:
         return self.run_dir.dataset
@@ -504,7 +528,7 @@ class Experiment:
         proposer = make_proposer(settings=cfg.optimizer, llm=self.client("optimizer"),
                                  template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)
         return Search(proposer, scorer, study, cfg.optimizer, usage=self.usage, workers=workers,
-                      recorders=recorders, seed=cfg.experiment.seed, progress=self.progress)
+                      recorders=recorders, seed=cfg.experiment.seed, progress=self.progress, ledger=self.decisions)
 
     def optimize(self, *, worker_index: int = 0, num_workers: int = 1, fresh: bool = False) -> RunResult:
         """Run (or resume) the optimization; ``fresh`` archives an existing study first.

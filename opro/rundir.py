@@ -13,7 +13,9 @@ the saved dataset, the newest comparison reports) are read here::
       dataset/                                          the split golden dataset every command uses
       compare/NAME/   evaluate/   export/   corpus/      later commands' outputs
       judge_calibration.json  judge_calibration/        `opro judge calibrate`
-      promotions.json                                   every `compare --promote` attempt, per alias
+      promotions.json                                   this folder's `compare --promote` attempts (the
+                                                        budget is kept in the decision ledger beside the
+                                                        dataset: opro.ledger)
       .opro.lock  .opro-worker-I.lock                   one process per folder (and worker)
 """
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from opro.config import OproConfig
     from opro.dataset import Embed, GoldenDataset
     from opro.judges.correctness import CorrectnessJudge
+    from opro.ledger import DecisionLedger
     from opro.llm.cache import CallCache
     from opro.llm.client import ChatClient, UsageLedger
     from opro.llm.pool import ModelSpec
@@ -45,6 +46,11 @@ class Workbench(Protocol):
     def usage(self) -> UsageLedger: ...
     @property
     def progress(self) -> bool: ...
+    @property
+    def decisions(self) -> DecisionLedger:
+        """The decision ledger beside the dataset: validation decisions and promotion attempts, shared
+        by every output folder of that dataset."""
+        ...
 
     def client(self, role: str) -> ChatClient:
         """The chat client of ``role`` ("task", "judge", ...), over the shared cache and ledger."""

@@ -210,12 +210,13 @@ class SearchRig:
 
     def __init__(self, *, optimizer_llm: ChatClient, judge: Any, settings: OptimizerSection, storage: str,
                  study_name: str, usage: UsageLedger, recorders: Sequence[Any] = (), seed: int = 0,
-                 template: Any = None, fingerprint: dict[str, str] | None = None) -> None:
+                 template: Any = None, fingerprint: dict[str, str] | None = None, ledger: Any = None) -> None:
         self.optimizer_llm, self.judge, self.settings = optimizer_llm, judge, settings
         self.storage, self.study_name, self.usage, self.seed = storage, study_name, usage, seed
         self.recorders = tuple(recorders)
         self.template = template or TextTemplate("")
         self.fingerprint = fingerprint or {}
+        self.ledger = ledger
         self.worker_index, self.num_workers, self.worker_timeout_s = 0, 1, 3600.0
         self.task_workers, self.judge_workers = 1, None
         self.last: Search | None = None
@@ -240,7 +241,7 @@ class SearchRig:
         self.last = Search(proposer, scorer, study, self.settings, usage=self.usage,
                            workers=WorkerPlan(index=self.worker_index, count=self.num_workers,
                                               timeout_s=self.worker_timeout_s),
-                           recorders=self.recorders, seed=self.seed, progress=False)
+                           recorders=self.recorders, seed=self.seed, progress=False, ledger=self.ledger)
         return self.last
 
     def coordinator(self, *, token: str) -> tuple[Any, Callable[[str, Sequence[int]], list[str]]]:

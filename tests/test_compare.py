@@ -587,3 +587,40 @@ def test_a_split_record_kept_from_before_the_extension_learns_the_extension(tmp_
     again = json.loads(path.read_text())
     assert len(again["questions"]["extension"]) == 5 and len(again["normalized"]["extension"]) == 5
     assert again["split_sha256"] == record["split_sha256"]
+
+
+def test_a_promotion_retried_from_another_output_folder_on_the_same_held_out_questions_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49: the one attempt per alias and held-out set was kept per output folder (promotions.json),
+    so after a refusal a copy of the config with a new output_dir promoted the same prompt at a looser
+    alpha. The budget lives in the decision ledger beside the dataset, which every folder reads."""
+    from opro.cli import app
+    from opro.ledger import LEDGER_FILE
+
+    config = optimized(tmp_path)
+    copy = tmp_path / "copy.toml"
+    copy.write_text(config.read_text().replace('output_dir = "out"', 'output_dir = "out2"'))
+    exp = Experiment.from_file(copy, pool=scripted_pool(), progress=False)
+    try:
+        assert exp.optimize().validated  # the same validation decision as the first folder's: allowed
+    finally:
+        exp.close()
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    monkeypatch.setenv("COLUMNS", "300")
+
+    def attempt(path: Path, *extra: str) -> tuple[int, str]:
+        res = CliRunner().invoke(app, ["compare", str(path), "--promote", "prod", "--no-mlflow", "--no-progress", *extra])
+        return res.exit_code, " ".join(res.output.split())
+
+    code, said = attempt(config, "--alpha", "0.001")
+    assert code == 1 and "not a significant gain at alpha 0.001" in said
+    code, said = attempt(copy, "--alpha", "0.05")
+    assert code == 1 and "already had a promotion attempt on these 10 held-out questions" in said, said
+    assert "at alpha 0.001, refused" in said and str(tmp_path / "out") in said
+    assert _alias_template(copy, "prod") is None
+    code, said = attempt(copy, "--alpha", "0.001")  # the same attempt, from the other folder: allowed
+    assert code == 1 and "not a significant gain at alpha 0.001" in said
+    promotions = [r for r in map(json.loads, (tmp_path / LEDGER_FILE).read_text().splitlines())
+                  if r["scope"] == "promotion qa-t@prod"]
+    assert [r["verdict"] for r in promotions] == [None, "refused"]

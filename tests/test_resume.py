@@ -19,6 +19,7 @@ from opro.experiment import Experiment
 from opro.llm import GenerationOptions, Message
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
+from opro.search.study import ValidationReuse
 
 
 class Switch:
@@ -121,10 +122,12 @@ def test_a_changed_setting_refuses_to_resume_and_fresh_starts_over(tmp_path: Pat
     })
     exp = Experiment(cfg, pool=pool, progress=False)
     try:
-        result = exp.optimize(fresh=True)
+        # --fresh archives the study and starts a new one; under other retrieval settings that one cannot
+        # re-decide the validation questions the archived study decided on (issue 49): refused before searching.
+        with pytest.raises(ValidationReuse, match=r"in study 't-archived-.*other settings \(rag\.top_k\)"):
+            exp.optimize(fresh=True)
     finally:
         exp.close()
-    assert result.best_score == 5.0
     import optuna
 
     names = [s.study_name for s in optuna.get_all_study_summaries(storage=cfg.optuna_storage)]

@@ -87,6 +87,9 @@ def run(
     study_name: str | None = None,
     n_unused: int = 0,
     validation_name: str = "val question",
+    fingerprint: dict[str, str] | None = None,
+    validation_range: range | None = None,
+    ledger: Any = None,
 ) -> OptimizationResult:
     usage = UsageLedger()
     base: dict[str, Any] = {"steps": 2, "candidates_per_step": 3, "minibatch_size": 3, "pruner": "none",
@@ -101,6 +104,8 @@ def run(
         seed=seed,
         usage=usage,
         recorders=list(recorders),
+        fingerprint=fingerprint,
+        ledger=ledger,
     )
     task = ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0])
     program = EchoProgram(ChatClient(task, role="task", usage=usage))
@@ -110,7 +115,7 @@ def run(
     return opt.optimize(
         program=program,
         optimization_set=[Ex(f"opt question {seed}-{i}?", f"ref {i}") for i in range(n_opt)],
-        validation_set=[Ex(f"{validation_name} {seed}-{i}?", f"vref {i}") for i in range(n_val)],
+        validation_set=[Ex(f"{validation_name} {seed}-{i}?", f"vref {i}") for i in validation_range or range(n_val)],
         extension_set=[Ex(f"unused question {seed}-{i}?", f"uref {i}") for i in range(n_unused)],
         exemplar_set=[Ex("exemplar?", "yes")],
         initial_instructions=[INITIAL],
@@ -458,3 +463,110 @@ def test_a_finalist_behind_at_the_first_look_stops_there_and_never_asks_the_exte
     # The budget keeps back the extension too: 2 x (3 finalists x 4 + 2 x (8 + 20)) = 136 calls.
     with pytest.raises(ConfigError, match=r"can take 136 task \+ judge calls \(12 questions and up to 20 extension"):
         run(tmp_path / "b", judge=_extension_judge(lift), n_unused=25, settings={"max_calls": 100})
+
+
+# -- issue 49: decisions that cannot be re-bought, and a judge that failed only during validation ------
+
+def _coverage_judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    """5 for the finalists' answers, 3 for the initial instruction's; one confirmation reply of the
+    finalist is unreadable, so 7 of its 8 confirmation questions are scored validly."""
+    answer, question = _answer_and_question(messages)
+    if answer.startswith(INITIAL):
+        return "3"
+    return "unreadable" if question == "val question 0-5?" else "5"
+
+
+def test_a_rerun_under_another_min_coverage_cannot_re_decide_the_same_questions(tmp_path: Path) -> None:
+    """Issue 49: min_coverage was not in the validation design, yet it decides the claim. At 0.9 a
+    success on 7 of 8 valid pairs is not claimed; a rerun at 0.8 on the same storage claimed it."""
+    from opro.search.study import ValidationReuse
+
+    first = run(tmp_path, judge=_coverage_judge, settings={"min_coverage": 0.9})
+    assert first.validation is not None and not first.validated
+    assert first.validation.looks[-1]["decision"] == "success" and first.validation.design["min_coverage"] == 0.9
+    with pytest.raises(ValidationReuse, match=r"min_coverage 0\.9 -> 0\.8") as info:
+        run(tmp_path, judge=_coverage_judge, settings={"min_coverage": 0.8})
+    said = str(info.value)
+    assert "12 of these 12 validation questions (100%) already decided a verdict in study 's0'" in said
+    assert "(no gain: success at look 3 of 3, 7 paired questions" in said  # the earlier verdict, named
+    # The same design resumes its decision (the unreadable reply is asked again, and is unreadable again).
+    again = run(tmp_path, judge=_coverage_judge, settings={"min_coverage": 0.9})
+    assert again.summary()["validation"] == first.summary()["validation"]
+
+
+def test_a_fresh_study_under_another_judge_cannot_re_decide_the_same_questions(tmp_path: Path) -> None:
+    """Issue 49: another judge, task model, template or retrieval setting is another study fingerprint,
+    and a fresh study in the same storage re-decided the same validation questions."""
+    from opro.search.study import ValidationReuse
+
+    first = run(tmp_path, judge=noisy_judge(1), fingerprint={"models.judge.model": "judge-a"})
+    assert first.validation is not None and first.validation.looks
+    with pytest.raises(ValidationReuse, match=r"in study 's0' \(no gain: .*other settings \(models\.judge\.model\)"):
+        run(tmp_path, judge=noisy_judge(1), fingerprint={"models.judge.model": "judge-b"}, study_name="other-judge")
+
+
+def test_the_ledger_refuses_a_decision_on_questions_an_earlier_one_saw_in_another_storage(tmp_path: Path) -> None:
+    """Issue 49: the guard compared an exact hash of the question list within one storage, so a reshuffled
+    pool (a new split seed) re-decided questions whose verdict was seen. Half of the questions seen:
+    refused, from another storage too; one of 12 (8%, at most MAX_SEEN_SHARE): a new decision."""
+    from opro.ledger import MAX_SEEN_SHARE, DecisionLedger
+    from opro.search.study import ValidationReuse
+
+    ledger = DecisionLedger(tmp_path / "decisions.jsonl", origin="output folder a")
+    first = run(tmp_path / "a", judge=noisy_judge(2), ledger=ledger, validation_range=range(12))
+    assert first.validation is not None
+    with pytest.raises(ValidationReuse, match=r"6 of these 12 validation questions \(50%\) already decided a verdict "
+                                              r"in study 's0', output folder a"):
+        run(tmp_path / "b", judge=noisy_judge(2), ledger=ledger, validation_range=range(6, 18))
+    assert MAX_SEEN_SHARE >= 1 / 12
+    other = run(tmp_path / "c", judge=noisy_judge(2), ledger=ledger, validation_range=range(11, 23))
+    assert other.validation is not None and other.validation.looks
+    assert [d.verdict is not None for d in ledger.decisions()] == [True, True]
+
+
+def test_a_rerun_after_a_judge_that_failed_only_during_validation_decides_like_a_clean_run(tmp_path: Path) -> None:
+    """Issue 49 (fault harness): a judge whose replies were unreadable only during validation, then mended:
+    the rerun ended rc 1 with 0 requests, because unreadable validation replies were kept as scored. Now
+    they are not kept (and the judge keeps them out of the call cache): the rerun asks them again."""
+    from fakes import experiment_config, judge_reply, optimizer_reply, task_reply, write_toml
+
+    from opro.errors import OproError
+    from opro.experiment import Experiment
+    from opro.llm.pool import ModelPool
+
+    broken = {"on": True, "asked": 0}
+    unreadable: set[str] = set()
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        text = messages[-1].content
+        if any(q in text for q in unreadable):
+            broken["asked"] += 1
+            if broken["on"]:
+                return "I cannot grade this."
+        return judge_reply(messages, options)
+
+    def optimize(folder: Path) -> Any:
+        cfg = experiment_config(folder, questions=24, experiment={"name": "t", "output_dir": "out",
+                                                                  "cache_path": "calls.sqlite", "progress": False},
+                                optimizer={"steps": 1})
+        pool = ModelPool(scripted={"task": ScriptedLLM(default=task_reply, model="task"),
+                                   "judge": ScriptedLLM(default=judge, model="judge"),
+                                   "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer")})
+        exp = Experiment.from_file(write_toml(cfg, folder / "t.toml"), pool=pool, progress=False)
+        try:
+            unreadable.update(e.query for e in (*exp.dataset.examples_in("validation"), *exp.extension_set()))
+            return exp.optimize()
+        finally:
+            exp.close()
+
+    broken["on"] = False
+    clean = optimize(tmp_path / "clean")
+    assert clean.validated
+    broken["on"] = True
+    with pytest.raises(OproError, match="no validation question was scored validly for the initial instruction"):
+        optimize(tmp_path / "mended")
+    broken.update(on=False, asked=0)
+    mended = optimize(tmp_path / "mended")
+    assert broken["asked"] > 0  # asked again, not replayed from the study or the call cache
+    assert mended.summary()["validation"] == clean.summary()["validation"]
+    assert (mended.best_instruction, mended.gain, mended.validated) == (clean.best_instruction, clean.gain, True)

@@ -23,6 +23,7 @@ from opro.config import OptimizerSection
 from opro.errors import ConfigError, OproError
 from opro.evaluation import QAExample
 from opro.evaluation_types import EvaluationRow
+from opro.ledger import DecisionLedger
 from opro.llm.client import UsageLedger
 from opro.locking import StudyLease
 from opro.search.metaprompt import Exemplar
@@ -56,6 +57,7 @@ class Search:
         recorders: Sequence[Recorder] = (),
         seed: int = 0,
         progress: bool = True,
+        ledger: DecisionLedger | None = None,
     ) -> None:
         self.proposer = proposer
         self.scorer = scorer
@@ -66,6 +68,9 @@ class Search:
         self.recorders = tuple(recorders)
         self.seed = seed
         self.progress = progress
+        #: The decision ledger beside the dataset: the validation decision is checked against and
+        #: recorded in it, across output folders and study stores.
+        self.ledger = ledger
         #: Task + judge calls a call budget keeps back for the validation stage (set by :meth:`run`).
         self.validation_reserve = 0
         self.usage = UsageBook(study, usage, worker=self.workers.index)
@@ -127,6 +132,10 @@ class Search:
                 + f", {self.settings.finalists} finalist(s)): raise max_calls above {self.validation_reserve} "
                 "(`opro plan` shows the split), or lower [data.split].validation "
                 "or [optimizer].validation_extension")
+        if self.workers.lead:
+            from opro.search.validation import refuse_seen
+
+            refuse_seen(study=self.study, settings=self.settings, validation_set=validation_set, ledger=self.ledger)
         started = time.perf_counter()
         plan = self.workers
         # One process per (study, worker index), wherever it runs: a second one would mark the
@@ -266,7 +275,7 @@ class Search:
                 validation = validate(
                     study=study, scorer=self.scorer, settings=self.settings, validation_set=validation_set,
                     history=history, initial=initial[0].strip(), extension_set=extension_set, seed=self.seed,
-                    progress=self.progress,
+                    progress=self.progress, ledger=self.ledger,
                     on_validated=self._on_validated,
                 )
             if lead:

@@ -22,6 +22,7 @@ Study attributes::
     validation_design         the validation decision's design (alpha, looks, finalists, questions)
     validation_looks          every look of that decision (statistic, boundary, p-value, decision)
     validation_history        earlier decisions of the study on other validation questions (design, looks)
+    validation_decisions      every validation decision's ledger record (questions, design, fingerprint, verdict)
     summary                   the lead's final summary (``opro compare best`` from the stores)
     split_record              the questions the optimization saw (the held-out guard)
     mlflow_run_id             the MLflow run of the search
@@ -50,6 +51,7 @@ from typing import Any
 import optuna
 
 from opro.errors import ConfigError
+from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest
 from opro.locking import lease_alive, waiting_lock
 from opro.redaction import redact_url
 from opro.search.metaprompt import normalize_instruction
@@ -79,17 +81,25 @@ def _validation_key(instruction: str, queries: Sequence[str]) -> str:
 
 
 class ValidationReuse(ConfigError):
-    """The validation questions already decided a verdict under another design."""
+    """The validation questions already decided a verdict under another design or other settings."""
 
-    def __init__(self, study: str, before: Mapping[str, Any], now: Mapping[str, Any]) -> None:
-        shown = ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in ("alpha", "looks", "futility",
-                          "selection_questions", "finalists") if before.get(k) != now.get(k)) or "other finalists"
+    def __init__(self, earlier: Decision, now: Decision, *, where: str | None = None, partial: bool = False) -> None:
+        self.earlier, self.now = earlier, now
+        shared, share = now.seen_share(earlier)
+        shown = "; ".join(now.changes(earlier, partial=partial)) or "other finalists"
+        verdict = earlier.verdict or "begun, not finished"
         super().__init__(
-            f"these {now.get('n_questions')} validation questions already decided a verdict in study {study!r} "
-            f"under another design ({shown}). Testing again on questions whose verdict was seen would let a "
-            "rerun keep the settings that happen to claim a gain. Restore that design to resume its decision, "
-            "or validate on new questions ([data.split].seed, or more questions in the dataset); "
-            "`opro compare` on the held-out split measures any prompt without deciding here"
+            f"{shared} of these {len(now.questions)} validation questions"
+            + (" (extension included)" if now.design.get("extension") else "")
+            + f" ({share:.0%}) already decided a verdict "
+            f"in {where or earlier.where or 'an earlier run'} ({verdict}"
+            + (f"; {earlier.at}" if earlier.at else "")
+            + f") under another design or other settings ({shown}). Testing again on questions whose verdict was "
+            "seen would let a rerun keep the settings that happen to claim a gain. Restore that design and those "
+            "settings to resume its decision, or validate on questions no decision has seen: more questions in the "
+            f"dataset, or a new [data.split].seed only where at most {MAX_SEEN_SHARE:.0%} of its validation "
+            "questions were seen (a reshuffled pool usually shares far more); `opro compare` on the held-out split "
+            "measures any prompt without deciding here"
         )
 
 
@@ -519,30 +529,81 @@ class SearchStudy:
         questions (the same questions cannot decide twice): kept, never overwritten."""
         return [dict(x) for x in self.optuna.user_attrs.get("validation_history", [])]
 
-    def begin_validation(self, design: Mapping[str, Any]) -> None:
-        """Record the design of the validation decision about to be made, refusing a second decision
-        on the same validation questions under another design, in this study or any other of its
-        storage (an archived ``--fresh`` one included): a rerun that changed alpha, the finalists or
-        the looks would otherwise test again on questions whose verdict it has seen."""
-        questions, key = design["questions"], design["key"]
-        prior = [(self.name, self.validation_design())]
+    def validation_decisions(self) -> list[Decision]:
+        """Every validation decision this study made (its ledger records: questions, design,
+        fingerprint, verdict), oldest first."""
+        return [Decision.from_json(x) for x in self.optuna.user_attrs.get("validation_decisions", [])]
+
+    def fingerprint(self) -> dict[str, str]:
+        """The settings the study's scores were made under (empty when none were recorded)."""
+        return dict(self.optuna.user_attrs.get("fingerprint") or {})
+
+    def _studies(self) -> list[tuple[str, Mapping[str, Any]]]:
+        """(name, attributes) of this study and every other of its storage (an archived ``--fresh`` one included)."""
+        studies: list[tuple[str, Mapping[str, Any]]] = [(self.name, self.optuna.user_attrs)]
         if self.storage is not None:
-            prior += [(summary.study_name, summary.user_attrs.get("validation_design"))
-                      for summary in optuna.get_all_study_summaries(self.storage, include_best_trial=False)
-                      if summary.study_name != self.name]
-        for name, other in prior:
-            if isinstance(other, Mapping) and other.get("questions") == questions and other.get("key") != key:
-                raise ValidationReuse(name, dict(other), dict(design))
+            studies += [(summary.study_name, summary.user_attrs)
+                        for summary in optuna.get_all_study_summaries(self.storage, include_best_trial=False)
+                        if summary.study_name != self.name]
+        return studies
+
+    def decisions_in_storage(self) -> list[tuple[str, Decision]]:
+        """Every validation decision recorded in this storage, with where (``study 'NAME'``)."""
+        return [(f"study {name!r}", Decision.from_json(x))
+                for name, attrs in self._studies() for x in attrs.get("validation_decisions", [])]
+
+    def _seen(self, decision: Decision, design: Mapping[str, Any]) -> tuple[Decision, str] | None:
+        """An earlier decision of this study or any other of its storage that decided on too many of
+        ``decision``'s questions under another key, and where."""
+        for name, attrs in self._studies():
+            recorded = [Decision.from_json(x) for x in attrs.get("validation_decisions", [])]
+            earlier = conflict(decision, recorded)
+            if earlier is not None:
+                return earlier, f"study {name!r}"
+            other = attrs.get("validation_design")
+            if (not recorded and isinstance(other, Mapping) and other.get("questions") == design["questions"]
+                    and other.get("key") != design["key"]):
+                # A decision recorded before decisions kept their questions: only the whole list compares.
+                legacy = Decision(scope=decision.scope, key=str(other.get("key")), questions=decision.questions,
+                                  design={k: other.get(k) for k in decision.design if k in other})
+                return legacy, f"study {name!r}"
+        return None
+
+    def refuse_seen_validation(self, decision: Decision, design: Mapping[str, Any]) -> None:
+        """Raise :class:`ValidationReuse` when an earlier decision in this storage saw the verdict of
+        too many of ``decision``'s questions under another design or fingerprint."""
+        seen = self._seen(decision, design)
+        if seen is not None:
+            raise ValidationReuse(seen[0], decision, where=seen[1])
+
+    def begin_validation(self, design: Mapping[str, Any], decision: Decision) -> None:
+        """Record the design of the validation decision about to be made (and its ledger record),
+        refusing a second decision on the same validation questions (more than
+        :data:`opro.ledger.MAX_SEEN_SHARE` of them) under another design or fingerprint, in this study
+        or any other of its storage: a rerun that changed alpha, the finalists, the looks,
+        min_coverage or the judge would otherwise test again on questions whose verdict it has seen."""
+        self.refuse_seen_validation(decision, design)
         before = self.validation_design()
-        if before is not None and before.get("key") != key:
+        if before is not None and before.get("key") != design["key"]:
             # A decision on other questions (a new validation split): the earlier one stays on record.
             self.optuna.set_user_attr("validation_history", [
                 *self.validation_history(), {"design": before, "looks": self.validation_looks()}])
             self.optuna.set_user_attr("validation_looks", [])
         self.optuna.set_user_attr("validation_design", dict(design))
+        if not any(d.key == decision.key for d in self.validation_decisions()):
+            self._save_decisions([*self.validation_decisions(), decision])
+
+    def settle_validation(self, decision: Decision) -> None:
+        """Record ``decision``'s verdict (it replaces the record of the same key)."""
+        self._save_decisions([*self.validation_decisions(), decision])
+
+    def _save_decisions(self, decisions: Sequence[Decision]) -> None:
+        self.optuna.set_user_attr("validation_decisions", [d.to_json() for d in latest(decisions)])
 
     def save_validation_look(self, look: Mapping[str, Any]) -> None:
-        looks = [x for x in self.validation_looks() if x.get("look") != look.get("look")]
+        # Looks are made in order: a look made again (a rerun that re-asked questions whose judge
+        # replies were unreadable) replaces the later ones the earlier attempt made.
+        looks = [x for x in self.validation_looks() if x.get("look", 0) < look.get("look", 0)]
         self.optuna.set_user_attr("validation_looks", sorted([*looks, dict(look)], key=lambda x: x["look"]))
 
     def summary(self) -> dict[str, Any] | None:

@@ -19,9 +19,17 @@ questions that did not choose the finalist among the others (no winner's curse f
 A claimed gain is also adjusted for having been claimed (a claim is made when the sample looked
 good): :func:`opro.sequential.conditional_estimate`.
 
-Every look is recorded in the study with the design it was made under; the same questions cannot
-decide again under another design (:meth:`SearchStudy.begin_validation`), so a rerun cannot shop for
-the alpha, finalists or steps that happen to claim a gain.
+Every look is recorded in the study with the design it was made under, and every decision (its
+design, ``min_coverage`` included, the study's fingerprint, its questions and its verdict) in the
+study and in the decision ledger beside the dataset (:mod:`opro.ledger`). Questions that decided a
+verdict cannot decide again under another design or other settings, in any study, storage or output
+folder (more than :data:`opro.ledger.MAX_SEEN_SHARE` of them shared is refused), so a rerun cannot
+shop for the alpha, finalists, steps, coverage rule or judge that happen to claim a gain.
+
+A prompt's batch whose judge replies were too often unreadable (valid on fewer than ``min_coverage``
+of its questions) is not kept, like an ``incomplete`` candidate of the search: the next run asks
+those questions again (the judge keeps unreadable replies out of the call cache), so a rerun after a
+judge that failed only here decides like a clean run.
 """
 
 from __future__ import annotations
@@ -29,17 +37,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from opro.config import OptimizerSection
 from opro.engine import Scored
 from opro.errors import LLMError
 from opro.evaluation import QAExample
 from opro.evaluation_types import EvaluationRow
+from opro.ledger import MAX_SEEN_SHARE, Decision, DecisionLedger, now, short_hashes
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult
 from opro.search.scoring import CandidateScorer
-from opro.search.study import SearchStudy, questions_key, sha
+from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
 from opro.sequential import Look, conditional_estimate, decide, look_sizes, t_interval
 from opro.stats import paired_valid
 
@@ -90,12 +100,15 @@ def score_on(
     examples: Sequence[QAExample],
     *,
     on_validated: OnValidated,
+    min_coverage: float = 0.0,
     progress: bool = True,
 ) -> dict[str, list[float | None]]:
     """Per-question validation scores of each (label, instruction) on ``examples``, kept in the study
     (keyed by the prompt and the questions) so a rerun asks nothing. ``on_validated(label,
-    instruction, rows)`` as soon as all of a prompt's questions are scored without an LLM error (a
-    prompt with errors is asked again by a rerun); ``rows`` are its answers and verdicts, in order."""
+    instruction, rows)`` as soon as all of a prompt's questions are scored without an LLM error and
+    with valid judge replies on at least ``min_coverage`` of them; a prompt short of either is not
+    kept, and a rerun asks it again (as the search does an ``incomplete`` candidate); ``rows`` are its
+    answers and verdicts, in order."""
     queries = [e.query for e in examples]
     out: dict[str, list[float | None]] = {}
     todo: list[tuple[str, str]] = []
@@ -110,9 +123,16 @@ def score_on(
         label, ins = todo[k]
         results = [scorer.outcome(s, ins) for s in scored]
         out[ins] = [None if isinstance(r, LLMError) else r for r in results]
-        if not any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
-            study.save_validation_scores(ins, queries, out[ins])
-            on_validated(label, ins, tuple(s.row for s in scored))
+        valid = sum(x is not None for x in out[ins])
+        if any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
+            return
+        if valid < min_coverage * len(results):
+            # Unreadable judge replies (never cached): kept as scored, they would never be asked again.
+            logger.warning("validation of %s: %d of %d judge replies were unreadable (min_coverage %g): not kept; "
+                           "the next run asks them again", label, len(results) - valid, len(results), min_coverage)
+            return
+        study.save_validation_scores(ins, queries, out[ins])
+        on_validated(label, ins, tuple(s.row for s in scored))
 
     if examples:
         scorer.score_prompts(todo, examples, on_done=done, progress=progress)
@@ -142,6 +162,60 @@ class _Rows:
                 on_validated(label, instruction, tuple(self.rows[label]))
 
 
+#: ``min_coverage`` at its default is left out of a design's key, so decisions recorded before it was
+#: part of the design (at that default) are resumed, not refused.
+_MIN_COVERAGE_UNKEYED = 0.9
+
+
+def _question_hashes(queries: Sequence[str]) -> tuple[str, ...]:
+    from opro.dataset import normalize_question, question_hash
+
+    return short_hashes([question_hash(normalize_question(q)) for q in dict.fromkeys(queries)])
+
+
+def _fingerprint(study: SearchStudy) -> dict[str, str]:
+    return {k: sha(v) for k, v in sorted(study.fingerprint().items())}
+
+
+def _decision(study: SearchStudy, design: dict[str, Any], queries: Sequence[str]) -> Decision:
+    """The ledger's record of the decision ``design`` describes, on ``queries`` (selection,
+    confirmation and extension questions), under the study's fingerprint."""
+    fingerprint = _fingerprint(study)
+    # A future objective or margin joins the design (and its key) like min_coverage, and is shown here.
+    shown: dict[str, Any] = {k: design[k] for k in ("alpha", "looks", "futility", "selection_questions", "min_coverage",
+                                                    "objective", "margin", "extension", "n_questions") if k in design}
+    shown["finalist instructions"] = sha(repr(design["finalists"]))
+    shown["initial instruction"] = sha(design["initial"])
+    shown["validation questions"] = design["questions"]
+    return Decision(
+        scope="validation", key=sha(repr((design["key"], sorted(fingerprint.items())))),
+        questions=_question_hashes(queries), design=shown, fingerprint=fingerprint, where=f"study {study.name!r}",
+        at=now(),
+    )
+
+
+def refuse_seen(
+    *, study: SearchStudy, settings: OptimizerSection, validation_set: Sequence[QAExample],
+    ledger: DecisionLedger | None = None,
+) -> None:
+    """Before the search: raise :class:`ValidationReuse` at once when the validation decision it would
+    end with is sure to be refused (:func:`validate` checks again, with the finalists): these
+    validation questions already decided a verdict under other settings (the study's fingerprint) or
+    another alpha, futility rule or ``min_coverage``. Saves a search whose verdict could not be drawn."""
+    if not settings.finalists or not validation_set:
+        return
+    s = settings
+    probe = Decision(scope="validation", key="", questions=_question_hashes([e.query for e in validation_set]),
+                     design={"alpha": s.alpha, "futility": s.futility, "min_coverage": s.min_coverage},
+                     fingerprint=_fingerprint(study))
+    earlier = [*study.decisions_in_storage(), *(("", d) for d in (ledger.decisions() if ledger else ()))]
+    for where, d in earlier:
+        differs = d.fingerprint != probe.fingerprint or any(
+            k in d.design and d.design[k] != v for k, v in probe.design.items())
+        if d.scope == probe.scope and differs and probe.seen_share(d)[1] > MAX_SEEN_SHARE:
+            raise ValidationReuse(d, probe, where=where or None, partial=True)
+
+
 def _mean(values: Sequence[float | None]) -> float | None:
     valid = [x for x in values if x is not None]
     return sum(valid) / len(valid) if valid else None
@@ -162,12 +236,13 @@ def validate(
     extension_set: Sequence[QAExample] = (),
     seed: int = 0,
     on_validated: OnValidated = lambda label, instruction, rows: None,
+    ledger: DecisionLedger | None = None,
     progress: bool = True,
 ) -> ValidationResult:
     """Choose a finalist on the selection questions, then test it against the initial instruction
     on the confirmation questions, look by look, the last look on up to ``validation_extension`` of
     ``extension_set`` (questions in no split) when the earlier ones did not decide (see the module
-    docstring)."""
+    docstring). ``ledger``: the decision ledger beside the dataset, checked and written with the study."""
     s = settings
     initial_key = normalize_instruction(initial)
     complete = [r for r in history if r.status == "complete" and r.score is not None]
@@ -199,8 +274,16 @@ def validate(
     if extension:  # absent otherwise, so that designs recorded before extensions existed still match
         design["extension"] = len(extension)
         design["extension_questions"] = questions_key([e.query for e in extension])
-    design["key"] = sha(repr(sorted((k, repr(v)) for k, v in design.items())))
-    study.begin_validation(design)
+    design["min_coverage"] = s.min_coverage
+    design["key"] = sha(repr(sorted((k, repr(v)) for k, v in design.items()
+                                    if not (k == "min_coverage" and v == _MIN_COVERAGE_UNKEYED))))
+    decision = _decision(study, design, [e.query for e in validation_set] + [e.query for e in extension])
+    study.refuse_seen_validation(decision, design)
+    if ledger is not None:
+        earlier = ledger.begin(decision)
+        if earlier is not None:
+            raise ValidationReuse(earlier, decision)
+    study.begin_validation(design, decision)
     rows = _Rows()
 
     def collect(label: str, instruction: str, got: Sequence[EvaluationRow]) -> None:
@@ -212,7 +295,8 @@ def validate(
     if n_sel:
         for label, ins in labels[1:]:
             rows.expect(label, ins)
-        sel_scores = score_on(study, scorer, labels[1:], selection, on_validated=collect, progress=progress)
+        sel_scores = score_on(study, scorer, labels[1:], selection, on_validated=collect,
+                              min_coverage=s.min_coverage, progress=progress)
 
         def pooled(k: int) -> tuple[float, int]:
             f = finalists[k]
@@ -231,12 +315,16 @@ def validate(
     looks: list[Look] = []
     seen: list[int] = []
     start = 0
+    unkept = 0  # unscored confirmation questions of batches not kept (asked again by the next run)
     for k, size in enumerate(sizes, start=1):
         batch = confirmation[start:size]
         start = size
         for label, ins in pairs:
             rows.expect(label, ins)
-        got = score_on(study, scorer, pairs, batch, on_validated=collect, progress=progress)
+        got = score_on(study, scorer, pairs, batch, on_validated=collect, min_coverage=s.min_coverage,
+                       progress=progress)
+        unkept += sum(sum(x is None for x in got[ins]) for _, ins in pairs
+                      if study.validation_scores(ins, [e.query for e in batch]) is None)
         init_scores += got[initial]
         pick_scores += got[pick.instruction]
         a, b = paired_valid(pick_scores, init_scores)
@@ -304,7 +392,17 @@ def validate(
         shown = "n/a" if d is None else f"{d:+.2f}"
         verdict = (f"no finalist beat the initial instruction ({how}: difference {shown}, {why}): the initial "
                    "instruction is returned and no gain is claimed")
+    if unkept:
+        verdict += (f"; {unkept} confirmation question(s) got unreadable judge replies or failed calls and are asked "
+                    "again by the next run: fix the judge or the endpoint and rerun to decide on them")
     logger.info("validation: %s", verdict)
+    settled = replace(decision, verdict=(
+        f"{'validated' if winner is not None else 'no gain'}: {final.decision} at look {final.look} of "
+        f"{len(sizes)}, {final.n} paired questions, p={final.p_value:.3g}, alpha {s.alpha:g}"
+        + (f"; {unkept} question(s) unscored, asked again by the next run" if unkept else "")))
+    study.settle_validation(settled)
+    if ledger is not None:
+        ledger.settle(settled)
     return ValidationResult(
         n_questions=used,
         alpha=s.alpha,
@@ -320,4 +418,4 @@ def validate(
     )
 
 
-__all__ = ["confirmation_looks", "max_calls", "score_on", "split_sizes", "validate", "validation_prompts"]
+__all__ = ["confirmation_looks", "max_calls", "refuse_seen", "score_on", "split_sizes", "validate", "validation_prompts"]

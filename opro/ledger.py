@@ -1,0 +1,183 @@
+"""The decision ledger: every verdict opro has drawn from a set of questions, kept by the questions.
+
+A validation decision (does the finalist beat the initial instruction?) and a promotion attempt
+(``compare --promote``) each spend an error budget on their questions. Once a verdict on those
+questions has been seen, deciding again on them under another design (alpha, looks, finalists,
+``min_coverage``, ...) or other settings (judge, task model, template, retrieval: the study's
+fingerprint) is a fresh chance at a false claim. Output folders and study stores come and go, so
+the ledger lives beside the dataset (``Experiment`` chooses the file; see docs/configuration.md) and
+every output folder and storage of that dataset reads the same one.
+
+One JSON record a line, appended under a file lock. A decision is identified by its ``key`` (its
+design and fingerprint): the same key is the same decision, which a rerun resumes (its later
+records, with the verdict, supersede the earlier ones). Questions are kept as short hashes of the
+normalized question, so overlap between any two decisions can be measured.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from opro.locking import waiting_lock
+
+logger = logging.getLogger(__name__)
+
+#: Share of a new decision's questions that may already have decided another verdict (under another
+#: design or other settings) before the new decision is refused: a few shared questions move a
+#: test little, a reshuffled pool (a new split seed: about 40% seen) moves it a lot.
+MAX_SEEN_SHARE = 0.10
+
+#: The ledger's file name, in the folder that holds the dataset.
+LEDGER_FILE = "opro_decisions.jsonl"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decision as the ledger keeps it."""
+
+    #: What budget it spends: ``"validation"``, or ``"promotion <registry>@<alias>"``.
+    scope: str
+    #: Its identity: a digest of its design and fingerprint (the same key resumes the same decision).
+    key: str
+    #: Short hashes of its normalized questions (every question the decision may ask).
+    questions: tuple[str, ...]
+    #: The settings it was made under, as shown in a refusal (alpha, looks, min_coverage, ...; a
+    #: future objective or margin is one more entry where it is set).
+    design: Mapping[str, Any] = field(default_factory=dict)
+    #: Digests of the fingerprint's entries (judge, task model, template, retrieval, split).
+    fingerprint: Mapping[str, str] = field(default_factory=dict)
+    #: None until decided (a decision begun and interrupted still holds its questions).
+    verdict: str | None = None
+    #: Where it was made (output folder, study), and when.
+    where: str = ""
+    at: str = ""
+
+    def seen_share(self, earlier: Decision) -> tuple[int, float]:
+        """How many of this decision's questions ``earlier`` decided on, and their share."""
+        mine = set(self.questions)
+        if not mine:
+            return 0, 0.0
+        shared = len(mine & set(earlier.questions))
+        return shared, shared / len(mine)
+
+    def changes(self, earlier: Decision, *, partial: bool = False) -> list[str]:
+        """What differs from ``earlier``: its design entries, then the fingerprint's. ``partial``: this
+        design holds only some entries (a check before they are all known): compare only those."""
+        keys = set(self.design) if partial else set(self.design) | set(earlier.design)
+        out = [f"{k} {earlier.design.get(k)!r} -> {self.design.get(k)!r}"
+               for k in sorted(keys) if self.design.get(k) != earlier.design.get(k)]
+        fp = sorted(k for k in set(self.fingerprint) | set(earlier.fingerprint)
+                    if self.fingerprint.get(k) != earlier.fingerprint.get(k))
+        if fp:
+            out.append("other settings (" + ", ".join(fp[:6]) + (", ..." if len(fp) > 6 else "") + ")")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scope": self.scope, "key": self.key, "questions": list(self.questions), "design": dict(self.design),
+                "fingerprint": dict(self.fingerprint), "verdict": self.verdict, "where": self.where, "at": self.at}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Decision:
+        return cls(scope=str(data["scope"]), key=str(data["key"]), questions=tuple(data.get("questions") or ()),
+                   design=dict(data.get("design") or {}), fingerprint=dict(data.get("fingerprint") or {}),
+                   verdict=data.get("verdict"), where=str(data.get("where", "")), at=str(data.get("at", "")))
+
+
+def conflict(new: Decision, earlier: Iterable[Decision]) -> Decision | None:
+    """The earlier decision (of ``new``'s scope, under another key) that decided on more than
+    :data:`MAX_SEEN_SHARE` of ``new``'s questions, the one sharing the most; None when there is none."""
+    worst: tuple[int, Decision] | None = None
+    for d in earlier:
+        if d.scope != new.scope or d.key == new.key:
+            continue
+        shared, share = new.seen_share(d)
+        if share > MAX_SEEN_SHARE and (worst is None or shared > worst[0]):
+            worst = (shared, d)
+    return None if worst is None else worst[1]
+
+
+def latest(decisions: Iterable[Decision]) -> list[Decision]:
+    """One record per (scope, key): the last one (it carries the verdict), in first-seen order."""
+    out: dict[tuple[str, str], Decision] = {}
+    for d in decisions:
+        out[(d.scope, d.key)] = d
+    return list(out.values())
+
+
+def now() -> str:
+    return datetime.now().isoformat(timespec="seconds")
+
+
+class DecisionLedger:
+    """The ledger file at ``path``; ``origin`` names this process's output folder in its records."""
+
+    def __init__(self, path: str | Path, *, origin: str = "") -> None:
+        self.path = Path(path)
+        self.origin = origin
+
+    def _lock(self) -> Any:
+        return waiting_lock(self.path.with_name(self.path.name + ".lock"))
+
+    def _read(self) -> list[Decision]:
+        if not self.path.is_file():
+            return []
+        out = []
+        for n, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Decision.from_json(json.loads(line)))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                # A line torn by a crash mid-append holds no finished record; it is said, not fatal.
+                logger.warning("%s: line %d is not a decision record and is ignored (%s)", self.path, n, exc)
+        return out
+
+    def decisions(self) -> list[Decision]:
+        """Every decision recorded, its latest record each."""
+        return latest(self._read())
+
+    def begin(self, decision: Decision) -> Decision | None:
+        """Record ``decision`` unless an earlier one (another key) decided on too many of its questions:
+        then that one is returned and nothing is written. The same key again (a resumed or repeated
+        decision) is allowed and not written twice."""
+        with self._lock():
+            known = self.decisions()
+            earlier = conflict(decision, known)
+            if earlier is not None:
+                return earlier
+            if not any(d.scope == decision.scope and d.key == decision.key for d in known):
+                self._append(decision)
+            return None
+
+    def settle(self, decision: Decision) -> None:
+        """Record ``decision``'s verdict (a later record of the same key supersedes the earlier ones);
+        a rerun that resumed it to the same verdict writes nothing."""
+        with self._lock():
+            if any((d.scope, d.key, d.verdict) == (decision.scope, decision.key, decision.verdict)
+                   for d in self.decisions()):
+                return
+            self._append(decision)
+
+    def _append(self, decision: Decision) -> None:
+        where = ", ".join(x for x in (decision.where, self.origin) if x)
+        record = {**decision.to_json(), "where": where, "at": decision.at or now()}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a+b") as fh:
+            fh.seek(0, 2)
+            torn = fh.tell() > 0 and (fh.seek(-1, 2), fh.read(1))[1] != b"\n"
+            # After a torn last line, a new line: the record must not be glued to the fragment.
+            fh.write(("\n" if torn else "").encode() + (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def short_hashes(hashes: Sequence[str]) -> tuple[str, ...]:
+    """Question hashes cut to 16 hex digits (64 bits: no collision among any dataset's questions)."""
+    return tuple(h[:16] for h in hashes)
+
+
+__all__ = ["LEDGER_FILE", "MAX_SEEN_SHARE", "Decision", "DecisionLedger", "conflict", "latest", "now", "short_hashes"]

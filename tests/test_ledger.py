@@ -1,0 +1,94 @@
+"""The decision ledger beside the dataset (issue 49): a validation decision cannot be re-bought by a new
+output folder (a new study store) or a new split seed that reuses the questions whose verdict was seen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import experiment_config, scripted_pool, write_toml
+
+from opro.experiment import Experiment
+from opro.ledger import LEDGER_FILE
+from opro.search.study import ValidationReuse
+
+
+def _optimize(tmp_path: Path, *, out: str, seed: int = 1, **optimizer: Any) -> Any:
+    """The scripted experiment over ``tmp_path/qa.jsonl`` (28 questions, 12 validation) into ``out``."""
+    split = {"exemplar": 2, "optimization": 3, "validation": 12, "heldout": 10, "seed": seed}
+    cfg = experiment_config(tmp_path, questions=28, experiment={"name": "t", "output_dir": out, "progress": False},
+                            data={"dataset": "qa.jsonl", "split": split}, optimizer={"steps": 1, **optimizer})
+    exp = Experiment.from_file(write_toml(cfg, tmp_path / f"{out}.toml"), pool=scripted_pool(), progress=False)
+    try:
+        return exp.optimize()
+    finally:
+        exp.close()
+
+
+def test_a_new_output_folder_or_split_seed_cannot_re_decide_the_validation_questions_of_a_dataset(
+    tmp_path: Path,
+) -> None:
+    """A new output_dir is a new optuna.db: it gave the same validation questions a fresh decision under
+    another alpha. A new [data.split].seed reshuffles the same pool: most "new" validation questions
+    were seen. Both are refused, naming the earlier verdict; the same decision in another folder is
+    the same decision (allowed, and the same verdict)."""
+    first = _optimize(tmp_path, out="out1", alpha=0.05)
+    assert first.validated
+    ledger = tmp_path / LEDGER_FILE  # beside qa.jsonl, read by every output folder of that dataset
+    records = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [r["verdict"] for r in records] == [None, records[-1]["verdict"]] and records[-1]["verdict"].startswith(
+        "validated: success at look")
+    assert records[0]["design"]["min_coverage"] == 0.9 and len(records[0]["questions"]) >= 12
+    assert "output folder" in records[0]["where"] and records[0]["where"].endswith("out1")
+    with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.1") as info:
+        _optimize(tmp_path, out="out2", alpha=0.1)
+    assert "(validated: success at look" in str(info.value) and "out1" in str(info.value)
+    assert (tmp_path / "out1" / "metaprompts").is_dir() and not (tmp_path / "out2" / "metaprompts").exists()  # no search
+    with pytest.raises(ValidationReuse, match=r"\d+ of these 12 validation questions \(\d+%\) already decided") as info:
+        _optimize(tmp_path, out="out3", seed=2, alpha=0.05)
+    assert "other settings (" in str(info.value) and "split" in str(info.value)
+    same = _optimize(tmp_path, out="out4", alpha=0.05)
+    assert same.validated and same.summary()["validation"] == first.summary()["validation"]
+
+
+def test_the_ledger_counts_shared_questions_keeps_the_latest_verdict_and_survives_a_torn_line(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from opro.ledger import Decision, DecisionLedger
+
+    ledger = DecisionLedger(tmp_path / LEDGER_FILE, origin="output folder x")
+    first = Decision(scope="validation", key="a", questions=tuple(f"q{i}" for i in range(10)), design={"alpha": 0.05})
+    assert ledger.begin(first) is None and ledger.begin(first) is None  # the same decision: allowed, written once
+    ledger.settle(replace(first, verdict="no gain"))
+    with ledger.path.open("a") as fh:
+        fh.write('{"scope": "valid')  # a crash mid-append
+    # One shared question of ten (10%) is allowed; two are not, and the earlier verdict comes back.
+    one = Decision(scope="validation", key="b", questions=("q9", *(f"n{i}" for i in range(9))))
+    assert ledger.begin(one) is None
+    two = Decision(scope="validation", key="c", questions=("q8", "q9", *(f"m{i}" for i in range(8))))
+    seen = ledger.begin(two)
+    assert seen is not None and (seen.key, seen.verdict, seen.where) == ("a", "no gain", "output folder x")
+    assert ledger.begin(replace(two, scope="promotion qa@prod")) is None  # another budget
+    assert [(d.key, d.verdict) for d in ledger.decisions()] == [("a", "no gain"), ("b", None), ("c", None)]
+    # "a" begun and settled, the fragment, then "b" and the promotion on lines of their own (the refused "c": none).
+    assert len(ledger.path.read_text().splitlines()) == 5
+
+
+def test_the_ledger_lies_beside_the_dataset_or_for_a_generated_one_beside_the_call_cache(tmp_path: Path) -> None:
+    from opro.config import config_from_dict
+
+    def ledger_of(**data: Any) -> Path:
+        cfg = config_from_dict(experiment_config(tmp_path, data=data), base_dir=tmp_path / "cfg", source="t.toml")
+        exp = Experiment(cfg, pool=scripted_pool(), progress=False)
+        try:
+            return exp.decisions.path
+        finally:
+            exp.close()
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "qa.jsonl").touch()  # only where it lies matters here
+    assert ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl")) == tmp_path / "data" / LEDGER_FILE
+    assert ledger_of(dataset=str(tmp_path / "data")) == tmp_path / "data" / LEDGER_FILE  # a dataset folder: in it
+    assert ledger_of(dataset="") == tmp_path / "cfg" / LEDGER_FILE  # beside calls.sqlite, the config's call cache
