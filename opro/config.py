@@ -228,6 +228,10 @@ class OptimizerSection:
     validation_extension: int = 20
     #: A candidate counts as complete only if this share of its questions was scored validly.
     min_coverage: float = 0.9
+    #: When the validation questions already decided a verdict under another design or other settings
+    #: (:mod:`opro.ledger`): ``refuse`` the run; ``label`` runs it as an exploration, every record
+    #: labelled "re-decided after a seen verdict", the initial instruction returned, never validated.
+    seen_validation: Literal["refuse", "label"] = "refuse"
     patience: int = 0
     max_calls: int = 0
     max_tokens_budget: int = 0

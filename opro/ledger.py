@@ -36,6 +36,10 @@ MAX_SEEN_SHARE = 0.10
 #: The ledger's file name, in the folder that holds the dataset.
 LEDGER_FILE = "opro_decisions.jsonl"
 
+#: The label of a decision made on questions whose verdict was seen (``[optimizer].seen_validation =
+#: "label"``): an exploration that claims nothing, so it neither blocks nor unblocks later decisions.
+RE_DECIDED = "re-decided after a seen verdict"
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -57,6 +61,9 @@ class Decision:
     #: Where it was made (output folder, study), and when.
     where: str = ""
     at: str = ""
+    #: Made on questions an earlier decision (another key) had decided: labelled :data:`RE_DECIDED`,
+    #: never validated, and ignored by :func:`conflict`.
+    re_decided: bool = False
 
     def seen_share(self, earlier: Decision) -> tuple[int, float]:
         """How many of this decision's questions ``earlier`` decided on, and their share."""
@@ -79,22 +86,28 @@ class Decision:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        # re_decided only where set: the records of ordinary decisions stay as they were written.
         return {"scope": self.scope, "key": self.key, "questions": list(self.questions), "design": dict(self.design),
-                "fingerprint": dict(self.fingerprint), "verdict": self.verdict, "where": self.where, "at": self.at}
+                "fingerprint": dict(self.fingerprint), "verdict": self.verdict, "where": self.where, "at": self.at,
+                **({"re_decided": True} if self.re_decided else {})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Decision:
         return cls(scope=str(data["scope"]), key=str(data["key"]), questions=tuple(data.get("questions") or ()),
                    design=dict(data.get("design") or {}), fingerprint=dict(data.get("fingerprint") or {}),
-                   verdict=data.get("verdict"), where=str(data.get("where", "")), at=str(data.get("at", "")))
+                   verdict=data.get("verdict"), where=str(data.get("where", "")), at=str(data.get("at", "")),
+                   re_decided=bool(data.get("re_decided", False)))
 
 
 def conflict(new: Decision, earlier: Iterable[Decision]) -> Decision | None:
     """The earlier decision (of ``new``'s scope, under another key) that decided on more than
-    :data:`MAX_SEEN_SHARE` of ``new``'s questions, the one sharing the most; None when there is none."""
+    :data:`MAX_SEEN_SHARE` of ``new``'s questions, the one sharing the most; None when there is none.
+    A re-decided decision claims nothing: it is never refused and never refuses another."""
+    if new.re_decided:
+        return None
     worst: tuple[int, Decision] | None = None
     for d in earlier:
-        if d.scope != new.scope or d.key == new.key:
+        if d.scope != new.scope or d.key == new.key or d.re_decided:
             continue
         shared, share = new.seen_share(d)
         if share > MAX_SEEN_SHARE and (worst is None or shared > worst[0]):
@@ -180,4 +193,5 @@ def short_hashes(hashes: Sequence[str]) -> tuple[str, ...]:
     return tuple(h[:16] for h in hashes)
 
 
-__all__ = ["LEDGER_FILE", "MAX_SEEN_SHARE", "Decision", "DecisionLedger", "conflict", "latest", "now", "short_hashes"]
+__all__ = ["LEDGER_FILE", "MAX_SEEN_SHARE", "RE_DECIDED", "Decision", "DecisionLedger", "conflict", "latest", "now",
+           "short_hashes"]

@@ -100,6 +100,8 @@ def test_boundary_values_are_accepted(tmp_path: Path) -> None:
         ({"models": {"judge": {"backend": "openai", "model": "m", "base_url": "localhost:8000"}}},
          "[models.judge] base_url must start with http://"),
         ({"models": 3}, "models must be a table"),
+        ({"optimizer": {"seen_validation": "ignore"}},
+         "optimizer.seen_validation = 'ignore' is not allowed; use one of 'refuse', 'label'"),
         ({"tracking": {"mlflow_uri": "bogus://x"}}, "[tracking].mlflow_uri = 'bogus://x': MLflow cannot keep runs"),
         ({"tracking": {"optuna_storage": "runs/optuna.db"}}, "[tracking].optuna_storage = 'runs/optuna.db' is not a "
                                                               "database URL"),

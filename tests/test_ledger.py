@@ -4,6 +4,7 @@ output folder (a new study store) or a new split seed that reuses the questions 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,58 @@ def test_the_ledger_lies_beside_the_dataset_or_for_a_generated_one_beside_the_ca
     assert ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl")) == tmp_path / "data" / LEDGER_FILE
     assert ledger_of(dataset=str(tmp_path / "data")) == tmp_path / "data" / LEDGER_FILE  # a dataset folder: in it
     assert ledger_of(dataset="") == tmp_path / "cfg" / LEDGER_FILE  # beside calls.sqlite, the config's call cache
+
+
+def test_seen_validation_label_re_decides_as_an_exploration_that_never_claims_a_gain(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """[optimizer].seen_validation = "label": a decision on questions whose verdict was seen is made (its
+    figures shown) but labelled "re-decided after a seen verdict" in every record; the initial instruction
+    is returned, never validated, even where the test succeeds. The label blocks and unblocks nothing:
+    the earlier decision still refuses another design, and still resumes itself."""
+    import logging
+
+    from mlflow import MlflowClient
+
+    from opro.search.study import SearchStudy
+
+    first = _optimize(tmp_path, out="out1", alpha=0.05)
+    assert first.validated
+    with caplog.at_level(logging.WARNING, logger="opro.search.validation"):
+        labelled = _optimize(tmp_path, out="out2", alpha=0.1, seen_validation="label")
+    warned = [r.getMessage() for r in caplog.records if "seen_validation = 'label'" in r.getMessage()]
+    assert warned and "(validated: success at look" in warned[0] and "no gain is claimed" in warned[0]
+    v = labelled.validation
+    assert v is not None and v.re_decided and v.looks[-1]["decision"] == "success"  # the test alone would claim
+    assert v.winner is None and not any(f.significant for f in v.finalists)
+    assert not labelled.validated and labelled.gain is None
+    assert labelled.best_instruction == labelled.initial_instruction == "Answer the question."
+    assert re.match(r"re-decided after a seen verdict: (\d+) of these \1 validation questions .*\(100%\) already", v.verdict)
+    assert "(validated: success at look" in v.verdict and "out1" in v.verdict and "alpha 0.05 -> 0.1" in v.verdict
+    assert "explored only (finalist" in v.verdict and "no gain is claimed" in v.verdict
+    summary = json.loads((tmp_path / "out2" / "summary.json").read_text())
+    assert summary["validated"] is False and summary["gain"] is None
+    assert summary["validation"]["re_decided"] is True and summary["validation"]["verdict"] == v.verdict
+    assert summary["validation"]["winner"] is None and summary["validation"]["design"]["re_decided"] is True
+    records = [json.loads(line) for line in (tmp_path / LEDGER_FILE).read_text().splitlines()]
+    marked = [r for r in records if r.get("re_decided")]
+    assert marked and all("out2" in r["where"] for r in marked)
+    assert marked[-1]["verdict"].startswith("re-decided after a seen verdict, not validated: success at look")
+    study = SearchStudy.load(f"sqlite:///{tmp_path / 'out2' / 'optuna.db'}", name=labelled.study_name)
+    assert study is not None
+    [decision] = study.validation_decisions()
+    assert decision.re_decided and decision.verdict == marked[-1]["verdict"]
+    uri = f"sqlite:///{tmp_path / 'out2' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    tags = client.get_run(labelled.mlflow_run_id).data.tags
+    assert tags["opro.re_decided"] == "true" and tags["opro.validated"] == "false" and tags["opro.gain"] == "none"
+    assert client.get_prompt_version_by_alias("qa-test", "latest-best").tags["opro.validated"] == "false"
+    # In the first decision's own storage too (another min_coverage), and it does not block that decision.
+    again = _optimize(tmp_path, out="out1", alpha=0.05, min_coverage=0.8, seen_validation="label")
+    assert again.validation is not None and again.validation.re_decided and not again.validated
+    assert _optimize(tmp_path, out="out1", alpha=0.05).summary()["validation"] == first.summary()["validation"]
+    # The default still refuses the labelled design, naming the first decision (not the labelled one).
+    with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.1") as info:
+        _optimize(tmp_path, out="out3", alpha=0.1)
+    assert "(validated: success at look" in str(info.value) and "out1" in str(info.value)
+    assert "out2" not in str(info.value) and 'seen_validation = "label"' in str(info.value)

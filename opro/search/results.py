@@ -92,6 +92,9 @@ class ValidationResult:
     #: The design the decision was made under (alpha, looks, futility, selection questions, procedure).
     design: Mapping[str, Any] = field(default_factory=dict)
     selection_questions: int = 0
+    #: Made on questions whose verdict an earlier decision had drawn (``[optimizer].seen_validation =
+    #: "label"``): an exploration, labelled so in ``verdict``; ``winner`` is None whatever the test said.
+    re_decided: bool = False
 
 
 @dataclass(frozen=True)

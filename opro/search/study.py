@@ -88,18 +88,24 @@ class ValidationReuse(ConfigError):
         shared, share = now.seen_share(earlier)
         shown = "; ".join(now.changes(earlier, partial=partial)) or "other finalists"
         verdict = earlier.verdict or "begun, not finished"
-        super().__init__(
+        #: What was seen, where, and what differs: the refusal's first sentence, and the label of a
+        #: decision re-decided under ``[optimizer].seen_validation = "label"``.
+        self.seen = (
             f"{shared} of these {len(now.questions)} validation questions"
             + (" (extension included)" if now.design.get("extension") else "")
             + f" ({share:.0%}) already decided a verdict "
             f"in {where or earlier.where or 'an earlier run'} ({verdict}"
             + (f"; {earlier.at}" if earlier.at else "")
-            + f") under another design or other settings ({shown}). Testing again on questions whose verdict was "
+            + f") under another design or other settings ({shown})"
+        )
+        super().__init__(
+            f"{self.seen}. Testing again on questions whose verdict was "
             "seen would let a rerun keep the settings that happen to claim a gain. Restore that design and those "
             "settings to resume its decision, or validate on questions no decision has seen: more questions in the "
             f"dataset, or a new [data.split].seed only where at most {MAX_SEEN_SHARE:.0%} of its validation "
             "questions were seen (a reshuffled pool usually shares far more); `opro compare` on the held-out split "
-            "measures any prompt without deciding here"
+            "measures any prompt without deciding here; [optimizer].seen_validation = \"label\" runs it as an "
+            "exploration that returns the initial instruction and claims no gain"
         )
 
 
@@ -554,7 +560,9 @@ class SearchStudy:
 
     def _seen(self, decision: Decision, design: Mapping[str, Any]) -> tuple[Decision, str] | None:
         """An earlier decision of this study or any other of its storage that decided on too many of
-        ``decision``'s questions under another key, and where."""
+        ``decision``'s questions under another key, and where (None for a re-decided one: it claims nothing)."""
+        if decision.re_decided:
+            return None
         for name, attrs in self._studies():
             recorded = [Decision.from_json(x) for x in attrs.get("validation_decisions", [])]
             earlier = conflict(decision, recorded)

@@ -24,7 +24,9 @@ design, ``min_coverage`` included, the study's fingerprint, its questions and it
 study and in the decision ledger beside the dataset (:mod:`opro.ledger`). Questions that decided a
 verdict cannot decide again under another design or other settings, in any study, storage or output
 folder (more than :data:`opro.ledger.MAX_SEEN_SHARE` of them shared is refused), so a rerun cannot
-shop for the alpha, finalists, steps, coverage rule or judge that happen to claim a gain.
+shop for the alpha, finalists, steps, coverage rule or judge that happen to claim a gain. With
+``[optimizer].seen_validation = "label"`` such a decision is made as an exploration instead: labelled
+"re-decided after a seen verdict" in every record, the initial instruction returned, nothing claimed.
 
 A prompt's batch whose judge replies were too often unreadable (valid on fewer than ``min_coverage``
 of its questions) is not kept, like an ``incomplete`` candidate of the search: the next run asks
@@ -45,7 +47,7 @@ from opro.engine import Scored
 from opro.errors import LLMError
 from opro.evaluation import QAExample
 from opro.evaluation_types import EvaluationRow
-from opro.ledger import MAX_SEEN_SHARE, Decision, DecisionLedger, now, short_hashes
+from opro.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now, short_hashes
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult
 from opro.search.scoring import CandidateScorer
@@ -194,6 +196,11 @@ def _decision(study: SearchStudy, design: dict[str, Any], queries: Sequence[str]
     )
 
 
+def _label_warning(reuse: ValidationReuse) -> None:
+    logger.warning("[optimizer].seen_validation = 'label': %s; this validation decision is %s: the initial "
+                   "instruction is returned and no gain is claimed", reuse.seen, RE_DECIDED)
+
+
 def refuse_seen(
     *, study: SearchStudy, settings: OptimizerSection, validation_set: Sequence[QAExample],
     ledger: DecisionLedger | None = None,
@@ -201,7 +208,8 @@ def refuse_seen(
     """Before the search: raise :class:`ValidationReuse` at once when the validation decision it would
     end with is sure to be refused (:func:`validate` checks again, with the finalists): these
     validation questions already decided a verdict under other settings (the study's fingerprint) or
-    another alpha, futility rule or ``min_coverage``. Saves a search whose verdict could not be drawn."""
+    another alpha, futility rule or ``min_coverage``. Saves a search whose verdict could not be drawn.
+    With ``seen_validation = "label"`` it warns instead (the decision will be labelled re-decided)."""
     if not settings.finalists or not validation_set:
         return
     s = settings
@@ -212,8 +220,12 @@ def refuse_seen(
     for where, d in earlier:
         differs = d.fingerprint != probe.fingerprint or any(
             k in d.design and d.design[k] != v for k, v in probe.design.items())
-        if d.scope == probe.scope and differs and probe.seen_share(d)[1] > MAX_SEEN_SHARE:
-            raise ValidationReuse(d, probe, where=where or None, partial=True)
+        if d.scope == probe.scope and not d.re_decided and differs and probe.seen_share(d)[1] > MAX_SEEN_SHARE:
+            reuse = ValidationReuse(d, probe, where=where or None, partial=True)
+            if s.seen_validation != "label":
+                raise reuse
+            _label_warning(reuse)
+            return
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -275,14 +287,31 @@ def validate(
         design["extension"] = len(extension)
         design["extension_questions"] = questions_key([e.query for e in extension])
     design["min_coverage"] = s.min_coverage
-    design["key"] = sha(repr(sorted((k, repr(v)) for k, v in design.items()
-                                    if not (k == "min_coverage" and v == _MIN_COVERAGE_UNKEYED))))
-    decision = _decision(study, design, [e.query for e in validation_set] + [e.query for e in extension])
-    study.refuse_seen_validation(decision, design)
-    if ledger is not None:
-        earlier = ledger.begin(decision)
+
+    def keyed(design: dict[str, Any]) -> dict[str, Any]:
+        kept = sorted((k, repr(v)) for k, v in design.items()
+                      if k != "key" and not (k == "min_coverage" and v == _MIN_COVERAGE_UNKEYED))
+        return {**design, "key": sha(repr(kept))}
+
+    design = keyed(design)
+    asked_queries = [e.query for e in validation_set] + [e.query for e in extension]
+    decision = _decision(study, design, asked_queries)
+    reuse: ValidationReuse | None = None
+    try:
+        study.refuse_seen_validation(decision, design)
+        earlier = ledger.begin(decision) if ledger is not None else None
         if earlier is not None:
             raise ValidationReuse(earlier, decision)
+    except ValidationReuse as exc:
+        if s.seen_validation != "label":
+            raise
+        # Another decision than an unlabelled one of the same design (its own key), so that neither
+        # can ever resume the other: a labelled verdict never becomes a claim.
+        reuse, design = exc, keyed({**design, "re_decided": True})
+        decision = replace(_decision(study, design, asked_queries), re_decided=True)
+        _label_warning(reuse)
+        if ledger is not None:
+            ledger.begin(decision)
     study.begin_validation(design, decision)
     rows = _Rows()
 
@@ -345,7 +374,8 @@ def validate(
                and sum(x is not None for x in init_scores) >= s.min_coverage * asked)
     a, b = paired_valid(pick_scores, init_scores)
     diffs = [x - y for x, y in zip(a, b, strict=True)]
-    claimed = bool(covered and final.decision == "success")
+    tested = bool(covered and final.decision == "success")  # what the test says
+    claimed = tested and reuse is None  # a re-decided decision is an exploration: it claims nothing
     raw = sum(diffs) / len(diffs) if diffs else None
     difference, difference_ci = raw, t_interval(diffs)
     if claimed and len(diffs) >= 2:
@@ -380,24 +410,30 @@ def validate(
            + (f", {extended} of them from the extension" if extended else ""))
     d = records[chosen].difference
     lo, hi = records[chosen].difference_ci or (math.nan, math.nan)
+    why = {"futility": "stopped for futility: it was not ahead",
+           "end": f"sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}"}.get(final.decision, final.decision)
+    if final.decision == "success":
+        why = (f"sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}" if tested  # (re-decided: not claimed)
+               else f"only {len(diffs)} of {asked} questions scored validly (min_coverage {s.min_coverage:g})")
+    shown = "n/a" if d is None else f"{d:+.2f}"
     if winner is not None:
         verdict = (f"a finalist beat the initial instruction on validation questions that did not choose it "
                    f"({how}; sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}); its gain, adjusted "
                    f"for having been claimed: {d:+.2f} (95% CI {lo:+.2f} to {hi:+.2f}; unadjusted {raw:+.2f})")
+    elif reuse is not None:
+        verdict = (f"{RE_DECIDED}: {reuse.seen}; the initial instruction is returned and no gain is claimed; "
+                   f"explored only ({how}): difference {shown}"
+                   + (f" (95% CI {lo:+.2f} to {hi:+.2f})" if records[chosen].difference_ci else "") + f", {why}")
     else:
-        why = {"futility": "stopped for futility: it was not ahead",
-               "end": f"sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}"}.get(final.decision, final.decision)
-        if final.decision == "success":  # significant by the test, but too few questions scored validly
-            why = f"only {len(diffs)} of {asked} questions scored validly (min_coverage {s.min_coverage:g})"
-        shown = "n/a" if d is None else f"{d:+.2f}"
         verdict = (f"no finalist beat the initial instruction ({how}: difference {shown}, {why}): the initial "
                    "instruction is returned and no gain is claimed")
     if unkept:
         verdict += (f"; {unkept} confirmation question(s) got unreadable judge replies or failed calls and are asked "
                     "again by the next run: fix the judge or the endpoint and rerun to decide on them")
     logger.info("validation: %s", verdict)
+    outcome = f"{RE_DECIDED}, not validated" if reuse is not None else "validated" if winner is not None else "no gain"
     settled = replace(decision, verdict=(
-        f"{'validated' if winner is not None else 'no gain'}: {final.decision} at look {final.look} of "
+        f"{outcome}: {final.decision} at look {final.look} of "
         f"{len(sizes)}, {final.n} paired questions, p={final.p_value:.3g}, alpha {s.alpha:g}"
         + (f"; {unkept} question(s) unscored, asked again by the next run" if unkept else "")))
     study.settle_validation(settled)
@@ -415,6 +451,7 @@ def validate(
         looks=tuple(x.as_dict() for x in looks),
         design={k: v for k, v in design.items() if k not in ("finalists", "initial")},
         selection_questions=n_sel,
+        re_decided=reuse is not None,
     )
 
 

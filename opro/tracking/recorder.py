@@ -269,6 +269,7 @@ class MlflowRecorder(Recorder):
             "opro.gain": "none" if result.gain is None else f"{result.gain:.4f}",
             "opro.validated": str(result.validated).lower(),
             "opro.headline": result.headline()[:5000],
+            **({"opro.re_decided": "true"} if v is not None and v.re_decided else {}),  # seen_validation = "label"
         })
         if self.register_prompt is not None:
             name, alias = self.register_prompt
