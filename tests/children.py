@@ -140,6 +140,25 @@ def sidecar_parent_killed() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def sidecar_parent_killed_mid_call() -> None:
+    """Starts a sidecar, prints its process id, sets it on a two-minute call and kills this process
+    (SIGKILL) while the call runs: the pipe's end of file would only reach the child after it."""
+    import signal
+    import threading
+    import time
+
+    from test_sidecar import Counter
+
+    from opro.tracking.sidecar import Sidecar
+
+    car = Sidecar(name="s")
+    car.host("a", Counter)
+    print(car.call("a", "pid"), flush=True)
+    threading.Thread(target=car.call, args=("a", "sleep", 120.0), daemon=True).start()
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 # -- the CLI as a user runs it, on scripted models (test_genai) -------------------------------------------
 
 
