@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ from opro.tracking.recorder import MlflowRecorder
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-    from opro.dataset import GoldenDataset
+    from opro.dataset import Example, GoldenDataset
     from opro.evaluation import EvaluationReport, EvaluationRow
     from opro.metrics import Metric
     from opro.prompts import QATemplate
@@ -81,7 +82,12 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
 
     _import_harness()
     # The replay always emits its trace: MLflow's check that predict_fn traces (one extra call) is moot.
-    env = {"MLFLOW_EXPERIMENT_ID": experiment_id, "MLFLOW_GENAI_EVAL_SKIP_TRACE_VALIDATION": "True"}
+    # One harness worker: the replay is CPU, not waiting on a model, and ten workers writing traces and
+    # assessments into one SQLite file held every connection of SQLAlchemy's pool (15) waiting on its
+    # write lock; after 30 s MLflow dropped the trace ("QueuePool limit ... reached"), a different number
+    # of them each run (issue 49: 24-29 of 48 traces kept, on a loaded machine).
+    env = {"MLFLOW_EXPERIMENT_ID": experiment_id, "MLFLOW_GENAI_EVAL_SKIP_TRACE_VALIDATION": "True",
+           "MLFLOW_GENAI_EVAL_MAX_WORKERS": "1"}
     # Each evaluate imports the Databricks SDK first (5-30 s on a busy 2-core machine) so that its
     # worker threads could use it; off Databricks nothing does. Hide it for the call unless loaded.
     hide_sdk = not tracking_uri.startswith("databricks") and "databricks.sdk" not in sys.modules
@@ -237,16 +243,22 @@ class GenAILogger:
         return self._tracker.experiment_id()
 
     # -- datasets ----------------------------------------------------------------------------
-    def register_dataset(self, dataset: GoldenDataset, *, split: str) -> Any:
-        """The ``split`` of ``dataset`` as an MLflow evaluation dataset linked to the experiment.
+    def register_dataset(self, dataset: GoldenDataset, *, split: str, extension: Sequence[Example] = ()) -> Any:
+        """The ``split`` of ``dataset`` as an MLflow evaluation dataset linked to the experiment; with
+        ``extension`` (questions in no split that a validation stage asked beyond its split), the split
+        and those questions, as a dataset of their own (``<prefix>.validation+extension.<hash>``): the
+        split's own dataset keeps exactly the split's questions.
 
         Idempotent: an existing dataset of the same name (split + content hash) is reused, and
         records merge by their inputs, so a rerun adds nothing.
         """
         from mlflow.genai import datasets as mlflow_datasets
 
-        examples = dataset.examples_in(split)  # type: ignore[arg-type]
+        examples = [*dataset.examples_in(split), *extension]  # type: ignore[arg-type]
         name = dataset_name(self.dataset_prefix, split, dataset.content_hash)
+        if extension:
+            digest = hashlib.sha256("\n".join([dataset.content_hash, *(e.query for e in extension)]).encode())
+            name = dataset_name(self.dataset_prefix, f"{split}+extension", digest.hexdigest())
         exp_id = self.experiment_id
         with _use_store(self.tracking_uri, exp_id):
             found = mlflow_datasets.search_datasets(experiment_ids=[exp_id], filter_string=f"name = '{name}'")
@@ -258,7 +270,8 @@ class GenAILogger:
                     name=name,
                     experiment_id=[exp_id],
                     tags={"opro.split": split, "opro.dataset_hash": dataset.content_hash,
-                          "opro.n_questions": str(len(examples))},
+                          "opro.n_questions": str(len(examples)),
+                          **({"opro.extension_questions": str(len(extension))} if extension else {})},
                 )
             if examples and _record_count(ds) < len(examples):
                 ds.merge_records(_records(examples))
@@ -344,8 +357,11 @@ class GenAILogger:
             tags["opro.optimization_run_id"] = optimization_run_id
             if self.validation_recorded(label=evaluation.label, optimization_run_id=optimization_run_id):
                 return None
+        # The questions of its extension look, if it reached one (in no split): recorded with the split's.
+        asked = {r.query for r in evaluation.report.rows}
+        extension = [e for e in dataset.unused() if e.query in asked]
         return self.log_evaluations([evaluation], dataset=dataset, split="validation", source="validation",
-                                    run_name_prefix=f"validate {study_name}: ", tags=tags)
+                                    run_name_prefix=f"validate {study_name}: ", tags=tags, extension=extension)
 
     # -- evaluation runs ---------------------------------------------------------------------
     def log_evaluations(
@@ -357,16 +373,20 @@ class GenAILogger:
         source: str,
         run_name_prefix: str = "",
         tags: Mapping[str, str] | None = None,
+        extension: Sequence[Example] = (),
     ) -> GenAIRecord:
-        """One ``mlflow.genai.evaluate`` run per prompt over the split's evaluation dataset."""
-        ds = self.register_dataset(dataset, split=split)
-        questions = {e.query for e in dataset.examples_in(split)}  # type: ignore[arg-type]
+        """One ``mlflow.genai.evaluate`` run per prompt over the split's evaluation dataset (with
+        ``extension``: the split's and those questions', see :meth:`register_dataset`), one trace per
+        question the prompt answered."""
+        ds = self.register_dataset(dataset, split=split, extension=extension)
+        questions = {e.query for e in [*dataset.examples_in(split), *extension]}  # type: ignore[arg-type]
         runs = []
         for ev in evaluations:
             outside = [r.query for r in ev.report.rows if r.query not in questions]
             if outside:
+                where = f"the {split} split" + (" or its extension" if extension else "")
                 raise OproError(
-                    f"evaluation of {ev.label!r}: {len(outside)} question(s) are not in the {split} split "
+                    f"evaluation of {ev.label!r}: {len(outside)} question(s) are not in {where} "
                     f"(first: {outside[0][:80]!r}); log an evaluation of that split's questions"
                 )
             runs.append(self._log_one(ev, ds=ds, split=split, source=source, prefix=run_name_prefix,
@@ -399,25 +419,43 @@ class GenAILogger:
             run_tags["opro.prompt_uri"] = f"prompts:/{version.name}/{version.version}"
         run = self.client.create_run(exp_id, run_name=f"{prefix}{ev.label}"[:250], tags=run_tags)
         run_id = run.info.run_id
+        warnings: list[logging.LogRecord] = []
         try:
-            with _use_store(self.tracking_uri, exp_id), mlflow.start_run(run_id=run_id), _quiet():
+            with _use_store(self.tracking_uri, exp_id), mlflow.start_run(run_id=run_id), _quiet(warnings):
                 mlflow.log_params({"template": redact_text(ev.template.template_text)[:6000], "split": split,
                                    "n_questions": len(rows)})
                 if version is not None:
                     self.client.link_prompt_version_to_run(run_id, version)
+                # The questions this prompt answered, not the dataset's others (the initial instruction
+                # never answers the selection questions): a question without a row would be a failed
+                # prediction without a trace. The dataset stays the run's input.
+                data: Any = ds
+                if len(rows) < _record_count(ds):
+                    frame = ds.to_df()
+                    data = frame[[redact_text(str(i.get("question", ""))) in replay.rows for i in frame["inputs"]]]
+                    mlflow.log_input(ds)
                 # The bound method, not the instance: MLflow identifies the agent by its source, and for an
                 # instance inspect.getsource parses and walks this whole module (0.5 s per run).
-                result = mlflow.genai.evaluate(data=ds, predict_fn=replay.__call__, scorers=[verdict])
+                result = mlflow.genai.evaluate(data=data, predict_fn=replay.__call__, scorers=[verdict])
                 summary = _summary_metrics(ev.report)
                 if summary:
                     mlflow.log_metrics(summary)
+            # Traces may be queued for a background writer: in the store before this returns, so that a
+            # command leaving through os._exit (the CLI) loses none, and the count below is the real one.
+            mlflow.flush_trace_async_logging(terminate=False)
+            traces = self.client.search_traces(locations=[exp_id], run_id=run_id, max_results=1000)
+            if len(traces) < len(rows):
+                # MLflow drops a trace it failed to write with a warning and goes on: never silently here.
+                why = "; ".join(dict.fromkeys(redact_text(w.getMessage())[:300] for w in warnings)) or "no reason given"
+                raise OproError(
+                    f"MLflow kept {len(traces)} of the {len(rows)} traces of the evaluation of {ev.label!r} "
+                    f"(run {run_id}, marked FAILED; MLflow said: {why}); rerun to record it again"
+                )
         except Exception:
             self.client.set_terminated(run_id, status="FAILED")
             raise
-        # Traces may be queued for a background writer: in the store before this returns, so that a
-        # command leaving through os._exit (the CLI) loses none, and the count below is the real one.
-        mlflow.flush_trace_async_logging(terminate=False)
-        traces = self.client.search_traces(locations=[exp_id], run_id=run_id, max_results=1000)
+        for w in warnings:
+            logger.debug("MLflow, evaluation run %s: %s", run_id, w.getMessage())
         trace_ids = tuple(t.info.trace_id for t in traces)
         logger.info("evaluation run %s: %d traces, metrics %s", run_id, len(trace_ids), result.metrics)
         return EvaluationRunRecord(
@@ -799,11 +837,27 @@ def _summary_metrics(report: EvaluationReport) -> dict[str, float]:
 
 
 @contextmanager
-def _quiet() -> Iterator[None]:
-    # mlflow.genai.evaluate prints a summary (stdout) and a progress bar (stderr); opro prints its own
-    # report. Log records still pass: handlers keep the stream they were made with.
-    with redirect_stdout(StringIO()), redirect_stderr(StringIO()):
-        yield
+def _quiet(warnings: list[logging.LogRecord]) -> Iterator[None]:
+    """mlflow.genai.evaluate prints a summary (stdout) and a progress bar (stderr); opro prints its own
+    report. MLflow's own log lines go to whatever ``sys.stderr`` is when they are written, so they
+    would vanish with the bar: its warnings (a trace it failed to write) are kept in ``warnings``."""
+    mlflow_logger = logging.getLogger("mlflow")
+    handler = _Collect(warnings)
+    mlflow_logger.addHandler(handler)
+    try:
+        with redirect_stdout(StringIO()), redirect_stderr(StringIO()):
+            yield
+    finally:
+        mlflow_logger.removeHandler(handler)
+
+
+class _Collect(logging.Handler):
+    def __init__(self, into: list[logging.LogRecord]) -> None:
+        super().__init__(level=logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record)
 
 
 class _Replay:
