@@ -545,3 +545,82 @@ def test_identical_runs_record_one_trace_per_question_of_each_prompt_in_its_run(
         counts.append((len(every), *(len(t) for t in by_run.values())))
     assert counts == [(56, 26, 30)] * 5
 
+
+def _children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the sidecar through Linux's /proc")
+def test_a_run_killed_while_recording_leaves_no_process_and_the_rerun_writes_what_it_lost(tmp_path: Path) -> None:
+    """Issue 49: after kill -9 the MLflow sidecar went on writing for 95-156 s, racing the rerun, and the
+    store then lacked runs and traces without a word. Killed while the sidecar writes the validation
+    records: nothing of it is left after 10 s, and the rerun says what MLflow lacked and writes it again
+    from the answers kept on disk, one finished evaluation run per prompt, every question traced."""
+    import signal
+    import sqlite3
+    import time
+
+    from children import argv
+
+    config, val, pool = _close_call(tmp_path, validation=12, unused=6, ahead_every=3)
+    db = tmp_path / "out" / "mlflow.db"
+    proc = subprocess.Popen(argv("cli_on_close_call_models", str(tmp_path / "tied.txt"), "optimize", str(config),
+                                 "--no-progress"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    try:
+        deadline = time.monotonic() + 240
+        writing = False
+        while not writing and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            try:  # the first validation evaluation run is being written
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.2) as conn:
+                    writing = bool(conn.execute("SELECT 1 FROM tags WHERE key = 'opro.source' AND value = "
+                                                "'validation' LIMIT 1").fetchall())
+            except sqlite3.Error:
+                pass
+        sidecars = _children_of(proc.pid)
+        assert writing and sidecars, "the run ended or stalled before it recorded its validation stage"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        gone_by = time.monotonic() + 10
+        while any(_alive(pid) for pid in sidecars) and time.monotonic() < gone_by:
+            time.sleep(0.1)
+        left = [pid for pid in sidecars if _alive(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, "the sidecar outlived the killed run by 10 s"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rerun = _optimize_process(config)
+    assert rerun.returncode == 0, (rerun.stdout[-2000:], rerun.stderr[-3000:])
+    assert "written again from the answers kept" in rerun.stderr, rerun.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    chosen = next(i for i, f in enumerate(summary["validation"]["finalists"], start=1) if f["chosen"])
+    selection, confirmation, extension = val[:4], val[4:], pool[:6]
+    assert _traced_questions(config) == {
+        "initial": sorted(confirmation + extension),
+        f"finalist {chosen}": sorted(selection + confirmation + extension),
+        f"finalist {3 - chosen}": sorted(selection),
+    }
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'validation'")
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert not list((tmp_path / "out" / "validation_rows").iterdir())  # MLflow has them all now

@@ -38,6 +38,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from io import StringIO
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opro.errors import OproError
@@ -339,11 +340,14 @@ class GenAILogger:
 
     def validation_recorded(self, *, label: str, optimization_run_id: str) -> bool:
         """Whether the optimization run's validation stage already has a finished run for ``label``."""
-        return bool(self.client.search_runs(
+        return any(r.info.status == "FINISHED" for r in self._validation_runs(label, optimization_run_id))
+
+    def _validation_runs(self, label: str, optimization_run_id: str) -> list[Any]:
+        return list(self.client.search_runs(
             [self.experiment_id],
             filter_string=(f"tags.`opro.optimization_run_id` = '{optimization_run_id}' and tags.`opro.source` = "
-                           f"'validation' and tags.`opro.prompt_label` = '{label}' and attributes.status = 'FINISHED'"),
-            max_results=1,
+                           f"'validation' and tags.`opro.prompt_label` = '{label}'"),
+            max_results=100,
         ))
 
     def log_validation(
@@ -355,8 +359,11 @@ class GenAILogger:
         tags = {"opro.study": study_name}
         if optimization_run_id:
             tags["opro.optimization_run_id"] = optimization_run_id
-            if self.validation_recorded(label=evaluation.label, optimization_run_id=optimization_run_id):
+            earlier = self._validation_runs(evaluation.label, optimization_run_id)
+            if any(r.info.status == "FINISHED" for r in earlier):
                 return None
+            for r in earlier:  # cut short (killed, failed): replaced by this one, one run per prompt
+                self.client.delete_run(r.info.run_id)
         # The questions of its extension look, if it reached one (in no split): recorded with the split's.
         asked = {r.query for r in evaluation.report.rows}
         extension = [e for e in dataset.unused() if e.query in asked]
@@ -747,23 +754,83 @@ class ValidationTraces(Recorder):
     def on_validated(
         self, study: SearchStudy, *, label: str, instruction: str, rows: Sequence[EvaluationRow]
     ) -> None:
+        # Kept on disk first: a run killed before MLflow has them is recorded from them by the rerun,
+        # which finds the scores in the study and asks nothing again.
+        kept = self._rows_file(study, label, instruction)
+        _keep_rows(kept, rows)
+        evaluation = self._evaluation(label, instruction, rows)
+        self._logged[label] = self.tracking.in_background(
+            self._record, evaluation, study.name, self.tracking.run_id, kept)
+
+    def _evaluation(self, label: str, instruction: str, rows: Sequence[EvaluationRow]) -> PromptEvaluation:
         from opro.evaluation_types import EvaluationReport
         from opro.metrics import metric_name
 
         report = EvaluationReport(rows=tuple(rows), judge=metric_name(self.experiment.judge))
-        evaluation = _validation_prompt(label, self.experiment.template(instruction), instruction, report)
-        self._logged[label] = self.tracking.in_background(
-            self._record, evaluation, study.name, self.tracking.run_id)
+        return _validation_prompt(label, self.experiment.template(instruction), instruction, report)
 
-    def _record(self, evaluation: PromptEvaluation, study_name: str, run_id: str | None) -> GenAIRecord | None:
+    def _rows_file(self, study: SearchStudy, label: str, instruction: str) -> Path:
+        key = hashlib.sha256("\0".join((study.name, label, instruction)).encode()).hexdigest()[:16]
+        return self._rows_dir / f"{key}.json"
+
+    @property
+    def _rows_dir(self) -> Path:
+        from opro.rundir import RunDir
+
+        return RunDir(self.experiment.config.output_dir).validation_rows
+
+    def _recover(self, study: SearchStudy, result: OptimizationResult,
+                 recorded: dict[str, GenAIRecord | None]) -> None:
+        """The validation prompts an earlier, killed run scored but MLflow lacks: written again from the
+        answers kept on disk, and the ones whose answers were not kept named (their scores are in the
+        study and summary.json)."""
+        v, run_id = result.validation, self.tracking.run_id
+        if v is None or run_id is None:
+            return
+        from opro.search.validation import validation_prompts
+
+        answered = {label: ins for (label, ins), f in zip(
+            validation_prompts(result.initial_instruction, [f.instruction for f in v.finalists])[1:], v.finalists,
+            strict=True) if f.chosen or v.selection_questions}
+        if v.initial_scores:
+            answered["initial"] = result.initial_instruction
+        log = self._logger()
+        rewritten, lost = [], []
+        for label, ins in answered.items():
+            if label in recorded:
+                continue
+            kept = self._rows_file(study, label, ins)
+            if log.validation_recorded(label=label, optimization_run_id=run_id):
+                kept.unlink(missing_ok=True)  # written after all (the killed run's sidecar finished it)
+                continue
+            rows = _kept_rows(kept)
+            if rows is None:
+                lost.append(label)
+                continue
+            recorded[label] = self._record(self._evaluation(label, ins, rows), study.name, run_id, kept)
+            rewritten.append(label)
+        if rewritten:
+            logger.warning("MLflow lacked the validation evaluation run(s) of %s (an earlier run was stopped "
+                           "before writing them): written again from the answers kept in %s",
+                           ", ".join(rewritten), self._rows_dir)
+        if lost:
+            logger.warning("MLflow has no validation evaluation run for %s (an earlier run was stopped before "
+                           "recording them, and their answers were not kept): their scores are in the study and "
+                           "summary.json, without per-question traces", ", ".join(lost))
+
+    def _record(self, evaluation: PromptEvaluation, study_name: str, run_id: str | None,
+                kept: Path | None = None) -> GenAIRecord | None:
         record: GenAIRecord | None = self._logger().log_validation(
             evaluation, dataset=self.experiment.dataset, study_name=study_name, optimization_run_id=run_id)
+        if kept is not None:  # MLflow has them now
+            kept.unlink(missing_ok=True)
         return record
 
     def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
         try:
             self._wait_for_prewarm()
             recorded = {label: job.result() for label, job in self._logged.items()}
+            self._recover(study, result, recorded)
             log_validation_evaluations(result, recorded=recorded, log=self._logger())
         finally:
             self._release()
@@ -776,6 +843,28 @@ class ValidationTraces(Recorder):
         if self._sidecar is not None:
             self._sidecar.release()
             self._sidecar = None
+
+
+def _keep_rows(path: Path, rows: Sequence[EvaluationRow]) -> None:
+    """``rows`` as JSON at ``path`` (redacted, as every record is), written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = [{k: redact_text(v) if isinstance(v, str) else v for k, v in dataclasses.asdict(r).items()} for r in rows]
+    for row in data:
+        row["contexts"] = [redact_text(c) for c in row["contexts"]]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _kept_rows(path: Path) -> tuple[EvaluationRow, ...] | None:
+    """The rows :func:`_keep_rows` wrote at ``path`` (None: none kept, or unreadable)."""
+    from opro.evaluation_types import EvaluationRow
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return tuple(EvaluationRow(**{**r, "contexts": tuple(r["contexts"])}) for r in data)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def _validation_prompt(label: str, template: QATemplate, instruction: str, report: EvaluationReport) -> PromptEvaluation:
