@@ -25,6 +25,7 @@ them, so the rest of opro keeps its explicit per-store clients.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -793,7 +794,7 @@ class ValidationTraces(Recorder):
             validation_prompts(result.initial_instruction, [f.instruction for f in v.finalists])[1:], v.finalists,
             strict=True) if f.chosen or v.selection_questions}
         if v.initial_scores:
-            answered["initial"] = result.initial_instruction
+            answered["initial"] = result.initial_instruction.strip()  # as the validation stage names it
         log = self._logger()
         rewritten, lost = [], []
         for label, ins in answered.items():
@@ -801,7 +802,7 @@ class ValidationTraces(Recorder):
                 continue
             kept = self._rows_file(study, label, ins)
             if log.validation_recorded(label=label, optimization_run_id=run_id):
-                kept.unlink(missing_ok=True)  # written after all (the killed run's sidecar finished it)
+                _drop_rows(kept)  # written after all (the killed run's sidecar finished it)
                 continue
             rows = _kept_rows(kept)
             if rows is None:
@@ -814,16 +815,17 @@ class ValidationTraces(Recorder):
                            "before writing them): written again from the answers kept in %s",
                            ", ".join(rewritten), self._rows_dir)
         if lost:
-            logger.warning("MLflow has no validation evaluation run for %s (an earlier run was stopped before "
-                           "recording them, and their answers were not kept): their scores are in the study and "
-                           "summary.json, without per-question traces", ", ".join(lost))
+            logger.warning("MLflow has no validation evaluation run for %s: an earlier run scored them and did not "
+                           "record them (stopped first, or [tracking].genai was off) and their answers were not kept; "
+                           "their scores are in the study and summary.json, without per-question traces",
+                           ", ".join(lost))
 
     def _record(self, evaluation: PromptEvaluation, study_name: str, run_id: str | None,
                 kept: Path | None = None) -> GenAIRecord | None:
         record: GenAIRecord | None = self._logger().log_validation(
             evaluation, dataset=self.experiment.dataset, study_name=study_name, optimization_run_id=run_id)
         if kept is not None:  # MLflow has them now
-            kept.unlink(missing_ok=True)
+            _drop_rows(kept)
         return record
 
     def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
@@ -854,6 +856,13 @@ def _keep_rows(path: Path, rows: Sequence[EvaluationRow]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _drop_rows(path: Path) -> None:
+    """Delete the rows kept at ``path``, and their folder once it is empty."""
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()
 
 
 def _kept_rows(path: Path) -> tuple[EvaluationRow, ...] | None:
