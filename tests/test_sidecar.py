@@ -179,8 +179,9 @@ def test_the_child_exits_when_its_parent_is_killed() -> None:
 
 def test_the_child_exits_when_its_parent_is_killed_during_a_call() -> None:
     """Issue 49: killed during the MLflow writes, `opro optimize`'s sidecar went on for 95-156 s (the
-    pipe's end of file reaches the child only after the calls already sent), racing a rerun on the
-    store. It watches its parent: gone within seconds, whatever it was doing."""
+    pipe's end of file reaches the child only once its call in progress is done; the test above kills
+    the parent of an idle child), racing a rerun on the store. It watches its parent: gone within
+    seconds, whatever it was doing."""
     out = subprocess.run(argv("sidecar_parent_killed_mid_call"), capture_output=True, text=True, timeout=120)
     assert out.returncode == -9
     assert _gone_within(int(out.stdout.strip()), 5), "the sidecar outlived its parent by its call"

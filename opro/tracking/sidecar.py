@@ -10,9 +10,9 @@ the child, which runs a user's script that has no ``if __name__ == "__main__"`` 
 a fork of a threaded parent can deadlock. A child that dies takes its current call with it and the
 caller gets an :class:`~opro.errors.OproError`. A parent that dies (killed: nothing of it runs) takes
 the child with it within :data:`PARENT_WATCH_S`, whatever the child is doing: the pipe's end of file
-only reaches a child after the calls already queued in it, which took minutes of MLflow writes racing
-a rerun. What the kill cut short is recorded again by the rerun. The child ignores Ctrl-C: the
-parent decides what to finish.
+only reaches a child once it has finished the call it is running (and any sent after it), and one
+call (a prompt's evaluation run) could take minutes of MLflow writes racing a rerun. What the kill cut
+short is recorded again by the rerun. The child ignores Ctrl-C: the parent decides what to finish.
 """
 
 from __future__ import annotations
