@@ -991,7 +991,10 @@ def ui(
     # MLflow's server imports litellm (installed with dspy), which otherwise downloads its model
     # price map at import and hangs for good on an offline machine. Its job runner (a dozen worker
     # processes, ~3 GB, for server-side GenAI jobs) is not needed to browse runs: off unless asked.
-    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    from opro.tracking import offline_environment
+
+    env = offline_environment({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ,
+                               "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     typer.echo(f"MLflow UI on http://{host}:{port} (store {redact_url(tracking_uri)}); Ctrl-C stops it", err=True)
     argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
             "--host", host, "--port", str(port), "--workers", "1"]

@@ -16,6 +16,7 @@ the saved dataset, the newest comparison reports) are read here::
       promotions.json                                   this folder's `compare --promote` attempts (the
                                                         budget is kept in the decision ledger beside the
                                                         dataset: opro.ledger)
+      validation_rows/                                  each validation prompt's answers, until MLflow has them
       .opro.lock  .opro-worker-I.lock                   one process per folder (and worker)
 """
 
@@ -45,6 +46,7 @@ CORPUS_DIR = "corpus"
 CALIBRATION_FILE = "judge_calibration.json"
 CALIBRATION_DIR = "judge_calibration"
 PROMOTIONS_FILE = "promotions.json"
+VALIDATION_ROWS_DIR = "validation_rows"
 
 #: What `opro optimize` writes at the top of the folder, in the order it is listed and logged.
 OPTIMIZE_OUTPUTS = (BEST_PROMPT_FILE, HISTORY_FILE, SUMMARY_FILE, TRAJECTORY_PLOT, OPTIMISM_PLOT)
@@ -119,6 +121,10 @@ class RunDir:
     @property
     def calibration_dir(self) -> Path:
         return self.root / CALIBRATION_DIR
+
+    @property
+    def validation_rows(self) -> Path:
+        return self.root / VALIDATION_ROWS_DIR
 
     def lock(self, *, worker_index: int = 0, num_workers: int = 1) -> Path:
         return self.root / (".opro.lock" if num_workers == 1 else f".opro-worker-{worker_index}.lock")

@@ -140,6 +140,25 @@ def sidecar_parent_killed() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def sidecar_parent_killed_mid_call() -> None:
+    """Starts a sidecar, prints its process id, sets it on a two-minute call and kills this process
+    (SIGKILL) while the call runs: the pipe's end of file would only reach the child after it."""
+    import signal
+    import threading
+    import time
+
+    from test_sidecar import Counter
+
+    from opro.tracking.sidecar import Sidecar
+
+    car = Sidecar(name="s")
+    car.host("a", Counter)
+    print(car.call("a", "pid"), flush=True)
+    threading.Thread(target=car.call, args=("a", "sleep", 120.0), daemon=True).start()
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 # -- the CLI as a user runs it, on scripted models (test_genai) -------------------------------------------
 
 
@@ -153,6 +172,39 @@ def cli_on_scripted_models(*args: str) -> None:
 
     opro.experiment.ModelPool = lambda: scripted_pool()  # type: ignore[assignment,misc]
     sys.argv = ["opro", *args]
+    opro_main()
+
+
+def cli_on_close_call_models(tied: str, *args: str) -> None:
+    """:func:`cli_on_scripted_models` with a judge that gives an answer from the context 5 and any other
+    answer 2, except on the questions listed (one a line) in the file ``tied``, where every answer
+    gets 2: a finalist ahead on the questions left out, tied on the others (test_genai)."""
+    from pathlib import Path
+
+    from fakes import judge_reply, optimizer_reply, task_reply
+
+    import opro.experiment
+    from opro.llm import GenerationOptions, Message
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    ties = [q for q in Path(tied).read_text().splitlines() if q]
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        text = messages[-1].content
+        if any(q in text for q in ties):
+            return '{"score": 2, "reasoning": "tied"}'
+        return judge_reply(messages, options)
+
+    def pool() -> ModelPool:
+        return ModelPool(scripted={"task": ScriptedLLM(default=task_reply, model="task"),
+                                   "judge": ScriptedLLM(default=judge, model="judge"),
+                                   "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer")})
+
+    opro.experiment.ModelPool = pool  # type: ignore[assignment,misc]
+    sys.argv = ["opro", *args]
+    from opro.cli import main as opro_main
+
     opro_main()
 
 

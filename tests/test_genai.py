@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +430,197 @@ def test_every_trace_a_command_logs_is_in_the_store_when_it_returns(tmp_path: Pa
         traces = client.search_traces(locations=[exp_id], run_id=runs[0].info.run_id, max_results=1000)
         assessed = [t for t in traces if t.info.assessments]
         assert len(traces) == 10 and len(assessed) == 10, (attempt, len(traces), len(assessed))
+
+
+def _close_call(tmp_path: Path, *, validation: int, unused: int, ahead_every: int) -> tuple[Path, list[str], list[str]]:
+    """A scripted experiment whose finalist (an instruction naming the context) is ahead of the initial
+    instruction on every ``ahead_every``-th confirmation question and tied on the others, and ahead on
+    every question in no split; GenAI records on, in the sidecar. (config, validation questions, the
+    questions in no split, in the order an extension asks them); the ties are in ``tied.txt``."""
+    from fakes import COMPARE_DOC, experiment_config, scripted_pool, write_toml
+
+    split = {"exemplar": 2, "optimization": 3, "validation": validation, "heldout": 4, "seed": 1}
+    cfg = experiment_config(tmp_path, questions=9 + validation + unused, doc=COMPARE_DOC,
+                            experiment={"name": "t", "output_dir": "out", "progress": False},
+                            data={"dataset": "qa.jsonl", "split": split},
+                            models={"task": {"backend": "scripted", "model": "task"}}, optimizer={"steps": 1},
+                            tracking={"prompt_name": "qa-t", "genai": True, "sidecar": True})
+    config = write_toml(cfg, tmp_path / "t.toml")
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        val = [e.query for e in exp.dataset.examples_in("validation")]
+        pool = [e.query for e in exp.dataset.unused()]
+    finally:
+        exp.close()
+    confirmation = val[4:]  # after the 4 selection questions of 2 finalists
+    (tmp_path / "tied.txt").write_text("".join(f"{q}\n" for i, q in enumerate(confirmation) if i % ahead_every != 1))
+    return config, val, pool
+
+
+def _optimize_process(config: Path) -> subprocess.CompletedProcess[str]:
+    from children import argv
+
+    return subprocess.run(argv("cli_on_close_call_models", str(config.parent / "tied.txt"), "optimize", str(config),
+                               "--no-progress"), capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+
+
+def _traced_questions(config: Path) -> dict[str, list[str]]:
+    """Each validation evaluation run's prompt label -> the questions of its traces (one per trace)."""
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'validation'")
+    out: dict[str, list[str]] = {}
+    for r in runs:
+        label = r.data.tags["opro.prompt_label"]
+        assert label not in out, f"two evaluation runs for {label}"
+        out[label] = sorted(next(s for s in t.data.spans if s.parent_id is None).inputs["question"]
+                            for t in _traces(client, r.info.run_id))
+    return out
+
+
+def test_optimize_through_the_extension_records_every_question_it_asked(tmp_path: Path) -> None:
+    """Issue 49, item 1: the looks of the split do not decide, the finalist is still ahead, and the last
+    look asks questions in no split. `opro optimize` (a real process, GenAI records in the sidecar) ends
+    rc 0 with one evaluation run per prompt and a trace for every question it answered, the extension's
+    included, in a dataset of the split and the extension questions asked."""
+    config, val, pool = _close_call(tmp_path, validation=12, unused=6, ahead_every=3)
+    done = _optimize_process(config)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    v = summary["validation"]
+    assert [x["n"] for x in v["looks"]] == [3, 6, 8, 14] and v["looks"][-1]["decision"] == "success"
+    chosen = next(i for i, f in enumerate(v["finalists"], start=1) if f["chosen"])
+    selection, confirmation, extension = val[:4], val[4:], pool[:6]
+    traced = _traced_questions(config)
+    assert traced == {
+        "initial": sorted(confirmation + extension),
+        f"finalist {chosen}": sorted(selection + confirmation + extension),
+        f"finalist {3 - chosen}": sorted(selection),
+    }
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    names = {d.name: d for d in client.search_datasets(experiment_ids=[exp_id])}
+    both = [d for n, d in names.items() if n.startswith("t.validation+extension.")]
+    assert len(both) == 1 and both[0].tags["opro.n_questions"] == "18" and both[0].tags["opro.extension_questions"] == "6"
+
+
+def test_identical_runs_record_one_trace_per_question_of_each_prompt_in_its_run(tmp_path: Path) -> None:
+    """Issue 49, item 5: identical runs kept 24-29 of 48 validation traces, a different number each time,
+    and nothing was said (ten harness workers held SQLAlchemy's whole pool waiting on SQLite's write
+    lock, and MLflow dropped what timed out). Five identical recordings of two prompts, one of which did
+    not answer the first questions (as the initial instruction skips the selection questions): each
+    run holds exactly one trace per question its prompt answered, every time."""
+    from opro.dataset import Example, GoldenDataset
+    from opro.evaluation import EvaluationReport, EvaluationRow
+    from opro.prompts import QATemplate
+    from opro.tracking.genai import GenAILogger, PromptEvaluation
+
+    n = 30
+    dataset = GoldenDataset(tuple(Example(f"Question {i}?", f"Answer {i}.", (f"fact {i}",)) for i in range(n))).with_split(
+        exemplar=0, optimization=0, validation=n, heldout=0, seed=0)
+    questions = [e.query for e in dataset.examples_in("validation")]
+
+    def rows(asked: list[str]) -> EvaluationReport:
+        return EvaluationReport(rows=tuple(
+            EvaluationRow(query=q, reference="r", answer=f"answer to {q}", contexts=("c1", "c2"), score=4.0, passing=True,
+                          feedback="ok", prompt_tokens=10, completion_tokens=2) for q in asked))
+
+    prompts = {"initial": questions[4:], "finalist 1": questions}
+    counts = []
+    for attempt in range(5):
+        log = GenAILogger(tracking_uri=f"sqlite:///{tmp_path / f'mlflow-{attempt}.db'}", experiment_name="t",
+                          dataset_prefix="t", prompt_name="qa-t")
+        record = log.log_evaluations(
+            [PromptEvaluation(label=label, template=QATemplate(instruction=f"Answer as {label}."), report=rows(asked))
+             for label, asked in prompts.items()],
+            dataset=dataset, split="validation", source="validation")
+        by_run = {}
+        for run in record.runs:
+            traced = [next(s for s in t.data.spans if s.parent_id is None).inputs["question"]
+                      for t in _traces(log.client, run.run_id)]
+            by_run[run.label] = sorted(traced)
+        assert by_run == {label: sorted(asked) for label, asked in prompts.items()}, attempt
+        every = log.client.search_traces(locations=[log.experiment_id], max_results=1000)
+        counts.append((len(every), *(len(t) for t in by_run.values())))
+    assert counts == [(56, 26, 30)] * 5
+
+
+def _children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the sidecar through Linux's /proc")
+def test_a_run_killed_while_recording_leaves_no_process_and_the_rerun_writes_what_it_lost(tmp_path: Path) -> None:
+    """Issue 49: after kill -9 the MLflow sidecar went on writing for 95-156 s, racing the rerun, and the
+    store then lacked runs and traces without a word. Killed while the sidecar writes the validation
+    records: nothing of it is left after 10 s, and the rerun says what MLflow lacked and writes it again
+    from the answers kept on disk, one finished evaluation run per prompt, every question traced."""
+    import signal
+    import sqlite3
+    import time
+
+    from children import argv
+
+    config, val, pool = _close_call(tmp_path, validation=12, unused=6, ahead_every=3)
+    db = tmp_path / "out" / "mlflow.db"
+    proc = subprocess.Popen(argv("cli_on_close_call_models", str(tmp_path / "tied.txt"), "optimize", str(config),
+                                 "--no-progress"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    try:
+        deadline = time.monotonic() + 240
+        writing = False
+        while not writing and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            try:  # the first validation evaluation run is being written
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.2) as conn:
+                    writing = bool(conn.execute("SELECT 1 FROM tags WHERE key = 'opro.source' AND value = "
+                                                "'validation' LIMIT 1").fetchall())
+            except sqlite3.Error:
+                pass
+        sidecars = _children_of(proc.pid)
+        assert writing and sidecars, "the run ended or stalled before it recorded its validation stage"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        gone_by = time.monotonic() + 10
+        while any(_alive(pid) for pid in sidecars) and time.monotonic() < gone_by:
+            time.sleep(0.1)
+        left = [pid for pid in sidecars if _alive(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, "the sidecar outlived the killed run by 10 s"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rerun = _optimize_process(config)
+    assert rerun.returncode == 0, (rerun.stdout[-2000:], rerun.stderr[-3000:])
+    assert "written again from the answers kept" in rerun.stderr, rerun.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    chosen = next(i for i, f in enumerate(summary["validation"]["finalists"], start=1) if f["chosen"])
+    selection, confirmation, extension = val[:4], val[4:], pool[:6]
+    assert _traced_questions(config) == {
+        "initial": sorted(confirmation + extension),
+        f"finalist {chosen}": sorted(selection + confirmation + extension),
+        f"finalist {3 - chosen}": sorted(selection),
+    }
+    client = _client(config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'validation'")
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert not (tmp_path / "out" / "validation_rows").exists()  # MLflow has them all now

@@ -7,15 +7,22 @@ The tracker's names are re-exported so ``from opro.tracking import MlflowTracker
 other modules are imported by their own names (each imports MLflow only when called).
 """
 
+import os
+
 from opro.tracking.mlflow import (
     MlflowTracker,
     check_server,
     from_mlflow_template,
     load_registered_prompt,
     load_registered_template,
+    offline_environment,
     safe_params,
     to_mlflow_template,
 )
+
+# Every import of MLflow in opro goes through this package (tests/test_architecture.py), and MLflow
+# decides on its telemetry when it is imported: off from here on, unless the user's environment says.
+offline_environment(os.environ)
 
 __all__ = [
     "MlflowTracker",
@@ -23,6 +30,7 @@ __all__ = [
     "from_mlflow_template",
     "load_registered_prompt",
     "load_registered_template",
+    "offline_environment",
     "safe_params",
     "to_mlflow_template",
 ]

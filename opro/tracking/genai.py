@@ -25,8 +25,10 @@ them, so the rest of opro keeps its explicit per-store clients.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -37,6 +39,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from io import StringIO
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opro.errors import OproError
@@ -47,7 +50,7 @@ from opro.tracking.recorder import MlflowRecorder
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-    from opro.dataset import GoldenDataset
+    from opro.dataset import Example, GoldenDataset
     from opro.evaluation import EvaluationReport, EvaluationRow
     from opro.metrics import Metric
     from opro.prompts import QATemplate
@@ -81,7 +84,12 @@ def _use_store(tracking_uri: str, experiment_id: str) -> Iterator[None]:
 
     _import_harness()
     # The replay always emits its trace: MLflow's check that predict_fn traces (one extra call) is moot.
-    env = {"MLFLOW_EXPERIMENT_ID": experiment_id, "MLFLOW_GENAI_EVAL_SKIP_TRACE_VALIDATION": "True"}
+    # One harness worker: the replay is CPU, not waiting on a model, and ten workers writing traces and
+    # assessments into one SQLite file held every connection of SQLAlchemy's pool (15) waiting on its
+    # write lock; after 30 s MLflow dropped the trace ("QueuePool limit ... reached"), a different number
+    # of them each run (issue 49: 24-29 of 48 traces kept, on a loaded machine).
+    env = {"MLFLOW_EXPERIMENT_ID": experiment_id, "MLFLOW_GENAI_EVAL_SKIP_TRACE_VALIDATION": "True",
+           "MLFLOW_GENAI_EVAL_MAX_WORKERS": "1"}
     # Each evaluate imports the Databricks SDK first (5-30 s on a busy 2-core machine) so that its
     # worker threads could use it; off Databricks nothing does. Hide it for the call unless loaded.
     hide_sdk = not tracking_uri.startswith("databricks") and "databricks.sdk" not in sys.modules
@@ -237,16 +245,22 @@ class GenAILogger:
         return self._tracker.experiment_id()
 
     # -- datasets ----------------------------------------------------------------------------
-    def register_dataset(self, dataset: GoldenDataset, *, split: str) -> Any:
-        """The ``split`` of ``dataset`` as an MLflow evaluation dataset linked to the experiment.
+    def register_dataset(self, dataset: GoldenDataset, *, split: str, extension: Sequence[Example] = ()) -> Any:
+        """The ``split`` of ``dataset`` as an MLflow evaluation dataset linked to the experiment; with
+        ``extension`` (questions in no split that a validation stage asked beyond its split), the split
+        and those questions, as a dataset of their own (``<prefix>.validation+extension.<hash>``): the
+        split's own dataset keeps exactly the split's questions.
 
         Idempotent: an existing dataset of the same name (split + content hash) is reused, and
         records merge by their inputs, so a rerun adds nothing.
         """
         from mlflow.genai import datasets as mlflow_datasets
 
-        examples = dataset.examples_in(split)  # type: ignore[arg-type]
+        examples = [*dataset.examples_in(split), *extension]  # type: ignore[arg-type]
         name = dataset_name(self.dataset_prefix, split, dataset.content_hash)
+        if extension:
+            digest = hashlib.sha256("\n".join([dataset.content_hash, *(e.query for e in extension)]).encode())
+            name = dataset_name(self.dataset_prefix, f"{split}+extension", digest.hexdigest())
         exp_id = self.experiment_id
         with _use_store(self.tracking_uri, exp_id):
             found = mlflow_datasets.search_datasets(experiment_ids=[exp_id], filter_string=f"name = '{name}'")
@@ -258,7 +272,8 @@ class GenAILogger:
                     name=name,
                     experiment_id=[exp_id],
                     tags={"opro.split": split, "opro.dataset_hash": dataset.content_hash,
-                          "opro.n_questions": str(len(examples))},
+                          "opro.n_questions": str(len(examples)),
+                          **({"opro.extension_questions": str(len(extension))} if extension else {})},
                 )
             if examples and _record_count(ds) < len(examples):
                 ds.merge_records(_records(examples))
@@ -326,11 +341,14 @@ class GenAILogger:
 
     def validation_recorded(self, *, label: str, optimization_run_id: str) -> bool:
         """Whether the optimization run's validation stage already has a finished run for ``label``."""
-        return bool(self.client.search_runs(
+        return any(r.info.status == "FINISHED" for r in self._validation_runs(label, optimization_run_id))
+
+    def _validation_runs(self, label: str, optimization_run_id: str) -> list[Any]:
+        return list(self.client.search_runs(
             [self.experiment_id],
             filter_string=(f"tags.`opro.optimization_run_id` = '{optimization_run_id}' and tags.`opro.source` = "
-                           f"'validation' and tags.`opro.prompt_label` = '{label}' and attributes.status = 'FINISHED'"),
-            max_results=1,
+                           f"'validation' and tags.`opro.prompt_label` = '{label}'"),
+            max_results=100,
         ))
 
     def log_validation(
@@ -342,10 +360,16 @@ class GenAILogger:
         tags = {"opro.study": study_name}
         if optimization_run_id:
             tags["opro.optimization_run_id"] = optimization_run_id
-            if self.validation_recorded(label=evaluation.label, optimization_run_id=optimization_run_id):
+            earlier = self._validation_runs(evaluation.label, optimization_run_id)
+            if any(r.info.status == "FINISHED" for r in earlier):
                 return None
+            for r in earlier:  # cut short (killed, failed): replaced by this one, one run per prompt
+                self.client.delete_run(r.info.run_id)
+        # The questions of its extension look, if it reached one (in no split): recorded with the split's.
+        asked = {r.query for r in evaluation.report.rows}
+        extension = [e for e in dataset.unused() if e.query in asked]
         return self.log_evaluations([evaluation], dataset=dataset, split="validation", source="validation",
-                                    run_name_prefix=f"validate {study_name}: ", tags=tags)
+                                    run_name_prefix=f"validate {study_name}: ", tags=tags, extension=extension)
 
     # -- evaluation runs ---------------------------------------------------------------------
     def log_evaluations(
@@ -357,16 +381,20 @@ class GenAILogger:
         source: str,
         run_name_prefix: str = "",
         tags: Mapping[str, str] | None = None,
+        extension: Sequence[Example] = (),
     ) -> GenAIRecord:
-        """One ``mlflow.genai.evaluate`` run per prompt over the split's evaluation dataset."""
-        ds = self.register_dataset(dataset, split=split)
-        questions = {e.query for e in dataset.examples_in(split)}  # type: ignore[arg-type]
+        """One ``mlflow.genai.evaluate`` run per prompt over the split's evaluation dataset (with
+        ``extension``: the split's and those questions', see :meth:`register_dataset`), one trace per
+        question the prompt answered."""
+        ds = self.register_dataset(dataset, split=split, extension=extension)
+        questions = {e.query for e in [*dataset.examples_in(split), *extension]}  # type: ignore[arg-type]
         runs = []
         for ev in evaluations:
             outside = [r.query for r in ev.report.rows if r.query not in questions]
             if outside:
+                where = f"the {split} split" + (" or its extension" if extension else "")
                 raise OproError(
-                    f"evaluation of {ev.label!r}: {len(outside)} question(s) are not in the {split} split "
+                    f"evaluation of {ev.label!r}: {len(outside)} question(s) are not in {where} "
                     f"(first: {outside[0][:80]!r}); log an evaluation of that split's questions"
                 )
             runs.append(self._log_one(ev, ds=ds, split=split, source=source, prefix=run_name_prefix,
@@ -399,25 +427,43 @@ class GenAILogger:
             run_tags["opro.prompt_uri"] = f"prompts:/{version.name}/{version.version}"
         run = self.client.create_run(exp_id, run_name=f"{prefix}{ev.label}"[:250], tags=run_tags)
         run_id = run.info.run_id
+        warnings: list[logging.LogRecord] = []
         try:
-            with _use_store(self.tracking_uri, exp_id), mlflow.start_run(run_id=run_id), _quiet():
+            with _use_store(self.tracking_uri, exp_id), mlflow.start_run(run_id=run_id), _quiet(warnings):
                 mlflow.log_params({"template": redact_text(ev.template.template_text)[:6000], "split": split,
                                    "n_questions": len(rows)})
                 if version is not None:
                     self.client.link_prompt_version_to_run(run_id, version)
+                # The questions this prompt answered, not the dataset's others (the initial instruction
+                # never answers the selection questions): a question without a row would be a failed
+                # prediction without a trace. The dataset stays the run's input.
+                data: Any = ds
+                if len(rows) < _record_count(ds):
+                    frame = ds.to_df()
+                    data = frame[[redact_text(str(i.get("question", ""))) in replay.rows for i in frame["inputs"]]]
+                    mlflow.log_input(ds)
                 # The bound method, not the instance: MLflow identifies the agent by its source, and for an
                 # instance inspect.getsource parses and walks this whole module (0.5 s per run).
-                result = mlflow.genai.evaluate(data=ds, predict_fn=replay.__call__, scorers=[verdict])
+                result = mlflow.genai.evaluate(data=data, predict_fn=replay.__call__, scorers=[verdict])
                 summary = _summary_metrics(ev.report)
                 if summary:
                     mlflow.log_metrics(summary)
+            # Traces may be queued for a background writer: in the store before this returns, so that a
+            # command leaving through os._exit (the CLI) loses none, and the count below is the real one.
+            mlflow.flush_trace_async_logging(terminate=False)
+            traces = self.client.search_traces(locations=[exp_id], run_id=run_id, max_results=1000)
+            if len(traces) < len(rows):
+                # MLflow drops a trace it failed to write with a warning and goes on: never silently here.
+                why = "; ".join(dict.fromkeys(redact_text(w.getMessage())[:300] for w in warnings)) or "no reason given"
+                raise OproError(
+                    f"MLflow kept {len(traces)} of the {len(rows)} traces of the evaluation of {ev.label!r} "
+                    f"(run {run_id}, marked FAILED; MLflow said: {why}); rerun to record it again"
+                )
         except Exception:
             self.client.set_terminated(run_id, status="FAILED")
             raise
-        # Traces may be queued for a background writer: in the store before this returns, so that a
-        # command leaving through os._exit (the CLI) loses none, and the count below is the real one.
-        mlflow.flush_trace_async_logging(terminate=False)
-        traces = self.client.search_traces(locations=[exp_id], run_id=run_id, max_results=1000)
+        for w in warnings:
+            logger.debug("MLflow, evaluation run %s: %s", run_id, w.getMessage())
         trace_ids = tuple(t.info.trace_id for t in traces)
         logger.info("evaluation run %s: %d traces, metrics %s", run_id, len(trace_ids), result.metrics)
         return EvaluationRunRecord(
@@ -709,23 +755,84 @@ class ValidationTraces(Recorder):
     def on_validated(
         self, study: SearchStudy, *, label: str, instruction: str, rows: Sequence[EvaluationRow]
     ) -> None:
+        # Kept on disk first: a run killed before MLflow has them is recorded from them by the rerun,
+        # which finds the scores in the study and asks nothing again.
+        kept = self._rows_file(study, label, instruction)
+        _keep_rows(kept, rows)
+        evaluation = self._evaluation(label, instruction, rows)
+        self._logged[label] = self.tracking.in_background(
+            self._record, evaluation, study.name, self.tracking.run_id, kept)
+
+    def _evaluation(self, label: str, instruction: str, rows: Sequence[EvaluationRow]) -> PromptEvaluation:
         from opro.evaluation_types import EvaluationReport
         from opro.metrics import metric_name
 
         report = EvaluationReport(rows=tuple(rows), judge=metric_name(self.experiment.judge))
-        evaluation = _validation_prompt(label, self.experiment.template(instruction), instruction, report)
-        self._logged[label] = self.tracking.in_background(
-            self._record, evaluation, study.name, self.tracking.run_id)
+        return _validation_prompt(label, self.experiment.template(instruction), instruction, report)
 
-    def _record(self, evaluation: PromptEvaluation, study_name: str, run_id: str | None) -> GenAIRecord | None:
+    def _rows_file(self, study: SearchStudy, label: str, instruction: str) -> Path:
+        key = hashlib.sha256("\0".join((study.name, label, instruction)).encode()).hexdigest()[:16]
+        return self._rows_dir / f"{key}.json"
+
+    @property
+    def _rows_dir(self) -> Path:
+        from opro.rundir import RunDir
+
+        return RunDir(self.experiment.config.output_dir).validation_rows
+
+    def _recover(self, study: SearchStudy, result: OptimizationResult,
+                 recorded: dict[str, GenAIRecord | None]) -> None:
+        """The validation prompts an earlier, killed run scored but MLflow lacks: written again from the
+        answers kept on disk, and the ones whose answers were not kept named (their scores are in the
+        study and summary.json)."""
+        v, run_id = result.validation, self.tracking.run_id
+        if v is None or run_id is None:
+            return
+        from opro.search.validation import validation_prompts
+
+        answered = {label: ins for (label, ins), f in zip(
+            validation_prompts(result.initial_instruction, [f.instruction for f in v.finalists])[1:], v.finalists,
+            strict=True) if f.chosen or v.selection_questions}
+        if v.initial_scores:
+            answered["initial"] = result.initial_instruction.strip()  # as the validation stage names it
+        log = self._logger()
+        rewritten, lost = [], []
+        for label, ins in answered.items():
+            if label in recorded:
+                continue
+            kept = self._rows_file(study, label, ins)
+            if log.validation_recorded(label=label, optimization_run_id=run_id):
+                _drop_rows(kept)  # written after all (the killed run's sidecar finished it)
+                continue
+            rows = _kept_rows(kept)
+            if rows is None:
+                lost.append(label)
+                continue
+            recorded[label] = self._record(self._evaluation(label, ins, rows), study.name, run_id, kept)
+            rewritten.append(label)
+        if rewritten:
+            logger.warning("MLflow lacked the validation evaluation run(s) of %s (an earlier run was stopped "
+                           "before writing them): written again from the answers kept in %s",
+                           ", ".join(rewritten), self._rows_dir)
+        if lost:
+            logger.warning("MLflow has no validation evaluation run for %s: an earlier run scored them and did not "
+                           "record them (stopped first, or [tracking].genai was off) and their answers were not kept; "
+                           "their scores are in the study and summary.json, without per-question traces",
+                           ", ".join(lost))
+
+    def _record(self, evaluation: PromptEvaluation, study_name: str, run_id: str | None,
+                kept: Path | None = None) -> GenAIRecord | None:
         record: GenAIRecord | None = self._logger().log_validation(
             evaluation, dataset=self.experiment.dataset, study_name=study_name, optimization_run_id=run_id)
+        if kept is not None:  # MLflow has them now
+            _drop_rows(kept)
         return record
 
     def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
         try:
             self._wait_for_prewarm()
             recorded = {label: job.result() for label, job in self._logged.items()}
+            self._recover(study, result, recorded)
             log_validation_evaluations(result, recorded=recorded, log=self._logger())
         finally:
             self._release()
@@ -738,6 +845,35 @@ class ValidationTraces(Recorder):
         if self._sidecar is not None:
             self._sidecar.release()
             self._sidecar = None
+
+
+def _keep_rows(path: Path, rows: Sequence[EvaluationRow]) -> None:
+    """``rows`` as JSON at ``path`` (redacted, as every record is), written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = [{k: redact_text(v) if isinstance(v, str) else v for k, v in dataclasses.asdict(r).items()} for r in rows]
+    for row in data:
+        row["contexts"] = [redact_text(c) for c in row["contexts"]]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _drop_rows(path: Path) -> None:
+    """Delete the rows kept at ``path``, and their folder once it is empty."""
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()
+
+
+def _kept_rows(path: Path) -> tuple[EvaluationRow, ...] | None:
+    """The rows :func:`_keep_rows` wrote at ``path`` (None: none kept, or unreadable)."""
+    from opro.evaluation_types import EvaluationRow
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return tuple(EvaluationRow(**{**r, "contexts": tuple(r["contexts"])}) for r in data)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def _validation_prompt(label: str, template: QATemplate, instruction: str, report: EvaluationReport) -> PromptEvaluation:
@@ -799,11 +935,27 @@ def _summary_metrics(report: EvaluationReport) -> dict[str, float]:
 
 
 @contextmanager
-def _quiet() -> Iterator[None]:
-    # mlflow.genai.evaluate prints a summary (stdout) and a progress bar (stderr); opro prints its own
-    # report. Log records still pass: handlers keep the stream they were made with.
-    with redirect_stdout(StringIO()), redirect_stderr(StringIO()):
-        yield
+def _quiet(warnings: list[logging.LogRecord]) -> Iterator[None]:
+    """mlflow.genai.evaluate prints a summary (stdout) and a progress bar (stderr); opro prints its own
+    report. MLflow's own log lines go to whatever ``sys.stderr`` is when they are written, so they
+    would vanish with the bar: its warnings (a trace it failed to write) are kept in ``warnings``."""
+    mlflow_logger = logging.getLogger("mlflow")
+    handler = _Collect(warnings)
+    mlflow_logger.addHandler(handler)
+    try:
+        with redirect_stdout(StringIO()), redirect_stderr(StringIO()):
+            yield
+    finally:
+        mlflow_logger.removeHandler(handler)
+
+
+class _Collect(logging.Handler):
+    def __init__(self, into: list[logging.LogRecord]) -> None:
+        super().__init__(level=logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record)
 
 
 class _Replay:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,20 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 logger = logging.getLogger(__name__)
+
+#: MLflow's usage telemetry (an installation id written under ~/.config/mlflow, events sent to MLflow's
+#: servers) is off in a tool that runs offline first; ``MLFLOW_DISABLE_TELEMETRY=false`` turns it on.
+TELEMETRY_OFF = {"MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+def offline_environment(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
+    """``env`` with MLflow's telemetry off unless it says otherwise (a user's own setting wins): read by
+    MLflow once, when it is imported, so set before that in this process and in every MLflow child
+    (the sidecar inherits it; ``opro ui``'s server gets it)."""
+    for key, value in TELEMETRY_OFF.items():
+        env.setdefault(key, value)
+    return env
+
 
 _SECRET_KEY_RE = re.compile(r"(api[_-]?key|secret|token|password)$", re.I)
 

@@ -8,8 +8,11 @@ Each object is built in a fresh interpreter from a picklable factory; arguments,
 cross a pipe. Not :mod:`multiprocessing`'s ``spawn``: it imports the parent's main script again in
 the child, which runs a user's script that has no ``if __name__ == "__main__"`` guard a second time;
 a fork of a threaded parent can deadlock. A child that dies takes its current call with it and the
-caller gets an :class:`~opro.errors.OproError`; a parent that dies closes the pipe and the child
-exits. The child ignores Ctrl-C: the parent decides what to finish.
+caller gets an :class:`~opro.errors.OproError`. A parent that dies (killed: nothing of it runs) takes
+the child with it within :data:`PARENT_WATCH_S`, whatever the child is doing: the pipe's end of file
+only reaches a child once it has finished the call it is running (and any sent after it), and one
+call (a prompt's evaluation run) could take minutes of MLflow writes racing a rerun. What the kill cut
+short is recorded again by the rerun. The child ignores Ctrl-C: the parent decides what to finish.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: How often the child checks that its parent is alive (seconds).
+PARENT_WATCH_S = 0.25
+
 
 class Sidecar:
     """A child process holding objects (:meth:`host`) whose methods :meth:`call` runs there.
@@ -51,7 +57,8 @@ class Sidecar:
         from_child_r, from_child_w = os.pipe()
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-c", "from opro.tracking.sidecar import _main; _main()", str(to_child_r), str(from_child_w)],
+                [sys.executable, "-c", "from opro.tracking.sidecar import _main; _main()", str(to_child_r), str(from_child_w),
+                 str(os.getpid())],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL,
             )
         finally:
@@ -157,13 +164,14 @@ class _Proxy:
 
 
 def _main() -> None:
-    """The child's entry point: ``python -c 'from opro.tracking.sidecar import _main; _main()' READ_FD WRITE_FD``."""
+    """The child's entry point: ``python -c 'from opro.tracking.sidecar import _main; _main()' READ_FD WRITE_FD PARENT_PID``."""
     import signal
     import sys
     from multiprocessing.connection import Connection
 
     from opro.redaction import RedactingFilter
 
+    _watch_parent(int(sys.argv[3]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Background work: where cores are short (workers beside each other, a local model) the
     # process it serves goes first; where a core is idle this changes nothing.
@@ -182,6 +190,23 @@ def _main() -> None:
         os._exit(1)
     sys.path[:] = [*path, *(p for p in sys.path if p not in path)]
     _serve(recv, send)
+
+
+def _watch_parent(parent: int, *, every_s: float = PARENT_WATCH_S) -> None:
+    """Exit as soon as ``parent`` is gone (this process is handed to another parent), on a daemon thread.
+
+    Polling the parent id works on every POSIX system and whichever thread started this process
+    (Linux's PR_SET_PDEATHSIG fires when that *thread* ends, which may be a worker thread of a live
+    parent). A write cut off here is a transaction SQLite rolls back; the rerun writes it again."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="opro-parent-watch", daemon=True).start()
 
 
 def _serve(recv: Connection, send: Connection) -> None:
