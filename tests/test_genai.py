@@ -505,6 +505,36 @@ def test_optimize_through_the_extension_records_every_question_it_asked(tmp_path
     assert len(both) == 1 and both[0].tags["opro.n_questions"] == "18" and both[0].tags["opro.extension_questions"] == "6"
 
 
+@pytest.mark.parametrize("ending", ["success", "futility", "budget"])
+def test_every_way_a_validation_ends_records_every_question_in_a_real_process(tmp_path: Path, ending: str) -> None:
+    """The other endings beside the extension's (above): a finalist ahead everywhere (success), tied
+    everywhere (futility at the first look), and a search cut short by its call budget; each a real
+    `opro optimize` with GenAI records in the sidecar, rc 0, one evaluation run per prompt that answered,
+    every question it answered traced."""
+    config, val, _ = _close_call(tmp_path, validation=12, unused=0, ahead_every=1)
+    confirmation = val[4:]
+    # Tied (both answers scored 2) on every confirmation question, or on none.
+    (tmp_path / "tied.txt").write_text("".join(f"{q}\n" for q in confirmation) if ending == "futility" else "")
+    if ending == "budget":
+        text = config.read_text().replace("[optimizer]\n", "[optimizer]\nmax_calls = 90\n", 1)
+        config.write_text(text.replace("steps = 1\n", "steps = 20\n", 1))
+    done = _optimize_process(config)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    v = summary["validation"]
+    decisions = [x["decision"] for x in v["looks"]]
+    if ending == "futility":
+        assert decisions == ["futility"] and not summary["validated"]
+    else:
+        assert decisions[-1] == "success" and summary["validated"]
+    assert summary["stopped_reason"] == ("budget" if ending == "budget" else "steps"), summary["stopped_reason"]
+    chosen = next(i for i, f in enumerate(v["finalists"], start=1) if f["chosen"])
+    asked = confirmation[: v["looks"][-1]["n"]]
+    expected = {"initial": sorted(asked), f"finalist {chosen}": sorted(val[:4] + asked)}
+    expected.update({f"finalist {i}": sorted(val[:4]) for i in range(1, len(v["finalists"]) + 1) if i != chosen})
+    assert _traced_questions(config) == expected
+
+
 def test_identical_runs_record_one_trace_per_question_of_each_prompt_in_its_run(tmp_path: Path) -> None:
     """Issue 49, item 5: identical runs kept 24-29 of 48 validation traces, a different number each time,
     and nothing was said (ten harness workers held SQLAlchemy's whole pool waiting on SQLite's write
