@@ -524,7 +524,8 @@ class Experiment:
 
         cfg = self.config
         scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
-                                 task_slots=self.client("task").llm.max_concurrency, space=self.search_space)
+                                 task_slots=self.client("task").llm.max_concurrency, space=self.search_space,
+                                 cost=cfg.cost_model())
         proposer = make_proposer(settings=cfg.optimizer, llm=self.client("optimizer"),
                                  template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)
         return Search(proposer, scorer, study, cfg.optimizer, usage=self.usage, workers=workers,

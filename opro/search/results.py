@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from opro.cost import CostSummary
+
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
 
 
@@ -31,6 +33,8 @@ class CandidateRecord:
     index: int = 0
     #: Its values of the open search dimensions (``[search.space]``; empty when only wording is searched).
     params: Mapping[str, int] = field(default_factory=dict)
+    #: Means per answered question of its task calls: tokens, seconds, cost (None: nothing answered).
+    cost: CostSummary | None = None
 
     @property
     def pruned(self) -> bool:
@@ -144,6 +148,11 @@ class OptimizationResult:
             return f"validation score ({self.validation.n_questions} questions not used by the search)"
         return "search score (in-sample: the questions the search selected on; optimistic)"
 
+    def cost_of(self, instruction: str) -> CostSummary | None:
+        """A candidate's cost per answer on the search questions (its latest record)."""
+        found = [r.cost for r in self.history if r.instruction == instruction and r.cost is not None]
+        return found[-1] if found else None
+
     def headline(self) -> str:
         """One honest sentence: what was returned, on which data, and whether a gain is supported."""
         ci = f" [{self.best_score_ci[0]:.2f}, {self.best_score_ci[1]:.2f}]" if self.best_score_ci else ""
@@ -172,6 +181,9 @@ class OptimizationResult:
             "initial_score": self.initial_score,
             # initial_score is the search's (in-sample); the validation stage's is validation.initial_score.
             "initial_score_basis": "search",
+            # Means per answered search question of the task calls (tokens, seconds, cost: opro.cost).
+            "cost": {name: None if c is None else c.as_dict() for name, c in (
+                ("returned", self.cost_of(self.best_instruction)), ("initial", self.cost_of(self.initial_instruction)))},
             "validation": None if v is None else {
                 **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner", "design")},
                 "design": dict(v.design),

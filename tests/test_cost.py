@@ -1,0 +1,96 @@
+"""What an answer costs (issue 50): one definition (opro.cost), kept per candidate by the search
+(history, study, MLflow, summary.json) and per prompt by ``opro compare``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fakes import experiment_config, scripted_pool
+
+from opro.config import config_from_dict
+from opro.cost import CostModel
+from opro.errors import ConfigError
+from opro.evaluation import EvaluationRow
+from opro.experiment import Experiment, RunResult
+
+
+def _row(prompt: int, completion: int, seconds: float, error: str | None = None) -> EvaluationRow:
+    return EvaluationRow(query="q", reference="r", prompt_tokens=prompt, completion_tokens=completion,
+                         latency_s=seconds, error=error)
+
+
+def test_cost_is_weighted_task_tokens_without_prices_and_money_with_them() -> None:
+    rows = [_row(100, 10, 1.0), _row(300, 30, 3.0), _row(0, 0, 0.0, error="LLMTimeoutError: no answer")]
+    tokens = CostModel(completion_weight=4).summarize(rows)
+    assert tokens is not None
+    # The failed call has no answer: it is in no mean.
+    assert (tokens.n, tokens.prompt_tokens, tokens.completion_tokens, tokens.seconds) == (2, 200.0, 20.0, 2.0)
+    assert tokens.cost == 200 + 4 * 20 and tokens.unit == "tokens"
+    assert CostModel(completion_weight=4).per_answer(rows) == [140.0, 420.0, None]
+    usd = CostModel(price_prompt=1.0, price_completion=10.0).summarize(rows)
+    assert usd is not None and usd.unit == "usd" and usd.cost == pytest.approx((200 * 1.0 + 20 * 10.0) / 1e6)
+    assert CostModel().summarize([_row(1, 1, 1.0, error="x")]) is None
+
+
+def test_the_config_prices_the_task_model_or_weighs_its_tokens(tmp_path: Path) -> None:
+    cfg = experiment_config(tmp_path, optimizer={"completion_weight": 2.5})
+    model = config_from_dict(cfg, base_dir=tmp_path).cost_model()
+    assert (model.unit, model.completion_weight) == ("tokens", 2.5)
+    cfg["models"]["task"].update(price_prompt=0.5, price_completion=2.0)
+    model = config_from_dict(cfg, base_dir=tmp_path).cost_model()
+    assert (model.unit, model.price_prompt, model.price_completion) == ("usd", 0.5, 2.0)
+    cfg["optimizer"]["completion_weight"] = -1
+    with pytest.raises(ConfigError, match=r"\[optimizer\]\.completion_weight"):
+        config_from_dict(cfg, base_dir=tmp_path)
+
+
+def _optimize(tmp_path: Path, output_dir: str) -> tuple[Experiment, RunResult]:
+    cfg = experiment_config(tmp_path, experiment={"output_dir": output_dir})
+    exp = Experiment(config_from_dict(cfg, base_dir=tmp_path, source="test.toml"), pool=scripted_pool(), progress=False)
+    try:
+        return exp, exp.optimize()
+    finally:
+        exp.close()
+
+
+def test_every_candidate_keeps_its_cost_per_answer_in_history_study_mlflow_and_summary(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    exp, result = _optimize(tmp_path, "out")
+    out = tmp_path / "out"
+    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert history and all(r["cost"] is not None for r in history)
+    for r in history:
+        c = r["cost"]
+        # The scripted task model counts words: "Using the context: yes." (4) under a "context"
+        # instruction, "Yes." (1) otherwise.
+        assert c["completion_tokens"] == (4.0 if "context" in r["instruction"].lower() else 1.0)
+        assert c["cost"] == pytest.approx(c["prompt_tokens"] + 4 * c["completion_tokens"]) and c["unit"] == "tokens"
+        assert c["n"] == r["n_scored"] + r["n_invalid"] and c["prompt_tokens"] > 0 and c["seconds"] > 0
+    # The study holds the same figures (what a resume and `opro compare best` read).
+    from opro.search import SearchStudy
+    from opro.search.study import open_storage
+
+    study = SearchStudy.open(open_storage(exp.config.optuna_storage), name=result.study_name)
+    assert [r.cost.as_dict() if r.cost else None for r in study.records()] == [r["cost"] for r in history]
+    summary = json.loads((out / "summary.json").read_text())
+    returned = next(r["cost"] for r in history if r["instruction"] == summary["best_instruction"])
+    initial = next(r["cost"] for r in history if r["instruction"] == summary["initial_instruction"])
+    assert summary["cost"] == {"returned": returned, "initial": initial}
+    assert returned["completion_tokens"] > initial["completion_tokens"]  # "context" answers are longer here
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    run = MlflowClient(tracking_uri=uri).get_run(result.mlflow_run_id)
+    client = MlflowClient(tracking_uri=uri)
+    logged = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "candidate_completion_tokens"),
+                                      key=lambda m: m.step)]
+    assert logged == [r["cost"]["completion_tokens"] for r in history]
+    assert len(client.get_metric_history(run.info.run_id, "candidate_cost")) == len(history)
+
+    # Answered again from the call cache (another output folder, the same cache file): the cached
+    # copy of each call keeps the tokens it cost, so every figure is the same.
+    _, again = _optimize(tmp_path, "out2")
+    assert again.usage["task"]["calls"] == 0 and again.usage["task"]["cache_hits"] > 0
+    second = [json.loads(line) for line in (tmp_path / "out2" / "history.jsonl").read_text().splitlines()]
+    assert [r["cost"] for r in second] == [r["cost"] for r in history]
