@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -99,6 +99,70 @@ class CostModel:
 
 
 @dataclass(frozen=True)
+class Difference:
+    """A paired mean difference (prompt - baseline) over the questions both answered, with its
+    Student t interval (None below 2 pairs)."""
+
+    estimate: float
+    ci: tuple[float, float] | None
+    n: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"estimate": self.estimate, "low": None if self.ci is None else self.ci[0],
+                "high": None if self.ci is None else self.ci[1], "n": self.n}
+
+    def text(self, digits: int = 0) -> str:
+        ci = "" if self.ci is None else f" [{self.ci[0]:+.{digits}f}, {self.ci[1]:+.{digits}f}]"
+        return f"{self.estimate:+.{digits}f}{ci}"
+
+
+@dataclass(frozen=True)
+class CostDifference:
+    """A prompt's cost per answer against a baseline's, paired on the questions both answered:
+    tokens (prompt + completion, unweighted), seconds and cost."""
+
+    tokens: Difference
+    seconds: Difference
+    cost: Difference
+    #: The baseline's mean cost on those questions (what a relative saving is a share of).
+    baseline_cost: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens.as_dict(), "seconds": self.seconds.as_dict(), "cost": self.cost.as_dict(),
+                "baseline_cost": self.baseline_cost}
+
+
+def _difference(values: list[float], *, level: float) -> Difference:
+    from opro.sequential import t_interval
+
+    return Difference(estimate=statistics.fmean(values), ci=t_interval(values, level=level), n=len(values))
+
+
+def paired_difference(rows: Sequence[AnsweredCall], baseline: Sequence[AnsweredCall], *, model: CostModel,
+                      level: float = 0.95) -> CostDifference | None:
+    """``rows`` - ``baseline``, question by question (the same questions in the same order), over the
+    questions both answered; None when there is no such question."""
+    if len(rows) != len(baseline):
+        raise ValueError(f"paired rows differ in length: {len(rows)} and {len(baseline)}")
+    pairs = [(a, b) for a, b in zip(rows, baseline, strict=True) if a.error is None and b.error is None]
+    if not pairs:
+        return None
+
+    def tokens(r: AnsweredCall) -> float:
+        return float(r.prompt_tokens + r.completion_tokens)
+
+    def cost(r: AnsweredCall) -> float:
+        return model.of(prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens)
+
+    return CostDifference(
+        tokens=_difference([tokens(a) - tokens(b) for a, b in pairs], level=level),
+        seconds=_difference([a.latency_s - b.latency_s for a, b in pairs], level=level),
+        cost=_difference([cost(a) - cost(b) for a, b in pairs], level=level),
+        baseline_cost=statistics.fmean(cost(b) for _, b in pairs),
+    )
+
+
+@dataclass(frozen=True)
 class CallUsage:
     """An answered call's usage on its own (what the search keeps per question)."""
 
@@ -120,4 +184,5 @@ class CallUsage:
         return cls(int(prompt), int(completion), float(seconds))
 
 
-__all__ = ["AnsweredCall", "CallUsage", "CostModel", "CostSummary", "CostUnit"]
+__all__ = ["AnsweredCall", "CallUsage", "CostDifference", "CostModel", "CostSummary", "CostUnit", "Difference",
+           "paired_difference"]

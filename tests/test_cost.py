@@ -94,3 +94,32 @@ def test_every_candidate_keeps_its_cost_per_answer_in_history_study_mlflow_and_s
     assert again.usage["task"]["calls"] == 0 and again.usage["task"]["cache_hits"] > 0
     second = [json.loads(line) for line in (tmp_path / "out2" / "history.jsonl").read_text().splitlines()]
     assert [r["cost"] for r in second] == [r["cost"] for r in history]
+
+
+def test_compare_shows_each_prompts_tokens_and_seconds_per_answer_and_the_paired_differences(tmp_path: Path) -> None:
+    from fakes import optimized
+
+    from opro.compare import compare_prompts, save_comparison
+
+    config = optimized(tmp_path)
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"], n_resamples=200)
+        saved = save_comparison(report, experiment=exp, name="cost", mlflow=False)
+    finally:
+        exp.close()
+    initial, best = report.prompts
+    assert initial.cost is not None and best.cost is not None
+    # "Yes." against "Using the context: yes.", on every one of the 10 held-out questions.
+    assert (initial.cost.completion_tokens, best.cost.completion_tokens, best.cost.n) == (1.0, 4.0, 10)
+    v = report.versus[1]
+    assert v is not None and v.cost is not None and v.cost.tokens.n == 10
+    more = (best.cost.prompt_tokens + best.cost.completion_tokens) - (initial.cost.prompt_tokens + initial.cost.completion_tokens)
+    assert v.cost.tokens.estimate == pytest.approx(more) and more > 3
+    assert v.cost.tokens.ci is not None and v.cost.tokens.ci[0] <= v.cost.tokens.estimate <= v.cost.tokens.ci[1]
+    assert v.cost.cost.estimate == pytest.approx(best.cost.cost - initial.cost.cost)
+    data = json.loads((saved.directory / "report.json").read_text())
+    assert data["prompts"][1]["cost"]["completion_tokens"] == 4.0
+    assert data["prompts"][1]["versus_baseline"]["cost_difference"]["tokens"]["estimate"] == pytest.approx(more)
+    md = (saved.directory / "report.md").read_text()
+    assert "tokens/answer" in md and "Δ tokens [95% CI]" in md and f"+{more:.0f} [" in md
