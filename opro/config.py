@@ -236,6 +236,11 @@ class OptimizerSection:
     #: Without prices for the task model, an answer's cost is its task tokens, prompt + this x
     #: completion (:mod:`opro.cost`): decoding a token is slower and dearer than reading one.
     completion_weight: float = 4.0
+    #: ``quality``: return a finalist only if it beats the initial configuration. ``cost``: the
+    #: cheapest finalist whose quality is not worse than the initial one's by more than ``margin``
+    #: judge points (a validated non-inferiority claim) and whose cost per answer is lower.
+    objective: Literal["quality", "cost"] = "quality"
+    margin: float = 0.25
     patience: int = 0
     max_calls: int = 0
     max_tokens_budget: int = 0
@@ -266,6 +271,8 @@ class OptimizerSection:
             raise ConfigError(f"[optimizer].min_coverage must be in (0, 1] (e.g. 0.9), got {self.min_coverage}")
         if not 0.5 <= self.race_confidence < 1.0:
             raise ConfigError(f"[optimizer].race_confidence must be in [0.5, 1) (e.g. 0.95), got {self.race_confidence}")
+        if isinstance(self.margin, bool) or not 0.0 <= self.margin < math.inf:
+            raise ConfigError(f"[optimizer].margin must be a number of judge points >= 0 (e.g. 0.25), got {self.margin!r}")
         if isinstance(self.completion_weight, bool) or not 0.0 <= self.completion_weight < math.inf:
             raise ConfigError(f"[optimizer].completion_weight must be a number >= 0 (e.g. 4), got {self.completion_weight!r}")
 

@@ -123,3 +123,98 @@ def test_compare_shows_each_prompts_tokens_and_seconds_per_answer_and_the_paired
     assert data["prompts"][1]["versus_baseline"]["cost_difference"]["tokens"]["estimate"] == pytest.approx(more)
     md = (saved.directory / "report.md").read_text()
     assert "tokens/answer" in md and "Δ tokens [95% CI]" in md and f"+{more:.0f} [" in md
+
+
+# -- objective = "cost": a validated non-inferiority claim and a lower cost (issue 50, items 2 and 3) ----
+LONG = "Using the context, the answer is yes, as the passage plainly says."
+
+
+def _cost_world(tmp_path: Path, *, worse: bool) -> RunResult:
+    """"briefly" in the instruction makes answers one word instead of twelve. The judge scores a
+    question the same under any instruction; with ``worse``, a one-word answer loses a point on every
+    question the search does not score (so the search still finds it within the margin, and only the
+    validation stage can tell)."""
+    import re
+
+    from fault_server import instruction_of
+
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    searched: set[str] = set()
+
+    def task(messages: tuple, options: object) -> str:
+        return "Yes." if "briefly" in instruction_of(messages[-1].content).lower() else LONG
+
+    def judge(messages: tuple, options: object) -> str:
+        text = messages[-1].content
+        number = int(m.group(1)) if (m := re.search(r"Fact number (\d+)", text)) else 0
+        score = 3 + number % 2
+        query = f"Fact number {number} about AlexNet?"
+        if worse and LONG not in text and query not in searched:
+            score -= 1
+        return json.dumps({"score": score, "reasoning": "scripted"})
+
+    def optimizer(messages: tuple, options: object) -> str:
+        i = (getattr(options, "seed", 0) or 0) % 1000
+        return f"<INS>Answer briefly, variant {i}.</INS>" if i % 2 else f"<INS>Answer the question fully, variant {i}.</INS>"
+
+    pool = ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
+                               "judge": ScriptedLLM(default=judge, model="judge"),
+                               "optimizer": ScriptedLLM(default=optimizer, model="optimizer")})
+    cfg = experiment_config(tmp_path, optimizer={"steps": 1, "candidates_per_step": 3, "minibatch_size": 3,
+                                                 "objective": "cost", "margin": 0.25})
+    exp = Experiment(config_from_dict(cfg, base_dir=tmp_path, source="test.toml"), pool=pool, progress=False)
+    try:
+        searched.update(e.query for e in exp.dataset.examples_in("optimization"))
+        return exp.optimize()
+    finally:
+        exp.close()
+
+
+def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferiority_claim_and_the_saving(
+        tmp_path: Path) -> None:
+    result = _cost_world(tmp_path, worse=False)
+    v = result.validation
+    assert v is not None and v.objective == "cost" and v.margin == 0.25 and v.winner is not None
+    assert "briefly" in result.best_instruction and result.validated
+    assert v.saving is not None and v.saving["lower"] and v.saving["difference_ci"][1] < 0
+    assert v.saving["relative"] > 0.2  # 1 completion token instead of 12, weighted x4
+    assert v.winner.difference == 0.0  # the same quality, question by question
+    assert "lower cost per answer (task tokens, completion x4)" in result.headline()
+    assert "not worse by more than 0.25 (p = " in result.headline()
+    # The objective and the margin are in the decision's design (and so in its key).
+    assert v.design["objective"] == "cost" and v.design["margin"] == 0.25
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["validation"]["saving"]["lower"] and summary["validation"]["objective"] == "cost"
+
+
+def test_shorter_answers_worse_by_more_than_the_margin_return_the_initial_configuration(tmp_path: Path) -> None:
+    result = _cost_world(tmp_path, worse=True)
+    v = result.validation
+    assert v is not None and v.winner is None and not result.validated
+    assert result.best_instruction == "Answer the question."
+    chosen = next(f for f in v.finalists if f.chosen)
+    # It was validated (the search could not tell), cheaper, and a point worse.
+    assert "briefly" in chosen.instruction and chosen.difference == -1.0 and v.n_questions > 0
+    assert v.saving is not None and v.saving["lower"]
+    assert "no finalist was shown cheaper and not worse than the initial configuration by more than 0.25" in v.verdict
+    assert "the initial configuration is returned" in result.headline()
+
+
+def test_cost_finalists_are_the_cheapest_on_the_front_that_are_not_clearly_worse() -> None:
+    from opro.cost import CostSummary
+    from opro.search.results import CandidateRecord
+    from opro.search.validation import cost_finalists
+
+    def rec(instruction: str, score: float, cost: float, index: int) -> CandidateRecord:
+        return CandidateRecord(step=0 if instruction == "initial" else 1, instruction=instruction, score=score,
+                               n_scored=6, n_invalid=0, n_errors=0, status="complete", trial_number=index, index=index,
+                               cost=CostSummary(n=6, prompt_tokens=cost, completion_tokens=0, seconds=1.0, cost=cost,
+                                                unit="tokens"))
+
+    history = [rec("initial", 4.0, 100, 0), rec("same, half the cost", 4.0, 50, 1), rec("a bit worse, cheapest", 3.8, 40, 2),
+               rec("clearly worse", 3.5, 10, 3), rec("dominated", 3.9, 60, 4), rec("better, dearer", 4.5, 120, 5)]
+    got = [r.instruction for r in cost_finalists(history, initial="initial", margin=0.25)]
+    assert got == ["a bit worse, cheapest", "same, half the cost"]
+    assert cost_finalists(history, initial="initial", margin=0.0) == [history[1]]

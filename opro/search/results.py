@@ -99,6 +99,12 @@ class ValidationResult:
     #: Made on questions whose verdict an earlier decision had drawn (``[optimizer].seen_validation =
     #: "label"``): an exploration, labelled so in ``verdict``; ``winner`` is None whatever the test said.
     re_decided: bool = False
+    #: ``[optimizer].objective``; with "cost", ``margin`` and ``saving``: the chosen finalist's cost per
+    #: answer against the initial configuration's on the confirmation questions (difference, its t
+    #: interval, the share saved; ``lower``: the interval is below 0).
+    objective: Literal["quality", "cost"] = "quality"
+    margin: float | None = None
+    saving: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +191,9 @@ class OptimizationResult:
             "cost": {name: None if c is None else c.as_dict() for name, c in (
                 ("returned", self.cost_of(self.best_instruction)), ("initial", self.cost_of(self.initial_instruction)))},
             "validation": None if v is None else {
-                **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner", "design")},
+                **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner", "design")
+                   # a quality decision's record stays as it was before objectives existed
+                   and not (v.objective == "quality" and k in ("objective", "margin", "saving"))},
                 "design": dict(v.design),
                 "finalists": [asdict(f) for f in v.finalists],
                 "winner": None if v.winner is None else v.winner.instruction,

@@ -19,6 +19,7 @@ Study attributes::
     sample:<step>:<tag>:<i>   a sample's text (or its error) asked by the worker it was dealt to
     stopped:<step>            worker 0 stopped the search before this step (reason, token)
     validation:<sha>:<sha>    a prompt's per-question scores on a batch of validation questions
+    validation_cost:<sha>:<sha>  the same answers' costs (:mod:`opro.cost`; None where a call failed)
     validation_design         the validation decision's design (alpha, looks, finalists, questions)
     validation_looks          every look of that decision (statistic, boundary, p-value, decision)
     validation_history        earlier decisions of the study on other validation questions (design, looks)
@@ -532,6 +533,14 @@ class SearchStudy:
 
     def save_validation_scores(self, instruction: str, queries: Sequence[str], scores: Sequence[float | None]) -> None:
         self.optuna.set_user_attr(_validation_key(instruction, queries), list(scores))
+
+    def validation_costs(self, instruction: str, queries: Sequence[str]) -> list[float | None] | None:
+        """The costs of the answers whose scores :meth:`validation_scores` gives (None: not kept)."""
+        stored = self.optuna.user_attrs.get("validation_cost:" + _validation_key(instruction, queries).split(":", 1)[1])
+        return None if stored is None else list(stored)
+
+    def save_validation_costs(self, instruction: str, queries: Sequence[str], costs: Sequence[float | None]) -> None:
+        self.optuna.set_user_attr("validation_cost:" + _validation_key(instruction, queries).split(":", 1)[1], list(costs))
 
     def validation_design(self) -> dict[str, Any] | None:
         stored = self.optuna.user_attrs.get("validation_design")
