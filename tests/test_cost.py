@@ -187,6 +187,9 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
     assert v.design["objective"] == "cost" and v.design["margin"] == 0.25
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["validation"]["saving"]["lower"] and summary["validation"]["objective"] == "cost"
+    # The optimizer saw each instruction's mean answer length beside its score (the initial one's 12 words).
+    meta = "".join(p.read_text() for p in sorted((tmp_path / "out" / "metaprompts").iterdir()))
+    assert "score:\n4.00\nanswer length:\n12 tokens" in meta and "shorter answers cost less" in meta
 
 
 def test_shorter_answers_worse_by_more_than_the_margin_return_the_initial_configuration(tmp_path: Path) -> None:
