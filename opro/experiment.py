@@ -239,7 +239,7 @@ class Experiment:
             demos = bootstrapped_demos(exemplars, answer=lambda e: rows.get(e.query), chars=sp.demo_chars)
         return SearchSpace(
             dimensions=sp.dimensions, demos=demos, sampler=sp.sampler, seed=self.config.experiment.seed,
-            demo_source=sp.demo_source,
+            demo_source=sp.demo_source, objective=self.config.optimizer.objective,
             initial={"demos": 0, "top_k": rag.top_k, "answer_max_tokens": rag.answer_max_tokens,
                      "chunk_size": rag.chunk_size},
         )

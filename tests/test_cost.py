@@ -221,3 +221,28 @@ def test_cost_finalists_are_the_cheapest_on_the_front_that_are_not_clearly_worse
     got = [r.instruction for r in cost_finalists(history, initial="initial", margin=0.25)]
     assert got == ["a bit worse, cheapest", "same, half the cost"]
     assert cost_finalists(history, initial="initial", margin=0.0) == [history[1]]
+
+
+def test_with_objective_cost_the_sampler_draws_from_the_quality_cost_front() -> None:
+    """top_k 4 scores a hair above top_k 1 at twice the cost: a score-only sampler goes for 4, the
+    two-objective one (maximize the score, minimize the cost) mostly for 1."""
+    from collections import Counter
+
+    from opro.cost import CostSummary
+    from opro.search.results import CandidateRecord
+    from opro.search.space import SearchSpace
+
+    def rec(i: int, top_k: int) -> CandidateRecord:
+        return CandidateRecord(
+            step=1, instruction=f"i{i}", score={1: 4.0, 2: 4.0, 4: 4.05, 8: 3.9}[top_k], n_scored=6, n_invalid=0,
+            n_errors=0, status="complete", trial_number=i, index=i, params={"top_k": top_k},
+            cost=CostSummary(n=6, prompt_tokens=200.0 * top_k, completion_tokens=40, seconds=1.0,
+                             cost=200.0 * top_k + 160, unit="tokens"))
+
+    history = [rec(i, k) for i, k in enumerate([1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 4])]
+    drawn = {}
+    for objective in ("quality", "cost"):
+        space = SearchSpace(dimensions={"top_k": [1, 2, 4, 8]}, initial={"top_k": 4}, objective=objective)  # type: ignore[arg-type]
+        drawn[objective] = Counter(p["top_k"] for step in range(1, 6) for p in space.sample(history, 4, step=step))
+    assert drawn["quality"].most_common(1)[0][0] == 4
+    assert drawn["cost"].most_common(1)[0][0] == 1 and drawn["cost"][1] > drawn["quality"][1]
