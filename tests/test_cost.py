@@ -187,9 +187,27 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
     assert v.design["objective"] == "cost" and v.design["margin"] == 0.25
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["validation"]["saving"]["lower"] and summary["validation"]["objective"] == "cost"
+    # The quality-cost front: in summary.json (and its copy in the study), drawn, and logged to MLflow.
+    front = summary["pareto_front"]
+    assert [p["instruction"] for p in front] == [result.best_instruction] and front[0]["cost"] < returned_cost(summary)
+    assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
+    from opro.search import SearchStudy
+    from opro.search.study import open_storage
+
+    stored = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'out' / 'optuna.db'}"), name=result.study_name).summary()
+    assert stored is not None and stored["pareto_front"] == front
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
+    assert "pareto.png" in {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(result.mlflow_run_id)}
     # The optimizer saw each instruction's mean answer length beside its score (the initial one's 12 words).
     meta = "".join(p.read_text() for p in sorted((tmp_path / "out" / "metaprompts").iterdir()))
     assert "score:\n4.00\nanswer length:\n12 tokens" in meta and "shorter answers cost less" in meta
+
+
+def returned_cost(summary: dict) -> float:
+    """The initial configuration's cost per answer on the search questions, as summary.json gives it."""
+    return float(summary["cost"]["initial"]["cost"])
 
 
 def test_shorter_answers_worse_by_more_than_the_margin_return_the_initial_configuration(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ was recorded (run directory, MLflow run) beside it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -143,6 +144,8 @@ class OptimizationResult:
     best_configuration: Mapping[str, Any] = field(default_factory=dict)
     #: Its values of the open search dimensions (empty when only wording was searched).
     best_params: Mapping[str, int] = field(default_factory=dict)
+    #: ``[optimizer].objective``: with "cost" the summary keeps the search's quality-cost front.
+    objective: Literal["quality", "cost"] = "quality"
 
     @property
     def validated(self) -> bool:
@@ -198,6 +201,10 @@ class OptimizationResult:
                 "finalists": [asdict(f) for f in v.finalists],
                 "winner": None if v.winner is None else v.winner.instruction,
             },
+            **({"pareto_front": [
+                {"instruction": r.instruction, "step": r.step, "index": r.index, "score": r.score,
+                 "cost": r.cost.cost if r.cost else None, "params": dict(r.params)}
+                for r in quality_cost_front(self.history)]} if self.objective == "cost" else {}),
             "n_candidates": len(self.history),
             "n_pruned": sum(1 for r in self.history if r.status == "pruned"),
             "rejected": list(self.rejected),
@@ -206,6 +213,21 @@ class OptimizationResult:
             "usage": self.usage,
             "wall_s": round(self.wall_s, 2),
         }
+
+
+def quality_cost_front(records: Sequence[CandidateRecord]) -> list[CandidateRecord]:
+    """The complete candidates no other beats on both score and cost per answer (at least as good on
+    both, better on one): the search's quality-cost (Pareto) front, cheapest first."""
+    done = [r for r in records if r.status == "complete" and r.score is not None and r.cost is not None]
+
+    def point(r: CandidateRecord) -> tuple[float, float]:
+        return (r.score or 0.0, r.cost.cost if r.cost is not None else math.inf)
+
+    def dominated(r: CandidateRecord) -> bool:
+        (s, c) = point(r)
+        return any(os >= s and oc <= c and (os > s or oc < c) for os, oc in map(point, done))
+
+    return sorted((r for r in done if not dominated(r)), key=lambda r: (point(r)[1], -point(r)[0], r.step, r.index))
 
 
 def merge_usage(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -247,4 +269,5 @@ __all__ = [
     "ValidationResult",
     "merge_usage",
     "optimism_points",
+    "quality_cost_front",
 ]

@@ -49,7 +49,7 @@ from opro.evaluation import QAExample
 from opro.evaluation_types import EvaluationRow
 from opro.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now, short_hashes
 from opro.search.metaprompt import normalize_instruction
-from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult
+from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult, quality_cost_front
 from opro.search.scoring import CandidateScorer
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
 from opro.sequential import Look, conditional_estimate, decide, look_sizes, t_interval
@@ -247,13 +247,7 @@ def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: 
         return []
     ok = [r for r in done if normalize_instruction(r.instruction) != key
           and r.cost.cost < base.cost.cost and (r.score or 0.0) >= (base.score or 0.0) - margin]  # type: ignore[union-attr]
-
-    def dominated(r: CandidateRecord) -> bool:
-        rc, rs = r.cost.cost, r.score or 0.0  # type: ignore[union-attr]
-        return any(o.cost.cost <= rc and (o.score or 0.0) >= rs and (o.cost.cost < rc or (o.score or 0.0) > rs)  # type: ignore[union-attr]
-                   for o in ok)
-
-    return sorted((r for r in ok if not dominated(r)), key=lambda r: (r.cost.cost, -(r.score or 0.0), r.step, r.index))  # type: ignore[union-attr]
+    return quality_cost_front(ok)
 
 
 def _saving(pick: Sequence[float | None], initial: Sequence[float | None], *, unit: str) -> dict[str, Any] | None:
