@@ -200,6 +200,9 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
 
     uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
     assert "pareto.png" in {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(result.mlflow_run_id)}
+    # A rerun resumes the decision from the study (scores and costs kept there): the same claim.
+    again = _cost_world(tmp_path, worse=False)
+    assert again.validation is not None and (again.validation.verdict, again.validation.saving) == (v.verdict, v.saving)
     # The optimizer saw each instruction's mean answer length beside its score (the initial one's 12 words).
     meta = "".join(p.read_text() for p in sorted((tmp_path / "out" / "metaprompts").iterdir()))
     assert "score:\n4.00\nanswer length:\n12 tokens" in meta and "shorter answers cost less" in meta
