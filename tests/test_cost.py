@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,12 @@ def test_cost_finalists_are_the_cheapest_on_the_front_that_are_not_clearly_worse
     got = [r.instruction for r in cost_finalists(history, initial="initial", margin=0.25)]
     assert got == ["a bit worse, cheapest", "same, half the cost"]
     assert cost_finalists(history, initial="initial", margin=0.0) == [history[1]]
+    # With per-question scores, "not clearly worse" is the paired 95% t interval's upper end above
+    # -margin: half a point lower on average but noisy passes, half a point lower everywhere does not.
+    initial = replace(history[0], scores=(4.0, 4.0, 4.0, 4.0, 4.0, 4.0))
+    noisy = replace(rec("noisy", 3.5, 50, 1), scores=(5.0, 2.0, 5.0, 2.0, 5.0, 2.0))
+    steady = replace(rec("steadily worse", 3.5, 40, 2), scores=(3.5,) * 6)
+    assert cost_finalists([initial, noisy, steady], initial="initial", margin=0.25) == [noisy]
 
 
 def test_with_objective_cost_the_sampler_draws_from_the_quality_cost_front() -> None:

@@ -236,17 +236,27 @@ def refuse_seen(
 
 def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: float) -> list[CandidateRecord]:
     """Finalists of ``objective = "cost"``, cheapest first: the complete candidates cheaper per answer
-    than the initial configuration and not clearly worse (a search score at least the initial one's
-    minus ``margin``), kept only where no other such candidate is both as cheap and as good and better
-    in one (the search's quality-cost front). Search scores are in-sample, so "not clearly worse" only
-    chooses what the confirmation tests; it claims nothing."""
+    than the initial configuration and not clearly worse, kept only where no other such candidate is
+    both as cheap and as good and better in one (the search's quality-cost front). Not clearly worse:
+    the upper end of the paired 95% t interval of its search scores minus the initial one's (question
+    by question) is above ``-margin``; with fewer than 2 pairs, its mean is. A handful of search
+    questions cannot show that a cheaper candidate is as good, only that it is clearly worse, so this
+    only chooses what the confirmation tests; it claims nothing."""
     key = normalize_instruction(initial)
     done = [r for r in history if r.status == "complete" and r.score is not None and r.cost is not None]
     base = next((r for r in done if normalize_instruction(r.instruction) == key), None)
     if base is None:
         return []
+
+    def not_clearly_worse(r: CandidateRecord) -> bool:
+        a, b = paired_valid(list(r.scores), list(base.scores))
+        ci = t_interval([x - y for x, y in zip(a, b, strict=True)])
+        if ci is None:
+            return (r.score or 0.0) >= (base.score or 0.0) - margin
+        return ci[1] > -margin
+
     ok = [r for r in done if normalize_instruction(r.instruction) != key
-          and r.cost.cost < base.cost.cost and (r.score or 0.0) >= (base.score or 0.0) - margin]  # type: ignore[union-attr]
+          and r.cost.cost < base.cost.cost and not_clearly_worse(r)]  # type: ignore[union-attr]
     return quality_cost_front(ok)
 
 
