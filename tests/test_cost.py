@@ -130,11 +130,11 @@ def test_compare_shows_each_prompts_tokens_and_seconds_per_answer_and_the_paired
 LONG = "Using the context, the answer is yes, as the passage plainly says."
 
 
-def _cost_world(tmp_path: Path, *, worse: bool) -> RunResult:
+def _cost_world(tmp_path: Path, *, worse: bool, cheaper: bool = True) -> RunResult:
     """"briefly" in the instruction makes answers one word instead of twelve. The judge scores a
     question the same under any instruction; with ``worse``, a one-word answer loses a point on every
     question the search does not score (so the search still finds it within the margin, and only the
-    validation stage can tell)."""
+    validation stage can tell). Without ``cheaper`` the optimizer never proposes "briefly"."""
     import re
 
     from fault_server import instruction_of
@@ -158,7 +158,7 @@ def _cost_world(tmp_path: Path, *, worse: bool) -> RunResult:
 
     def optimizer(messages: tuple, options: object) -> str:
         i = (getattr(options, "seed", 0) or 0) % 1000
-        return f"<INS>Answer briefly, variant {i}.</INS>" if i % 2 else f"<INS>Answer the question fully, variant {i}.</INS>"
+        return f"<INS>Answer briefly, variant {i}.</INS>" if i % 2 and cheaper else f"<INS>Answer the question fully, variant {i}.</INS>"
 
     pool = ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
                                "judge": ScriptedLLM(default=judge, model="judge"),
@@ -274,3 +274,12 @@ def test_with_objective_cost_the_sampler_draws_from_the_quality_cost_front() -> 
         drawn[objective] = Counter(p["top_k"] for step in range(1, 6) for p in space.sample(history, 4, step=step))
     assert drawn["quality"].most_common(1)[0][0] == 4
     assert drawn["cost"].most_common(1)[0][0] == 1 and drawn["cost"][1] > drawn["quality"][1]
+
+
+def test_without_a_cheaper_candidate_nothing_is_validated_and_the_initial_configuration_is_returned(
+        tmp_path: Path) -> None:
+    result = _cost_world(tmp_path, worse=False, cheaper=False)
+    v = result.validation
+    assert v is not None and not v.finalists and v.n_questions == 0 and not result.validated
+    assert result.best_instruction == "Answer the question."
+    assert v.verdict.startswith("no candidate of the search was cheaper per answer than the initial configuration")

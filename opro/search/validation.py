@@ -322,8 +322,8 @@ def validate(
         return ValidationResult(
             n_questions=0, alpha=s.alpha, initial_score=None, initial_ci=None, initial_scores=(), finalists=(),
             winner=None, verdict=(
-                f"no candidate of the search was cheaper per answer than the initial configuration with a search "
-                f"score at most {s.margin:g} below its: nothing to validate" if by_cost else
+                f"no candidate of the search was cheaper per answer than the initial configuration without being "
+                f"clearly worse than it by more than {s.margin:g} on the search questions: nothing to validate" if by_cost else
                 "no candidate besides the initial instruction completed the search: nothing to validate"),
             objective=s.objective, margin=s.margin if by_cost else None,
         )
