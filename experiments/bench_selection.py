@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         print_run(args.run_dir)
         return 0
     if args.cost:
-        design = json.loads(args.design)
+        design = {"objective": "cost", "margin": 0.25, **json.loads(args.design)}
         crows = cost_power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
                            k=args.candidates, design=design, n_unused=args.unused)
         print_cost(crows, design=design, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
