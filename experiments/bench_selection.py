@@ -19,6 +19,13 @@ better prompt (>= +0.5) that the search proposed is returned.
     python experiments/bench_selection.py --seeds 200
     python experiments/bench_selection.py --power --seeds 200 --optimization 6 --validation 48 --unused 20
     python experiments/bench_selection.py --run-dir runs/history_of_alexnet
+    python experiments/bench_selection.py --cost --seeds 200 --optimization 6 --validation 48 --unused 20
+
+(d) ``--cost``: ``[optimizer].objective = "cost"`` (margin 0.25). Every proposal's answers are 30%
+shorter than the initial instruction's (its cost per answer about 30% lower), and
+its quality is either truly equal or truly worse by the margin (mean judge score, after rounding).
+Reported: how often the cheaper configuration is returned with a non-inferiority claim (the issue's
+aims: >= 0.8 where equal, <= alpha over all looks where worse by the margin), and the saving claimed.
 """
 
 from __future__ import annotations
@@ -126,12 +133,21 @@ class World:
         return f"<INS>Candidate {options.seed} of world {self.seed}.</INS>"
 
 
+@dataclass(frozen=True)
+class Echoed:
+    """An answer with the call that made it (its tokens: what an answer costs)."""
+
+    text: str
+    completion: Any
+
+
 class EchoProgram:
     def __init__(self, client: ChatClient) -> None:
         self.client = client
 
     def answer(self, query: str, *, template: Any) -> Any:
-        return self.client.complete(f"{template}\nQuery: {query}")
+        completion = self.client.complete(f"{template}\nQuery: {query}")
+        return Echoed(completion.text, completion)
 
 
 class ReplyJudge:
@@ -143,6 +159,29 @@ class ReplyJudge:
         return Verdict(float(reply), False)
 
 
+#: ``--cost``: filler words of the initial instruction's answers and of a proposal's, so that a
+#: proposal's cost per answer (prompt + 4 x completion tokens, its instruction included) is about 30%
+#: lower (measured and printed: the claimed saving).
+LONG_ANSWER = 40
+SHORT_ANSWER = 24
+
+
+def _padded(instruction: str) -> str:
+    """The cost world's answer: the instruction (what the judge reads the effect from), then filler."""
+    return instruction + " word" * (LONG_ANSWER if instruction.startswith(INITIAL) else SHORT_ANSWER)
+
+
+class CheaperWorld(World):
+    """Every proposal is cheaper (shorter answers) and shifted in quality by ``effect``."""
+
+    def __init__(self, seed: int, *, effect: float) -> None:
+        super().__init__(seed)
+        self.shift = effect
+
+    def effect(self, instruction: str) -> float:
+        return 0.0 if instruction.startswith(INITIAL) else self.shift
+
+
 def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: int, folder: Path,
              design: dict[str, Any] | None = None, n_unused: int = 0) -> dict[str, Any]:
     usage = UsageLedger()
@@ -152,7 +191,8 @@ def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: 
     else:
         settings = OptimizerSection(**{"steps": steps, "candidates_per_step": k, "minibatch_size": 2,
                                        "pruner": "race", **(design or {})})
-    program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0]),
+    pad = _padded if isinstance(world, CheaperWorld) else (lambda text: text)
+    program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: pad(m[-1].content.split("\nQuery:")[0])),
                                      role="task", usage=usage))
     study = SearchStudy.open(open_storage(f"sqlite:///{folder / f'{rule}-{world.seed}.db'}"), name="bench",
                              pruner=make_pruner(settings))
@@ -180,6 +220,9 @@ def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: 
         "gain_ci": result.gain_ci,
         "raw_gain": result.validation.winner.difference_raw if result.validation and result.validation.winner else None,
         "calls": usage.total_calls(),
+        "saving": None if result.validation is None or result.validation.saving is None
+        else result.validation.saving.get("relative"),
+        "returned": result.best_instruction != INITIAL,
     }
 
 
@@ -269,6 +312,59 @@ def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dic
     return rows
 
 
+def effect_for(difference: float) -> float:
+    """The shift (judge points before rounding) whose mean judge score differs by ``difference``."""
+    base, lo, hi = true_mean(0.0, n=50_000), difference * 2 - 0.5, 0.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if true_mean(mid, n=50_000) - base < difference:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def cost_power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dict[str, Any],
+               n_unused: int = 0) -> list[dict[str, Any]]:
+    """(d): the cost objective in a world where the cheaper proposals are truly equal, and in one
+    where they are truly worse by the margin."""
+    design = {"objective": "cost", "margin": 0.25, **design}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, difference in (("equal", 0.0), ("worse by the margin", -float(design["margin"]))):
+            started = time.perf_counter()
+            shift = effect_for(difference) if difference else 0.0
+            folder = Path(tmp) / name.replace(" ", "-")
+            folder.mkdir()
+            runs = [run_once(CheaperWorld(s, effect=shift), rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k,
+                             folder=folder, design=design, n_unused=n_unused) for s in range(seeds)]
+            returned = [r["returned"] for r in runs]
+            savings = [r["saving"] for r in runs if r["returned"] and r["saving"] is not None]
+            rows.append({
+                "world": name, "difference": difference, "shift": shift, "seeds": seeds,
+                "p_returned": float(np.mean(returned)),
+                "p_returned_se": float(np.std(returned, ddof=1) / math.sqrt(len(returned))) if len(returned) > 1 else math.nan,
+                "saving": float(np.mean(savings)) if savings else math.nan,
+                "calls_per_run": float(np.mean([r["calls"] for r in runs])),
+                "seconds": time.perf_counter() - started,
+            })
+    return rows
+
+
+def print_cost(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: int, n_val: int, steps: int, k: int,
+               n_unused: int = 0) -> None:
+    print(f"(d) cost objective: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation "
+          f"questions, {n_unused} unused to extend into, design {design}; every proposal's answers are "
+          f"{SHORT_ANSWER} filler words instead of {LONG_ANSWER}")
+    print("| world (true mean-score difference) | seeds | P(cheaper one returned, with a non-inferiority claim) "
+          "| mean claimed saving per answer | calls/run | seconds |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        saving = "n/a" if math.isnan(r["saving"]) else f"{r['saving']:.0%}"
+        print(f"| {r['world']} ({r['difference']:+.2f}) | {r['seeds']} | {r['p_returned']:.3f} ± {r['p_returned_se']:.3f} "
+              f"| {saving} | {r['calls_per_run']:.0f} | {r['seconds']:.0f} |")
+
+
 def print_power(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: int, n_val: int, steps: int,
                 k: int, n_unused: int = 0) -> None:
     print(f"(c) power: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation questions, "
@@ -332,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--candidates", type=int, default=3)
     ap.add_argument("--run-dir", type=Path, help="print (b) for this run folder instead of simulating")
     ap.add_argument("--power", action="store_true", help="(c): fixed true effects 0, +0.5, +1.0 instead of (a)")
+    ap.add_argument("--cost", action="store_true", help="(d): the cost objective's two worlds instead of (a)")
     ap.add_argument("--effects", default="0,0.5,1", help="(c): the true effects, comma-separated")
     ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
     ap.add_argument("--unused", type=int, default=20,
@@ -340,6 +437,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     if args.run_dir:
         print_run(args.run_dir)
+        return 0
+    if args.cost:
+        design = {"objective": "cost", "margin": 0.25, **json.loads(args.design)}
+        crows = cost_power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
+                           k=args.candidates, design=design, n_unused=args.unused)
+        print_cost(crows, design=design, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
+                   k=args.candidates, n_unused=args.unused)
         return 0
     if args.power:
         design = json.loads(args.design)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.calibration import judge_noise_note
+from opro.cost import CostDifference, CostModel, CostSummary, paired_difference
 from opro.errors import ConfigError, DataError, LeakageError
 from opro.judges.factory import METRIC_JUDGES, build_metric
 from opro.rundir import RunDir
@@ -68,6 +69,8 @@ class PromptScores:
     evaluation: EvaluationReport
     #: The settings the prompt was answered with beside its template (``top_k``, ``answer_max_tokens``).
     settings: Mapping[str, int] = field(default_factory=dict)
+    #: Means per answered question of its task calls (:mod:`opro.cost`).
+    cost: CostSummary | None = None
 
     @property
     def n_scored(self) -> int:
@@ -82,6 +85,8 @@ class VersusBaseline:
     baseline: str
     n_dropped: int
     stats: PairedComparison
+    #: Its cost per answer minus the baseline's, paired on the questions both answered (t intervals).
+    cost: CostDifference | None = None
 
     @property
     def sentence(self) -> str:
@@ -144,6 +149,7 @@ class ComparisonReport:
                 "metric_invalid": dict(p.metric_invalid),
                 "scores": list(p.scores),
                 "answers": [r.answer for r in p.evaluation.rows],
+                "cost": None if p.cost is None else p.cost.as_dict(),
             }
             if v is not None:
                 s = v.stats
@@ -163,6 +169,7 @@ class ComparisonReport:
                     "permutation_p_holm": s.p_permutation,
                     "significant": s.significant,
                     "verdict": v.sentence,
+                    "cost_difference": None if v.cost is None else v.cost.as_dict(),
                 }
             prompts.append(entry)
         return {
@@ -215,7 +222,7 @@ class ComparisonReport:
                 ]
             row += [_fmt(p.metric_means.get(m)) + (f" ({k} invalid)" if (k := p.metric_invalid.get(m, 0)) else "")
                     for m in self.metric_names]
-            rows.append(row)
+            rows.append(row + _cost_cells(p, v))
         return rows
 
     @property
@@ -238,6 +245,7 @@ class ComparisonReport:
             "Wilcoxon p" + (" (Holm)" if self.n_comparisons > 1 else ""),
             "perm. p" + (" (Holm)" if self.n_comparisons > 1 else ""),
             *self.metric_names,
+            "tokens/answer", "s/answer", f"Δ tokens [{lvl} CI]", f"Δ s [{lvl} CI]",
         ]
 
     @property
@@ -316,6 +324,17 @@ class ComparisonReport:
                 writer.writerow([q, *("" if p.scores[i] is None else p.scores[i] for p in self.prompts)])
         plot_comparison(self, out / "comparison.png")
         return out
+
+
+def _cost_cells(p: PromptScores, v: VersusBaseline | None) -> list[str]:
+    """Tokens (prompt + completion) and seconds per answer, and the paired differences to the baseline."""
+    c, d = p.cost, None if v is None else v.cost
+    return [
+        "n/a" if c is None else f"{c.prompt_tokens + c.completion_tokens:.0f} ({c.completion_tokens:.0f} out)",
+        "n/a" if c is None else f"{c.seconds:.2f}",
+        "" if v is None else "n/a" if d is None else d.tokens.text(0),
+        "" if v is None else "n/a" if d is None else d.seconds.text(2),
+    ]
 
 
 def _num(x: float) -> float | None:
@@ -604,6 +623,7 @@ def compare_prompts(
     metrics = [m for m in extra_metrics if not isinstance(m, str)]
     metrics += make_extra_metrics([m for m in extra_metrics if isinstance(m, str)], experiment=experiment)
     show = experiment.progress if progress is None else progress
+    cost_model: CostModel = cfg.cost_model()
     results: list[PromptScores] = []
     logger.info("evaluating %d prompts on %d %s questions", len(resolved), len(examples), split)
     # All prompts in one stream: the endpoints stay busy instead of draining between prompts. No answer
@@ -638,6 +658,7 @@ def compare_prompts(
                 metric_means=report.metric_means(),
                 metric_invalid=report.metric_invalid(),
                 evaluation=report,
+                cost=cost_model.summarize(report.rows),
             )
         )
 
@@ -651,7 +672,9 @@ def compare_prompts(
         stats = compare_paired(
             [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha
         )
-        versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=len(examples) - len(pairs), stats=stats))
+        versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=len(examples) - len(pairs), stats=stats,
+                                     cost=paired_difference(r.evaluation.rows, b.evaluation.rows, model=cost_model,
+                                                            level=level)))
     # Several prompts against one baseline: a family of tests, so Holm-adjust the p-values.
     family = [v for v in versus if v is not None]
     if len(family) > 1:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from opro.cost import CostModel
 from opro.errors import ConfigError, PromptError
 from opro.llm.client import DEFAULT_PRICES, Price
 from opro.llm.pool import ModelSpec, check_endpoint
@@ -232,6 +233,14 @@ class OptimizerSection:
     #: (:mod:`opro.ledger`): ``refuse`` the run; ``label`` runs it as an exploration, every record
     #: labelled "re-decided after a seen verdict", the initial instruction returned, never validated.
     seen_validation: Literal["refuse", "label"] = "refuse"
+    #: Without prices for the task model, an answer's cost is its task tokens, prompt + this x
+    #: completion (:mod:`opro.cost`): decoding a token is slower and dearer than reading one.
+    completion_weight: float = 4.0
+    #: ``quality``: return a finalist only if it beats the initial configuration. ``cost``: the
+    #: cheapest finalist whose quality is not worse than the initial one's by more than ``margin``
+    #: judge points (a validated non-inferiority claim) and whose cost per answer is lower.
+    objective: Literal["quality", "cost"] = "quality"
+    margin: float = 0.25
     patience: int = 0
     max_calls: int = 0
     max_tokens_budget: int = 0
@@ -262,6 +271,10 @@ class OptimizerSection:
             raise ConfigError(f"[optimizer].min_coverage must be in (0, 1] (e.g. 0.9), got {self.min_coverage}")
         if not 0.5 <= self.race_confidence < 1.0:
             raise ConfigError(f"[optimizer].race_confidence must be in [0.5, 1) (e.g. 0.95), got {self.race_confidence}")
+        if isinstance(self.margin, bool) or not 0.0 <= self.margin < math.inf:
+            raise ConfigError(f"[optimizer].margin must be a number of judge points >= 0 (e.g. 0.25), got {self.margin!r}")
+        if isinstance(self.completion_weight, bool) or not 0.0 <= self.completion_weight < math.inf:
+            raise ConfigError(f"[optimizer].completion_weight must be a number >= 0 (e.g. 4), got {self.completion_weight!r}")
 
 
 #: ``[search.space]``'s dimensions, in order, and the least value each may take.
@@ -410,6 +423,14 @@ class OproConfig:
             if spec.price_prompt is not None and spec.price_completion is not None:
                 table[spec.model] = Price(float(spec.price_prompt), float(spec.price_completion))
         return table
+
+    def cost_model(self) -> CostModel:
+        """What an answer costs (:mod:`opro.cost`): the task model's prices where known, else its
+        tokens weighted by ``[optimizer].completion_weight``."""
+        price = self.prices().get(self.models.task.model)
+        return CostModel(price_prompt=None if price is None else price.prompt,
+                         price_completion=None if price is None else price.completion,
+                         completion_weight=float(self.optimizer.completion_weight))
 
     # -- derived locations -------------------------------------------------------------------
     def resolve(self, path: str) -> Path:

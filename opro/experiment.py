@@ -239,7 +239,7 @@ class Experiment:
             demos = bootstrapped_demos(exemplars, answer=lambda e: rows.get(e.query), chars=sp.demo_chars)
         return SearchSpace(
             dimensions=sp.dimensions, demos=demos, sampler=sp.sampler, seed=self.config.experiment.seed,
-            demo_source=sp.demo_source,
+            demo_source=sp.demo_source, objective=self.config.optimizer.objective,
             initial={"demos": 0, "top_k": rag.top_k, "answer_max_tokens": rag.answer_max_tokens,
                      "chunk_size": rag.chunk_size},
         )
@@ -524,7 +524,8 @@ class Experiment:
 
         cfg = self.config
         scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
-                                 task_slots=self.client("task").llm.max_concurrency, space=self.search_space)
+                                 task_slots=self.client("task").llm.max_concurrency, space=self.search_space,
+                                 cost=cfg.cost_model())
         proposer = make_proposer(settings=cfg.optimizer, llm=self.client("optimizer"),
                                  template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)
         return Search(proposer, scorer, study, cfg.optimizer, usage=self.usage, workers=workers,

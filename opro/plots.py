@@ -187,3 +187,32 @@ def plot_score_histograms(groups: Mapping[str, Sequence[float]], *, path: Path, 
 
 
 __all__ = ["plot_optimism", "plot_paired_scores", "plot_score_histograms", "plot_trajectory", "save_figure"]
+
+
+def plot_pareto(points: Sequence[Mapping[str, Any]], *, path: Path, cost_label: str, title: str | None = None) -> Path:
+    """Quality against cost per answer, one dot per candidate, the quality-cost front joined.
+
+    ``points``: ``{"label", "score", "cost", "front" (bool), "initial" (bool), "returned" (bool)}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    rest = [p for p in points if not p.get("front")]
+    front = sorted((p for p in points if p.get("front")), key=lambda p: float(p["cost"]))
+    ax.scatter([p["cost"] for p in rest], [p["score"] for p in rest], s=18, color="#bdbdbd", label="candidate")
+    if front:
+        ax.step([p["cost"] for p in front], [p["score"] for p in front], where="post", color="#3182bd", lw=1)
+        ax.scatter([p["cost"] for p in front], [p["score"] for p in front], s=26, color="#3182bd",
+                   label="quality-cost front")
+    for key, marker, color, label in (("initial", "s", "#636363", "initial"), ("returned", "*", "#e6550d", "returned")):
+        shown = [p for p in points if p.get(key)]
+        if shown:
+            ax.scatter([p["cost"] for p in shown], [p["score"] for p in shown], s=110, marker=marker,
+                       facecolors="none" if key == "initial" else color, edgecolors=color, label=label, zorder=3)
+    ax.set_xlabel(f"cost per answer ({cost_label})")
+    ax.set_ylabel("search score (1-5, in-sample)")
+    ax.set_title(title or "Quality and cost of the search's candidates")
+    ax.legend(fontsize=8, loc="lower right")
+    return save_figure(fig, path)

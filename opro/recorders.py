@@ -46,6 +46,17 @@ class RunDirRecorder(Recorder):
         )
         if result.validation is not None and result.validation.finalists:
             plot_optimism(optimism_points(result), path=out.optimism_plot)
+        if result.objective == "cost":
+            from opro.plots import plot_pareto
+            from opro.search.results import quality_cost_front
+
+            front = {r.trial_number for r in quality_cost_front(result.history)}
+            done = [r for r in result.history if r.status == "complete" and r.score is not None and r.cost is not None]
+            if done:
+                plot_pareto([{"label": r.instruction, "score": r.score, "cost": r.cost.cost,  # type: ignore[union-attr]
+                              "front": r.trial_number in front, "initial": r.instruction == result.initial_instruction,
+                              "returned": r.instruction == result.best_instruction} for r in done],
+                            path=out.pareto_plot, cost_label="USD" if done[0].cost.unit == "usd" else "task tokens")  # type: ignore[union-attr]
 
 
 __all__ = ["Recorder", "RunDirRecorder"]

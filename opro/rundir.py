@@ -7,7 +7,7 @@ the saved dataset, the newest comparison reports) are read here::
     OUTPUT_DIR/
       summary.json  history.jsonl  best_prompt.txt      what `opro optimize` returned
       plan.json                                         what it planned to ask (`opro plan`)
-      score_trajectory.png  optimism.png                its plots
+      score_trajectory.png  optimism.png  pareto.png    its plots (pareto.png: objective "cost")
       metaprompts/step_NNN.txt                          every meta-prompt sent to the optimizer
       split_record.json                                 the split the search saw (held-out guard)
       dataset/                                          the split golden dataset every command uses
@@ -36,6 +36,7 @@ BEST_PROMPT_FILE = "best_prompt.txt"
 PLAN_FILE = "plan.json"
 TRAJECTORY_PLOT = "score_trajectory.png"
 OPTIMISM_PLOT = "optimism.png"
+PARETO_PLOT = "pareto.png"
 METAPROMPTS_DIR = "metaprompts"
 SPLIT_RECORD_FILE = "split_record.json"
 DATASET_DIR = "dataset"
@@ -49,7 +50,7 @@ PROMOTIONS_FILE = "promotions.json"
 VALIDATION_ROWS_DIR = "validation_rows"
 
 #: What `opro optimize` writes at the top of the folder, in the order it is listed and logged.
-OPTIMIZE_OUTPUTS = (BEST_PROMPT_FILE, HISTORY_FILE, SUMMARY_FILE, TRAJECTORY_PLOT, OPTIMISM_PLOT)
+OPTIMIZE_OUTPUTS = (BEST_PROMPT_FILE, HISTORY_FILE, SUMMARY_FILE, TRAJECTORY_PLOT, OPTIMISM_PLOT, PARETO_PLOT)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class RunDir:
     @property
     def optimism_plot(self) -> Path:
         return self.root / OPTIMISM_PLOT
+
+    @property
+    def pareto_plot(self) -> Path:
+        return self.root / PARETO_PLOT
 
     @property
     def metaprompts(self) -> Path:

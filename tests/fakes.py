@@ -286,8 +286,9 @@ def keyword_optimizer(
 
 
 def history_of(result: Any) -> list[tuple[object, ...]]:
-    """What must not depend on workers or timing: every candidate's step, instruction, score, status, scores."""
-    return [(r.step, r.instruction, r.score, r.status, r.scores) for r in result.history]
+    """What must not depend on workers or timing: every candidate's step, instruction, score, status,
+    scores and cost per answer (a split candidate's parts bring their task calls' usage with them)."""
+    return [(r.step, r.instruction, r.score, r.status, r.scores, r.cost) for r in result.history]
 
 
 # -- a scripted experiment on disk (compare, genai, docs) -----------------------------------------------

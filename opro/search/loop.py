@@ -333,6 +333,7 @@ class Search:
             "wall_s": wall_s,
             "validation": validation,
             "rejected": self.study.rejections(),
+            "objective": self.settings.objective,
         }
         if validation is not None and not validation.finalists and initial_rec is not None:
             # Nothing to validate: the initial instruction, on the search score it has (validation

@@ -46,6 +46,8 @@ class ScoredInstruction:
     partial: bool = False
     n_scored: int = 0
     n_total: int = 0
+    #: Mean answer length (the task model's completion tokens), shown with ``objective = "cost"``.
+    answer_tokens: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,9 @@ class MetaPromptBuilder:
     answer_format: Literal["ins", "brackets"] = "ins"
     meta_template: str = DEFAULT_META_TEMPLATE
     max_exemplar_chars: int = 300
+    #: Show each instruction's mean answer length beside its score (``[optimizer].objective = "cost"``),
+    #: so the optimizer can propose wording that gets the same answers shorter.
+    show_length: bool = False
 
     def select_history(self, history: Sequence[ScoredInstruction]) -> list[ScoredInstruction]:
         """Best ``max_history`` distinct instructions at or above ``min_score``, ascending (best last)."""
@@ -95,6 +100,11 @@ class MetaPromptBuilder:
         return f"{score:.2f}"
 
     def score_description(self) -> str:
+        return self._score_description() + (
+            " Each instruction also shows its answers' mean length in tokens: shorter answers cost less, so an "
+            "instruction that keeps the score with shorter answers is better." if self.show_length else "")
+
+    def _score_description(self) -> str:
         if self.score_scale == "0-100":
             return (
                 "The score is a judge's mean correctness grade of the answers over an evaluation set, rescaled "
@@ -109,6 +119,8 @@ class MetaPromptBuilder:
         lines = [
             f"text:\n{item.instruction}\nscore:\n{self.format_score(item.score)}"
             + (f" (partial: stopped early after {item.n_scored} of {item.n_total} questions)" if item.partial else "")
+            + (f"\nanswer length:\n{item.answer_tokens:.0f} tokens"
+               if self.show_length and item.answer_tokens is not None else "")
             + "\n"
             for item in self.select_history(history)
         ]

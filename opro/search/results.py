@@ -6,9 +6,12 @@ was recorded (run directory, MLflow run) beside it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from opro.cost import CostSummary
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
 
@@ -31,6 +34,8 @@ class CandidateRecord:
     index: int = 0
     #: Its values of the open search dimensions (``[search.space]``; empty when only wording is searched).
     params: Mapping[str, int] = field(default_factory=dict)
+    #: Means per answered question of its task calls: tokens, seconds, cost (None: nothing answered).
+    cost: CostSummary | None = None
 
     @property
     def pruned(self) -> bool:
@@ -95,6 +100,12 @@ class ValidationResult:
     #: Made on questions whose verdict an earlier decision had drawn (``[optimizer].seen_validation =
     #: "label"``): an exploration, labelled so in ``verdict``; ``winner`` is None whatever the test said.
     re_decided: bool = False
+    #: ``[optimizer].objective``; with "cost", ``margin`` and ``saving``: the chosen finalist's cost per
+    #: answer against the initial configuration's on the confirmation questions (difference, its t
+    #: interval, the share saved; ``lower``: the interval is below 0).
+    objective: Literal["quality", "cost"] = "quality"
+    margin: float | None = None
+    saving: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,8 @@ class OptimizationResult:
     #: Paired validation difference to the initial instruction, only when it is significant,
     #: adjusted for having been claimed (``best_score`` is the initial instruction's confirmation
     #: mean plus it); the unadjusted one is the winner's ``difference_raw``.
+    #: With ``objective = "cost"`` it is the plain mean quality difference of a finalist shown not worse by
+    #: more than the margin and cheaper (it may be below 0; the claim and the saving are in ``validation``).
     gain: float | None = None
     gain_ci: tuple[float, float] | None = None
     validation: ValidationResult | None = None
@@ -133,6 +146,8 @@ class OptimizationResult:
     best_configuration: Mapping[str, Any] = field(default_factory=dict)
     #: Its values of the open search dimensions (empty when only wording was searched).
     best_params: Mapping[str, int] = field(default_factory=dict)
+    #: ``[optimizer].objective``: with "cost" the summary keeps the search's quality-cost front.
+    objective: Literal["quality", "cost"] = "quality"
 
     @property
     def validated(self) -> bool:
@@ -143,6 +158,11 @@ class OptimizationResult:
         if self.score_basis == "validation" and self.validation is not None:
             return f"validation score ({self.validation.n_questions} questions not used by the search)"
         return "search score (in-sample: the questions the search selected on; optimistic)"
+
+    def cost_of(self, instruction: str) -> CostSummary | None:
+        """A candidate's cost per answer on the search questions (its latest record)."""
+        found = [r.cost for r in self.history if r.instruction == instruction and r.cost is not None]
+        return found[-1] if found else None
 
     def headline(self) -> str:
         """One honest sentence: what was returned, on which data, and whether a gain is supported."""
@@ -172,12 +192,21 @@ class OptimizationResult:
             "initial_score": self.initial_score,
             # initial_score is the search's (in-sample); the validation stage's is validation.initial_score.
             "initial_score_basis": "search",
+            # Means per answered search question of the task calls (tokens, seconds, cost: opro.cost).
+            "cost": {name: None if c is None else c.as_dict() for name, c in (
+                ("returned", self.cost_of(self.best_instruction)), ("initial", self.cost_of(self.initial_instruction)))},
             "validation": None if v is None else {
-                **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner", "design")},
+                **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner", "design")
+                   # a quality decision's record stays as it was before objectives existed
+                   and not (v.objective == "quality" and k in ("objective", "margin", "saving"))},
                 "design": dict(v.design),
                 "finalists": [asdict(f) for f in v.finalists],
                 "winner": None if v.winner is None else v.winner.instruction,
             },
+            **({"pareto_front": [
+                {"instruction": r.instruction, "step": r.step, "index": r.index, "score": r.score,
+                 "cost": r.cost.cost if r.cost else None, "params": dict(r.params)}
+                for r in quality_cost_front(self.history)]} if self.objective == "cost" else {}),
             "n_candidates": len(self.history),
             "n_pruned": sum(1 for r in self.history if r.status == "pruned"),
             "rejected": list(self.rejected),
@@ -186,6 +215,21 @@ class OptimizationResult:
             "usage": self.usage,
             "wall_s": round(self.wall_s, 2),
         }
+
+
+def quality_cost_front(records: Sequence[CandidateRecord]) -> list[CandidateRecord]:
+    """The complete candidates no other beats on both score and cost per answer (at least as good on
+    both, better on one): the search's quality-cost (Pareto) front, cheapest first."""
+    done = [r for r in records if r.status == "complete" and r.score is not None and r.cost is not None]
+
+    def point(r: CandidateRecord) -> tuple[float, float]:
+        return (r.score or 0.0, r.cost.cost if r.cost is not None else math.inf)
+
+    def dominated(r: CandidateRecord) -> bool:
+        (s, c) = point(r)
+        return any(os >= s and oc <= c and (os > s or oc < c) for os, oc in map(point, done))
+
+    return sorted((r for r in done if not dominated(r)), key=lambda r: (point(r)[1], -point(r)[0], r.step, r.index))
 
 
 def merge_usage(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -227,4 +271,5 @@ __all__ = [
     "ValidationResult",
     "merge_usage",
     "optimism_points",
+    "quality_cost_front",
 ]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from opro.cost import CostModel
 from opro.engine import EvaluationEngine, Pair, Scored, answer_then_judge, role_limit
 from opro.errors import LLMError
 from opro.evaluation import Judge, Program, QAExample
@@ -60,9 +61,11 @@ class CandidateScorer:
 
     def __init__(
         self, *, program: Program, judge: Judge, template: Template, task_slots: int = 1, judge_slots: int | None = None,
-        space: SearchSpace | None = None,
+        space: SearchSpace | None = None, cost: CostModel | None = None,
     ) -> None:
         self.program = program
+        #: What an answer costs (:mod:`opro.cost`): each candidate's mean is kept beside its score.
+        self.cost = cost if cost is not None else CostModel()
         self.judge = judge
         self.prototype = template
         self.task_slots = max(1, task_slots)

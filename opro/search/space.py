@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 
@@ -80,6 +80,7 @@ class SearchSpace:
         sampler: str = "tpe",
         seed: int = 0,
         demo_source: str = "references",
+        objective: Literal["quality", "cost"] = "quality",
     ) -> None:
         unknown = sorted(set(dimensions) - set(DIMENSIONS))
         if unknown:
@@ -92,6 +93,9 @@ class SearchSpace:
         self.sampler = sampler
         self.seed = seed
         self.demo_source = demo_source
+        #: "cost": the sampler's study has two objectives (maximize the score, minimize the cost per
+        #: answer), so it proposes values from the quality-cost front, not from the score alone.
+        self.objective = objective
         if "demos" in self.choices and max(self.choices["demos"]) > len(self.demos):
             raise ConfigError(
                 f"[search.space].demos asks for up to {max(self.choices['demos'])} demonstrations, but the exemplar "
@@ -122,13 +126,16 @@ class SearchSpace:
         if not self.open or k <= 0:
             return [{} for _ in range(max(0, k))]
         dists = self.distributions()
-        sampling = optuna.create_study(direction="maximize", sampler=self._make_sampler(step))
+        by_cost = self.objective == "cost"
+        sampling = (optuna.create_study(directions=["maximize", "minimize"], sampler=self._make_sampler(step))
+                    if by_cost else optuna.create_study(direction="maximize", sampler=self._make_sampler(step)))
         for r in history:
             params = {n: r.params.get(n) for n in dists}
             if r.status != "complete" or r.score is None or any(
-                    v not in self.choices[n] for n, v in params.items()):
+                    v not in self.choices[n] for n, v in params.items()) or (by_cost and r.cost is None):
                 continue
-            sampling.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(r.score)))
+            values = [float(r.score), r.cost.cost] if by_cost and r.cost is not None else [float(r.score)]
+            sampling.add_trial(optuna.trial.create_trial(params=params, distributions=dists, values=values))
         # Asked trials stay running: TPE's constant liar counts them, so one step's picks spread out.
         return [{n: int(v) for n, v in sampling.ask(dists).params.items()} for _ in range(k)]
 

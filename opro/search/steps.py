@@ -21,6 +21,7 @@ from typing import Any
 import optuna
 
 from opro.config import OptimizerSection
+from opro.cost import CallUsage
 from opro.engine import Gate, Pair, Scored
 from opro.errors import LLMError, OproError
 from opro.evaluation import QAExample
@@ -67,6 +68,8 @@ class _Part:
     template: Template
     trial: optuna.trial.Trial
     got: dict[int, Outcome] = field(default_factory=dict)
+    #: Each answered question's task call (its cost), by question index.
+    usage: dict[int, CallUsage] = field(default_factory=dict)
     lost: bool = False
 
 
@@ -82,6 +85,8 @@ class _Live:
     lost: bool = False
     #: Results by question index as they arrive (a score, None for an invalid judgment, or the error).
     got: dict[int, Outcome] = field(default_factory=dict)
+    #: Each answered question's task call (its cost), by question index.
+    usage: dict[int, CallUsage] = field(default_factory=dict)
     #: Minibatches whose running mean was reported (the prefix of questions in ``scores``).
     reported: int = 0
     #: Running mean after each reported minibatch (what the study's intermediate values will hold).
@@ -329,6 +334,8 @@ class _StepRun:
                 return
             self.bar.advance()
             job.got[scored.pair.index] = CandidateScorer.outcome(scored, job.instruction)
+            if scored.error is None:
+                job.usage[scored.pair.index] = CallUsage.of(scored.row)
             if len(job.got) == job.hi - job.lo:
                 self.reports.append(self.bookkeeper.submit(self._finish_part, job))
             return
@@ -337,6 +344,8 @@ class _StepRun:
             return
         self.bar.advance()
         c.got[scored.pair.index] = CandidateScorer.outcome(scored, c.instruction)
+        if scored.error is None:
+            c.usage[scored.pair.index] = CallUsage.of(scored.row)
         self._report_ready(c)
 
     def _report_ready(self, c: _Live) -> None:
@@ -414,6 +423,7 @@ class _StepRun:
         outcomes = [job.got[i] for i in range(job.lo, job.hi)]
         try:
             self.study.finish_part(job.trial, part_scores=[_PART_ERROR if isinstance(r, LLMError) else r for r in outcomes],
+                                   part_usage=[job.usage.get(i) for i in range(job.lo, job.hi)],
                                    failed=any(isinstance(r, LLMError) for r in outcomes))
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             job.lost = True
@@ -443,6 +453,9 @@ class _StepRun:
                 for b, t in enumerate(parts):
                     for q, v in enumerate(t.part_scores):  # type: ignore[union-attr]
                         c.got[b * c.split + q] = _part_outcome(v)
+                    for q, u in enumerate(t.part_usage):  # type: ignore[union-attr]
+                        if u is not None:
+                            c.usage[b * c.split + q] = u
                 self._report_ready(c)
 
     # -- the run -----------------------------------------------------------------------------------
@@ -496,15 +509,17 @@ class _StepRun:
                 "candidate %r: only %d of %d questions scored validly (%d invalid, %d errors): not complete",
                 c.instruction[:60], n_scored, n_questions, n_invalid, c.n_errors,
             )
+        cost = self.owner.scorer.cost.summarize(c.usage[i] for i in sorted(c.usage))
         try:
             self.study.finish(c.trial, status=status, score=mean, n_scored=n_scored, n_invalid=n_invalid,
-                              n_errors=c.n_errors, scores=c.scores)
+                              n_errors=c.n_errors, scores=c.scores, cost=cost)
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             self._lost(c)
             return None
         return CandidateRecord(
             step=self.step, instruction=c.instruction, score=mean, n_scored=n_scored, n_invalid=n_invalid,
             n_errors=c.n_errors, status=status, trial_number=c.trial.number, scores=tuple(c.scores), index=c.index,
+            cost=cost,
         )
 
 

@@ -19,6 +19,7 @@ Study attributes::
     sample:<step>:<tag>:<i>   a sample's text (or its error) asked by the worker it was dealt to
     stopped:<step>            worker 0 stopped the search before this step (reason, token)
     validation:<sha>:<sha>    a prompt's per-question scores on a batch of validation questions
+    validation_cost:<sha>:<sha>  the same answers' costs (:mod:`opro.cost`; None where a call failed)
     validation_design         the validation decision's design (alpha, looks, finalists, questions)
     validation_looks          every look of that decision (statistic, boundary, p-value, decision)
     validation_history        earlier decisions of the study on other validation questions (design, looks)
@@ -31,8 +32,10 @@ Study attributes::
 
 Trial parameters: the candidate's values of the open search dimensions (``demos``, ``top_k``, ...).
 Trial attributes: ``instruction step index worker host claim`` (the claim), ``part`` and ``parts``
-(split candidates), ``part_scores``, ``scores`` (per question, as the racing pruner reads them) and
-the result ``score n_scored n_invalid n_errors status``.
+(split candidates), ``part_scores`` and ``part_usage`` (a part's task calls: prompt and completion
+tokens, seconds), ``scores`` (per question, as the racing pruner reads them) and the result
+``score n_scored n_invalid n_errors status cost`` (``cost``: :class:`opro.cost.CostSummary` as a dict,
+means per answered question).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from typing import Any
 
 import optuna
 
+from opro.cost import CallUsage, CostSummary
 from opro.errors import ConfigError
 from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest
 from opro.locking import lease_alive, waiting_lock
@@ -206,6 +210,8 @@ class CandidateTrial:
     n_errors: int
     scores: tuple[float | None, ...]
     params: Mapping[str, Any] = field(default_factory=dict)
+    part_usage: tuple[CallUsage | None, ...] = ()
+    cost: CostSummary | None = None
 
     @classmethod
     def of(cls, t: optuna.trial.FrozenTrial) -> CandidateTrial:
@@ -220,6 +226,8 @@ class CandidateTrial:
             n_scored=int(a.get("n_scored", 0)), n_invalid=int(a.get("n_invalid", 0)),
             n_errors=int(a.get("n_errors", 0)), scores=tuple(a.get("scores") or ()),
             params=MappingProxyType(dict(t.params)),
+            part_usage=tuple(None if u is None else CallUsage.from_list(u) for u in a.get("part_usage") or ()),
+            cost=CostSummary.from_dict(a["cost"]) if isinstance(a.get("cost"), Mapping) else None,
         )
 
     @property
@@ -447,7 +455,7 @@ class SearchStudy:
             out.append(CandidateRecord(
                 step=t.step, instruction=str(t.instruction), score=t.score, n_scored=t.n_scored,
                 n_invalid=t.n_invalid, n_errors=t.n_errors, status=status, trial_number=t.number,
-                scores=t.scores, index=t.index, params=dict(t.params),
+                scores=t.scores, index=t.index, params=dict(t.params), cost=t.cost,
             ))
         # A rerun re-evaluates failed and budget-stopped candidates: the latest attempt stands.
         latest: dict[tuple[int, str], CandidateRecord] = {}
@@ -494,10 +502,11 @@ class SearchStudy:
         trial.report(mean, minibatch)
 
     def finish(self, trial: optuna.trial.Trial, *, status: CandidateStatus, score: float | None, n_scored: int,
-               n_invalid: int, n_errors: int, scores: Sequence[float | None]) -> None:
+               n_invalid: int, n_errors: int, scores: Sequence[float | None], cost: CostSummary | None = None) -> None:
         """A candidate's result: COMPLETE with its mean, PRUNED, or FAIL (failed / incomplete)."""
         for k, v in {"score": score, "n_scored": n_scored, "n_invalid": n_invalid, "n_errors": n_errors,
-                     "status": status, "scores": list(scores)}.items():
+                     "status": status, "scores": list(scores),
+                     **({} if cost is None else {"cost": cost.as_dict()})}.items():
             trial.set_user_attr(k, v)
         if status == "complete":
             self.optuna.tell(trial, score)
@@ -506,10 +515,12 @@ class SearchStudy:
         else:
             self.optuna.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
-    def finish_part(self, trial: optuna.trial.Trial, *, part_scores: Sequence[Any], failed: bool) -> None:
+    def finish_part(self, trial: optuna.trial.Trial, *, part_scores: Sequence[Any], failed: bool,
+                    part_usage: Sequence[CallUsage | None] = ()) -> None:
         """A part's outcomes, for the candidate's owner to add up. A part is never a result of its own
         (FAIL); "failed" stands only while its worker runs: a rerun asks the part's questions again."""
         trial.set_user_attr("part_scores", list(part_scores))
+        trial.set_user_attr("part_usage", [None if u is None else u.as_list() for u in part_usage])
         trial.set_user_attr("status", "failed" if failed else "complete")
         self.optuna.tell(trial, state=optuna.trial.TrialState.FAIL)
 
@@ -522,6 +533,14 @@ class SearchStudy:
 
     def save_validation_scores(self, instruction: str, queries: Sequence[str], scores: Sequence[float | None]) -> None:
         self.optuna.set_user_attr(_validation_key(instruction, queries), list(scores))
+
+    def validation_costs(self, instruction: str, queries: Sequence[str]) -> list[float | None] | None:
+        """The costs of the answers whose scores :meth:`validation_scores` gives (None: not kept)."""
+        stored = self.optuna.user_attrs.get("validation_cost:" + _validation_key(instruction, queries).split(":", 1)[1])
+        return None if stored is None else list(stored)
+
+    def save_validation_costs(self, instruction: str, queries: Sequence[str], costs: Sequence[float | None]) -> None:
+        self.optuna.set_user_attr("validation_cost:" + _validation_key(instruction, queries).split(":", 1)[1], list(costs))
 
     def validation_design(self) -> dict[str, Any] | None:
         stored = self.optuna.user_attrs.get("validation_design")

@@ -49,7 +49,7 @@ from opro.evaluation import QAExample
 from opro.evaluation_types import EvaluationRow
 from opro.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now, short_hashes
 from opro.search.metaprompt import normalize_instruction
-from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult
+from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult, quality_cost_front
 from opro.search.scoring import CandidateScorer
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
 from opro.sequential import Look, conditional_estimate, decide, look_sizes, t_interval
@@ -104,20 +104,24 @@ def score_on(
     on_validated: OnValidated,
     min_coverage: float = 0.0,
     progress: bool = True,
+    costs: dict[str, list[float | None]] | None = None,
 ) -> dict[str, list[float | None]]:
     """Per-question validation scores of each (label, instruction) on ``examples``, kept in the study
     (keyed by the prompt and the questions) so a rerun asks nothing. ``on_validated(label,
     instruction, rows)`` as soon as all of a prompt's questions are scored without an LLM error and
     with valid judge replies on at least ``min_coverage`` of them; a prompt short of either is not
     kept, and a rerun asks it again (as the search does an ``incomplete`` candidate); ``rows`` are its
-    answers and verdicts, in order."""
+    answers and verdicts, in order. ``costs``, when given, receives each prompt's per-answer costs
+    (:mod:`opro.cost`; None where a call failed or, for scores kept before costs were, unknown)."""
     queries = [e.query for e in examples]
+    costs = {} if costs is None else costs
     out: dict[str, list[float | None]] = {}
     todo: list[tuple[str, str]] = []
     for label, ins in prompts:
         stored = study.validation_scores(ins, queries)
         if stored is not None and len(stored) == len(examples):
             out[ins] = stored
+            costs[ins] = study.validation_costs(ins, queries) or [None] * len(examples)
         else:
             todo.append((label, ins))
 
@@ -125,6 +129,7 @@ def score_on(
         label, ins = todo[k]
         results = [scorer.outcome(s, ins) for s in scored]
         out[ins] = [None if isinstance(r, LLMError) else r for r in results]
+        costs[ins] = scorer.cost.per_answer([s.row for s in scored])
         valid = sum(x is not None for x in out[ins])
         if any(isinstance(r, LLMError) for r in results):  # a rerun retries the questions that failed
             return
@@ -133,6 +138,7 @@ def score_on(
             logger.warning("validation of %s: %d of %d judge replies were unreadable (min_coverage %g): not kept; "
                            "the next run asks them again", label, len(results) - valid, len(results), min_coverage)
             return
+        study.save_validation_costs(ins, queries, costs[ins])  # first: kept scores always have their costs
         study.save_validation_scores(ins, queries, out[ins])
         on_validated(label, ins, tuple(s.row for s in scored))
 
@@ -228,6 +234,51 @@ def refuse_seen(
             return
 
 
+def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: float) -> list[CandidateRecord]:
+    """Finalists of ``objective = "cost"``, cheapest first: the complete candidates cheaper per answer
+    than the initial configuration and not clearly worse, kept only where no other such candidate is
+    both as cheap and as good and better in one (the search's quality-cost front). Not clearly worse:
+    the upper end of the paired 95% t interval of its search scores minus the initial one's (question
+    by question) is above ``-margin``; with fewer than 2 pairs, its mean is. A handful of search
+    questions cannot show that a cheaper candidate is as good, only that it is clearly worse, so this
+    only chooses what the confirmation tests; it claims nothing."""
+    key = normalize_instruction(initial)
+    done = [r for r in history if r.status == "complete" and r.score is not None and r.cost is not None]
+    base = next((r for r in done if normalize_instruction(r.instruction) == key), None)
+    if base is None:
+        return []
+
+    def not_clearly_worse(r: CandidateRecord) -> bool:
+        a, b = paired_valid(list(r.scores), list(base.scores))
+        ci = t_interval([x - y for x, y in zip(a, b, strict=True)])
+        if ci is None:
+            return (r.score or 0.0) >= (base.score or 0.0) - margin
+        return ci[1] > -margin
+
+    ok = [r for r in done if normalize_instruction(r.instruction) != key
+          and r.cost.cost < base.cost.cost and not_clearly_worse(r)]  # type: ignore[union-attr]
+    return quality_cost_front(ok)
+
+
+def _saving(pick: Sequence[float | None], initial: Sequence[float | None], *, unit: str) -> dict[str, Any] | None:
+    """The chosen finalist's cost per answer against the initial configuration's, paired on the
+    confirmation questions both answered: the mean difference with its t interval, and as a share of
+    the initial mean (the interval divided by that mean, taken as known: a first-order interval)."""
+    pairs = [(x, y) for x, y in zip(pick, initial, strict=True) if x is not None and y is not None]
+    if not pairs:
+        return None
+    diffs = [x - y for x, y in pairs]
+    base = sum(y for _, y in pairs) / len(pairs)
+    mean, ci = sum(diffs) / len(diffs), t_interval(diffs)
+    return {
+        "unit": unit, "n_pairs": len(pairs), "initial_cost": base, "difference": mean,
+        "difference_ci": None if ci is None else list(ci),
+        "relative": -mean / base if base else None,
+        "relative_ci": None if ci is None or not base else [-ci[1] / base, -ci[0] / base],
+        "lower": ci is not None and ci[1] < 0,
+    }
+
+
 def _mean(values: Sequence[float | None]) -> float | None:
     valid = [x for x in values if x is not None]
     return sum(valid) / len(valid) if valid else None
@@ -258,15 +309,23 @@ def validate(
     s = settings
     initial_key = normalize_instruction(initial)
     complete = [r for r in history if r.status == "complete" and r.score is not None]
-    finalists = sorted(
-        (r for r in complete if normalize_instruction(r.instruction) != initial_key),
-        key=lambda r: (-(r.score or 0.0), r.step, r.index),
-    )[: s.finalists]
+    by_cost = s.objective == "cost"
+    if by_cost:
+        finalists = cost_finalists(history, initial=initial, margin=s.margin)[: s.finalists]
+    else:
+        finalists = sorted(
+            (r for r in complete if normalize_instruction(r.instruction) != initial_key),
+            key=lambda r: (-(r.score or 0.0), r.step, r.index),
+        )[: s.finalists]
     n = len(validation_set)
     if not finalists:
         return ValidationResult(
             n_questions=0, alpha=s.alpha, initial_score=None, initial_ci=None, initial_scores=(), finalists=(),
-            winner=None, verdict="no candidate besides the initial instruction completed the search: nothing to validate",
+            winner=None, verdict=(
+                f"no candidate of the search was cheaper per answer than the initial configuration without being "
+                f"clearly worse than it by more than {s.margin:g} on the search questions: nothing to validate" if by_cost else
+                "no candidate besides the initial instruction completed the search: nothing to validate"),
+            objective=s.objective, margin=s.margin if by_cost else None,
         )
     n_sel, _ = split_sizes(s, n, len(finalists))
     selection, confirmation = list(validation_set[:n_sel]), list(validation_set[n_sel:])
@@ -286,6 +345,12 @@ def validate(
     if extension:  # absent otherwise, so that designs recorded before extensions existed still match
         design["extension"] = len(extension)
         design["extension_questions"] = questions_key([e.query for e in extension])
+    if by_cost:  # absent with "quality", so that designs recorded before objectives existed keep their key
+        design["objective"], design["margin"] = "cost", s.margin
+        design["procedure"] = (
+            "chosen finalist vs initial: non-inferiority by the margin (differences shifted by it), group-sequential "
+            "one-sided sign-flip test, O'Brien-Fleming-type alpha spending, non-binding futility; and a lower cost "
+            "per answer on the same questions (paired t interval below 0)")
     design["min_coverage"] = s.min_coverage
 
     def keyed(design: dict[str, Any]) -> dict[str, Any]:
@@ -334,6 +399,12 @@ def validate(
             return (total / max(1, f.n_scored + len(valid)), -k)  # ties to the better search rank
 
         chosen = max(range(len(finalists)), key=pooled)
+        if by_cost:
+            # The cheapest finalist (they are in cost order) still within the margin of the initial
+            # configuration's search score on its pooled questions; else the best by quality.
+            base = next((r.score for r in complete if normalize_instruction(r.instruction) == initial_key), None)
+            within = [k for k in range(len(finalists)) if base is not None and pooled(k)[0] >= base - s.margin]
+            chosen = within[0] if within else chosen
     pick = finalists[chosen]
     pick_label = labels[1 + chosen][0]
 
@@ -341,6 +412,14 @@ def validate(
     pairs = [("initial", initial), (pick_label, pick.instruction)]
     init_scores: list[float | None] = []
     pick_scores: list[float | None] = []
+    init_costs: list[float | None] = []
+    pick_costs: list[float | None] = []
+    # Non-inferiority tests H0: mean(finalist - initial) <= -margin on the differences shifted by
+    # +margin. The sign-flip test is exact under H0 when the two prompts' scores of a question are
+    # exchangeable (margin 0); for a margin it needs the differences symmetric about their mean (a
+    # location shift of a symmetric law), which holds approximately for paired judge scores; the
+    # error rate over all looks is measured in experiments/bench_selection.py, not assumed.
+    shift = s.margin if by_cost else 0.0
     looks: list[Look] = []
     seen: list[int] = []
     start = 0
@@ -350,21 +429,24 @@ def validate(
         start = size
         for label, ins in pairs:
             rows.expect(label, ins)
+        batch_costs: dict[str, list[float | None]] = {}
         got = score_on(study, scorer, pairs, batch, on_validated=collect, min_coverage=s.min_coverage,
-                       progress=progress)
+                       progress=progress, costs=batch_costs)
+        init_costs += batch_costs.get(initial) or [None] * len(batch)
+        pick_costs += batch_costs.get(pick.instruction) or [None] * len(batch)
         unkept += sum(sum(x is None for x in got[ins]) for _, ins in pairs
                       if study.validation_scores(ins, [e.query for e in batch]) is None)
         init_scores += got[initial]
         pick_scores += got[pick.instruction]
         a, b = paired_valid(pick_scores, init_scores)
         seen.append(len(a))
-        look = decide([x - y for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(confirmation),
+        look = decide([x - y + shift for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(confirmation),
                       last=k == len(sizes), earlier=[x.boundary for x in looks], alpha=s.alpha,
                       futility=s.futility, seed=seed)
         looks.append(look)
         study.save_validation_look(look.as_dict())
         logger.info("validation look %d/%d: %d pairs, mean difference %+.2f, p=%.3g: %s",
-                    k, len(sizes), look.n, look.mean_difference, look.p_value, look.decision)
+                    k, len(sizes), look.n, look.mean_difference - shift, look.p_value, look.decision)
         if look.decision != "continue":
             break
     rows.finish(on_validated)
@@ -375,10 +457,13 @@ def validate(
     a, b = paired_valid(pick_scores, init_scores)
     diffs = [x - y for x, y in zip(a, b, strict=True)]
     tested = bool(covered and final.decision == "success")  # what the test says
-    claimed = tested and reuse is None  # a re-decided decision is an exploration: it claims nothing
+    saving = _saving(pick_costs, init_costs, unit=scorer.cost.unit) if by_cost else None
+    cheaper = bool(saving and saving["lower"])
+    # A re-decided decision is an exploration: it claims nothing. A cost claim needs both halves.
+    claimed = tested and reuse is None and (cheaper or not by_cost)
     raw = sum(diffs) / len(diffs) if diffs else None
     difference, difference_ci = raw, t_interval(diffs)
-    if claimed and len(diffs) >= 2:
+    if claimed and len(diffs) >= 2 and not by_cost:
         # Among claims the plain mean is inflated (a claim is made when the sample looked good):
         # report the gain adjusted for having been claimed, with its conditional interval.
         est = conditional_estimate(diffs, sizes=sizes, alpha=s.alpha, futility=s.futility, seed=seed)
@@ -416,7 +501,29 @@ def validate(
         why = (f"sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}" if tested  # (re-decided: not claimed)
                else f"only {len(diffs)} of {asked} questions scored validly (min_coverage {s.min_coverage:g})")
     shown = "n/a" if d is None else f"{d:+.2f}"
-    if winner is not None:
+    if by_cost:
+        unit = "USD" if scorer.cost.unit == "usd" else f"task tokens, completion x{scorer.cost.completion_weight:g}"
+        quality = (f"quality {shown}" + (f" [{lo:+.2f}, {hi:+.2f}]" if records[chosen].difference_ci else ""))
+        if saving is None:
+            saved = "cost per answer not measured on these questions"
+        elif saving["relative"] is None or saving["relative_ci"] is None:
+            saved = f"cost per answer {saving['difference']:+.3g} ({unit})"
+        else:
+            r_lo, r_hi = saving["relative_ci"]
+            saved = f"{saving['relative']:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
+        why = {"futility": f"stopped for futility: not above -{s.margin:g}",
+               "end": f"non-inferiority not shown: sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",
+               }.get(final.decision, why)
+        if tested and not cheaper:
+            why = "not worse by more than the margin, but its cost per answer was not lower on the same questions"
+    if by_cost and winner is not None:
+        verdict = (f"{saved}; {quality}, not worse by more than {s.margin:g} (p = {final.p_value:.2g}): a cheaper "
+                   f"finalist on validation questions that did not choose it ({how})")
+    elif by_cost and reuse is None:
+        verdict = (f"no finalist was shown cheaper and not worse than the initial configuration by more than "
+                   f"{s.margin:g} ({how}: {saved}; {quality}; {why}): the initial configuration is returned and no "
+                   "saving is claimed")
+    elif winner is not None:
         verdict = (f"a finalist beat the initial instruction on validation questions that did not choose it "
                    f"({how}; sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}); its gain, adjusted "
                    f"for having been claimed: {d:+.2f} (95% CI {lo:+.2f} to {hi:+.2f}; unadjusted {raw:+.2f})")
@@ -452,7 +559,10 @@ def validate(
         design={k: v for k, v in design.items() if k not in ("finalists", "initial")},
         selection_questions=n_sel,
         re_decided=reuse is not None,
+        objective=s.objective,
+        margin=s.margin if by_cost else None,
+        saving=saving,
     )
 
 
-__all__ = ["confirmation_looks", "max_calls", "refuse_seen", "score_on", "split_sizes", "validate", "validation_prompts"]
+__all__ = ["confirmation_looks", "cost_finalists", "max_calls", "refuse_seen", "score_on", "split_sizes", "validate", "validation_prompts"]

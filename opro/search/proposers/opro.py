@@ -27,7 +27,8 @@ class OproProposer(SamplingProposer):
         # Pruned candidates stay visible with their running mean, marked partial.
         scored = [
             ScoredInstruction(r.instruction, r.score, partial=r.partial, n_scored=len(r.scores),
-                              n_total=context.n_questions)
+                              n_total=context.n_questions,
+                              answer_tokens=None if r.cost is None else r.cost.completion_tokens)
             for r in context.history
             if r.score is not None and r.status in ("complete", "pruned")
         ]
@@ -47,7 +48,7 @@ def build(*, llm: ChatClient, settings: OptimizerSection, template_text: str, se
         llm=llm,
         builder=MetaPromptBuilder(template_text=template_text, max_history=settings.max_history,
                                   min_score=settings.min_history_score, score_scale=settings.score_scale,
-                                  answer_format=settings.answer_format),
+                                  answer_format=settings.answer_format, show_length=settings.objective == "cost"),
         picker=ExemplarPicker(strategy=strategy, k=settings.exemplars, seed=seed),
         temperature=settings.temperature, max_tokens=settings.max_tokens,
         max_instruction_chars=settings.max_instruction_chars, answer_format=settings.answer_format,

@@ -1,0 +1,188 @@
+"""What an answer costs: one definition for every caller (the search's candidates, ``opro compare``).
+
+An answer's cost is its task-model call: money where the task model has prices (USD per million
+prompt / completion tokens: ``[models.task].price_prompt`` / ``price_completion``, else the usage
+ledger's built-in table), otherwise *task tokens*, prompt + ``completion_weight`` x completion,
+because decoding a token is slower and dearer than reading one (``[optimizer].completion_weight``).
+Only answered questions count: a failed call has no answer, so it has no cost per answer either;
+an answer the judge could not read was still paid for, so it counts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+CostUnit = Literal["usd", "tokens"]
+
+
+class AnsweredCall(Protocol):
+    """What the cost reads of an answered question (:class:`opro.evaluation_types.EvaluationRow`)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def latency_s(self) -> float: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class CostSummary:
+    """Means per answered question: prompt and completion tokens, seconds of the task call, cost."""
+
+    n: int
+    prompt_tokens: float
+    completion_tokens: float
+    seconds: float
+    cost: float
+    unit: CostUnit
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "seconds": self.seconds, "cost": self.cost, "unit": self.unit}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostSummary:
+        return cls(n=int(data["n"]), prompt_tokens=float(data["prompt_tokens"]),
+                   completion_tokens=float(data["completion_tokens"]), seconds=float(data["seconds"]),
+                   cost=float(data["cost"]), unit="usd" if data.get("unit") == "usd" else "tokens")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """How tokens become a cost. Prices in USD per million tokens (both or neither)."""
+
+    price_prompt: float | None = None
+    price_completion: float | None = None
+    completion_weight: float = 4.0
+
+    def __post_init__(self) -> None:
+        if (self.price_prompt is None) != (self.price_completion is None):
+            raise ValueError("give both prices (USD per million prompt and completion tokens), or neither")
+        if not math.isfinite(self.completion_weight) or self.completion_weight < 0:
+            raise ValueError(f"completion_weight must be a number >= 0, got {self.completion_weight!r}")
+
+    @property
+    def unit(self) -> CostUnit:
+        return "tokens" if self.price_prompt is None else "usd"
+
+    def of(self, *, prompt_tokens: float, completion_tokens: float) -> float:
+        """One answer's cost: USD with prices, else weighted task tokens."""
+        if self.price_prompt is not None and self.price_completion is not None:
+            return (prompt_tokens * self.price_prompt + completion_tokens * self.price_completion) / 1e6
+        return prompt_tokens + self.completion_weight * completion_tokens
+
+    def per_answer(self, rows: Iterable[AnsweredCall]) -> list[float | None]:
+        """Each row's cost, None where the call failed (no answer): what paired differences read."""
+        return [None if r.error is not None else self.of(prompt_tokens=r.prompt_tokens,
+                                                         completion_tokens=r.completion_tokens) for r in rows]
+
+    def summarize(self, rows: Iterable[AnsweredCall]) -> CostSummary | None:
+        """Means over the answered rows; None when none was answered."""
+        answered = [r for r in rows if r.error is None]
+        if not answered:
+            return None
+        prompt = statistics.fmean(r.prompt_tokens for r in answered)
+        completion = statistics.fmean(r.completion_tokens for r in answered)
+        return CostSummary(
+            n=len(answered), prompt_tokens=prompt, completion_tokens=completion,
+            seconds=statistics.fmean(r.latency_s for r in answered),
+            # The cost is linear in the tokens, so the cost of the means is the mean of the costs.
+            cost=self.of(prompt_tokens=prompt, completion_tokens=completion), unit=self.unit,
+        )
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A paired mean difference (prompt - baseline) over the questions both answered, with its
+    Student t interval (None below 2 pairs)."""
+
+    estimate: float
+    ci: tuple[float, float] | None
+    n: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"estimate": self.estimate, "low": None if self.ci is None else self.ci[0],
+                "high": None if self.ci is None else self.ci[1], "n": self.n}
+
+    def text(self, digits: int = 0) -> str:
+        ci = "" if self.ci is None else f" [{self.ci[0]:+.{digits}f}, {self.ci[1]:+.{digits}f}]"
+        return f"{self.estimate:+.{digits}f}{ci}"
+
+
+@dataclass(frozen=True)
+class CostDifference:
+    """A prompt's cost per answer against a baseline's, paired on the questions both answered:
+    tokens (prompt + completion, unweighted), seconds and cost."""
+
+    tokens: Difference
+    seconds: Difference
+    cost: Difference
+    #: The baseline's mean cost on those questions (what a relative saving is a share of).
+    baseline_cost: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens.as_dict(), "seconds": self.seconds.as_dict(), "cost": self.cost.as_dict(),
+                "baseline_cost": self.baseline_cost}
+
+
+def _difference(values: list[float], *, level: float) -> Difference:
+    from opro.sequential import t_interval
+
+    return Difference(estimate=statistics.fmean(values), ci=t_interval(values, level=level), n=len(values))
+
+
+def paired_difference(rows: Sequence[AnsweredCall], baseline: Sequence[AnsweredCall], *, model: CostModel,
+                      level: float = 0.95) -> CostDifference | None:
+    """``rows`` - ``baseline``, question by question (the same questions in the same order), over the
+    questions both answered; None when there is no such question."""
+    if len(rows) != len(baseline):
+        raise ValueError(f"paired rows differ in length: {len(rows)} and {len(baseline)}")
+    pairs = [(a, b) for a, b in zip(rows, baseline, strict=True) if a.error is None and b.error is None]
+    if not pairs:
+        return None
+
+    def tokens(r: AnsweredCall) -> float:
+        return float(r.prompt_tokens + r.completion_tokens)
+
+    def cost(r: AnsweredCall) -> float:
+        return model.of(prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens)
+
+    return CostDifference(
+        tokens=_difference([tokens(a) - tokens(b) for a, b in pairs], level=level),
+        seconds=_difference([a.latency_s - b.latency_s for a, b in pairs], level=level),
+        cost=_difference([cost(a) - cost(b) for a, b in pairs], level=level),
+        baseline_cost=statistics.fmean(cost(b) for _, b in pairs),
+    )
+
+
+@dataclass(frozen=True)
+class CallUsage:
+    """An answered call's usage on its own (what the search keeps per question)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    error: str | None = None
+
+    @classmethod
+    def of(cls, row: AnsweredCall) -> CallUsage:
+        return cls(int(row.prompt_tokens), int(row.completion_tokens), float(row.latency_s), row.error)
+
+    def as_list(self) -> list[float]:
+        return [self.prompt_tokens, self.completion_tokens, self.latency_s]
+
+    @classmethod
+    def from_list(cls, value: Any) -> CallUsage:
+        prompt, completion, seconds = value
+        return cls(int(prompt), int(completion), float(seconds))
+
+
+__all__ = ["AnsweredCall", "CallUsage", "CostDifference", "CostModel", "CostSummary", "CostUnit", "Difference",
+           "paired_difference"]

@@ -1,0 +1,285 @@
+"""What an answer costs (issue 50): one definition (opro.cost), kept per candidate by the search
+(history, study, MLflow, summary.json) and per prompt by ``opro compare``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fakes import experiment_config, scripted_pool
+
+from opro.config import config_from_dict
+from opro.cost import CostModel
+from opro.errors import ConfigError
+from opro.evaluation import EvaluationRow
+from opro.experiment import Experiment, RunResult
+
+
+def _row(prompt: int, completion: int, seconds: float, error: str | None = None) -> EvaluationRow:
+    return EvaluationRow(query="q", reference="r", prompt_tokens=prompt, completion_tokens=completion,
+                         latency_s=seconds, error=error)
+
+
+def test_cost_is_weighted_task_tokens_without_prices_and_money_with_them() -> None:
+    rows = [_row(100, 10, 1.0), _row(300, 30, 3.0), _row(0, 0, 0.0, error="LLMTimeoutError: no answer")]
+    tokens = CostModel(completion_weight=4).summarize(rows)
+    assert tokens is not None
+    # The failed call has no answer: it is in no mean.
+    assert (tokens.n, tokens.prompt_tokens, tokens.completion_tokens, tokens.seconds) == (2, 200.0, 20.0, 2.0)
+    assert tokens.cost == 200 + 4 * 20 and tokens.unit == "tokens"
+    assert CostModel(completion_weight=4).per_answer(rows) == [140.0, 420.0, None]
+    usd = CostModel(price_prompt=1.0, price_completion=10.0).summarize(rows)
+    assert usd is not None and usd.unit == "usd" and usd.cost == pytest.approx((200 * 1.0 + 20 * 10.0) / 1e6)
+    assert CostModel().summarize([_row(1, 1, 1.0, error="x")]) is None
+
+
+def test_the_config_prices_the_task_model_or_weighs_its_tokens(tmp_path: Path) -> None:
+    cfg = experiment_config(tmp_path, optimizer={"completion_weight": 2.5})
+    model = config_from_dict(cfg, base_dir=tmp_path).cost_model()
+    assert (model.unit, model.completion_weight) == ("tokens", 2.5)
+    cfg["models"]["task"].update(price_prompt=0.5, price_completion=2.0)
+    model = config_from_dict(cfg, base_dir=tmp_path).cost_model()
+    assert (model.unit, model.price_prompt, model.price_completion) == ("usd", 0.5, 2.0)
+    cfg["optimizer"]["completion_weight"] = -1
+    with pytest.raises(ConfigError, match=r"\[optimizer\]\.completion_weight"):
+        config_from_dict(cfg, base_dir=tmp_path)
+
+
+def _optimize(tmp_path: Path, output_dir: str) -> tuple[Experiment, RunResult]:
+    cfg = experiment_config(tmp_path, experiment={"output_dir": output_dir})
+    exp = Experiment(config_from_dict(cfg, base_dir=tmp_path, source="test.toml"), pool=scripted_pool(), progress=False)
+    try:
+        return exp, exp.optimize()
+    finally:
+        exp.close()
+
+
+def test_every_candidate_keeps_its_cost_per_answer_in_history_study_mlflow_and_summary(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    exp, result = _optimize(tmp_path, "out")
+    out = tmp_path / "out"
+    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert history and all(r["cost"] is not None for r in history)
+    for r in history:
+        c = r["cost"]
+        # The scripted task model counts words: "Using the context: yes." (4) under a "context"
+        # instruction, "Yes." (1) otherwise.
+        assert c["completion_tokens"] == (4.0 if "context" in r["instruction"].lower() else 1.0)
+        assert c["cost"] == pytest.approx(c["prompt_tokens"] + 4 * c["completion_tokens"]) and c["unit"] == "tokens"
+        assert c["n"] == r["n_scored"] + r["n_invalid"] and c["prompt_tokens"] > 0 and c["seconds"] > 0
+    # The study holds the same figures (what a resume and `opro compare best` read).
+    from opro.search import SearchStudy
+    from opro.search.study import open_storage
+
+    study = SearchStudy.open(open_storage(exp.config.optuna_storage), name=result.study_name)
+    assert [r.cost.as_dict() if r.cost else None for r in study.records()] == [r["cost"] for r in history]
+    summary = json.loads((out / "summary.json").read_text())
+    returned = next(r["cost"] for r in history if r["instruction"] == summary["best_instruction"])
+    initial = next(r["cost"] for r in history if r["instruction"] == summary["initial_instruction"])
+    assert summary["cost"] == {"returned": returned, "initial": initial}
+    assert returned["completion_tokens"] > initial["completion_tokens"]  # "context" answers are longer here
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    run = MlflowClient(tracking_uri=uri).get_run(result.mlflow_run_id)
+    client = MlflowClient(tracking_uri=uri)
+    logged = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "candidate_completion_tokens"),
+                                      key=lambda m: m.step)]
+    assert logged == [r["cost"]["completion_tokens"] for r in history]
+    assert len(client.get_metric_history(run.info.run_id, "candidate_cost")) == len(history)
+
+    # Answered again from the call cache (another output folder, the same cache file): the cached
+    # copy of each call keeps the tokens it cost, so every figure is the same.
+    _, again = _optimize(tmp_path, "out2")
+    assert again.usage["task"]["calls"] == 0 and again.usage["task"]["cache_hits"] > 0
+    second = [json.loads(line) for line in (tmp_path / "out2" / "history.jsonl").read_text().splitlines()]
+    assert [r["cost"] for r in second] == [r["cost"] for r in history]
+
+
+def test_compare_shows_each_prompts_tokens_and_seconds_per_answer_and_the_paired_differences(tmp_path: Path) -> None:
+    from fakes import optimized
+
+    from opro.compare import compare_prompts, save_comparison
+
+    config = optimized(tmp_path)
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"], n_resamples=200)
+        saved = save_comparison(report, experiment=exp, name="cost", mlflow=False)
+    finally:
+        exp.close()
+    initial, best = report.prompts
+    assert initial.cost is not None and best.cost is not None
+    # "Yes." against "Using the context: yes.", on every one of the 10 held-out questions.
+    assert (initial.cost.completion_tokens, best.cost.completion_tokens, best.cost.n) == (1.0, 4.0, 10)
+    v = report.versus[1]
+    assert v is not None and v.cost is not None and v.cost.tokens.n == 10
+    more = (best.cost.prompt_tokens + best.cost.completion_tokens) - (initial.cost.prompt_tokens + initial.cost.completion_tokens)
+    assert v.cost.tokens.estimate == pytest.approx(more) and more > 3
+    assert v.cost.tokens.ci is not None and v.cost.tokens.ci[0] <= v.cost.tokens.estimate <= v.cost.tokens.ci[1]
+    assert v.cost.cost.estimate == pytest.approx(best.cost.cost - initial.cost.cost)
+    data = json.loads((saved.directory / "report.json").read_text())
+    assert data["prompts"][1]["cost"]["completion_tokens"] == 4.0
+    assert data["prompts"][1]["versus_baseline"]["cost_difference"]["tokens"]["estimate"] == pytest.approx(more)
+    md = (saved.directory / "report.md").read_text()
+    assert "tokens/answer" in md and "Δ tokens [95% CI]" in md and f"+{more:.0f} [" in md
+
+
+# -- objective = "cost": a validated non-inferiority claim and a lower cost (issue 50, items 2 and 3) ----
+LONG = "Using the context, the answer is yes, as the passage plainly says."
+
+
+def _cost_world(tmp_path: Path, *, worse: bool, cheaper: bool = True) -> RunResult:
+    """"briefly" in the instruction makes answers one word instead of twelve. The judge scores a
+    question the same under any instruction; with ``worse``, a one-word answer loses a point on every
+    question the search does not score (so the search still finds it within the margin, and only the
+    validation stage can tell). Without ``cheaper`` the optimizer never proposes "briefly"."""
+    import re
+
+    from fault_server import instruction_of
+
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    searched: set[str] = set()
+
+    def task(messages: tuple, options: object) -> str:
+        return "Yes." if "briefly" in instruction_of(messages[-1].content).lower() else LONG
+
+    def judge(messages: tuple, options: object) -> str:
+        text = messages[-1].content
+        number = int(m.group(1)) if (m := re.search(r"Fact number (\d+)", text)) else 0
+        score = 3 + number % 2
+        query = f"Fact number {number} about AlexNet?"
+        if worse and LONG not in text and query not in searched:
+            score -= 1
+        return json.dumps({"score": score, "reasoning": "scripted"})
+
+    def optimizer(messages: tuple, options: object) -> str:
+        i = (getattr(options, "seed", 0) or 0) % 1000
+        return f"<INS>Answer briefly, variant {i}.</INS>" if i % 2 and cheaper else f"<INS>Answer the question fully, variant {i}.</INS>"
+
+    pool = ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
+                               "judge": ScriptedLLM(default=judge, model="judge"),
+                               "optimizer": ScriptedLLM(default=optimizer, model="optimizer")})
+    cfg = experiment_config(tmp_path, optimizer={"steps": 1, "candidates_per_step": 3, "minibatch_size": 3,
+                                                 "objective": "cost", "margin": 0.25})
+    exp = Experiment(config_from_dict(cfg, base_dir=tmp_path, source="test.toml"), pool=pool, progress=False)
+    try:
+        searched.update(e.query for e in exp.dataset.examples_in("optimization"))
+        return exp.optimize()
+    finally:
+        exp.close()
+
+
+def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferiority_claim_and_the_saving(
+        tmp_path: Path) -> None:
+    result = _cost_world(tmp_path, worse=False)
+    v = result.validation
+    assert v is not None and v.objective == "cost" and v.margin == 0.25 and v.winner is not None
+    assert "briefly" in result.best_instruction and result.validated
+    assert v.saving is not None and v.saving["lower"] and v.saving["difference_ci"][1] < 0
+    assert v.saving["relative"] > 0.2  # 1 completion token instead of 12, weighted x4
+    assert v.winner.difference == 0.0  # the same quality, question by question
+    assert "lower cost per answer (task tokens, completion x4)" in result.headline()
+    assert "not worse by more than 0.25 (p = " in result.headline()
+    # The objective and the margin are in the decision's design (and so in its key).
+    assert v.design["objective"] == "cost" and v.design["margin"] == 0.25
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["validation"]["saving"]["lower"] and summary["validation"]["objective"] == "cost"
+    # The quality-cost front: in summary.json (and its copy in the study), drawn, and logged to MLflow.
+    front = summary["pareto_front"]
+    assert [p["instruction"] for p in front] == [result.best_instruction] and front[0]["cost"] < returned_cost(summary)
+    assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
+    from opro.search import SearchStudy
+    from opro.search.study import open_storage
+
+    stored = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'out' / 'optuna.db'}"), name=result.study_name).summary()
+    assert stored is not None and stored["pareto_front"] == front
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
+    assert "pareto.png" in {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(result.mlflow_run_id)}
+    # A rerun resumes the decision from the study (scores and costs kept there): the same claim.
+    again = _cost_world(tmp_path, worse=False)
+    assert again.validation is not None and (again.validation.verdict, again.validation.saving) == (v.verdict, v.saving)
+    # The optimizer saw each instruction's mean answer length beside its score (the initial one's 12 words).
+    meta = "".join(p.read_text() for p in sorted((tmp_path / "out" / "metaprompts").iterdir()))
+    assert "score:\n4.00\nanswer length:\n12 tokens" in meta and "shorter answers cost less" in meta
+
+
+def returned_cost(summary: dict) -> float:
+    """The initial configuration's cost per answer on the search questions, as summary.json gives it."""
+    return float(summary["cost"]["initial"]["cost"])
+
+
+def test_shorter_answers_worse_by_more_than_the_margin_return_the_initial_configuration(tmp_path: Path) -> None:
+    result = _cost_world(tmp_path, worse=True)
+    v = result.validation
+    assert v is not None and v.winner is None and not result.validated
+    assert result.best_instruction == "Answer the question."
+    chosen = next(f for f in v.finalists if f.chosen)
+    # It was validated (the search could not tell), cheaper, and a point worse.
+    assert "briefly" in chosen.instruction and chosen.difference == -1.0 and v.n_questions > 0
+    assert v.saving is not None and v.saving["lower"]
+    assert "no finalist was shown cheaper and not worse than the initial configuration by more than 0.25" in v.verdict
+    assert "the initial configuration is returned" in result.headline()
+
+
+def test_cost_finalists_are_the_cheapest_on_the_front_that_are_not_clearly_worse() -> None:
+    from opro.cost import CostSummary
+    from opro.search.results import CandidateRecord
+    from opro.search.validation import cost_finalists
+
+    def rec(instruction: str, score: float, cost: float, index: int) -> CandidateRecord:
+        return CandidateRecord(step=0 if instruction == "initial" else 1, instruction=instruction, score=score,
+                               n_scored=6, n_invalid=0, n_errors=0, status="complete", trial_number=index, index=index,
+                               cost=CostSummary(n=6, prompt_tokens=cost, completion_tokens=0, seconds=1.0, cost=cost,
+                                                unit="tokens"))
+
+    history = [rec("initial", 4.0, 100, 0), rec("same, half the cost", 4.0, 50, 1), rec("a bit worse, cheapest", 3.8, 40, 2),
+               rec("clearly worse", 3.5, 10, 3), rec("dominated", 3.9, 60, 4), rec("better, dearer", 4.5, 120, 5)]
+    got = [r.instruction for r in cost_finalists(history, initial="initial", margin=0.25)]
+    assert got == ["a bit worse, cheapest", "same, half the cost"]
+    assert cost_finalists(history, initial="initial", margin=0.0) == [history[1]]
+    # With per-question scores, "not clearly worse" is the paired 95% t interval's upper end above
+    # -margin: half a point lower on average but noisy passes, half a point lower everywhere does not.
+    initial = replace(history[0], scores=(4.0, 4.0, 4.0, 4.0, 4.0, 4.0))
+    noisy = replace(rec("noisy", 3.5, 50, 1), scores=(5.0, 2.0, 5.0, 2.0, 5.0, 2.0))
+    steady = replace(rec("steadily worse", 3.5, 40, 2), scores=(3.5,) * 6)
+    assert cost_finalists([initial, noisy, steady], initial="initial", margin=0.25) == [noisy]
+
+
+def test_with_objective_cost_the_sampler_draws_from_the_quality_cost_front() -> None:
+    """top_k 4 scores a hair above top_k 1 at twice the cost: a score-only sampler goes for 4, the
+    two-objective one (maximize the score, minimize the cost) mostly for 1."""
+    from collections import Counter
+
+    from opro.cost import CostSummary
+    from opro.search.results import CandidateRecord
+    from opro.search.space import SearchSpace
+
+    def rec(i: int, top_k: int) -> CandidateRecord:
+        return CandidateRecord(
+            step=1, instruction=f"i{i}", score={1: 4.0, 2: 4.0, 4: 4.05, 8: 3.9}[top_k], n_scored=6, n_invalid=0,
+            n_errors=0, status="complete", trial_number=i, index=i, params={"top_k": top_k},
+            cost=CostSummary(n=6, prompt_tokens=200.0 * top_k, completion_tokens=40, seconds=1.0,
+                             cost=200.0 * top_k + 160, unit="tokens"))
+
+    history = [rec(i, k) for i, k in enumerate([1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 4])]
+    drawn = {}
+    for objective in ("quality", "cost"):
+        space = SearchSpace(dimensions={"top_k": [1, 2, 4, 8]}, initial={"top_k": 4}, objective=objective)  # type: ignore[arg-type]
+        drawn[objective] = Counter(p["top_k"] for step in range(1, 6) for p in space.sample(history, 4, step=step))
+    assert drawn["quality"].most_common(1)[0][0] == 4
+    assert drawn["cost"].most_common(1)[0][0] == 1 and drawn["cost"][1] > drawn["quality"][1]
+
+
+def test_without_a_cheaper_candidate_nothing_is_validated_and_the_initial_configuration_is_returned(
+        tmp_path: Path) -> None:
+    result = _cost_world(tmp_path, worse=False, cheaper=False)
+    v = result.validation
+    assert v is not None and not v.finalists and v.n_questions == 0 and not result.validated
+    assert result.best_instruction == "Answer the question."
+    assert v.verdict.startswith("no candidate of the search was cheaper per answer than the initial configuration")
