@@ -16,8 +16,22 @@ better prompt (>= +0.5) that the search proposed is returned.
 (b) A real run: ``--run-dir runs/history_of_alexnet`` reads that run's ``summary.json`` and its latest
 ``opro compare`` report and prints the winner's search, validation and held-out scores.
 
+(c) ``--power``: fixed true effects, the validated search run whole; ``--world realistic`` swaps the
+judge for a harsher one: bimodal scores (half the questions hard, half easy: mostly 1-2 or 4-5), a
+share of questions on which every prompt gives the same answer (so the same score: ties from
+identical answers), and per-question effects of mixed sign around the prompt's effect (a better
+prompt still loses some questions; an equal one wins some and loses others).
+
+(e) ``--coverage``: the validation stage alone, at fixed true gains, as many runs as it takes to
+collect ``--claims`` claims (rare ones included): how often the claimed gain's conditional interval
+(``opro.sequential.conditional_estimate``) covers the true gain, in either world. The real
+sign-flip test decides; runs whose studentized sum never reaches ``SCREEN`` before they stop cannot
+claim and are not sent through it (checked on a sample of them, printed).
+
     python experiments/bench_selection.py --seeds 200
     python experiments/bench_selection.py --power --seeds 200 --optimization 6 --validation 48 --unused 20
+    python experiments/bench_selection.py --power --world realistic --seeds 200 --optimization 6 --validation 48 --unused 20
+    python experiments/bench_selection.py --coverage --world realistic --claims 200
     python experiments/bench_selection.py --run-dir runs/history_of_alexnet
     python experiments/bench_selection.py --cost --seeds 200 --optimization 6 --validation 48 --unused 20
 
@@ -41,9 +55,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from bench_compare_tests import (
+    EASY_LEVEL,
+    HARD_LEVEL,
+    HARD_SHARE,
+    IDENTICAL_SHARE,
+    LEVEL_SD,
+    REAL_NOISE_SD,
+    SPREAD,
+)
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
@@ -93,24 +116,41 @@ def _normal(*parts: object) -> float:
     return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
 
 
+def _uniform(*parts: object) -> float:
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def _score(level: float) -> float:
     return float(min(5, max(1, round(level))))
 
 
-def true_mean(effect: float, n: int = 200_000) -> float:
-    """Expected judge score of a prompt with this effect, over questions and noise (Monte Carlo)."""
+Kind = Literal["rounded", "realistic"]
+
+
+def true_mean(effect: float, n: int = 200_000, *, world: Kind = "rounded", initial: bool = False) -> float:
+    """Expected judge score of a prompt with this effect, over questions and noise (Monte Carlo). In
+    the realistic world every prompt but the initial one (``initial``) also has its per-question
+    effects of mixed sign, which on a clipped scale move the mean too."""
     rng = np.random.default_rng(12345)
-    x = BASE_LEVEL + effect + rng.normal(0, QUESTION_SD, n) + rng.normal(0, NOISE_SD, n)
-    return float(np.clip(np.round(x), 1, 5).mean())
+    if world == "rounded":
+        x = BASE_LEVEL + effect + rng.normal(0, QUESTION_SD, n) + rng.normal(0, NOISE_SD, n)
+        return float(np.clip(np.round(x), 1, 5).mean())
+    level = np.where(rng.random(n) < HARD_SHARE, HARD_LEVEL, EASY_LEVEL) + rng.normal(0, LEVEL_SD, n)
+    same = rng.random(n) < IDENTICAL_SHARE
+    shift = 0.0 if initial else effect / (1 - IDENTICAL_SHARE) + SPREAD * rng.normal(size=n)
+    noise = rng.normal(0, REAL_NOISE_SD, n)
+    return float(np.clip(np.round(level + np.where(same, 0.0, shift) + noise), 1, 5).mean())
 
 
 class World:
     """One seed's truth: the effect of every instruction the optimizer can propose."""
 
-    def __init__(self, seed: int, *, better_by: float | None = None) -> None:
+    def __init__(self, seed: int, *, better_by: float | None = None, kind: Kind = "rounded") -> None:
         self.seed = seed
         #: None: the mixture below; a number: about 1 proposal in 6 is better by it, the rest equal.
         self.better_by = better_by
+        self.kind = kind
 
     def effect(self, instruction: str) -> float:
         if instruction.startswith(INITIAL):
@@ -125,9 +165,21 @@ class World:
         text = messages[-1].content
         answer = text.split("Answer: ", 1)[1].split("\nReference:")[0]
         question = text.split("Question: ", 1)[1].split("\n")[0]
+        if self.kind == "realistic":
+            return str(self._realistic(question, answer))
         level = BASE_LEVEL + QUESTION_SD * _normal(self.seed, "q", question)
         noise = NOISE_SD * _normal(self.seed, "n", question, answer)
         return str(_score(level + self.effect(answer) + noise))
+
+    def _realistic(self, question: str, answer: str) -> float:
+        hard = _uniform(self.seed, "hard", question) < HARD_SHARE
+        level = (HARD_LEVEL if hard else EASY_LEVEL) + LEVEL_SD * _normal(self.seed, "q", question)
+        if _uniform(self.seed, "same", question) < IDENTICAL_SHARE or answer.startswith(INITIAL):
+            # Every prompt answers this question alike (or this is the initial one): no effect, and
+            # the judge's noise is the initial answer's, so identical answers score identically.
+            return _score(level + REAL_NOISE_SD * _normal(self.seed, "n", question, INITIAL))
+        shift = self.effect(answer) / (1 - IDENTICAL_SHARE) + SPREAD * _normal(self.seed, "spread", question, answer)
+        return _score(level + shift + REAL_NOISE_SD * _normal(self.seed, "n", question, answer))
 
     def propose(self, messages: tuple[Message, ...], options: GenerationOptions) -> str:
         return f"<INS>Candidate {options.seed} of world {self.seed}.</INS>"
@@ -262,7 +314,7 @@ def simulate(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int) -> list[
 
 
 def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dict[str, Any],
-          effects: Sequence[float] = (0.0, 0.5, 1.0), n_unused: int = 0) -> list[dict[str, Any]]:
+          effects: Sequence[float] = (0.0, 0.5, 1.0), n_unused: int = 0, world: Kind = "rounded") -> list[dict[str, Any]]:
     """Worlds where about 1 proposal in 6 is truly better by ``effect`` (judge points before rounding)
     and the rest are equal to the initial instruction: how often the validated search returns a
     better one, how often it claims a gain in the null world (and whether a rerun with a looser
@@ -273,27 +325,27 @@ def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dic
             started = time.perf_counter()
             runs, reruns = [], 0
             for s in range(seeds):
-                world = World(s, better_by=effect)
+                truth = World(s, better_by=effect, kind=world)
                 folder = Path(tmp) / f"e{effect}"
                 folder.mkdir(exist_ok=True)
-                runs.append(run_once(world, rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k, folder=folder,
+                runs.append(run_once(truth, rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k, folder=folder,
                                      design=design, n_unused=n_unused))
                 if effect == 0.0 and s < min(seeds, 50):
                     # The alpha-shopping rerun: the same study and questions, a looser alpha.
                     try:
-                        again = run_once(world, rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k,
+                        again = run_once(truth, rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k,
                                          folder=folder, design={**design, "alpha": min(0.5, 4 * design.get("alpha", 0.05))},
                                          n_unused=n_unused)
                         reruns += bool(again["claims_gain"]) and not runs[-1]["claims_gain"]
                     except ConfigError:
                         pass
-            base = true_mean(0.0, n=50_000)
-            better = true_mean(effect, n=50_000) - base
-            claims = [r for r in runs if r["claims_gain"]]
-            truth = [true_mean(r["returned_effect"], n=50_000) - base for r in claims]
-            bias = [r["reported_gain"] - t for r, t in zip(claims, truth, strict=True)]
-            raw_bias = [r["raw_gain"] - t for r, t in zip(claims, truth, strict=True)]
-            covered = [r["gain_ci"][0] <= t <= r["gain_ci"][1] for r, t in zip(claims, truth, strict=True)]
+            base = true_mean(0.0, n=50_000, world=world, initial=True)
+            better = true_mean(effect, n=50_000, world=world) - base
+            claims = [r for r in runs if r["claims_gain"]]  # a claim returns a finalist, never the initial one
+            gains = [true_mean(r["returned_effect"], n=50_000, world=world) - base for r in claims]
+            bias = [r["reported_gain"] - t for r, t in zip(claims, gains, strict=True)]
+            raw_bias = [r["raw_gain"] - t for r, t in zip(claims, gains, strict=True)]
+            covered = [r["gain_ci"][0] <= t <= r["gain_ci"][1] for r, t in zip(claims, gains, strict=True)]
             rows.append({
                 "effect": effect, "true_gain": better, "seeds": seeds,
                 # Among the seeds whose search proposed a better prompt (about 1 in 6 proposals is).
@@ -307,6 +359,8 @@ def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dic
                 "raw_bias": float(np.mean(raw_bias)) if raw_bias else math.nan,
                 "ci_coverage": float(np.mean(covered)) if covered else math.nan,
                 "calls_per_run": float(np.mean([r["calls"] for r in runs])),
+                "calls_max": max(r["calls"] for r in runs),
+                "open_below": sum(r["gain_ci"][0] == -math.inf for r in claims),
                 "seconds": time.perf_counter() - started,
             })
     return rows
@@ -366,13 +420,13 @@ def print_cost(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: int
 
 
 def print_power(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: int, n_val: int, steps: int,
-                k: int, n_unused: int = 0) -> None:
-    print(f"(c) power: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation questions, "
-          f"{n_unused} unused questions to extend into, design {design}")
+                k: int, n_unused: int = 0, world: Kind = "rounded") -> None:
+    print(f"(c) power, {world} world: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation "
+          f"questions, {n_unused} unused questions to extend into, design {design}")
     print("| true effect (judge points; mean-score gain) | seeds | better one proposed | P(returns it, when proposed) "
           "| P(claims a gain) | new claims by an alpha x4 rerun | bias of the claimed gain (unadjusted) "
-          "| its 95% CI covers | calls/run |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| its 95% CI covers (open below) | calls/run: mean, max | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         better = "n/a" if math.isnan(r["p_returns_better"]) else f"{r['p_returns_better']:.3f}"
         bias = "n/a" if math.isnan(r["gain_bias"]) else f"{r['gain_bias']:+.3f} ± {r['gain_bias_se']:.3f}"
@@ -381,7 +435,112 @@ def print_power(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: in
         cover = "n/a" if math.isnan(r["ci_coverage"]) else f"{r['ci_coverage']:.2f}"
         proposed = "n/a" if not r["effect"] else f"{r['p_proposed']:.2f}"
         print(f"| +{r['effect']:.1f} ({r['true_gain']:+.2f}) | {r['seeds']} | {proposed} | {better} | {r['p_claims']:.3f} "
-              f"| {r['rerun_new_claims']} | {bias} | {cover} | {r['calls_per_run']:.0f} |")
+              f"| {r['rerun_new_claims']} | {bias} | {cover} ({r['open_below']}) "
+              f"| {r['calls_per_run']:.0f}, {r['calls_max']} | {r['seconds']:.0f} |")
+
+
+#: A run whose studentized sum ``sum / sqrt(sum of squares)`` stays below this at every look it
+#: reaches cannot claim: the sign-flip boundaries sit near 1.65 at the last look and higher before.
+SCREEN = 1.2
+
+
+def _reaches(d: np.ndarray, sizes: Sequence[int], futility: bool) -> np.ndarray:
+    """The runs (rows of paired differences) whose studentized sum reaches :data:`SCREEN` at some
+    look before they would stop for futility."""
+    rows = len(d)
+    reached = np.zeros(rows, dtype=bool)
+    alive = np.ones(rows, dtype=bool)
+    for k, n in enumerate(sizes):
+        total = d[:, :n].sum(1)
+        scale = np.sqrt((d[:, :n] ** 2).sum(1))
+        z = np.divide(total, scale, out=np.zeros(rows), where=scale > 0)
+        reached |= alive & (z >= SCREEN)
+        if futility and k < len(sizes) - 1:
+            alive &= total > 0
+    return reached
+
+
+def _decide_run(d: np.ndarray, sizes: Sequence[int], *, alpha: float, futility: bool, seed: int) -> int:
+    """The real test on one run: the questions seen at the look that claimed, 0 if none did."""
+    from opro.sequential import decide
+
+    looks: list[Any] = []
+    for k, n in enumerate(sizes, start=1):
+        look = decide(list(d[:n]), seen=sizes[:k], n_max=sizes[-1], last=k == len(sizes),
+                      earlier=[x.boundary for x in looks], alpha=alpha, futility=futility, seed=seed)
+        looks.append(look)
+        if look.decision == "success":
+            return n
+        if look.decision != "continue":
+            return 0
+    return 0
+
+
+def coverage(*, world: Kind, effects: Sequence[float], claims: int, max_runs: int, n_val: int = 48,
+             n_unused: int = 20, checks: int = 100, seed: int = 0) -> list[dict[str, Any]]:
+    """The validation stage alone at the default design: the chosen finalist (better by ``effect``
+    judge points before rounding) against the initial instruction on the confirmation questions, in
+    batches of 2,000 runs until ``claims`` claims or ``max_runs`` runs; each claim's conditional
+    interval checked against the true mean-score gain."""
+    from bench_compare_tests import paired_scores, truth
+
+    from opro.search.validation import confirmation_looks, split_sizes
+    from opro.sequential import conditional_estimate
+
+    settings = OptimizerSection()
+    _, n_conf = split_sizes(settings, n_val, settings.finalists)
+    sizes = confirmation_looks(settings, n_conf, n_unused)
+    alpha, futility = settings.alpha, settings.futility
+    rng = np.random.default_rng(seed)
+    rows = []
+    for effect in effects:
+        started = time.perf_counter()
+        gain = truth(effect, world)[1]
+        runs = screened = checked = missed = 0
+        found: list[tuple[float, float, float, float]] = []  # (low, high, adjusted, raw)
+        while len(found) < claims and runs < max_runs:
+            a, b = paired_scores(rng, sims=2000, n=sizes[-1], effect=effect, world=world)
+            d = a - b
+            reach = _reaches(d, sizes, futility)
+            for i in range(len(d)):
+                runs += 1
+                if not reach[i]:
+                    screened += 1
+                    if checked < checks:  # the screen, checked: the real test on a run it left out
+                        missed += _decide_run(d[i], sizes, alpha=alpha, futility=futility, seed=runs) > 0
+                        checked += 1
+                    continue
+                n = _decide_run(d[i], sizes, alpha=alpha, futility=futility, seed=runs)
+                if n:
+                    est = conditional_estimate(list(d[i, :n]), sizes=sizes, alpha=alpha, futility=futility, seed=runs)
+                    found.append((est.ci[0], est.ci[1], est.gain, est.raw))
+                    if len(found) == claims:
+                        break
+        low, high, adjusted, raw = (np.array(x) for x in zip(*found, strict=True)) if found else (np.array([]),) * 4
+        rows.append({
+            "world": world, "effect": effect, "true_gain": gain, "runs": runs, "claims": len(found),
+            "p_claims": len(found) / runs,
+            "covers": float(np.mean((low <= gain) & (gain <= high))) if found else math.nan,
+            "open_below": float(np.mean(low == -math.inf)) if found else math.nan,
+            "median_bias": float(np.median(adjusted) - gain) if found else math.nan,
+            "raw_median_bias": float(np.median(raw) - gain) if found else math.nan,
+            "screened": screened, "checked": checked, "missed": missed, "sizes": sizes,
+            "seconds": time.perf_counter() - started,
+        })
+    return rows
+
+
+def print_coverage(rows: list[dict[str, Any]]) -> None:
+    r0 = rows[0]
+    print(f"(e) the claimed gain's 95% conditional interval, {r0['world']} world, confirmation looks at "
+          f"{', '.join(map(str, r0['sizes']))} paired questions (the defaults: 48 validation questions, 20 unused)")
+    print("| effect (judge points) | true gain | runs | claims | P(claim) | interval covers | open below "
+          "| median of adjusted - true (raw) | screened out (checked, claimed) | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['effect']:+.2f} | {r['true_gain']:+.2f} | {r['runs']} | {r['claims']} | {r['p_claims']:.4f} | **{r['covers']:.3f}** "
+              f"| {r['open_below']:.2f} | {r['median_bias']:+.3f} ({r['raw_median_bias']:+.3f}) "
+              f"| {r['screened']} ({r['checked']}, {r['missed']}) | {r['seconds']:.0f} |")
 
 
 def print_simulation(rows: list[dict[str, Any]], *, n_opt: int, n_val: int, steps: int, k: int) -> None:
@@ -433,11 +592,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
     ap.add_argument("--unused", type=int, default=20,
                     help="questions in no split that the validation may extend into ([optimizer].validation_extension)")
+    ap.add_argument("--world", choices=("rounded", "realistic"), default="rounded",
+                    help="(c), (e): the judge's world (see the module docstring)")
+    ap.add_argument("--coverage", action="store_true", help="(e): the claimed gain's interval at fixed true gains")
+    ap.add_argument("--claims", type=int, default=200, help="(e): claims to collect per effect")
+    ap.add_argument("--max-runs", type=int, default=100_000, help="(e): runs at most per effect")
     args = ap.parse_args(argv)
     logging.disable(logging.WARNING)
     if args.run_dir:
         print_run(args.run_dir)
         return 0
+    effects = [float(e) for e in args.effects.split(",")]
     if args.cost:
         design = {"objective": "cost", "margin": 0.25, **json.loads(args.design)}
         crows = cost_power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
@@ -445,13 +610,16 @@ def main(argv: list[str] | None = None) -> int:
         print_cost(crows, design=design, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
                    k=args.candidates, n_unused=args.unused)
         return 0
+    if args.coverage:
+        print_coverage(coverage(world=args.world, effects=effects, claims=args.claims, max_runs=args.max_runs,
+                                n_val=args.validation, n_unused=args.unused))
+        return 0
     if args.power:
         design = json.loads(args.design)
         prows = power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
-                      k=args.candidates, design=design, effects=[float(e) for e in args.effects.split(",")],
-                      n_unused=args.unused)
+                      k=args.candidates, design=design, effects=effects, n_unused=args.unused, world=args.world)
         print_power(prows, design=design, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
-                    k=args.candidates, n_unused=args.unused)
+                    k=args.candidates, n_unused=args.unused, world=args.world)
         return 0
     rows = simulate(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
                     k=args.candidates)

@@ -811,7 +811,7 @@ def compare(
     name: str | None = typer.Option(None, "--name", help="Name of the comparison [default: a timestamp]"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store [default: the config's]"),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the comparison as an MLflow run."),
-    resamples: int = typer.Option(10_000, "--resamples", min=1000, help="Bootstrap / permutation resamples."),
+    resamples: int = typer.Option(10_000, "--resamples", min=1000, help="Random sign flips of the permutation test above 16 pairs."),
     seed: int = typer.Option(0, "--seed", help="Seed of the resampling."),
     alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the tests."),
     promote_alias: str | None = typer.Option(

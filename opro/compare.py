@@ -1,9 +1,10 @@
 """Compare prompts on the held-out split: same answer model, retrieval and judge; paired statistics.
 
 Every prompt answers the same questions with the experiment's RAG program and is scored by the
-same judge, so scores pair up by question. Against the baseline the report gives win / tie / loss,
-the mean difference with a paired bootstrap interval, and Wilcoxon signed-rank and sign-flip
-permutation p-values, and says in words whether the difference is significant.
+same judge, so scores pair up by question. Each prompt's mean gets a Student t interval, and against
+the baseline the report gives win / tie / loss, the mean difference with a paired t interval (both
+clipped to what the judge's scale allows), and Wilcoxon signed-rank and sign-flip permutation
+p-values, and says in words whether the difference is significant.
 
 A comparison on ``heldout`` refuses to run when a held-out question (normalized) also appears in
 the exemplar or optimization split, of this experiment or of any run whose prompt is compared.
@@ -29,9 +30,10 @@ from opro.calibration import judge_noise_note
 from opro.cost import CostDifference, CostModel, CostSummary, paired_difference
 from opro.errors import ConfigError, DataError, LeakageError
 from opro.judges.factory import METRIC_JUDGES, build_metric
+from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.rundir import RunDir
 from opro.sources import ResolvedPrompt, resolve_prompt
-from opro.stats import ConfidenceInterval, PairedComparison, bootstrap_mean_ci, compare_paired, holm_family
+from opro.stats import ConfidenceInterval, PairedComparison, compare_paired, holm_family, t_mean_ci
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -127,8 +129,9 @@ class ComparisonReport:
 
     # -- renderings --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        def ci(c: ConfidenceInterval | None) -> dict[str, float | None] | None:
-            return None if c is None else {"estimate": _num(c.estimate), "low": _num(c.low), "high": _num(c.high)}
+        def ci(c: ConfidenceInterval | None) -> dict[str, float | str | None] | None:
+            return None if c is None else {"estimate": _num(c.estimate), "low": _num(c.low), "high": _num(c.high),
+                                           "method": c.method, "note": c.note}
 
         prompts = []
         for p, v in zip(self.prompts, self.versus, strict=True):
@@ -181,6 +184,7 @@ class ComparisonReport:
             "judge": self.judge,
             "judge_threshold": self.judge_threshold,
             "confidence_level": self.level,
+            "interval_method": INTERVALS,
             "alpha": self.alpha,
             "n_comparisons": self.n_comparisons,
             "multiplicity": self.multiplicity(),
@@ -201,7 +205,7 @@ class ComparisonReport:
     def _rows(self) -> list[list[str]]:
         rows = []
         for p, v in zip(self.prompts, self.versus, strict=True):
-            mean = "n/a" if p.mean is None else f"{p.mean.estimate:.2f} [{p.mean.low:.2f}, {p.mean.high:.2f}]"
+            mean = "n/a" if p.mean is None else f"{p.mean.estimate:.2f} [{p.mean.low:.2f}, {p.mean.high:.2f}]" + _mark(p.mean)
             row = [
                 p.label + (" (baseline)" if v is None else ""),
                 mean,
@@ -216,7 +220,7 @@ class ComparisonReport:
                 d = s.difference
                 row += [
                     str(s.win_tie_loss),
-                    "n/a" if s.n == 0 else f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]",
+                    "n/a" if s.n == 0 else f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]" + _mark(d),
                     f"{s.p_wilcoxon:.3g}",
                     f"{s.p_permutation:.3g}",
                 ]
@@ -259,6 +263,13 @@ class ComparisonReport:
         return (f"{k} comparisons with the baseline: p-values are Holm-adjusted over the {k} "
                 "(the raw values are in report.json).")
 
+    def interval_notes(self) -> list[str]:
+        """Why an interval marked ``*`` in the table is as wide as it is (too few questions, clipped)."""
+        notes = [f"{p.label}'s mean: {p.mean.note}" for p in self.prompts if p.mean is not None and p.mean.note]
+        notes += [f"{v.label} vs {v.baseline}: {v.stats.difference.note}" for v in self.versus
+                  if v is not None and v.stats.n and v.stats.difference.note]
+        return notes
+
     def sentences(self) -> list[str]:
         return [v.sentence for v in self.versus if v is not None]
 
@@ -280,8 +291,9 @@ class ComparisonReport:
             "",
             f"{len(self.questions)} {where} questions; judge `{self.judge}` (1-5, pass at {self.judge_threshold:g}); "
             f"dataset `{self.dataset_hash[:12]}`; baseline **{self.baseline_prompt.label}**.",
-            f"Intervals: {self.level:.0%} percentile bootstrap ({self.n_resamples} resamples, seed {self.seed}); "
-            f"tests two-sided at alpha {self.alpha:g}: the paired sign-flip permutation test decides; the Wilcoxon "
+            f"Intervals: {self.level:.0%} {INTERVALS}; "
+            f"tests two-sided at alpha {self.alpha:g}: the paired sign-flip permutation test decides (exact up to 16 "
+            f"pairs, else {self.n_resamples} random sign flips, seed {self.seed}); the Wilcoxon "
             "signed-rank p-value is shown beside it. Every answer was decoded alone (never in a batch with "
             "another prompt's), so no prompt's score depends on the prompts compared beside it.",
             self.multiplicity(),
@@ -297,6 +309,8 @@ class ComparisonReport:
             lines.append("Models: " + ", ".join(f"{k} `{v}`" for k, v in self.models.items()) + ".")
         lines += ["", "| " + " | ".join(self._columns()) + " |", "|" + "---|" * len(self._columns())]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self._rows()]
+        if notes := self.interval_notes():
+            lines += ["", "\\* " + "; ".join(notes) + "."]
         lines += ["", "## Verdict", ""] + [f"- {s}" for s in self.sentences()]
         if self.judge_noise:
             lines.append(f"- {self.judge_noise}")
@@ -338,7 +352,22 @@ def _cost_cells(p: PromptScores, v: VersusBaseline | None) -> list[str]:
 
 
 def _num(x: float) -> float | None:
-    return None if math.isnan(x) else x
+    return None if not math.isfinite(x) else x
+
+
+def _mark(c: ConfidenceInterval) -> str:
+    """``*`` after an interval whose width the report explains (:meth:`ComparisonReport.interval_notes`)."""
+    return " *" if c.note else ""
+
+
+#: The judge's score scale: a mean lies in it, a paired difference within its width either way.
+SCALE = (SCORE_MIN, SCORE_MAX)
+#: The judge's score step: the spread of a few scores that agree is estimated as if one more were a
+#: step away (:func:`opro.stats.t_mean_ci`).
+RESOLUTION = 1.0
+#: How compare's intervals are made (the reports say it).
+INTERVALS = ("Student t intervals of means and paired differences (spread estimated with one more score a "
+             "point from the mean), clipped to the judge's 1-5 scale")
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -651,7 +680,7 @@ def compare_prompts(
                 settings=p.template.settings,
                 provenance=dict(p.provenance),
                 scores=scores,
-                mean=bootstrap_mean_ci(valid, level=level, n_resamples=n_resamples, seed=seed) if valid else None,
+                mean=t_mean_ci(valid, level=level, bounds=SCALE, resolution=RESOLUTION) if valid else None,
                 pass_rate=report.pass_rate,
                 n_invalid=report.n_invalid,
                 n_errors=report.n_errors,
@@ -670,7 +699,8 @@ def compare_prompts(
             continue
         pairs = [(x, y) for x, y in zip(r.scores, b.scores, strict=True) if x is not None and y is not None]
         stats = compare_paired(
-            [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha
+            [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha,
+            scale=SCALE, resolution=RESOLUTION,
         )
         versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=len(examples) - len(pairs), stats=stats,
                                      cost=paired_difference(r.evaluation.rows, b.evaluation.rows, model=cost_model,

@@ -122,6 +122,22 @@ def test_the_claimed_gain_is_adjusted_for_having_been_claimed() -> None:
     assert covered / claims > 0.88
 
 
+def test_a_claim_at_the_boundary_gets_an_interval_open_below() -> None:
+    """A null run that claimed at its last look, its sum one step past the boundary: gains far below
+    zero could have made this claim, but there the design claims too rarely to simulate. The interval
+    is open below; it used to end where fewer than 50 simulated runs claimed (an artefact)."""
+    sizes = (11, 22, 32)
+    rng = np.random.default_rng(0)
+    runs = [np.round(rng.normal(0.0, 1.2, 32) * 2) / 2 for _ in range(14)]
+    d = runs[13]
+    looks = _run(d, sizes, alpha=0.05, futility=True)
+    assert [x.decision for x in looks][-1] == "success" and looks[-1].look == 3
+    assert looks[-1].statistic - looks[-1].boundary <= 1.0  # just past it
+    est = conditional_estimate(d[: looks[-1].n], sizes=sizes, alpha=0.05, draws=1000, seed=13)
+    assert est.ci[0] == -math.inf
+    assert est.gain <= est.raw and est.gain < est.ci[1] < est.raw + 1.0
+
+
 def test_the_adjustment_of_a_claim_without_noise_is_nothing() -> None:
     est = conditional_estimate([1.0] * 11, sizes=(11, 22, 32), alpha=0.05, draws=500)
     assert est.raw == 1.0 and est.gain == pytest.approx(1.0, abs=0.01)
