@@ -559,13 +559,15 @@ def judge_calibrate(
 
 def _versus_initial(f: FinalistRecord) -> str:
     """A finalist's cell in the "vs initial" column: only the chosen one was tested."""
+    from opro.sequential import interval_text
+
     if not f.chosen:
         return "not chosen" + (f" (selection {f.selection_score:.2f})" if f.selection_score is not None else "")
     if f.difference is None:
         return "n/a"
     if f.difference_ci is None or f.p_value is None:
         return f"{f.difference:+.2f}"
-    return f"{f.difference:+.2f} [{f.difference_ci[0]:+.2f}, {f.difference_ci[1]:+.2f}] (p={f.p_value:.2g})"
+    return f"{f.difference:+.2f} [{interval_text(*f.difference_ci)}] (p={f.p_value:.2g})"
 
 
 def _result_table(result: OptimizationResult, *, title: str) -> Any:

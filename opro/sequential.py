@@ -45,6 +45,13 @@ EXACT_MAX_N = 16
 _EPS = 1e-9
 
 
+def interval_text(lo: float, hi: float, *, signed: bool = True) -> str:
+    """An interval in words: ``-0.05 to +0.35``, or ``below +0.35`` where it is open below (``lo`` is
+    ``-inf``: a claimed gain too rare to simulate lower, :func:`conditional_estimate`)."""
+    f = "+.2f" if signed else ".2f"
+    return f"below {hi:{f}}" if lo == -math.inf else f"{lo:{f}} to {hi:{f}}"
+
+
 def look_sizes(n_max: int, looks: int) -> tuple[int, ...]:
     """Questions seen at each look: ``looks`` near-even steps ending at ``n_max`` (duplicates dropped)."""
     if n_max < 1 or looks < 1:
@@ -373,6 +380,7 @@ __all__ = [
     "conditional_estimate",
     "decide",
     "design_power",
+    "interval_text",
     "look_sizes",
     "min_questions",
     "spent",

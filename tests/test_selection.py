@@ -198,6 +198,26 @@ def test_a_validated_winner_reports_its_validation_score_not_its_search_score(tm
     assert r.validation.n_questions == 4 + winner.n_pairs
 
 
+def test_an_interval_open_below_is_null_in_the_summary_and_said_in_words(tmp_path: Path) -> None:
+    """A claimed gain too rare to simulate lower has its interval open below (-inf): summary.json keeps
+    strict JSON (a null lower end, never -Infinity) and the words say "below"."""
+    import dataclasses
+    import json
+    import math
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        answer, _ = _answer_and_question(messages)
+        return "4" if answer.startswith("Cite the context") else "2"
+
+    r = run(tmp_path, judge=judge, n_val=24)
+    assert r.validated and r.gain_ci is not None and r.best_score_ci is not None
+    opened = dataclasses.replace(r, gain_ci=(-math.inf, r.gain_ci[1]), best_score_ci=(-math.inf, r.best_score_ci[1]))
+    summary = opened.summary()
+    assert summary["gain_ci"] == [None, r.gain_ci[1]] and summary["best_score_ci"] == [None, r.best_score_ci[1]]
+    assert "Infinity" not in json.dumps(summary)
+    assert f"[below {r.best_score_ci[1]:.2f}]" in opened.headline()
+
+
 def test_coverage_rule_keeps_a_mostly_invalid_candidate_out(tmp_path: Path) -> None:
     # "Lucky" gets one valid 5 and three invalid replies; "Steady" gets 4 on every question.
     def optimizer(messages: tuple[Message, ...], options: GenerationOptions) -> str:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from opro.cost import CostSummary
+from opro.sequential import interval_text
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
 
@@ -166,13 +167,19 @@ class OptimizationResult:
 
     def headline(self) -> str:
         """One honest sentence: what was returned, on which data, and whether a gain is supported."""
-        ci = f" [{self.best_score_ci[0]:.2f}, {self.best_score_ci[1]:.2f}]" if self.best_score_ci else ""
+        ci = f" [{interval_text(*self.best_score_ci, signed=False)}]" if self.best_score_ci else ""
         score = f"{self.best_score:.2f}{ci} ({self.score_label})"
         if self.validation is None:
             return f"best instruction by search score {score}; no validation stage, so no gain is claimed"
         return f"{self.validation.verdict}; returned instruction: {score}"
 
     def summary(self) -> dict[str, Any]:
+        """The result as plain data for summary.json and the study; an interval open below (a claimed
+        gain too rare to simulate lower: :func:`opro.sequential.conditional_estimate`) has its lower
+        end as None, never an infinity that strict JSON readers refuse."""
+        return _open_ends(self._summary())
+
+    def _summary(self) -> dict[str, Any]:
         v = self.validation
         return {
             "best_instruction": self.best_instruction,
@@ -215,6 +222,19 @@ class OptimizationResult:
             "usage": self.usage,
             "wall_s": round(self.wall_s, 2),
         }
+
+
+def _open_ends(value: Any) -> Any:
+    """``value`` with every infinite float replaced by None (an open end of an interval)."""
+    if isinstance(value, float) and math.isinf(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _open_ends(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_open_ends(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_open_ends(v) for v in value)
+    return value
 
 
 def quality_cost_front(records: Sequence[CandidateRecord]) -> list[CandidateRecord]:

@@ -52,7 +52,7 @@ from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult, quality_cost_front
 from opro.search.scoring import CandidateScorer
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
-from opro.sequential import Look, conditional_estimate, decide, look_sizes, t_interval
+from opro.sequential import Look, conditional_estimate, decide, interval_text, look_sizes, t_interval
 from opro.stats import paired_valid
 
 logger = logging.getLogger(__name__)
@@ -286,12 +286,6 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 def _ci(values: Sequence[float | None]) -> tuple[float, float] | None:
     return t_interval([x for x in values if x is not None])
-
-
-def _interval(lo: float, hi: float) -> str:
-    """A gain's interval in words; open below (``lo`` is ``-inf``) where the claim was too rare to
-    simulate at lower gains (:func:`opro.sequential.conditional_estimate`)."""
-    return f"below {hi:+.2f}" if lo == -math.inf else f"{lo:+.2f} to {hi:+.2f}"
 
 
 def validate(
@@ -532,7 +526,7 @@ def validate(
     elif winner is not None:
         verdict = (f"a finalist beat the initial instruction on validation questions that did not choose it "
                    f"({how}; sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}); its gain, adjusted "
-                   f"for having been claimed: {d:+.2f} (95% CI {_interval(lo, hi)}; unadjusted {raw:+.2f})")
+                   f"for having been claimed: {d:+.2f} (95% CI {interval_text(lo, hi)}; unadjusted {raw:+.2f})")
     elif reuse is not None:
         verdict = (f"{RE_DECIDED}: {reuse.seen}; the initial instruction is returned and no gain is claimed; "
                    f"explored only ({how}): difference {shown}"

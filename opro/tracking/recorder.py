@@ -243,7 +243,10 @@ class MlflowRecorder(Recorder):
             if result.gain is not None:
                 metrics["gain"] = result.gain
                 if result.gain_ci is not None:
-                    metrics["gain_ci_low"], metrics["gain_ci_high"] = result.gain_ci
+                    low, high = result.gain_ci
+                    if math.isfinite(low):  # open below (a claim too rare to simulate lower): no lower end
+                        metrics["gain_ci_low"] = low
+                    metrics["gain_ci_high"] = high
             for i, f in enumerate(v.finalists):
                 if f.validation_score is not None:
                     tracker.log_metrics(
