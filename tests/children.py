@@ -40,6 +40,20 @@ def fake_probe(path: str, mode: str) -> None:
     print("load_tensors:   CPU_Mapped model buffer size =   950.71 MiB", file=sys.stderr)
 
 
+def extra_buffers_decode(name: str, mode: str) -> None:
+    """Loads embedded model ``name`` with extra buffers ``mode`` (no start-up probe), prints the setting
+    llama.cpp was given, then decodes: on some CPUs (AMX) extra buffers crash at the first decode."""
+    from opro.llm import GenerationOptions, Message
+    from opro.llm.llamacpp import LlamaCppLLM
+    from opro.llm.packs import model_path
+
+    llm = LlamaCppLLM(model_path=model_path(name), extra_buffers=mode, probe=False, n_ctx=512, batch_width=1)
+    print(f"use_extra_bufts={llm.load().model_params.use_extra_bufts}", flush=True)
+    reply = llm.generate((Message("user", "Say yes."),), GenerationOptions(temperature=0.0, max_tokens=2))
+    print(f"completion_tokens={reply.completion_tokens}", flush=True)
+    llm.close()
+
+
 # -- the OPRO loop, killed and resumed (test_optimizer) -----------------------------------------------------
 
 

@@ -114,18 +114,23 @@ def test_each_embedded_model_decodes_in_a_child_process_the_way_opro_loads_it(
 @pytest.mark.embedded
 @pytest.mark.parametrize("mode", ["on", "off"])
 def test_the_extra_buffers_setting_reaches_the_model_parameters(mode: str) -> None:
-    """``Llama(...)`` ignores keywords it does not know: read the model's parameters back."""
-    from opro.llm import GenerationOptions, Message
-    from opro.llm.llamacpp import LlamaCppLLM
+    """``Llama(...)`` ignores keywords it does not know: read the model's parameters back. In a child:
+    on CPUs where extra buffers crash llama.cpp (AMX Xeons) a decode with them on kills its process, and
+    the start-up probe must then say so too (it is what keeps them off there)."""
+    from children import argv
 
-    llm = LlamaCppLLM(model_path=EMBEDDED[0], extra_buffers=mode, probe=False, n_ctx=512, batch_width=1)
-    try:
-        llama = llm.load()
-        assert llama.model_params.use_extra_bufts is (mode == "on")
-        reply = llm.generate((Message("user", "Say yes."),), GenerationOptions(temperature=0.0, max_tokens=2))
-        assert reply.completion_tokens >= 1
-    finally:
-        llm.close()
+    from opro.llm.probe import run_probe
+
+    path = _gguf(EMBEDDED[0])
+    proc = subprocess.run(argv("extra_buffers_decode", EMBEDDED[0], mode), capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    assert f"use_extra_bufts={mode == 'on'}" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    if proc.returncode == 0:
+        assert "completion_tokens=" in proc.stdout and "completion_tokens=0" not in proc.stdout
+    else:
+        assert mode == "on" and proc.returncode < 0, (proc.returncode, proc.stderr[-2000:])
+        probed = run_probe(path, "on")
+        assert not probed.ok and probed.crashed, probed  # the probe sees the same crash and keeps them off
 
 
 @pytest.mark.embedded
