@@ -283,3 +283,92 @@ def test_without_a_cheaper_candidate_nothing_is_validated_and_the_initial_config
     assert v is not None and not v.finalists and v.n_questions == 0 and not result.validated
     assert result.best_instruction == "Answer the question."
     assert v.verdict.startswith("no candidate of the search was cheaper per answer than the initial configuration")
+
+
+# -- opro compare --margin: non-inferiority and a lower cost, held out (issue 50, item 4) -------------
+def _margin_pool(*, worse: bool) -> object:
+    """The initial instruction ("Answer the question.") answers "Yes."; any other, twelve words. The
+    judge scores a question the same under either, or, with ``worse``, the one-word answer a point lower."""
+    import re
+
+    from fault_server import instruction_of
+
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    def task(messages: tuple, options: object) -> str:
+        return "Yes." if instruction_of(messages[-1].content).strip().startswith("Answer the question.") else LONG
+
+    def judge(messages: tuple, options: object) -> str:
+        text = messages[-1].content
+        number = int(m.group(1)) if (m := re.search(r"Fact number (\d+)", text)) else 0
+        return json.dumps({"score": 3 + number % 2 - (1 if worse and LONG not in text else 0), "reasoning": "s"})
+
+    return ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
+                               "judge": ScriptedLLM(default=judge, model="judge"),
+                               "optimizer": ScriptedLLM(default=lambda m, o: "<INS>x</INS>", model="optimizer")})
+
+
+def _compare_margin(config: Path, monkeypatch: pytest.MonkeyPatch, *extra: str, worse: bool = False,
+                    baseline: str = "text:Answer in full.") -> tuple[int, str]:
+    """`opro compare` of the initial (one-word) instruction against ``baseline`` on the scripted world."""
+    from typer.testing import CliRunner
+
+    from opro.cli import app
+
+    monkeypatch.setattr("opro.experiment.ModelPool", lambda *a, **k: _margin_pool(worse=worse))
+    monkeypatch.setenv("COLUMNS", "400")
+    res = CliRunner().invoke(app, ["compare", str(config), "--baseline", baseline, "--prompt", "initial",
+                                   "--no-mlflow", "--no-progress", *extra])
+    return res.exit_code, " ".join(res.output.split())
+
+
+def test_compare_margin_says_not_worse_and_cheaper_and_promotes_only_then(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakes import write_config
+
+    from opro.rundir import RunDir
+
+    config = write_config(tmp_path)  # 10 held-out questions
+    code, said = _compare_margin(config, monkeypatch, "--margin", "0.25", "--name", "m", "--promote", "cheap")
+    assert code == 0, said
+    # Equal on every question: shifted by +0.25 each, the one-sided exact sign-flip p is 1/1024.
+    assert "quality +0.00 [+0.00, +0.00], not worse by more than 0.25 (p = 0.00098)" in said
+    assert "fewer tokens per answer [" in said and "promoted initial to alias 'cheap'" in said
+    data = json.loads((tmp_path / "out" / "compare" / "m" / "report.json").read_text())
+    assert data["margin"] == 0.25
+    versus = data["prompts"][1]["versus_baseline"]
+    assert versus["non_inferiority"]["passed"] and versus["non_inferiority"]["p"] == pytest.approx(1 / 1024)
+    assert versus["cost_difference"]["lower"] and versus["cost_difference"]["tokens"]["estimate"] < 0
+    md = (tmp_path / "out" / "compare" / "m" / "report.md").read_text()
+    assert "Non-inferiority margin 0.25 judge points" in md and "within 0.25 p" in md
+    # The margin is part of the attempt: another margin on the same held-out questions is refused.
+    assert RunDir(tmp_path / "out").read_promotions()[0]["margin"] == 0.25
+    code, said = _compare_margin(config, monkeypatch, "--margin", "0.5", "--promote", "cheap")
+    assert code == 1 and "already had a promotion attempt on these 10 held-out questions" in said
+    assert "another margin" in said
+    # Without a margin the same cheaper prompt is no gain, so it is not promoted.
+    code, said = _compare_margin(config, monkeypatch, "--promote", "gain")
+    assert code == 1 and "not a significant gain at alpha 0.05" in said
+
+
+def test_compare_margin_refuses_a_cheaper_prompt_worse_by_more_than_the_margin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakes import write_config
+
+    code, said = _compare_margin(write_config(tmp_path), monkeypatch, "--margin", "0.25", "--promote", "cheap",
+                                 worse=True)
+    assert code == 1, said
+    assert "quality -1.00 [-1.00, -1.00], not shown to be within 0.25 of the baseline (p = 1 >= alpha 0.05)" in said
+    assert "not shown to be worse by less than 0.25 at alpha 0.05" in said and "fewer tokens per answer" in said
+
+
+def test_compare_margin_refuses_a_prompt_as_good_but_not_cheaper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakes import write_config
+
+    # The same instruction as the baseline: not worse (p = 1/1024), but not cheaper either.
+    code, said = _compare_margin(write_config(tmp_path), monkeypatch, "--margin", "0.25", "--promote", "same",
+                                 baseline="text:Answer the question.")
+    assert code == 1, said
+    assert "not worse by more than 0.25 (p = 0.00098)" in said
+    assert "its cost per answer is not lower (interval not below 0)" in said
