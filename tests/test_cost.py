@@ -372,3 +372,41 @@ def test_compare_margin_refuses_a_prompt_as_good_but_not_cheaper(tmp_path: Path,
     assert code == 1, said
     assert "not worse by more than 0.25 (p = 0.00098)" in said
     assert "its cost per answer is not lower (interval not below 0)" in said
+
+
+def test_exports_carry_the_cost_per_answer_with_the_data_it_was_measured_on(tmp_path: Path) -> None:
+    from fakes import mlflow_client, optimized
+
+    from opro.compare import compare_prompts, save_comparison
+    from opro.export import export_prompt
+    from opro.sources import resolve_prompt
+
+    config = optimized(tmp_path)
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"], n_resamples=200)
+        save_comparison(report, experiment=exp, name="c", mlflow=False)
+        cfg = exp.config
+    finally:
+        exp.close()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    best = resolve_prompt("best", config=cfg)
+    prov = json.loads(export_prompt(best, format="json", out=tmp_path / "e", config=cfg).paths[0].read_text())["provenance"]
+    assert prov["cost"] == summary["cost"]["returned"] and prov["cost"]["n"] > 0
+    assert prov["cost_basis"].startswith("search questions")
+    compared = prov["comparison"]
+    heldout = report.prompts[1].cost
+    assert compared["split"] == "heldout" and heldout is not None and compared["cost"] == heldout.as_dict()
+    assert compared["cost_difference"]["tokens"]["estimate"] > 0  # "Using the context: yes." is longer than "Yes."
+    result = export_prompt(best, format="mlflow", config=cfg)
+    tags = mlflow_client(config).get_prompt_version(cfg.prompt_name, result.version).tags
+    search = summary["cost"]["returned"]
+    assert tags["opro.tokens_per_answer"] == f"{search['prompt_tokens'] + search['completion_tokens']:.1f}"
+    assert tags["opro.cost_per_answer"] == f"{search['cost']:.6g}" and tags["opro.cost_unit"] == "tokens"
+    assert tags["opro.cost_basis"].startswith("search questions") and tags["opro.seconds_per_answer"]
+    assert tags["opro.compared.tokens_per_answer"] == f"{heldout.prompt_tokens + heldout.completion_tokens:.1f}"
+    assert tags["opro.compared.cost_basis"].startswith("heldout questions of ") and "10 answers" in tags["opro.compared.cost_basis"]
+    # Token counts survive redaction; a secret under a count's name (a string) does not.
+    from opro.redaction import redact
+
+    assert redact({"prompt_tokens": 5, "tokens": "sk-abc", "access_tokens": 3, "token": 1}) == {"prompt_tokens": 5}
