@@ -1104,6 +1104,7 @@ def log_comparison(
             "compare.n_resamples": report.n_resamples,
             "compare.seed": report.seed,
             "compare.dataset_hash": report.dataset_hash,
+            **({} if report.margin is None else {"compare.margin": report.margin}),
         }
     )
     for i, p in enumerate(report.prompts):
@@ -1136,6 +1137,8 @@ def log_comparison(
                     f"prompt_{i}.wilcoxon_p": s.wilcoxon.p_value,
                     f"prompt_{i}.permutation_p": s.permutation.p_value,
                 })
+            if v is not None and v.noninferiority is not None:
+                metrics[f"prompt_{i}.noninferiority_p"] = v.noninferiority.p_value
         tracker.log_metrics(metrics, step=0)
         tracker.log_artifact(directory)
     except Exception:

@@ -410,3 +410,40 @@ def test_exports_carry_the_cost_per_answer_with_the_data_it_was_measured_on(tmp_
     from opro.redaction import redact
 
     assert redact({"prompt_tokens": 5, "tokens": "sk-abc", "access_tokens": 3, "token": 1}) == {"prompt_tokens": 5}
+
+
+def test_compare_margin_holm_adjusts_over_the_prompts_and_logs_the_margin(tmp_path: Path) -> None:
+    from fakes import write_config
+
+    from opro.compare import compare_prompts, save_comparison
+
+    exp = Experiment.from_file(write_config(tmp_path), pool=_margin_pool(worse=False), progress=False)  # type: ignore[arg-type]
+    try:
+        report = compare_prompts(experiment=exp, prompts=["text:Answer in full.", "initial", "text:Answer in full, please."],
+                                 margin=0.25, n_resamples=200)
+        saved = save_comparison(report, experiment=exp, name="h")
+    finally:
+        exp.close()
+    tests = [v.noninferiority for v in report.versus if v is not None]
+    # Both equal to the baseline on all 10 questions: raw p 1/1024 each, Holm over 2: 2/1024.
+    assert [(t.p_value, t.p, t.n_comparisons) for t in tests if t is not None] == [(1 / 1024, 2 / 1024, 2)] * 2
+    assert "not worse by more than 0.25 (p = 0.002, Holm over 2)" in report.sentences()[0]
+    # Only the one-word answers are cheaper (the third prompt is the baseline with more words).
+    assert [v.cost.lower for v in report.versus if v is not None and v.cost is not None] == [True, False]
+    from mlflow import MlflowClient
+
+    run = MlflowClient(tracking_uri=exp.config.mlflow_uri).get_run(saved.mlflow_run_id)
+    assert run.data.params["compare.margin"] == "0.25" and run.data.metrics["prompt_1.noninferiority_p"] == 1 / 1024
+
+
+def test_the_one_sided_sign_flip_p_value_is_exact_on_few_pairs_and_estimated_on_more() -> None:
+    from opro.noninferiority import one_sided_sign_flip
+
+    assert one_sided_sign_flip([0.25] * 10) == (1 / 1024, True)
+    assert one_sided_sign_flip([-0.75] * 10) == (1.0, True)  # every flip is at least as large
+    # One of three pairs negative: the flips at least as large as the observed mean are 2 of 8.
+    assert one_sided_sign_flip([1.0, 1.0, -0.5]) == (2 / 8, True)
+    values = [0.3, -0.2, 0.5, 0.1, -0.4, 0.6, 0.2, -0.1, 0.4, 0.0, 0.3, -0.3, 0.2, 0.1, -0.2, 0.5, 0.1]
+    exact, is_exact = one_sided_sign_flip(values, exact_max_n=17)
+    estimated, was_exact = one_sided_sign_flip(values, n_resamples=20_000, seed=1)
+    assert is_exact and not was_exact and abs(estimated - exact) < 0.01 and 0.01 < exact < 0.5
