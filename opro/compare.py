@@ -259,7 +259,7 @@ class ComparisonReport:
             "perm. p" + (" (Holm)" if self.n_comparisons > 1 else ""),
             *self.metric_names,
             "tokens/answer", "s/answer", f"Δ tokens [{lvl} CI]", f"Δ s [{lvl} CI]",
-            *([] if self.margin is None else [f"within {self.margin:g} p" + (" (Holm)" if self.n_comparisons > 1 else "")]),
+            *([] if self.margin is None else [f"non-inferiority p (margin {self.margin:g})" + (" (Holm)" if self.n_comparisons > 1 else "")]),
         ]
 
     def _margin_cells(self, v: VersusBaseline | None) -> list[str]:
@@ -1018,6 +1018,13 @@ def _promote(
             "opro.heldout_margin": f"{report.margin:g}",
             "opro.heldout_test": "one-sided paired sign-flip permutation, non-inferiority by the margin",
             "opro.heldout_p_noninferiority": f"{v.noninferiority.p:.4g}",
+        }),
+        # Its cost per answer on these held-out questions, and the paired differences to the baseline.
+        **({} if best.cost is None else {
+            "opro.heldout_tokens_per_answer": f"{best.cost.prompt_tokens + best.cost.completion_tokens:.1f}",
+            "opro.heldout_seconds_per_answer": f"{best.cost.seconds:.3f}",
+            "opro.heldout_cost_per_answer": f"{best.cost.cost:.6g}",
+            "opro.heldout_cost_unit": best.cost.unit,
         }),
         **({} if v.cost is None else {
             "opro.heldout_cost_difference": f"{v.cost.cost.estimate:.6g}",

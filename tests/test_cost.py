@@ -341,7 +341,14 @@ def test_compare_margin_says_not_worse_and_cheaper_and_promotes_only_then(
     assert versus["non_inferiority"]["passed"] and versus["non_inferiority"]["p"] == pytest.approx(1 / 1024)
     assert versus["cost_difference"]["lower"] and versus["cost_difference"]["tokens"]["estimate"] < 0
     md = (tmp_path / "out" / "compare" / "m" / "report.md").read_text()
-    assert "Non-inferiority margin 0.25 judge points" in md and "within 0.25 p" in md
+    assert "Non-inferiority margin 0.25 judge points" in md and "non-inferiority p (margin 0.25)" in md
+    # The promoted version says under which margin and test it was judged, and what its answers cost.
+    from fakes import mlflow_client
+
+    tags = mlflow_client(config).get_prompt_version_by_alias("qa-t", "cheap").tags
+    assert tags["opro.heldout_margin"] == "0.25" and tags["opro.heldout_p_noninferiority"] == f"{1 / 1024:.4g}"
+    assert tags["opro.heldout_test"].startswith("one-sided") and float(tags["opro.heldout_tokens_difference"]) < 0
+    assert float(tags["opro.heldout_tokens_per_answer"]) > 0 and tags["opro.heldout_cost_unit"] == "tokens"
     # The margin is part of the attempt: another margin on the same held-out questions is refused.
     assert RunDir(tmp_path / "out").read_promotions()[0]["margin"] == 0.25
     code, said = _compare_margin(config, monkeypatch, "--margin", "0.5", "--promote", "cheap")
