@@ -333,7 +333,7 @@ def test_compare_margin_says_not_worse_and_cheaper_and_promotes_only_then(
     code, said = _compare_margin(config, monkeypatch, "--margin", "0.25", "--name", "m", "--promote", "cheap")
     assert code == 0, said
     # Equal on every question: shifted by +0.25 each, the one-sided exact sign-flip p is 1/1024.
-    assert "quality +0.00 [+0.00, +0.00], not worse by more than 0.25 (p = 0.00098)" in said
+    assert "quality +0.00 [-0.23, +0.23], not worse by more than 0.25 (p = 0.00098)" in said
     assert "fewer tokens per answer [" in said and "promoted initial to alias 'cheap'" in said
     data = json.loads((tmp_path / "out" / "compare" / "m" / "report.json").read_text())
     assert data["margin"] == 0.25
@@ -366,7 +366,7 @@ def test_compare_margin_refuses_a_cheaper_prompt_worse_by_more_than_the_margin(
     code, said = _compare_margin(write_config(tmp_path), monkeypatch, "--margin", "0.25", "--promote", "cheap",
                                  worse=True)
     assert code == 1, said
-    assert "quality -1.00 [-1.00, -1.00], not shown to be within 0.25 of the baseline (p = 1 >= alpha 0.05)" in said
+    assert "quality -1.00 [-1.23, -0.77], not shown to be within 0.25 of the baseline (p = 1 >= alpha 0.05)" in said
     assert "not shown to be worse by less than 0.25 at alpha 0.05" in said and "fewer tokens per answer" in said
 
 
