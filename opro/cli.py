@@ -816,6 +816,12 @@ def compare(
     resamples: int = typer.Option(10_000, "--resamples", min=1000, help="Random sign flips of the permutation test above 16 pairs."),
     seed: int = typer.Option(0, "--seed", help="Seed of the resampling."),
     alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the tests."),
+    margin: float | None = typer.Option(
+        None, "--margin",
+        help="Non-inferiority margin in judge points (e.g. 0.25): also test that each prompt is not worse than the "
+        "baseline by more than it (one-sided paired permutation test, Holm), beside its paired cost difference. "
+        "With --promote, promotion then needs that test passed and a lower cost per answer, not a gain.",
+    ),
     promote_alias: str | None = typer.Option(
         None, "--promote",
         help="Move this Prompt Registry alias to the best prompt, only if it beats the baseline on held-out "
@@ -862,6 +868,7 @@ def compare(
             alpha=alpha,
             n_resamples=resamples,
             seed=seed,
+            margin=margin,
         )
         saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
         if promote_alias is not None:

@@ -31,6 +31,7 @@ from opro.cost import CostDifference, CostModel, CostSummary, paired_difference
 from opro.errors import ConfigError, DataError, LeakageError
 from opro.judges.factory import METRIC_JUDGES, build_metric
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
+from opro.noninferiority import NonInferiority, check_margin, holm_noninferiority, noninferiority
 from opro.rundir import RunDir
 from opro.sources import ResolvedPrompt, resolve_prompt
 from opro.stats import ConfidenceInterval, PairedComparison, compare_paired, holm_family, t_mean_ci
@@ -89,10 +90,18 @@ class VersusBaseline:
     stats: PairedComparison
     #: Its cost per answer minus the baseline's, paired on the questions both answered (t intervals).
     cost: CostDifference | None = None
+    #: With ``--margin``: the one-sided test of not being worse than the baseline by more than it.
+    noninferiority: NonInferiority | None = None
 
     @property
     def sentence(self) -> str:
-        return f"{self.label} vs {self.baseline}: {self.stats.verdict()}"
+        said = f"{self.label} vs {self.baseline}: {self.stats.verdict()}"
+        if self.noninferiority is None:
+            return said
+        d = self.stats.difference
+        quality = "quality n/a" if self.stats.n == 0 else f"quality {d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]"
+        saved = "cost per answer not measured" if self.cost is None else self.cost.saving_text()
+        return f"{said}. Non-inferiority: {saved}; {quality}, {self.noninferiority.text()}"
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,8 @@ class ComparisonReport:
     wall_s: float = 0.0
     #: The judge's measured noise (`opro judge calibrate`), or how to measure it: shown beside the gains.
     judge_noise: str = ""
+    #: The non-inferiority margin in judge points (``--margin``), None without one.
+    margin: float | None = None
 
     @property
     def baseline_prompt(self) -> PromptScores:
@@ -173,6 +184,7 @@ class ComparisonReport:
                     "significant": s.significant,
                     "verdict": v.sentence,
                     "cost_difference": None if v.cost is None else v.cost.as_dict(),
+                    "non_inferiority": None if v.noninferiority is None else v.noninferiority.as_dict(),
                 }
             prompts.append(entry)
         return {
@@ -186,6 +198,7 @@ class ComparisonReport:
             "confidence_level": self.level,
             "interval_method": INTERVALS,
             "alpha": self.alpha,
+            "margin": self.margin,
             "n_comparisons": self.n_comparisons,
             "multiplicity": self.multiplicity(),
             "n_resamples": self.n_resamples,
@@ -226,7 +239,7 @@ class ComparisonReport:
                 ]
             row += [_fmt(p.metric_means.get(m)) + (f" ({k} invalid)" if (k := p.metric_invalid.get(m, 0)) else "")
                     for m in self.metric_names]
-            rows.append(row + _cost_cells(p, v))
+            rows.append(row + _cost_cells(p, v) + self._margin_cells(v))
         return rows
 
     @property
@@ -250,7 +263,14 @@ class ComparisonReport:
             "perm. p" + (" (Holm)" if self.n_comparisons > 1 else ""),
             *self.metric_names,
             "tokens/answer", "s/answer", f"Δ tokens [{lvl} CI]", f"Δ s [{lvl} CI]",
+            *([] if self.margin is None else [f"non-inferiority p (margin {self.margin:g})" + (" (Holm)" if self.n_comparisons > 1 else "")]),
         ]
+
+    def _margin_cells(self, v: VersusBaseline | None) -> list[str]:
+        if self.margin is None:
+            return []
+        ni = None if v is None else v.noninferiority
+        return ["" if ni is None else f"{ni.p:.3g}" + (" (yes)" if ni.passed else "")]
 
     @property
     def n_comparisons(self) -> int:
@@ -298,6 +318,10 @@ class ComparisonReport:
             "another prompt's), so no prompt's score depends on the prompts compared beside it.",
             self.multiplicity(),
         ]
+        if self.margin is not None:
+            lines.append(f"Non-inferiority margin {self.margin:g} judge points: H0 quality(prompt) - quality(baseline) "
+                         f"<= -{self.margin:g}, one-sided paired sign-flip permutation test on the differences shifted "
+                         f"by +{self.margin:g}, at alpha {self.alpha:g}; cost differences are paired t intervals.")
         if self.split == "heldout":
             lines.append(
                 "Leakage check: "
@@ -614,16 +638,20 @@ def compare_prompts(
     n_resamples: int = 10_000,
     seed: int = 0,
     progress: bool | None = None,
+    margin: float | None = None,
 ) -> ComparisonReport:
     """Evaluate each prompt on ``split`` of the experiment's dataset and compare it with ``baseline``.
 
     ``prompts`` are specs (see :mod:`opro.sources`) or resolved prompts; ``baseline`` is an index
     into them or one of their specs. ``extra_metrics`` are names from :data:`EXTRA_METRICS` or metric
-    objects accepted by :func:`opro.evaluation.evaluate_examples`.
+    objects accepted by :func:`opro.evaluation.evaluate_examples`. With ``margin`` (judge points)
+    each prompt also gets a non-inferiority test against the baseline (Holm over the prompts).
     """
     from opro.evaluation import evaluate_templates
 
     started = time.perf_counter()
+    if margin is not None:
+        margin = check_margin(margin)
     if split not in SPLITS:
         raise ConfigError(f"split {split!r} is not one of {', '.join(SPLITS)}")
     cfg = experiment.config
@@ -702,14 +730,19 @@ def compare_prompts(
             [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha,
             scale=SCALE, resolution=RESOLUTION,
         )
+        ni = None if margin is None else noninferiority([x for x, _ in pairs], [y for _, y in pairs], margin=margin,
+                                                         alpha=alpha, n_resamples=n_resamples, seed=seed)
         versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=len(examples) - len(pairs), stats=stats,
                                      cost=paired_difference(r.evaluation.rows, b.evaluation.rows, model=cost_model,
-                                                            level=level)))
+                                                            level=level), noninferiority=ni))
     # Several prompts against one baseline: a family of tests, so Holm-adjust the p-values.
     family = [v for v in versus if v is not None]
     if len(family) > 1:
         adjusted = iter(holm_family([v.stats for v in family]))
         versus = [None if v is None else replace(v, stats=next(adjusted)) for v in versus]
+        if margin is not None:
+            ni_adjusted = iter(holm_noninferiority([v.noninferiority for v in family if v.noninferiority is not None]))
+            versus = [None if v is None else replace(v, noninferiority=next(ni_adjusted)) for v in versus]
 
     models = {role: experiment.spec(role).model for role in ("task", "judge")}
     return ComparisonReport(
@@ -733,6 +766,7 @@ def compare_prompts(
         usage=experiment.usage.as_dict(),
         wall_s=time.perf_counter() - started,
         judge_noise=judge_noise_note(cfg),
+        margin=margin,
     )
 
 
@@ -843,15 +877,17 @@ def promote(
     Required: a held-out comparison whose leakage check passed, valid scores of both prompts on at
     least ``min_coverage`` of the held-out questions (pairs are dropped where either judgment is
     invalid), and a positive mean difference that the paired sign-flip permutation test calls
-    significant at the report's alpha (Holm-adjusted when several prompts were compared). Among
-    prompts that qualify, the one with the highest held-out mean wins; it is registered as a new
+    significant at the report's alpha (Holm-adjusted when several prompts were compared); under a
+    margin (``compare_prompts(margin=...)``) instead its non-inferiority test (Holm) and a cost per
+    answer whose paired interval lies below 0. Among prompts that qualify, the one with the highest
+    held-out mean wins (under a margin, the cheapest); it is registered as a new
     version tagged with its held-out figures (alpha, n, coverage, p, the family), then the alias
     points at it.
 
     Every attempt is recorded, in the decision ledger beside the dataset (shared by every output
     folder of that dataset) and in ``promotions.json`` in the output folder. An alias gets one
     attempt per held-out set, across output folders: a later one on the same questions (more than
-    :data:`opro.ledger.MAX_SEEN_SHARE` of them) with other prompts, another baseline or another alpha
+    :data:`opro.ledger.MAX_SEEN_SHARE` of them) with other prompts, another baseline, alpha or margin
     is refused (it would be a new chance at a false promotion, outside the error budget of the
     first); the same attempt may be repeated exactly, and a fresh held-out set starts a new budget.
     """
@@ -877,7 +913,8 @@ def promote(
     entry = Decision(
         scope=f"promotion {attempt['registry']}@{alias}", key=attempt["family"],
         questions=short_hashes([question_hash(normalize_question(q)) for q in dict.fromkeys(report.questions)]),
-        design={k: attempt[k] for k in ("prompts", "baseline", "alpha", "min_coverage")}, at=attempt["at"],
+        design={k: attempt[k] for k in ("prompts", "baseline", "alpha", "min_coverage", "margin") if k in attempt},
+        at=attempt["at"],
     )
     seen = experiment.decisions.begin(entry)
     if seen is not None:
@@ -900,7 +937,7 @@ def _refused_again(alias: str, *, shared: int, n: int, where: str, at: Any, prom
     return PromotionDecision(alias, False, None, None, (
         f"alias {alias!r} already had a promotion attempt on {on} held-out questions ({where}, {at}: "
         f"{', '.join(prompts)} at alpha {alpha}, {verdict}); another attempt on the same questions with other "
-        "prompts or another alpha would spend the error budget again. Use a fresh held-out set (more data; a new "
+        "prompts, another alpha or another margin would spend the error budget again. Use a fresh held-out set (more data; a new "
         f"[data.split].seed only where at most {MAX_SEEN_SHARE:.0%} of its held-out questions were in this one), "
         "or repeat that attempt exactly",
     ))
@@ -908,7 +945,7 @@ def _refused_again(alias: str, *, shared: int, n: int, where: str, at: Any, prom
 
 def _promotion_attempt(report: ComparisonReport, *, alias: str, registry: str, min_coverage: float) -> dict[str, Any]:
     """What identifies a promotion attempt: the alias, the held-out questions, and the family (the
-    compared templates, the baseline, alpha and the coverage rule)."""
+    compared templates, the baseline, alpha, the coverage rule and, under ``--margin``, the margin)."""
     from opro.dataset import normalize_question, question_hash
 
     def sha(text: str) -> str:
@@ -918,11 +955,14 @@ def _promotion_attempt(report: ComparisonReport, *, alias: str, registry: str, m
     # Settings only where there are some: attempts recorded before settings existed keep their keys.
     prompts = sorted(f"{p.label}={sha(p.template_text + (repr(sorted(p.settings.items())) if p.settings else ''))}"
                      for p in report.prompts)
+    family: tuple[Any, ...] = (prompts, report.baseline_prompt.label, report.alpha, min_coverage)
+    # The margin only where there is one: attempts recorded before margins existed keep their family.
+    margin = {} if report.margin is None else {"margin": report.margin}
     return {
         "at": datetime.now().isoformat(timespec="seconds"), "registry": registry, "alias": alias,
         "questions": questions, "n_questions": len(report.questions), "prompts": prompts,
-        "baseline": report.baseline_prompt.label, "alpha": report.alpha, "min_coverage": min_coverage,
-        "family": sha(repr((prompts, report.baseline_prompt.label, report.alpha, min_coverage))),
+        "baseline": report.baseline_prompt.label, "alpha": report.alpha, "min_coverage": min_coverage, **margin,
+        "family": sha(repr(family if report.margin is None else (*family, report.margin))),
     }
 
 
@@ -961,13 +1001,28 @@ def _promote(
             reasons.append(figures + f": below the {min_coverage:.0%} coverage a promotion needs (fix the judge's "
                                      "invalid replies and compare again)")
             continue
-        ok = s.n > 0 and d.estimate > 0 and s.significant
-        reasons.append(figures + ("" if ok else f": not a significant gain at alpha {report.alpha:g}"))
+        if report.margin is not None:
+            # Under a margin the claim is "as good and cheaper": non-inferiority and a lower cost.
+            ni, c = v.noninferiority, v.cost
+            figures += (f", non-inferiority by {report.margin:g} p={ni.p:.3g}" if ni is not None else "")
+            figures += "" if c is None else f", cost per answer {c.cost.text(3 if c.baseline_cost < 1 else 0)}"
+            why = ("" if ni is not None and ni.passed else
+                   f": not shown to be worse by less than {report.margin:g} at alpha {report.alpha:g}")
+            if not why and (c is None or not c.lower):
+                why = ": not worse by more than the margin, but its cost per answer is not lower (interval not below 0)"
+            ok = not why
+            reasons.append(figures + why)
+        else:
+            ok = s.n > 0 and d.estimate > 0 and s.significant
+            reasons.append(figures + ("" if ok else f": not a significant gain at alpha {report.alpha:g}"))
         if ok:
             qualified.append((p, v))
     if not qualified:
         return PromotionDecision(alias, False, None, None, tuple(reasons))
-    best, v = max(qualified, key=lambda pv: pv[0].mean.estimate if pv[0].mean is not None else -math.inf)
+    if report.margin is not None:  # as good and cheaper: the cheapest of those that qualify
+        best, v = min(qualified, key=lambda pv: pv[1].cost.cost.estimate if pv[1].cost is not None else math.inf)
+    else:
+        best, v = max(qualified, key=lambda pv: pv[0].mean.estimate if pv[0].mean is not None else -math.inf)
     resolved = resolve_prompt(best.spec, config=experiment.config, tracking_uri=tracking_uri)
     exported = export_prompt(resolved, format="mlflow", alias=alias, config=experiment.config,
                              tracking_uri=tracking_uri)
@@ -989,6 +1044,23 @@ def _promote(
         "opro.heldout_p_wilcoxon": f"{v.stats.p_wilcoxon:.4g}",
         "opro.heldout_p_permutation": f"{v.stats.p_permutation:.4g}",
         "opro.heldout_baseline": v.baseline[:250],
+        **({} if report.margin is None or v.noninferiority is None else {
+            "opro.heldout_margin": f"{report.margin:g}",
+            "opro.heldout_test": "one-sided paired sign-flip permutation, non-inferiority by the margin",
+            "opro.heldout_p_noninferiority": f"{v.noninferiority.p:.4g}",
+        }),
+        # Its cost per answer on these held-out questions, and the paired differences to the baseline.
+        **({} if best.cost is None else {
+            "opro.heldout_tokens_per_answer": f"{best.cost.prompt_tokens + best.cost.completion_tokens:.1f}",
+            "opro.heldout_seconds_per_answer": f"{best.cost.seconds:.3f}",
+            "opro.heldout_cost_per_answer": f"{best.cost.cost:.6g}",
+            "opro.heldout_cost_unit": best.cost.unit,
+        }),
+        **({} if v.cost is None else {
+            "opro.heldout_cost_difference": f"{v.cost.cost.estimate:.6g}",
+            "opro.heldout_tokens_difference": f"{v.cost.tokens.estimate:.1f}",
+            "opro.heldout_seconds_difference": f"{v.cost.seconds.estimate:.3f}",
+        }),
     })
     return PromotionDecision(alias, True, best.label, exported.uri, tuple(reasons))
 
@@ -1069,6 +1141,7 @@ def log_comparison(
             "compare.n_resamples": report.n_resamples,
             "compare.seed": report.seed,
             "compare.dataset_hash": report.dataset_hash,
+            **({} if report.margin is None else {"compare.margin": report.margin}),
         }
     )
     for i, p in enumerate(report.prompts):
@@ -1101,6 +1174,8 @@ def log_comparison(
                     f"prompt_{i}.wilcoxon_p": s.wilcoxon.p_value,
                     f"prompt_{i}.permutation_p": s.permutation.p_value,
                 })
+            if v is not None and v.noninferiority is not None:
+                metrics[f"prompt_{i}.noninferiority_p"] = v.noninferiority.p_value
         tracker.log_metrics(metrics, step=0)
         tracker.log_artifact(directory)
     except Exception:

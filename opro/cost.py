@@ -126,10 +126,30 @@ class CostDifference:
     cost: Difference
     #: The baseline's mean cost on those questions (what a relative saving is a share of).
     baseline_cost: float
+    #: The baseline's mean tokens per answer on those questions.
+    baseline_tokens: float = math.nan
+
+    @property
+    def lower(self) -> bool:
+        """The cost per answer is lower: its paired interval lies below 0."""
+        return self.cost.ci is not None and self.cost.ci[1] < 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens.as_dict(), "seconds": self.seconds.as_dict(), "cost": self.cost.as_dict(),
-                "baseline_cost": self.baseline_cost}
+                "baseline_cost": self.baseline_cost, "baseline_tokens": self.baseline_tokens, "lower": self.lower}
+
+    def saving_text(self) -> str:
+        """Tokens per answer as a share of the baseline's (the interval divided by that mean, taken as
+        known: first order, as the validation stage reports it), and seconds per answer."""
+        t, s = self.tokens, self.seconds
+        if self.baseline_tokens > 0:
+            share = -t.estimate / self.baseline_tokens
+            tokens = f"{abs(share):.0%} {'fewer' if share >= 0 else 'more'} tokens per answer"
+            if t.ci is not None:
+                tokens += f" [{-t.ci[1] / self.baseline_tokens:.0%}, {-t.ci[0] / self.baseline_tokens:.0%} fewer]"
+        else:
+            tokens = f"tokens per answer {t.text(0)}"
+        return f"{tokens}, seconds per answer {s.text(2)}"
 
 
 def _difference(values: list[float], *, level: float) -> Difference:
@@ -159,6 +179,7 @@ def paired_difference(rows: Sequence[AnsweredCall], baseline: Sequence[AnsweredC
         seconds=_difference([a.latency_s - b.latency_s for a, b in pairs], level=level),
         cost=_difference([cost(a) - cost(b) for a, b in pairs], level=level),
         baseline_cost=statistics.fmean(cost(b) for _, b in pairs),
+        baseline_tokens=statistics.fmean(tokens(b) for _, b in pairs),
     )
 
 

@@ -100,11 +100,16 @@ def _latest_comparison(run_dir: Path, template_text: str) -> dict[str, Any] | No
         for p in data.get("prompts", []):
             if p.get("template") == template_text and p.get("mean"):
                 entry = {"report": str(path), "split": data.get("split"), "n_questions": data.get("n_questions"),
-                         "mean": p["mean"], "pass_rate": p.get("pass_rate"), "baseline": data.get("baseline")}
+                         "mean": p["mean"], "pass_rate": p.get("pass_rate"), "baseline": data.get("baseline"),
+                         # Its cost per answer on that comparison's questions (the split above).
+                         "cost": p.get("cost")}
                 if "versus_baseline" in p:
                     v = p["versus_baseline"]
                     entry.update({"mean_difference": v.get("mean_difference"), "wilcoxon_p": v.get("wilcoxon_p"),
-                                  "permutation_p": v.get("permutation_p")})
+                                  "permutation_p": v.get("permutation_p"),
+                                  "cost_difference": v.get("cost_difference")})
+                    if data.get("margin") is not None:
+                        entry.update({"margin": data["margin"], "non_inferiority": v.get("non_inferiority")})
                 return entry
     return None
 
@@ -292,6 +297,27 @@ def _dspy_snippet(prompt: ResolvedPrompt) -> str:
     )
 
 
+def _cost_tags(prov: dict[str, Any]) -> dict[str, str]:
+    """Mean tokens, seconds and cost per answer, each with the data it was measured on: the run's
+    search questions, and the split of the newest comparison of this prompt."""
+    tags: dict[str, str] = {}
+    for prefix, cost, basis in (
+        ("opro", prov.get("cost"), prov.get("cost_basis")),
+        ("opro.compared", (prov.get("comparison") or {}).get("cost"),
+         f"{(prov.get('comparison') or {}).get('split')} questions of {(prov.get('comparison') or {}).get('report')}"),
+    ):
+        if not cost:
+            continue
+        tags.update({
+            f"{prefix}.tokens_per_answer": f"{cost['prompt_tokens'] + cost['completion_tokens']:.1f}",
+            f"{prefix}.seconds_per_answer": f"{cost['seconds']:.3f}",
+            f"{prefix}.cost_per_answer": f"{cost['cost']:.6g}",
+            f"{prefix}.cost_unit": str(cost.get("unit", "tokens")),
+            f"{prefix}.cost_basis": f"{basis}, {cost['n']} answers"[:250],
+        })
+    return tags
+
+
 def _export_mlflow(
     prompt: ResolvedPrompt,
     *,
@@ -319,6 +345,7 @@ def _export_mlflow(
         tags["opro.gain"] = "none" if prov.get("gain") is None else f"{prov['gain']:.4f}"
     # Not text of the template, answered with it (its demonstrations are in the text); prompts:/ reads them back.
     tags.update({f"opro.{k}": str(v) for k, v in prompt.template.settings.items()})
+    tags.update(_cost_tags(prov))
     tracker = MlflowTracker(tracking_uri=uri, experiment_name=prompt_name)
     try:
         version = tracker.register_prompt(

@@ -13,6 +13,10 @@ Three figures a user needs before spending an afternoon of LLM calls:
   generation. The search figure is its maximum (no candidate pruned, which is what a search
   without clear losers does); the validation figure is its expectation when there is no gain
   (futility stops some runs early), its maximum beside it.
+- **What an answer costs.** The task model's tokens per answer under each open choice of
+  ``[search.space]`` (from the same prompt-length estimate), as a cost (:mod:`opro.cost`); with
+  ``objective = "cost"`` also the smallest margin the split sizes confirm and the saving the space
+  can give.
 - **How long and how much.** Per-call tokens and seconds come from the last run in the same output
   folder when there is one (``summary.json``'s usage), else from defaults measured on the embedded
   models (2 idle cores) or assumed for an endpoint; cost where the model has a price (its table's
@@ -79,6 +83,59 @@ class RoleEstimate:
 
 
 @dataclass(frozen=True)
+class ChoiceCost:
+    """One task answer under one open choice of ``[search.space]`` (the other settings the initial
+    configuration's): estimated tokens and its cost (:meth:`opro.cost.CostModel.of`)."""
+
+    dimension: str
+    value: int
+    prompt_tokens: float
+    completion_tokens: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class CostPlan:
+    """What an answer is expected to cost, per open choice, and under ``objective = "cost"`` what the
+    split sizes can confirm."""
+
+    unit: str
+    completion_weight: float
+    initial: ChoiceCost
+    choices: tuple[ChoiceCost, ...]
+    objective: str
+    margin: float
+    #: Smallest margin by which a truly equal configuration is confirmed not worse in 80% of runs:
+    #: validation stage, and ``opro compare --margin`` on the held-out split (None: never).
+    confirmable_margin: float | None = None
+    heldout_margin: float | None = None
+    #: Shares of the initial configuration's cost per answer the space can save: (dearest, cheapest).
+    saving_range: tuple[float, float] | None = None
+
+    def lines(self, *, power: float, alpha: float) -> list[str]:
+        def fmt(c: ChoiceCost) -> str:
+            cost = f"${c.cost:.3g}" if self.unit == "usd" else f"weighted {c.cost:,.0f}"
+            return f"{c.prompt_tokens + c.completion_tokens:,.0f} tokens ({cost})"
+
+        what = "USD" if self.unit == "usd" else f"task tokens, completion x{self.completion_weight:g}"
+        out = [f"cost per answer (estimated from prompt lengths, {what}): initial configuration {fmt(self.initial)}"]
+        dims = dict.fromkeys(c.dimension for c in self.choices)
+        for d in dims:
+            out.append(f"  {d}: " + "; ".join(f"{c.value}: {fmt(c)}" for c in self.choices if c.dimension == d))
+        if self.objective == "cost":
+            val = ("no margin can be confirmed" if self.confirmable_margin is None
+                   else f"{self.confirmable_margin:.2f} points")
+            held = ("no margin can be confirmed" if self.heldout_margin is None else f"{self.heldout_margin:.2f} points")
+            line = (f"objective cost, margin {self.margin:g}: smallest margin a truly equal configuration is confirmed "
+                    f"within at {power:.0%} power, alpha {alpha:g}: validation {val}; held-out compare --margin {held}")
+            if self.saving_range is not None:
+                lo, hi = self.saving_range
+                line += f"; expected saving across the space: {lo:+.0%} (dearest) to {hi:+.0%} (cheapest) per answer"
+            out.append(line)
+        return out
+
+
+@dataclass(frozen=True)
 class Plan:
     source: str
     split: Mapping[str, int]
@@ -98,6 +155,7 @@ class Plan:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     #: ``[search.space]``'s open dimensions and their choices (empty: only the wording is searched).
     space: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    cost: CostPlan | None = None
 
     @property
     def calls(self) -> float:
@@ -147,6 +205,8 @@ class Plan:
         if self.space:
             out.append("search space: the wording, and " + "; ".join(f"{k} {list(v)}" for k, v in self.space.items())
                        + (" (each chunk size is chunked and indexed once, then kept)" if "chunk_size" in self.space else ""))
+        if self.cost is not None and (self.space or self.cost.objective == "cost"):
+            out += self.cost.lines(power=POWER, alpha=self.alpha)
         for r in self.roles:
             if not r.calls:
                 continue
@@ -267,11 +327,10 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> 
         # The sampler spreads the candidates over an open dimension's choices: their mean, else the config's.
         return statistics.fmean(choices) if choices else float(default)
 
-    # A demonstration: its context (demo_chars, about 4 characters a token), question, answer, field names.
-    demos = mean(space.demos, 0) * (space.demo_chars / 4 + 60)
-    context = 0.8 * mean(space.top_k, rag.top_k) * mean(space.chunk_size, rag.chunk_size)
     prompt, completion = {
-        "task": (120 + context + demos, min(mean(space.answer_max_tokens, rag.answer_max_tokens), 70)),
+        "task": _task_tokens(config, {"demos": mean(space.demos, 0), "top_k": mean(space.top_k, rag.top_k),
+                                      "chunk_size": mean(space.chunk_size, rag.chunk_size),
+                                      "answer_max_tokens": mean(space.answer_max_tokens, rag.answer_max_tokens)}),
         "judge": (450.0, 0.0 if config.judge.score_from != "reply" else 12.0),
         "optimizer": (250 + 25 * min(config.optimizer.max_history, 6) + 40 * config.optimizer.exemplars, 75.0),
         "generator": (80 + 0.8 * rag.chunk_size, 20.0 * config.data.questions_per_chunk + 15),
@@ -285,6 +344,47 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> 
     prefill, decode = _EMBEDDED_SPEED[size]
     return (prompt, completion, prompt / prefill + completion / decode,
             f"default for a {size.upper()} embedded model on 2 idle cores")
+
+
+def _task_tokens(config: OproConfig, values: Mapping[str, float]) -> tuple[float, float]:
+    """Prompt and completion tokens of one task answer with these settings."""
+    # A demonstration: its context (demo_chars, about 4 characters a token), question, answer, field names.
+    demos = values["demos"] * (config.search.space.demo_chars / 4 + 60)
+    context = 0.8 * values["top_k"] * values["chunk_size"]
+    return 120 + context + demos, min(values["answer_max_tokens"], 70)
+
+
+def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPlan:
+    o, rag, model = config.optimizer, config.rag, config.cost_model()
+    initial = {"demos": 0, "top_k": rag.top_k, "chunk_size": rag.chunk_size, "answer_max_tokens": rag.answer_max_tokens}
+
+    def at(values: Mapping[str, float], dimension: str = "initial", value: int = 0) -> ChoiceCost:
+        prompt, completion = _task_tokens(config, values)
+        return ChoiceCost(dimension, value, prompt, completion, model.of(prompt_tokens=prompt, completion_tokens=completion))
+
+    space = config.search.space.dimensions
+    base = at(initial)
+    choices = tuple(at({**initial, d: v}, d, v) for d, values in space.items()
+                    for v in sorted(set(values) | {int(initial[d])}))
+    confirmable = held = None
+    saving = None
+    if o.objective == "cost":
+        if sizes:
+            # Non-inferiority is the same test on differences shifted by the margin: a truly equal
+            # configuration is confirmed at the margin that equals the smallest detectable gain.
+            confirmable = design_power(sizes, alpha=o.alpha, sd=sd, futility=o.futility, power=POWER).detectable
+        n = config.data.split.heldout
+        if n >= min_questions(o.alpha, sides=1):
+            z = statistics.NormalDist().inv_cdf
+            held = (z(1 - o.alpha) + z(POWER)) * sd / math.sqrt(n)
+        if space and base.cost > 0:
+            # Every setting lengthens the prompt or the answer, so the extremes are the cheapest and
+            # the dearest choices of each dimension together.
+            ends = [at({**initial, **{d: f(set(v) | {int(initial[d])}) for d, v in space.items()}}).cost
+                    for f in (max, min)]
+            saving = (1 - ends[0] / base.cost, 1 - ends[1] / base.cost)
+    return CostPlan(unit=model.unit, completion_weight=model.completion_weight, initial=base, choices=choices, objective=o.objective, margin=o.margin,
+                    confirmable_margin=confirmable, heldout_margin=held, saving_range=saving)
 
 
 def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]] | None = None) -> Plan:
@@ -349,7 +449,14 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
                                   cost_usd=cost))
     made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
                 extension_questions=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha, difference_sd=sd, sd_basis=sd_basis, detectable=detectable,
-                heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings), space=space.dimensions)
+                heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings), space=space.dimensions,
+                cost=_cost_plan(config, sd=sd, sizes=sizes))
+    c = made.cost
+    if c is not None and c.objective == "cost" and (c.confirmable_margin is None or c.confirmable_margin > o.margin):
+        can = "no margin" if c.confirmable_margin is None else f"only a margin of {c.confirmable_margin:.2f} or more"
+        made = replace(made, warnings=(*made.warnings, (
+            f"[optimizer].margin {o.margin:g}: the validation stage confirms {can} for a truly equal, cheaper "
+            f"configuration in {POWER:.0%} of runs; raise [data.split].validation or the margin")))
     if held is None:
         return replace(made, warnings=(*made.warnings, made.compare_lines()[0].removeprefix("warning: ")))
     return made
@@ -379,4 +486,4 @@ def _rel(got: float, est: float) -> str:
     return f"{(got - est) / est:+.0%}"
 
 
-__all__ = ["DEFAULT_DIFFERENCE_SD", "Plan", "RoleEstimate", "check", "make_plan"]
+__all__ = ["DEFAULT_DIFFERENCE_SD", "ChoiceCost", "CostPlan", "Plan", "RoleEstimate", "check", "make_plan"]

@@ -17,6 +17,8 @@ REDACTED = "***"
 
 #: Keys whose values are secrets wherever they appear (mapping keys, query parameters).
 SECRET_KEY = re.compile(r"(api[_-]?key|apikey|secret|password|passwd|token|auth|credential|signature|sig)", re.I)
+#: Token counts (an answer's cost, opro.cost), not tokens: kept where the value is no string (a secret is).
+COUNT_KEY = re.compile(r"(prompt|completion|baseline|total)?_?tokens", re.I)
 
 # A URL in prose ends before the punctuation that follows it ("... at https://h/v1?key=K: refused"): that
 # ": " belongs to the sentence, and would vanish into the redacted query value if it were matched.
@@ -56,7 +58,8 @@ def redact(value: Any) -> Any:
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, Mapping):
-        return {k: redact(v) for k, v in value.items() if not SECRET_KEY.search(str(k)) or str(k).endswith("_env")}
+        return {k: redact(v) for k, v in value.items() if not SECRET_KEY.search(str(k)) or str(k).endswith("_env")
+                or (COUNT_KEY.fullmatch(str(k)) is not None and not isinstance(v, str))}
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     return value

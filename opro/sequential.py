@@ -45,11 +45,10 @@ EXACT_MAX_N = 16
 _EPS = 1e-9
 
 
-def interval_text(lo: float, hi: float, *, signed: bool = True) -> str:
-    """An interval in words: ``-0.05 to +0.35``, or ``below +0.35`` where it is open below (``lo`` is
-    ``-inf``: a claimed gain too rare to simulate lower, :func:`conditional_estimate`)."""
-    f = "+.2f" if signed else ".2f"
-    return f"below {hi:{f}}" if lo == -math.inf else f"{lo:{f}} to {hi:{f}}"
+def interval_text(lo: float, hi: float) -> str:
+    """A gain's interval in words: ``-0.05 to +0.35``, or ``below +0.35`` where it is open below (``lo``
+    is ``-inf``: a claimed gain too rare to simulate lower, :func:`conditional_estimate`)."""
+    return f"below {hi:+.2f}" if lo == -math.inf else f"{lo:+.2f} to {hi:+.2f}"
 
 
 def look_sizes(n_max: int, looks: int) -> tuple[int, ...]:

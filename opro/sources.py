@@ -163,7 +163,15 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
         "gain": summary.get("gain"),
         "gain_ci": summary.get("gain_ci"),
         "initial_instruction": summary.get("initial_instruction"),
+        # Its cost per answer (opro.cost) with the data it was measured on; with objective = "cost" also
+        # the validated saving against the initial configuration on the confirmation questions.
+        "cost": (summary.get("cost") or {}).get("returned"),
+        "cost_saving": (summary.get("validation") or {}).get("saving"),
     }
+    if provenance["cost"] is not None:
+        provenance["cost_basis"] = "search questions (means per answered question of the task calls)"
+    if provenance["cost_saving"] is not None:
+        provenance["cost_saving_basis"] = "validation confirmation questions, paired with the initial configuration"
     if stored is not None:
         provenance["summary_from"] = where
     dataset_dir = RunDir(run_dir).dataset

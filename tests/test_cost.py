@@ -283,3 +283,174 @@ def test_without_a_cheaper_candidate_nothing_is_validated_and_the_initial_config
     assert v is not None and not v.finalists and v.n_questions == 0 and not result.validated
     assert result.best_instruction == "Answer the question."
     assert v.verdict.startswith("no candidate of the search was cheaper per answer than the initial configuration")
+
+
+# -- opro compare --margin: non-inferiority and a lower cost, held out (issue 50, item 4) -------------
+def _margin_pool(*, worse: bool) -> object:
+    """The initial instruction ("Answer the question.") answers "Yes."; any other, twelve words. The
+    judge scores a question the same under either, or, with ``worse``, the one-word answer a point lower."""
+    import re
+
+    from fault_server import instruction_of
+
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    def task(messages: tuple, options: object) -> str:
+        return "Yes." if instruction_of(messages[-1].content).strip().startswith("Answer the question.") else LONG
+
+    def judge(messages: tuple, options: object) -> str:
+        text = messages[-1].content
+        number = int(m.group(1)) if (m := re.search(r"Fact number (\d+)", text)) else 0
+        return json.dumps({"score": 3 + number % 2 - (1 if worse and LONG not in text else 0), "reasoning": "s"})
+
+    return ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
+                               "judge": ScriptedLLM(default=judge, model="judge"),
+                               "optimizer": ScriptedLLM(default=lambda m, o: "<INS>x</INS>", model="optimizer")})
+
+
+def _compare_margin(config: Path, monkeypatch: pytest.MonkeyPatch, *extra: str, worse: bool = False,
+                    baseline: str = "text:Answer in full.") -> tuple[int, str]:
+    """`opro compare` of the initial (one-word) instruction against ``baseline`` on the scripted world."""
+    from typer.testing import CliRunner
+
+    from opro.cli import app
+
+    monkeypatch.setattr("opro.experiment.ModelPool", lambda *a, **k: _margin_pool(worse=worse))
+    monkeypatch.setenv("COLUMNS", "400")
+    res = CliRunner().invoke(app, ["compare", str(config), "--baseline", baseline, "--prompt", "initial",
+                                   "--no-mlflow", "--no-progress", *extra])
+    return res.exit_code, " ".join(res.output.split())
+
+
+def test_compare_margin_says_not_worse_and_cheaper_and_promotes_only_then(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakes import write_config
+
+    from opro.rundir import RunDir
+
+    config = write_config(tmp_path)  # 10 held-out questions
+    code, said = _compare_margin(config, monkeypatch, "--margin", "0.25", "--name", "m", "--promote", "cheap")
+    assert code == 0, said
+    # Equal on every question: shifted by +0.25 each, the one-sided exact sign-flip p is 1/1024.
+    assert "quality +0.00 [-0.23, +0.23], not worse by more than 0.25 (p = 0.00098)" in said
+    assert "fewer tokens per answer [" in said and "promoted initial to alias 'cheap'" in said
+    data = json.loads((tmp_path / "out" / "compare" / "m" / "report.json").read_text())
+    assert data["margin"] == 0.25
+    versus = data["prompts"][1]["versus_baseline"]
+    assert versus["non_inferiority"]["passed"] and versus["non_inferiority"]["p"] == pytest.approx(1 / 1024)
+    assert versus["cost_difference"]["lower"] and versus["cost_difference"]["tokens"]["estimate"] < 0
+    md = (tmp_path / "out" / "compare" / "m" / "report.md").read_text()
+    assert "Non-inferiority margin 0.25 judge points" in md and "non-inferiority p (margin 0.25)" in md
+    # The promoted version says under which margin and test it was judged, and what its answers cost.
+    from fakes import mlflow_client
+
+    tags = mlflow_client(config).get_prompt_version_by_alias("qa-t", "cheap").tags
+    assert tags["opro.heldout_margin"] == "0.25" and tags["opro.heldout_p_noninferiority"] == f"{1 / 1024:.4g}"
+    assert tags["opro.heldout_test"].startswith("one-sided") and float(tags["opro.heldout_tokens_difference"]) < 0
+    assert float(tags["opro.heldout_tokens_per_answer"]) > 0 and tags["opro.heldout_cost_unit"] == "tokens"
+    # The margin is part of the attempt: another margin on the same held-out questions is refused.
+    assert RunDir(tmp_path / "out").read_promotions()[0]["margin"] == 0.25
+    code, said = _compare_margin(config, monkeypatch, "--margin", "0.5", "--promote", "cheap")
+    assert code == 1 and "already had a promotion attempt on these 10 held-out questions" in said
+    assert "another margin" in said
+    # Without a margin the same cheaper prompt is no gain, so it is not promoted.
+    code, said = _compare_margin(config, monkeypatch, "--promote", "gain")
+    assert code == 1 and "not a significant gain at alpha 0.05" in said
+
+
+def test_compare_margin_refuses_a_cheaper_prompt_worse_by_more_than_the_margin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakes import write_config
+
+    code, said = _compare_margin(write_config(tmp_path), monkeypatch, "--margin", "0.25", "--promote", "cheap",
+                                 worse=True)
+    assert code == 1, said
+    assert "quality -1.00 [-1.23, -0.77], not shown to be within 0.25 of the baseline (p = 1 >= alpha 0.05)" in said
+    assert "not shown to be worse by less than 0.25 at alpha 0.05" in said and "fewer tokens per answer" in said
+
+
+def test_compare_margin_refuses_a_prompt_as_good_but_not_cheaper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakes import write_config
+
+    # The same instruction as the baseline: not worse (p = 1/1024), but not cheaper either.
+    code, said = _compare_margin(write_config(tmp_path), monkeypatch, "--margin", "0.25", "--promote", "same",
+                                 baseline="text:Answer the question.")
+    assert code == 1, said
+    assert "not worse by more than 0.25 (p = 0.00098)" in said
+    assert "its cost per answer is not lower (interval not below 0)" in said
+
+
+def test_exports_carry_the_cost_per_answer_with_the_data_it_was_measured_on(tmp_path: Path) -> None:
+    from fakes import mlflow_client, optimized
+
+    from opro.compare import compare_prompts, save_comparison
+    from opro.export import export_prompt
+    from opro.sources import resolve_prompt
+
+    config = optimized(tmp_path)
+    exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"], n_resamples=200)
+        save_comparison(report, experiment=exp, name="c", mlflow=False)
+        cfg = exp.config
+    finally:
+        exp.close()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    best = resolve_prompt("best", config=cfg)
+    prov = json.loads(export_prompt(best, format="json", out=tmp_path / "e", config=cfg).paths[0].read_text())["provenance"]
+    assert prov["cost"] == summary["cost"]["returned"] and prov["cost"]["n"] > 0
+    assert prov["cost_basis"].startswith("search questions")
+    compared = prov["comparison"]
+    heldout = report.prompts[1].cost
+    assert compared["split"] == "heldout" and heldout is not None and compared["cost"] == heldout.as_dict()
+    assert compared["cost_difference"]["tokens"]["estimate"] > 0  # "Using the context: yes." is longer than "Yes."
+    result = export_prompt(best, format="mlflow", config=cfg)
+    tags = mlflow_client(config).get_prompt_version(cfg.prompt_name, result.version).tags
+    search = summary["cost"]["returned"]
+    assert tags["opro.tokens_per_answer"] == f"{search['prompt_tokens'] + search['completion_tokens']:.1f}"
+    assert tags["opro.cost_per_answer"] == f"{search['cost']:.6g}" and tags["opro.cost_unit"] == "tokens"
+    assert tags["opro.cost_basis"].startswith("search questions") and tags["opro.seconds_per_answer"]
+    assert tags["opro.compared.tokens_per_answer"] == f"{heldout.prompt_tokens + heldout.completion_tokens:.1f}"
+    assert tags["opro.compared.cost_basis"].startswith("heldout questions of ") and "10 answers" in tags["opro.compared.cost_basis"]
+    # Token counts survive redaction; a secret under a count's name (a string) does not.
+    from opro.redaction import redact
+
+    assert redact({"prompt_tokens": 5, "tokens": "sk-abc", "access_tokens": 3, "token": 1}) == {"prompt_tokens": 5}
+
+
+def test_compare_margin_holm_adjusts_over_the_prompts_and_logs_the_margin(tmp_path: Path) -> None:
+    from fakes import write_config
+
+    from opro.compare import compare_prompts, save_comparison
+
+    exp = Experiment.from_file(write_config(tmp_path), pool=_margin_pool(worse=False), progress=False)  # type: ignore[arg-type]
+    try:
+        report = compare_prompts(experiment=exp, prompts=["text:Answer in full.", "initial", "text:Answer in full, please."],
+                                 margin=0.25, n_resamples=200)
+        saved = save_comparison(report, experiment=exp, name="h")
+    finally:
+        exp.close()
+    tests = [v.noninferiority for v in report.versus if v is not None]
+    # Both equal to the baseline on all 10 questions: raw p 1/1024 each, Holm over 2: 2/1024.
+    assert [(t.p_value, t.p, t.n_comparisons) for t in tests if t is not None] == [(1 / 1024, 2 / 1024, 2)] * 2
+    assert "not worse by more than 0.25 (p = 0.002, Holm over 2)" in report.sentences()[0]
+    # Only the one-word answers are cheaper (the third prompt is the baseline with more words).
+    assert [v.cost.lower for v in report.versus if v is not None and v.cost is not None] == [True, False]
+    from mlflow import MlflowClient
+
+    run = MlflowClient(tracking_uri=exp.config.mlflow_uri).get_run(saved.mlflow_run_id)
+    assert run.data.params["compare.margin"] == "0.25" and run.data.metrics["prompt_1.noninferiority_p"] == 1 / 1024
+
+
+def test_the_one_sided_sign_flip_p_value_is_exact_on_few_pairs_and_estimated_on_more() -> None:
+    from opro.noninferiority import one_sided_sign_flip
+
+    assert one_sided_sign_flip([0.25] * 10) == (1 / 1024, True)
+    assert one_sided_sign_flip([-0.75] * 10) == (1.0, True)  # every flip is at least as large
+    # One of three pairs negative: the flips at least as large as the observed mean are 2 of 8.
+    assert one_sided_sign_flip([1.0, 1.0, -0.5]) == (2 / 8, True)
+    values = [0.3, -0.2, 0.5, 0.1, -0.4, 0.6, 0.2, -0.1, 0.4, 0.0, 0.3, -0.3, 0.2, 0.1, -0.2, 0.5, 0.1]
+    exact, is_exact = one_sided_sign_flip(values, exact_max_n=17)
+    estimated, was_exact = one_sided_sign_flip(values, n_resamples=20_000, seed=1)
+    assert is_exact and not was_exact and abs(estimated - exact) < 0.01 and 0.01 < exact < 0.5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,49 @@ def test_the_task_prompts_are_estimated_over_the_open_choices(tmp_path: Path) ->
     assert task_prompt(top_k=[2, 4]) == pytest.approx(120 + 0.8 * 3 * 256)
     assert task_prompt(chunk_size=[256, 512]) == pytest.approx(120 + 0.8 * 2 * 384)
     assert task_prompt(demos=[0, 2], demo_chars=400) == pytest.approx(plain + 1 * (400 / 4 + 60))
+
+
+def test_the_plan_prices_each_open_choice_and_what_a_cost_objective_can_confirm(tmp_path: Path) -> None:
+    """Issue 50, item 4: the expected cost per answer of each open choice (the prompt-length estimate,
+    completion weighted), and with objective = "cost" the smallest margin the splits confirm and the
+    saving range of the space."""
+    def plan(validation: int, heldout: int, **over: dict) -> object:
+        split = {"exemplar": 2, "optimization": 3, "validation": validation, "heldout": heldout, "seed": 1}
+        return make_plan(_config(tmp_path, questions=5 + validation + heldout, rag={"top_k": 2, "chunk_size": 256},
+                                 search={"space": {"top_k": [1, 4], "answer_max_tokens": [32, 128]}},
+                                 data={"split": split}, **over))
+
+    quality = plan(20, 10)
+    c = quality.cost  # type: ignore[attr-defined]
+    by = {(x.dimension, x.value): x for x in c.choices}
+    assert set(by) == {("top_k", 1), ("top_k", 2), ("top_k", 4), ("answer_max_tokens", 32), ("answer_max_tokens", 128)}
+    one = by[("top_k", 1)]  # the other settings the initial configuration's (answer_max_tokens 128: 70 estimated)
+    assert (one.prompt_tokens, one.completion_tokens) == pytest.approx((120 + 0.8 * 256, 70))
+    assert one.cost == pytest.approx(one.prompt_tokens + 4 * one.completion_tokens) and c.unit == "tokens"
+    assert by[("top_k", 2)] == replace(c.initial, dimension="top_k", value=2)
+    said = "\n".join(quality.lines())  # type: ignore[attr-defined]
+    assert f"top_k: 1: {one.prompt_tokens + one.completion_tokens:,.0f} tokens (weighted {one.cost:,.0f})" in said
+    assert "completion x4" in said and "objective cost" not in said and c.confirmable_margin is None
+    # Prices turn the tokens into money.
+    priced = plan(20, 10, models={"task": {"backend": "scripted", "model": "task", "price_prompt": 1.0,
+                                           "price_completion": 4.0}}).cost  # type: ignore[attr-defined]
+    assert priced.unit == "usd" and priced.initial.cost == pytest.approx(
+        (priced.initial.prompt_tokens + 4 * priced.initial.completion_tokens) / 1e6)
+    # objective = "cost": the smallest confirmable margin shrinks with more validation questions, and a
+    # margin below it is warned about.
+    small = plan(20, 10, optimizer={"objective": "cost", "margin": 0.25})
+    big = plan(120, 10, optimizer={"objective": "cost", "margin": 0.25})
+    s, b = small.cost, big.cost  # type: ignore[attr-defined]
+    assert s.confirmable_margin > b.confirmable_margin > 0
+    assert s.confirmable_margin > 0.25 and any("[optimizer].margin 0.25" in w for w in small.warnings)  # type: ignore[attr-defined]
+    wide = plan(20, 10, optimizer={"objective": "cost", "margin": round(s.confirmable_margin + 0.05, 2)})
+    assert not any("[optimizer].margin" in w for w in wide.warnings)  # type: ignore[attr-defined]
+    # One-sided, the held-out non-inferiority test confirms less than the two-sided test detects; on
+    # too few held-out questions none.
+    assert 0 < s.heldout_margin < small.heldout_detectable  # type: ignore[attr-defined]
+    assert plan(20, 4, optimizer={"objective": "cost"}).cost.heldout_margin is None  # type: ignore[attr-defined]
+    # The saving range: the dearest choices together (top_k 4, 70 tokens) to the cheapest (top_k 1, 32 tokens).
+    cheapest = 120 + 0.8 * 256 + 4 * 32
+    dearest = 120 + 0.8 * 4 * 256 + 4 * 70
+    assert s.saving_range == pytest.approx((1 - dearest / s.initial.cost, 1 - cheapest / s.initial.cost))
+    assert "expected saving across the space: " in "\n".join(small.lines())  # type: ignore[attr-defined]

@@ -23,6 +23,7 @@ from opro.config import OptimizerSection
 from opro.errors import ConfigError, OproError
 from opro.evaluation import QAExample
 from opro.evaluation_types import EvaluationRow
+from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.ledger import DecisionLedger
 from opro.llm.client import UsageLedger
 from opro.locking import StudyLease
@@ -33,7 +34,7 @@ from opro.search.results import CandidateRecord, OptimizationResult, ValidationR
 from opro.search.scoring import CandidateScorer
 from opro.search.steps import StepEvaluator
 from opro.search.study import SearchStudy
-from opro.search.validation import validate
+from opro.search.validation import on_scale, validate
 from opro.search.workers import Coordinator, UsageBook, WorkerPlan
 
 logger = logging.getLogger(__name__)
@@ -394,7 +395,8 @@ def _shifted(base: float, base_ci: tuple[float, float] | None, gain: float,
     if base_ci is None or gain_ci is None:
         return None
     h = (base_ci[1] - base_ci[0]) / 2
-    return (base + gain - math.hypot(gain - gain_ci[0], h), base + gain + math.hypot(gain_ci[1] - gain, h))
+    return on_scale((base + gain - math.hypot(gain - gain_ci[0], h), base + gain + math.hypot(gain_ci[1] - gain, h)),
+                    SCORE_MIN, SCORE_MAX)
 
 
 __all__ = ["Search"]

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from opro.cost import CostSummary
-from opro.sequential import interval_text
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
 
@@ -167,7 +166,10 @@ class OptimizationResult:
 
     def headline(self) -> str:
         """One honest sentence: what was returned, on which data, and whether a gain is supported."""
-        ci = f" [{interval_text(*self.best_score_ci, signed=False)}]" if self.best_score_ci else ""
+        ci = ""
+        if self.best_score_ci:
+            lo, hi = self.best_score_ci
+            ci = f" [below {hi:.2f}]" if math.isinf(lo) else f" [{lo:.2f}, {hi:.2f}]"
         score = f"{self.best_score:.2f}{ci} ({self.score_label})"
         if self.validation is None:
             return f"best instruction by search score {score}; no validation stage, so no gain is claimed"

@@ -47,6 +47,7 @@ from opro.engine import Scored
 from opro.errors import LLMError
 from opro.evaluation import QAExample
 from opro.evaluation_types import EvaluationRow
+from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now, short_hashes
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult, quality_cost_front
@@ -285,7 +286,16 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 
 def _ci(values: Sequence[float | None]) -> tuple[float, float] | None:
-    return t_interval([x for x in values if x is not None])
+    return on_scale(t_interval([x for x in values if x is not None]), SCORE_MIN, SCORE_MAX)
+
+
+def on_scale(ci: tuple[float, float] | None, low: float, high: float) -> tuple[float, float] | None:
+    """``ci`` clipped to what the judge's scale allows (a few questions give a t interval past it); an
+    end that is open (infinite: see :func:`opro.sequential.interval_text`) stays open."""
+    if ci is None:
+        return None
+    lo, hi = ci
+    return (lo if math.isinf(lo) else min(max(lo, low), high), hi if math.isinf(hi) else min(max(hi, low), high))
 
 
 def validate(
@@ -468,6 +478,7 @@ def validate(
         # report the gain adjusted for having been claimed, with its conditional interval.
         est = conditional_estimate(diffs, sizes=sizes, alpha=s.alpha, futility=s.futility, seed=seed)
         difference, difference_ci = est.gain, est.ci
+    difference_ci = on_scale(difference_ci, SCORE_MIN - SCORE_MAX, SCORE_MAX - SCORE_MIN)
     records = []
     for k, f in enumerate(finalists):
         if k == chosen:
