@@ -535,6 +535,56 @@ def test_every_way_a_validation_ends_records_every_question_in_a_real_process(tm
     assert _traced_questions(config) == expected
 
 
+def test_a_prompt_whose_validation_batches_two_runs_scored_is_recorded_whole(tmp_path: Path) -> None:
+    """A run that stops between two of a prompt's validation batches (here a judge call that fails, as a
+    kill would leave it) keeps the batches it scored; the rerun scores the rest and finds the others in
+    the study (no call), and the prompt's evaluation run holds every question, from both runs' rows."""
+    from fakes import judge_reply, optimizer_reply, task_reply
+
+    from opro.errors import LLMServerError
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    config, val, _ = _close_call(tmp_path, validation=12, unused=0, ahead_every=1)
+    config.write_text(config.read_text().replace("sidecar = true", "sidecar = false"))
+    failing = val[4]  # the finalist's first confirmation question
+    calls = {"judge": 0}
+
+    def pool(fail: bool) -> ModelPool:
+        def judge(messages: Any, options: Any) -> str:
+            calls["judge"] += 1
+            text = messages[-1].content
+            if fail and failing in text and "context" in text.lower():
+                raise LLMServerError("the judge's endpoint failed (scripted)", model="judge")
+            return judge_reply(messages, options)
+
+        return ModelPool(scripted={"task": ScriptedLLM(default=task_reply, model="task"),
+                                   "judge": ScriptedLLM(default=judge, model="judge"),
+                                   "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer")})
+
+    for fail in (True, False):
+        exp = Experiment.from_file(config, pool=pool(fail), progress=False)
+        try:
+            result = exp.optimize()
+        finally:
+            exp.close()
+        if fail:
+            first_calls = calls["judge"]
+    assert calls["judge"] - first_calls == 1  # the rerun asked the failed question only
+    v = result.validation
+    assert v is not None and result.validated
+    chosen = next(i for i, f in enumerate(v.finalists, start=1) if f.chosen)
+    asked = val[4: 4 + v.looks[-1]["n"]]
+    traced = _traced_questions(config)
+    # The first run's looks went on past a pair it lacked (it asked more): what each prompt was asked
+    # in either run is traced, once.
+    assert set(asked) <= set(traced["initial"]) and len(set(traced["initial"])) == len(traced["initial"])
+    finalist = traced[f"finalist {chosen}"]
+    assert set(val[:4] + asked) <= set(finalist) and len(set(finalist)) == len(finalist)
+    assert set(finalist) - set(val[:4]) == set(traced["initial"])
+    assert not (tmp_path / "out" / "validation_rows").exists()  # all in MLflow: nothing left on disk
+
+
 def test_identical_runs_record_one_trace_per_question_of_each_prompt_in_its_run(tmp_path: Path) -> None:
     """Issue 49, item 5: identical runs kept 24-29 of 48 validation traces, a different number each time,
     and nothing was said (ten harness workers held SQLAlchemy's whole pool waiting on SQLite's write

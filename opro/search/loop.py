@@ -189,6 +189,10 @@ class Search:
         for recorder in self.recorders:
             recorder.on_validated(self.study, label=label, instruction=instruction, rows=rows)
 
+    def _on_validation_batch(self, label: str, instruction: str, rows: Sequence[EvaluationRow]) -> None:
+        for recorder in self.recorders:
+            recorder.on_validation_batch(self.study, label=label, instruction=instruction, rows=rows)
+
     def _run(
         self,
         *,
@@ -277,7 +281,7 @@ class Search:
                     study=study, scorer=self.scorer, settings=self.settings, validation_set=validation_set,
                     history=history, initial=initial[0].strip(), extension_set=extension_set, seed=self.seed,
                     progress=self.progress, ledger=self.ledger,
-                    on_validated=self._on_validated,
+                    on_validated=self._on_validated, on_batch=self._on_validation_batch,
                 )
             if lead:
                 for recorder in self.recorders:

@@ -6,7 +6,7 @@ knows nothing of the output folder, MLflow or the Prompt Registry. The compositi
 
 Who calls what: every worker of a shared study gets ``on_search_start`` (``lead`` says whether it
 is worker 0, which proposes and records), ``on_search_end`` and, when the search fails,
-``on_search_failed``; only the lead gets ``on_meta_prompt``, ``on_step``, ``on_validated``,
+``on_search_failed``; only the lead gets ``on_meta_prompt``, ``on_step``, ``on_validation_batch``, ``on_validated``,
 ``on_validation_end`` and ``on_result``. A recorder keeps what it needs to resume (which steps it logged, whether it recorded
 the result) in the study, through :class:`~opro.search.study.SearchStudy`'s typed accessors.
 """
@@ -60,6 +60,14 @@ class Recorder(Protocol):
         """The validation stage scored every question of one prompt (``label``: ``initial`` or
         ``finalist K``); its scores are in the study and ``rows`` are its answers and verdicts (the
         validation questions, in order). Not called for prompts a rerun found scored."""
+        return None
+
+    def on_validation_batch(
+        self, study: SearchStudy, *, label: str, instruction: str, rows: Sequence[EvaluationRow]
+    ) -> None:
+        """One batch of one prompt's validation questions is scored and kept in the study (before
+        :meth:`on_validated`, which comes once all of the prompt's batches were scored in this process):
+        what a recorder keeps to record a prompt whose batches a killed run and its rerun scored apart."""
         return None
 
     def on_validation_end(self, study: SearchStudy) -> None:

@@ -309,6 +309,7 @@ def validate(
     extension_set: Sequence[QAExample] = (),
     seed: int = 0,
     on_validated: OnValidated = lambda label, instruction, rows: None,
+    on_batch: OnValidated = lambda label, instruction, rows: None,
     ledger: DecisionLedger | None = None,
     progress: bool = True,
 ) -> ValidationResult:
@@ -392,6 +393,7 @@ def validate(
 
     def collect(label: str, instruction: str, got: Sequence[EvaluationRow]) -> None:
         rows.add(label, instruction, got)
+        on_batch(label, instruction, got)
 
     # 1. Selection: the finalists on the selection questions; pooled with their search questions.
     sel_scores: dict[str, list[float | None]] = {}

@@ -752,6 +752,17 @@ class ValidationTraces(Recorder):
             for job in self._logged.values():
                 job.exception()
 
+    def on_validation_batch(
+        self, study: SearchStudy, *, label: str, instruction: str, rows: Sequence[EvaluationRow]
+    ) -> None:
+        # Each scored batch joins the prompt's batches kept so far: a run killed between two batches
+        # leaves the first on disk, and its rerun, which finds them scored and asks them no more,
+        # scores the rest here, so the prompt is recorded whole from the two runs' rows (_recover).
+        part = self._part_file(study, label, instruction)
+        earlier = _kept_rows(part) or ()
+        asked = {r.query for r in rows}
+        _keep_rows(part, [*(r for r in earlier if r.query not in asked), *rows])
+
     def on_validated(
         self, study: SearchStudy, *, label: str, instruction: str, rows: Sequence[EvaluationRow]
     ) -> None:
@@ -759,6 +770,7 @@ class ValidationTraces(Recorder):
         # which finds the scores in the study and asks nothing again.
         kept = self._rows_file(study, label, instruction)
         _keep_rows(kept, rows)
+        _drop_rows(self._part_file(study, label, instruction))  # whole now
         evaluation = self._evaluation(label, instruction, rows)
         self._logged[label] = self.tracking.in_background(
             self._record, evaluation, study.name, self.tracking.run_id, kept)
@@ -773,6 +785,10 @@ class ValidationTraces(Recorder):
     def _rows_file(self, study: SearchStudy, label: str, instruction: str) -> Path:
         key = hashlib.sha256("\0".join((study.name, label, instruction)).encode()).hexdigest()[:16]
         return self._rows_dir / f"{key}.json"
+
+    def _part_file(self, study: SearchStudy, label: str, instruction: str) -> Path:
+        full = self._rows_file(study, label, instruction)
+        return full.with_name(full.stem + ".part.json")
 
     @property
     def _rows_dir(self) -> Path:
@@ -793,8 +809,14 @@ class ValidationTraces(Recorder):
         answered = {label: ins for (label, ins), f in zip(
             validation_prompts(result.initial_instruction, [f.instruction for f in v.finalists])[1:], v.finalists,
             strict=True) if f.chosen or v.selection_questions}
+        # How many questions each prompt answered in all: its rows are whole when the batches kept on
+        # disk by the runs that scored them add up to it.
+        asked = {label: v.selection_questions + (len(f.scores) if f.chosen else 0)
+                 for label, f in zip([f"finalist {i}" for i in range(1, len(v.finalists) + 1)], v.finalists,
+                                     strict=True)}
         if v.initial_scores:
             answered["initial"] = result.initial_instruction.strip()  # as the validation stage names it
+            asked["initial"] = len(v.initial_scores)
         log = self._logger()
         rewritten, lost = [], []
         for label, ins in answered.items():
@@ -806,8 +828,12 @@ class ValidationTraces(Recorder):
                 continue
             rows = _kept_rows(kept)
             if rows is None:
-                lost.append(label)
-                continue
+                rows = _kept_rows(self._part_file(study, label, ins))
+                if rows is None or len(rows) < asked[label]:
+                    lost.append(label)
+                    continue
+                _keep_rows(kept, rows)  # whole: recorded like a prompt one run scored
+                _drop_rows(self._part_file(study, label, ins))
             recorded[label] = self._record(self._evaluation(label, ins, rows), study.name, run_id, kept)
             rewritten.append(label)
         if rewritten:
