@@ -144,9 +144,11 @@ class CostDifference:
         t, s = self.tokens, self.seconds
         if self.baseline_tokens > 0:
             share = -t.estimate / self.baseline_tokens
-            tokens = f"{abs(share):.0%} {'fewer' if share >= 0 else 'more'} tokens per answer"
-            if t.ci is not None:
-                tokens += f" [{-t.ci[1] / self.baseline_tokens:.0%}, {-t.ci[0] / self.baseline_tokens:.0%} fewer]"
+            word = "fewer" if share >= 0 else "more"
+            tokens = f"{abs(share):.0%} {word} tokens per answer"
+            if t.ci is not None:  # the interval in the estimate's own words ("[1%, 4% more]")
+                lo, hi = (-t.ci[1], -t.ci[0]) if share >= 0 else t.ci
+                tokens += f" [{lo / self.baseline_tokens:.0%}, {hi / self.baseline_tokens:.0%} {word}]"
         else:
             tokens = f"tokens per answer {t.text(0)}"
         return f"{tokens}, seconds per answer {s.text(2)}"

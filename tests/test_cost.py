@@ -454,3 +454,16 @@ def test_the_one_sided_sign_flip_p_value_is_exact_on_few_pairs_and_estimated_on_
     exact, is_exact = one_sided_sign_flip(values, exact_max_n=17)
     estimated, was_exact = one_sided_sign_flip(values, n_resamples=20_000, seed=1)
     assert is_exact and not was_exact and abs(estimated - exact) < 0.01 and 0.01 < exact < 0.5
+
+
+def test_a_saving_or_a_surcharge_is_said_with_its_interval_in_the_same_words() -> None:
+    """A prompt dearer than its baseline once read "2% more tokens per answer [-4%, -1% fewer]"."""
+    from opro.cost import CostDifference, Difference
+
+    def diff(estimate: float, lo: float, hi: float) -> CostDifference:
+        tokens = Difference(estimate=estimate, ci=(lo, hi), n=20)
+        return CostDifference(tokens=tokens, seconds=Difference(0.0, (-0.1, 0.1), 20), cost=tokens,
+                              baseline_cost=1000.0, baseline_tokens=1000.0)
+
+    assert diff(18.0, 7.0, 29.0).saving_text().startswith("2% more tokens per answer [1%, 3% more]")
+    assert diff(-300.0, -350.0, -250.0).saving_text().startswith("30% fewer tokens per answer [25%, 35% fewer]")
