@@ -273,7 +273,7 @@ class Experiment:
         store that uses it: ``opro_decisions.jsonl`` beside ``[data].dataset`` (in the file's folder,
         or in the dataset folder), or, for a generated dataset (written into each output folder, so
         not shared), beside the call cache, which every run of the same generation shares. A dataset
-        in a folder opro cannot write falls back to the call cache's folder."""
+        in a folder opro cannot write, or read-only by its mode, falls back to the call cache's folder."""
         from opro.ledger import LEDGER_FILE, DecisionLedger
         from opro.paths import default_call_cache_path
 
@@ -283,7 +283,9 @@ class Experiment:
         if self.config.data.dataset:
             data = self.config.resolve(self.config.data.dataset)
             folder = data if data.is_dir() else data.parent
-            if not os.access(folder, os.W_OK):
+            # Its mode, not only access: root may write anywhere, but a folder whose owner took its write
+            # bits away (a shared, read-only data set) is not opro's to add files to.
+            if not os.access(folder, os.W_OK) or not folder.stat().st_mode & 0o222:
                 logger.warning("the decision ledger cannot be written beside the dataset (%s is read-only): it is "
                                "kept in %s, which only runs with this call cache folder read", folder, fallback)
                 folder = fallback

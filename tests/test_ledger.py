@@ -93,6 +93,12 @@ def test_the_ledger_lies_beside_the_dataset_or_for_a_generated_one_beside_the_ca
     assert ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl")) == tmp_path / "data" / LEDGER_FILE
     assert ledger_of(dataset=str(tmp_path / "data")) == tmp_path / "data" / LEDGER_FILE  # a dataset folder: in it
     assert ledger_of(dataset="") == tmp_path / "cfg" / LEDGER_FILE  # beside calls.sqlite, the config's call cache
+    # A read-only data folder (shared/'s data sets): beside the call cache, even for root, who could write there.
+    (tmp_path / "data").chmod(0o555)
+    try:
+        assert ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl")) == tmp_path / "cfg" / LEDGER_FILE
+    finally:
+        (tmp_path / "data").chmod(0o755)
 
 
 def test_seen_validation_label_re_decides_as_an_exploration_that_never_claims_a_gain(
