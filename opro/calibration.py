@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, DataError
 from opro.llm import UsageLedger
+from opro.records import CommandRecord, finite_metrics
 from opro.rundir import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
 
 if TYPE_CHECKING:
@@ -393,37 +394,22 @@ def calibrate_experiment(
     return report, verdicts
 
 
-def log_calibration_to_mlflow(
-    report: CalibrationReport, paths: Mapping[str, Path], *, tracking_uri: str, experiment_name: str
-) -> str:
-    """One MLflow run (tag ``opro.kind = judge-calibration``) with the statistics and the files."""
-    from opro.tracking import MlflowTracker
-
-    tracker = MlflowTracker(tracking_uri=tracking_uri, experiment_name=experiment_name)
-    params = {f"judge.{k}": v for k, v in report.signature.items()}
+def calibration_record(report: CalibrationReport, paths: Mapping[str, Path]) -> CommandRecord:
+    """The calibration as one command record (``opro.kind = judge-calibration``): the statistics and the files."""
+    params: dict[str, Any] = {f"judge.{k}": v for k, v in report.signature.items()}
     params.update({"calibration.n_questions": report.n_questions, "calibration.seed": report.seed,
                    "calibration.dataset": report.dataset, "judge.method": report.method})
-    run_id = tracker.start(run_name="judge-calibration", params=params)
-    tracker.set_tags({"opro.kind": "judge-calibration"})
-    metrics: dict[str, float] = {}
-    for name, value in (
-        ("judge_auc", report.auc),
-        ("judge_separation", report.separation),
-        ("judge_invalid_rate", report.invalid_rate),
-        ("judge_s_per_call", report.s_per_call),
-        ("judge_retest_sd", report.retest.sd if report.retest else None),
-        ("judge_retest_exact", report.retest.exact if report.retest else None),
-    ):
-        if value is not None:
-            metrics[name] = value
-    for c in report.conditions:
-        if c.mean is not None:
-            metrics[f"judge_mean_{c.condition}"] = c.mean
-    tracker.log_metrics(metrics, step=0)
-    for path in paths.values():
-        tracker.log_artifact(path, artifact_path="judge_calibration")
-    tracker.finish()
-    return run_id
+    metrics = finite_metrics({
+        "judge_auc": report.auc,
+        "judge_separation": report.separation,
+        "judge_invalid_rate": report.invalid_rate,
+        "judge_s_per_call": report.s_per_call,
+        "judge_retest_sd": report.retest.sd if report.retest else None,
+        "judge_retest_exact": report.retest.exact if report.retest else None,
+        **{f"judge_mean_{c.condition}": c.mean for c in report.conditions},
+    })
+    return CommandRecord(kind="judge-calibration", name="judge-calibration", params=params, metrics=metrics,
+                         files={path: "judge_calibration" for path in paths.values()})
 
 
 # --- where calibrations live, and how runs report them ---------------------------------------------
@@ -528,11 +514,11 @@ __all__ = [
     "auc",
     "build_items",
     "calibrate_experiment",
+    "calibration_record",
     "copy_judge_without_cache",
     "judge_noise_note",
     "judge_signature",
     "load_calibration",
-    "log_calibration_to_mlflow",
     "plot_calibration",
     "run_judge",
     "summarize",

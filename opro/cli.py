@@ -508,10 +508,12 @@ def judge_calibrate(
     from rich.console import Console
 
     from opro.agreement import parse_model_spec
-    from opro.calibration import calibrate_experiment, log_calibration_to_mlflow, write_calibration
+    from opro.calibration import calibrate_experiment, calibration_record, write_calibration
     from opro.config import JudgeSection, load_config
     from opro.errors import ConfigError
     from opro.experiment import Experiment
+    from opro.records import record_all
+    from opro.tracking.commands import command_recorders
 
     cfg = load_config(config)
     overrides: dict[str, Any] = {}
@@ -536,20 +538,15 @@ def judge_calibrate(
     finally:
         exp.close()
     paths = write_calibration(report, verdicts, output_dir=cfg.output_dir)
-    run_id = None
-    if mlflow:
-        run_id = log_calibration_to_mlflow(
-            report, paths, tracking_uri=cfg.mlflow_uri,
-            experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
-        )
+    recorded = record_all(command_recorders(cfg, mlflow=mlflow), calibration_record(report, paths))
     console = Console()
     console.print(report.rich_table())
     for line in report.lines():
         console.print(line)
     for path in paths.values():
         typer.echo(f"wrote {path}")
-    if run_id:
-        typer.echo(f"MLflow run {run_id}")
+    for where in recorded:
+        typer.echo(where.where)
 
 
 # ---- end section: evaluate / judge -------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""The command recording seam: every CommandRecorder passes one contract; MLflow is one of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
+from opro.tracking.commands import MlflowCommandRecorder
+
+
+class ListRecorder:
+    """The smallest recorder: keeps what it is given (what a notebook or a test may pass)."""
+
+    name = "list"
+
+    def __init__(self) -> None:
+        self.records: list[CommandRecord] = []
+
+    def record(self, record: CommandRecord) -> Recorded:
+        self.records.append(record)
+        return Recorded(recorder=self.name, ref=str(len(self.records)), where=f"record {len(self.records)} in memory")
+
+
+def _mlflow(tmp_path: Path) -> MlflowCommandRecorder:
+    return MlflowCommandRecorder(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="records")
+
+
+RECORDERS: dict[str, Callable[[Path], CommandRecorder]] = {"list": lambda _: ListRecorder(), "mlflow": _mlflow}
+
+
+@pytest.mark.parametrize("make", RECORDERS.values(), ids=list(RECORDERS))
+def test_every_command_recorder_records_and_says_where(make: Callable[[Path], CommandRecorder], tmp_path: Path) -> None:
+    recorder = make(tmp_path)
+    assert isinstance(recorder, CommandRecorder)
+    report = tmp_path / "probe.json"
+    report.write_text("{}", encoding="utf-8")
+    record = CommandRecord(kind="probe", name="probe", params={"questions": 8}, metrics={"effect_none": -0.1},
+                           tags={"opro.dataset": "x"}, files={report: "probe"})
+    first, second = record_all([recorder], record) + record_all([recorder], record)
+    assert first.recorder == recorder.name and first.where and first.ref
+    assert first.ref != second.ref  # two records are two entries, never one overwritten
+
+
+def test_mlflow_records_a_command_as_one_tagged_run_with_its_files(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    report = tmp_path / "probe.md"
+    report.write_text("# probe\n", encoding="utf-8")
+    recorder = _mlflow(tmp_path)
+    (done,) = record_all([recorder], CommandRecord(
+        kind="probe", name="probe", params={"questions": 8},
+        metrics=finite_metrics({"effect_none": -0.125, "missing": None, "nan": float("nan")}), files={report: "probe"}))
+    run = MlflowClient(recorder.tracking_uri).get_run(done.ref)
+    assert run.data.tags["opro.kind"] == "probe" and run.info.status == "FINISHED"
+    assert run.data.metrics == {"effect_none": -0.125} and run.data.params == {"questions": "8"}
+    listed = MlflowClient(recorder.tracking_uri).list_artifacts(done.ref, "probe")
+    assert [Path(a.path).name for a in listed] == ["probe.md"]
+    assert done.where == f"MLflow run {done.ref} in {recorder.tracking_uri}"
+
+
+def test_a_recorder_that_fails_marks_its_run_failed_and_never_shows_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, Any]] = []
+
+    class Tracker:
+        def __init__(self, **kwargs: Any) -> None:
+            calls.append(("init", kwargs))
+
+        def start(self, **kwargs: Any) -> str:
+            return "run1"
+
+        def set_tags(self, tags: Any) -> None:
+            pass
+
+        def log_metrics(self, metrics: Any, *, step: int) -> None:
+            raise OSError("store is full")
+
+        def finish(self, *, status: str = "FINISHED") -> None:
+            calls.append(("finish", status))
+
+    monkeypatch.setattr("opro.tracking.commands.MlflowTracker", Tracker)
+    recorder = MlflowCommandRecorder(tracking_uri="https://user:hunter2@mlflow.example/", experiment_name="e")
+    with pytest.raises(OSError, match="store is full"):
+        recorder.record(CommandRecord(kind="probe", name="probe", metrics={"x": 1.0}))
+    assert calls[-1] == ("finish", "FAILED")
+    monkeypatch.setattr(Tracker, "log_metrics", lambda self, metrics, *, step: None)
+    done = recorder.record(CommandRecord(kind="probe", name="probe", metrics={"x": 1.0}))
+    assert "hunter2" not in done.where and "mlflow.example" in done.where
