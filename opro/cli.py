@@ -555,29 +555,42 @@ def judge_calibrate(
 
 
 def _versus_initial(f: FinalistRecord) -> str:
-    """A finalist's cell in the "vs initial" column: only the chosen one was tested."""
+    """A finalist's cell in the "vs initial" column: only the chosen one was tested (its p on a second line)."""
     from opro.sequential import interval_text
 
     if not f.chosen:
-        return "not chosen" + (f" (selection {f.selection_score:.2f})" if f.selection_score is not None else "")
+        return "not chosen" + (f"\n(selection {f.selection_score:.2f})" if f.selection_score is not None else "")
     if f.difference is None:
         return "n/a"
     if f.difference_ci is None or f.p_value is None:
         return f"{f.difference:+.2f}"
-    return f"{f.difference:+.2f} [{interval_text(*f.difference_ci)}] (p={f.p_value:.2g})"
+    return f"{f.difference:+.2f} [{interval_text(*f.difference_ci)}]\n(p={f.p_value:.2g})"
 
 
-def _result_table(result: OptimizationResult, *, title: str) -> Any:
-    """Initial, finalists and the returned instruction: search score beside validation score."""
-    from rich.markup import escape
+def _listing(texts: list[tuple[str, str]]) -> Any:
+    """Long texts outside a table's grid: each under the number of its row (``#1``), wrapped at the
+    console's width with a hanging indent, so a table stays one short row per entry at 80 columns."""
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for number, text in texts:
+        grid.add_row(number, Text(text))
+    return grid
+
+
+def _result_table(result: OptimizationResult, *, title: str) -> tuple[Any, Any]:
+    """Initial, finalists and the returned instruction: search score beside validation score, one
+    numbered row each; and the instructions, listed by those numbers (:func:`_listing`)."""
     from rich.table import Table
 
-    table = Table(title=title)
-    table.add_column("")
+    table = Table(title=title, caption="* returned", caption_justify="left")
+    table.add_column("#", no_wrap=True)
     table.add_column("search score\n(in-sample)", justify="right")
     table.add_column("validation score\n[95% CI]", justify="right")
     table.add_column("vs initial\n(sequential p)", justify="right")
-    table.add_column("instruction")
 
     def fmt(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.2f}"
@@ -586,26 +599,30 @@ def _result_table(result: OptimizationResult, *, title: str) -> Any:
         return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
     params = {r.instruction: r.params for r in result.history}
+    texts: list[tuple[str, str]] = []
 
-    def shown(instruction: str) -> str:
-        """The instruction, and with [search.space] open its configuration's values."""
+    def numbered(what: str, instruction: str, *, returned: bool) -> str:
+        """``#n what`` (``*``: the returned one); the instruction, and with [search.space] open its
+        configuration's values, go to the listing under ``#n``."""
         values = params.get(instruction) or {}
-        return escape(instruction + (f"\n[{', '.join(f'{k} {v}' for k, v in values.items())}]" if values else ""))
+        number = f"#{len(texts) + 1}"
+        texts.append((number, instruction + (f"\n[{', '.join(f'{k} {v}' for k, v in values.items())}]" if values else "")))
+        return f"{number} {what}" + (" *" if returned else "")
 
     v = result.validation
     if v is None:
-        table.add_row("initial", fmt(result.initial_score), "-", "-", shown(result.initial_instruction))
-        table.add_row("best (search)", fmt(result.best_search_score), "-", "not validated", shown(result.best_instruction))
-        return table
-    table.add_row("initial", fmt(result.initial_score), with_ci(v.initial_score, v.initial_ci), "",
-                  shown(result.initial_instruction), style="bold" if not result.validated else None)
+        table.add_row(numbered("initial", result.initial_instruction, returned=False), fmt(result.initial_score), "-", "-")
+        table.add_row(numbered("best (search)", result.best_instruction, returned=True), fmt(result.best_search_score),
+                      "-", "not validated")
+        return table, _listing(texts)
+    table.add_row(numbered("initial", result.initial_instruction, returned=not result.validated), fmt(result.initial_score),
+                  with_ci(v.initial_score, v.initial_ci), "", style="bold" if not result.validated else None)
     for i, f in enumerate(v.finalists, start=1):
-        diff = _versus_initial(f)
         returned = v.winner is not None and f.instruction == v.winner.instruction
-        table.add_row(f"finalist {i}" + (" *" if returned else ""), fmt(f.search_score),
-                      with_ci(f.validation_score, f.validation_ci), diff, shown(f.instruction),
+        table.add_row(numbered(f"finalist {i}", f.instruction, returned=returned), fmt(f.search_score),
+                      with_ci(f.validation_score, f.validation_ci), _versus_initial(f),
                       style="bold" if returned else None)
-    return table
+    return table, _listing(texts)
 
 
 def _usage_table(usage: dict[str, dict[str, Any]]) -> Any:
@@ -691,7 +708,9 @@ def optimize(
             markup=False, soft_wrap=True,
         )
         raise typer.Exit(130) from None
-    console.print(_result_table(result, title=f"opro optimize: {exp.config.experiment.name}"))
+    table, instructions = _result_table(result, title=f"opro optimize: {exp.config.experiment.name}")
+    console.print(table)
+    console.print(instructions)
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(
         f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "

@@ -48,3 +48,25 @@ def test_no_usable_proposal_is_an_error_that_lists_the_reasons(tmp_path: Path, m
     assert "the optimizer proposed no usable instruction in 2 step(s)" in result.output
     assert "12 rejected: contains a template variable" in result.output
     assert "check [models.optimizer]" in result.output
+
+
+def test_optimize_output_reads_at_80_columns_in_a_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 52, item 9: piped to a log at 80 columns the result table put each instruction one word
+    per line. Rows are numbered; the instructions are listed whole below the table."""
+    from narrow import invoke_narrow
+
+    from opro.llm import GenerationOptions, Message
+
+    def long_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        return (f"<INS>Answer from the context in one or two plain sentences, quoting the passage that supports "
+                f"the answer, and say that you do not know when the context is silent (variant {options.seed}).</INS>")
+
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: _pool(long_reply))  # type: ignore[arg-type]
+    config = write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
+    result = invoke_narrow(["optimize", str(config), "--no-progress"], monkeypatch, min_tables=2)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    said = " ".join(result.output.split())
+    assert f"#1 {summary['initial_instruction']}" in said  # the listing: each instruction whole, by its number
+    assert f"#2 {summary['best_instruction']}" in said and "#2 finalist 1 *" in said  # returned: finalist 1
+    assert not [line for line in result.output.splitlines() if "│" in line and "quoting" in line]  # not in the grid
