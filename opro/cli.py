@@ -892,7 +892,9 @@ def compare(
                                min_coverage=min_coverage)
     finally:
         exp.close()
-    console.print(report.rich_table())
+    for table in report.rich_tables():
+        console.print(table)
+    console.print(_listing(report.numbered_prompts()))
     console.print(report.multiplicity())
     for sentence in report.sentences():
         console.print(f"- {sentence}")

@@ -216,30 +216,40 @@ class ComparisonReport:
         }
 
     def _rows(self) -> list[list[str]]:
+        """The report's table (report.md): one row per prompt, its cells in :meth:`_columns`' order."""
+        return [list(cells.values()) for cells in self._cells()]
+
+    def _cells(self) -> list[dict[str, str]]:
+        """Per prompt, its cells by key (``prompt``, ``mean``, ... ``metric:NAME`` ... ``tokens``,
+        ``seconds``, ``d_tokens``, ``d_seconds``, and with a margin ``noninferiority``), in the order
+        of :meth:`_columns`: the one source of report.md's table and of the terminal's tables."""
         rows = []
         for p, v in zip(self.prompts, self.versus, strict=True):
             mean = "n/a" if p.mean is None else f"{p.mean.estimate:.2f} [{p.mean.low:.2f}, {p.mean.high:.2f}]" + _mark(p.mean)
-            row = [
-                p.label + (" (baseline)" if v is None else ""),
-                mean,
-                _pct(p.pass_rate),
-                f"{p.n_scored}/{len(p.scores)}",
-                str(p.n_invalid + p.n_errors),
-            ]
+            row = {
+                "prompt": p.label + (" (baseline)" if v is None else ""),
+                "mean": mean,
+                "pass": _pct(p.pass_rate),
+                "scored": f"{p.n_scored}/{len(p.scores)}",
+                "invalid": str(p.n_invalid + p.n_errors),
+            }
             if v is None:
-                row += ["", "", "", ""]
+                row |= {"wtl": "", "diff": "", "p_wilcoxon": "", "p_permutation": ""}
             else:
                 s = v.stats
                 d = s.difference
-                row += [
-                    str(s.win_tie_loss),
-                    "n/a" if s.n == 0 else f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]" + _mark(d),
-                    f"{s.p_wilcoxon:.3g}",
-                    f"{s.p_permutation:.3g}",
-                ]
-            row += [_fmt(p.metric_means.get(m)) + (f" ({k} invalid)" if (k := p.metric_invalid.get(m, 0)) else "")
-                    for m in self.metric_names]
-            rows.append(row + _cost_cells(p, v) + self._margin_cells(v))
+                row |= {
+                    "wtl": str(s.win_tie_loss),
+                    "diff": "n/a" if s.n == 0 else f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]" + _mark(d),
+                    "p_wilcoxon": f"{s.p_wilcoxon:.3g}",
+                    "p_permutation": f"{s.p_permutation:.3g}",
+                }
+            row |= {f"metric:{m}": _fmt(p.metric_means.get(m)) + (f" ({k} invalid)" if (k := p.metric_invalid.get(m, 0)) else "")
+                    for m in self.metric_names}
+            row |= dict(zip(("tokens", "seconds", "d_tokens", "d_seconds"), _cost_cells(p, v), strict=True))
+            if self.margin is not None:
+                row["noninferiority"] = self._margin_cells(v)[0]
+            rows.append(row)
         return rows
 
     @property
@@ -293,16 +303,52 @@ class ComparisonReport:
     def sentences(self) -> list[str]:
         return [v.sentence for v in self.versus if v is not None]
 
-    def rich_table(self) -> Table:
+    def rich_tables(self) -> list[Table]:
+        """The terminal's tables: quality (mean, pass rate, and against the baseline W/T/L, the
+        difference and its p-values), cost per answer (and with a margin the non-inferiority test),
+        and with extra metrics their means. Each fits 80 columns with rows of at most 3 lines: rows are
+        numbered as :meth:`numbered_prompts` lists the prompts, an interval sits under its estimate.
+        The cells are report.md's (:meth:`_cells`); its ``invalid`` column is ``scored``'s complement."""
         from rich.table import Table
 
+        lvl = f"{self.level:.0%}"
+        holm = "\n(Holm)" if self.n_comparisons > 1 else ""
         where = "held-out" if self.split == "heldout" else f"{self.split} (not held-out)"
-        table = Table(title=f"opro compare: {len(self.questions)} {where} questions, judge {self.judge}")
-        for i, col in enumerate(self._columns()):
-            table.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
-        for row in self._rows():
-            table.add_row(*row)
-        return table
+
+        def table(title: str, columns: list[str]) -> Table:
+            t = Table(title=title)
+            for i, col in enumerate(columns):
+                t.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
+            return t
+
+        quality = table(f"opro compare: {len(self.questions)} {where} questions, judge {self.judge}",
+                        ["#", f"mean\n[{lvl} CI]", f"pass@{self.judge_threshold:g}\n(scored)", "W/T/L",
+                         f"Δ mean\n[{lvl} CI]", f"perm. p\n(Wilcoxon){holm}"])
+        cost = table("cost per answer (the task call)",
+                     ["#", "tokens\n(out)", "seconds", f"Δ tokens\n[{lvl} CI]", f"Δ seconds\n[{lvl} CI]",
+                      *([] if self.margin is None else [f"not worse p\n(margin {self.margin:g}){holm}"])])
+        metrics = table("extra metrics", ["#", *self.metric_names])
+        for i, (c, v) in enumerate(zip(self._cells(), self.versus, strict=True), start=1):
+            number, baseline = f"#{i}", v is None
+            quality.add_row(number, _under(c["mean"]), f"{c['pass']}\n({c['scored']})", c["wtl"],
+                            "baseline" if baseline else _under(c["diff"]),
+                            f"{c['p_permutation']}\n({c['p_wilcoxon']})" if c["p_permutation"] else "")
+            cost.add_row(number, _under(c["tokens"]), c["seconds"],
+                         "baseline" if baseline else _under(c["d_tokens"]), _under(c["d_seconds"]),
+                         *([] if self.margin is None else [c["noninferiority"]]))
+            metrics.add_row(number, *(_under(c[f"metric:{m}"]) for m in self.metric_names))
+        return [quality, cost, *([metrics] if self.metric_names else [])]
+
+    def numbered_prompts(self) -> list[tuple[str, str]]:
+        """``(#n, text)`` per prompt, numbered as the rows of :meth:`rich_tables`: its label (a
+        literal's label is its own shortened text: left out), its instruction whole, and the settings
+        it was answered with."""
+        listed = []
+        for i, (p, v) in enumerate(zip(self.prompts, self.versus, strict=True), start=1):
+            name = ("" if p.kind == "literal" else p.label) + (" (baseline)" if v is None else "")
+            settings = f"\n[{', '.join(f'{k} {x}' for k, x in p.settings.items())}]" if p.settings else ""
+            listed.append((f"#{i}", (f"{name.strip()}: " if name else "") + p.instruction + settings))
+        return listed
 
     def to_markdown(self) -> str:
         where = "held-out" if self.split == "heldout" else f"{self.split} (NOT held-out)"
@@ -373,6 +419,11 @@ def _cost_cells(p: PromptScores, v: VersusBaseline | None) -> list[str]:
         "" if v is None else "n/a" if d is None else d.tokens.text(0),
         "" if v is None else "n/a" if d is None else d.seconds.text(2),
     ]
+
+
+def _under(cell: str) -> str:
+    """A report cell for a narrow column: what follows its estimate (``[low, high]``, ``(n out)``) on a second line."""
+    return re.sub(r" (?=[\[(])", "\n", cell, count=1)
 
 
 def _num(x: float) -> float | None:

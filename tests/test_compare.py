@@ -173,6 +173,27 @@ def test_cli_compare_defaults_to_best_vs_initial(run_config: Path, monkeypatch: 
     assert bad.exit_code == 2 and "no such file" in bad.output
 
 
+def test_cli_compare_reads_at_80_columns_in_a_log(run_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 52, item 9: compare's one table had 14 columns (one word, or three letters, per line at 80).
+    Now a quality table, a cost table and an extra-metrics one, numbered rows, the prompts listed whole."""
+    from narrow import invoke_narrow
+
+    long = ("Answer from the context in one or two plain sentences, quoting the passage that supports the answer, "
+            "and say that you do not know when the context is silent.")
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    result = invoke_narrow(["compare", str(run_config), "--prompt", "best", "--prompt", f"text:{long}",
+                            "--metrics", "token_f1", "--margin", "0.25", "--name", "narrow", "--no-mlflow",
+                            "--no-progress"], monkeypatch, min_tables=3)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "#1 initial (baseline): Answer the question." in said and f"#3 {long}" in said
+    assert not [line for line in result.output.splitlines() if "│" in line and "quoting" in line]  # not in a grid
+    for figure in ("[1.77, 2.23]", "[+2.77, +3.23]", "10/0/0", "(0.00391)", "(10/10)", "(margin 0.25)", "token_f1"):
+        assert figure in said, figure  # a cell of each table, an interval under its estimate
+    report = json.loads((run_config.parent / "out" / "compare" / "narrow" / "report.json").read_text())
+    assert [p["label"] for p in report["prompts"]][:2] == ["initial", "best"]
+
+
 def _alias_template(config: Path, alias: str) -> str | None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
