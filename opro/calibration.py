@@ -4,12 +4,18 @@ For questions of a labelled dataset the judge scores three kinds of answers:
 
 - ``reference``: the reference answer itself (should score high),
 - ``wrong``: the reference answer of another question (a cyclic shift, so never its own),
-- ``task``: the task model's answers through the RAG program (somewhere in between).
+- ``task``: the task model's answers through the RAG program (somewhere in between),
+- near misses, the reference with one fact made wrong, made without a model (:mod:`opro.nearmiss`):
+  ``number`` (one number changed), ``name`` (one name swapped for a name from another reference),
+  ``first-sentence`` (the reference cut to its first sentence); a question whose reference has no
+  number, no name or one sentence only has no answer of that condition. They are what separates two
+  good prompts: a judge that tells the reference from another question's answer may still miss them.
 
-:func:`calibrate` returns a :class:`CalibrationReport`: per-condition mean and score distribution,
-invalid replies, the AUC of reference vs wrong (the probability that a right answer outscores a
-wrong one, ties counted half), their separation, seconds per uncached call and the test-retest
-agreement of repeated (uncached) calls. :func:`write_calibration` stores it in the run's output
+:func:`calibrate_experiment` returns a :class:`CalibrationReport`: per-condition mean and score
+distribution, invalid replies, the AUC of reference vs wrong (the probability that a right answer
+outscores a wrong one, ties counted half), their separation, per condition the contrast with the
+reference (:class:`ContrastStats`: AUC, paired win rate, mean drop), seconds per uncached call and the
+test-retest agreement of repeated (uncached) calls. :func:`write_calibration` stores it in the run's output
 folder, where ``opro optimize`` and ``opro compare`` read it to print the judge's measured noise
 beside their gains (:func:`judge_noise_note`).
 """
@@ -23,13 +29,14 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError, DataError
 from opro.llm import UsageLedger
+from opro.nearmiss import NEAR_MISSES, near_misses
 from opro.records import CommandRecord, finite_metrics
 from opro.rundir import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
 
@@ -39,7 +46,10 @@ if TYPE_CHECKING:
     from opro.judges import CorrectnessJudge
     from opro.workbench import Workbench
 
-CONDITIONS: tuple[str, ...] = ("reference", "wrong", "task")
+#: The conditions judged since the first calibrations (the retest repeats answers of these).
+BASE_CONDITIONS: tuple[str, ...] = ("reference", "wrong", "task")
+#: Every condition, in the order a question's answers are judged; all of them by default.
+CONDITIONS: tuple[str, ...] = (*BASE_CONDITIONS, *NEAR_MISSES)
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,26 @@ class ConditionStats:
     mean: float | None
     #: Scores rounded half up onto 1..5.
     distribution: dict[int, int]
+
+
+@dataclass(frozen=True)
+class ContrastStats:
+    """The reference against one other condition, on the questions that have both.
+
+    ``auc``: P(reference outscores the condition's answer), over the reference scores of those
+    questions and the condition's scores, ties counted half (for ``wrong`` it is the report's ``auc``).
+    ``pairs``: questions where both answers have a score; ``wins``/``ties``: of those, where the
+    reference scored higher / the same. ``win_rate``: (wins + ties / 2) / pairs, ties counted half as in
+    the AUC. ``mean_drop``: the mean of reference minus the condition's answer over the pairs.
+    """
+
+    condition: str
+    pairs: int
+    wins: int
+    ties: int
+    auc: float | None
+    win_rate: float | None
+    mean_drop: float | None
 
 
 @dataclass(frozen=True)
@@ -113,9 +143,15 @@ class CalibrationReport:
     #: The judge settings it was measured with (see :func:`judge_signature`).
     signature: dict[str, Any] = field(default_factory=dict)
     created: str = ""
+    #: The reference against every other condition (empty in calibrations written before them).
+    contrasts: tuple[ContrastStats, ...] = ()
 
     def condition(self, name: str) -> ConditionStats | None:
         return next((c for c in self.conditions if c.condition == name), None)
+
+    def contrast(self, name: str) -> ContrastStats | None:
+        """The reference against condition ``name`` (None for the reference or a condition not judged)."""
+        return next((c for c in self.contrasts if c.condition == name), None)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,8 +167,40 @@ class CalibrationReport:
             table.add_row(c.condition, str(c.n), str(c.n_invalid), _fmt(c.mean), "/".join(str(c.distribution[k]) for k in range(1, 6)))
         return table
 
+    def contrast_table(self) -> Any:
+        """The reference against each other condition: AUC, how often it scored higher, the mean drop."""
+        from rich.table import Table
+
+        table = Table(title="the reference against each condition, on the questions that have both")
+        for col in ("condition", "pairs", "AUC", "reference higher", "win rate", "mean drop"):
+            table.add_column(col, justify="left" if col == "condition" else "right")
+        for k in self.contrasts:
+            table.add_row(k.condition, str(k.pairs), _fmt(k.auc, ".3f"),
+                          f"{k.wins}" + (f" (+{k.ties} tied)" if k.ties else ""), _fmt(k.win_rate), _fmt(k.mean_drop))
+        table.caption = "win rate: the share of pairs where the reference scored higher (ties half)"
+        return table
+
+    def near_miss_lines(self) -> list[str]:
+        """One line per near-miss condition judged: how many questions had one, and how the judge told it
+        from the reference."""
+        lines = []
+        for name in NEAR_MISSES:
+            c, k = self.condition(name), self.contrast(name)
+            if c is None:
+                continue
+            had = f"{c.n} of {self.n_questions} questions {_NEAR_MISS_APPLIES[name]}"
+            if k is None or not k.pairs:
+                lines.append(f"near miss {name}: {had}; nothing to compare")
+                continue
+            lines.append(
+                f"near miss {name} ({had}): AUC {_fmt(k.auc, '.3f')}, reference higher in {k.wins} of "
+                f"{k.pairs} pairs" + (f" ({k.ties} tied)" if k.ties else "")
+                + f", win rate {_fmt(k.win_rate)} (ties half), mean drop {_fmt(k.mean_drop)}"
+            )
+        return lines
+
     def lines(self) -> list[str]:
-        """Separation, invalid rate, cost and test-retest noise, one line each."""
+        """Separation, invalid rate, cost, test-retest noise and the near misses, one line each."""
         f, retest = _fmt, self.retest
         lines = [
             f"AUC reference vs wrong: {f(self.auc, '.3f')}   separation: {f(self.separation)}"
@@ -146,7 +214,7 @@ class CalibrationReport:
                 f"within 1 {f(retest.within_1, '.0%')}, mean |difference| {f(retest.mean_abs_difference, '.3f')}, "
                 f"sd per call {f(retest.sd, '.3f')}"
             )
-        return lines
+        return lines + self.near_miss_lines()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "calibration") -> CalibrationReport:
@@ -156,7 +224,11 @@ class CalibrationReport:
                 for c in data["conditions"]
             )
             retest = RetestStats(**data["retest"]) if data.get("retest") else None
-            return cls(**{**data, "conditions": conditions, "retest": retest})
+            contrasts = tuple(ContrastStats(**c) for c in data.get("contrasts") or ())
+            # Fields a later opro added are left out, so this one still reads its files.
+            known = {f.name for f in fields(cls)}
+            return cls(**{**{k: v for k, v in data.items() if k in known}, "conditions": conditions,
+                          "retest": retest, "contrasts": contrasts})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DataError(f"{where} is not an opro judge calibration ({exc}); rerun `opro judge calibrate`") from exc
 
@@ -177,7 +249,18 @@ class CalibrationReport:
             parts.append(f"{self.s_per_call:.2f} s/call")
         if self.auc_most_likely is not None:
             parts.append(f"AUC of the most likely score alone {f(self.auc_most_likely)}")
+        near = [(name, k) for name in NEAR_MISSES if (k := self.contrast(name)) is not None and k.pairs]
+        if near:
+            parts.append("near misses: " + ", ".join(
+                f"{name} AUC {f(k.auc)} (drop {f(k.mean_drop)}, n={k.pairs})" for name, k in near))
         return f"{self.n_questions} questions of {self.dataset}: " + ", ".join(parts)
+
+
+_NEAR_MISS_APPLIES = {
+    "number": "have a number in the reference",
+    "name": "have a name in the reference",
+    "first-sentence": "have a reference of two or more sentences",
+}
 
 
 def auc(positives: Sequence[float], negatives: Sequence[float]) -> float | None:
@@ -188,12 +271,26 @@ def auc(positives: Sequence[float], negatives: Sequence[float]) -> float | None:
     return wins / (len(positives) * len(negatives))
 
 
-def build_items(examples: Sequence[Example], *, task_answers: Sequence[str] | None = None) -> list[CalibrationItem]:
-    """Reference, wrong (the next question's reference) and, when given, task-model items, by question."""
+def build_items(
+    examples: Sequence[Example],
+    *,
+    task_answers: Sequence[str] | None = None,
+    near_miss: Sequence[str] = (),
+    pool: Sequence[str] | None = None,
+    seed: int = 0,
+) -> list[CalibrationItem]:
+    """Reference, wrong (the next question's reference), when given task-model items and the
+    ``near_miss`` conditions that apply (seeded; names drawn from ``pool``, reference texts, default
+    the examples' own references), by question."""
     if len(examples) < 2:
         raise DataError(f"judge calibration needs at least 2 questions (wrong answers come from another); got {len(examples)}")
     if task_answers is not None and len(task_answers) != len(examples):
         raise DataError(f"{len(task_answers)} task answers for {len(examples)} questions")
+    unknown = [c for c in near_miss if c not in NEAR_MISSES]
+    if unknown:
+        raise ConfigError(f"unknown near-miss condition(s) {unknown}: use {', '.join(NEAR_MISSES)}")
+    references = [ex.reference_answer for ex in examples]
+    misses = near_misses(references, pool=pool, seed=seed, conditions=near_miss) if near_miss else None
     items: list[CalibrationItem] = []
     n = len(examples)
     # Grouped by question: the judge prompt's prefix up to the answer is shared, so llama.cpp's KV
@@ -202,6 +299,8 @@ def build_items(examples: Sequence[Example], *, task_answers: Sequence[str] | No
         answers = {"reference": ex.reference_answer, "wrong": examples[(i + 1) % n].reference_answer}
         if task_answers is not None:
             answers["task"] = task_answers[i]
+        if misses is not None:
+            answers.update(misses[i])
         for condition, answer in answers.items():
             items.append(CalibrationItem(condition, i, ex.query, ex.reference_answer, answer))
     return items
@@ -233,12 +332,14 @@ def summarize(
     dataset: str,
     seed: int,
     signature: Mapping[str, Any] | None = None,
+    requested: Sequence[str] = (),
 ) -> CalibrationReport:
-    """The statistics of a list of verdicts (pure: unit-testable without a model)."""
+    """The statistics of a list of verdicts (pure: unit-testable without a model). ``requested``:
+    conditions reported even where no question had an answer of theirs (a near miss that never applied)."""
     first = [v for v in verdicts if v.repeat == 0]
     if not first:
         raise DataError("no judge verdicts to summarize")
-    conditions = [c for c in CONDITIONS if any(v.item.condition == c for v in first)]
+    conditions = [c for c in CONDITIONS if c in requested or any(v.item.condition == c for v in first)]
     scores = {c: [v.score for v in first if v.item.condition == c and v.score is not None] for c in conditions}
     stats = tuple(
         ConditionStats(
@@ -283,6 +384,25 @@ def summarize(
         retest=_retest(pairs) if repeats else None,
         signature=dict(signature or {}),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
+        contrasts=tuple(_contrast(first, c) for c in conditions if c != "reference"),
+    )
+
+
+def _contrast(first: Sequence[CalibrationVerdict], condition: str) -> ContrastStats:
+    """The reference against ``condition`` on the questions that have both (see :class:`ContrastStats`)."""
+    reference = {v.item.question: v.score for v in first if v.item.condition == "reference"}
+    other = {v.item.question: v.score for v in first if v.item.condition == condition}
+    pairs = [(r, o) for q, o in other.items() if (r := reference.get(q)) is not None and o is not None]
+    wins = sum(r > o for r, o in pairs)
+    ties = sum(r == o for r, o in pairs)
+    return ContrastStats(
+        condition=condition,
+        pairs=len(pairs),
+        wins=wins,
+        ties=ties,
+        auc=auc([s for q in other if (s := reference.get(q)) is not None], [s for s in other.values() if s is not None]),
+        win_rate=(wins + ties / 2) / len(pairs) if pairs else None,
+        mean_drop=statistics.fmean(r - o for r, o in pairs) if pairs else None,
     )
 
 
@@ -309,14 +429,15 @@ def _judge_one(judge: CorrectnessJudge, item: CalibrationItem, repeat: int) -> C
 def run_judge(
     judge: CorrectnessJudge, items: Sequence[CalibrationItem], *, retest: int = 0, progress: bool = True
 ) -> list[CalibrationVerdict]:
-    """Judge every item, then repeat the first ``retest`` items of each condition without the cache.
+    """Judge every item, then repeat the first ``retest`` items of each of reference, wrong and task
+    without the cache (near misses are not repeated: the judge's noise is its own, whatever it reads).
 
     The repeats measure the judge's own noise (a greedy llama.cpp judge is close to deterministic;
     a sampled or remote judge is not); they are never stored, so a rerun repeats them again.
     """
     from opro.progress import progress_bar
 
-    conditions = [c for c in CONDITIONS if any(i.condition == c for i in items)]
+    conditions = [c for c in BASE_CONDITIONS if any(i.condition == c for i in items)]
     again = [i for c in conditions for i in [i for i in items if i.condition == c][:retest]]
     uncached = copy_judge_without_cache(judge) if again else None
     verdicts: list[CalibrationVerdict] = []
@@ -351,14 +472,16 @@ def calibrate_experiment(
 ) -> tuple[CalibrationReport, list[CalibrationVerdict]]:
     """Calibrate an experiment's judge on ``n`` seeded questions of its dataset (all splits: the judge
     is not what the search tunes). Task answers come from its RAG program with the first initial
-    instruction. Every call goes through the experiment's call cache, except the retest repeats."""
+    instruction; near misses from the references (names from the references of the whole dataset, so a
+    question's near misses do not depend on ``n``). Every call goes through the experiment's call cache,
+    except the retest repeats."""
     import random
 
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown or not {"reference", "wrong"} <= set(conditions):
         raise ConfigError(
-            f"calibration conditions {list(conditions)}: use reference and wrong, optionally task "
-            f"(unknown: {unknown})"
+            f"calibration conditions {list(conditions)}: use reference and wrong, optionally "
+            f"{', '.join(c for c in CONDITIONS if c not in ('reference', 'wrong'))} (unknown: {unknown})"
         )
     if n < 2:
         raise ConfigError(f"judge calibration needs --n >= 2 questions, got {n}")
@@ -380,7 +503,8 @@ def calibrate_experiment(
         answers = [
             a.text for a in experiment.program.answer_many([e.query for e in chosen], template=template, progress=progress)
         ]
-    items = build_items(chosen, task_answers=answers)
+    items = build_items(chosen, task_answers=answers, near_miss=[c for c in NEAR_MISSES if c in conditions],
+                        pool=[e.reference_answer for e in examples], seed=seed)
     judge = experiment.judge
     verdicts = run_judge(judge, items, retest=retest, progress=progress)
     report = summarize(
@@ -390,8 +514,13 @@ def calibrate_experiment(
         dataset=config.data.dataset or ", ".join(config.data.docs),
         seed=seed,
         signature=judge_signature(config),
+        requested=conditions,
     )
     return report, verdicts
+
+
+def _key(condition: str) -> str:
+    return condition.replace("-", "_")
 
 
 def calibration_record(report: CalibrationReport, paths: Mapping[str, Path]) -> CommandRecord:
@@ -406,7 +535,10 @@ def calibration_record(report: CalibrationReport, paths: Mapping[str, Path]) -> 
         "judge_s_per_call": report.s_per_call,
         "judge_retest_sd": report.retest.sd if report.retest else None,
         "judge_retest_exact": report.retest.exact if report.retest else None,
-        **{f"judge_mean_{c.condition}": c.mean for c in report.conditions},
+        **{f"judge_mean_{_key(c.condition)}": c.mean for c in report.conditions},
+        **{f"judge_{stat}_{_key(k.condition)}": getattr(k, stat)
+           for k in report.contrasts for stat in ("auc", "win_rate", "mean_drop")},
+        **{f"judge_pairs_{_key(k.condition)}": k.pairs for k in report.contrasts},
     })
     return CommandRecord(kind="judge-calibration", name="judge-calibration", params=params, metrics=metrics,
                          files={path: "judge_calibration" for path in paths.values()})
@@ -503,6 +635,7 @@ def judge_noise_note(config: OproConfig) -> str:
 
 
 __all__ = [
+    "BASE_CONDITIONS",
     "CALIBRATION_DIR",
     "CALIBRATION_FILE",
     "CONDITIONS",
@@ -510,6 +643,7 @@ __all__ = [
     "CalibrationReport",
     "CalibrationVerdict",
     "ConditionStats",
+    "ContrastStats",
     "RetestStats",
     "auc",
     "build_items",

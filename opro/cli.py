@@ -487,8 +487,17 @@ def judge_calibrate(
     config: Path = typer.Argument(..., help="Experiment TOML: its [data].dataset, models, retrieval and [judge] are used."),
     n: int = typer.Option(40, "--n", help="Questions sampled from the dataset (seeded)."),
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed (default: [experiment].seed)."),
-    conditions: str = typer.Option("reference,wrong,task", "--conditions", help="Comma list of reference, wrong, task."),
-    retest: int = typer.Option(5, "--retest", help="Answers per condition judged a second time without the cache."),
+    conditions: str = typer.Option(
+        "reference,wrong,task,number,name,first-sentence", "--conditions",
+        help="Comma list of reference, wrong (another question's reference), task (the RAG answer) and the "
+             "near misses made from the reference without a model: number (one number changed), name (one name "
+             "swapped for another reference's), first-sentence (cut to its first sentence). A near miss is "
+             "judged only where it applies: up to 3 more judge calls per question, each reusing its question's "
+             "prompt prefix on the embedded judge.",
+    ),
+    retest: int = typer.Option(
+        5, "--retest", help="Answers per condition (reference, wrong, task) judged a second time without the cache."
+    ),
     judge: str | None = typer.Option(
         None, "--judge", help="Judge model instead of [models.judge]: llamacpp:NAME or openai:MODEL[@BASE_URL]."
     ),
@@ -498,10 +507,11 @@ def judge_calibrate(
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the calibration as an MLflow run."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
-    """Measure how well the judge tells right answers from wrong ones, and its noise.
+    """Measure how well the judge tells right answers from wrong ones and from near misses, and its noise.
 
-    Writes <output_dir>/judge_calibration.json (shown beside gains by optimize and compare), a CSV of
-    every verdict and a plot under <output_dir>/judge_calibration/.
+    Per condition: the AUC against the reference, the share of questions where the reference scored
+    higher (ties half) and the mean drop. Writes <output_dir>/judge_calibration.json (shown beside
+    gains by optimize and compare), a CSV of every verdict and a plot under <output_dir>/judge_calibration/.
     """
     import dataclasses
 
@@ -541,6 +551,7 @@ def judge_calibrate(
     recorded = record_all(command_recorders(cfg, mlflow=mlflow), calibration_record(report, paths))
     console = Console()
     console.print(report.rich_table())
+    console.print(report.contrast_table())
     for line in report.lines():
         console.print(line)
     for path in paths.values():

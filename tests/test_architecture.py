@@ -119,7 +119,7 @@ def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
 FLOORS: dict[str, int] = {
     **dict.fromkeys(("opro.errors", "opro.prompts", "opro.paths", "opro.redaction", "opro.progress",
                      "opro.locking", "opro.plots", "opro.rundir", "opro.stats", "opro.sequential",
-                     "opro.ledger", "opro.cost", "opro.noninferiority", "opro.records"), 0),
+                     "opro.ledger", "opro.cost", "opro.noninferiority", "opro.records", "opro.nearmiss"), 0),
     **dict.fromkeys(("opro.llm", "opro.config", "opro.budget"), 1),
     **dict.fromkeys(("opro.rag", "opro.retrieval", "opro.documents", "opro.dataset", "opro.generation",
                      "opro.corpus", "opro.judges", "opro.metrics", "opro.withheld"), 2),

@@ -19,6 +19,7 @@ from opro.calibration import (
     CalibrationVerdict,
     auc,
     build_items,
+    calibration_record,
     judge_noise_note,
     load_calibration,
     run_judge,
@@ -189,7 +190,9 @@ def test_calibrate_and_agreement_against_an_openai_compatible_judge(
                   "--no-progress", "--no-mlflow"],
         )
         assert result.exit_code == 0, result.output
-        assert server.counts["judge"] == 4 * 3 + 3  # every answer once, one per condition again
+        # Every answer once ("Answer i." has a number, no name and one sentence: one near miss each),
+        # then one per condition of reference, wrong and task again.
+        assert server.counts["judge"] == 4 * 4 + 3
         verdicts = tmp_path / "out" / "judge_calibration" / "verdicts.csv"
         # The stored verdicts are answers another judge can be compared on.
         result = runner.invoke(app, ["judge", "agreement", "--answers", str(verdicts), "--judge-b", spec, "--no-cache"])
@@ -197,3 +200,138 @@ def test_calibrate_and_agreement_against_an_openai_compatible_judge(
         assert "exact agreement" in result.output and "1.000" in result.output
     summary = (tmp_path / "out" / CALIBRATION_FILE).read_text()
     assert key not in summary and "OPENAI_API_KEY" in summary  # the key's variable, never the key
+
+
+# --- near misses ---------------------------------------------------------------------------------
+
+NAMES = ["Ada Lovelace", "Alan Turing", "Grace Hopper", "John McCarthy", "Barbara Liskov", "Donald Knuth"]
+
+
+def _near_miss_dataset(tmp_path: Path, n: int = 24) -> Path:
+    """References with a number, a name and two sentences (and, every fourth, one sentence only)."""
+    rows = []
+    for i in range(n):
+        answer = f"Network {i} was designed by {NAMES[i % len(NAMES)]} in {1990 + i}."
+        if i % 4:
+            answer += f" It has {i + 5} layers."
+        rows.append({"question": f"Who designed network {i}?", "answer": answer})
+    path = tmp_path / "near.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def _strict_judge(reads_numbers: bool) -> ScriptedLLM:
+    """5 when the answer is the reference as far as the judge reads it, else 1: one that reads numbers
+    compares only the numbers (and misses a swapped name); one that ignores numbers compares the rest."""
+
+    def reply(messages: tuple[Message, ...], options: object) -> str:
+        text = messages[-1].content
+        reference = re.search(r"Reference answer: (.*)", text)
+        answer = re.search(r"Answer to grade: (.*)", text)
+        assert reference is not None and answer is not None
+        if reads_numbers:
+            same = re.findall(r"\d+", reference.group(1)) == re.findall(r"\d+", answer.group(1))
+        else:
+            same = re.sub(r"\d+", "#", reference.group(1)) == re.sub(r"\d+", "#", answer.group(1))
+        return json.dumps({"score": 5 if same else 1, "reasoning": "scripted"})
+
+    return ScriptedLLM(default=reply, model="strict-judge")
+
+
+@pytest.mark.parametrize("reads_numbers", [True, False])
+def test_near_misses_separate_only_what_the_judge_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads_numbers: bool
+) -> None:
+    pool = ModelPool(scripted={"task": ScriptedLLM(default="Using the context: yes.", model="task"),
+                               "judge": _strict_judge(reads_numbers)})
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: pool)
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    raw = experiment_config(tmp_path, data={"dataset": str(_near_miss_dataset(tmp_path))},
+                            judge={"template": "rubric", "score_from": "reply"})
+    config = write_toml(raw, tmp_path / "exp.toml")
+    result = CliRunner().invoke(app, ["judge", "calibrate", str(config), "--n", "12", "--retest", "1",
+                                      "--no-progress", "--no-mlflow"])
+    assert result.exit_code == 0, result.output
+    report = load_calibration(tmp_path / "out")
+    assert report is not None
+    number, name, first = (report.contrast(c) for c in ("number", "name", "first-sentence"))
+    assert number is not None and name is not None and first is not None
+    assert report.condition("number").n == 12 and report.condition("name").n == 12  # type: ignore[union-attr]
+    assert report.condition("first-sentence").n == first.pairs == 9  # type: ignore[union-attr]  # 3 of 12 have one sentence
+    if reads_numbers:
+        assert number.auc == 1.0 and number.win_rate == 1.0 and number.wins == 12 and number.mean_drop == 4.0
+        assert name.auc == 0.5 and name.win_rate == 0.5 and name.ties == 12 and name.mean_drop == 0.0
+        assert first.auc == 1.0  # the second sentence's number is gone
+    else:
+        assert number.auc == 0.5 and number.win_rate == 0.5 and number.ties == 12 and number.mean_drop == 0.0
+        assert name.auc == 1.0 and name.win_rate == 1.0 and name.mean_drop == 4.0
+    assert report.contrast("wrong").auc == report.auc == 1.0  # type: ignore[union-attr]
+    assert report.contrast("reference") is None
+    text = " ".join(result.output.split())
+    assert "the reference against each condition" in text and "first-sentence" in text
+    assert f"near miss number (12 of 12 questions have a number in the reference): AUC {number.auc:.3f}" in text
+    assert "near miss first-sentence (9 of 12 questions have a reference of two or more sentences)" in text
+    # The retest repeats reference, wrong and task only: one each.
+    assert report.retest is not None and report.retest.n == 3
+    record = calibration_record(report, {})
+    assert record.metrics["judge_auc_number"] == number.auc
+    assert record.metrics["judge_win_rate_first_sentence"] == first.win_rate
+    assert record.metrics["judge_mean_drop_name"] == name.mean_drop and record.metrics["judge_pairs_name"] == 12
+    assert record.metrics["judge_mean_first_sentence"] == report.condition("first-sentence").mean  # type: ignore[union-attr]
+    cfg = config_from_dict(raw, base_dir=tmp_path, source=str(config))
+    assert f"near misses: number AUC {number.auc:.2f}" in judge_noise_note(cfg)
+
+
+def test_near_miss_statistics_from_hand_made_verdicts() -> None:
+    verdicts = [
+        _verdict("reference", 0, 5.0), _verdict("reference", 1, 4.0), _verdict("reference", 2, 3.0),
+        _verdict("wrong", 0, 1.0), _verdict("wrong", 1, 2.0), _verdict("wrong", 2, 1.0),
+        _verdict("name", 0, 3.0), _verdict("name", 1, 4.0), _verdict("name", 2, None),  # a tie, an invalid
+    ]
+    report = summarize(verdicts, judge="j", method="m", dataset="d", seed=0, requested=("reference", "wrong", "name", "number"))
+    name = report.contrast("name")
+    assert name is not None
+    assert (name.pairs, name.wins, name.ties) == (2, 1, 1)
+    assert name.win_rate == 0.75 and name.mean_drop == 1.0
+    # The AUC: the references of the questions with a name (5, 4, 3) against the valid names (3, 4).
+    assert name.auc == pytest.approx(auc([5.0, 4.0, 3.0], [3.0, 4.0]))
+    # A requested near miss that applied nowhere is reported as such.
+    number = report.condition("number")
+    assert number is not None and number.n == 0 and report.contrast("number").pairs == 0  # type: ignore[union-attr]
+    assert "near miss number: 0 of 3 questions have a number in the reference; nothing to compare" in report.lines()
+    assert [c.condition for c in report.conditions] == ["reference", "wrong", "number", "name"]
+    assert CalibrationReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+
+
+def test_calibrations_written_before_the_near_misses_still_load() -> None:
+    old = {
+        "judge": "qwen", "method": "logits", "dataset": "d.json", "n_questions": 2, "seed": 0,
+        "conditions": [
+            {"condition": "reference", "n": 2, "n_invalid": 0, "mean": 4.5, "distribution": {"1": 0, "2": 0, "3": 0, "4": 1, "5": 1}},
+            {"condition": "wrong", "n": 2, "n_invalid": 0, "mean": 1.5, "distribution": {"1": 1, "2": 1, "3": 0, "4": 0, "5": 0}},
+        ],
+        "auc": 1.0, "separation": 3.0, "invalid_rate": 0.0, "auc_most_likely": None, "s_per_call": 2.0,
+        "calls": 4, "cache_hits": 0, "retest": None, "signature": {}, "created": "2025-01-01T00:00:00+00:00",
+    }
+    report = CalibrationReport.from_dict(old)
+    assert report.contrasts == () and report.contrast("wrong") is None
+    assert report.condition("wrong").mean == 1.5  # type: ignore[union-attr]
+    assert not any("near miss" in line for line in report.lines()) and "near misses" not in report.summary()
+    # A field a later opro adds is left out rather than refused.
+    assert CalibrationReport.from_dict({**old, "added_later": [1, 2]}) == report
+    with pytest.raises(DataError, match="rerun `opro judge calibrate`"):
+        CalibrationReport.from_dict({**old, "contrasts": [{"condition": "name"}]})
+
+
+def test_build_items_adds_the_near_misses_that_apply() -> None:
+    examples = [Example(query="q0", reference_answer="It won in 2012. Alex Krizhevsky built it."),
+                Example(query="q1", reference_answer="Dropout helped."),
+                Example(query="q2", reference_answer="Geoffrey Hinton advised.")]
+    items = build_items(examples, near_miss=("number", "name", "first-sentence"), seed=0)
+    by_question = {q: [i.condition for i in items if i.question == q] for q in range(3)}
+    assert by_question == {0: ["reference", "wrong", "number", "name", "first-sentence"],
+                           1: ["reference", "wrong"], 2: ["reference", "wrong", "name"]}
+    name = next(i for i in items if i.question == 0 and i.condition == "name")
+    assert name.answer == "It won in 2012. Geoffrey Hinton built it."  # the only other name
+    assert all(i.reference == examples[i.question].reference_answer for i in items)
+    assert build_items(examples, near_miss=("number",), seed=0) == [i for i in items if i.condition in ("reference", "wrong", "number")]
