@@ -741,11 +741,12 @@ def evaluate(
     from rich.console import Console
     from rich.markup import escape
 
-    from opro.compare import check_heldout, make_extra_metrics
+    from opro.compare import make_extra_metrics
     from opro.dataset import SPLIT_NAMES
     from opro.errors import ConfigError
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment
+    from opro.guard import check_heldout
     from opro.sources import resolve_prompt
 
     if split not in SPLIT_NAMES:
