@@ -741,12 +741,12 @@ def evaluate(
     from rich.console import Console
     from rich.markup import escape
 
-    from opro.compare import make_extra_metrics
     from opro.dataset import SPLIT_NAMES
     from opro.errors import ConfigError
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment
     from opro.guard import check_heldout
+    from opro.judges import make_extra_metrics
     from opro.sources import resolve_prompt
 
     if split not in SPLIT_NAMES:
@@ -762,7 +762,8 @@ def evaluate(
             template=resolved.template,
             examples=exp.dataset.examples_in(split),  # type: ignore[arg-type]
             judge=exp.judge,
-            extra_metrics=make_extra_metrics([m for m in metrics.split(",") if m.strip()], experiment=exp),
+            extra_metrics=make_extra_metrics([m for m in metrics.split(",") if m.strip()],
+                                             judge_client=lambda: exp.client("judge")),
             max_errors=max_errors,
             progress=exp.progress,
         )

@@ -30,7 +30,7 @@ from opro.calibration import judge_noise_note
 from opro.cost import CostDifference, CostModel, CostSummary, paired_difference
 from opro.errors import ConfigError, DataError
 from opro.guard import check_heldout, check_prompt_source
-from opro.judges.factory import METRIC_JUDGES, build_metric
+from opro.judges.factory import make_extra_metrics
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.noninferiority import NonInferiority, check_margin, holm_noninferiority, noninferiority
 from opro.rundir import RunDir
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Extra metrics ``compare_prompts`` can add, by name: the judges the factory builds by name, and token F1.
-EXTRA_METRICS = (*METRIC_JUDGES, "token_f1")
 SPLITS = ("heldout", "validation", "optimization", "exemplar")
 
 
@@ -412,28 +410,6 @@ def _first_five(items: Sequence[str]) -> str:
     return "; ".join(items[:5]) + more
 
 
-# -- extra metrics ----------------------------------------------------------------------------------
-
-
-def make_extra_metrics(names: Sequence[str], *, experiment: Workbench) -> list[Any]:
-    """The judges of :data:`~opro.judges.METRIC_JUDGES` (``faithfulness`` / ``relevancy``, on the judge
-    model) and ``token_f1``."""
-    metrics: list[Any] = []
-    for raw in names:
-        name = raw.strip().lower().replace("-", "_")
-        if not name:
-            continue
-        if name in METRIC_JUDGES:
-            metrics.append(build_metric(name, client=experiment.client("judge")))
-        elif name == "token_f1":
-            from opro.metrics import TokenF1
-
-            metrics.append(TokenF1())
-        else:
-            raise ConfigError(f"unknown extra metric {raw!r}; choose from {', '.join(EXTRA_METRICS)}")
-    return metrics
-
-
 # -- the comparison ---------------------------------------------------------------------------------
 
 
@@ -455,7 +431,7 @@ def compare_prompts(
     """Evaluate each prompt on ``split`` of the experiment's dataset and compare it with ``baseline``.
 
     ``prompts`` are specs (see :mod:`opro.sources`) or resolved prompts; ``baseline`` is an index
-    into them or one of their specs. ``extra_metrics`` are names from :data:`EXTRA_METRICS` or metric
+    into them or one of their specs. ``extra_metrics`` are names from :data:`~opro.judges.EXTRA_METRICS` or metric
     objects accepted by :func:`opro.evaluation.evaluate_examples`. With ``margin`` (judge points)
     each prompt also gets a non-inferiority test against the baseline (Holm over the prompts).
     """
@@ -490,7 +466,8 @@ def compare_prompts(
         raise DataError(f"the {split} split of {experiment.dataset_dir} is empty; raise [data.split].{split}")
 
     metrics = [m for m in extra_metrics if not isinstance(m, str)]
-    metrics += make_extra_metrics([m for m in extra_metrics if isinstance(m, str)], experiment=experiment)
+    metrics += make_extra_metrics([m for m in extra_metrics if isinstance(m, str)],
+                                  judge_client=lambda: experiment.client("judge"))
     show = experiment.progress if progress is None else progress
     cost_model: CostModel = cfg.cost_model()
     results: list[PromptScores] = []
@@ -998,7 +975,6 @@ def log_comparison(
 
 
 __all__ = [
-    "EXTRA_METRICS",
     "MIN_PROMOTION_COVERAGE",
     "ComparisonReport",
     "PromptScores",
@@ -1007,7 +983,6 @@ __all__ = [
     "compare_prompts",
     "default_compare_dir",
     "log_comparison",
-    "make_extra_metrics",
     "plot_comparison",
     "save_comparison",
 ]

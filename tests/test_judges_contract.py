@@ -32,6 +32,7 @@ from opro.judges import (
     build_judge,
     build_metric,
     judge_template,
+    make_extra_metrics,
 )
 from opro.llm import ChatClient, Message
 from opro.llm.cache import CallCache
@@ -275,6 +276,23 @@ def test_logit_scores_need_a_backend_that_reads_logits() -> None:
 def test_an_unknown_judge_metric_names_the_choices() -> None:
     with pytest.raises(ConfigError, match=r"unknown judge metric 'bleu'; choose from faithfulness, relevancy"):
         build_metric("bleu", client=ChatClient(ScriptedLLM(default=""), role="judge"))
+
+
+def test_extra_metrics_by_name_ask_for_the_judge_client_only_for_a_judge() -> None:
+    from opro.metrics import TokenF1
+
+    asked: list[ChatClient] = []
+
+    def judge_client() -> ChatClient:
+        asked.append(ChatClient(ScriptedLLM(default=""), role="judge"))
+        return asked[-1]
+
+    assert [type(m) for m in make_extra_metrics(["token_f1", " ", "Token-F1"], judge_client=judge_client)] == [TokenF1] * 2
+    assert asked == []
+    built = make_extra_metrics(["faithfulness", "relevancy"], judge_client=judge_client)
+    assert [m.name for m in built] == ["faithfulness", "relevancy"] and len(asked) == 2
+    with pytest.raises(ConfigError, match=r"unknown extra metric 'bleu'; choose from faithfulness, relevancy, token_f1"):
+        make_extra_metrics(["bleu"], judge_client=judge_client)
 
 
 # --- the factory is the only construction site ---------------------------------------------------

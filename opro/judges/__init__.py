@@ -3,11 +3,19 @@ relevancy), their templates and the parsers that read their replies.
 
 :mod:`~opro.judges.templates` (prompts as data), :mod:`~opro.judges.parsing` (reading replies),
 :mod:`~opro.judges.correctness` and :mod:`~opro.judges.yesno` (one module per kind of judge), and
-:mod:`~opro.judges.factory`, the one place judges are built (:func:`build_judge`, :func:`build_metric`).
+:mod:`~opro.judges.factory`, the one place judges are built (:func:`build_judge`, :func:`build_metric`,
+:func:`make_extra_metrics`).
 """
 
 from opro.judges.correctness import SCORE_SOURCES, CorrectnessJudge, correctness_schema
-from opro.judges.factory import METRIC_JUDGES, build_judge, build_metric, judge_template
+from opro.judges.factory import (
+    EXTRA_METRICS,
+    METRIC_JUDGES,
+    build_judge,
+    build_metric,
+    judge_template,
+    make_extra_metrics,
+)
 from opro.judges.parsing import (
     ParsedScore,
     expected_score_from_logprobs,
@@ -20,6 +28,7 @@ from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge, pack_contexts
 
 __all__ = [
     "BUILTIN_TEMPLATES",
+    "EXTRA_METRICS",
     "METRIC_JUDGES",
     "SCORE_SOURCES",
     "CorrectnessJudge",
@@ -33,6 +42,7 @@ __all__ = [
     "expected_score_from_logprobs",
     "get_template",
     "judge_template",
+    "make_extra_metrics",
     "pack_contexts",
     "parse_score",
     "parse_yes_no",
