@@ -835,9 +835,10 @@ def compare(
     """Compare prompts on the held-out split: mean with 95% CI, pass rate, win/tie/loss, paired tests."""
     from rich.console import Console
 
-    from opro.compare import compare_prompts, promote, save_comparison
+    from opro.compare import compare_prompts, save_comparison
     from opro.config import check_mlflow_uri
     from opro.experiment import Experiment
+    from opro.promotion import promote
 
     if tracking_uri is not None:
         check_mlflow_uri(tracking_uri, where="--tracking-uri")
