@@ -883,8 +883,8 @@ def compare(
     if report.judge_noise:
         console.print(f"- {report.judge_noise}", markup=False, soft_wrap=True)
     console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
-    if saved.mlflow_run_id:
-        console.print(f"MLflow comparison run {saved.mlflow_run_id} in {redact_url(tracking_uri or exp.config.mlflow_uri)}")
+    for recorded in saved.recorded:
+        console.print(f"comparison recorded: {recorded.where}", markup=False, soft_wrap=True)
     if saved.evaluation_run_ids:
         console.print(f"MLflow evaluation runs (one per prompt, per-question traces): {', '.join(saved.evaluation_run_ids)}")
     if decision is not None:

@@ -32,6 +32,7 @@ from opro.guard import check_heldout, check_prompt_source
 from opro.judges.factory import make_extra_metrics
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.noninferiority import NonInferiority, check_margin, holm_noninferiority, noninferiority
+from opro.records import CommandRecord, CommandRecorder, Recorded, record_all
 from opro.rundir import RunDir
 from opro.sources import ResolvedPrompt, resolve_prompt
 from opro.stats import ConfidenceInterval, PairedComparison, compare_paired, holm_family, t_mean_ci
@@ -638,7 +639,8 @@ def plot_survival(report: ComparisonReport, *, summary_path: Path, path: Path) -
 @dataclass(frozen=True)
 class SavedComparison:
     directory: Path
-    mlflow_run_id: str | None
+    #: Where the comparison was recorded (one entry per recorder: MLflow unless ``mlflow=False``).
+    recorded: tuple[Recorded, ...] = ()
     #: One MLflow GenAI evaluation run per compared prompt (``[tracking].genai``), in prompt order.
     evaluation_run_ids: tuple[str, ...] = ()
 
@@ -658,8 +660,11 @@ def save_comparison(
     name: str | None = None,
     mlflow: bool = True,
     tracking_uri: str | None = None,
+    recorders: Sequence[CommandRecorder] | None = None,
 ) -> SavedComparison:
-    """Write the report files and log them as an MLflow run tagged ``opro.kind=comparison``.
+    """Write the report files and record them (:func:`comparison_record`) through ``recorders``, by
+    default the config's (:func:`opro.tracking.commands.command_recorders`: an MLflow run tagged
+    ``opro.kind=comparison`` in ``tracking_uri`` or the config's store, unless ``mlflow`` is off).
 
     With ``[tracking].genai`` each prompt's evaluation also becomes an MLflow evaluation run
     (per-question traces with the judge's verdict), see :mod:`opro.tracking.genai`.
@@ -667,39 +672,27 @@ def save_comparison(
     out = Path(directory) if directory is not None else default_compare_dir(experiment, name)
     report.write(out)
     plot_survival(report, summary_path=RunDir(experiment.config.output_dir).summary, path=out / "optimism.png")
-    run_id = None
+    if recorders is None:
+        from opro.tracking.commands import command_recorders
+
+        recorders = command_recorders(experiment.config, mlflow=mlflow, tracking_uri=tracking_uri)
+    params = {k: v for k, v in experiment.run_params().items() if not k.startswith("optimizer.")}
+    recorded = record_all(recorders, comparison_record(report, out, params=params))
     evaluation_run_ids: tuple[str, ...] = ()
-    if mlflow:
-        run_id = log_comparison(
-            report,
-            directory=out,
-            tracking_uri=tracking_uri or experiment.config.mlflow_uri,
-            experiment_name=experiment.config.tracking.mlflow_experiment or experiment.config.experiment.name,
-            run_name=f"compare {out.name}",
-            params={k: v for k, v in experiment.run_params().items() if not k.startswith("optimizer.")},
-        )
-        if experiment.config.tracking.genai:
-            from opro.tracking.genai import log_comparison_evaluations
+    if mlflow and experiment.config.tracking.genai:
+        from opro.tracking.genai import log_comparison_evaluations
 
-            genai = log_comparison_evaluations(report, experiment=experiment, name=out.name, tracking_uri=tracking_uri,
-                                               comparison_run_id=run_id)
-            evaluation_run_ids = genai.run_ids
-    return SavedComparison(directory=out, mlflow_run_id=run_id, evaluation_run_ids=evaluation_run_ids)
+        genai = log_comparison_evaluations(report, experiment=experiment, name=out.name, tracking_uri=tracking_uri,
+                                           recorded=recorded)
+        evaluation_run_ids = genai.run_ids
+    return SavedComparison(directory=out, recorded=recorded, evaluation_run_ids=evaluation_run_ids)
 
 
-def log_comparison(
-    report: ComparisonReport,
-    *,
-    directory: Path,
-    tracking_uri: str,
-    experiment_name: str,
-    run_name: str,
-    params: Mapping[str, Any] | None = None,
-) -> str:
-    """One MLflow run: parameters, per-prompt metrics, the report directory as artifacts."""
-    from opro.tracking import MlflowTracker
-
-    tracker = MlflowTracker(tracking_uri=tracking_uri, experiment_name=experiment_name)
+def comparison_record(report: ComparisonReport, directory: Path, *, params: Mapping[str, Any] | None = None
+                      ) -> CommandRecord:
+    """The comparison as one command record (``opro.kind = comparison``, named ``compare <folder>``):
+    ``params`` and the comparison's design, each prompt's figures as metrics, and ``directory`` (the
+    report files) as the record's files."""
     all_params: dict[str, Any] = dict(params or {})
     all_params.update(
         {
@@ -717,42 +710,36 @@ def log_comparison(
     for i, p in enumerate(report.prompts):
         all_params[f"prompt_{i}.spec"] = p.spec
         all_params[f"prompt_{i}.instruction"] = p.instruction[:500]
-    run_id = tracker.start(run_name=run_name, params=all_params)
-    try:
-        tracker.set_tags({"opro.kind": "comparison", "opro.split": report.split,
-                          "opro.baseline": report.baseline_prompt.label[:250]})
-        metrics: dict[str, float] = {}
-        for i, (p, v) in enumerate(zip(report.prompts, report.versus, strict=True)):
-            if p.mean is not None:
-                metrics.update({f"prompt_{i}.mean": p.mean.estimate, f"prompt_{i}.ci_low": p.mean.low,
-                                f"prompt_{i}.ci_high": p.mean.high})
-            if p.pass_rate is not None:
-                metrics[f"prompt_{i}.pass_rate"] = p.pass_rate
-            metrics[f"prompt_{i}.n_invalid"] = p.n_invalid + p.n_errors
-            for name, value in p.metric_means.items():
-                if value is not None:
-                    metrics[f"prompt_{i}.{name}"] = value
-            if v is not None and v.stats.n:
-                s = v.stats
-                metrics.update({
-                    f"prompt_{i}.diff_mean": s.difference.estimate,
-                    f"prompt_{i}.diff_ci_low": s.difference.low,
-                    f"prompt_{i}.diff_ci_high": s.difference.high,
-                    f"prompt_{i}.wins": s.win_tie_loss.wins,
-                    f"prompt_{i}.ties": s.win_tie_loss.ties,
-                    f"prompt_{i}.losses": s.win_tie_loss.losses,
-                    f"prompt_{i}.wilcoxon_p": s.wilcoxon.p_value,
-                    f"prompt_{i}.permutation_p": s.permutation.p_value,
-                })
-            if v is not None and v.noninferiority is not None:
-                metrics[f"prompt_{i}.noninferiority_p"] = v.noninferiority.p_value
-        tracker.log_metrics(metrics, step=0)
-        tracker.log_artifact(directory)
-    except Exception:
-        tracker.finish(status="FAILED")
-        raise
-    tracker.finish()
-    return run_id
+    metrics: dict[str, float] = {}
+    for i, (p, v) in enumerate(zip(report.prompts, report.versus, strict=True)):
+        if p.mean is not None:
+            metrics.update({f"prompt_{i}.mean": p.mean.estimate, f"prompt_{i}.ci_low": p.mean.low,
+                            f"prompt_{i}.ci_high": p.mean.high})
+        if p.pass_rate is not None:
+            metrics[f"prompt_{i}.pass_rate"] = p.pass_rate
+        metrics[f"prompt_{i}.n_invalid"] = p.n_invalid + p.n_errors
+        for name, value in p.metric_means.items():
+            if value is not None:
+                metrics[f"prompt_{i}.{name}"] = value
+        if v is not None and v.stats.n:
+            s = v.stats
+            metrics.update({
+                f"prompt_{i}.diff_mean": s.difference.estimate,
+                f"prompt_{i}.diff_ci_low": s.difference.low,
+                f"prompt_{i}.diff_ci_high": s.difference.high,
+                f"prompt_{i}.wins": s.win_tie_loss.wins,
+                f"prompt_{i}.ties": s.win_tie_loss.ties,
+                f"prompt_{i}.losses": s.win_tie_loss.losses,
+                f"prompt_{i}.wilcoxon_p": s.wilcoxon.p_value,
+                f"prompt_{i}.permutation_p": s.permutation.p_value,
+            })
+        if v is not None and v.noninferiority is not None:
+            metrics[f"prompt_{i}.noninferiority_p"] = v.noninferiority.p_value
+    return CommandRecord(
+        kind="comparison", name=f"compare {directory.name}", params=all_params, metrics=metrics,
+        tags={"opro.split": report.split, "opro.baseline": report.baseline_prompt.label[:250]},
+        files={directory: None},
+    )
 
 
 __all__ = [
@@ -761,8 +748,8 @@ __all__ = [
     "SavedComparison",
     "VersusBaseline",
     "compare_prompts",
+    "comparison_record",
     "default_compare_dir",
-    "log_comparison",
     "plot_comparison",
     "save_comparison",
 ]

@@ -57,7 +57,7 @@ def test_best_vs_initial_on_heldout(run_config: Path) -> None:
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{run_config.parent / 'out' / 'mlflow.db'}"
-    run = MlflowClient(tracking_uri=uri).get_run(saved.mlflow_run_id)
+    run = MlflowClient(tracking_uri=uri).get_run(saved.recorded[0].ref)
     assert run.data.tags["opro.kind"] == "comparison"
     assert run.data.metrics["prompt_1.mean"] == 5.0
     assert run.data.metrics["prompt_1.permutation_p"] == pytest.approx(2 / 1024)
@@ -139,8 +139,44 @@ def test_cli_compare_defaults_to_best_vs_initial(run_config: Path, monkeypatch: 
     assert result.exit_code == 0, result.output
     assert "initial (baseline)" in result.output and "significant at 0.05" in result.output
     assert (run_config.parent / "out" / "compare" / "cli" / "report.json").is_file()
+    assert "comparison recorded: MLflow run " in result.output  # where the recorder says it recorded
     bad = CliRunner().invoke(app, ["compare", str(run_config), "--prompt", "nothere.txt", "--no-mlflow"])
     assert bad.exit_code == 2 and "no such file" in bad.output
+
+
+def test_a_comparison_records_through_the_recorders_it_is_given(run_config: Path, tmp_path: Path) -> None:
+    """The recording seam: a comparison is one CommandRecord (what MLflow gets), recorded by whatever
+    recorders it is handed; none given and --no-mlflow: recorded nowhere, the files still written."""
+    from opro.compare import comparison_record
+    from opro.records import CommandRecord, Recorded
+
+    class Keep:
+        name = "keep"
+
+        def __init__(self) -> None:
+            self.records: list[CommandRecord] = []
+
+        def record(self, record: CommandRecord) -> Recorded:
+            self.records.append(record)
+            return Recorded(recorder=self.name, ref="1", where="in memory")
+
+    keep = Keep()
+    exp = Experiment.from_file(run_config, pool=scripted_pool(), progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"], n_resamples=1000)
+        saved = save_comparison(report, experiment=exp, directory=tmp_path / "kept", recorders=[keep])
+        quiet = save_comparison(report, experiment=exp, directory=tmp_path / "quiet", mlflow=False)
+        params = {k: v for k, v in exp.run_params().items() if not k.startswith("optimizer.")}
+    finally:
+        exp.close()
+    assert saved.recorded == (Recorded("keep", "1", "in memory"),) and quiet.recorded == ()
+    assert (tmp_path / "quiet" / "report.json").is_file()
+    (record,) = keep.records
+    assert record == comparison_record(report, tmp_path / "kept", params=params)
+    assert (record.kind, record.name, dict(record.files)) == ("comparison", "compare kept", {tmp_path / "kept": None})
+    assert record.tags == {"opro.split": "heldout", "opro.baseline": "initial"}
+    assert record.params["compare.baseline"] == "initial" and record.params["prompt_1.spec"] == "best"
+    assert record.metrics["prompt_1.wins"] == 10 and record.metrics["prompt_0.n_invalid"] == 0
 
 
 def test_unreadable_verdicts_of_an_extra_metric_are_counted(run_config: Path, tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_compare_makes_one_evaluation_run_per_prompt_with_traces_and_verdicts(
         run = client.get_run(run_id)
         tags = run.data.tags
         assert tags["mlflow.runType"] == "genai_evaluate" and tags["opro.source"] == "compare"
-        assert tags["opro.comparison_run_id"] == saved.mlflow_run_id and tags["opro.spec"] == prompt.spec
+        assert tags["opro.comparison_run_id"] == saved.recorded[0].ref and tags["opro.spec"] == prompt.spec
         # the prompt version holds exactly the compared template and is linked to the run
         name, version = tags["opro.prompt_uri"].removeprefix("prompts:/").split("/")
         assert json.loads(tags["mlflow.linkedPrompts"]) == [{"name": name, "version": version}]
@@ -151,7 +151,7 @@ def test_genai_records_can_be_switched_off(tmp_path: Path) -> None:
         saved = save_comparison(report, experiment=exp, name="off")
     finally:
         exp.close()
-    assert saved.mlflow_run_id is not None and saved.evaluation_run_ids == ()
+    assert [r.recorder for r in saved.recorded] == ["mlflow"] and saved.evaluation_run_ids == ()
     client = _client(config)
     exp_id = client.get_experiment_by_name("t").experiment_id
     assert not client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opro.errors import OproError
 from opro.redaction import redact_text
 from opro.search.recorder import Recorder
+from opro.tracking.commands import mlflow_run_of
 from opro.tracking.recorder import MlflowRecorder
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from opro.evaluation import EvaluationReport, EvaluationRow
     from opro.metrics import Metric
     from opro.prompts import QATemplate
+    from opro.records import Recorded
     from opro.search.results import OptimizationResult
     from opro.search.study import SearchStudy
     from opro.tracking.sidecar import Sidecar
@@ -669,9 +671,10 @@ def log_comparison_evaluations(
     experiment: Workbench,
     name: str,
     tracking_uri: str | None = None,
-    comparison_run_id: str | None = None,
+    recorded: Sequence[Recorded] = (),
 ) -> GenAIRecord:
-    """One evaluation run per compared prompt, so MLflow's evaluation-run comparison pairs them by question."""
+    """One evaluation run per compared prompt, so MLflow's evaluation-run comparison pairs them by question;
+    each is tagged with the comparison's own MLflow run, where ``recorded`` has one."""
     from opro.prompts import QATemplate
 
     evaluations = [
@@ -684,7 +687,7 @@ def log_comparison_evaluations(
         for i, p in enumerate(report.prompts)
     ]
     tags = {"opro.comparison": name}
-    if comparison_run_id:
+    if comparison_run_id := mlflow_run_of(recorded):
         tags["opro.comparison_run_id"] = comparison_run_id
     return genai_logger(experiment, tracking_uri=tracking_uri).log_evaluations(
         evaluations, dataset=experiment.dataset, split=report.split, source="compare",
