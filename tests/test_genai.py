@@ -196,15 +196,17 @@ def test_opro_judges_are_mlflow_scorers(tmp_path: Path) -> None:
 def test_mlflow_correctness_judge_as_opro_judge() -> None:
     from mlflow.genai.judges.prompts.correctness import CORRECTNESS_PROMPT_INSTRUCTIONS
 
+    from opro.judges import MlflowCorrectnessJudge, parse_yes_no_verdict
     from opro.llm import ChatClient
     from opro.llm.scripted import ScriptedLLM
-    from opro.tracking.genai import MlflowCorrectnessJudge, parse_yes_no_verdict
+    from opro.tracking.genai import mlflow_correctness_judge
 
     llm = ScriptedLLM(rules=[
         (r"Paris", json.dumps({"rationale": "Let's think step by step. Supported.", "result": "yes"})),
         (r"Milan", json.dumps({"rationale": "Let's think step by step. Rome is not Milan.", "result": "no"})),
     ], default="I cannot tell", model="judge")
-    judge = MlflowCorrectnessJudge(ChatClient(llm, role="judge"))
+    judge = mlflow_correctness_judge(ChatClient(llm, role="judge"))
+    assert isinstance(judge, MlflowCorrectnessJudge)  # the judge lives with the judges; its prompt is MLflow's
     yes = judge.evaluate(query="Capital of France?", answer="Paris.", reference="Paris")
     no = judge.evaluate(query="Capital of Italy?", answer="Milan.", reference="Rome")
     bad = judge.evaluate(query="Capital of Spain?", answer="Madrid.", reference="Madrid")

@@ -93,6 +93,13 @@ SCRIPTS: Mapping[str, Script] = {
         score_range=(0.0, 1.0),
         unreadable="The response mentions tanh, which the question does not ask about.",
     ),
+    "mlflow_correctness": Script(
+        good='{"rationale": "Let\'s think step by step. ReLU is in the document.", "result": "yes"}',
+        good_score=5.0,
+        good_passing=True,
+        score_range=(1.0, 5.0),
+        unreadable="The claim is mostly supported.",
+    ),
 }
 
 
@@ -118,7 +125,15 @@ def _cases() -> list[JudgeCase]:
     for name in METRIC_JUDGES:
         for backend in BACKENDS:
             cases.append(JudgeCase(f"{name}-{backend}", backend, functools.partial(build_metric, name)))
+    for backend in BACKENDS:  # MLflow's judge, with the prompt tracking hands it (the installed MLflow's)
+        cases.append(JudgeCase(f"mlflow_correctness-{backend}", backend, _mlflow_correctness))
     return cases
+
+
+def _mlflow_correctness(*, client: ChatClient) -> Metric:
+    from opro.tracking.genai import mlflow_correctness_judge
+
+    return mlflow_correctness_judge(client)
 
 
 CASES = _cases()
@@ -227,8 +242,9 @@ def test_a_permanent_llm_error_propagates(case: JudgeCase) -> None:
 
 def test_the_cases_cover_every_judge_the_factory_builds() -> None:
     built = {_judge(c, _backend(c, reply="", probs={})).name for c in CASES}
-    assert built == {"correctness", *METRIC_JUDGES} and built <= set(SCRIPTS)
-    assert len(CASES) == len(BUILTIN_TEMPLATES) * (len(SCORE_SOURCES) * len(BACKENDS) - 1) + 2 * len(METRIC_JUDGES)
+    assert built == {"correctness", *METRIC_JUDGES, "mlflow_correctness"} and built <= set(SCRIPTS)
+    assert len(CASES) == (len(BUILTIN_TEMPLATES) * (len(SCORE_SOURCES) * len(BACKENDS) - 1)
+                          + 2 * len(METRIC_JUDGES) + len(BACKENDS))
 
 
 def test_build_judge_reads_every_field_of_the_judge_table() -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from opro.errors import ConfigError
 from opro.judges.correctness import CorrectnessJudge
+from opro.judges.mlflow_correctness import CorrectnessPrompt, MlflowCorrectnessJudge
 from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge
 from opro.llm import ChatClient
 from opro.metrics import Metric, TokenF1
@@ -80,6 +81,12 @@ def build_metric(name: str, *, client: ChatClient) -> Metric:
     return make(client)
 
 
+def build_mlflow_correctness(client: ChatClient, *, prompt: CorrectnessPrompt) -> MlflowCorrectnessJudge:
+    """MLflow's correctness judge on ``client``, asking with ``prompt`` (MLflow's own prompt writer,
+    which :func:`opro.tracking.genai.mlflow_correctness_judge` passes: only tracking imports MLflow)."""
+    return MlflowCorrectnessJudge(client, prompt=prompt)
+
+
 #: The extra metrics ``opro evaluate`` / ``opro compare`` take by name (``--metrics``): the judges of
 #: :data:`METRIC_JUDGES`, and token F1.
 EXTRA_METRICS = (*METRIC_JUDGES, "token_f1")
@@ -109,6 +116,7 @@ __all__ = [
     "TEMPLATE_FILE_SUFFIXES",
     "build_judge",
     "build_metric",
+    "build_mlflow_correctness",
     "judge_template",
     "make_extra_metrics",
 ]
