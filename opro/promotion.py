@@ -156,6 +156,27 @@ def _promote(
             + ("" if report.leakage_checked else " without a passed held-out leakage check")
             + "; only a held-out comparison can promote a prompt",
         ))
+    qualified, reasons = _qualified(report, min_coverage=min_coverage)
+    if not qualified:
+        return PromotionDecision(alias, False, None, None, tuple(reasons))
+    if report.margin is not None:  # as good and cheaper: the cheapest of those that qualify
+        best, v = min(qualified, key=lambda pv: pv[1].cost.cost.estimate if pv[1].cost is not None else math.inf)
+    else:
+        best, v = max(qualified, key=lambda pv: pv[0].mean.estimate if pv[0].mean is not None else -math.inf)
+    resolved = resolve_prompt(best.spec, config=experiment.config, tracking_uri=tracking_uri)
+    exported = export_prompt(resolved, format="mlflow", alias=alias, config=experiment.config,
+                             tracking_uri=tracking_uri)
+    from opro.tracking.mlflow import tag_prompt_version
+
+    assert exported.version is not None  # the MLflow exporter always registers a version
+    tag_prompt_version(tracking_uri=tracking_uri or experiment.config.mlflow_uri, name=experiment.config.prompt_name,
+                       version=exported.version, tags=_heldout_tags(report, best, v))
+    return PromotionDecision(alias, True, best.label, exported.uri, tuple(reasons))
+
+
+def _qualified(report: ComparisonReport, *, min_coverage: float
+               ) -> tuple[list[tuple[PromptScores, VersusBaseline]], list[str]]:
+    """The compared prompts that qualify for promotion, and each prompt's figures and why it does not."""
     reasons: list[str] = []
     qualified: list[tuple[PromptScores, VersusBaseline]] = []
     for p, v in zip(report.prompts, report.versus, strict=True):
@@ -195,21 +216,13 @@ def _promote(
             reasons.append(figures + ("" if ok else f": not a significant gain at alpha {report.alpha:g}"))
         if ok:
             qualified.append((p, v))
-    if not qualified:
-        return PromotionDecision(alias, False, None, None, tuple(reasons))
-    if report.margin is not None:  # as good and cheaper: the cheapest of those that qualify
-        best, v = min(qualified, key=lambda pv: pv[1].cost.cost.estimate if pv[1].cost is not None else math.inf)
-    else:
-        best, v = max(qualified, key=lambda pv: pv[0].mean.estimate if pv[0].mean is not None else -math.inf)
-    resolved = resolve_prompt(best.spec, config=experiment.config, tracking_uri=tracking_uri)
-    exported = export_prompt(resolved, format="mlflow", alias=alias, config=experiment.config,
-                             tracking_uri=tracking_uri)
-    from opro.tracking.mlflow import tag_prompt_version
+    return qualified, reasons
 
-    assert exported.version is not None  # the MLflow exporter always registers a version
+
+def _heldout_tags(report: ComparisonReport, best: PromptScores, v: VersusBaseline) -> dict[str, str]:
+    """The promoted version's tags: its held-out figures, the test, the family and its cost."""
     d = v.stats.difference
-    tag_prompt_version(tracking_uri=tracking_uri or experiment.config.mlflow_uri, name=experiment.config.prompt_name,
-                       version=exported.version, tags={
+    return {
         "opro.heldout_mean": f"{best.mean.estimate:.4f}" if best.mean is not None else "",
         "opro.heldout_difference": f"{d.estimate:.4f}",
         "opro.heldout_ci": f"[{d.low:.4f}, {d.high:.4f}]",
@@ -239,8 +252,7 @@ def _promote(
             "opro.heldout_tokens_difference": f"{v.cost.tokens.estimate:.1f}",
             "opro.heldout_seconds_difference": f"{v.cost.seconds.estimate:.3f}",
         }),
-    })
-    return PromotionDecision(alias, True, best.label, exported.uri, tuple(reasons))
+    }
 
 
 __all__ = ["MIN_PROMOTION_COVERAGE", "PromotionDecision", "promote"]
