@@ -443,24 +443,11 @@ def compare_prompts(
     if split not in SPLITS:
         raise ConfigError(f"split {split!r} is not one of {', '.join(SPLITS)}")
     cfg = experiment.config
-    resolved = [
-        p if isinstance(p, ResolvedPrompt) else resolve_prompt(p, config=cfg, tracking_uri=tracking_uri) for p in prompts
-    ]
-    if len(resolved) < 2:
-        raise ConfigError("compare needs at least two prompts (a baseline and one more)")
-    base = _baseline_index(baseline, resolved)
-    _dedupe_labels(resolved)
+    resolved, base = _resolved(prompts, baseline=baseline, experiment=experiment, tracking_uri=tracking_uri)
 
     dataset = experiment.dataset
-    leakage_checked = False
-    leakage_basis = ""
-    leakage_by_prompt: dict[str, str] = {}
-    if split == "heldout":
-        embed = experiment.paraphrase_embed()
-        leakage_basis = check_heldout(dataset, output_dir=cfg.output_dir, embed=embed)
-        leakage_by_prompt = {p.label: check_prompt_source(p, dataset=dataset, own_dir=Path(cfg.output_dir), embed=embed)
-                             for p in resolved}
-        leakage_checked = True
+    leakage_checked = split == "heldout"
+    leakage_basis, leakage_by_prompt = _guard(experiment, resolved) if leakage_checked else ("", {})
     examples: tuple[Example, ...] = dataset.examples_in(split)  # type: ignore[arg-type]
     if not examples:
         raise DataError(f"the {split} split of {experiment.dataset_dir} is empty; raise [data.split].{split}")
@@ -468,72 +455,18 @@ def compare_prompts(
     metrics = [m for m in extra_metrics if not isinstance(m, str)]
     metrics += make_extra_metrics([m for m in extra_metrics if isinstance(m, str)],
                                   judge_client=lambda: experiment.client("judge"))
-    show = experiment.progress if progress is None else progress
     cost_model: CostModel = cfg.cost_model()
-    results: list[PromptScores] = []
     logger.info("evaluating %d prompts on %d %s questions", len(resolved), len(examples), split)
     # All prompts in one stream: the endpoints stay busy instead of draining between prompts. No answer
     # is decoded in a batch with another prompt's: a prompt's score must not depend on what it is
     # compared with (an embedded model's batched answers can part from lone ones on long answers).
-    reports = evaluate_templates(
-        program=experiment.program,
-        templates=[p.template for p in resolved],
-        examples=examples,
-        judge=experiment.judge,
-        extra_metrics=metrics,
-        progress=show,
-        batch=False,
-    )
-    for p, report in zip(resolved, reports, strict=True):
-        scores = tuple(r.score if r.scored else None for r in report.rows)
-        valid = [s for s in scores if s is not None]
-        results.append(
-            PromptScores(
-                label=p.label,
-                spec=p.spec,
-                kind=p.kind,
-                instruction=p.instruction,
-                template_text=p.template_text,
-                settings=p.template.settings,
-                provenance=dict(p.provenance),
-                scores=scores,
-                mean=t_mean_ci(valid, level=level, bounds=SCALE, resolution=RESOLUTION) if valid else None,
-                pass_rate=report.pass_rate,
-                n_invalid=report.n_invalid,
-                n_errors=report.n_errors,
-                metric_means=report.metric_means(),
-                metric_invalid=report.metric_invalid(),
-                evaluation=report,
-                cost=cost_model.summarize(report.rows),
-            )
-        )
-
-    versus: list[VersusBaseline | None] = []
-    b = results[base]
-    for i, r in enumerate(results):
-        if i == base:
-            versus.append(None)
-            continue
-        pairs = [(x, y) for x, y in zip(r.scores, b.scores, strict=True) if x is not None and y is not None]
-        stats = compare_paired(
-            [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha,
-            scale=SCALE, resolution=RESOLUTION,
-        )
-        ni = None if margin is None else noninferiority([x for x, _ in pairs], [y for _, y in pairs], margin=margin,
-                                                         alpha=alpha, n_resamples=n_resamples, seed=seed)
-        versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=len(examples) - len(pairs), stats=stats,
-                                     cost=paired_difference(r.evaluation.rows, b.evaluation.rows, model=cost_model,
-                                                            level=level), noninferiority=ni))
-    # Several prompts against one baseline: a family of tests, so Holm-adjust the p-values.
-    family = [v for v in versus if v is not None]
-    if len(family) > 1:
-        adjusted = iter(holm_family([v.stats for v in family]))
-        versus = [None if v is None else replace(v, stats=next(adjusted)) for v in versus]
-        if margin is not None:
-            ni_adjusted = iter(holm_noninferiority([v.noninferiority for v in family if v.noninferiority is not None]))
-            versus = [None if v is None else replace(v, noninferiority=next(ni_adjusted)) for v in versus]
-
-    models = {role: experiment.spec(role).model for role in ("task", "judge")}
+    reports = evaluate_templates(program=experiment.program, templates=[p.template for p in resolved], examples=examples,
+                                 judge=experiment.judge, extra_metrics=metrics, batch=False,
+                                 progress=experiment.progress if progress is None else progress)
+    results = [_prompt_scores(p, report, level=level, cost_model=cost_model)
+               for p, report in zip(resolved, reports, strict=True)]
+    versus = _versus_baseline(results, base, n_questions=len(examples), level=level, alpha=alpha,
+                              n_resamples=n_resamples, seed=seed, margin=margin, cost_model=cost_model)
     return ComparisonReport(
         split=split,
         questions=tuple(e.query for e in examples),
@@ -550,13 +483,92 @@ def compare_prompts(
         leakage_checked=leakage_checked,
         leakage_basis=leakage_basis,
         leakage_by_prompt=leakage_by_prompt,
-        models=models,
+        models={role: experiment.spec(role).model for role in ("task", "judge")},
         config=cfg.source,
         usage=experiment.usage.as_dict(),
         wall_s=time.perf_counter() - started,
         judge_noise=judge_noise_note(cfg),
         margin=margin,
     )
+
+
+def _resolved(prompts: Sequence[str | ResolvedPrompt], *, baseline: int | str, experiment: Workbench,
+              tracking_uri: str | None) -> tuple[list[ResolvedPrompt], int]:
+    """The compared prompts resolved (labels made unique) and the baseline's index among them."""
+    resolved = [p if isinstance(p, ResolvedPrompt) else
+                resolve_prompt(p, config=experiment.config, tracking_uri=tracking_uri) for p in prompts]
+    if len(resolved) < 2:
+        raise ConfigError("compare needs at least two prompts (a baseline and one more)")
+    base = _baseline_index(baseline, resolved)
+    _dedupe_labels(resolved)
+    return resolved, base
+
+
+def _guard(experiment: Workbench, prompts: Sequence[ResolvedPrompt]) -> tuple[str, dict[str, str]]:
+    """The held-out guard (:mod:`opro.guard`): what the split check was made against, and per prompt
+    what its provenance let it check. Raises :class:`~opro.errors.LeakageError` on an overlap."""
+    dataset, output_dir = experiment.dataset, experiment.config.output_dir
+    embed = experiment.paraphrase_embed()
+    basis = check_heldout(dataset, output_dir=output_dir, embed=embed)
+    return basis, {p.label: check_prompt_source(p, dataset=dataset, own_dir=Path(output_dir), embed=embed)
+                   for p in prompts}
+
+
+def _prompt_scores(p: ResolvedPrompt, report: EvaluationReport, *, level: float, cost_model: CostModel) -> PromptScores:
+    """One prompt's evaluation as the comparison reads it: its scores, mean interval and cost."""
+    scores = tuple(r.score if r.scored else None for r in report.rows)
+    valid = [s for s in scores if s is not None]
+    return PromptScores(
+        label=p.label,
+        spec=p.spec,
+        kind=p.kind,
+        instruction=p.instruction,
+        template_text=p.template_text,
+        settings=p.template.settings,
+        provenance=dict(p.provenance),
+        scores=scores,
+        mean=t_mean_ci(valid, level=level, bounds=SCALE, resolution=RESOLUTION) if valid else None,
+        pass_rate=report.pass_rate,
+        n_invalid=report.n_invalid,
+        n_errors=report.n_errors,
+        metric_means=report.metric_means(),
+        metric_invalid=report.metric_invalid(),
+        evaluation=report,
+        cost=cost_model.summarize(report.rows),
+    )
+
+
+def _versus_baseline(
+    results: Sequence[PromptScores], base: int, *, n_questions: int, level: float, alpha: float, n_resamples: int,
+    seed: int, margin: float | None, cost_model: CostModel,
+) -> list[VersusBaseline | None]:
+    """Each prompt against the baseline (``None`` for the baseline itself) on the questions both got a
+    valid score for: paired tests, cost difference, non-inferiority under a margin, Holm over the family."""
+    versus: list[VersusBaseline | None] = []
+    b = results[base]
+    for i, r in enumerate(results):
+        if i == base:
+            versus.append(None)
+            continue
+        pairs = [(x, y) for x, y in zip(r.scores, b.scores, strict=True) if x is not None and y is not None]
+        stats = compare_paired(
+            [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha,
+            scale=SCALE, resolution=RESOLUTION,
+        )
+        ni = None if margin is None else noninferiority([x for x, _ in pairs], [y for _, y in pairs], margin=margin,
+                                                         alpha=alpha, n_resamples=n_resamples, seed=seed)
+        versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=n_questions - len(pairs), stats=stats,
+                                     cost=paired_difference(r.evaluation.rows, b.evaluation.rows, model=cost_model,
+                                                            level=level), noninferiority=ni))
+    # Several prompts against one baseline: a family of tests, so Holm-adjust the p-values.
+    family = [v for v in versus if v is not None]
+    if len(family) > 1:
+        adjusted = iter(holm_family([v.stats for v in family]))
+        versus = [None if v is None else replace(v, stats=next(adjusted)) for v in versus]
+        if margin is not None:
+            ni_adjusted = iter(holm_noninferiority([v.noninferiority for v in family if v.noninferiority is not None]))
+            versus = [None if v is None else replace(v, noninferiority=next(ni_adjusted)) for v in versus]
+    return versus
 
 
 def _baseline_index(baseline: int | str, prompts: Sequence[ResolvedPrompt]) -> int:
