@@ -446,9 +446,9 @@ def judge_agreement(
                 raise ConfigError(f"{exc} (after mlflow:)" if mlflow_judge else str(exc)) from None
             client = models.client(model, role="judge")
             if mlflow_judge:
-                from opro.tracking.genai import mlflow_correctness_judge
+                from opro.tracking import genai
 
-                return judge_scores(mlflow_correctness_judge(client), rows)
+                return judge_scores(genai.mlflow_correctness_judge(client), rows)
             # The [judge] defaults apart from the two options; the template path is read as given (cwd).
             section = JudgeSection(template=tmpl, score_from=score_from)  # type: ignore[arg-type]
             judge = build_judge(section=section, client=client)
