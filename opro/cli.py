@@ -446,9 +446,9 @@ def judge_agreement(
                 raise ConfigError(f"{exc} (after mlflow:)" if mlflow_judge else str(exc)) from None
             client = models.client(model, role="judge")
             if mlflow_judge:
-                from opro.tracking.genai import MlflowCorrectnessJudge
+                from opro.tracking import genai
 
-                return judge_scores(MlflowCorrectnessJudge(client), rows)
+                return judge_scores(genai.mlflow_correctness_judge(client), rows)
             # The [judge] defaults apart from the two options; the template path is read as given (cwd).
             section = JudgeSection(template=tmpl, score_from=score_from)  # type: ignore[arg-type]
             judge = build_judge(section=section, client=client)
@@ -771,11 +771,12 @@ def evaluate(
     from rich.console import Console
     from rich.markup import escape
 
-    from opro.compare import check_heldout, make_extra_metrics
     from opro.dataset import SPLIT_NAMES
     from opro.errors import ConfigError
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment
+    from opro.guard import check_heldout
+    from opro.judges import make_extra_metrics
     from opro.sources import resolve_prompt
 
     if split not in SPLIT_NAMES:
@@ -791,7 +792,8 @@ def evaluate(
             template=resolved.template,
             examples=exp.dataset.examples_in(split),  # type: ignore[arg-type]
             judge=exp.judge,
-            extra_metrics=make_extra_metrics([m for m in metrics.split(",") if m.strip()], experiment=exp),
+            extra_metrics=make_extra_metrics([m for m in metrics.split(",") if m.strip()],
+                                             judge_client=lambda: exp.client("judge")),
             max_errors=max_errors,
             progress=exp.progress,
         )
@@ -863,9 +865,10 @@ def compare(
     """Compare prompts on the held-out split: mean with 95% CI, pass rate, win/tie/loss, paired tests."""
     from rich.console import Console
 
-    from opro.compare import compare_prompts, promote, save_comparison
+    from opro.compare import compare_prompts, save_comparison
     from opro.config import check_mlflow_uri
     from opro.experiment import Experiment
+    from opro.promotion import promote
 
     if tracking_uri is not None:
         check_mlflow_uri(tracking_uri, where="--tracking-uri")
@@ -912,8 +915,8 @@ def compare(
     if report.judge_noise:
         console.print(f"- {report.judge_noise}", markup=False, soft_wrap=True)
     console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
-    if saved.mlflow_run_id:
-        console.print(f"MLflow comparison run {saved.mlflow_run_id} in {redact_url(tracking_uri or exp.config.mlflow_uri)}")
+    for recorded in saved.recorded:
+        console.print(f"comparison recorded: {recorded.where}", markup=False, soft_wrap=True)
     if saved.evaluation_run_ids:
         console.print(f"MLflow evaluation runs (one per prompt, per-question traces): {', '.join(saved.evaluation_run_ids)}")
     if decision is not None:

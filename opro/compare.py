@@ -7,14 +7,13 @@ clipped to what the judge's scale allows), and Wilcoxon signed-rank and sign-fli
 p-values, and says in words whether the difference is significant.
 
 A comparison on ``heldout`` refuses to run when a held-out question (normalized) also appears in
-the exemplar or optimization split, of this experiment or of any run whose prompt is compared.
+the exemplar or optimization split, of this experiment or of any run whose prompt is compared
+(:mod:`opro.guard`).
 """
 
 from __future__ import annotations
 
 import csv
-import difflib
-import hashlib
 import json
 import logging
 import math
@@ -28,10 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from opro.calibration import judge_noise_note
 from opro.cost import CostDifference, CostModel, CostSummary, paired_difference
-from opro.errors import ConfigError, DataError, LeakageError
-from opro.judges.factory import METRIC_JUDGES, build_metric
+from opro.errors import ConfigError, DataError
+from opro.guard import check_heldout, check_prompt_source
+from opro.judges.factory import make_extra_metrics
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.noninferiority import NonInferiority, check_margin, holm_noninferiority, noninferiority
+from opro.records import CommandRecord, CommandRecorder, Recorded, record_all
 from opro.rundir import RunDir
 from opro.sources import ResolvedPrompt, resolve_prompt
 from opro.stats import ConfidenceInterval, PairedComparison, compare_paired, holm_family, t_mean_ci
@@ -39,14 +40,12 @@ from opro.stats import ConfidenceInterval, PairedComparison, compare_paired, hol
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from opro.dataset import Embed, Example, GoldenDataset
+    from opro.dataset import Example
     from opro.evaluation import EvaluationReport
     from opro.workbench import Workbench
 
 logger = logging.getLogger(__name__)
 
-#: Extra metrics ``compare_prompts`` can add, by name: the judges the factory builds by name, and token F1.
-EXTRA_METRICS = (*METRIC_JUDGES, "token_f1")
 SPLITS = ("heldout", "validation", "optimization", "exemplar")
 
 
@@ -462,217 +461,6 @@ def _first_five(items: Sequence[str]) -> str:
     return "; ".join(items[:5]) + more
 
 
-def check_heldout_leakage(
-    dataset: GoldenDataset, *, other_questions: Mapping[str, Sequence[str]] | None = None
-) -> None:
-    """Raise :class:`DataError` if a held-out question also appears among exemplar / optimization ones.
-
-    Questions are compared normalized (case, punctuation, whitespace). ``other_questions`` adds
-    more questions an optimizer saw, by where they come from (another run's splits).
-    """
-    from opro.dataset import normalize_question
-
-    held = {normalize_question(e.query): e.query for e in dataset.examples_in("heldout")}
-    seen: dict[str, list[str]] = {}
-    sources: dict[str, Sequence[str]] = {
-        "exemplar split": [e.query for e in dataset.examples_in("exemplar")],
-        "optimization split": [e.query for e in dataset.examples_in("optimization")],
-        "validation split": [e.query for e in dataset.examples_in("validation")],
-    }
-    sources.update(other_questions or {})
-    for where, questions in sources.items():
-        for q in questions:
-            key = normalize_question(q)
-            if key in held:
-                seen.setdefault(held[key], []).append(where)
-    if seen:
-        listed = _first_five([f"{q!r} (also in {', '.join(sorted(set(w)))})" for q, w in seen.items()])
-        raise LeakageError(
-            f"refusing to call this comparison held-out: {len(seen)} held-out question(s) were seen during "
-            f"optimization: {listed}. Re-split the dataset (for example another [data.split].seed in a new "
-            "output_dir) or compare with split='optimization' and do not report it as held-out"
-        )
-
-
-LEAKAGE_RECORDED = "held-out questions checked against the split recorded by `opro optimize` and against the current split"
-LEAKAGE_CURRENT_ONLY = (
-    "held-out questions checked against the current split only: no split record of `opro optimize` was found"
-)
-
-
-def load_split_record(output_dir: str | Path) -> dict[str, Any] | None:
-    """The split record `opro optimize` left in ``output_dir`` (``split_record.json``, else ``summary.json``)."""
-    return RunDir(Path(output_dir)).read_split_record()
-
-
-def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str, Any], where: str = "the split record",
-                                 embed: Embed | None = None) -> None:
-    """Raise :class:`DataError` if the held-out questions of ``dataset`` as it is now were seen by the
-    optimization that wrote ``record`` (see :func:`opro.dataset.split_record`), or the split changed.
-
-    Held-out questions are matched by the sha256 of their normalized text and, where the record keeps
-    the normalized texts, as near-duplicates.
-    """
-    from opro.dataset import split_hash
-
-    if dataset.split is None:
-        raise DataError("the dataset has no split; create one with `opro dataset import`")
-    moved = _seen_in_record(dataset, record, embed=embed)
-    changed = record["split_sha256"] != split_hash(dataset.split)
-    if not moved and not changed:
-        return
-    was = f"seed {record.get('seed')}" if record.get("seed") is not None else "the recorded split"
-    todo = (
-        f"restore the [data.split] settings the optimization used ({was}; now seed {dataset.split.seed}), "
-        "or run `opro optimize` again into a new output_dir and compare that run"
-    )
-    if moved:
-        listed = _first_five([f"{q!r} (was in the {n} split)" for q, n in moved.items()])
-        raise LeakageError(
-            f"refusing to call this held-out: {len(moved)} held-out question(s) were seen by the optimization "
-            f"recorded in {where}: {listed}"
-            + (" (the split changed since it was recorded)" if changed else "") + f". To fix: {todo}"
-        )
-    raise LeakageError(
-        f"refusing to call this held-out: the split changed since the optimization recorded it in {where} "
-        f"(split.json hash {str(record['split_sha256'])[:12]} != {split_hash(dataset.split)[:12]}). To fix: {todo}"
-    )
-
-
-def _seen_in_record(dataset: GoldenDataset, record: Mapping[str, Any], *, embed: Embed | None = None) -> dict[str, str]:
-    """Held-out questions of ``dataset`` that ``record`` lists as seen (exactly, by the hash of the
-    normalized text, as near-duplicates of its kept texts, or, with ``embed``, as paraphrases of
-    them): question -> where it was seen."""
-    from opro.dataset import QuestionKey, normalize_question, paraphrase_pairs, question_hash
-
-    seen_hashes: dict[str, str] = {}
-    seen_texts: list[tuple[QuestionKey, str, difflib.SequenceMatcher[str]]] = []
-    # Every recorded part but held-out: the splits, and the questions a validation could extend into.
-    for name in record["questions"]:
-        if name == "heldout":
-            continue
-        for h in record["questions"].get(name) or ():
-            seen_hashes.setdefault(str(h), name)
-        for t in (record.get("normalized") or {}).get(name) or ():
-            key = QuestionKey.of(str(t))  # and a matcher that keeps its index of it: held-out x seen pairs
-            seen_texts.append((key, name, difflib.SequenceMatcher(None, "", key.again)))
-    moved: dict[str, str] = {}
-    for e in dataset.examples_in("heldout"):
-        norm = normalize_question(e.query)
-        if question_hash(norm) in seen_hashes:
-            moved[e.query] = seen_hashes[question_hash(norm)]
-        else:
-            key = QuestionKey.of(norm)
-            near = next((n for t, n, matcher in seen_texts if key.same_as(t, matcher)), None)
-            if near is not None:
-                moved[e.query] = f"{near}, as a near-duplicate"
-    if embed is not None and seen_texts:
-        held = [e for e in dataset.examples_in("heldout") if e.query not in moved]
-        seen = [(key.normal, name) for key, name, _ in seen_texts]
-        for i, j, cos in paraphrase_pairs([normalize_question(e.query) for e in held], [t for t, _ in seen],
-                                          embed=embed):
-            moved.setdefault(held[i].query, f"{seen[j][1]}, as a paraphrase (cosine {cos:.2f})")
-    return moved
-
-
-def check_heldout(
-    dataset: GoldenDataset, *, output_dir: str | Path, other_questions: Mapping[str, Sequence[str]] | None = None,
-    embed: Embed | None = None,
-) -> str:
-    """Both held-out guards: against the record of `opro optimize` in ``output_dir`` (when there is
-    one) and against the current split. Returns what the check was made against, for the report."""
-    record = load_split_record(output_dir)
-    if record is not None:
-        check_heldout_against_record(dataset, record=record, where=str(Path(output_dir)), embed=embed)
-    check_heldout_leakage(dataset, other_questions=other_questions)
-    return LEAKAGE_CURRENT_ONLY if record is None else LEAKAGE_RECORDED
-
-
-def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_dir: Path,
-                        embed: Embed | None = None) -> str:
-    """The held-out guard for one compared prompt, from whatever its provenance tells: the run it
-    came from (``best``, ``run:DIR``, an exported JSON, a registry version opro tagged), whose recorded
-    exemplar, optimization, validation and extension questions must not be held-out here (exactly or
-    as near-duplicates). Raises :class:`LeakageError` on an overlap; returns what was checked, or
-    ``unchecked: ...`` with why (never "clean" for a prompt whose tuning questions are unknown).
-
-    Whatever its source, a prompt's demonstrations are checked too: a held-out question shown as a
-    worked example (with its answer) is refused, exactly or as a near-duplicate."""
-    demos = prompt.template.demos
-    if demos:
-        from opro.dataset import normalize_question, question_hash
-
-        norm = [normalize_question(d.query) for d in demos]
-        shown = _seen_in_record(dataset, {"questions": {"demonstrations": [question_hash(n) for n in norm]},
-                                          "normalized": {"demonstrations": norm}}, embed=embed)
-        if shown:
-            listed = _first_five([repr(q) for q in shown])
-            raise LeakageError(
-                f"refusing to call this held-out: prompt {prompt.spec!r} shows {len(shown)} of these held-out "
-                f"question(s) as demonstrations, with answers: {listed}. Take its demonstrations from questions "
-                "outside the held-out split (opro optimize draws them from the exemplar split)"
-            )
-    basis = _source_basis(prompt, dataset=dataset, own_dir=own_dir, embed=embed)
-    return basis + (f"; its {len(demos)} demonstration(s) are no held-out question" if demos else "")
-
-
-def _source_basis(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_dir: Path, embed: Embed | None) -> str:
-    if prompt.kind == "initial":
-        return "the config's initial instruction: tuned on no question"
-    if prompt.run_dir is None:
-        return ("unchecked: its provenance names no opro run, so the questions it was tuned on are unknown "
-                "(a literal, a plain file, or a registry version opro did not register)")
-    run_dir = prompt.run_dir
-    if run_dir.resolve() == own_dir.resolve():
-        return "this config's own optimization: checked by the split check above"
-    if not run_dir.is_dir():
-        return f"unchecked: the run it came from ({run_dir}) is not on this machine"
-    run = RunDir(run_dir)
-    record = run.read_split_record()
-    if record is not None:
-        parts = ", ".join(k for k in record["questions"] if k != "heldout")
-        basis = f"checked against the split recorded by {run_dir} ({parts})"
-    else:  # a run from before split records: its current split is the best evidence there is
-        from opro.dataset import load_dataset, split_record
-
-        ds = load_dataset(run.dataset) if run.has_dataset() else None
-        if ds is None or ds.split is None:
-            return f"unchecked: {run_dir} has neither a split record nor a split dataset"
-        record = split_record(ds)
-        basis = f"checked against the current split of {run_dir} (it kept no split record)"
-    moved = _seen_in_record(dataset, record, embed=embed)
-    if moved:
-        listed = _first_five([f"{q!r} (in its {n} split)" for q, n in moved.items()])
-        raise LeakageError(
-            f"refusing to call this held-out: prompt {prompt.spec!r} comes from the optimization in {run_dir}, "
-            f"which saw {len(moved)} of these held-out question(s): {listed}. Compare it on a split that run "
-            "never saw (another dataset, or that run's own config)"
-        )
-    return basis
-
-
-# -- extra metrics ----------------------------------------------------------------------------------
-
-
-def make_extra_metrics(names: Sequence[str], *, experiment: Workbench) -> list[Any]:
-    """The judges of :data:`~opro.judges.METRIC_JUDGES` (``faithfulness`` / ``relevancy``, on the judge
-    model) and ``token_f1``."""
-    metrics: list[Any] = []
-    for raw in names:
-        name = raw.strip().lower().replace("-", "_")
-        if not name:
-            continue
-        if name in METRIC_JUDGES:
-            metrics.append(build_metric(name, client=experiment.client("judge")))
-        elif name == "token_f1":
-            from opro.metrics import TokenF1
-
-            metrics.append(TokenF1())
-        else:
-            raise ConfigError(f"unknown extra metric {raw!r}; choose from {', '.join(EXTRA_METRICS)}")
-    return metrics
-
-
 # -- the comparison ---------------------------------------------------------------------------------
 
 
@@ -694,7 +482,7 @@ def compare_prompts(
     """Evaluate each prompt on ``split`` of the experiment's dataset and compare it with ``baseline``.
 
     ``prompts`` are specs (see :mod:`opro.sources`) or resolved prompts; ``baseline`` is an index
-    into them or one of their specs. ``extra_metrics`` are names from :data:`EXTRA_METRICS` or metric
+    into them or one of their specs. ``extra_metrics`` are names from :data:`~opro.judges.EXTRA_METRICS` or metric
     objects accepted by :func:`opro.evaluation.evaluate_examples`. With ``margin`` (judge points)
     each prompt also gets a non-inferiority test against the baseline (Holm over the prompts).
     """
@@ -706,96 +494,30 @@ def compare_prompts(
     if split not in SPLITS:
         raise ConfigError(f"split {split!r} is not one of {', '.join(SPLITS)}")
     cfg = experiment.config
-    resolved = [
-        p if isinstance(p, ResolvedPrompt) else resolve_prompt(p, config=cfg, tracking_uri=tracking_uri) for p in prompts
-    ]
-    if len(resolved) < 2:
-        raise ConfigError("compare needs at least two prompts (a baseline and one more)")
-    base = _baseline_index(baseline, resolved)
-    _dedupe_labels(resolved)
+    resolved, base = _resolved(prompts, baseline=baseline, experiment=experiment, tracking_uri=tracking_uri)
 
     dataset = experiment.dataset
-    leakage_checked = False
-    leakage_basis = ""
-    leakage_by_prompt: dict[str, str] = {}
-    if split == "heldout":
-        embed = experiment.paraphrase_embed()
-        leakage_basis = check_heldout(dataset, output_dir=cfg.output_dir, embed=embed)
-        leakage_by_prompt = {p.label: check_prompt_source(p, dataset=dataset, own_dir=Path(cfg.output_dir), embed=embed)
-                             for p in resolved}
-        leakage_checked = True
+    leakage_checked = split == "heldout"
+    leakage_basis, leakage_by_prompt = _guard(experiment, resolved) if leakage_checked else ("", {})
     examples: tuple[Example, ...] = dataset.examples_in(split)  # type: ignore[arg-type]
     if not examples:
         raise DataError(f"the {split} split of {experiment.dataset_dir} is empty; raise [data.split].{split}")
 
     metrics = [m for m in extra_metrics if not isinstance(m, str)]
-    metrics += make_extra_metrics([m for m in extra_metrics if isinstance(m, str)], experiment=experiment)
-    show = experiment.progress if progress is None else progress
+    metrics += make_extra_metrics([m for m in extra_metrics if isinstance(m, str)],
+                                  judge_client=lambda: experiment.client("judge"))
     cost_model: CostModel = cfg.cost_model()
-    results: list[PromptScores] = []
     logger.info("evaluating %d prompts on %d %s questions", len(resolved), len(examples), split)
     # All prompts in one stream: the endpoints stay busy instead of draining between prompts. No answer
     # is decoded in a batch with another prompt's: a prompt's score must not depend on what it is
     # compared with (an embedded model's batched answers can part from lone ones on long answers).
-    reports = evaluate_templates(
-        program=experiment.program,
-        templates=[p.template for p in resolved],
-        examples=examples,
-        judge=experiment.judge,
-        extra_metrics=metrics,
-        progress=show,
-        batch=False,
-    )
-    for p, report in zip(resolved, reports, strict=True):
-        scores = tuple(r.score if r.scored else None for r in report.rows)
-        valid = [s for s in scores if s is not None]
-        results.append(
-            PromptScores(
-                label=p.label,
-                spec=p.spec,
-                kind=p.kind,
-                instruction=p.instruction,
-                template_text=p.template_text,
-                settings=p.template.settings,
-                provenance=dict(p.provenance),
-                scores=scores,
-                mean=t_mean_ci(valid, level=level, bounds=SCALE, resolution=RESOLUTION) if valid else None,
-                pass_rate=report.pass_rate,
-                n_invalid=report.n_invalid,
-                n_errors=report.n_errors,
-                metric_means=report.metric_means(),
-                metric_invalid=report.metric_invalid(),
-                evaluation=report,
-                cost=cost_model.summarize(report.rows),
-            )
-        )
-
-    versus: list[VersusBaseline | None] = []
-    b = results[base]
-    for i, r in enumerate(results):
-        if i == base:
-            versus.append(None)
-            continue
-        pairs = [(x, y) for x, y in zip(r.scores, b.scores, strict=True) if x is not None and y is not None]
-        stats = compare_paired(
-            [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha,
-            scale=SCALE, resolution=RESOLUTION,
-        )
-        ni = None if margin is None else noninferiority([x for x, _ in pairs], [y for _, y in pairs], margin=margin,
-                                                         alpha=alpha, n_resamples=n_resamples, seed=seed)
-        versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=len(examples) - len(pairs), stats=stats,
-                                     cost=paired_difference(r.evaluation.rows, b.evaluation.rows, model=cost_model,
-                                                            level=level), noninferiority=ni))
-    # Several prompts against one baseline: a family of tests, so Holm-adjust the p-values.
-    family = [v for v in versus if v is not None]
-    if len(family) > 1:
-        adjusted = iter(holm_family([v.stats for v in family]))
-        versus = [None if v is None else replace(v, stats=next(adjusted)) for v in versus]
-        if margin is not None:
-            ni_adjusted = iter(holm_noninferiority([v.noninferiority for v in family if v.noninferiority is not None]))
-            versus = [None if v is None else replace(v, noninferiority=next(ni_adjusted)) for v in versus]
-
-    models = {role: experiment.spec(role).model for role in ("task", "judge")}
+    reports = evaluate_templates(program=experiment.program, templates=[p.template for p in resolved], examples=examples,
+                                 judge=experiment.judge, extra_metrics=metrics, batch=False,
+                                 progress=experiment.progress if progress is None else progress)
+    results = [_prompt_scores(p, report, level=level, cost_model=cost_model)
+               for p, report in zip(resolved, reports, strict=True)]
+    versus = _versus_baseline(results, base, n_questions=len(examples), level=level, alpha=alpha,
+                              n_resamples=n_resamples, seed=seed, margin=margin, cost_model=cost_model)
     return ComparisonReport(
         split=split,
         questions=tuple(e.query for e in examples),
@@ -812,13 +534,92 @@ def compare_prompts(
         leakage_checked=leakage_checked,
         leakage_basis=leakage_basis,
         leakage_by_prompt=leakage_by_prompt,
-        models=models,
+        models={role: experiment.spec(role).model for role in ("task", "judge")},
         config=cfg.source,
         usage=experiment.usage.as_dict(),
         wall_s=time.perf_counter() - started,
         judge_noise=judge_noise_note(cfg),
         margin=margin,
     )
+
+
+def _resolved(prompts: Sequence[str | ResolvedPrompt], *, baseline: int | str, experiment: Workbench,
+              tracking_uri: str | None) -> tuple[list[ResolvedPrompt], int]:
+    """The compared prompts resolved (labels made unique) and the baseline's index among them."""
+    resolved = [p if isinstance(p, ResolvedPrompt) else
+                resolve_prompt(p, config=experiment.config, tracking_uri=tracking_uri) for p in prompts]
+    if len(resolved) < 2:
+        raise ConfigError("compare needs at least two prompts (a baseline and one more)")
+    base = _baseline_index(baseline, resolved)
+    _dedupe_labels(resolved)
+    return resolved, base
+
+
+def _guard(experiment: Workbench, prompts: Sequence[ResolvedPrompt]) -> tuple[str, dict[str, str]]:
+    """The held-out guard (:mod:`opro.guard`): what the split check was made against, and per prompt
+    what its provenance let it check. Raises :class:`~opro.errors.LeakageError` on an overlap."""
+    dataset, output_dir = experiment.dataset, experiment.config.output_dir
+    embed = experiment.paraphrase_embed()
+    basis = check_heldout(dataset, output_dir=output_dir, embed=embed)
+    return basis, {p.label: check_prompt_source(p, dataset=dataset, own_dir=Path(output_dir), embed=embed)
+                   for p in prompts}
+
+
+def _prompt_scores(p: ResolvedPrompt, report: EvaluationReport, *, level: float, cost_model: CostModel) -> PromptScores:
+    """One prompt's evaluation as the comparison reads it: its scores, mean interval and cost."""
+    scores = tuple(r.score if r.scored else None for r in report.rows)
+    valid = [s for s in scores if s is not None]
+    return PromptScores(
+        label=p.label,
+        spec=p.spec,
+        kind=p.kind,
+        instruction=p.instruction,
+        template_text=p.template_text,
+        settings=p.template.settings,
+        provenance=dict(p.provenance),
+        scores=scores,
+        mean=t_mean_ci(valid, level=level, bounds=SCALE, resolution=RESOLUTION) if valid else None,
+        pass_rate=report.pass_rate,
+        n_invalid=report.n_invalid,
+        n_errors=report.n_errors,
+        metric_means=report.metric_means(),
+        metric_invalid=report.metric_invalid(),
+        evaluation=report,
+        cost=cost_model.summarize(report.rows),
+    )
+
+
+def _versus_baseline(
+    results: Sequence[PromptScores], base: int, *, n_questions: int, level: float, alpha: float, n_resamples: int,
+    seed: int, margin: float | None, cost_model: CostModel,
+) -> list[VersusBaseline | None]:
+    """Each prompt against the baseline (``None`` for the baseline itself) on the questions both got a
+    valid score for: paired tests, cost difference, non-inferiority under a margin, Holm over the family."""
+    versus: list[VersusBaseline | None] = []
+    b = results[base]
+    for i, r in enumerate(results):
+        if i == base:
+            versus.append(None)
+            continue
+        pairs = [(x, y) for x, y in zip(r.scores, b.scores, strict=True) if x is not None and y is not None]
+        stats = compare_paired(
+            [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha,
+            scale=SCALE, resolution=RESOLUTION,
+        )
+        ni = None if margin is None else noninferiority([x for x, _ in pairs], [y for _, y in pairs], margin=margin,
+                                                         alpha=alpha, n_resamples=n_resamples, seed=seed)
+        versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=n_questions - len(pairs), stats=stats,
+                                     cost=paired_difference(r.evaluation.rows, b.evaluation.rows, model=cost_model,
+                                                            level=level), noninferiority=ni))
+    # Several prompts against one baseline: a family of tests, so Holm-adjust the p-values.
+    family = [v for v in versus if v is not None]
+    if len(family) > 1:
+        adjusted = iter(holm_family([v.stats for v in family]))
+        versus = [None if v is None else replace(v, stats=next(adjusted)) for v in versus]
+        if margin is not None:
+            ni_adjusted = iter(holm_noninferiority([v.noninferiority for v in family if v.noninferiority is not None]))
+            versus = [None if v is None else replace(v, noninferiority=next(ni_adjusted)) for v in versus]
+    return versus
 
 
 def _baseline_index(baseline: int | str, prompts: Sequence[ResolvedPrompt]) -> int:
@@ -899,227 +700,10 @@ def plot_survival(report: ComparisonReport, *, summary_path: Path, path: Path) -
 
 
 @dataclass(frozen=True)
-class PromotionDecision:
-    """Whether a Prompt Registry alias was moved to a compared prompt, and the figures behind it."""
-
-    alias: str
-    granted: bool
-    label: str | None
-    uri: str | None
-    reasons: tuple[str, ...]
-
-    def message(self) -> str:
-        if self.granted:
-            return f"promoted {self.label} to alias {self.alias!r} ({self.uri}): " + "; ".join(self.reasons)
-        return f"refused to move alias {self.alias!r}: " + "; ".join(self.reasons)
-
-
-#: Share of the held-out questions both prompts must have a valid score on before a promotion: a
-#: judge that could not read most of a prompt's answers leaves a comparison of the few it could.
-MIN_PROMOTION_COVERAGE = 0.9
-
-
-def promote(
-    report: ComparisonReport, *, experiment: Workbench, alias: str, tracking_uri: str | None = None,
-    min_coverage: float = MIN_PROMOTION_COVERAGE,
-) -> PromotionDecision:
-    """Move ``alias`` to the best compared prompt only if it beats the baseline on held-out questions.
-
-    Required: a held-out comparison whose leakage check passed, valid scores of both prompts on at
-    least ``min_coverage`` of the held-out questions (pairs are dropped where either judgment is
-    invalid), and a positive mean difference that the paired sign-flip permutation test calls
-    significant at the report's alpha (Holm-adjusted when several prompts were compared); under a
-    margin (``compare_prompts(margin=...)``) instead its non-inferiority test (Holm) and a cost per
-    answer whose paired interval lies below 0. Among prompts that qualify, the one with the highest
-    held-out mean wins (under a margin, the cheapest); it is registered as a new
-    version tagged with its held-out figures (alpha, n, coverage, p, the family), then the alias
-    points at it.
-
-    Every attempt is recorded, in the decision ledger beside the dataset (shared by every output
-    folder of that dataset) and in ``promotions.json`` in the output folder. An alias gets one
-    attempt per held-out set, across output folders: a later one on the same questions (more than
-    :data:`opro.ledger.MAX_SEEN_SHARE` of them) with other prompts, another baseline, alpha or margin
-    is refused (it would be a new chance at a false promotion, outside the error budget of the
-    first); the same attempt may be repeated exactly, and a fresh held-out set starts a new budget.
-    """
-    if not 0.0 < min_coverage <= 1.0:
-        raise ConfigError(f"min_coverage must be in (0, 1] (e.g. 0.9), got {min_coverage}")
-    if report.split != "heldout" or not report.leakage_checked:  # refused as no attempt at all
-        return _promote(report, experiment=experiment, alias=alias, tracking_uri=tracking_uri, min_coverage=min_coverage)
-    attempt = _promotion_attempt(report, alias=alias, registry=experiment.config.prompt_name, min_coverage=min_coverage)
-    run = RunDir(experiment.config.output_dir)
-    # promotions.json first: attempts made before the ledger existed are only there.
-    earlier = [a for a in run.read_promotions()
-               if (a.get("registry"), a.get("alias"), a.get("questions")) == (attempt["registry"], alias, attempt["questions"])]
-    if earlier and not any(a.get("family") == attempt["family"] for a in earlier):
-        # One error budget per alias and held-out set: another family of prompts (or another alpha)
-        # on the same questions would be a fresh chance at a false promotion.
-        last = earlier[-1]
-        return _refused_again(alias, shared=len(report.questions), n=len(report.questions), where="this output folder",
-                              at=last.get("at"), prompts=last.get("prompts", []), alpha=last.get("alpha"),
-                              verdict="granted" if last.get("granted") else "refused")
-    from opro.dataset import normalize_question, question_hash
-    from opro.ledger import Decision, short_hashes
-
-    entry = Decision(
-        scope=f"promotion {attempt['registry']}@{alias}", key=attempt["family"],
-        questions=short_hashes([question_hash(normalize_question(q)) for q in dict.fromkeys(report.questions)]),
-        design={k: attempt[k] for k in ("prompts", "baseline", "alpha", "min_coverage", "margin") if k in attempt},
-        at=attempt["at"],
-    )
-    seen = experiment.decisions.begin(entry)
-    if seen is not None:
-        return _refused_again(alias, shared=entry.seen_share(seen)[0], n=len(report.questions), where=seen.where,
-                              at=seen.at, prompts=seen.design.get("prompts", []), alpha=seen.design.get("alpha"),
-                              verdict=seen.verdict or "not finished")
-    decision = _promote(report, experiment=experiment, alias=alias, tracking_uri=tracking_uri, min_coverage=min_coverage)
-    run.add_promotion({**attempt, "granted": decision.granted, "promoted": decision.label, "uri": decision.uri})
-    experiment.decisions.settle(replace(
-        entry, verdict=f"granted: {decision.label} ({decision.uri})" if decision.granted else "refused"))
-    return decision
-
-
-def _refused_again(alias: str, *, shared: int, n: int, where: str, at: Any, prompts: Sequence[str], alpha: Any,
-                   verdict: str) -> PromotionDecision:
-    """The refusal of a second promotion attempt on held-out questions an earlier one decided on."""
-    from opro.ledger import MAX_SEEN_SHARE
-
-    on = f"these {n}" if shared == n else f"{shared} of these {n}"
-    return PromotionDecision(alias, False, None, None, (
-        f"alias {alias!r} already had a promotion attempt on {on} held-out questions ({where}, {at}: "
-        f"{', '.join(prompts)} at alpha {alpha}, {verdict}); another attempt on the same questions with other "
-        "prompts, another alpha or another margin would spend the error budget again. Use a fresh held-out set (more data; a new "
-        f"[data.split].seed only where at most {MAX_SEEN_SHARE:.0%} of its held-out questions were in this one), "
-        "or repeat that attempt exactly",
-    ))
-
-
-def _promotion_attempt(report: ComparisonReport, *, alias: str, registry: str, min_coverage: float) -> dict[str, Any]:
-    """What identifies a promotion attempt: the alias, the held-out questions, and the family (the
-    compared templates, the baseline, alpha, the coverage rule and, under ``--margin``, the margin)."""
-    from opro.dataset import normalize_question, question_hash
-
-    def sha(text: str) -> str:
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-    questions = sha(repr(sorted(question_hash(normalize_question(q)) for q in report.questions)))
-    # Settings only where there are some: attempts recorded before settings existed keep their keys.
-    prompts = sorted(f"{p.label}={sha(p.template_text + (repr(sorted(p.settings.items())) if p.settings else ''))}"
-                     for p in report.prompts)
-    family: tuple[Any, ...] = (prompts, report.baseline_prompt.label, report.alpha, min_coverage)
-    # The margin only where there is one: attempts recorded before margins existed keep their family.
-    margin = {} if report.margin is None else {"margin": report.margin}
-    return {
-        "at": datetime.now().isoformat(timespec="seconds"), "registry": registry, "alias": alias,
-        "questions": questions, "n_questions": len(report.questions), "prompts": prompts,
-        "baseline": report.baseline_prompt.label, "alpha": report.alpha, "min_coverage": min_coverage, **margin,
-        "family": sha(repr(family if report.margin is None else (*family, report.margin))),
-    }
-
-
-def _promote(
-    report: ComparisonReport, *, experiment: Workbench, alias: str, tracking_uri: str | None, min_coverage: float
-) -> PromotionDecision:
-    from opro.export import export_prompt
-    from opro.sources import resolve_prompt
-
-    if report.split != "heldout" or not report.leakage_checked:
-        return PromotionDecision(alias, False, None, None, (
-            f"the comparison ran on the {report.split!r} split"
-            + ("" if report.leakage_checked else " without a passed held-out leakage check")
-            + "; only a held-out comparison can promote a prompt",
-        ))
-    reasons: list[str] = []
-    qualified: list[tuple[PromptScores, VersusBaseline]] = []
-    for p, v in zip(report.prompts, report.versus, strict=True):
-        if v is None:
-            continue
-        s = v.stats
-        d = s.difference
-        figures = (
-            f"{p.label}: difference {d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}] over {s.n} held-out questions, "
-            f"Wilcoxon p={s.p_wilcoxon:.3g}, permutation p={s.p_permutation:.3g}"
-            + (f" (Holm, {s.n_comparisons} comparisons)" if s.n_comparisons > 1 else "")
-        )
-        source = report.leakage_by_prompt.get(p.label, "")
-        if source.startswith("unchecked"):
-            reasons.append(f"{p.label}: held-out leakage {source}; only a prompt whose tuning questions are known "
-                           "can be promoted (compare it from its run, or export it yourself)")
-            continue
-        coverage = s.n / len(report.questions) if report.questions else 0.0
-        figures += f", {s.n} of {len(report.questions)} questions scored validly for both ({coverage:.0%})"
-        if coverage < min_coverage:
-            reasons.append(figures + f": below the {min_coverage:.0%} coverage a promotion needs (fix the judge's "
-                                     "invalid replies and compare again)")
-            continue
-        if report.margin is not None:
-            # Under a margin the claim is "as good and cheaper": non-inferiority and a lower cost.
-            ni, c = v.noninferiority, v.cost
-            figures += (f", non-inferiority by {report.margin:g} p={ni.p:.3g}" if ni is not None else "")
-            figures += "" if c is None else f", cost per answer {c.cost.text(3 if c.baseline_cost < 1 else 0)}"
-            why = ("" if ni is not None and ni.passed else
-                   f": not shown to be worse by less than {report.margin:g} at alpha {report.alpha:g}")
-            if not why and (c is None or not c.lower):
-                why = ": not worse by more than the margin, but its cost per answer is not lower (interval not below 0)"
-            ok = not why
-            reasons.append(figures + why)
-        else:
-            ok = s.n > 0 and d.estimate > 0 and s.significant
-            reasons.append(figures + ("" if ok else f": not a significant gain at alpha {report.alpha:g}"))
-        if ok:
-            qualified.append((p, v))
-    if not qualified:
-        return PromotionDecision(alias, False, None, None, tuple(reasons))
-    if report.margin is not None:  # as good and cheaper: the cheapest of those that qualify
-        best, v = min(qualified, key=lambda pv: pv[1].cost.cost.estimate if pv[1].cost is not None else math.inf)
-    else:
-        best, v = max(qualified, key=lambda pv: pv[0].mean.estimate if pv[0].mean is not None else -math.inf)
-    resolved = resolve_prompt(best.spec, config=experiment.config, tracking_uri=tracking_uri)
-    exported = export_prompt(resolved, format="mlflow", alias=alias, config=experiment.config,
-                             tracking_uri=tracking_uri)
-    from opro.tracking.mlflow import tag_prompt_version
-
-    assert exported.version is not None  # the MLflow exporter always registers a version
-    d = v.stats.difference
-    tag_prompt_version(tracking_uri=tracking_uri or experiment.config.mlflow_uri, name=experiment.config.prompt_name,
-                       version=exported.version, tags={
-        "opro.heldout_mean": f"{best.mean.estimate:.4f}" if best.mean is not None else "",
-        "opro.heldout_difference": f"{d.estimate:.4f}",
-        "opro.heldout_ci": f"[{d.low:.4f}, {d.high:.4f}]",
-        "opro.heldout_n": str(v.stats.n),
-        "opro.heldout_questions": str(len(report.questions)),
-        "opro.heldout_coverage": f"{v.stats.n / len(report.questions):.4f}",
-        "opro.heldout_alpha": f"{report.alpha:g}",
-        "opro.heldout_test": "two-sided paired sign-flip permutation",
-        "opro.heldout_family": str(v.stats.n_comparisons),
-        "opro.heldout_p_wilcoxon": f"{v.stats.p_wilcoxon:.4g}",
-        "opro.heldout_p_permutation": f"{v.stats.p_permutation:.4g}",
-        "opro.heldout_baseline": v.baseline[:250],
-        **({} if report.margin is None or v.noninferiority is None else {
-            "opro.heldout_margin": f"{report.margin:g}",
-            "opro.heldout_test": "one-sided paired sign-flip permutation, non-inferiority by the margin",
-            "opro.heldout_p_noninferiority": f"{v.noninferiority.p:.4g}",
-        }),
-        # Its cost per answer on these held-out questions, and the paired differences to the baseline.
-        **({} if best.cost is None else {
-            "opro.heldout_tokens_per_answer": f"{best.cost.prompt_tokens + best.cost.completion_tokens:.1f}",
-            "opro.heldout_seconds_per_answer": f"{best.cost.seconds:.3f}",
-            "opro.heldout_cost_per_answer": f"{best.cost.cost:.6g}",
-            "opro.heldout_cost_unit": best.cost.unit,
-        }),
-        **({} if v.cost is None else {
-            "opro.heldout_cost_difference": f"{v.cost.cost.estimate:.6g}",
-            "opro.heldout_tokens_difference": f"{v.cost.tokens.estimate:.1f}",
-            "opro.heldout_seconds_difference": f"{v.cost.seconds.estimate:.3f}",
-        }),
-    })
-    return PromotionDecision(alias, True, best.label, exported.uri, tuple(reasons))
-
-
-@dataclass(frozen=True)
 class SavedComparison:
     directory: Path
-    mlflow_run_id: str | None
+    #: Where the comparison was recorded (one entry per recorder: MLflow unless ``mlflow=False``).
+    recorded: tuple[Recorded, ...] = ()
     #: One MLflow GenAI evaluation run per compared prompt (``[tracking].genai``), in prompt order.
     evaluation_run_ids: tuple[str, ...] = ()
 
@@ -1139,8 +723,11 @@ def save_comparison(
     name: str | None = None,
     mlflow: bool = True,
     tracking_uri: str | None = None,
+    recorders: Sequence[CommandRecorder] | None = None,
 ) -> SavedComparison:
-    """Write the report files and log them as an MLflow run tagged ``opro.kind=comparison``.
+    """Write the report files and record them (:func:`comparison_record`) through ``recorders``, by
+    default the config's (:func:`opro.tracking.commands.command_recorders`: an MLflow run tagged
+    ``opro.kind=comparison`` in ``tracking_uri`` or the config's store, unless ``mlflow`` is off).
 
     With ``[tracking].genai`` each prompt's evaluation also becomes an MLflow evaluation run
     (per-question traces with the judge's verdict), see :mod:`opro.tracking.genai`.
@@ -1148,39 +735,27 @@ def save_comparison(
     out = Path(directory) if directory is not None else default_compare_dir(experiment, name)
     report.write(out)
     plot_survival(report, summary_path=RunDir(experiment.config.output_dir).summary, path=out / "optimism.png")
-    run_id = None
+    if recorders is None:
+        from opro.tracking.commands import command_recorders
+
+        recorders = command_recorders(experiment.config, mlflow=mlflow, tracking_uri=tracking_uri)
+    params = {k: v for k, v in experiment.run_params().items() if not k.startswith("optimizer.")}
+    recorded = record_all(recorders, comparison_record(report, out, params=params))
     evaluation_run_ids: tuple[str, ...] = ()
-    if mlflow:
-        run_id = log_comparison(
-            report,
-            directory=out,
-            tracking_uri=tracking_uri or experiment.config.mlflow_uri,
-            experiment_name=experiment.config.tracking.mlflow_experiment or experiment.config.experiment.name,
-            run_name=f"compare {out.name}",
-            params={k: v for k, v in experiment.run_params().items() if not k.startswith("optimizer.")},
-        )
-        if experiment.config.tracking.genai:
-            from opro.tracking.genai import log_comparison_evaluations
+    if mlflow and experiment.config.tracking.genai:
+        from opro.tracking.genai import log_comparison_evaluations
 
-            genai = log_comparison_evaluations(report, experiment=experiment, name=out.name, tracking_uri=tracking_uri,
-                                               comparison_run_id=run_id)
-            evaluation_run_ids = genai.run_ids
-    return SavedComparison(directory=out, mlflow_run_id=run_id, evaluation_run_ids=evaluation_run_ids)
+        genai = log_comparison_evaluations(report, experiment=experiment, name=out.name, tracking_uri=tracking_uri,
+                                           recorded=recorded)
+        evaluation_run_ids = genai.run_ids
+    return SavedComparison(directory=out, recorded=recorded, evaluation_run_ids=evaluation_run_ids)
 
 
-def log_comparison(
-    report: ComparisonReport,
-    *,
-    directory: Path,
-    tracking_uri: str,
-    experiment_name: str,
-    run_name: str,
-    params: Mapping[str, Any] | None = None,
-) -> str:
-    """One MLflow run: parameters, per-prompt metrics, the report directory as artifacts."""
-    from opro.tracking import MlflowTracker
-
-    tracker = MlflowTracker(tracking_uri=tracking_uri, experiment_name=experiment_name)
+def comparison_record(report: ComparisonReport, directory: Path, *, params: Mapping[str, Any] | None = None
+                      ) -> CommandRecord:
+    """The comparison as one command record (``opro.kind = comparison``, named ``compare <folder>``):
+    ``params`` and the comparison's design, each prompt's figures as metrics, and ``directory`` (the
+    report files) as the record's files."""
     all_params: dict[str, Any] = dict(params or {})
     all_params.update(
         {
@@ -1198,60 +773,46 @@ def log_comparison(
     for i, p in enumerate(report.prompts):
         all_params[f"prompt_{i}.spec"] = p.spec
         all_params[f"prompt_{i}.instruction"] = p.instruction[:500]
-    run_id = tracker.start(run_name=run_name, params=all_params)
-    try:
-        tracker.set_tags({"opro.kind": "comparison", "opro.split": report.split,
-                          "opro.baseline": report.baseline_prompt.label[:250]})
-        metrics: dict[str, float] = {}
-        for i, (p, v) in enumerate(zip(report.prompts, report.versus, strict=True)):
-            if p.mean is not None:
-                metrics.update({f"prompt_{i}.mean": p.mean.estimate, f"prompt_{i}.ci_low": p.mean.low,
-                                f"prompt_{i}.ci_high": p.mean.high})
-            if p.pass_rate is not None:
-                metrics[f"prompt_{i}.pass_rate"] = p.pass_rate
-            metrics[f"prompt_{i}.n_invalid"] = p.n_invalid + p.n_errors
-            for name, value in p.metric_means.items():
-                if value is not None:
-                    metrics[f"prompt_{i}.{name}"] = value
-            if v is not None and v.stats.n:
-                s = v.stats
-                metrics.update({
-                    f"prompt_{i}.diff_mean": s.difference.estimate,
-                    f"prompt_{i}.diff_ci_low": s.difference.low,
-                    f"prompt_{i}.diff_ci_high": s.difference.high,
-                    f"prompt_{i}.wins": s.win_tie_loss.wins,
-                    f"prompt_{i}.ties": s.win_tie_loss.ties,
-                    f"prompt_{i}.losses": s.win_tie_loss.losses,
-                    f"prompt_{i}.wilcoxon_p": s.wilcoxon.p_value,
-                    f"prompt_{i}.permutation_p": s.permutation.p_value,
-                })
-            if v is not None and v.noninferiority is not None:
-                metrics[f"prompt_{i}.noninferiority_p"] = v.noninferiority.p_value
-        tracker.log_metrics(metrics, step=0)
-        tracker.log_artifact(directory)
-    except Exception:
-        tracker.finish(status="FAILED")
-        raise
-    tracker.finish()
-    return run_id
+    metrics: dict[str, float] = {}
+    for i, (p, v) in enumerate(zip(report.prompts, report.versus, strict=True)):
+        if p.mean is not None:
+            metrics.update({f"prompt_{i}.mean": p.mean.estimate, f"prompt_{i}.ci_low": p.mean.low,
+                            f"prompt_{i}.ci_high": p.mean.high})
+        if p.pass_rate is not None:
+            metrics[f"prompt_{i}.pass_rate"] = p.pass_rate
+        metrics[f"prompt_{i}.n_invalid"] = p.n_invalid + p.n_errors
+        for name, value in p.metric_means.items():
+            if value is not None:
+                metrics[f"prompt_{i}.{name}"] = value
+        if v is not None and v.stats.n:
+            s = v.stats
+            metrics.update({
+                f"prompt_{i}.diff_mean": s.difference.estimate,
+                f"prompt_{i}.diff_ci_low": s.difference.low,
+                f"prompt_{i}.diff_ci_high": s.difference.high,
+                f"prompt_{i}.wins": s.win_tie_loss.wins,
+                f"prompt_{i}.ties": s.win_tie_loss.ties,
+                f"prompt_{i}.losses": s.win_tie_loss.losses,
+                f"prompt_{i}.wilcoxon_p": s.wilcoxon.p_value,
+                f"prompt_{i}.permutation_p": s.permutation.p_value,
+            })
+        if v is not None and v.noninferiority is not None:
+            metrics[f"prompt_{i}.noninferiority_p"] = v.noninferiority.p_value
+    return CommandRecord(
+        kind="comparison", name=f"compare {directory.name}", params=all_params, metrics=metrics,
+        tags={"opro.split": report.split, "opro.baseline": report.baseline_prompt.label[:250]},
+        files={directory: None},
+    )
 
 
 __all__ = [
-    "EXTRA_METRICS",
-    "MIN_PROMOTION_COVERAGE",
     "ComparisonReport",
     "PromptScores",
     "SavedComparison",
     "VersusBaseline",
-    "check_heldout",
-    "check_heldout_against_record",
-    "check_heldout_leakage",
-    "check_prompt_source",
     "compare_prompts",
+    "comparison_record",
     "default_compare_dir",
-    "load_split_record",
-    "log_comparison",
-    "make_extra_metrics",
     "plot_comparison",
     "save_comparison",
 ]

@@ -17,8 +17,9 @@ from typing import Any, Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class CommandRecord:
-    """What one command did. ``kind`` becomes the ``opro.kind`` tag (``probe``, ``judge-calibration``);
-    ``files`` maps each file to the folder it is filed under (``None``: the record's root)."""
+    """What one command did. ``kind`` becomes the ``opro.kind`` tag (``probe``, ``judge-calibration``,
+    ``comparison``); ``files`` maps each file to the folder it is filed under (``None``: the record's
+    root). A folder among ``files`` stands for the files in it, filed under that folder as they lie."""
 
     kind: str
     name: str

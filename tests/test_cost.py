@@ -439,7 +439,7 @@ def test_compare_margin_holm_adjusts_over_the_prompts_and_logs_the_margin(tmp_pa
     assert [v.cost.lower for v in report.versus if v is not None and v.cost is not None] == [True, False]
     from mlflow import MlflowClient
 
-    run = MlflowClient(tracking_uri=exp.config.mlflow_uri).get_run(saved.mlflow_run_id)
+    run = MlflowClient(tracking_uri=exp.config.mlflow_uri).get_run(saved.recorded[0].ref)
     assert run.data.params["compare.margin"] == "0.25" and run.data.metrics["prompt_1.noninferiority_p"] == 1 / 1024
 
 

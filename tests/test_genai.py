@@ -59,7 +59,7 @@ def test_compare_makes_one_evaluation_run_per_prompt_with_traces_and_verdicts(
         run = client.get_run(run_id)
         tags = run.data.tags
         assert tags["mlflow.runType"] == "genai_evaluate" and tags["opro.source"] == "compare"
-        assert tags["opro.comparison_run_id"] == saved.mlflow_run_id and tags["opro.spec"] == prompt.spec
+        assert tags["opro.comparison_run_id"] == saved.recorded[0].ref and tags["opro.spec"] == prompt.spec
         # the prompt version holds exactly the compared template and is linked to the run
         name, version = tags["opro.prompt_uri"].removeprefix("prompts:/").split("/")
         assert json.loads(tags["mlflow.linkedPrompts"]) == [{"name": name, "version": version}]
@@ -151,7 +151,7 @@ def test_genai_records_can_be_switched_off(tmp_path: Path) -> None:
         saved = save_comparison(report, experiment=exp, name="off")
     finally:
         exp.close()
-    assert saved.mlflow_run_id is not None and saved.evaluation_run_ids == ()
+    assert [r.recorder for r in saved.recorded] == ["mlflow"] and saved.evaluation_run_ids == ()
     client = _client(config)
     exp_id = client.get_experiment_by_name("t").experiment_id
     assert not client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")
@@ -196,15 +196,17 @@ def test_opro_judges_are_mlflow_scorers(tmp_path: Path) -> None:
 def test_mlflow_correctness_judge_as_opro_judge() -> None:
     from mlflow.genai.judges.prompts.correctness import CORRECTNESS_PROMPT_INSTRUCTIONS
 
+    from opro.judges import MlflowCorrectnessJudge, parse_yes_no_verdict
     from opro.llm import ChatClient
     from opro.llm.scripted import ScriptedLLM
-    from opro.tracking.genai import MlflowCorrectnessJudge, parse_yes_no_verdict
+    from opro.tracking.genai import mlflow_correctness_judge
 
     llm = ScriptedLLM(rules=[
         (r"Paris", json.dumps({"rationale": "Let's think step by step. Supported.", "result": "yes"})),
         (r"Milan", json.dumps({"rationale": "Let's think step by step. Rome is not Milan.", "result": "no"})),
     ], default="I cannot tell", model="judge")
-    judge = MlflowCorrectnessJudge(ChatClient(llm, role="judge"))
+    judge = mlflow_correctness_judge(ChatClient(llm, role="judge"))
+    assert isinstance(judge, MlflowCorrectnessJudge)  # the judge lives with the judges; its prompt is MLflow's
     yes = judge.evaluate(query="Capital of France?", answer="Paris.", reference="Paris")
     no = judge.evaluate(query="Capital of Italy?", answer="Milan.", reference="Rome")
     bad = judge.evaluate(query="Capital of Spain?", answer="Madrid.", reference="Madrid")

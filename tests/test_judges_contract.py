@@ -32,6 +32,7 @@ from opro.judges import (
     build_judge,
     build_metric,
     judge_template,
+    make_extra_metrics,
 )
 from opro.llm import ChatClient, Message
 from opro.llm.cache import CallCache
@@ -92,6 +93,13 @@ SCRIPTS: Mapping[str, Script] = {
         score_range=(0.0, 1.0),
         unreadable="The response mentions tanh, which the question does not ask about.",
     ),
+    "mlflow_correctness": Script(
+        good='{"rationale": "Let\'s think step by step. ReLU is in the document.", "result": "yes"}',
+        good_score=5.0,
+        good_passing=True,
+        score_range=(1.0, 5.0),
+        unreadable="The claim is mostly supported.",
+    ),
 }
 
 
@@ -117,7 +125,15 @@ def _cases() -> list[JudgeCase]:
     for name in METRIC_JUDGES:
         for backend in BACKENDS:
             cases.append(JudgeCase(f"{name}-{backend}", backend, functools.partial(build_metric, name)))
+    for backend in BACKENDS:  # MLflow's judge, with the prompt tracking hands it (the installed MLflow's)
+        cases.append(JudgeCase(f"mlflow_correctness-{backend}", backend, _mlflow_correctness))
     return cases
+
+
+def _mlflow_correctness(*, client: ChatClient) -> Metric:
+    from opro.tracking.genai import mlflow_correctness_judge
+
+    return mlflow_correctness_judge(client)
 
 
 CASES = _cases()
@@ -226,8 +242,9 @@ def test_a_permanent_llm_error_propagates(case: JudgeCase) -> None:
 
 def test_the_cases_cover_every_judge_the_factory_builds() -> None:
     built = {_judge(c, _backend(c, reply="", probs={})).name for c in CASES}
-    assert built == {"correctness", *METRIC_JUDGES} and built <= set(SCRIPTS)
-    assert len(CASES) == len(BUILTIN_TEMPLATES) * (len(SCORE_SOURCES) * len(BACKENDS) - 1) + 2 * len(METRIC_JUDGES)
+    assert built == {"correctness", *METRIC_JUDGES, "mlflow_correctness"} and built <= set(SCRIPTS)
+    assert len(CASES) == (len(BUILTIN_TEMPLATES) * (len(SCORE_SOURCES) * len(BACKENDS) - 1)
+                          + 2 * len(METRIC_JUDGES) + len(BACKENDS))
 
 
 def test_build_judge_reads_every_field_of_the_judge_table() -> None:
@@ -275,6 +292,23 @@ def test_logit_scores_need_a_backend_that_reads_logits() -> None:
 def test_an_unknown_judge_metric_names_the_choices() -> None:
     with pytest.raises(ConfigError, match=r"unknown judge metric 'bleu'; choose from faithfulness, relevancy"):
         build_metric("bleu", client=ChatClient(ScriptedLLM(default=""), role="judge"))
+
+
+def test_extra_metrics_by_name_ask_for_the_judge_client_only_for_a_judge() -> None:
+    from opro.metrics import TokenF1
+
+    asked: list[ChatClient] = []
+
+    def judge_client() -> ChatClient:
+        asked.append(ChatClient(ScriptedLLM(default=""), role="judge"))
+        return asked[-1]
+
+    assert [type(m) for m in make_extra_metrics(["token_f1", " ", "Token-F1"], judge_client=judge_client)] == [TokenF1] * 2
+    assert asked == []
+    built = make_extra_metrics(["faithfulness", "relevancy"], judge_client=judge_client)
+    assert [m.name for m in built] == ["faithfulness", "relevancy"] and len(asked) == 2
+    with pytest.raises(ConfigError, match=r"unknown extra metric 'bleu'; choose from faithfulness, relevancy, token_f1"):
+        make_extra_metrics(["bleu"], judge_client=judge_client)
 
 
 # --- the factory is the only construction site ---------------------------------------------------

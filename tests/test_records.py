@@ -62,6 +62,24 @@ def test_mlflow_records_a_command_as_one_tagged_run_with_its_files(tmp_path: Pat
     assert done.where == f"MLflow run {done.ref} in {recorder.tracking_uri}"
 
 
+def test_a_folder_among_the_files_stands_for_the_files_in_it(tmp_path: Path) -> None:
+    """A command that writes a report folder (compare) records the folder: its files, as they lie,
+    at the record's root or under the folder named."""
+    from mlflow import MlflowClient
+
+    reports = tmp_path / "reports"
+    (reports / "plots").mkdir(parents=True)
+    (reports / "report.md").write_text("# compare\n", encoding="utf-8")
+    (reports / "plots" / "scores.csv").write_text("question,a\n", encoding="utf-8")
+    recorder = _mlflow(tmp_path)
+    client = MlflowClient(recorder.tracking_uri)
+    for folder, top in ((None, ["plots", "report.md"]), ("compare", ["compare/plots", "compare/report.md"])):
+        (done,) = record_all([recorder], CommandRecord(kind="comparison", name="compare", files={reports: folder}))
+        assert sorted(a.path for a in client.list_artifacts(done.ref, folder)) == top
+        inner = "plots" if folder is None else f"{folder}/plots"
+        assert [a.path for a in client.list_artifacts(done.ref, inner)] == [f"{inner}/scores.csv"]
+
+
 def test_a_recorder_that_fails_marks_its_run_failed_and_never_shows_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, Any]] = []
 

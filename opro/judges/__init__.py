@@ -1,18 +1,29 @@
-"""LLM judges: the correctness judge (1-5 against a reference) and the yes/no judges (faithfulness,
-relevancy), their templates and the parsers that read their replies.
+"""LLM judges: the correctness judge (1-5 against a reference), the yes/no judges (faithfulness,
+relevancy) and MLflow's correctness judge, their templates and the parsers that read their replies.
 
 :mod:`~opro.judges.templates` (prompts as data), :mod:`~opro.judges.parsing` (reading replies),
-:mod:`~opro.judges.correctness` and :mod:`~opro.judges.yesno` (one module per kind of judge), and
-:mod:`~opro.judges.factory`, the one place judges are built (:func:`build_judge`, :func:`build_metric`).
+:mod:`~opro.judges.correctness`, :mod:`~opro.judges.yesno` and :mod:`~opro.judges.mlflow_correctness`
+(one module per kind of judge), and :mod:`~opro.judges.factory`, the one place judges are built
+(:func:`build_judge`, :func:`build_metric`, :func:`build_mlflow_correctness`, :func:`make_extra_metrics`).
 """
 
 from opro.judges.correctness import SCORE_SOURCES, CorrectnessJudge, correctness_schema
-from opro.judges.factory import METRIC_JUDGES, build_judge, build_metric, judge_template
+from opro.judges.factory import (
+    EXTRA_METRICS,
+    METRIC_JUDGES,
+    build_judge,
+    build_metric,
+    build_mlflow_correctness,
+    judge_template,
+    make_extra_metrics,
+)
+from opro.judges.mlflow_correctness import MlflowCorrectnessJudge
 from opro.judges.parsing import (
     ParsedScore,
     expected_score_from_logprobs,
     parse_score,
     parse_yes_no,
+    parse_yes_no_verdict,
     score_distribution,
 )
 from opro.judges.templates import BUILTIN_TEMPLATES, JudgeTemplate, get_template
@@ -20,21 +31,26 @@ from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge, pack_contexts
 
 __all__ = [
     "BUILTIN_TEMPLATES",
+    "EXTRA_METRICS",
     "METRIC_JUDGES",
     "SCORE_SOURCES",
     "CorrectnessJudge",
     "FaithfulnessJudge",
     "JudgeTemplate",
+    "MlflowCorrectnessJudge",
     "ParsedScore",
     "RelevancyJudge",
     "build_judge",
     "build_metric",
+    "build_mlflow_correctness",
     "correctness_schema",
     "expected_score_from_logprobs",
     "get_template",
     "judge_template",
+    "make_extra_metrics",
     "pack_contexts",
     "parse_score",
     "parse_yes_no",
+    "parse_yes_no_verdict",
     "score_distribution",
 ]

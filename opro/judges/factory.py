@@ -2,24 +2,25 @@
 judges (faithfulness, relevancy) by name.
 
 Every part of opro that needs an LLM judge (an experiment, ``opro judge agreement``, the extra
-metrics of ``opro evaluate`` / ``opro compare``) builds it here, so the settings a judge is built
-with are decided in one place. A new kind of pointwise judge is one module in :mod:`opro.judges`
+metrics of ``opro evaluate`` / ``opro compare``: :func:`make_extra_metrics`) builds it here, so the
+settings a judge is built with are decided in one place. A new kind of pointwise judge is one module in :mod:`opro.judges`
 and one line in :data:`METRIC_JUDGES`; ``tests/test_judges_contract.py`` then runs the judge
 contract over it (and fails if a judge is built anywhere else in opro).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from opro.errors import ConfigError
 from opro.judges.correctness import CorrectnessJudge
+from opro.judges.mlflow_correctness import CorrectnessPrompt, MlflowCorrectnessJudge
 from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge
 from opro.llm import ChatClient
-from opro.metrics import Metric
+from opro.metrics import Metric, TokenF1
 
 if TYPE_CHECKING:  # opro.config is not needed to build a judge, only to type the table it reads
     from opro.config import JudgeSection
@@ -80,4 +81,42 @@ def build_metric(name: str, *, client: ChatClient) -> Metric:
     return make(client)
 
 
-__all__ = ["METRIC_JUDGES", "TEMPLATE_FILE_SUFFIXES", "build_judge", "build_metric", "judge_template"]
+def build_mlflow_correctness(client: ChatClient, *, prompt: CorrectnessPrompt) -> MlflowCorrectnessJudge:
+    """MLflow's correctness judge on ``client``, asking with ``prompt`` (MLflow's own prompt writer,
+    which :func:`opro.tracking.genai.mlflow_correctness_judge` passes: only tracking imports MLflow)."""
+    return MlflowCorrectnessJudge(client, prompt=prompt)
+
+
+#: The extra metrics ``opro evaluate`` / ``opro compare`` take by name (``--metrics``): the judges of
+#: :data:`METRIC_JUDGES`, and token F1.
+EXTRA_METRICS = (*METRIC_JUDGES, "token_f1")
+
+
+def make_extra_metrics(names: Sequence[str], *, judge_client: Callable[[], ChatClient]) -> list[Metric]:
+    """The metrics ``names`` (from :data:`EXTRA_METRICS`, any case, ``-`` for ``_``; blanks skipped):
+    the judges of :data:`METRIC_JUDGES` on the judge model's client (``judge_client()``, asked for only
+    when a judge is named), and ``token_f1``."""
+    metrics: list[Metric] = []
+    for raw in names:
+        name = raw.strip().lower().replace("-", "_")
+        if not name:
+            continue
+        if name in METRIC_JUDGES:
+            metrics.append(build_metric(name, client=judge_client()))
+        elif name == "token_f1":
+            metrics.append(TokenF1())
+        else:
+            raise ConfigError(f"unknown extra metric {raw!r}; choose from {', '.join(EXTRA_METRICS)}")
+    return metrics
+
+
+__all__ = [
+    "EXTRA_METRICS",
+    "METRIC_JUDGES",
+    "TEMPLATE_FILE_SUFFIXES",
+    "build_judge",
+    "build_metric",
+    "build_mlflow_correctness",
+    "judge_template",
+    "make_extra_metrics",
+]

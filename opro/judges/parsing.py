@@ -237,6 +237,24 @@ def parse_yes_no(text: str) -> bool | None:
     return None if len(found) != 1 else found == {"yes"}
 
 
+#: ``"result": "yes"`` in MLflow's verdict format (:func:`parse_yes_no_verdict`).
+_MLFLOW_RESULT_RE = re.compile(r'"result"\s*:\s*"\s*(yes|no)\s*"', re.I)
+
+
+def parse_yes_no_verdict(text: str) -> tuple[bool | None, str]:
+    """``(True/False, rationale)`` from MLflow's ``{"rationale": ..., "result": "yes|no"}`` reply; None if absent."""
+    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, dict) and str(data.get("result", "")).strip().lower() in ("yes", "no"):
+        return str(data["result"]).strip().lower() == "yes", str(data.get("rationale", ""))
+    found = {m.group(1).lower() for m in _MLFLOW_RESULT_RE.finditer(text)}
+    if len(found) == 1:
+        return found.pop() == "yes", text.strip()
+    return None, text.strip()
+
 
 __all__ = [
     "SCORE_MAX",
@@ -246,5 +264,6 @@ __all__ = [
     "expected_score_from_logprobs",
     "parse_score",
     "parse_yes_no",
+    "parse_yes_no_verdict",
     "score_distribution",
 ]

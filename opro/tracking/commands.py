@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from opro.records import CommandRecord, CommandRecorder, Recorded
@@ -14,7 +15,8 @@ if TYPE_CHECKING:
 
 class MlflowCommandRecorder:
     """One MLflow run per record, in ``experiment_name`` of ``tracking_uri``: its params, metrics (step
-    0), tags (``opro.kind`` = the record's kind) and files as artifacts."""
+    0), tags (``opro.kind`` = the record's kind) and files as artifacts (a folder's files under the
+    folder given, or at the artifact root)."""
 
     name = "mlflow"
 
@@ -39,12 +41,19 @@ class MlflowCommandRecorder:
                         where=f"MLflow run {run_id} in {redact_url(self.tracking_uri)}")
 
 
-def command_recorders(config: OproConfig, *, mlflow: bool = True) -> list[CommandRecorder]:
-    """The recorders a command records through under ``config``: MLflow unless ``mlflow`` is off."""
+def command_recorders(config: OproConfig, *, mlflow: bool = True, tracking_uri: str | None = None
+                      ) -> list[CommandRecorder]:
+    """The recorders a command records through under ``config``: MLflow unless ``mlflow`` is off, in
+    ``tracking_uri`` (a command's ``--tracking-uri``) or else the config's store."""
     if not mlflow:
         return []
-    return [MlflowCommandRecorder(tracking_uri=config.mlflow_uri,
+    return [MlflowCommandRecorder(tracking_uri=tracking_uri or config.mlflow_uri,
                                   experiment_name=config.tracking.mlflow_experiment or config.experiment.name)]
 
 
-__all__ = ["MlflowCommandRecorder", "command_recorders"]
+def mlflow_run_of(recorded: Sequence[Recorded]) -> str | None:
+    """The MLflow run a record went to, among where it was recorded (None: not recorded in MLflow)."""
+    return next((r.ref for r in recorded if r.recorder == MlflowCommandRecorder.name), None)
+
+
+__all__ = ["MlflowCommandRecorder", "command_recorders", "mlflow_run_of"]

@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opro.errors import OproError
 from opro.redaction import redact_text
 from opro.search.recorder import Recorder
+from opro.tracking.commands import mlflow_run_of
 from opro.tracking.recorder import MlflowRecorder
 
 if TYPE_CHECKING:
@@ -52,8 +52,11 @@ if TYPE_CHECKING:
 
     from opro.dataset import Example, GoldenDataset
     from opro.evaluation import EvaluationReport, EvaluationRow
+    from opro.judges.mlflow_correctness import MlflowCorrectnessJudge
+    from opro.llm import ChatClient
     from opro.metrics import Metric
     from opro.prompts import QATemplate
+    from opro.records import Recorded
     from opro.search.results import OptimizationResult
     from opro.search.study import SearchStudy
     from opro.tracking.sidecar import Sidecar
@@ -535,81 +538,18 @@ def judge_scorer(judge: Metric, *, name: str | None = None) -> Any:
     return scorer(score, name=label)
 
 
-_MLFLOW_VERDICT_SCHEMA = {
-    "additionalProperties": False,
-    "properties": {"rationale": {"type": "string"}, "result": {"enum": ["yes", "no"], "type": "string"}},
-    "required": ["rationale", "result"],
-    "type": "object",
-}
+def mlflow_correctness_judge(client: ChatClient) -> MlflowCorrectnessJudge:
+    """MLflow's built-in correctness judge (:class:`opro.judges.MlflowCorrectnessJudge`) on ``client``,
+    asking with the installed MLflow's own prompt text."""
+    from opro.judges.factory import build_mlflow_correctness
+
+    return build_mlflow_correctness(client, prompt=_mlflow_correctness_prompt)
 
 
-class MlflowCorrectnessJudge:
-    """MLflow's built-in correctness judge (``mlflow.genai.judges.is_correct``) as an opro judge.
+def _mlflow_correctness_prompt(*, request: str, response: str, expected_response: str) -> str:
+    from mlflow.genai.judges.prompts.correctness import get_prompt
 
-    Its prompt (MLflow's own text, read from the installed MLflow) asks whether the reference answer's
-    facts are supported by the answer, and the verdict is yes / no with a rationale. opro reads it as
-    5 (yes) or 1 (no) on its 1-5 scale, ``passing`` = yes, so ``opro judge agreement`` can set it
-    beside opro's correctness judge (compare pass / fail agreement; a binary judge cannot agree
-    exactly with a 1-5 one on 2, 3 or 4).
-
-    The call goes through an opro :class:`~opro.llm.ChatClient` (any configured OpenAI-compatible
-    endpoint or embedded model, with opro's cache, retries and key handling) rather than MLflow's
-    LiteLLM path, which takes no base URL for a self-hosted server and would reach the network.
-    """
-
-    name = "mlflow_correctness"
-
-    def __init__(self, llm: Any, *, max_tokens: int = 256, structured: bool = True) -> None:
-        self.llm = llm
-        self.max_tokens = max_tokens
-        self.structured = structured
-
-    def _options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"temperature": 0.0, "max_tokens": self.max_tokens}
-        if self.structured and self.llm.llm.supports_json_schema:
-            options["json_schema"] = _MLFLOW_VERDICT_SCHEMA
-        return options
-
-    def messages(self, *, query: str, answer: str, reference: str | None) -> tuple[Any, ...]:
-        from mlflow.genai.judges.prompts.correctness import get_prompt
-
-        from opro.llm import Message
-
-        return (Message("user", get_prompt(request=query, response=answer, expected_response=reference or "")),)
-
-    def evaluate(self, *, query: str, answer: str, reference: str | None) -> Any:
-        from opro.metrics import MetricResult
-
-        messages = self.messages(query=query, answer=answer, reference=reference)
-        completion = self.llm.complete(messages, **self._options())
-        verdict, rationale = parse_yes_no_verdict(completion.text)
-        if verdict is None:
-            self.llm.forget(messages, **self._options())  # an unreadable reply is asked again on rerun
-            return MetricResult.invalid_result(self.name, f"no yes/no result in reply: {completion.text.strip()[:160]!r}",
-                                               feedback=completion.text.strip())
-        return MetricResult(self.name, 5.0 if verdict else 1.0, verdict, rationale)
-
-    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> Any:
-        """The :class:`~opro.metrics.Metric` entry point (contexts are not part of MLflow's correctness prompt)."""
-        return self.evaluate(query=query, answer=answer, reference=reference)
-
-
-_RESULT_RE = re.compile(r'"result"\s*:\s*"\s*(yes|no)\s*"', re.I)
-
-
-def parse_yes_no_verdict(text: str) -> tuple[bool | None, str]:
-    """``(True/False, rationale)`` from MLflow's ``{"rationale": ..., "result": "yes|no"}`` reply; None if absent."""
-    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError:
-        data = None
-    if isinstance(data, dict) and str(data.get("result", "")).strip().lower() in ("yes", "no"):
-        return str(data["result"]).strip().lower() == "yes", str(data.get("rationale", ""))
-    found = {m.group(1).lower() for m in _RESULT_RE.finditer(text)}
-    if len(found) == 1:
-        return found.pop() == "yes", text.strip()
-    return None, text.strip()
+    return str(get_prompt(request=request, response=response, expected_response=expected_response))
 
 
 # -- the three places opro records evaluations -------------------------------------------------
@@ -669,9 +609,10 @@ def log_comparison_evaluations(
     experiment: Workbench,
     name: str,
     tracking_uri: str | None = None,
-    comparison_run_id: str | None = None,
+    recorded: Sequence[Recorded] = (),
 ) -> GenAIRecord:
-    """One evaluation run per compared prompt, so MLflow's evaluation-run comparison pairs them by question."""
+    """One evaluation run per compared prompt, so MLflow's evaluation-run comparison pairs them by question;
+    each is tagged with the comparison's own MLflow run, where ``recorded`` has one."""
     from opro.prompts import QATemplate
 
     evaluations = [
@@ -684,7 +625,7 @@ def log_comparison_evaluations(
         for i, p in enumerate(report.prompts)
     ]
     tags = {"opro.comparison": name}
-    if comparison_run_id:
+    if comparison_run_id := mlflow_run_of(recorded):
         tags["opro.comparison_run_id"] = comparison_run_id
     return genai_logger(experiment, tracking_uri=tracking_uri).log_evaluations(
         evaluations, dataset=experiment.dataset, split=report.split, source="compare",
@@ -1077,7 +1018,6 @@ __all__ = [
     "EvaluationRunRecord",
     "GenAILogger",
     "GenAIRecord",
-    "MlflowCorrectnessJudge",
     "PromptEvaluation",
     "ValidationTraces",
     "dataset_name",
@@ -1085,5 +1025,5 @@ __all__ = [
     "judge_scorer",
     "log_comparison_evaluations",
     "log_validation_evaluations",
-    "parse_yes_no_verdict",
+    "mlflow_correctness_judge",
 ]
