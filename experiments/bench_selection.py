@@ -125,7 +125,38 @@ def _score(level: float) -> float:
     return float(min(5, max(1, round(level))))
 
 
-Kind = Literal["rounded", "realistic"]
+Kind = Literal["rounded", "realistic", "measured"]
+
+#: ``--world measured`` (the cost worlds, (d)): the judge as measured on the embedded stack, not assumed.
+#: The 11 equal-quality contrasts in docs/benchmarks.md (bench_headroom's 10 on 40 held-out AlexNet
+#: questions, both task models, every interval holding 0; the cost finalist's held-out compare on 20) have
+#: paired-difference sds of 0.43 to 0.85, from each 95% interval's half-width h: sd = h sqrt(n) / t(n-1).
+#: Their median is the world's default (``--paired-sd``); 0.85, the largest, is its harsh end. Their
+#: ties (identical verdicts) are 3-14 of 40, median 15%. Scores are continuous (the logit judge's expected
+#: score) and questions differ by about a point, so the spread of one prompt's scores stays about 1.1
+#: while the pairing removes most of it: the rounded world puts 0.9 of it in per-call noise instead.
+MEASURED_SDS = (0.67, 0.44, 0.69, 0.83, 0.63, 0.47, 0.66, 0.70, 0.85, 0.53, 0.43)
+MEASURED_LEVEL, MEASURED_LEVEL_SD, MEASURED_TIES = 3.3, 1.0, 0.15
+
+
+def measured_pairs(rng: np.random.Generator, n: int, *, shift: float, noise_sd: float) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` (initial, other) score pairs of the measured world: a tie share scored identically, the rest
+    with independent judge noise and the other configuration ``shift`` points off (before clipping)."""
+    level = MEASURED_LEVEL + rng.normal(0, MEASURED_LEVEL_SD, n)
+    same = rng.random(n) < MEASURED_TIES
+    a = level + rng.normal(0, noise_sd, n)
+    b = np.where(same, a, level + shift + rng.normal(0, noise_sd, n))
+    return np.clip(a, 1, 5), np.clip(b, 1, 5)
+
+
+def noise_for(paired_sd: float) -> float:
+    """The per-answer judge noise whose paired differences (at equal quality) have sd ``paired_sd``."""
+    lo, hi = 0.01, 3.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        a, b = measured_pairs(np.random.default_rng(7), 200_000, shift=0.0, noise_sd=mid)
+        lo, hi = (mid, hi) if float(np.std(b - a)) < paired_sd else (lo, mid)
+    return (lo + hi) / 2
 
 
 def true_mean(effect: float, n: int = 200_000, *, world: Kind = "rounded", initial: bool = False) -> float:
@@ -224,14 +255,29 @@ def _padded(instruction: str) -> str:
 
 
 class CheaperWorld(World):
-    """Every proposal is cheaper (shorter answers) and shifted in quality by ``effect``."""
+    """Every proposal is cheaper (shorter answers) and shifted in quality by ``effect``; ``kind``
+    ``measured`` scores as :func:`measured_pairs` does, with per-answer noise ``noise_sd``."""
 
-    def __init__(self, seed: int, *, effect: float) -> None:
-        super().__init__(seed)
+    def __init__(self, seed: int, *, effect: float, kind: Kind = "rounded", noise_sd: float = 0.0) -> None:
+        super().__init__(seed, kind=kind)
         self.shift = effect
+        self.noise_sd = noise_sd
 
     def effect(self, instruction: str) -> float:
         return 0.0 if instruction.startswith(INITIAL) else self.shift
+
+    def judge(self, messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        if self.kind != "measured":
+            return super().judge(messages, options)
+        text = messages[-1].content
+        answer = text.split("Answer: ", 1)[1].split("\nReference:")[0]
+        question = text.split("Question: ", 1)[1].split("\n")[0]
+        level = MEASURED_LEVEL + MEASURED_LEVEL_SD * _normal(self.seed, "q", question)
+        if _uniform(self.seed, "same", question) < MEASURED_TIES or answer.startswith(INITIAL):
+            # A tie: the same verdict as the initial answer's (which this is, or is judged alike).
+            return f"{min(5.0, max(1.0, level + self.noise_sd * _normal(self.seed, 'n', question, INITIAL))):.4f}"
+        noise = self.noise_sd * _normal(self.seed, "n", question, answer)
+        return f"{min(5.0, max(1.0, level + self.effect(answer) + noise)):.4f}"
 
 
 def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: int, folder: Path,
@@ -366,12 +412,18 @@ def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dic
     return rows
 
 
-def effect_for(difference: float) -> float:
-    """The shift (judge points before rounding) whose mean judge score differs by ``difference``."""
+def effect_for(difference: float, *, world: Kind = "rounded", noise_sd: float = 0.0) -> float:
+    """The shift (judge points before rounding or clipping) whose mean judge score differs by ``difference``."""
+    def gap(shift: float) -> float:
+        if world == "measured":
+            a, b = measured_pairs(np.random.default_rng(11), 200_000, shift=shift, noise_sd=noise_sd)
+            return float(b.mean() - a.mean())
+        return true_mean(shift, n=50_000) - base
+
     base, lo, hi = true_mean(0.0, n=50_000), difference * 2 - 0.5, 0.0
     for _ in range(30):
         mid = (lo + hi) / 2
-        if true_mean(mid, n=50_000) - base < difference:
+        if gap(mid) < difference:
             lo = mid
         else:
             hi = mid
@@ -379,23 +431,26 @@ def effect_for(difference: float) -> float:
 
 
 def cost_power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dict[str, Any],
-               n_unused: int = 0) -> list[dict[str, Any]]:
+               n_unused: int = 0, world: Kind = "rounded", paired_sd: float = float(np.median(MEASURED_SDS)),
+               ) -> list[dict[str, Any]]:
     """(d): the cost objective in a world where the cheaper proposals are truly equal, and in one
-    where they are truly worse by the margin."""
+    where they are truly worse by the margin; ``world`` ``measured``: with paired sd ``paired_sd``."""
     design = {"objective": "cost", "margin": 0.25, **design}
+    noise_sd = noise_for(paired_sd) if world == "measured" else 0.0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, difference in (("equal", 0.0), ("worse by the margin", -float(design["margin"]))):
             started = time.perf_counter()
-            shift = effect_for(difference) if difference else 0.0
+            shift = effect_for(difference, world=world, noise_sd=noise_sd) if difference else 0.0
             folder = Path(tmp) / name.replace(" ", "-")
             folder.mkdir()
-            runs = [run_once(CheaperWorld(s, effect=shift), rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k,
+            runs = [run_once(CheaperWorld(s, effect=shift, kind=world, noise_sd=noise_sd), rule="new", n_opt=n_opt, n_val=n_val, steps=steps, k=k,
                              folder=folder, design=design, n_unused=n_unused) for s in range(seeds)]
             returned = [r["returned"] for r in runs]
             savings = [r["saving"] for r in runs if r["returned"] and r["saving"] is not None]
             rows.append({
-                "world": name, "difference": difference, "shift": shift, "seeds": seeds,
+                "world": name, "kind": world, "paired_sd": paired_sd if world == "measured" else None,
+                "difference": difference, "shift": shift, "seeds": seeds,
                 "p_returned": float(np.mean(returned)),
                 "p_returned_se": float(np.std(returned, ddof=1) / math.sqrt(len(returned))) if len(returned) > 1 else math.nan,
                 "saving": float(np.mean(savings)) if savings else math.nan,
@@ -407,7 +462,10 @@ def cost_power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design
 
 def print_cost(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: int, n_val: int, steps: int, k: int,
                n_unused: int = 0) -> None:
-    print(f"(d) cost objective: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation "
+    world = rows[0]["kind"] if rows else "rounded"
+    judge = (f"measured judge (paired sd {rows[0]['paired_sd']:.2f} at equal quality, {MEASURED_TIES:.0%} ties)"
+             if world == "measured" else f"{world} judge")
+    print(f"(d) cost objective, {judge}: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation "
           f"questions, {n_unused} unused to extend into, design {design}; every proposal's answers are "
           f"{SHORT_ANSWER} filler words instead of {LONG_ANSWER}")
     print("| world (true mean-score difference) | seeds | P(cheaper one returned, with a non-inferiority claim) "
@@ -592,8 +650,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
     ap.add_argument("--unused", type=int, default=20,
                     help="questions in no split that the validation may extend into ([optimizer].validation_extension)")
-    ap.add_argument("--world", choices=("rounded", "realistic"), default="rounded",
-                    help="(c), (e): the judge's world (see the module docstring)")
+    ap.add_argument("--world", choices=("rounded", "realistic", "measured"), default="rounded",
+                    help="(c), (e): the judge's world; (d): rounded or measured (see the module docstring)")
+    ap.add_argument("--paired-sd", type=float, default=float(np.median(MEASURED_SDS)),
+                    help="(d), --world measured: the paired differences' sd at equal quality (default: the median measured)")
     ap.add_argument("--coverage", action="store_true", help="(e): the claimed gain's interval at fixed true gains")
     ap.add_argument("--claims", type=int, default=200, help="(e): claims to collect per effect")
     ap.add_argument("--max-runs", type=int, default=100_000, help="(e): runs at most per effect")
@@ -603,10 +663,13 @@ def main(argv: list[str] | None = None) -> int:
         print_run(args.run_dir)
         return 0
     effects = [float(e) for e in args.effects.split(",")]
+    if args.world == "measured" and not args.cost:
+        ap.error("--world measured is a world of the cost objective: add --cost")
     if args.cost:
         design = {"objective": "cost", "margin": 0.25, **json.loads(args.design)}
         crows = cost_power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
-                           k=args.candidates, design=design, n_unused=args.unused)
+                           k=args.candidates, design=design, n_unused=args.unused, world=args.world,
+                           paired_sd=args.paired_sd)
         print_cost(crows, design=design, n_opt=args.optimization, n_val=args.validation, steps=args.steps,
                    k=args.candidates, n_unused=args.unused)
         return 0
