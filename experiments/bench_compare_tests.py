@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from opro.compare import RESOLUTION, SCALE
+from opro.comparison import RESOLUTION, SCALE
 from opro.stats import bootstrap_mean_ci, paired_t_ci, permutation_test, t_mean_ci, wilcoxon_signed_rank
 
 World = Literal["rounded", "realistic"]

@@ -35,7 +35,7 @@ from opro.llm import ChatClient
 from opro.search.exemplars import ExemplarStrategy
 
 if TYPE_CHECKING:
-    from opro.compare import ComparisonReport
+    from opro.comparison import ComparisonReport
 
 logger = logging.getLogger(__name__)
 

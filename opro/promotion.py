@@ -1,6 +1,6 @@
 """Promotion: move a Prompt Registry alias to a compared prompt only on held-out evidence.
 
-:func:`promote` reads a :class:`~opro.compare.ComparisonReport`: a held-out comparison whose guard
+:func:`promote` reads a :class:`~opro.comparison.ComparisonReport`: a held-out comparison whose guard
 passed, enough validly scored questions, and a significant gain (or, under a margin, non-inferiority
 and a lower cost). The winner is registered through the registry exporter
 (:func:`opro.export.export_prompt` with ``format="mlflow"``) and tagged with its held-out figures
@@ -21,7 +21,7 @@ from opro.errors import ConfigError
 from opro.rundir import RunDir
 
 if TYPE_CHECKING:
-    from opro.compare import ComparisonReport, PromptScores, VersusBaseline
+    from opro.comparison import ComparisonReport, PromptScores, VersusBaseline
     from opro.workbench import Workbench
 
 

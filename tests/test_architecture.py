@@ -125,7 +125,7 @@ FLOORS: dict[str, int] = {
                      "opro.corpus", "opro.judges", "opro.metrics", "opro.withheld"), 2),
     **dict.fromkeys(("opro.engine", "opro.evaluation_types", "opro.workbench"), 3),
     **dict.fromkeys(("opro.search", "opro.evaluation"), 3.5),
-    **dict.fromkeys(("opro.recorders", "opro.tracking", "opro.compare", "opro.guard", "opro.promotion",
+    **dict.fromkeys(("opro.recorders", "opro.tracking", "opro.compare", "opro.comparison", "opro.guard", "opro.promotion",
                      "opro.export", "opro.calibration", "opro.sources", "opro.integrations", "opro.agreement",
                      "opro.plan"), 4),
     "opro.experiment": 5,

@@ -9,7 +9,7 @@ import pytest
 import scipy.stats
 from scipy.stats import rankdata
 
-from opro.compare import RESOLUTION, SCALE
+from opro.comparison import RESOLUTION, SCALE
 from opro.errors import DataError
 from opro.stats import (
     bootstrap_mean_ci,

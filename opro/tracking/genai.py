@@ -592,7 +592,7 @@ class ComparedPrompt(Protocol):
 
 
 class Comparison(Protocol):
-    """What :func:`log_comparison_evaluations` reads from a :class:`opro.compare.ComparisonReport`. Named
+    """What :func:`log_comparison_evaluations` reads from a :class:`opro.comparison.ComparisonReport`. Named
     here, not imported: compare calls this module to record its report, so the import goes one way."""
 
     @property
