@@ -288,3 +288,54 @@ def test_the_commands_probe_fold_the_verdict_into_the_plan_and_optimize_prints_i
     # (The run itself is then refused by the decision ledger: these validation questions already decided.)
     stale = runner.invoke(app, ["optimize", str(config), "--no-progress", "--fresh"])
     assert "probe: the stored probe" in stale.output and "made with other settings" in stale.output
+
+
+PARAGRAPHS = (
+    "AlexNet won the ImageNet challenge in 2012 with a top-5 error far below the runner-up.",
+    "The network used ReLU activations and dropout regularization to train faster and overfit less.",
+    "Training was split across two GPUs because one card had too little memory for the model.",
+    "Its architecture stacks five convolutional layers and three fully connected layers.",
+)
+KEYWORDS_OF = ("ImageNet challenge", "ReLU activations", "two GPUs", "convolutional layers")
+ABSENT = "Zebras migrate across the savanna every spring following the rains and fresh grass."
+
+
+def _contexts_config(tmp_path: Path) -> OproConfig:
+    """Questions with reference contexts: every fifth one's passage is not in the corpus."""
+    rows = [{"question": f"What about the {KEYWORDS_OF[i % 4]} (fact {i})?", "answer": f"Answer {i}.",
+             "contexts": [ABSENT if i % 5 == 0 else PARAGRAPHS[i % 4]]} for i in range(40)]
+    data = experiment_config(tmp_path, questions=40, doc="\n\n".join(PARAGRAPHS) + "\n",
+                             optimizer={"validation_extension": 5},
+                             search={"space": {"top_k": [1, 3]}})
+    (tmp_path / "qa_contexts.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    data["data"].update({"dataset": str(tmp_path / "qa_contexts.jsonl"), "contexts_field": "contexts",
+                         "split": {"exemplar": 3, "optimization": 3, "validation": 6, "heldout": 8, "seed": 1}})
+    return config_from_dict(data, base_dir=tmp_path, source="t.toml")
+
+
+def long_unless_told(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    """Three sentences, or one when the instruction asks for one: a task model that follows it."""
+    if "one sentence" in messages[-1].content:
+        return "Using the context: yes."
+    return "Using the context: yes. It says so plainly. Nothing else is needed here."
+
+
+def test_retrieval_recall_and_instruction_following_are_measured(tmp_path: Path) -> None:
+    result = _probe(_contexts_config(tmp_path), _pool(long_unless_told), questions=15)
+    exp = Experiment(_contexts_config(tmp_path), pool=_pool(long_unless_told), progress=False)
+    try:
+        pilot = {e.query: e for e in exp.dataset.examples}
+    finally:
+        exp.close()
+    absent = sum(pilot[q].reference_contexts == (ABSENT,) for q in result.questions)
+    assert 0 < absent < 15 and result.task.recall_n == 15
+    assert set(result.task.recall) == {1, 2, 3}
+    assert result.task.recall[2] == result.task.recall[3] == pytest.approx((15 - absent) / 15)
+    assert result.task.mean_retrieved is not None and result.task.mean_missed is not None
+    assert "wording cannot fix a passage never retrieved" in "\n".join(result.lines())
+    assert result.task.follows is True and "follows its instruction" in result.task.following
+    fmt = next(e for e in result.effects if e.label == "one sentence")
+    assert fmt.answer_words is not None and result.initial.answer_words is not None
+    assert fmt.answer_words < result.initial.answer_words and fmt.one_sentence == 1.0
+    ignored = _probe(_contexts_config(tmp_path / "ignored"), _pool(demos_help), questions=8)
+    assert ignored.task.follows is None and ignored.task.following.startswith("cannot tell: the initial answers are")
