@@ -141,7 +141,12 @@ class Effect:
     def interval(self) -> str:
         if self.difference is None or self.low is None or self.high is None:
             return ""
-        return f"{self.difference:+.2f} [{self.low:+.2f}, {self.high:+.2f}]"
+        return f"{_signed(self.difference)} [{_signed(self.low)}, {_signed(self.high)}]"
+
+
+def _signed(x: float) -> str:
+    """``+0.41``; a value that rounds to zero is ``+0.00``, never ``-0.00``."""
+    return f"{round(x, 2) + 0.0:+.2f}"
 
 
 def dimension_contrasts(initial: QATemplate, space: SearchSpace | None) -> list[Contrast]:
@@ -725,18 +730,18 @@ def questions_for(plan: Plan, *, contrasts: int, available: int, alpha: float) -
     budget = PROBE_SHARE * _search_calls(plan) - (1 + N_PROPOSALS)
     n = int(budget // (2 * (1 + contrasts)))
     least = min_questions(alpha, sides=2)
-    note = ""
+    notes = []
     if n < least:
-        note = (f"{least} questions, the fewest with which a paired test can reach alpha {alpha:g}, though "
-                f"they cost more than {PROBE_SHARE:.0%} of this small search")
+        notes.append(f"{least} questions, the fewest with which a paired test can reach alpha {alpha:g}, cost more "
+                     f"than {PROBE_SHARE:.0%} of this small search")
         n = least
-    if n > available or available < least:
-        note = (f"only {available} pilot questions exist (give the dataset more questions, or lower "
-                "[optimizer].validation_extension)" + ("" if available >= least else
-                                                       f": fewer than the {least} a paired test needs, so "
-                                                       "every effect stays undecided"))
-        n = min(n, available)
-    return n, note
+    if n > available:
+        notes.append(f"only {available} pilot questions exist (give the dataset more questions, or lower "
+                     "[optimizer].validation_extension)" + ("" if available >= least else
+                                                            f": fewer than the {least} a paired test needs, so "
+                                                            "every effect stays undecided"))
+        n = available
+    return n, "; ".join(notes)
 
 
 def probe(experiment: Experiment, *, questions: int | None = None, progress: bool | None = None) -> ProbeResult:
@@ -748,7 +753,6 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     from opro.sequential import design_power
     from opro.withheld import NOT_IN_CONTEXT
 
-    started = time.perf_counter()
     exp, cfg = experiment, experiment.config
     shows = exp.progress if progress is None else progress
     o = cfg.optimizer
@@ -756,6 +760,7 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     pool, n_optimization = pilot_pool(exp)
     _ = exp.search_space  # the demonstration pool (bootstrapped: answered and judged) before counting
     before = exp.usage.as_dict()
+    started = time.perf_counter()  # the probe's own time: not the dataset's generation, nor the plan
     initial_text = cfg.rag.initial_instructions[0]
     initial = exp.template(initial_text)
     contrasts = [Contrast("no instruction", initial.with_instruction(""), "wording", "")]
