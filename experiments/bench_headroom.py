@@ -23,8 +23,11 @@ from the corpus: their reference says so and the judge scores them by that requi
 Held-out questions: the config's held-out split, then the questions in no split that a validation
 extension does not reserve (``[optimizer].validation_extension``), up to ``--heldout``: none of them
 was seen by a search, chose a demo or was an exemplar. Each change is paired with the initial
-configuration by question: mean difference with its 95% paired bootstrap interval, win/tie/loss and
-the two-sided sign-flip permutation p-value (the test ``opro compare`` decides by).
+configuration by question: mean difference with its 95% interval (Student t on the 1-5 scale, as
+``opro compare`` and ``opro probe`` make it), win/tie/loss and the two-sided sign-flip permutation
+p-value (the test ``opro compare`` decides by). The measurement is ``opro probe``'s own
+(:func:`opro.headroom.measure_effects`); this script chooses the questions (held-out, not the probe's
+pilot) and the changes.
 
     python experiments/bench_headroom.py experiments/history_of_alexnet.toml --heldout 40
     python experiments/bench_headroom.py experiments/history_of_alexnet.toml --heldout 40 --task-model qwen2.5-coder-1.5b-instruct
@@ -47,13 +50,12 @@ from typing import Any
 
 from opro.config import OproConfig, load_config
 from opro.dataset import Example, GoldenDataset
-from opro.evaluation import evaluate_templates
 from opro.experiment import Experiment
+from opro.headroom import Contrast, measure_effects
 from opro.llm.pool import ModelPool
 from opro.prompts import Demo, QATemplate
 from opro.retrieval import Retriever
 from opro.search.space import reference_demos
-from opro.stats import compare_paired
 from opro.withheld import NOT_IN_CONTEXT
 
 
@@ -111,29 +113,26 @@ def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Seque
         configs = configurations(exp, demos=demos, top_ks=top_ks, demo_chars=demo_chars, instructions=instructions,
                                  chunk_sizes=chunk_sizes)
         started = time.perf_counter()
-        # One stream, question-major: a question's prompts are decoded together.
-        got = evaluate_templates(program=exp.program, templates=[t for _, t in configs], examples=questions,
-                                 judge=exp.judge, progress=progress)
-        reports = {label: r for (label, _), r in zip(configs, got, strict=True)}
+        # The probe's own measurement (opro.headroom): one stream, question-major, each change paired with
+        # the initial configuration.
+        (_, initial), *changes = configs
+        effects = measure_effects(program=exp.program, judge=exp.judge, initial=initial, questions=questions,
+                                  contrasts=[Contrast(label, t, "bench") for label, t in changes], progress=progress)
         wall_s = time.perf_counter() - started
-        base = [r.score for r in reports["initial"].rows]
         unanswerable = [e.reference_answer == NOT_IN_CONTEXT for e in questions]
         rows = []
-        for label, template in configs:
-            scores = [r.score for r in reports[label].rows]
-            pairs = [(a, b) for a, b in zip(scores, base, strict=True) if a is not None and b is not None]
-            c = compare_paired([a for a, _ in pairs], [b for _, b in pairs]) if label != "initial" else None
-            valid = [s for s in scores if s is not None]
+        for effect in effects:
+            scores = list(effect.scores)
             rows.append({
-                "configuration": label,
-                "instruction": template.instruction,
-                "demos": len(template.demos),
-                "mean": sum(valid) / len(valid) if valid else None,
-                "n": len(valid),
-                "difference": None if c is None else c.difference.estimate,
-                "ci": None if c is None else [c.difference.low, c.difference.high],
-                "win_tie_loss": None if c is None else str(c.win_tie_loss),
-                "p": None if c is None else c.permutation.p_value,
+                "configuration": effect.label,
+                "instruction": effect.instruction,
+                "demos": effect.demos,
+                "mean": effect.mean,
+                "n": sum(s is not None for s in scores),
+                "difference": effect.difference,
+                "ci": None if effect.difference is None else [effect.low, effect.high],
+                "win_tie_loss": effect.win_tie_loss,
+                "p": effect.p,
                 "scores": scores,
                 # With [data].not_in_context: the mean on the questions the corpus cannot answer, and on the rest.
                 **({"mean_not_in_context": _mean([s for s, u in zip(scores, unanswerable, strict=True) if u]),

@@ -13,6 +13,8 @@ the saved dataset, the newest comparison reports) are read here::
       dataset/                                          the split golden dataset every command uses
       compare/NAME/   evaluate/   export/   corpus/      later commands' outputs
       judge_calibration.json  judge_calibration/        `opro judge calibrate`
+      probe.json  probe.md                              `opro probe` (read back by `opro plan --probe`
+                                                        and `opro optimize`)
       promotions.json                                   this folder's `compare --promote` attempts (the
                                                         budget is kept in the decision ledger beside the
                                                         dataset: opro.ledger)
@@ -47,6 +49,8 @@ CORPUS_DIR = "corpus"
 CALIBRATION_FILE = "judge_calibration.json"
 CALIBRATION_DIR = "judge_calibration"
 PROMOTIONS_FILE = "promotions.json"
+PROBE_FILE = "probe.json"
+PROBE_REPORT = "probe.md"
 VALIDATION_ROWS_DIR = "validation_rows"
 
 #: What `opro optimize` writes at the top of the folder, in the order it is listed and logged.
@@ -126,6 +130,14 @@ class RunDir:
     @property
     def calibration_dir(self) -> Path:
         return self.root / CALIBRATION_DIR
+
+    @property
+    def probe(self) -> Path:
+        return self.root / PROBE_FILE
+
+    @property
+    def probe_report(self) -> Path:
+        return self.root / PROBE_REPORT
 
     @property
     def validation_rows(self) -> Path:
@@ -222,6 +234,8 @@ __all__ = [
     "CALIBRATION_DIR",
     "CALIBRATION_FILE",
     "OPTIMIZE_OUTPUTS",
+    "PROBE_FILE",
+    "PROBE_REPORT",
     "PROMOTIONS_FILE",
     "SPLIT_RECORD_FILE",
     "SUMMARY_FILE",

@@ -128,7 +128,7 @@ FLOORS: dict[str, int] = {
     **dict.fromkeys(("opro.recorders", "opro.tracking", "opro.compare", "opro.comparison", "opro.guard", "opro.promotion",
                      "opro.export", "opro.calibration", "opro.sources", "opro.integrations", "opro.agreement",
                      "opro.plan"), 4),
-    "opro.experiment": 5,
+    **dict.fromkeys(("opro.experiment", "opro.headroom"), 5),
     "opro.cli": 6,
 }
 #: ``opro/__init__.py`` is the public facade: it re-exports from every floor and nothing imports it.

@@ -1,0 +1,1008 @@
+"""Where is the headroom? ``opro probe``: before a search, each dimension alone, paired against the
+initial configuration on a small pilot, and what limits the task, the judge and the proposer.
+
+A search can only find a gain along a dimension that moves the judge's score, on a task that is not
+already at the ceiling, with a judge that can see the difference and an optimizer LLM that writes
+usable instructions. The probe measures each of them, in a fraction of a search's calls:
+
+- **Effects** (:func:`measure_effects`, shared with ``experiments/bench_headroom.py``): the initial
+  configuration and each change alone on the same questions: no instruction; one markedly different
+  instruction from the optimizer LLM; one format instruction ("Answer in one sentence.", appended),
+  whose effect on the answers' length says whether the task model follows instructions; the extremes
+  of every open ``[search.space]`` dimension. Each has its paired mean difference with a 95% interval
+  (Student t, as ``opro compare`` makes them), win/tie/loss, the sign-flip p-value, the answers' mean
+  length and cost.
+- **The task**: the initial configuration's scores on the pilot (share at the ceiling, >= 4.5, and at
+  the floor, <= 1.5), and retrieval recall@k against the reference contexts where the dataset has them.
+- **The judge**: ``opro judge calibrate``'s stored conditions, if it ran; the paired noise on the pilot;
+  the smallest difference the plan's split sizes confirm.
+- **The proposer**: three proposals from the optimizer LLM, each checked for being usable.
+- **A verdict** per contrast and one recommendation (:func:`verdict_of`, :func:`recommend`).
+
+Pilot questions: the optimization split, then the questions in no split that a validation extension
+does not reserve; never validation, held-out or exemplar ones. By default as many as keep the probe's
+calls within a fifth of the plan's search calls (:data:`PROBE_SHARE`), and never fewer than a
+two-sided sign-flip test needs to reach alpha. Every call goes through the experiment's call cache,
+so a rerun asks nothing and a later search reuses the initial configuration's answers on the
+optimization questions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from opro.errors import DataError
+from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
+from opro.rundir import RunDir
+from opro.stats import compare_paired
+
+if TYPE_CHECKING:
+    from opro.cost import CostModel
+    from opro.evaluation_types import EvaluationReport, Judge, Program
+    from opro.experiment import Experiment
+    from opro.plan import Plan
+    from opro.prompts import QATemplate
+    from opro.search.space import SearchSpace
+
+#: The probe's calls, at most this share of the plan's search calls (search and expected validation).
+PROBE_SHARE = 0.2
+#: A score at or above this is at the ceiling of the 1-5 judge; at or below FLOOR, at its floor.
+CEILING = 4.5
+FLOOR = 1.5
+#: A contrast whose whole 95% interval lies within +-this is inert.
+INERT_WITHIN = 0.2
+#: The format instruction, appended to the initial one: does the answer length follow it?
+FORMAT_INSTRUCTION = "Answer in one sentence."
+#: Proposals asked of the optimizer LLM; at least this share unusable flags it.
+N_PROPOSALS = 3
+GARBAGE_SHARE = 0.5
+#: The judge's scale and step, as ``opro compare`` makes its intervals.
+SCALE = (1.0, 5.0)
+RESOLUTION = 1.0
+
+CONTRAST_PROMPT = """\
+A question-answering assistant answers questions from retrieved context. Its current instruction is:
+
+{initial}
+
+Write one instruction for the same task that is markedly different from the current one: for example, \
+it asks for answers of another length or style, or to use the context in another way. Keep it to one or \
+two sentences. {answer_format}"""
+
+_ANSWER_FORMATS = {
+    "ins": "Reply with the new instruction only, between <INS> and </INS>.",
+    "brackets": "Write only the new instruction between square brackets, like [your instruction].",
+}
+
+VerdictKind = Literal["baseline", "moves", "hurts", "inert", "undecided"]
+
+
+# -- what is contrasted, and its effect -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One change of the initial configuration: ``dimension`` is ``wording`` (no instruction, another
+    one), ``format`` (the format instruction) or a ``[search.space]`` dimension, at ``value``."""
+
+    label: str
+    template: QATemplate
+    dimension: str
+    value: int | str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: VerdictKind
+    text: str
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A configuration's scores on the questions, and against the initial configuration (``None`` for
+    the initial configuration itself): paired difference with its 95% interval, W/T/L, sign-flip p."""
+
+    label: str
+    dimension: str
+    value: int | str | None
+    instruction: str
+    demos: int
+    settings: Mapping[str, int]
+    n: int
+    mean: float | None
+    scores: tuple[float | None, ...]
+    difference: float | None = None
+    low: float | None = None
+    high: float | None = None
+    p: float | None = None
+    win_tie_loss: str | None = None
+    #: Standard deviation of the per-question differences (None below 2 pairs).
+    sd: float | None = None
+    #: Mean words per answer, and the share of answers that are one sentence.
+    answer_words: float | None = None
+    one_sentence: float | None = None
+    #: Mean cost per answered question (:meth:`opro.cost.CostModel.summarize`) and its unit.
+    cost: float | None = None
+    cost_unit: str = "tokens"
+    verdict: Verdict | None = None
+
+    @property
+    def interval(self) -> str:
+        if self.difference is None or self.low is None or self.high is None:
+            return ""
+        return f"{_signed(self.difference)} [{_signed(self.low)}, {_signed(self.high)}]"
+
+
+def _signed(x: float) -> str:
+    """``+0.41``; a value that rounds to zero is ``+0.00``, never ``-0.00``."""
+    return f"{round(x, 2) + 0.0:+.2f}"
+
+
+def dimension_contrasts(initial: QATemplate, space: SearchSpace | None) -> list[Contrast]:
+    """The extremes of every open dimension of ``space`` (its smallest and largest choice other than the
+    initial value), each as the search would configure it (:meth:`SearchSpace.configure`)."""
+    if space is None:
+        return []
+    out = []
+    for name, choices in space.choices.items():
+        others = [v for v in choices if v != space.initial[name]]
+        for value in sorted({min(others), max(others)} if others else set()):
+            out.append(Contrast(f"{name} {value}", space.configure(initial, {name: value}), name, value))
+    return out
+
+
+_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
+
+
+def sentences(text: str) -> int:
+    """Sentences in an answer (ends of sentence, at least one for a non-empty answer)."""
+    stripped = text.strip()
+    return max(1, len(_SENTENCE_END.findall(stripped))) if stripped else 0
+
+
+def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float | None], *,
+            cost: CostModel | None) -> Effect:
+    scores = tuple(r.score if r.scored else None for r in report.rows)
+    valid = [s for s in scores if s is not None]
+    answered = [r for r in report.rows if r.error is None]
+    summary = cost.summarize(report.rows) if cost is not None else None
+    t = contrast.template
+    out = Effect(
+        label=contrast.label, dimension=contrast.dimension, value=contrast.value, instruction=t.instruction,
+        demos=len(t.demos), settings=t.settings, n=len(valid), mean=statistics.fmean(valid) if valid else None,
+        scores=scores,
+        answer_words=statistics.fmean(len(r.answer.split()) for r in answered) if answered else None,
+        one_sentence=statistics.fmean(sentences(r.answer) <= 1 for r in answered) if answered else None,
+        cost=None if summary is None else summary.cost, cost_unit="tokens" if summary is None else summary.unit,
+    )
+    if contrast.dimension == "initial":
+        return out
+    pairs = [(a, b) for a, b in zip(scores, base, strict=True) if a is not None and b is not None]
+    if not pairs:
+        return dataclasses.replace(out, n=0)
+    c = compare_paired([a for a, _ in pairs], [b for _, b in pairs], scale=SCALE, resolution=RESOLUTION)
+    diffs = [a - b for a, b in pairs]
+    return dataclasses.replace(
+        out, n=len(pairs), difference=c.difference.estimate, low=c.difference.low, high=c.difference.high,
+        p=c.permutation.p_value, win_tie_loss=str(c.win_tie_loss),
+        sd=statistics.stdev(diffs) if len(diffs) >= 2 else None,
+    )
+
+
+def measure_effects(
+    *,
+    program: Program,
+    judge: Judge,
+    initial: QATemplate,
+    contrasts: Sequence[Contrast],
+    questions: Sequence[Any],
+    cost: CostModel | None = None,
+    progress: bool = True,
+) -> tuple[Effect, ...]:
+    """The initial configuration and each contrast on ``questions``, answered and judged in one stream
+    (question-major: a question's prompts are decoded together), each contrast paired with the initial
+    configuration by question. The first effect is the initial configuration's (no difference)."""
+    from opro.evaluation import evaluate_templates
+
+    every = [Contrast("initial", initial, "initial"), *contrasts]
+    reports = evaluate_templates(program=program, templates=[c.template for c in every], examples=questions,
+                                 judge=judge, progress=progress)
+    base = tuple(r.score if r.scored else None for r in reports[0].rows)
+    return tuple(_effect(c, r, base, cost=cost) for c, r in zip(every, reports, strict=True))
+
+
+def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable: float | None = None) -> Verdict:
+    """What a contrast's interval says:
+
+    - ``moves``: the 95% interval lies above 0 ("moves the score: +0.41 [+0.12, +0.70]");
+    - ``hurts``: it lies below 0;
+    - ``inert``: it lies within +-``inert_within`` ("inert here"), or within +-``detectable``, the
+      smallest gain the plan's validation stage confirms ("inert at the search's resolution": a search
+      could not confirm a change of this size even if it found one);
+    - ``undecided``: none of these (the interval is too wide at this many questions).
+    """
+    if effect.dimension == "initial":
+        return Verdict("baseline", "the initial configuration")
+    if effect.difference is None or effect.low is None or effect.high is None or effect.n < 2:
+        return Verdict("undecided", f"undecided: {effect.n} scored pair(s)")
+    lo, hi, shown = effect.low, effect.high, effect.interval
+    if lo > 0:
+        small = detectable is not None and hi < detectable
+        return Verdict("moves", f"moves the score: {shown}"
+                       + (f", less than the search can confirm ({detectable:+.2f})" if small else ""))
+    if hi < 0:
+        return Verdict("hurts", f"hurts: {shown}")
+    if -inert_within <= lo and hi <= inert_within:
+        return Verdict("inert", f"inert here: within ±{inert_within:g} ({shown})")
+    if detectable is not None and -detectable <= lo and hi <= detectable:
+        return Verdict("inert", f"inert at the search's resolution: within ±{detectable:.2f}, the smallest "
+                                f"gain the validation stage confirms ({shown})")
+    return Verdict("undecided", f"undecided at {effect.n} questions: {shown}")
+
+
+# -- the proposer's limits ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProposalCheck:
+    """One reply of the optimizer LLM: the instruction read from it, and whether it is usable."""
+
+    instruction: str
+    usable: bool
+    reason: str = ""
+
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9'’-]*|\d[\d.,]*\d|\d")
+#: A number is specific to a question from two digits on ("2012", "60"); "1" or "3" is anyone's.
+_SPECIFIC_NUMBER = re.compile(r"\d[\d.,]*\d")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text)
+
+
+def _specifics(questions: Sequence[str], *, known: str) -> dict[str, str]:
+    """Names and numbers that belong to one question only (capitalized words past a question's first
+    word, and numbers), not in ``known`` (the initial instruction and the template): specific -> question."""
+    known_words = {w.casefold() for w in _words(known)}
+    seen: dict[str, set[int]] = {}
+    for i, q in enumerate(questions):
+        for j, w in enumerate(_words(q)):
+            specific = _SPECIFIC_NUMBER.fullmatch(w) if w[0].isdigit() else j > 0 and w[0].isupper()
+            if specific and w.casefold() not in known_words:
+                seen.setdefault(w, set()).add(i)
+    return {w: questions[next(iter(idx))] for w, idx in seen.items() if len(idx) == 1}
+
+
+def _copied(instruction: str, questions: Sequence[str], *, n: int = 5) -> str | None:
+    """A run of ``n`` words of a question that the instruction repeats, or None."""
+    words = [w.casefold() for w in _words(instruction)]
+    grams = {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+    for q in questions:
+        qw = [w.casefold() for w in _words(q)]
+        for i in range(len(qw) - n + 1):
+            if tuple(qw[i:i + n]) in grams:
+                return " ".join(_words(q)[i:i + n])
+    return None
+
+
+def check_proposal(reply: str, *, initial: str, questions: Sequence[str], template_text: str = "",
+                   max_chars: int = 400, answer_format: Literal["ins", "brackets"] = "ins") -> ProposalCheck:
+    """Whether an optimizer reply gives a usable instruction: the search's own checks (one instruction,
+    no chat, no template variable, within ``max_chars``, not the initial one), at least three words, not a
+    near copy of the initial instruction, and on the task: no name or number that belongs to one of
+    ``questions`` and no five words copied from one."""
+    from opro.search.metaprompt import check_candidate, extract_candidate, normalize_instruction
+
+    instruction = extract_candidate(reply, answer_format=answer_format)
+    verdict = check_candidate(instruction, seen={normalize_instruction(initial)}, max_chars=max_chars)
+    if not verdict.accepted:
+        reason = "the initial instruction again" if verdict.reason == "duplicate" else verdict.reason
+        return ProposalCheck(instruction[:200], False, reason)
+    words = _words(instruction)
+    if len(words) < 3:
+        return ProposalCheck(instruction, False, "fewer than three words: not an instruction")
+    a, b = {w.casefold() for w in words}, {w.casefold() for w in _words(initial)}
+    if b and len(a & b) / len(a | b) >= 0.9:
+        return ProposalCheck(instruction, False, "a near copy of the initial instruction")
+    specific = _specifics(questions, known=f"{initial} {template_text}")
+    named = next((w for w in words if w in specific), None)
+    if named is not None:
+        return ProposalCheck(instruction, False, f"about one question: {named!r} is from {specific[named][:80]!r}")
+    copied = _copied(instruction, questions)
+    if copied is not None:
+        return ProposalCheck(instruction, False, f"about one question: it copies {copied!r}")
+    return ProposalCheck(instruction, True)
+
+
+@dataclass(frozen=True)
+class ProposerLimits:
+    model: str
+    proposals: tuple[ProposalCheck, ...]
+    unusable_share: float
+    #: At least :data:`GARBAGE_SHARE` of the proposals unusable.
+    flagged: bool
+
+    def line(self) -> str:
+        bad = sum(not p.usable for p in self.proposals)
+        head = (f"proposer ({self.model}): {bad} of {len(self.proposals)} proposals unusable "
+                f"({self.unusable_share:.0%})")
+        if self.flagged:
+            return (head + ": this optimizer LLM writes unusable instructions, so a search with it proposes "
+                    "little; use a stronger [models.optimizer]")
+        return head
+
+
+# -- the task's and the judge's limits ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskLimits:
+    mean: float | None
+    n: int
+    ceiling_share: float | None
+    floor_share: float | None
+    #: recall@k of the reference contexts, by k (empty: the pilot questions have none).
+    recall: Mapping[int, float]
+    recall_n: int
+    #: The initial configuration's mean where its retrieved chunks hold the reference context, and where not.
+    mean_retrieved: float | None
+    mean_missed: float | None
+    #: Whether the task model follows the format instruction (None: cannot tell).
+    follows: bool | None
+    following: str
+
+    def lines(self, *, top_k: int) -> list[str]:
+        f = _num
+        out = [f"task: the initial configuration scores {f(self.mean)} on {self.n} pilot questions; "
+               f"{f(self.ceiling_share, '.0%')} at the ceiling (>= {CEILING:g}), {f(self.floor_share, '.0%')} at the "
+               f"floor (<= {FLOOR:g})"]
+        if self.recall:
+            at = ", ".join(f"@{k} {v:.2f}" for k, v in sorted(self.recall.items()))
+            line = f"retrieval: recall of the reference contexts on {self.recall_n} questions: {at}"
+            if self.mean_retrieved is not None or self.mean_missed is not None:
+                line += (f"; mean score {f(self.mean_retrieved)} where the top {top_k} hold it, "
+                         f"{f(self.mean_missed)} where not (wording cannot fix a passage never retrieved)")
+            out.append(line)
+        else:
+            out.append("retrieval: the pilot questions have no reference contexts, so recall@k is not measured")
+        out.append(f"instruction following: {self.following}")
+        return out
+
+
+@dataclass(frozen=True)
+class JudgeLimits:
+    calibrated: bool
+    #: What ``opro judge calibrate`` stored (or why there is nothing), one line each.
+    calibration: tuple[str, ...]
+    #: Median over the contrasts of the sd of per-question differences from the initial configuration.
+    pilot_sd: float | None
+    plan_sd: float
+    plan_sd_basis: str
+    #: The plan's smallest gain the validation stage confirms (80% power), and the same at the pilot's sd.
+    detectable: float | None
+    detectable_at_pilot_sd: float | None
+    heldout_detectable: float | None
+
+    def lines(self) -> list[str]:
+        out = [f"judge: {line}" for line in self.calibration]
+        det = "no gain can be confirmed" if self.detectable is None else f"{self.detectable:+.2f}"
+        line = (f"detectable: the validation stage confirms {det} (80% power; paired sd {self.plan_sd:.2f}: "
+                f"{self.plan_sd_basis})")
+        if self.pilot_sd is not None:
+            line += f"; paired noise on the pilot: sd {self.pilot_sd:.2f} (median over the contrasts)"
+            if self.detectable_at_pilot_sd is not None:
+                line += f", at which it confirms {self.detectable_at_pilot_sd:+.2f}"
+        out.append(line)
+        return out
+
+
+def _short(label: str) -> str:
+    """A label as the 80-column grid shows it (``answer_max_tokens 48`` as ``max_tokens 48``)."""
+    return label.replace("answer_max_tokens", "max_tokens")
+
+
+def _num(x: float | None, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def calibration_lines(config: Any, *, judge_seconds: float, task_seconds: float) -> tuple[bool, tuple[str, ...]]:
+    """What the stored judge calibration says (every condition it holds, with whatever it measured of
+    it), or that there is none and how long ``opro judge calibrate`` takes."""
+    from opro.calibration import judge_signature, load_calibration
+
+    try:
+        report = load_calibration(config.output_dir)
+    except DataError as exc:
+        return False, (f"calibration unreadable ({exc})",)
+    # The defaults of `opro judge calibrate`: 40 questions, reference / wrong / task, 5 retests each.
+    minutes = ((40 * 3 + 15) * judge_seconds + 40 * task_seconds) / 60
+    took = "under a minute" if minutes < 1 else f"about {round(minutes)} min"
+    how = f"`opro judge calibrate {config.source}` takes {took}"
+    if report is None:
+        return False, (f"not calibrated: {how}",)
+    if report.signature and report.signature != judge_signature(config):
+        return False, (f"the stored calibration ({report.created}) is for other judge settings: {how}",)
+    out = [f"calibrated ({report.method}, {report.n_questions} questions): AUC right vs wrong {_num(report.auc, '.2f')}, "
+           f"separation {_num(report.separation)}"
+           + (f", test-retest sd {_num(report.retest.sd)}" if report.retest and report.retest.sd is not None else "")]
+    base = {"condition", "n", "n_invalid", "mean", "distribution"}
+    for c in report.conditions:
+        extra = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name not in base}
+        shown = [f"{k.replace('_', ' ')} {v:.2f}" for k, v in extra.items() if isinstance(v, int | float)
+                 and not isinstance(v, bool) and math.isfinite(v)]
+        out.append(f"  {c.condition}: mean {_num(c.mean)} on {c.n}" + (f", {', '.join(shown)}" if shown else ""))
+    return True, tuple(out)
+
+
+# -- the recommendation ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    #: Dimensions ("wording" or a [search.space] name) a contrast of which moves the score up.
+    open: tuple[str, ...]
+    #: Dimensions whose contrasts are all inert or harmful.
+    closed: tuple[str, ...]
+    undecided: tuple[str, ...]
+    #: Whether a gain of the plan's detectable size is within some contrast's interval (None: the split
+    #: sizes confirm no gain at all).
+    quality_plausible: bool | None
+    cost_objective: bool
+    lines: tuple[str, ...]
+
+
+def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float | None, objective: str,
+              probed_space: bool, questions: int) -> Recommendation:
+    """One recommendation from the verdicts: which dimensions to open, whether a quality gain of the
+    plan's detectable size is plausible, and when not, that the cost objective is where the gain is."""
+    groups: dict[str, list[Effect]] = {}
+    for e in effects:
+        groups.setdefault("wording" if e.dimension in ("wording", "format") else e.dimension, []).append(e)
+    kinds = {d: {e.verdict.kind for e in es if e.verdict is not None} for d, es in groups.items()}
+    opened = tuple(d for d, k in kinds.items() if "moves" in k)
+    undecided = tuple(d for d, k in kinds.items() if d not in opened and "undecided" in k)
+    closed = tuple(d for d in kinds if d not in opened and d not in undecided)
+
+    def moving(d: str) -> str:
+        return "; ".join(f"{e.label} {e.interval}" for e in groups[d] if e.verdict is not None and e.verdict.kind == "moves")
+
+    lines: list[str] = []
+    space_open = [d for d in opened if d != "wording"]
+    if space_open:
+        lines.append(f"open in [search.space]: {', '.join(space_open)} (moves the score up: "
+                     f"{'; '.join(moving(d) for d in space_open)})")
+    elif probed_space:
+        lines.append("open in [search.space]: no probed dimension moves the score up")
+    else:
+        lines.append("open in [search.space]: nothing was probed (no dimension is open), only the wording")
+    shut = [d for d in closed if d != "wording"]
+    if shut:
+        lines.append(f"keep closed: {', '.join(shut)} (inert or harmful here)")
+    if "wording" in opened:
+        lines.append(f"wording: moves the score ({moving('wording')}): the search's proposals can matter")
+    elif "wording" in closed:
+        lines.append("wording: inert here: a new instruction is unlikely to move the score")
+    if undecided:
+        lines.append(f"undecided at {questions} questions: {', '.join(undecided)} (`--questions` with more "
+                     "pilot questions can decide)")
+    plausible: bool | None
+    base = initial.mean
+    if detectable is None:
+        plausible = None
+        lines.append("quality: these split sizes confirm no gain at all (see `opro plan`): raise "
+                     "[data.split].validation")
+    else:
+        reaching = [e for e in effects if e.high is not None and e.high >= detectable]
+        room = base is None or base + detectable <= SCALE[1]
+        plausible = bool(reaching) and room
+        if plausible:
+            lines.append(f"quality: a gain of {detectable:+.2f} (the smallest the validation stage confirms) is "
+                         f"plausible: within the interval of {', '.join(e.label for e in reaching)}")
+        elif not room:
+            lines.append(f"quality: a gain of {detectable:+.2f} is not plausible: the initial configuration "
+                         f"already scores {base:.2f} of {SCALE[1]:g}")
+        else:
+            lines.append(f"quality: a gain of {detectable:+.2f} (the smallest the validation stage confirms) is "
+                         "not plausible: no contrast's interval reaches it")
+    cost = plausible is False or (plausible is None and detectable is None)
+    if cost and base is not None and initial.cost is not None:
+        cheaper = [e.label for e in effects if e.cost is not None and e.cost < initial.cost and e.verdict is not None
+                   and e.verdict.kind in ("inert", "moves")]
+        already = objective == "cost"
+        lines.append(("cost: the gain is in cost; [optimizer].objective = \"cost\" is set" if already else
+                      "cost: the gain is in cost: set [optimizer].objective = \"cost\"")
+                     + (f" (cheaper and not worse here: {', '.join(cheaper)})" if cheaper else
+                        " and open the dimensions that make an answer cheaper (top_k, answer_max_tokens, demos)"))
+    return Recommendation(open=opened, closed=closed, undecided=undecided, quality_plausible=plausible,
+                          cost_objective=cost, lines=tuple(lines))
+
+
+# -- the result -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """The pilot questions: how many, from where, and the probe's calls against the plan's."""
+
+    n: int
+    optimization: int
+    unused: int
+    #: Questions the pilot could take (the optimization split and the unreserved unused pool).
+    available: int
+    #: The plan's search calls (search and expected validation, every role) and the probe's.
+    search_calls: float
+    probe_calls: int
+    note: str = ""
+
+    @property
+    def share(self) -> float | None:
+        return self.probe_calls / self.search_calls if self.search_calls else None
+
+    def line(self) -> str:
+        where = f"{self.optimization} from the optimization split" + (
+            f", {self.unused} unused questions no validation extension reserves" if self.unused else "")
+        share = "" if self.share is None else f" = {self.share:.0%} of the search's {self.search_calls:.0f}"
+        return (f"pilot: {self.n} questions ({where}; never validation or held-out); the probe asked "
+                f"{self.probe_calls} calls{share}" + (f"; {self.note}" if self.note else ""))
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    source: str
+    #: What makes two probes the same (:func:`probe_signature`): a stored probe is read back only when it matches.
+    signature: str
+    task_model: str
+    judge_model: str
+    optimizer_model: str
+    pilot: Pilot
+    initial: Effect
+    effects: tuple[Effect, ...]
+    task: TaskLimits
+    judge: JudgeLimits
+    proposer: ProposerLimits
+    recommendation: Recommendation
+    #: Requests by role (made + cache hits), and how many were made (not from the cache).
+    calls: Mapping[str, int]
+    made: int
+    wall_s: float
+    top_k: int
+    #: Why a contrast is missing (the optimizer gave no usable contrasting instruction), if one is.
+    notes: tuple[str, ...] = ()
+    created: str = ""
+    questions: tuple[str, ...] = field(default_factory=tuple)
+
+    # -- rendering --
+    def table(self) -> list[str]:
+        """Every configuration in one grid that fits 80 columns (instructions are listed below it)."""
+        rows = [self.initial, *self.effects]
+        width = max(14, *(len(_short(e.label)) for e in rows))
+        head = (f"{'contrast':<{width}} {'mean':>4}  {'vs initial [95% CI]':<20} {'W/T/L':>8} {'p':>5} {'words':>5} "
+                f"{'cost':>5}  verdict")
+        out = [head, "-" * len(head)]
+        base_cost = self.initial.cost
+        for e in rows:
+            cost = "" if e is self.initial or e.cost is None or not base_cost else f"{e.cost / base_cost - 1:+.0%}"
+            kind = "" if e.verdict is None or e.verdict.kind == "baseline" else e.verdict.kind
+            p = "" if e.p is None else "<.001" if e.p < 0.001 else f"{e.p:.3f}"
+            out.append(f"{_short(e.label):<{width}} {_num(e.mean):>4}  {(e.interval or '(baseline)'):<20} "
+                       f"{e.win_tie_loss or '':>8} {p:>5} {_num(e.answer_words, '.0f'):>5} {cost:>5}  {kind}".rstrip())
+        return out
+
+    def verdict_lines(self) -> list[str]:
+        """The verdict per contrast and the recommendation, for `opro plan` and `opro optimize`."""
+        out = [f"probe ({self.pilot.n} pilot questions, {self.created[:10]}):"]
+        out += [f"  {e.label}: {e.verdict.text}" for e in self.effects if e.verdict is not None]
+        out += [f"  {line}" for line in self.recommendation.lines]
+        if self.proposer.flagged:
+            out.append(f"  {self.proposer.line()}")
+        return out
+
+    def sections(self) -> list[tuple[str, list[str]]]:
+        """The report as (title, lines), the effects' grid first; long text outside the grid."""
+        unit = "USD" if self.initial.cost_unit == "usd" else "weighted task tokens"
+        wording = [f"{e.label}: {e.instruction or '(none)'}" for e in self.effects if e.dimension in ("wording", "format")]
+        if any("answer_max_tokens" in e.label for e in self.effects):
+            wording.append("max_tokens in the grid: [search.space].answer_max_tokens")
+        return [
+            ("effects", [self.pilot.line(), f"initial instruction: {self.initial.instruction or '(none)'}", *wording,
+                         *(f"note: {n}" for n in self.notes),
+                         f"words: mean words per answer; cost: per answer ({unit}), against the initial configuration"]),
+            ("verdicts", [f"{e.label}: {e.verdict.text}" for e in self.effects if e.verdict is not None]),
+            ("limits", [*self.task.lines(top_k=self.top_k), *self.judge.lines(), self.proposer.line(),
+                        *(f"{'ok' if p.usable else 'unusable'}: {p.instruction[:120]!r}" + ("" if p.usable else f" ({p.reason})")
+                          for p in self.proposer.proposals)]),
+            ("recommendation", list(self.recommendation.lines)),
+        ]
+
+    def lines(self) -> list[str]:
+        """The report as text for a terminal: the grid, then each section."""
+        out = [f"probe of {self.source}: task {self.task_model}, judge {self.judge_model}, optimizer "
+               f"{self.optimizer_model}", "", *self.table()]
+        for title, body in self.sections():
+            out += ["", f"{title}:", *(f"  {line}" for line in body)]
+        return out
+
+    def markdown(self) -> str:
+        out = [f"# opro probe: {self.source}", "",
+               f"task {self.task_model}, judge {self.judge_model}, optimizer {self.optimizer_model}; {self.created}",
+               "", "```text", *self.table(), "```"]
+        for title, body in self.sections():
+            out += ["", f"## {title}", "", *(f"- {line}" for line in body)]
+        return "\n".join(out) + "\n"
+
+    # -- storage --
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "probe.json") -> ProbeResult:
+        def effect(d: Mapping[str, Any]) -> Effect:
+            v = d.get("verdict")
+            return Effect(**{**d, "scores": tuple(d["scores"]), "settings": dict(d["settings"]),
+                             "verdict": None if v is None else Verdict(**v)})
+
+        try:
+            task = dict(data["task"])
+            task["recall"] = {int(k): float(v) for k, v in task["recall"].items()}
+            proposer = dict(data["proposer"])
+            proposer["proposals"] = tuple(ProposalCheck(**p) for p in proposer["proposals"])
+            judge = dict(data["judge"])
+            judge["calibration"] = tuple(judge["calibration"])
+            r = data["recommendation"]
+            rec = Recommendation(open=tuple(r["open"]), closed=tuple(r["closed"]), undecided=tuple(r["undecided"]),
+                                 quality_plausible=r["quality_plausible"], cost_objective=bool(r["cost_objective"]),
+                                 lines=tuple(r["lines"]))
+            return cls(**{
+                **data, "pilot": Pilot(**data["pilot"]), "initial": effect(data["initial"]),
+                "effects": tuple(effect(e) for e in data["effects"]), "task": TaskLimits(**task),
+                "judge": JudgeLimits(**judge), "proposer": ProposerLimits(**proposer),
+                "recommendation": rec, "calls": dict(data["calls"]),
+                "notes": tuple(data.get("notes", ())), "questions": tuple(data.get("questions", ())),
+            })
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DataError(f"{where} is not an opro probe ({exc}); run `opro probe` again") from exc
+
+
+# -- running it -----------------------------------------------------------------------------------
+
+
+def pilot_pool(experiment: Experiment) -> tuple[tuple[Any, ...], int]:
+    """The questions a pilot may use, in order: the optimization split, then the questions in no split
+    that the validation extension does not reserve; and how many come from the optimization split."""
+    ds = experiment.dataset
+    optimization = ds.examples_in("optimization")
+    reserved = len(experiment.extension_set())
+    return tuple(optimization) + tuple(ds.unused()[reserved:]), len(optimization)
+
+
+def probe_signature(experiment: Experiment) -> str:
+    """A hash of what the probe's figures depend on: the experiment's fingerprint (dataset, split, models,
+    retrieval, judge, search space) and the optimizer settings that shape its proposals and the pilot."""
+    o = experiment.config.optimizer
+    blob = {"fingerprint": experiment.fingerprint(),
+            "optimizer": {k: getattr(o, k) for k in ("proposer", "temperature", "max_tokens", "answer_format",
+                                                      "max_instruction_chars", "exemplars", "finalists",
+                                                      "validation_extension", "objective")},
+            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 1]}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
+
+
+def _ask_contrast(ask: Callable[[str, Sequence[int]], list[str]], *, initial: str, check: Callable[[str], ProposalCheck],
+                  answer_format: str) -> tuple[str | None, list[ProposalCheck]]:
+    """A markedly different instruction from the optimizer LLM: up to three samples, the first usable one."""
+    prompt = CONTRAST_PROMPT.format(initial=initial or "(no instruction)", answer_format=_ANSWER_FORMATS[answer_format])
+    tried = []
+    for i in range(3):
+        (reply,) = ask(prompt, [900 + i])
+        verdict = check(reply)
+        tried.append(verdict)
+        if verdict.usable:
+            return verdict.instruction, tried
+    return None, tried
+
+
+def _delta(after: Mapping[str, Mapping[str, Any]], before: Mapping[str, Mapping[str, Any]], key: str) -> dict[str, int]:
+    return {role: int(u.get(key, 0)) - int((before.get(role) or {}).get(key, 0)) for role, u in after.items()}
+
+
+def _search_calls(plan: Plan) -> float:
+    return sum(r.search_calls + r.validation_calls for r in plan.roles)
+
+
+def questions_for(plan: Plan, *, contrasts: int, available: int, alpha: float) -> tuple[int, str]:
+    """Pilot questions within :data:`PROBE_SHARE` of the plan's search calls (a question costs a task and
+    a judge call per configuration; the optimizer's few calls come first), never fewer than a two-sided
+    sign-flip test needs to reach ``alpha``, never more than ``available``; and what to say about it."""
+    from opro.sequential import min_questions
+
+    budget = PROBE_SHARE * _search_calls(plan) - (1 + N_PROPOSALS)
+    n = int(budget // (2 * (1 + contrasts)))
+    least = min_questions(alpha, sides=2)
+    notes = []
+    if n < least:
+        notes.append(f"{least} questions, the fewest with which a paired test can reach alpha {alpha:g}, cost more "
+                     f"than {PROBE_SHARE:.0%} of this small search")
+        n = least
+    if n > available:
+        notes.append(f"only {available} pilot questions exist (give the dataset more questions, or lower "
+                     "[optimizer].validation_extension)" + ("" if available >= least else
+                                                            f": fewer than the {least} a paired test needs, so "
+                                                            "every effect stays undecided"))
+        n = available
+    return n, "; ".join(notes)
+
+
+def probe(experiment: Experiment, *, questions: int | None = None, progress: bool | None = None) -> ProbeResult:
+    """Run the probe on an experiment (every call through its call cache): see the module docstring.
+    ``questions``: pilot questions (default: within a fifth of the plan's search calls)."""
+    from opro.plan import POWER, make_plan
+    from opro.search.metaprompt import Exemplar, ScoredInstruction, draw_exemplars
+    from opro.search.proposers.opro import build as build_opro
+    from opro.sequential import design_power
+    from opro.withheld import NOT_IN_CONTEXT
+
+    exp, cfg = experiment, experiment.config
+    shows = exp.progress if progress is None else progress
+    o = cfg.optimizer
+    plan = make_plan(cfg, documents=lambda: exp.documents)
+    pool, n_optimization = pilot_pool(exp)
+    _ = exp.search_space  # the demonstration pool (bootstrapped: answered and judged) before counting
+    before = exp.usage.as_dict()
+    started = time.perf_counter()  # the probe's own time: not the dataset's generation, nor the plan
+    initial_text = cfg.rag.initial_instructions[0]
+    initial = exp.template(initial_text)
+    contrasts = [Contrast("no instruction", initial.with_instruction(""), "wording", "")]
+    space_contrasts = dimension_contrasts(initial, exp.search_space)
+    available = len(pool)
+    if questions is None:
+        n, note = questions_for(plan, contrasts=3 + len(space_contrasts), available=available, alpha=o.alpha)
+    else:
+        if questions < 1:
+            raise DataError(f"--questions {questions}: give at least 1")
+        n, note = min(questions, available), ""
+        if questions > available:
+            note = f"only {available} pilot questions exist (asked for {questions})"
+    pilot = pool[:n]
+    asked_q = [e.query for e in pilot]
+    shown_q = [e.query for e in exp.dataset.examples_in("exemplar")]
+    template_text = exp.template("<INS>").template_text
+    proposer = build_opro(llm=exp.client("optimizer"), settings=o, template_text=template_text, seed=cfg.experiment.seed)
+
+    def check(reply: str) -> ProposalCheck:
+        return check_proposal(reply, initial=initial_text, questions=[*shown_q, *asked_q], template_text=template_text,
+                              max_chars=o.max_instruction_chars, answer_format=o.answer_format)
+
+    notes: list[str] = []
+    other, tried = _ask_contrast(proposer.ask, initial=initial_text, check=check, answer_format=o.answer_format)
+    if other is not None:
+        contrasts.append(Contrast("contrast", initial.with_instruction(other), "wording", other))
+    else:
+        notes.append("the optimizer LLM gave no usable contrasting instruction in 3 tries ("
+                     + "; ".join(t.reason for t in tried) + "): no contrast row")
+    formatted = f"{initial_text.rstrip()} {FORMAT_INSTRUCTION}".strip()
+    contrasts.append(Contrast("one sentence", initial.with_instruction(formatted), "format", FORMAT_INSTRUCTION))
+    contrasts += space_contrasts
+    effects = measure_effects(program=exp.program, judge=exp.judge, initial=initial, contrasts=contrasts,
+                              questions=pilot, cost=cfg.cost_model(), progress=shows)
+    base = effects[0]
+
+    # The proposer: three samples of the search's own meta-prompt, the initial instruction scored on the pilot.
+    history = [ScoredInstruction(initial_text, base.mean)] if base.mean is not None else []
+    exemplars = draw_exemplars([Exemplar(e.query, e.reference_answer) for e in exp.dataset.examples_in("exemplar")],
+                               k=o.exemplars, step=1, seed=cfg.experiment.seed)
+    meta = proposer.builder.render(history=history, exemplars=exemplars)
+    proposals = tuple(check(r) for r in proposer.ask(meta, list(range(N_PROPOSALS))))
+    unusable = sum(not p.usable for p in proposals) / len(proposals)
+    proposer_limits = ProposerLimits(model=cfg.models.optimizer.model, proposals=proposals, unusable_share=unusable,
+                                     flagged=unusable >= GARBAGE_SHARE)
+
+    # The task: score distribution, recall, instruction following.
+    valid = [s for s in base.scores if s is not None]
+    answerable = [(i, e) for i, e in enumerate(pilot) if e.reference_contexts and e.reference_answer != NOT_IN_CONTEXT]
+    recall: dict[int, float] = {}
+    mean_hit = mean_miss = None
+    if answerable:
+        from opro.retrieval import is_hit, recall_at_k
+
+        top_k = cfg.rag.top_k
+        ks = sorted({top_k, *((exp.search_space.choices.get("top_k", ())) if exp.search_space else ())})
+        recall = recall_at_k(exp.retriever, [(e.query, e.reference_contexts) for _, e in answerable], ks=ks)
+        hits = {i: any(is_hit(ref, c.text) for c in exp.retriever.retrieve(e.query, top_k=top_k)
+                       for ref in e.reference_contexts) for i, e in answerable}
+        hit_scores = [s for i, h in hits.items() if h and (s := base.scores[i]) is not None]
+        miss_scores = [s for i, h in hits.items() if not h and (s := base.scores[i]) is not None]
+        mean_hit = statistics.fmean(hit_scores) if hit_scores else None
+        mean_miss = statistics.fmean(miss_scores) if miss_scores else None
+    fmt = next(e for e in effects if e.dimension == "format")
+    follows, following = _following(base, fmt)
+    task = TaskLimits(
+        mean=base.mean, n=len(valid),
+        ceiling_share=sum(s >= CEILING for s in valid) / len(valid) if valid else None,
+        floor_share=sum(s <= FLOOR for s in valid) / len(valid) if valid else None,
+        recall=recall, recall_n=len(answerable), mean_retrieved=mean_hit, mean_missed=mean_miss,
+        follows=follows, following=following,
+    )
+
+    # The judge: calibration, the pilot's paired noise, what the plan can detect.
+    sds = [e.sd for e in effects[1:] if e.sd is not None and e.n >= 3]
+    pilot_sd = statistics.median(sds) if sds else None
+    at_pilot = None
+    if pilot_sd is not None and pilot_sd > 0 and plan.looks:
+        at_pilot = design_power(plan.looks, alpha=o.alpha, sd=pilot_sd, futility=o.futility, power=POWER).detectable
+    seconds = {r.role: r.seconds_per_call for r in plan.roles}
+    calibrated, calibration = calibration_lines(cfg, judge_seconds=seconds.get("judge", 0.0),
+                                                task_seconds=seconds.get("task", 0.0))
+    judge = JudgeLimits(calibrated=calibrated, calibration=calibration, pilot_sd=pilot_sd, plan_sd=plan.difference_sd,
+                        plan_sd_basis=plan.sd_basis, detectable=plan.detectable, detectable_at_pilot_sd=at_pilot,
+                        heldout_detectable=plan.heldout_detectable)
+
+    judged = tuple(dataclasses.replace(e, verdict=verdict_of(e, detectable=plan.detectable)) for e in effects[1:])
+    rec = recommend(judged, initial=base, detectable=plan.detectable, objective=o.objective,
+                    probed_space=bool(space_contrasts), questions=n)
+    after = exp.usage.as_dict()
+    calls = {r: c for r, c in _delta(after, before, "calls").items() if c}
+    hits_ = _delta(after, before, "cache_hits")
+    requests = {r: calls.get(r, 0) + hits_.get(r, 0) for r in after if calls.get(r, 0) + hits_.get(r, 0)}
+    return ProbeResult(
+        source=str(cfg.source), signature=probe_signature(exp), task_model=cfg.models.task.model,
+        judge_model=cfg.models.judge.model, optimizer_model=cfg.models.optimizer.model,
+        pilot=Pilot(n=n, optimization=min(n, n_optimization), unused=max(0, n - n_optimization), available=available,
+                    search_calls=_search_calls(plan), probe_calls=sum(requests.values()), note=note),
+        initial=dataclasses.replace(base, verdict=verdict_of(base)), effects=judged, task=task, judge=judge,
+        proposer=proposer_limits, recommendation=rec, calls=requests, made=sum(calls.values()),
+        wall_s=time.perf_counter() - started, top_k=cfg.rag.top_k, notes=tuple(notes),
+        created=datetime.now(UTC).isoformat(timespec="seconds"), questions=tuple(asked_q),
+    )
+
+
+def _following(base: Effect, fmt: Effect) -> tuple[bool | None, str]:
+    """Whether the answers follow the format instruction: one sentence far more often, or far shorter."""
+    if base.one_sentence is None or fmt.one_sentence is None or base.answer_words is None or fmt.answer_words is None:
+        return None, "not measured (no answers)"
+    said = (f"\"{FORMAT_INSTRUCTION}\" took one-sentence answers from {base.one_sentence:.0%} to "
+            f"{fmt.one_sentence:.0%} and answers from {base.answer_words:.0f} to {fmt.answer_words:.0f} words")
+    if base.one_sentence >= 0.8:
+        return None, f"cannot tell: the initial answers are already one sentence ({base.one_sentence:.0%}); {said}"
+    if fmt.one_sentence >= base.one_sentence + 0.3 or fmt.answer_words <= 0.75 * base.answer_words:
+        return True, f"the task model follows its instruction: {said}"
+    return False, (f"the task model does not follow its instruction: {said}; wording can only move what the "
+                   "model reads")
+
+
+# -- storing and reading it -----------------------------------------------------------------------
+
+
+def write_probe(result: ProbeResult, *, output_dir: Path) -> dict[str, Path]:
+    """``<output_dir>/probe.json`` (read back by ``opro plan`` and ``opro optimize``) and ``probe.md``."""
+    from opro.redaction import redact_text
+
+    run = RunDir(output_dir)
+    run.root.mkdir(parents=True, exist_ok=True)
+    run.probe.write_text(redact_text(json.dumps(result.to_dict(), indent=2, ensure_ascii=False)), encoding="utf-8")
+    run.probe_report.write_text(redact_text(result.markdown()), encoding="utf-8")
+    return {"json": run.probe, "report": run.probe_report}
+
+
+def read_probe(output_dir: Path) -> ProbeResult | None:
+    """The probe stored in an output folder, whatever its settings (None: there is none)."""
+    run = RunDir(output_dir)
+    if not run.probe.is_file():
+        return None
+    return ProbeResult.from_dict(run.read_json(run.probe), where=str(run.probe))
+
+
+def stored_probe(experiment: Experiment, *, questions: int | None = None) -> tuple[ProbeResult | None, str | None]:
+    """The stored probe when it was made with this experiment's settings (and ``questions``, if given),
+    else None and why (None, None: there is none)."""
+    found = read_probe(experiment.config.output_dir)
+    if found is None:
+        return None, None
+    if found.signature != probe_signature(experiment):
+        return None, (f"the stored probe ({found.created}) was made with other settings: run `opro probe "
+                      f"{experiment.config.source}` again")
+    if questions is not None and found.pilot.n != min(questions, found.pilot.available):
+        return None, f"the stored probe has {found.pilot.n} pilot questions, not {questions}"
+    return found, None
+
+
+def probe_or_stored(experiment: Experiment, *, questions: int | None = None,
+                    progress: bool | None = None) -> tuple[ProbeResult, bool]:
+    """The stored probe when it matches (True), else a new one, written to the output folder (False)."""
+    found, _ = stored_probe(experiment, questions=questions)
+    if found is not None:
+        return found, True
+    made = probe(experiment, questions=questions, progress=progress)
+    write_probe(made, output_dir=experiment.config.output_dir)
+    return made, False
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """What :func:`run_probe` did: the result, the files it wrote and where it was recorded."""
+
+    result: ProbeResult
+    paths: Mapping[str, Path]
+    recorded: tuple[Recorded, ...]
+
+
+def run_probe(experiment: Experiment, *, recorders: Sequence[CommandRecorder] = (), questions: int | None = None,
+              progress: bool | None = None) -> ProbeRun:
+    """The probe (:func:`probe`), written to the output folder (:func:`write_probe`) and recorded through
+    ``recorders`` (``opro.kind = probe``): what ``opro probe`` does."""
+    result = probe(experiment, questions=questions, progress=progress)
+    paths = write_probe(result, output_dir=experiment.config.output_dir)
+    return ProbeRun(result, paths, record_all(recorders, probe_record(result, paths)))
+
+
+def _metric_name(label: str) -> str:
+    return re.sub(r"[^0-9A-Za-z_.-]+", "_", label).strip("_")
+
+
+def probe_record(result: ProbeResult, paths: Mapping[str, Path]) -> CommandRecord:
+    """The probe as one command record (``opro.kind = probe``): its figures and its two files."""
+    metrics: dict[str, float | None] = {
+        "pilot_questions": result.pilot.n, "probe_calls": result.pilot.probe_calls, "initial_mean": result.initial.mean,
+        "ceiling_share": result.task.ceiling_share, "floor_share": result.task.floor_share,
+        "pilot_sd": result.judge.pilot_sd, "detectable": result.judge.detectable,
+        "proposals_unusable_share": result.proposer.unusable_share,
+        **{f"recall_at_{k}": v for k, v in result.task.recall.items()},
+    }
+    for e in result.effects:
+        name = _metric_name(e.label)
+        metrics.update({f"effect.{name}": e.difference, f"effect.{name}.low": e.low, f"effect.{name}.high": e.high,
+                        f"effect.{name}.p": e.p})
+    tags: dict[str, str] = {f"opro.probe.{_metric_name(e.label)}": e.verdict.kind
+                            for e in result.effects if e.verdict is not None}
+    tags["opro.probe.open"] = ",".join(result.recommendation.open) or "none"
+    return CommandRecord(kind="probe", name="probe", params={
+        "config": result.source, "signature": result.signature, "models.task": result.task_model,
+        "models.judge": result.judge_model, "models.optimizer": result.optimizer_model,
+        "pilot.questions": result.pilot.n}, metrics=finite_metrics(metrics), tags=tags,
+        files={path: "probe" for path in paths.values()})
+
+
+__all__ = [
+    "CEILING",
+    "FLOOR",
+    "FORMAT_INSTRUCTION",
+    "INERT_WITHIN",
+    "PROBE_SHARE",
+    "Contrast",
+    "Effect",
+    "JudgeLimits",
+    "Pilot",
+    "ProbeResult",
+    "ProbeRun",
+    "ProposalCheck",
+    "ProposerLimits",
+    "Recommendation",
+    "TaskLimits",
+    "Verdict",
+    "check_proposal",
+    "dimension_contrasts",
+    "measure_effects",
+    "pilot_pool",
+    "probe",
+    "probe_or_stored",
+    "probe_record",
+    "probe_signature",
+    "questions_for",
+    "read_probe",
+    "recommend",
+    "run_probe",
+    "stored_probe",
+    "verdict_of",
+    "write_probe",
+]

@@ -1,0 +1,341 @@
+"""`opro probe` (opro.headroom) on scripted models: the verdict names the dimension that truly moves the
+score and calls the others inert, a garbage-writing optimizer is flagged, the pilot never touches
+validation or held-out questions, a rerun asks nothing, and the commands read what it stored."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import experiment_config, judge_reply, scripted_pool, write_toml
+from typer.testing import CliRunner
+
+import opro.experiment
+from opro.calibration import CalibrationReport, ConditionStats, judge_signature, write_calibration
+from opro.cli import app
+from opro.config import OproConfig, config_from_dict
+from opro.experiment import Experiment
+from opro.headroom import (
+    Effect,
+    check_proposal,
+    pilot_pool,
+    probe,
+    read_probe,
+    run_probe,
+    stored_probe,
+    verdict_of,
+)
+from opro.llm import GenerationOptions, Message
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
+from opro.records import CommandRecord, Recorded
+
+Reply = Callable[[tuple[Message, ...], GenerationOptions], str]
+
+
+def demos_help(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    """A demonstration makes the answer cite the context (which the scripted judge scores 5, else 2)."""
+    return "Using the context: yes." if messages[-1].content.count("Query:") > 1 else "Yes."
+
+
+def short_answers_hurt(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    """A short answer budget cuts the answer before its citation: only answer_max_tokens matters."""
+    return "Yes." if options.max_tokens < 64 else "Using the context: yes."
+
+
+def good_optimizer(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    return f"<INS>Reply briefly and quote the passage you used, variant {options.seed}.</INS>"
+
+
+def garbage_optimizer(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    return "Sure! Here are some ideas:\n1. Be helpful.\n2. Be nice to the user."
+
+
+def _pool(task: Reply, optimizer: Reply = good_optimizer) -> ModelPool:
+    return ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
+                               "judge": ScriptedLLM(default=judge_reply, model="judge"),
+                               "optimizer": ScriptedLLM(default=optimizer, model="optimizer")})
+
+
+def _config(tmp_path: Path, **overrides: Any) -> OproConfig:
+    base: dict[str, Any] = {
+        "optimizer": {"validation_extension": 5},
+        "data": {"split": {"exemplar": 3, "optimization": 3, "validation": 6, "heldout": 8, "seed": 1}},
+        "search": {"space": {"demos": [0, 2], "top_k": [1, 3], "answer_max_tokens": [32, 96, 128]}},
+        "rag": {"chunk_size": 64, "chunk_overlap": 0, "initial_instructions": ["Answer the question."],
+                "answer_max_tokens": 96},
+    }
+    base.update(overrides)
+    return config_from_dict(experiment_config(tmp_path, questions=40, **base), base_dir=tmp_path, source="t.toml")
+
+
+def _probe(cfg: OproConfig, pool: ModelPool, **kwargs: Any) -> Any:
+    exp = Experiment(cfg, pool=pool, progress=False)
+    try:
+        return probe(exp, **kwargs)
+    finally:
+        exp.close()
+
+
+@pytest.mark.parametrize(("task", "mover", "kind"), [
+    (demos_help, "demos 2", "moves"),
+    (short_answers_hurt, "answer_max_tokens 32", "hurts"),
+], ids=["demos-move", "short-answers-hurt"])
+def test_the_verdict_names_the_one_dimension_that_moves_the_score_and_calls_the_others_inert(
+        tmp_path: Path, task: Reply, mover: str, kind: str) -> None:
+    cfg = _config(tmp_path)
+    result = _probe(cfg, _pool(task), questions=15)
+    verdicts = {e.label: e.verdict.kind for e in result.effects if e.verdict is not None}
+    assert set(verdicts) == {"no instruction", "contrast", "one sentence", "demos 2", "top_k 1", "top_k 3",
+                             "answer_max_tokens 32", "answer_max_tokens 128"}
+    assert verdicts.pop(mover) == kind
+    assert set(verdicts.values()) == {"inert"}, verdicts
+    moved = next(e for e in result.effects if e.label == mover)
+    assert abs(moved.difference) == 3.0 and moved.p < 0.001 and moved.win_tie_loss in ("15/0/0", "0/0/15")
+    rec = result.recommendation
+    if kind == "moves":
+        assert rec.open == ("demos",) and rec.quality_plausible is True
+        assert rec.lines[0].startswith("open in [search.space]: demos (moves the score up: demos 2 +3.00")
+    else:  # nothing to gain in quality: the gain is in cost
+        assert rec.open == () and "answer_max_tokens" in rec.closed and rec.quality_plausible is False
+        assert any(line.startswith("cost: the gain is in cost: set [optimizer].objective = \"cost\"") for line in rec.lines)
+    assert "wording: inert here" in "\n".join(rec.lines)
+    # The grid fits 80 columns; the instructions stand outside it.
+    assert all(len(line) <= 80 for line in result.table())
+    assert any(line.startswith(("demos 2 ", "max_tokens 32 ")) for line in result.table())
+
+
+def test_the_pilot_is_optimization_and_unreserved_unused_questions_and_a_rerun_asks_nothing(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    pool = _pool(demos_help)
+    exp = Experiment(cfg, pool=pool, progress=False)
+    try:
+        first = probe(exp, questions=30)
+        available, _ = pilot_pool(exp)
+        ds = exp.dataset
+        never = {e.query for name in ("exemplar", "validation", "heldout") for e in ds.examples_in(name)}  # type: ignore[arg-type]
+        reserved = {e.query for e in exp.extension_set()}
+        optimization = [e.query for e in ds.examples_in("optimization")]
+    finally:
+        exp.close()
+    assert len(reserved) == 5 and first.pilot.available == len(available) == 3 + (40 - 3 - 3 - 6 - 8 - 5)
+    assert first.pilot.n == 18 and "only 18 pilot questions exist" in first.pilot.note
+    assert list(first.questions[:3]) == optimization  # the search's first questions: it reuses these answers
+    assert not set(first.questions) & (never | reserved)
+    assert first.made > 0 and first.pilot.probe_calls == sum(first.calls.values())
+    again = _probe(cfg, pool, questions=30)
+    assert again.made == 0 and again.calls == first.calls
+    assert [e.verdict for e in again.effects] == [e.verdict for e in first.effects]
+
+
+def test_by_default_the_probe_asks_at_most_a_fifth_of_the_search_calls(tmp_path: Path) -> None:
+    big = _config(tmp_path / "big", optimizer={"steps": 8, "candidates_per_step": 4, "validation_extension": 5},
+                  data={"split": {"exemplar": 3, "optimization": 12, "validation": 6, "heldout": 8, "seed": 1}})
+    result = _probe(big, _pool(demos_help))
+    assert 6 <= result.pilot.n < result.pilot.available
+    assert result.pilot.share is not None and result.pilot.share <= 0.2, result.pilot
+    # A search smaller than a useful probe: the fewest questions a paired test can decide with, said so.
+    small = _probe(_config(tmp_path / "small"), _pool(demos_help))
+    assert small.pilot.n == 6 and "the fewest with which a paired test can reach alpha 0.05" in small.pilot.note
+
+
+def test_a_garbage_writing_optimizer_is_flagged(tmp_path: Path) -> None:
+    result = _probe(_config(tmp_path), _pool(demos_help, garbage_optimizer), questions=8)
+    assert result.proposer.flagged and result.proposer.unusable_share == 1.0
+    assert all("lines without <INS> tags" in p.reason for p in result.proposer.proposals)
+    assert "contrast" not in {e.label for e in result.effects}
+    assert any("no usable contrasting instruction" in n for n in result.notes)
+    assert "use a stronger [models.optimizer]" in "\n".join(result.verdict_lines())
+    fine = _probe(_config(tmp_path / "fine"), _pool(demos_help), questions=8)
+    assert not fine.proposer.flagged and fine.proposer.unusable_share == 0.0
+
+
+def test_a_proposal_is_usable_only_when_on_task_different_and_within_length() -> None:
+    questions = ["Who designed AlexNet with Krizhevsky in Toronto?", "When did AlexNet win the 2012 ImageNet contest?",
+                 "What did AlexNet use after every convolutional layer?"]
+
+    def check(reply: str) -> tuple[bool, str]:
+        c = check_proposal(reply, initial="Answer the question.", questions=questions, max_chars=120)
+        return c.usable, c.reason
+
+    assert check("<INS>Answer in one short sentence, quoting the context.</INS>") == (True, "")
+    assert check("<INS>Mention AlexNet and answer from the context.</INS>")[0]  # in every question: the task's subject
+    assert check("<INS>Say that Krizhevsky designed it.</INS>") == (
+        False, "about one question: 'Krizhevsky' is from 'Who designed AlexNet with Krizhevsky in Toronto?'")
+    assert check("<INS>Always answer 2012 for dates.</INS>")[1].startswith("about one question: '2012'")
+    assert check("<INS>Say what AlexNet use after every convolutional layer.</INS>")[1] == (
+        "about one question: it copies 'AlexNet use after every convolutional'")
+    assert check("<INS>Answer the question.</INS>") == (False, "the initial instruction again")
+    assert check("<INS>Answer the question please.</INS>")[0]
+    assert check("<INS>Answer the question, the question.</INS>") == (False, "a near copy of the initial instruction")
+    assert check("<INS>Be brief.</INS>") == (False, "fewer than three words: not an instruction")
+    assert check("<INS>" + "Answer carefully. " * 10 + "</INS>") == (False, "longer than 120 characters")
+
+
+def _effect(low: float, high: float, n: int = 20) -> Effect:
+    return Effect(label="x", dimension="top_k", value=1, instruction="", demos=0, settings={}, n=n, mean=3.0,
+                  scores=(), difference=(low + high) / 2, low=low, high=high, p=0.5, win_tie_loss="1/1/1")
+
+
+def test_the_verdict_rules() -> None:
+    assert verdict_of(_effect(0.12, 0.70)).text == "moves the score: +0.41 [+0.12, +0.70]"
+    assert verdict_of(_effect(0.05, 0.15), detectable=0.6).text.endswith("less than the search can confirm (+0.60)")
+    assert verdict_of(_effect(-0.48, -0.12)).kind == "hurts"
+    assert verdict_of(_effect(-0.15, 0.19)).text == "inert here: within ±0.2 (+0.02 [-0.15, +0.19])"
+    wide = _effect(-0.46, 0.40)
+    assert verdict_of(wide).text == "undecided at 20 questions: -0.03 [-0.46, +0.40]"
+    assert verdict_of(wide, detectable=0.62).text.startswith("inert at the search's resolution: within ±0.62")
+    assert verdict_of(_effect(-0.7, 0.4), detectable=0.62).kind == "undecided"
+
+
+def test_the_judge_section_shows_the_stored_calibration_or_how_long_it_takes(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    pool = _pool(demos_help)
+    assert "judge: not calibrated: `opro judge calibrate t.toml` takes" in "\n".join(_probe(cfg, pool, questions=6).lines())
+    conditions = tuple(ConditionStats(c, 30, 0, m, {1: 0, 2: 0, 3: 0, 4: 0, 5: 0})
+                       for c, m in (("reference", 4.06), ("wrong", 2.27), ("near-miss-name", 3.20)))
+    report = CalibrationReport(judge="judge", method="reply", dataset="d", n_questions=30, seed=0,
+                               conditions=conditions, auc=0.97, separation=1.79, invalid_rate=0.0,
+                               auc_most_likely=None, s_per_call=1.0, calls=90, cache_hits=0, retest=None,
+                               signature=judge_signature(cfg))
+    write_calibration(report, [], output_dir=cfg.output_dir, plot=False)
+    text = "\n".join(_probe(cfg, pool, questions=6).lines())
+    assert "judge: calibrated (reply, 30 questions): AUC right vs wrong 0.97, separation 1.79" in text
+    assert "near-miss-name: mean 3.20 on 30" in text and "not calibrated" not in text
+
+
+class ListRecorder:
+    name = "list"
+
+    def __init__(self) -> None:
+        self.records: list[CommandRecord] = []
+
+    def record(self, record: CommandRecord) -> Recorded:
+        self.records.append(record)
+        return Recorded(recorder=self.name, ref=str(len(self.records)), where="in memory")
+
+
+def test_the_probe_is_written_read_back_and_recorded_as_kind_probe(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    recorder = ListRecorder()
+    exp = Experiment(cfg, pool=_pool(demos_help), progress=False)
+    try:
+        done = run_probe(exp, recorders=[recorder], questions=15)
+        assert stored_probe(exp)[0] == done.result and stored_probe(exp, questions=9) == (
+            None, "the stored probe has 15 pilot questions, not 9")
+    finally:
+        exp.close()
+    assert read_probe(cfg.output_dir) == done.result
+    assert set(done.paths.values()) == {cfg.output_dir / "probe.json", cfg.output_dir / "probe.md"}
+    md = (cfg.output_dir / "probe.md").read_text()
+    assert md.startswith("# opro probe: t.toml") and "## recommendation" in md and "demos 2 " in md
+    (record,) = recorder.records
+    assert record.kind == "probe" and record.metrics["effect.demos_2"] == 3.0
+    assert record.tags["opro.probe.demos_2"] == "moves" and record.tags["opro.probe.open"] == "demos"
+    assert set(record.files) == set(done.paths.values()) and done.recorded[0].where == "in memory"
+    # Another initial instruction is another probe: the stored one is not this config's.
+    other = _config(tmp_path, rag={"chunk_size": 64, "chunk_overlap": 0, "initial_instructions": ["Be exact."]})
+    exp = Experiment(other, pool=_pool(demos_help), progress=False)
+    try:
+        found, why = stored_probe(exp)
+    finally:
+        exp.close()
+    assert found is None and why is not None and "made with other settings" in why
+
+
+def test_the_commands_probe_fold_the_verdict_into_the_plan_and_optimize_prints_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
+    monkeypatch.setenv("COLUMNS", "200")
+    data = experiment_config(tmp_path, questions=30, optimizer={"steps": 1, "candidates_per_step": 2,
+                                                                  "minibatch_size": 2, "validation_extension": 2})
+    config = write_toml(data, tmp_path / "exp.toml")
+    runner = CliRunner()
+    plan_only = runner.invoke(app, ["plan", str(config)])
+    assert plan_only.exit_code == 0 and "probe (" not in plan_only.output
+    done = runner.invoke(app, ["probe", str(config), "--no-progress", "--questions", "8"])
+    assert done.exit_code == 0, done.output
+    out = done.output
+    assert "contrast" in out and "verdicts:" in out and "recommendation:" in out and "wrote " in out
+    assert "MLflow run " in out  # recorded by default, in the config's store
+    from mlflow import MlflowClient
+
+    store = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    runs = store.search_runs([e.experiment_id for e in store.search_experiments()],
+                             filter_string="tags.`opro.kind` = 'probe'")
+    assert len(runs) == 1 and runs[0].data.params["pilot.questions"] == "8"
+    stored = json.loads((tmp_path / "out" / "probe.json").read_text())
+    planned = runner.invoke(app, ["plan", str(config), "--probe", "--questions", "8"])
+    assert planned.exit_code == 0, planned.output
+    assert "probe (8 pilot questions" in planned.output and "(read from " in planned.output
+    assert json.loads((tmp_path / "out" / "probe.json").read_text()) == stored  # read, not made again
+    as_json = runner.invoke(app, ["plan", str(config), "--probe", "--questions", "8", "--json"])
+    assert json.loads(as_json.output)["probe"]["pilot"]["n"] == 8
+    optimized = runner.invoke(app, ["optimize", str(config), "--no-progress"])
+    assert optimized.exit_code == 0, optimized.output
+    said = optimized.output
+    assert said.index("probe (8 pilot questions") < said.index("opro optimize: t")  # at the start, before the run
+    # Other settings: `plan --probe` probes again; optimize says the stored one is not this config's.
+    data["rag"]["initial_instructions"] = ["Answer from the context."]
+    write_toml(data, config)
+    replanned = runner.invoke(app, ["plan", str(config), "--probe", "--questions", "6"])
+    assert replanned.exit_code == 0 and "wrote " in replanned.output and "probe (6 pilot questions" in replanned.output
+    data["rag"]["top_k"] = 3
+    write_toml(data, config)
+    # (The run itself is then refused by the decision ledger: these validation questions already decided.)
+    stale = runner.invoke(app, ["optimize", str(config), "--no-progress", "--fresh"])
+    assert "probe: the stored probe" in stale.output and "made with other settings" in stale.output
+
+
+PARAGRAPHS = (
+    "AlexNet won the ImageNet challenge in 2012 with a top-5 error far below the runner-up.",
+    "The network used ReLU activations and dropout regularization to train faster and overfit less.",
+    "Training was split across two GPUs because one card had too little memory for the model.",
+    "Its architecture stacks five convolutional layers and three fully connected layers.",
+)
+KEYWORDS_OF = ("ImageNet challenge", "ReLU activations", "two GPUs", "convolutional layers")
+ABSENT = "Zebras migrate across the savanna every spring following the rains and fresh grass."
+
+
+def _contexts_config(tmp_path: Path) -> OproConfig:
+    """Questions with reference contexts: every fifth one's passage is not in the corpus."""
+    rows = [{"question": f"What about the {KEYWORDS_OF[i % 4]} (fact {i})?", "answer": f"Answer {i}.",
+             "contexts": [ABSENT if i % 5 == 0 else PARAGRAPHS[i % 4]]} for i in range(40)]
+    data = experiment_config(tmp_path, questions=40, doc="\n\n".join(PARAGRAPHS) + "\n",
+                             optimizer={"validation_extension": 5},
+                             search={"space": {"top_k": [1, 3]}})
+    (tmp_path / "qa_contexts.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    data["data"].update({"dataset": str(tmp_path / "qa_contexts.jsonl"), "contexts_field": "contexts",
+                         "split": {"exemplar": 3, "optimization": 3, "validation": 6, "heldout": 8, "seed": 1}})
+    return config_from_dict(data, base_dir=tmp_path, source="t.toml")
+
+
+def long_unless_told(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    """Three sentences, or one when the instruction asks for one: a task model that follows it."""
+    if "one sentence" in messages[-1].content:
+        return "Using the context: yes."
+    return "Using the context: yes. It says so plainly. Nothing else is needed here."
+
+
+def test_retrieval_recall_and_instruction_following_are_measured(tmp_path: Path) -> None:
+    result = _probe(_contexts_config(tmp_path), _pool(long_unless_told), questions=15)
+    exp = Experiment(_contexts_config(tmp_path), pool=_pool(long_unless_told), progress=False)
+    try:
+        pilot = {e.query: e for e in exp.dataset.examples}
+    finally:
+        exp.close()
+    absent = sum(pilot[q].reference_contexts == (ABSENT,) for q in result.questions)
+    assert 0 < absent < 15 and result.task.recall_n == 15
+    assert set(result.task.recall) == {1, 2, 3}
+    assert result.task.recall[2] == result.task.recall[3] == pytest.approx((15 - absent) / 15)
+    assert result.task.mean_retrieved is not None and result.task.mean_missed is not None
+    assert "wording cannot fix a passage never retrieved" in "\n".join(result.lines())
+    assert result.task.follows is True and "follows its instruction" in result.task.following
+    fmt = next(e for e in result.effects if e.label == "one sentence")
+    assert fmt.answer_words is not None and result.initial.answer_words is not None
+    assert fmt.answer_words < result.initial.answer_words and fmt.one_sentence == 1.0
+    ignored = _probe(_contexts_config(tmp_path / "ignored"), _pool(demos_help), questions=8)
+    assert ignored.task.follows is None and ignored.task.following.startswith("cannot tell: the initial answers are")
