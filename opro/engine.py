@@ -367,14 +367,8 @@ class EvaluationEngine:
         parked: list[tuple[Pair, Answered]] = []  # answered ahead of a decision: judged once it allows
         while True:
             if parked:
-                waiting = parked
-                parked = []
-                for p, a in waiting:
-                    decision = "run" if gate is None else gate(p)
-                    if decision == "run":
-                        to_judge.append((p, a))
-                    elif decision != "drop":
-                        parked.append((p, a))
+                run, parked = _by_gate(parked, gate)
+                to_judge.extend(run)
             # Judgments first: they finish pairs, which opens gates (running means, pruning).
             while to_judge and judging < self.judge_slots:
                 p, a = to_judge.pop(0)
@@ -401,11 +395,9 @@ class EvaluationEngine:
             kind, pair, payload = done.get()
             if kind == "answer":
                 asking -= 1
-                decision = "run" if gate is None else gate(pair)
-                if decision == "run":
-                    to_judge.append((pair, payload))
-                elif decision != "drop":
-                    parked.append((pair, payload))
+                run, wait = _by_gate([(pair, payload)], gate)
+                to_judge.extend(run)
+                parked.extend(wait)
                 continue
             if kind == "row":
                 judging -= 1
@@ -421,6 +413,21 @@ class EvaluationEngine:
                 on_scored(_error_scored(pair, payload))
                 continue
             raise payload
+
+
+def _by_gate(answered: Sequence[tuple[Pair, Answered]], gate: Callable[[Pair], Gate] | None,
+             ) -> tuple[list[tuple[Pair, Answered]], list[tuple[Pair, Answered]]]:
+    """Answered pairs by what their gate says now: (to judge, parked until it decides); dropped ones
+    are left out (their judge call is saved)."""
+    run: list[tuple[Pair, Answered]] = []
+    parked: list[tuple[Pair, Answered]] = []
+    for p, a in answered:
+        decision = "run" if gate is None else gate(p)
+        if decision == "run":
+            run.append((p, a))
+        elif decision != "drop":
+            parked.append((p, a))
+    return run, parked
 
 
 __all__ = [

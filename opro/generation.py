@@ -125,6 +125,145 @@ def select_chunks(chunks: Sequence[Chunk | str], *, max_chunks: int | None, min_
     return [usable[int(k * step)] for k in range(max_chunks)]
 
 
+@dataclass(frozen=True)
+class _Asker:
+    """The two calls of generation, at temperature 0: a chunk's questions, and a question's answer."""
+
+    llm: ChatClient
+    questions_per_chunk: int
+    question_template: str
+    answer_template: str
+    #: The question query with its number of questions filled in.
+    query: str
+    question_max_tokens: int
+    answer_max_tokens: int
+
+    def fill(self, tmpl: str, context: str, q: str) -> str:
+        # str.replace, not str.format: chunk text may contain braces.
+        return (
+            tmpl.replace("{num_questions_per_chunk}", str(self.questions_per_chunk))
+            .replace("{query_str}", q)
+            .replace("{context_str}", context)
+        )
+
+    def questions(self, item: tuple[int, str], bar: ProgressBar) -> tuple[int, str, Completion]:
+        idx, text = item
+        # Small models often write more questions than asked: stop at the next number instead of paying for it.
+        stops = (f"\n{self.questions_per_chunk + 1}.", f"\n{self.questions_per_chunk + 1})")
+        c = self.llm.complete(
+            [Message("user", self.fill(self.question_template, text, self.query))],
+            temperature=0.0,
+            max_tokens=self.question_max_tokens,
+            stop=stops,
+        )
+        bar.advance()
+        return idx, text, c
+
+    def answer(self, item: tuple[int, str, str], bar: ProgressBar) -> Completion:
+        _, text, question = item
+        c = self.llm.complete(
+            [Message("user", self.fill(self.answer_template, text, question))], temperature=0.0,
+            max_tokens=self.answer_max_tokens,
+        )
+        bar.advance()
+        return c
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What the calls returned: every question call's completion (chunk order), the questions kept
+    (chunk index, chunk text, question) with their answers, and the questions dropped on the way."""
+
+    question_completions: tuple[Completion, ...]
+    kept: tuple[tuple[int, str, str], ...]
+    answers: tuple[Completion, ...]
+    dropped: tuple[DroppedQuestion, ...]
+
+
+def _check_generation(questions_per_chunk: int, question_template: str, answer_template: str) -> None:
+    if questions_per_chunk <= 0:
+        raise ConfigError(f"questions_per_chunk must be positive, got {questions_per_chunk}")
+    for name, tmpl in (("question_template", question_template), ("answer_template", answer_template)):
+        for var in ("{context_str}", "{query_str}"):
+            if var not in tmpl:
+                raise ConfigError(f"{name} must contain {var}")
+
+
+def _new_questions(c: Completion, idx: int, text: str, *, limit: int,
+                   seen: NearDuplicates) -> tuple[list[tuple[int, str, str]], list[DroppedQuestion]]:
+    """A chunk's questions from its reply: (those kept, those dropped: none parsed, or a duplicate of
+    one kept before, which ``seen`` then holds)."""
+    dropped: list[DroppedQuestion] = []
+    parsed = parse_questions(c.text, limit=limit)
+    if not parsed:
+        dropped.append(DroppedQuestion(c.text.strip()[:200], "empty", idx, "no question in the reply"))
+    new: list[tuple[int, str, str]] = []
+    for q in parsed:
+        why = seen.match(q)
+        if why is not None:
+            dropped.append(DroppedQuestion(q, why, idx))
+        else:
+            new.append((idx, text, q))
+            seen.add(q)
+    return new, dropped
+
+
+def _ask(selected: Sequence[tuple[int, str]], asker: _Asker, *, seen: NearDuplicates, n_workers: int,
+         progress: bool) -> _Asked:
+    """Every chunk's questions, the duplicates dropped, and every kept question's answer."""
+    completions: list[Completion] = []
+    dropped: list[DroppedQuestion] = []
+    kept: list[tuple[int, str, str]] = []  # (chunk index, chunk text, question)
+    answer_calls: list[Future[Completion]] = []
+    with (
+        progress_bar("generating golden examples", total=len(selected), enabled=progress) as bar,
+        ThreadPoolExecutor(max_workers=n_workers) as pool,
+    ):
+        # Chunk by chunk, in order (the duplicate check compares with earlier chunks' questions): a
+        # chunk's answers are asked as soon as its questions are in, before the next chunk's question
+        # call is queued. Both prompts start with the chunk, so an in-process model reuses its KV
+        # instead of prefilling the chunk again; n_workers question calls stay in flight for an endpoint.
+        question_calls = [pool.submit(asker.questions, item, bar) for item in selected[:n_workers]]
+        for i in range(len(selected)):
+            idx, text, c = question_calls[i].result()
+            completions.append(c)
+            new, why = _new_questions(c, idx, text, limit=asker.questions_per_chunk, seen=seen)
+            dropped.extend(why)
+            bar.add_total(len(new))
+            kept.extend(new)
+            answer_calls.extend(pool.submit(asker.answer, item, bar) for item in new)
+            if i + n_workers < len(selected):
+                question_calls.append(pool.submit(asker.questions, selected[i + n_workers], bar))
+        answers = [call.result() for call in answer_calls]
+    return _Asked(question_completions=tuple(completions), kept=tuple(kept), answers=tuple(answers),
+                  dropped=tuple(dropped))
+
+
+def _examples(asked: _Asked, *, model: str) -> tuple[list[Example], list[DroppedQuestion]]:
+    """The golden examples of the kept questions whose answer is usable; (examples, questions dropped
+    for an empty answer or one saying the context lacks it)."""
+    examples: list[Example] = []
+    dropped: list[DroppedQuestion] = []
+    by = {"model_name": model, "type": "ai"}
+    for (idx, text, question), c in zip(asked.kept, asked.answers, strict=True):
+        answer = c.text.strip()
+        if not answer:
+            dropped.append(DroppedQuestion(question, "empty-answer", idx))
+        elif says_not_in_context(answer):
+            dropped.append(DroppedQuestion(question, "not-in-context", idx, answer[:200]))
+        else:
+            examples.append(
+                Example(
+                    query=question,
+                    reference_answer=answer,
+                    reference_contexts=(text,),
+                    query_by=by,
+                    reference_answer_by=by,
+                )
+            )
+    return examples, dropped
+
+
 def generate_examples(
     *,
     chunks: Sequence[Chunk | str],
@@ -143,101 +282,21 @@ def generate_examples(
     progress: bool = True,
 ) -> GenerationResult:
     """Generate golden examples; see :func:`generate_dataset`. Also returns what was dropped and why."""
-    if questions_per_chunk <= 0:
-        raise ConfigError(f"questions_per_chunk must be positive, got {questions_per_chunk}")
-    for name, tmpl in (("question_template", question_template), ("answer_template", answer_template)):
-        for var in ("{context_str}", "{query_str}"):
-            if var not in tmpl:
-                raise ConfigError(f"{name} must contain {var}")
+    _check_generation(questions_per_chunk, question_template, answer_template)
     selected = select_chunks(chunks, max_chunks=max_chunks, min_chars=min_chunk_chars)
-    q_tokens = question_max_tokens or 40 * questions_per_chunk + 16
-    query = question_query.replace("{num_questions_per_chunk}", str(questions_per_chunk))
-    # Small models often write more questions than asked: stop at the next number instead of paying for it.
-    stops = (f"\n{questions_per_chunk + 1}.", f"\n{questions_per_chunk + 1})")
+    asker = _Asker(
+        llm=llm, questions_per_chunk=questions_per_chunk, question_template=question_template,
+        answer_template=answer_template,
+        query=question_query.replace("{num_questions_per_chunk}", str(questions_per_chunk)),
+        question_max_tokens=question_max_tokens or 40 * questions_per_chunk + 16, answer_max_tokens=answer_max_tokens,
+    )
     n_workers = max(1, min(workers or llm.llm.max_concurrency, llm.llm.max_concurrency))
-    completions: list[Completion] = []
-
-    def fill(tmpl: str, context: str, q: str) -> str:
-        # str.replace, not str.format: chunk text may contain braces.
-        return (
-            tmpl.replace("{num_questions_per_chunk}", str(questions_per_chunk))
-            .replace("{query_str}", q)
-            .replace("{context_str}", context)
-        )
-
-    def ask_questions(item: tuple[int, str], bar: ProgressBar) -> tuple[int, str, Completion]:
-        idx, text = item
-        c = llm.complete(
-            [Message("user", fill(question_template, text, query))],
-            temperature=0.0,
-            max_tokens=q_tokens,
-            stop=stops,
-        )
-        bar.advance()
-        return idx, text, c
-
-    def ask_answer(item: tuple[int, str, str], bar: ProgressBar) -> Completion:
-        _, text, question = item
-        c = llm.complete(
-            [Message("user", fill(answer_template, text, question))], temperature=0.0, max_tokens=answer_max_tokens
-        )
-        bar.advance()
-        return c
-
-    dropped: list[DroppedQuestion] = []
-    kept: list[tuple[int, str, str]] = []  # (chunk index, chunk text, question)
-    seen = NearDuplicates(jaccard=jaccard_threshold, ratio=ratio_threshold)
-    answer_calls: list[Future[Completion]] = []
-    with (
-        progress_bar("generating golden examples", total=len(selected), enabled=progress) as bar,
-        ThreadPoolExecutor(max_workers=n_workers) as pool,
-    ):
-        # Chunk by chunk, in order (the duplicate check compares with earlier chunks' questions): a
-        # chunk's answers are asked as soon as its questions are in, before the next chunk's question
-        # call is queued. Both prompts start with the chunk, so an in-process model reuses its KV
-        # instead of prefilling the chunk again; n_workers question calls stay in flight for an endpoint.
-        question_calls = [pool.submit(ask_questions, item, bar) for item in selected[:n_workers]]
-        for i in range(len(selected)):
-            idx, text, c = question_calls[i].result()
-            completions.append(c)
-            parsed = parse_questions(c.text, limit=questions_per_chunk)
-            if not parsed:
-                dropped.append(DroppedQuestion(c.text.strip()[:200], "empty", idx, "no question in the reply"))
-            new: list[tuple[int, str, str]] = []
-            for q in parsed:
-                why = seen.match(q)
-                if why is not None:
-                    dropped.append(DroppedQuestion(q, why, idx))
-                else:
-                    new.append((idx, text, q))
-                    seen.add(q)
-            bar.add_total(len(new))
-            kept.extend(new)
-            answer_calls.extend(pool.submit(ask_answer, item, bar) for item in new)
-            if i + n_workers < len(selected):
-                question_calls.append(pool.submit(ask_questions, selected[i + n_workers], bar))
-        answers = [call.result() for call in answer_calls]
-    examples: list[Example] = []
-    by = {"model_name": llm.model, "type": "ai"}
-    for (idx, text, question), c in zip(kept, answers, strict=True):
-        completions.append(c)
-        answer = c.text.strip()
-        if not answer:
-            dropped.append(DroppedQuestion(question, "empty-answer", idx))
-        elif says_not_in_context(answer):
-            dropped.append(DroppedQuestion(question, "not-in-context", idx, answer[:200]))
-        else:
-            examples.append(
-                Example(
-                    query=question,
-                    reference_answer=answer,
-                    reference_contexts=(text,),
-                    query_by=by,
-                    reference_answer_by=by,
-                )
-            )
+    asked = _ask(selected, asker, seen=NearDuplicates(jaccard=jaccard_threshold, ratio=ratio_threshold),
+                 n_workers=n_workers, progress=progress)
+    examples, unanswered = _examples(asked, model=llm.model)
     return GenerationResult(
-        dataset=GoldenDataset(tuple(examples)), dropped=tuple(dropped), n_chunks=len(selected), completions=tuple(completions)
+        dataset=GoldenDataset(tuple(examples)), dropped=(*asked.dropped, *unanswered), n_chunks=len(selected),
+        completions=(*asked.question_completions, *asked.answers),
     )
 
 

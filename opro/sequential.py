@@ -244,6 +244,23 @@ def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float) ->
     return lo, hi
 
 
+def _resampled_residuals(d: np.ndarray, *, draws: int, n_max: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``draws`` resamples of ``n_max`` of the residuals of ``d`` (about its mean): as observed, and
+    widened to the spread's one-sided 95% upper confidence bound."""
+    # A claim is made more often when the sample's spread happened to look small (the test is
+    # studentized), so the observed residuals understate the spread among claims: they are scaled
+    # to the spread's one-sided 95% upper confidence bound. Without it the interval covered 0.92 at
+    # a true gain of -0.2, where claims are rare (``experiments/bench_selection.py --coverage``).
+    from scipy.stats import chi2
+
+    # The point estimate keeps the observed spread: widened, it was adjusted past the truth (above it
+    # in 31% of claims at +0.5 instead of half).
+    widen = math.sqrt((len(d) - 1) / float(chi2.ppf(0.05, len(d) - 1)))
+    raw = float(d.mean())
+    draw = np.random.default_rng(seed).choice(len(d), size=(draws, n_max))
+    return (d - raw)[draw], (d - raw)[draw] * widen
+
+
 def conditional_estimate(
     differences: Sequence[float], *, sizes: Sequence[int], alpha: float, futility: bool = True,
     level: float = 0.95, draws: int = 4000, seed: int = 0,
@@ -277,17 +294,7 @@ def conditional_estimate(
         return Estimate(gain=raw, ci=(raw, raw), raw=raw)
     se = max(float(d.std(ddof=1)), 0.25) / math.sqrt(len(d))
     z = z_boundaries(sizes, alpha=alpha, seed=seed)
-    # A claim is made more often when the sample's spread happened to look small (the test is
-    # studentized), so the observed residuals understate the spread among claims: they are scaled
-    # to the spread's one-sided 95% upper confidence bound. Without it the interval covered 0.92 at
-    # a true gain of -0.2, where claims are rare (``experiments/bench_selection.py --coverage``).
-    from scipy.stats import chi2
-
-    # The point estimate keeps the observed spread: widened, it was adjusted past the truth (above it
-    # in 31% of claims at +0.5 instead of half).
-    widen = math.sqrt((len(d) - 1) / float(chi2.ppf(0.05, len(d) - 1)))
-    draw = np.random.default_rng(seed).choice(len(d), size=(draws, n_max))
-    plain, widened = (d - raw)[draw], (d - raw)[draw] * widen
+    plain, widened = _resampled_residuals(d, draws=draws, n_max=n_max, seed=seed)
     floor = max(50, draws // 100)  # claims needed before a conditional tail is trusted
 
     def claims(theta: float, residuals: np.ndarray = widened) -> np.ndarray:

@@ -165,3 +165,44 @@ def test_the_graph_reader_sees_a_loop() -> None:
     assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert "opro.search.study" in _graph()["opro.search.steps"]
     assert _floor("opro.search.steps") < _floor("opro.tracking.genai") < _floor("opro.experiment")
+
+
+#: Functions over 80 lines today, in modules other branches are splitting (compare.py by job, cli.py
+#: into a package): they leave this list as those land, and nothing joins it.
+LONG_FUNCTIONS_BEING_SPLIT = frozenset({
+    "opro/compare.py:compare_prompts",
+    "opro/compare.py:_promote",
+    "opro/cli.py:compare",
+})
+
+
+def test_no_function_is_over_80_lines() -> None:
+    """A function a reader can hold at once: at most 80 lines from ``def`` to its last line
+    (decorators not counted); longer work is split into named steps."""
+    long = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                where = f"{path.relative_to(PACKAGE.parent).as_posix()}:{node.name}"
+                if lines > 80 and where not in LONG_FUNCTIONS_BEING_SPLIT:
+                    long[where] = lines
+    assert not long, long
+
+
+#: Optuna's private attributes opro reads; only :func:`opro.search.study.create_trial` may (it says why).
+_OPTUNA_PRIVATE = frozenset({"_storage", "_study_id", "_trial_id", "_cached_frozen_trial"})
+
+
+def test_optuna_private_api_is_used_in_one_wrapper_only() -> None:
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(func):
+                if (isinstance(node, ast.Attribute) and node.attr in _OPTUNA_PRIVATE
+                        and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+                    found.add(f"{path.relative_to(PACKAGE.parent).as_posix()}:{func.name}")
+    assert found == {"opro/search/study.py:create_trial"}, found

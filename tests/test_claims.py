@@ -193,6 +193,32 @@ def test_a_claim_is_won_once(tmp_path: Path) -> None:
     assert len(state.stale) == 2 and state.free(2) == [0, 1]
 
 
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_the_one_private_optuna_call_creates_a_claim_whole_on_the_installed_optuna(tmp_path: Path, backend: str) -> None:
+    """:func:`opro.search.study.create_trial` (Optuna's private ``Study._storage``/``_study_id``) on
+    the Optuna installed: the claim appears at once with its attributes, parameters and RUNNING
+    state, its number is the study's, and the public ``Trial`` opens it by its id."""
+    from opro.search.study import CandidateTrial, claim_template, create_trial
+
+    storage = None if backend == "memory" else f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=1.0))  # numbers start after the trials already there
+    dist = optuna.distributions.IntDistribution(1, 8)
+    template = claim_template(instruction="x", step=1, index=2, worker=0, token="t", part=None,
+                              params={"top_k": 3}, distributions={"top_k": dist})
+    created = create_trial(study, template)
+    assert created.number == 1
+    stored = CandidateTrial.of(study.get_trials(deepcopy=False)[-1])
+    assert (stored.number, stored.state, stored.instruction, stored.step, stored.index, stored.claim) == (
+        1, optuna.trial.TrialState.RUNNING, "x", 1, 2, "t")
+    assert dict(stored.params) == {"top_k": 3}
+    trial = SearchStudy(study).running(created)
+    assert trial.number == created.number and trial.params == {"top_k": 3}
+    trial.report(0.5, 0)
+    study.tell(trial, 0.5)
+    assert study.get_trials(deepcopy=False)[-1].value == 0.5
+
+
 def test_mismatched_worker_specs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(OproError, match=r"--worker 0/0: N is the number of workers .* must be >= 1"):
         WorkerPlan(index=0, count=0)

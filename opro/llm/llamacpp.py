@@ -139,6 +139,27 @@ class _SavedPrefixes:
             self._bytes -= len(dropped)
 
 
+def _check_settings(*, n_ctx: int, n_batch: int, batch_width: int, n_threads: int | None, extra_buffers: str,
+                    prefix_cache_mb: int, draft_fill: int) -> None:
+    """Refuse a :class:`LlamaCppLLM` setting out of range, before the model is resolved or loaded."""
+    if n_ctx < 256:
+        raise ConfigError(f"n_ctx must be >= 256, got {n_ctx}")
+    if n_batch < 1:
+        raise ConfigError(f"n_batch must be >= 1, got {n_batch}")
+    if batch_width < 1:
+        raise ConfigError(f"batch_width must be >= 1, got {batch_width}")
+    if n_threads is not None and n_threads < 1:
+        raise ConfigError(f"n_threads must be >= 1 or None (the free usable cores), got {n_threads}")
+    from opro.llm.probe import EXTRA_BUFFERS
+
+    if extra_buffers not in EXTRA_BUFFERS:
+        raise ConfigError(f"extra_buffers must be one of {', '.join(EXTRA_BUFFERS)}, got {extra_buffers!r}")
+    if prefix_cache_mb < 0:
+        raise ConfigError(f"prefix_cache_mb must be >= 0 (0: off), got {prefix_cache_mb}")
+    if draft_fill < 0:
+        raise ConfigError(f"draft_fill must be >= 0 (0 or 1: off), got {draft_fill}")
+
+
 class LlamaCppLLM(LLM):
     """Chat completions from a local GGUF model."""
 
@@ -195,22 +216,8 @@ class LlamaCppLLM(LLM):
         crash; "on" / "off" force either (probed too). ``probe=False`` loads without the probe (the
         probe's own child does).
         """
-        if n_ctx < 256:
-            raise ConfigError(f"n_ctx must be >= 256, got {n_ctx}")
-        if n_batch < 1:
-            raise ConfigError(f"n_batch must be >= 1, got {n_batch}")
-        if batch_width < 1:
-            raise ConfigError(f"batch_width must be >= 1, got {batch_width}")
-        if n_threads is not None and n_threads < 1:
-            raise ConfigError(f"n_threads must be >= 1 or None (the free usable cores), got {n_threads}")
-        from opro.llm.probe import EXTRA_BUFFERS
-
-        if extra_buffers not in EXTRA_BUFFERS:
-            raise ConfigError(f"extra_buffers must be one of {', '.join(EXTRA_BUFFERS)}, got {extra_buffers!r}")
-        if prefix_cache_mb < 0:
-            raise ConfigError(f"prefix_cache_mb must be >= 0 (0: off), got {prefix_cache_mb}")
-        if draft_fill < 0:
-            raise ConfigError(f"draft_fill must be >= 0 (0 or 1: off), got {draft_fill}")
+        _check_settings(n_ctx=n_ctx, n_batch=n_batch, batch_width=batch_width, n_threads=n_threads,
+                        extra_buffers=extra_buffers, prefix_cache_mb=prefix_cache_mb, draft_fill=draft_fill)
         name = os.fspath(model_path)
         self.path: Path = resolve_model_path(name)
         self._model = name if name in EMBEDDED_MODELS else self.path.stem
@@ -677,9 +684,35 @@ class LlamaCppLLM(LLM):
     def _decode_group(self, llama: Llama, group: list[_Seq]) -> None:
         """Greedy decoding of ``group`` with a shared prefix, the stop rules of ``create_completion``."""
         import llama_cpp
-        import numpy as np
 
         mem = llama_cpp.llama_get_memory(llama._ctx.ctx)
+        prefix = self._share_prefix(llama, group, mem)
+        vocab = llama._model.vocab
+        n_vocab = llama.n_vocab()
+        capacity = max(self.n_batch, len(group))
+        batch = llama_cpp.llama_batch_init(capacity, 0, 1)
+        try:
+            live = self._decode_tails(llama, batch, group, prefix=prefix, capacity=capacity, vocab=vocab,
+                                      n_vocab=n_vocab)
+            # Then one step per decode: each live sequence's last token, plus drafted tokens when the
+            # step would hold fewer than a multiple of ``draft_fill`` tokens (see _drafts).
+            while live:
+                live = self._decode_step(llama, batch, group, live, mem=mem, vocab=vocab, n_vocab=n_vocab)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            for seq_id in range(1, self.batch_width + 1):
+                llama_cpp.llama_memory_seq_rm(mem, seq_id, -1, -1)
+        # What sequence 0 holds now is the shared prefix: the next call can reuse it.
+        llama._ctx.kv_cache_seq_rm(0, prefix, -1)
+        llama.input_ids[:prefix] = group[0].prompt[:prefix]
+        llama.n_tokens = prefix
+
+    def _share_prefix(self, llama: Llama, group: list[_Seq], mem: Any) -> int:
+        """Sequence 0 holds the prefix the group's prompts share (what the context kept of it, a saved
+        state, then prefill), and sequence j + 1 a copy of it for answer j; returns the prefix's
+        length (the shortest prompt's last token left out: its logits start that answer)."""
+        import llama_cpp
+
         prefix = min(_common_prefix([s.prompt for s in group]), min(len(s.prompt) for s in group) - 1)
         # Sequence 0 keeps what the previous call left that this prefix shares (KV-prefix reuse).
         keep = min(llama.longest_token_prefix(llama._input_ids[: llama.n_tokens].tolist(), group[0].prompt), prefix)
@@ -695,67 +728,68 @@ class LlamaCppLLM(LLM):
         # Sequence j + 1 gets a copy of the prefix's cells (shared, not duplicated, in a unified cache).
         for j in range(len(group)):
             llama_cpp.llama_memory_seq_cp(mem, 0, j + 1, -1, -1)
-        vocab = llama._model.vocab
-        n_vocab = llama.n_vocab()
-        capacity = max(self.n_batch, len(group))
-        batch = llama_cpp.llama_batch_init(capacity, 0, 1)
-        try:
-            # The tails first; logits at each sequence's last token give its first answer token.
-            pending = [(j, s.prompt[prefix:], prefix) for j, s in enumerate(group)]
-            live: list[int] = []  # positions in ``group`` of the answers still going
-            while pending:
-                rows = _fill(batch, pending, capacity)  # what did not fit stays in pending
-                self._decode(llama, batch)
-                for j, row in rows:
-                    seq = group[j]
-                    logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row), shape=(n_vocab,))
-                    if self._step(llama, vocab, seq, int(np.argmax(logits))):
-                        live.append(j)
-            # Then one step per decode: each live sequence's last token, plus drafted tokens when the
-            # step would hold fewer than a multiple of ``draft_fill`` tokens (see _drafts).
-            while live:
-                # (sequence, position of its last token, drafts after it)
-                runs = [
-                    (j, len(group[j].prompt) + len(group[j].tokens) - 1, drafts)
-                    for j, drafts in zip(live, self._drafts([group[j] for j in live]), strict=True)
-                ]
-                n = 0
-                for j, pos, drafts in runs:
-                    for k, token in enumerate([group[j].tokens[-1], *drafts]):
-                        _put(batch, n, token=token, pos=pos + k, seq_id=j + 1, logits=True)
-                        n += 1
-                batch.n_tokens = n
-                self._decode(llama, batch)
-                row = 0
-                still: list[int] = []
-                for j, pos, drafts in runs:
-                    seq = group[j]
-                    # Greedy verification: a drafted token stands only where it is the arg-max after
-                    # the tokens before it, so the answer is the one decoded token by token.
-                    accepted = 0
-                    while True:
-                        logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row + accepted), shape=(n_vocab,))
-                        token = int(np.argmax(logits))
-                        going = self._step(llama, vocab, seq, token)
-                        if not going or accepted == len(drafts) or drafts[accepted] != token:
-                            break
-                        accepted += 1
-                    self.drafted += len(drafts)
-                    self.draft_hits += accepted
-                    if going:
-                        still.append(j)
-                        # Cells of the drafts that were not taken go; the new last token is fed next step.
-                        llama_cpp.llama_memory_seq_rm(mem, j + 1, pos + accepted + 1, -1)
-                    row += 1 + len(drafts)
-                live = still
-        finally:
-            llama_cpp.llama_batch_free(batch)
-            for seq_id in range(1, self.batch_width + 1):
-                llama_cpp.llama_memory_seq_rm(mem, seq_id, -1, -1)
-        # What sequence 0 holds now is the shared prefix: the next call can reuse it.
-        llama._ctx.kv_cache_seq_rm(0, prefix, -1)
-        llama.input_ids[:prefix] = group[0].prompt[:prefix]
-        llama.n_tokens = prefix
+        return prefix
+
+    def _decode_tails(self, llama: Llama, batch: Any, group: list[_Seq], *, prefix: int, capacity: int,
+                      vocab: Any, n_vocab: int) -> list[int]:
+        """The prompts' tails after the prefix, as many per decode as the batch holds; the logits at each
+        sequence's last token give its first answer token. Returns the positions in ``group`` of the
+        answers still going."""
+        import numpy as np
+
+        pending = [(j, s.prompt[prefix:], prefix) for j, s in enumerate(group)]
+        live: list[int] = []
+        while pending:
+            rows = _fill(batch, pending, capacity)  # what did not fit stays in pending
+            self._decode(llama, batch)
+            for j, row in rows:
+                seq = group[j]
+                logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row), shape=(n_vocab,))
+                if self._step(llama, vocab, seq, int(np.argmax(logits))):
+                    live.append(j)
+        return live
+
+    def _decode_step(self, llama: Llama, batch: Any, group: list[_Seq], live: list[int], *, mem: Any,
+                     vocab: Any, n_vocab: int) -> list[int]:
+        """One decode of each live answer's last token and its drafts (:meth:`_drafts`), the drafts
+        checked greedily; returns the positions in ``group`` of the answers still going."""
+        import llama_cpp
+        import numpy as np
+
+        # (sequence, position of its last token, drafts after it)
+        runs = [
+            (j, len(group[j].prompt) + len(group[j].tokens) - 1, drafts)
+            for j, drafts in zip(live, self._drafts([group[j] for j in live]), strict=True)
+        ]
+        n = 0
+        for j, pos, drafts in runs:
+            for k, token in enumerate([group[j].tokens[-1], *drafts]):
+                _put(batch, n, token=token, pos=pos + k, seq_id=j + 1, logits=True)
+                n += 1
+        batch.n_tokens = n
+        self._decode(llama, batch)
+        row = 0
+        still: list[int] = []
+        for j, pos, drafts in runs:
+            seq = group[j]
+            # Greedy verification: a drafted token stands only where it is the arg-max after
+            # the tokens before it, so the answer is the one decoded token by token.
+            accepted = 0
+            while True:
+                logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row + accepted), shape=(n_vocab,))
+                token = int(np.argmax(logits))
+                going = self._step(llama, vocab, seq, token)
+                if not going or accepted == len(drafts) or drafts[accepted] != token:
+                    break
+                accepted += 1
+            self.drafted += len(drafts)
+            self.draft_hits += accepted
+            if going:
+                still.append(j)
+                # Cells of the drafts that were not taken go; the new last token is fed next step.
+                llama_cpp.llama_memory_seq_rm(mem, j + 1, pos + accepted + 1, -1)
+            row += 1 + len(drafts)
+        return still
 
     @staticmethod
     def _decode(llama: Llama, batch: Any) -> None:

@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from opro.config import OptimizerSection
@@ -41,6 +42,27 @@ logger = logging.getLogger(__name__)
 
 #: Steps in a row whose samples were all rejected (repeats, invalid) before the search stops.
 _MAX_STEPS_WITHOUT_CANDIDATES = 3
+
+
+@dataclass
+class _Progress:
+    """How the steps so far went, for the stopping rules: the best step score, and the steps in a row
+    without a better one or without a new candidate."""
+
+    best: float = -math.inf
+    without_gain: int = 0
+    without_candidates: int = 0
+
+    def scored(self, step: int, history: Sequence[CandidateRecord]) -> None:
+        step_best = max(
+            (r.score for r in history if r.step == step and r.status == "complete" and r.score is not None),
+            default=-math.inf,
+        )
+        if step_best > self.best + 1e-9:
+            self.best = step_best
+            self.without_gain = 0
+        elif step > 0:
+            self.without_gain += 1
 
 
 class Search:
@@ -203,74 +225,12 @@ class Search:
         extension_set: Sequence[QAExample],
         started: float,
     ) -> OptimizationResult:
-        study, plan, coord = self.study, self.workers, self.coordinator
-        self.usage.load()
-        study.fail_running(plan.index)
-        history = study.records()
-        lead = plan.lead
-        for r in history:
-            self.scorer.configure(r.instruction, r.params)
-        for recorder in self.recorders:
-            recorder.on_search_start(study, lead=lead)
+        study, lead = self.study, self.workers.lead
+        history = self._resume()
         exemplar_pool = [Exemplar(e.query, e.reference_answer) for e in exemplar_set]
-        stopped = "steps"
-        best_so_far = -math.inf
-        steps_without_gain = 0
-        steps_without_candidates = 0
         try:
-            for step in range(self.settings.steps + 1):
-                self.usage.load_others()
-                if step == 0:
-                    proposals: list[str] | None = list(dict.fromkeys(i.strip() for i in initial if i.strip()))
-                elif lead:
-                    # Room for the step's optimizer samples (up to 3 per candidate) and its first minibatch.
-                    k = self.settings.candidates_per_step
-                    if not self.budget_left(3 * k + 2 * k * min(self.settings.minibatch_size, len(optimization_set))):
-                        stopped = coord.stop(step, "budget")
-                        break
-                    proposals = self._propose(step, history, exemplar_pool, len(optimization_set))
-                else:
-                    proposals = coord.await_proposals(step, self.proposer.ask)
-                if proposals is None:  # worker 0 stopped the search (its budget, or no new candidates)
-                    stopped = coord.stopped_reason(step)
-                    break
-                self._configure(step, proposals)
-                self.steps.evaluate(step, proposals, optimization_set)
-                history = study.records()
-                step_best = max(
-                    (r.score for r in history if r.step == step and r.status == "complete" and r.score is not None),
-                    default=-math.inf,
-                )
-                if step_best > best_so_far + 1e-9:
-                    best_so_far = step_best
-                    steps_without_gain = 0
-                elif step > 0:
-                    steps_without_gain += 1
-                if lead:
-                    for recorder in self.recorders:
-                        recorder.on_step(study, step=step, history=history, best_score=best_so_far)
-                if any(r.status == "budget" and r.step == step for r in history):
-                    stopped = "budget"
-                    break
-                if lead and not self.budget_left():
-                    # Only worker 0 decides from the usage totals (each worker's view of them lags);
-                    # the others read its decision from the study.
-                    stopped = coord.stop(step + 1, "budget")
-                    break
-                if self.settings.patience and steps_without_gain >= self.settings.patience:
-                    stopped = "patience"
-                    break
-                # An optimizer that only repeats earlier instructions would otherwise be asked again
-                # for every remaining step (however many were configured), evaluating nothing.
-                steps_without_candidates = steps_without_candidates + 1 if step > 0 and not proposals else 0
-                if lead and steps_without_candidates >= _MAX_STEPS_WITHOUT_CANDIDATES:
-                    stopped = coord.stop(step + 1, "no new candidates")
-                    logger.warning(
-                        "stopping after step %d: the optimizer proposed no new instruction in %d steps in a row "
-                        "(every sample repeated an earlier one or was invalid; see the rejected samples); a higher "
-                        "[optimizer].temperature gives more varied samples", step, steps_without_candidates,
-                    )
-                    break
+            stopped = self._search_steps(initial=initial, optimization_set=optimization_set,
+                                         exemplar_pool=exemplar_pool, history=history)
             history = study.records()
             self.usage.load_others()
             for recorder in self.recorders:
@@ -294,19 +254,99 @@ class Search:
             with contextlib.suppress(Exception):  # the study store may be what failed
                 self.usage.save()
             for recorder in self.recorders:
-                recorder.on_search_failed(study, exc, abandoned=coord.abandoned)
+                recorder.on_search_failed(study, exc, abandoned=self.coordinator.abandoned)
             raise
         self.usage.save()
         if lead:
-            if result.rejected and not any(r.step > 0 for r in result.history):
-                reasons = sorted({r["reason"] for r in result.rejected})
-                logger.warning(
-                    "the optimizer proposed no usable instruction: %d proposal(s) rejected (%s)",
-                    len(result.rejected), "; ".join(reasons),
-                )
-            for recorder in self.recorders:
-                recorder.on_result(study, result)
+            self._hand_over(result)
         return result
+
+    def _resume(self) -> list[CandidateRecord]:
+        """Pick up where an earlier run of this worker stopped: its usage, its interrupted trials failed
+        (to be re-run), the finished candidates (returned) configured in the scorer; tell the recorders."""
+        self.usage.load()
+        self.study.fail_running(self.workers.index)
+        history = self.study.records()
+        for r in history:
+            self.scorer.configure(r.instruction, r.params)
+        for recorder in self.recorders:
+            recorder.on_search_start(self.study, lead=self.workers.lead)
+        return history
+
+    def _search_steps(self, *, initial: Sequence[str], optimization_set: Sequence[QAExample],
+                      exemplar_pool: Sequence[Exemplar], history: list[CandidateRecord]) -> str:
+        """Step 0 (the initial instructions), then propose -> score -> record until a step stops the
+        search; returns why it stopped (``steps`` when all were run)."""
+        progress = _Progress()
+        for step in range(self.settings.steps + 1):
+            self.usage.load_others()
+            proposals, stopped = self._proposals(step, initial=initial, optimization_set=optimization_set,
+                                                 exemplar_pool=exemplar_pool, history=history)
+            if proposals is None:
+                return stopped
+            self._configure(step, proposals)
+            self.steps.evaluate(step, proposals, optimization_set)
+            history = self.study.records()
+            progress.scored(step, history)
+            if self.workers.lead:
+                for recorder in self.recorders:
+                    recorder.on_step(self.study, step=step, history=history, best_score=progress.best)
+            reason = self._stop_after(step, history=history, proposals=proposals, progress=progress)
+            if reason is not None:
+                return reason
+        return "steps"
+
+    def _proposals(self, step: int, *, initial: Sequence[str], optimization_set: Sequence[QAExample],
+                   exemplar_pool: Sequence[Exemplar], history: Sequence[CandidateRecord]) -> tuple[list[str] | None, str]:
+        """The step's candidate instructions; or None and why the search stops before the step."""
+        if step == 0:
+            return list(dict.fromkeys(i.strip() for i in initial if i.strip())), ""
+        if self.workers.lead:
+            # Room for the step's optimizer samples (up to 3 per candidate) and its first minibatch.
+            k = self.settings.candidates_per_step
+            if not self.budget_left(3 * k + 2 * k * min(self.settings.minibatch_size, len(optimization_set))):
+                return None, self.coordinator.stop(step, "budget")
+            return self._propose(step, history, exemplar_pool, len(optimization_set)), ""
+        proposals = self.coordinator.await_proposals(step, self.proposer.ask)
+        if proposals is None:  # worker 0 stopped the search (its budget, or no new candidates)
+            return None, self.coordinator.stopped_reason(step)
+        return proposals, ""
+
+    def _stop_after(self, step: int, *, history: Sequence[CandidateRecord], proposals: Sequence[str],
+                    progress: _Progress) -> str | None:
+        """Why the search stops after ``step`` (the budget, patience, no new candidates), or None."""
+        lead, coord = self.workers.lead, self.coordinator
+        if any(r.status == "budget" and r.step == step for r in history):
+            return "budget"
+        if lead and not self.budget_left():
+            # Only worker 0 decides from the usage totals (each worker's view of them lags);
+            # the others read its decision from the study.
+            return coord.stop(step + 1, "budget")
+        if self.settings.patience and progress.without_gain >= self.settings.patience:
+            return "patience"
+        # An optimizer that only repeats earlier instructions would otherwise be asked again
+        # for every remaining step (however many were configured), evaluating nothing.
+        progress.without_candidates = progress.without_candidates + 1 if step > 0 and not proposals else 0
+        if lead and progress.without_candidates >= _MAX_STEPS_WITHOUT_CANDIDATES:
+            stopped = coord.stop(step + 1, "no new candidates")
+            logger.warning(
+                "stopping after step %d: the optimizer proposed no new instruction in %d steps in a row "
+                "(every sample repeated an earlier one or was invalid; see the rejected samples); a higher "
+                "[optimizer].temperature gives more varied samples", step, progress.without_candidates,
+            )
+            return stopped
+        return None
+
+    def _hand_over(self, result: OptimizationResult) -> None:
+        """The lead's result to the recorders, with a warning when no proposal was usable."""
+        if result.rejected and not any(r.step > 0 for r in result.history):
+            reasons = sorted({r["reason"] for r in result.rejected})
+            logger.warning(
+                "the optimizer proposed no usable instruction: %d proposal(s) rejected (%s)",
+                len(result.rejected), "; ".join(reasons),
+            )
+        for recorder in self.recorders:
+            recorder.on_result(self.study, result)
 
     def _result(
         self,

@@ -10,10 +10,11 @@ by question (its candidates split into parts).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,89 +166,125 @@ class StepEvaluator:
         # A step that cannot prune (step 0, or the pruner off) with fewer candidates than workers is
         # shared question by question: its candidates are split into parts, claimed one at a time
         # (by the number of workers the study was started for: the others may not have started yet).
-        splittable = not self.budgeted and not can_prune
-        part_size = max(self.settings.minibatch_size, math.ceil(len(examples) / 8))
-
-        def split(won: list[Claimed]) -> list[Claimed]:
-            if splittable and n < max(self.coordinator.plan.count, len(self.coordinator.live_workers())):
-                for _, _, trial in won:
-                    self.study.mark_split(trial, part_size)
-            return won
-
+        at = _Step(number=step, proposals=proposals, examples=examples, can_prune=can_prune,
+                   splittable=not self.budgeted and not can_prune,
+                   part_size=max(self.settings.minibatch_size, math.ceil(len(examples) / 8)))
         while True:
             state = step_state(self.study, step, proposals)
             if release_stale(self.study, state):
                 continue
             free = state.free(n)
             if free:
-                # With other workers: first as many candidates as keep this worker's slots busy, then
-                # one more whenever a slot would idle (a pruned candidate, a minibatch waiting for
-                # its last judgment), so workers whose candidates end early take more of the step.
-                # Each starts at its own place in the free list, so that workers rarely reach for the
-                # same candidates. Alone (or with a budget, which checks minibatches in order) it
-                # takes its even share at once.
-                workers = max(1, len(self.coordinator.live_workers()))
-                share = max(1, math.ceil(n / workers))
-                refill = workers > 1 and not self.budgeted
-                if refill:
-                    width = min(len(examples), self.settings.minibatch_size) if can_prune else len(examples)
-                    share = min(share, math.ceil(self.scorer.engine.task_slots / max(1, width)) + 1)
-                start = (self.worker * share) % len(free)
-                take = sorted((free[start:] + free[:start])[:share])
-                won = split(self._claim(step, [(i, proposals[i]) for i in take]))
-
-                def claim_next() -> list[Claimed]:
-                    while True:
-                        state = step_state(self.study, step, proposals)
-                        free = state.free(n)
-                        if not free:
-                            return []
-                        i = free[self.worker % len(free)]
-                        got = self._claim(step, [(i, proposals[i])])
-                        if got:
-                            return split(got)
-
-                if won:
-                    run = _StepRun(self, step, won, examples, claim_next=claim_next if refill else None,
-                                   proposals=proposals if splittable else None)
-                    new = run.run()
+                new = self._take(at, free)
+                if new is not None:
                     mine.extend(new)
-                    if new and all(r.status == "failed" and r.n_errors for r in new):
-                        # The endpoint is down, not the candidates bad: stop before paying for more.
-                        raise OproError(
-                            f"every call of step {step} failed ({sum(r.n_errors for r in new)} errors; see the "
-                            "warnings above): fix the endpoint and rerun the same command; finished work is kept "
-                            "and the failed candidates are evaluated again"
-                        )
-                    if new and all(r.n_scored == 0 and r.n_invalid for r in new):
-                        # The judge is broken, not the candidates: a next step proposed from a history
-                        # without a score would differ from the one a working judge leads to.
-                        raise OproError(
-                            f"every judge reply of step {step} was unreadable ({sum(r.n_invalid for r in new)} "
-                            "replies; see the warnings above): fix the judge (its model, endpoint, template or "
-                            "[judge].max_tokens) and rerun the same command; the answers are kept and these "
-                            "candidates are judged again"
-                        )
+                    _refuse_a_broken_step(step, new)
                     poll = 0.05
                 continue
             if len(state.done) >= n:
                 return mine
-            if splittable and part_state(self.study, step, proposals).free(len(examples)):
+            if at.splittable and part_state(self.study, step, proposals).free(len(examples)):
                 # Every candidate is taken, but a split one has parts left: help with those.
                 _StepRun(self, step, [], examples, proposals=proposals).run()
                 poll = 0.05
                 continue
-            now = time.monotonic()
-            if now - last_note > 30:
-                view = self.study.view()
-                who = sorted({t.worker for t in state.claimed.values()})
-                logger.warning(
-                    "worker %d: step %d waits for %d candidate(s) of %s", self.worker, step, len(state.claimed),
-                    ", ".join(describe_lease(w, view.lease(w), now=time.time()) for w in who),
-                )
-                last_note = now
+            last_note = self._note_waiting(step, state.claimed.values(), last_note)
             time.sleep(poll)
             poll = min(MAX_POLL_S, poll * 1.5)
+
+    def _take(self, at: _Step, free: list[int]) -> list[CandidateRecord] | None:
+        """Claim this worker's share of the ``free`` candidates and score them (with other workers,
+        claiming more on the way); their records, or None when another worker won every claim."""
+        # With other workers: first as many candidates as keep this worker's slots busy, then
+        # one more whenever a slot would idle (a pruned candidate, a minibatch waiting for
+        # its last judgment), so workers whose candidates end early take more of the step.
+        # Each starts at its own place in the free list, so that workers rarely reach for the
+        # same candidates. Alone (or with a budget, which checks minibatches in order) it
+        # takes its even share at once.
+        examples, proposals = at.examples, at.proposals
+        workers = max(1, len(self.coordinator.live_workers()))
+        share = max(1, math.ceil(len(proposals) / workers))
+        refill = workers > 1 and not self.budgeted
+        if refill:
+            width = min(len(examples), self.settings.minibatch_size) if at.can_prune else len(examples)
+            share = min(share, math.ceil(self.scorer.engine.task_slots / max(1, width)) + 1)
+        start = (self.worker * share) % len(free)
+        take = sorted((free[start:] + free[:start])[:share])
+        won = self._split(at, self._claim(at.number, [(i, proposals[i]) for i in take]))
+        if not won:
+            return None
+        run = _StepRun(self, at.number, won, examples, claim_next=functools.partial(self._claim_next, at) if refill else None,
+                       proposals=proposals if at.splittable else None)
+        return run.run()
+
+    def _claim_next(self, at: _Step) -> list[Claimed]:
+        """Claim one more free candidate of the step (a slot would idle); none left: empty."""
+        while True:
+            state = step_state(self.study, at.number, at.proposals)
+            free = state.free(len(at.proposals))
+            if not free:
+                return []
+            i = free[self.worker % len(free)]
+            got = self._claim(at.number, [(i, at.proposals[i])])
+            if got:
+                return self._split(at, got)
+
+    def _split(self, at: _Step, won: list[Claimed]) -> list[Claimed]:
+        """``won``, marked to be split among the workers where the step has fewer candidates than workers."""
+        if at.splittable and len(at.proposals) < max(self.coordinator.plan.count, len(self.coordinator.live_workers())):
+            for _, _, trial in won:
+                self.study.mark_split(trial, at.part_size)
+        return won
+
+    def _note_waiting(self, step: int, claimed: Iterable[CandidateTrial], last_note: float) -> float:
+        """Every 30 s of waiting, say which workers the step waits for; when it was last said."""
+        now = time.monotonic()
+        if now - last_note <= 30:
+            return last_note
+        view = self.study.view()
+        claims = list(claimed)
+        who = sorted({t.worker for t in claims})
+        logger.warning(
+            "worker %d: step %d waits for %d candidate(s) of %s", self.worker, step, len(claims),
+            ", ".join(describe_lease(w, view.lease(w), now=time.time()) for w in who),
+        )
+        return now
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A step as this worker evaluates it: what can be pruned or split, and how."""
+
+    number: int
+    proposals: Sequence[str]
+    examples: Sequence[QAExample]
+    #: A pruner can stop candidates of this step (earlier steps have complete candidates to compare with).
+    can_prune: bool
+    #: Its candidates may be split into parts among the workers (no pruning, no budget).
+    splittable: bool
+    #: Questions per part of a split candidate.
+    part_size: int
+
+
+def _refuse_a_broken_step(step: int, new: Sequence[CandidateRecord]) -> None:
+    """Stop the search when every candidate this worker scored in the step failed on every call (the
+    endpoint is down) or got only unreadable judge replies (the judge is broken): not the candidates."""
+    if new and all(r.status == "failed" and r.n_errors for r in new):
+        # The endpoint is down, not the candidates bad: stop before paying for more.
+        raise OproError(
+            f"every call of step {step} failed ({sum(r.n_errors for r in new)} errors; see the "
+            "warnings above): fix the endpoint and rerun the same command; finished work is kept "
+            "and the failed candidates are evaluated again"
+        )
+    if new and all(r.n_scored == 0 and r.n_invalid for r in new):
+        # The judge is broken, not the candidates: a next step proposed from a history
+        # without a score would differ from the one a working judge leads to.
+        raise OproError(
+            f"every judge reply of step {step} was unreadable ({sum(r.n_invalid for r in new)} "
+            "replies; see the warnings above): fix the judge (its model, endpoint, template or "
+            "[judge].max_tokens) and rerun the same command; the answers are kept and these "
+            "candidates are judged again"
+        )
 
 
 class _StepRun:

@@ -49,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 import optuna
 
@@ -64,8 +64,6 @@ from opro.search.results import CandidateRecord, CandidateStatus
 #: Statuses a new process evaluates again: the endpoint failed, the budget ran out or the judge's
 #: replies could not be read (``incomplete``), not the candidate.
 RETRY_STATUSES: frozenset[str] = frozenset({"failed", "budget", "incomplete"})
-_LEASE_PREFIX = "holder:w"
-_USAGE_PREFIX = "usage:w"
 
 
 class FingerprintMismatch(ConfigError):
@@ -80,8 +78,86 @@ def questions_key(queries: Sequence[str]) -> str:
     return sha("\x1f".join(queries))
 
 
-def _validation_key(instruction: str, queries: Sequence[str]) -> str:
-    return f"validation:{sha(normalize_instruction(instruction))}:{questions_key(queries)}"
+class _Key:
+    """The study attributes' names (the module docstring lists them): one spelling for reading and
+    writing each, so a reader never misses what a writer stored under a typo."""
+
+    FINGERPRINT: Final = "fingerprint"
+    WORKERS: Final = "workers"
+    VALIDATION_DESIGN: Final = "validation_design"
+    VALIDATION_LOOKS: Final = "validation_looks"
+    VALIDATION_HISTORY: Final = "validation_history"
+    VALIDATION_DECISIONS: Final = "validation_decisions"
+    SUMMARY: Final = "summary"
+    SPLIT_RECORD: Final = "split_record"
+    #: Prefixes of the keys with a worker index (``holder:w0``) or a step (``rejected:3``) after them.
+    LEASE: Final = "holder:w"
+    USAGE: Final = "usage:w"
+    REJECTED: Final = "rejected:"
+
+    @staticmethod
+    def lease(worker: int) -> str:
+        return f"{_Key.LEASE}{worker}"
+
+    @staticmethod
+    def usage(worker: int) -> str:
+        return f"{_Key.USAGE}{worker}"
+
+    @staticmethod
+    def proposals(step: int) -> str:
+        return f"proposals:{step}"
+
+    @staticmethod
+    def params(step: int) -> str:
+        return f"params:{step}"
+
+    @staticmethod
+    def rejected(step: int) -> str:
+        return f"{_Key.REJECTED}{step}"
+
+    @staticmethod
+    def sampling(step: int) -> str:
+        return f"sampling:{step}"
+
+    @staticmethod
+    def sample(step: int, tag: str, index: int) -> str:
+        return f"sample:{step}:{tag}:{index}"
+
+    @staticmethod
+    def stopped(step: int) -> str:
+        return f"stopped:{step}"
+
+    @staticmethod
+    def validation(instruction: str, queries: Sequence[str]) -> str:
+        """A prompt's scores on a batch of validation questions: keyed by both, so a question set is
+        never mistaken for another."""
+        return f"validation:{sha(normalize_instruction(instruction))}:{questions_key(queries)}"
+
+    @staticmethod
+    def validation_cost(instruction: str, queries: Sequence[str]) -> str:
+        return f"validation_cost:{sha(normalize_instruction(instruction))}:{questions_key(queries)}"
+
+
+class _TrialKey:
+    """The trial attributes' names (the module docstring lists them)."""
+
+    INSTRUCTION: Final = "instruction"
+    STEP: Final = "step"
+    INDEX: Final = "index"
+    WORKER: Final = "worker"
+    HOST: Final = "host"
+    CLAIM: Final = "claim"
+    PART: Final = "part"
+    PARTS: Final = "parts"
+    PART_SCORES: Final = "part_scores"
+    PART_USAGE: Final = "part_usage"
+    SCORES: Final = "scores"
+    SCORE: Final = "score"
+    N_SCORED: Final = "n_scored"
+    N_INVALID: Final = "n_invalid"
+    N_ERRORS: Final = "n_errors"
+    STATUS: Final = "status"
+    COST: Final = "cost"
 
 
 class ValidationReuse(ConfigError):
@@ -189,7 +265,6 @@ class CandidateTrial:
     """What the search stored on one trial, typed (a claim, a part, or a finished candidate)."""
 
     number: int
-    trial_id: int
     state: optuna.trial.TrialState
     value: float | None
     intermediate_values: Mapping[int, float]
@@ -215,19 +290,19 @@ class CandidateTrial:
 
     @classmethod
     def of(cls, t: optuna.trial.FrozenTrial) -> CandidateTrial:
-        a = t.user_attrs
+        a, k = t.user_attrs, _TrialKey
         return cls(
-            number=t.number, trial_id=t._trial_id, state=t.state, value=t.value,
+            number=t.number, state=t.state, value=t.value,
             intermediate_values=t.intermediate_values,
-            instruction=a.get("instruction"), step=int(a.get("step", 0)), index=int(a.get("index", 0)),
-            worker=int(a.get("worker", -1)), claim=a.get("claim"),
-            part=None if a.get("part") is None else str(a["part"]), parts=int(a.get("parts") or 0),
-            part_scores=tuple(a.get("part_scores") or ()), status=a.get("status"), score=a.get("score"),
-            n_scored=int(a.get("n_scored", 0)), n_invalid=int(a.get("n_invalid", 0)),
-            n_errors=int(a.get("n_errors", 0)), scores=tuple(a.get("scores") or ()),
+            instruction=a.get(k.INSTRUCTION), step=int(a.get(k.STEP, 0)), index=int(a.get(k.INDEX, 0)),
+            worker=int(a.get(k.WORKER, -1)), claim=a.get(k.CLAIM),
+            part=None if a.get(k.PART) is None else str(a[k.PART]), parts=int(a.get(k.PARTS) or 0),
+            part_scores=tuple(a.get(k.PART_SCORES) or ()), status=a.get(k.STATUS), score=a.get(k.SCORE),
+            n_scored=int(a.get(k.N_SCORED, 0)), n_invalid=int(a.get(k.N_INVALID, 0)),
+            n_errors=int(a.get(k.N_ERRORS, 0)), scores=tuple(a.get(k.SCORES) or ()),
             params=MappingProxyType(dict(t.params)),
-            part_usage=tuple(None if u is None else CallUsage.from_list(u) for u in a.get("part_usage") or ()),
-            cost=CostSummary.from_dict(a["cost"]) if isinstance(a.get("cost"), Mapping) else None,
+            part_usage=tuple(None if u is None else CallUsage.from_list(u) for u in a.get(k.PART_USAGE) or ()),
+            cost=CostSummary.from_dict(a[k.COST]) if isinstance(a.get(k.COST), Mapping) else None,
         )
 
     @property
@@ -252,13 +327,38 @@ def claim_template(*, instruction: str, step: int, index: int, worker: int, toke
         params=params,
         distributions={k: v for k, v in (distributions or {}).items() if k in params},
         user_attrs={
-            "instruction": instruction, "step": step, "index": index, "worker": worker,
-            "host": socket.gethostname(), "claim": token, **({} if part is None else {"part": part}),
+            _TrialKey.INSTRUCTION: instruction, _TrialKey.STEP: step, _TrialKey.INDEX: index,
+            _TrialKey.WORKER: worker, _TrialKey.HOST: socket.gethostname(), _TrialKey.CLAIM: token,
+            **({} if part is None else {_TrialKey.PART: part}),
         },
         system_attrs={},
         intermediate_values={},
         trial_id=-1,
     )
+
+
+@dataclass(frozen=True)
+class NewTrial:
+    """A trial just created: its storage id (what :class:`optuna.trial.Trial` opens) and its number
+    in the study (what :class:`CandidateTrial` and ``Study.tell`` know it by)."""
+
+    trial_id: int
+    number: int
+
+
+def create_trial(study: optuna.Study, template: optuna.trial.FrozenTrial) -> NewTrial:
+    """Create ``template`` (a RUNNING claim with its attributes) in ``study`` in one storage transaction.
+
+    The one use of Optuna's private API in opro (``Study._storage``, ``Study._study_id``), kept here and
+    checked against the installed Optuna by tests/test_claims.py. Why it is needed: a claim must appear
+    with its attributes at once, or another worker reading the trials in between takes it for a
+    claim that lost (a RUNNING trial without a token), and two workers can both win the candidate.
+    The public ``Study.ask()`` creates a bare trial and sets attributes one write at a time;
+    ``Study.add_trial()`` writes it in one transaction but returns nothing to know the trial by
+    (the claim compares its own trial with the first claim standing, and fails it when it lost)."""
+    storage = study._storage
+    trial_id = storage.create_new_trial(study._study_id, template_trial=template)
+    return NewTrial(trial_id=trial_id, number=storage.get_trial(trial_id).number)
 
 
 def complete_before(study: optuna.Study, step: int) -> list[CandidateTrial]:
@@ -282,40 +382,40 @@ class StudyView:
     attrs: Mapping[str, Any]
 
     def proposals(self, step: int) -> list[str] | None:
-        stored = self.attrs.get(f"proposals:{step}")
+        stored = self.attrs.get(_Key.proposals(step))
         return None if stored is None else list(stored)
 
     def params(self, step: int) -> list[dict[str, int]]:
         """Each proposal's values of the open search dimensions (none stored: only wording)."""
-        return [dict(p) for p in self.attrs.get(f"params:{step}") or ()]
+        return [dict(p) for p in self.attrs.get(_Key.params(step)) or ()]
 
     def sampling(self, step: int) -> dict[str, Any] | None:
-        value = self.attrs.get(f"sampling:{step}")
+        value = self.attrs.get(_Key.sampling(step))
         return value if isinstance(value, dict) else None
 
     def sample(self, step: int, tag: str, index: int) -> dict[str, Any]:
-        return dict(self.attrs.get(f"sample:{step}:{tag}:{index}") or {})
+        return dict(self.attrs.get(_Key.sample(step, tag, index)) or {})
 
     def has_sample(self, step: int, tag: str, index: int) -> bool:
-        return f"sample:{step}:{tag}:{index}" in self.attrs
+        return _Key.sample(step, tag, index) in self.attrs
 
     def stopped(self, step: int) -> dict[str, Any]:
-        return dict(self.attrs.get(f"stopped:{step}") or {})
+        return dict(self.attrs.get(_Key.stopped(step)) or {})
 
     def lease(self, worker: int) -> dict[str, Any]:
-        return dict(self.attrs.get(f"{_LEASE_PREFIX}{worker}") or {})
+        return dict(self.attrs.get(_Key.lease(worker)) or {})
 
     def live_workers(self, *, stale_s: float = 300.0) -> dict[int, dict[str, Any]]:
         """The live leases, by worker index."""
         out: dict[int, dict[str, Any]] = {}
         for key, held in self.attrs.items():
-            if key.startswith(_LEASE_PREFIX) and isinstance(held, dict) and lease_alive(held, stale_s=stale_s):
-                out[int(key.removeprefix(_LEASE_PREFIX))] = held
+            if key.startswith(_Key.LEASE) and isinstance(held, dict) and lease_alive(held, stale_s=stale_s):
+                out[int(key.removeprefix(_Key.LEASE))] = held
         return out
 
     def usage_of_others(self, worker: int) -> list[dict[str, Any]]:
-        mine = f"{_USAGE_PREFIX}{worker}"
-        return [dict(v) for k, v in self.attrs.items() if k.startswith(_USAGE_PREFIX) and k != mine]
+        mine = _Key.usage(worker)
+        return [dict(v) for k, v in self.attrs.items() if k.startswith(_Key.USAGE) and k != mine]
 
 
 class LeaseSlot:
@@ -323,7 +423,7 @@ class LeaseSlot:
 
     def __init__(self, study: optuna.Study, worker: int) -> None:
         self._study = study
-        self._key = f"{_LEASE_PREFIX}{worker}"
+        self._key = _Key.lease(worker)
 
     @property
     def name(self) -> str:
@@ -386,9 +486,9 @@ class SearchStudy:
         """Record ``fingerprint`` in a new study; refuse one whose scores were made under other settings."""
         if not fingerprint:
             return
-        stored = self.optuna.user_attrs.get("fingerprint")
+        stored = self.optuna.user_attrs.get(_Key.FINGERPRINT)
         if stored is None:
-            self.optuna.set_user_attr("fingerprint", dict(fingerprint))
+            self.optuna.set_user_attr(_Key.FINGERPRINT, dict(fingerprint))
             return
         keys = sorted(set(stored) | set(fingerprint))
         changed = [k for k in keys if stored.get(k) != fingerprint.get(k)]
@@ -401,46 +501,46 @@ class SearchStudy:
             )
 
     def set_workers(self, n: int) -> None:
-        self.optuna.set_user_attr("workers", n)
+        self.optuna.set_user_attr(_Key.WORKERS, n)
 
     def lease_slot(self, worker: int) -> LeaseSlot:
         return LeaseSlot(self.optuna, worker)
 
     # -- usage ----------------------------------------------------------------------------------
     def usage(self, worker: int) -> dict[str, dict[str, Any]]:
-        return dict(self.optuna.user_attrs.get(f"{_USAGE_PREFIX}{worker}") or {})
+        return dict(self.optuna.user_attrs.get(_Key.usage(worker)) or {})
 
     def save_usage(self, worker: int, usage: Mapping[str, Any]) -> None:
-        self.optuna.set_user_attr(f"{_USAGE_PREFIX}{worker}", dict(usage))
+        self.optuna.set_user_attr(_Key.usage(worker), dict(usage))
 
     # -- proposals ------------------------------------------------------------------------------
     def save_proposals(self, step: int, accepted: Sequence[str], rejected: Sequence[Mapping[str, str]],
                        params: Sequence[Mapping[str, int]] = ()) -> None:
         if params:  # before the proposals: a worker that reads the proposals finds their values
             self.save_params(step, params)
-        self.optuna.set_user_attr(f"proposals:{step}", list(accepted))
-        self.optuna.set_user_attr(f"rejected:{step}", [dict(r) for r in rejected])
+        self.optuna.set_user_attr(_Key.proposals(step), list(accepted))
+        self.optuna.set_user_attr(_Key.rejected(step), [dict(r) for r in rejected])
 
     def save_params(self, step: int, params: Sequence[Mapping[str, int]]) -> None:
-        self.optuna.set_user_attr(f"params:{step}", [dict(p) for p in params])
+        self.optuna.set_user_attr(_Key.params(step), [dict(p) for p in params])
 
     def rejections(self) -> tuple[dict[str, str], ...]:
         out: list[dict[str, str]] = []
         for key, value in sorted(self.optuna.user_attrs.items()):
-            if key.startswith("rejected:"):
-                out.extend({"step": key.split(":", 1)[1], **r} for r in value)
+            if key.startswith(_Key.REJECTED):
+                out.extend({"step": key.removeprefix(_Key.REJECTED), **r} for r in value)
         return tuple(out)
 
     def deal_samples(self, step: int, *, tag: str, prompt: str, dealt: Mapping[int, Mapping[str, Any]]) -> None:
-        self.optuna.set_user_attr(f"sampling:{step}", {
+        self.optuna.set_user_attr(_Key.sampling(step), {
             "tag": tag, "prompt": prompt, "dealt": {str(i): dict(d) for i, d in dealt.items()},
         })
 
     def save_sample(self, step: int, tag: str, index: int, value: Mapping[str, str]) -> None:
-        self.optuna.set_user_attr(f"sample:{step}:{tag}:{index}", dict(value))
+        self.optuna.set_user_attr(_Key.sample(step, tag, index), dict(value))
 
     def stop(self, step: int, *, reason: str, token: str) -> None:
-        self.optuna.set_user_attr(f"stopped:{step}", {"reason": reason, "token": token})
+        self.optuna.set_user_attr(_Key.stopped(step), {"reason": reason, "token": token})
 
     # -- candidates -----------------------------------------------------------------------------
     def records(self) -> list[CandidateRecord]:
@@ -472,42 +572,43 @@ class SearchStudy:
 
     def new_claim(self, *, instruction: str, step: int, index: int, worker: int, token: str,
                   part: str | None, params: Mapping[str, int] | None = None,
-                  distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None) -> int:
-        """Create a claim's RUNNING trial in one transaction (the public ``ask()`` cannot set its
-        attributes with it); returns its trial id."""
+                  distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None) -> NewTrial:
+        """Create a claim's RUNNING trial with its attributes in one transaction (:func:`create_trial`)."""
         template = claim_template(instruction=instruction, step=step, index=index, worker=worker, token=token,
                                   part=part, params=params, distributions=distributions)
-        return int(self.optuna._storage.create_new_trial(self.optuna._study_id, template_trial=template))
+        return create_trial(self.optuna, template)
 
-    def trial_number(self, trial_id: int) -> int:
-        return int(self.optuna._storage.get_trial(trial_id).number)
+    def running(self, created: NewTrial) -> optuna.trial.Trial:
+        """The trial ``created`` as the search reports to and finishes it (a claim it won)."""
+        return optuna.trial.Trial(self.optuna, created.trial_id)
 
     def fail(self, number: int) -> None:
         self.optuna.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     @staticmethod
     def mark_split(trial: optuna.trial.Trial, part_size: int) -> None:
-        trial.set_user_attr("parts", part_size)
+        trial.set_user_attr(_TrialKey.PARTS, part_size)
 
     @staticmethod
     def split_size(trial: optuna.trial.Trial) -> int:
         """Questions per part of a claimed candidate split among the workers (0: not split)."""
-        return int(trial.user_attrs.get("parts") or 0)
+        return int(trial.user_attrs.get(_TrialKey.PARTS) or 0)
 
     @staticmethod
     def report(trial: optuna.trial.Trial, mean: float, minibatch: int, scores: Sequence[float | None] | None) -> None:
         """A running mean after ``minibatch``; with ``scores``, the per-question scores the racing pruner reads."""
         if scores is not None:
-            trial.set_user_attr("scores", list(scores))
+            trial.set_user_attr(_TrialKey.SCORES, list(scores))
         trial.report(mean, minibatch)
 
     def finish(self, trial: optuna.trial.Trial, *, status: CandidateStatus, score: float | None, n_scored: int,
                n_invalid: int, n_errors: int, scores: Sequence[float | None], cost: CostSummary | None = None) -> None:
         """A candidate's result: COMPLETE with its mean, PRUNED, or FAIL (failed / incomplete)."""
-        for k, v in {"score": score, "n_scored": n_scored, "n_invalid": n_invalid, "n_errors": n_errors,
-                     "status": status, "scores": list(scores),
-                     **({} if cost is None else {"cost": cost.as_dict()})}.items():
-            trial.set_user_attr(k, v)
+        k = _TrialKey
+        for key, v in {k.SCORE: score, k.N_SCORED: n_scored, k.N_INVALID: n_invalid, k.N_ERRORS: n_errors,
+                       k.STATUS: status, k.SCORES: list(scores),
+                       **({} if cost is None else {k.COST: cost.as_dict()})}.items():
+            trial.set_user_attr(key, v)
         if status == "complete":
             self.optuna.tell(trial, score)
         elif status in ("failed", "incomplete"):
@@ -519,49 +620,49 @@ class SearchStudy:
                     part_usage: Sequence[CallUsage | None] = ()) -> None:
         """A part's outcomes, for the candidate's owner to add up. A part is never a result of its own
         (FAIL); "failed" stands only while its worker runs: a rerun asks the part's questions again."""
-        trial.set_user_attr("part_scores", list(part_scores))
-        trial.set_user_attr("part_usage", [None if u is None else u.as_list() for u in part_usage])
-        trial.set_user_attr("status", "failed" if failed else "complete")
+        trial.set_user_attr(_TrialKey.PART_SCORES, list(part_scores))
+        trial.set_user_attr(_TrialKey.PART_USAGE, [None if u is None else u.as_list() for u in part_usage])
+        trial.set_user_attr(_TrialKey.STATUS, "failed" if failed else "complete")
         self.optuna.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     # -- validation and the result --------------------------------------------------------------
     def validation_scores(self, instruction: str, queries: Sequence[str]) -> list[float | None] | None:
         """A prompt's scores on these validation questions (keyed by both: a question set is never
         mistaken for another), or None when not scored."""
-        stored = self.optuna.user_attrs.get(_validation_key(instruction, queries))
+        stored = self.optuna.user_attrs.get(_Key.validation(instruction, queries))
         return None if stored is None else list(stored)
 
     def save_validation_scores(self, instruction: str, queries: Sequence[str], scores: Sequence[float | None]) -> None:
-        self.optuna.set_user_attr(_validation_key(instruction, queries), list(scores))
+        self.optuna.set_user_attr(_Key.validation(instruction, queries), list(scores))
 
     def validation_costs(self, instruction: str, queries: Sequence[str]) -> list[float | None] | None:
         """The costs of the answers whose scores :meth:`validation_scores` gives (None: not kept)."""
-        stored = self.optuna.user_attrs.get("validation_cost:" + _validation_key(instruction, queries).split(":", 1)[1])
+        stored = self.optuna.user_attrs.get(_Key.validation_cost(instruction, queries))
         return None if stored is None else list(stored)
 
     def save_validation_costs(self, instruction: str, queries: Sequence[str], costs: Sequence[float | None]) -> None:
-        self.optuna.set_user_attr("validation_cost:" + _validation_key(instruction, queries).split(":", 1)[1], list(costs))
+        self.optuna.set_user_attr(_Key.validation_cost(instruction, queries), list(costs))
 
     def validation_design(self) -> dict[str, Any] | None:
-        stored = self.optuna.user_attrs.get("validation_design")
+        stored = self.optuna.user_attrs.get(_Key.VALIDATION_DESIGN)
         return dict(stored) if isinstance(stored, Mapping) else None
 
     def validation_looks(self) -> list[dict[str, Any]]:
-        return [dict(x) for x in self.optuna.user_attrs.get("validation_looks", [])]
+        return [dict(x) for x in self.optuna.user_attrs.get(_Key.VALIDATION_LOOKS, [])]
 
     def validation_history(self) -> list[dict[str, Any]]:
         """Earlier decisions of this study, each ``{"design", "looks"}``, made on other validation
         questions (the same questions cannot decide twice): kept, never overwritten."""
-        return [dict(x) for x in self.optuna.user_attrs.get("validation_history", [])]
+        return [dict(x) for x in self.optuna.user_attrs.get(_Key.VALIDATION_HISTORY, [])]
 
     def validation_decisions(self) -> list[Decision]:
         """Every validation decision this study made (its ledger records: questions, design,
         fingerprint, verdict), oldest first."""
-        return [Decision.from_json(x) for x in self.optuna.user_attrs.get("validation_decisions", [])]
+        return [Decision.from_json(x) for x in self.optuna.user_attrs.get(_Key.VALIDATION_DECISIONS, [])]
 
     def fingerprint(self) -> dict[str, str]:
         """The settings the study's scores were made under (empty when none were recorded)."""
-        return dict(self.optuna.user_attrs.get("fingerprint") or {})
+        return dict(self.optuna.user_attrs.get(_Key.FINGERPRINT) or {})
 
     def _studies(self) -> list[tuple[str, Mapping[str, Any]]]:
         """(name, attributes) of this study and every other of its storage (an archived ``--fresh`` one included)."""
@@ -575,7 +676,7 @@ class SearchStudy:
     def decisions_in_storage(self) -> list[tuple[str, Decision]]:
         """Every validation decision recorded in this storage, with where (``study 'NAME'``)."""
         return [(f"study {name!r}", Decision.from_json(x))
-                for name, attrs in self._studies() for x in attrs.get("validation_decisions", [])]
+                for name, attrs in self._studies() for x in attrs.get(_Key.VALIDATION_DECISIONS, [])]
 
     def _seen(self, decision: Decision, design: Mapping[str, Any]) -> tuple[Decision, str] | None:
         """An earlier decision of this study or any other of its storage that decided on too many of
@@ -583,11 +684,11 @@ class SearchStudy:
         if decision.re_decided:
             return None
         for name, attrs in self._studies():
-            recorded = [Decision.from_json(x) for x in attrs.get("validation_decisions", [])]
+            recorded = [Decision.from_json(x) for x in attrs.get(_Key.VALIDATION_DECISIONS, [])]
             earlier = conflict(decision, recorded)
             if earlier is not None:
                 return earlier, f"study {name!r}"
-            other = attrs.get("validation_design")
+            other = attrs.get(_Key.VALIDATION_DESIGN)
             if (not recorded and isinstance(other, Mapping) and other.get("questions") == design["questions"]
                     and other.get("key") != design["key"]):
                 # A decision recorded before decisions kept their questions: only the whole list compares.
@@ -613,10 +714,10 @@ class SearchStudy:
         before = self.validation_design()
         if before is not None and before.get("key") != design["key"]:
             # A decision on other questions (a new validation split): the earlier one stays on record.
-            self.optuna.set_user_attr("validation_history", [
+            self.optuna.set_user_attr(_Key.VALIDATION_HISTORY, [
                 *self.validation_history(), {"design": before, "looks": self.validation_looks()}])
-            self.optuna.set_user_attr("validation_looks", [])
-        self.optuna.set_user_attr("validation_design", dict(design))
+            self.optuna.set_user_attr(_Key.VALIDATION_LOOKS, [])
+        self.optuna.set_user_attr(_Key.VALIDATION_DESIGN, dict(design))
         if not any(d.key == decision.key for d in self.validation_decisions()):
             self._save_decisions([*self.validation_decisions(), decision])
 
@@ -625,25 +726,25 @@ class SearchStudy:
         self._save_decisions([*self.validation_decisions(), decision])
 
     def _save_decisions(self, decisions: Sequence[Decision]) -> None:
-        self.optuna.set_user_attr("validation_decisions", [d.to_json() for d in latest(decisions)])
+        self.optuna.set_user_attr(_Key.VALIDATION_DECISIONS, [d.to_json() for d in latest(decisions)])
 
     def save_validation_look(self, look: Mapping[str, Any]) -> None:
         # Looks are made in order: a look made again (a rerun that re-asked questions whose judge
         # replies were unreadable) replaces the later ones the earlier attempt made.
         looks = [x for x in self.validation_looks() if x.get("look", 0) < look.get("look", 0)]
-        self.optuna.set_user_attr("validation_looks", sorted([*looks, dict(look)], key=lambda x: x["look"]))
+        self.optuna.set_user_attr(_Key.VALIDATION_LOOKS, sorted([*looks, dict(look)], key=lambda x: x["look"]))
 
     def summary(self) -> dict[str, Any] | None:
-        stored = self.optuna.user_attrs.get("summary")
+        stored = self.optuna.user_attrs.get(_Key.SUMMARY)
         return dict(stored) if isinstance(stored, Mapping) else None
 
     def save_summary(self, summary: Mapping[str, Any]) -> None:
         import json
 
-        self.optuna.set_user_attr("summary", json.loads(json.dumps(dict(summary), default=str)))
+        self.optuna.set_user_attr(_Key.SUMMARY, json.loads(json.dumps(dict(summary), default=str)))
 
     def save_split_record(self, record: Mapping[str, Any]) -> None:
-        self.optuna.set_user_attr("split_record", dict(record))
+        self.optuna.set_user_attr(_Key.SPLIT_RECORD, dict(record))
 
     # -- what the MLflow recorder keeps to resume -----------------------------------------------
     def mlflow_run_id(self) -> str | None:
@@ -672,10 +773,12 @@ __all__ = [
     "CandidateTrial",
     "FingerprintMismatch",
     "LeaseSlot",
+    "NewTrial",
     "SearchStudy",
     "StudyView",
     "ValidationReuse",
     "complete_before",
+    "create_trial",
     "open_storage",
     "questions_key",
     "sha",

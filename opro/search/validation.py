@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opro.config import OptimizerSection
+from opro.cost import CostModel
 from opro.engine import Scored
 from opro.errors import LLMError
 from opro.evaluation import QAExample
@@ -298,6 +299,405 @@ def on_scale(ci: tuple[float, float] | None, low: float, high: float) -> tuple[f
     return (lo if math.isinf(lo) else min(max(lo, low), high), hi if math.isinf(hi) else min(max(hi, low), high))
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a validation stage asks, fixed before its first question: the finalists, the questions of
+    each part and the looks (planned together, so the error rate holds over all of them)."""
+
+    initial: str
+    finalists: tuple[CandidateRecord, ...]
+    #: (label, instruction): the initial instruction, then each finalist (:func:`validation_prompts`).
+    labels: tuple[tuple[str, str], ...]
+    #: The validation split's questions: the selection ones, then the confirmation ones.
+    validation: tuple[QAExample, ...]
+    selection: tuple[QAExample, ...]
+    #: The validation split's confirmation questions, then the extension's.
+    confirmation: tuple[QAExample, ...]
+    extension: tuple[QAExample, ...]
+    #: Paired questions seen at each look (:func:`confirmation_looks`).
+    sizes: tuple[int, ...]
+    by_cost: bool
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """The decision a validation stage makes, recorded as begun; ``reuse``: why it is only an
+    exploration (``seen_validation = "label"`` on questions an earlier verdict saw), else None."""
+
+    design: dict[str, Any]
+    decision: Decision
+    reuse: ValidationReuse | None
+
+
+@dataclass(frozen=True)
+class _Confirmation:
+    """The chosen finalist and the initial instruction on the confirmation questions asked, and the looks."""
+
+    initial_scores: tuple[float | None, ...]
+    pick_scores: tuple[float | None, ...]
+    initial_costs: tuple[float | None, ...]
+    pick_costs: tuple[float | None, ...]
+    looks: tuple[Look, ...]
+    #: Unscored questions of batches not kept (asked again by the next run).
+    unkept: int
+
+    @property
+    def final(self) -> Look:
+        return self.looks[-1]
+
+    @property
+    def asked(self) -> int:
+        return len(self.initial_scores)
+
+
+@dataclass(frozen=True)
+class _Finding:
+    """What the confirmation shows: the paired differences, the reported gain and interval, and whether
+    a gain (or, with ``objective = "cost"``, a saving) is claimed."""
+
+    diffs: tuple[float, ...]
+    #: The plain mean of ``diffs`` (None without a pair).
+    raw: float | None
+    difference: float | None
+    difference_ci: tuple[float, float] | None
+    #: What the sequential test says (coverage included), before the claim's other conditions.
+    tested: bool
+    claimed: bool
+    saving: dict[str, Any] | None
+    cheaper: bool
+
+
+def _choose_finalists(history: Sequence[CandidateRecord], *, initial: str,
+                      settings: OptimizerSection) -> list[CandidateRecord]:
+    """The candidates the validation stage may choose: the cost front (``objective = "cost"``) or the
+    best complete candidates by search score, the initial instruction left out."""
+    if settings.objective == "cost":
+        return cost_finalists(history, initial=initial, margin=settings.margin)[: settings.finalists]
+    initial_key = normalize_instruction(initial)
+    return sorted(
+        (r for r in history if r.status == "complete" and r.score is not None
+         and normalize_instruction(r.instruction) != initial_key),
+        key=lambda r: (-(r.score or 0.0), r.step, r.index),
+    )[: settings.finalists]
+
+
+def _nothing_to_validate(settings: OptimizerSection) -> ValidationResult:
+    by_cost = settings.objective == "cost"
+    return ValidationResult(
+        n_questions=0, alpha=settings.alpha, initial_score=None, initial_ci=None, initial_scores=(), finalists=(),
+        winner=None, verdict=(
+            f"no candidate of the search was cheaper per answer than the initial configuration without being "
+            f"clearly worse than it by more than {settings.margin:g} on the search questions: nothing to validate"
+            if by_cost else "no candidate besides the initial instruction completed the search: nothing to validate"),
+        objective=settings.objective, margin=settings.margin if by_cost else None,
+    )
+
+
+def _plan(settings: OptimizerSection, *, initial: str, finalists: Sequence[CandidateRecord],
+          validation_set: Sequence[QAExample], extension_set: Sequence[QAExample]) -> _Plan:
+    n_sel, _ = split_sizes(settings, len(validation_set), len(finalists))
+    confirmation = tuple(validation_set[n_sel:])
+    sizes = confirmation_looks(settings, len(confirmation), len(extension_set))
+    extension = tuple(extension_set[: sizes[-1] - len(confirmation)])
+    return _Plan(
+        initial=initial, finalists=tuple(finalists),
+        labels=tuple(validation_prompts(initial, [f.instruction for f in finalists])),
+        validation=tuple(validation_set), selection=tuple(validation_set[:n_sel]),
+        confirmation=confirmation + extension, extension=extension, sizes=sizes,
+        by_cost=settings.objective == "cost",
+    )
+
+
+def _keyed(design: dict[str, Any]) -> dict[str, Any]:
+    """``design`` with its ``key``: every entry but ``min_coverage`` at its old default."""
+    kept = sorted((k, repr(v)) for k, v in design.items()
+                  if k != "key" and not (k == "min_coverage" and v == _MIN_COVERAGE_UNKEYED))
+    return {**design, "key": sha(repr(kept))}
+
+
+def _design(settings: OptimizerSection, plan: _Plan) -> dict[str, Any]:
+    """The decision's design, keyed: what a decision is resumed under, and refused under another."""
+    s = settings
+    design = {
+        "alpha": s.alpha, "looks": len(plan.sizes), "futility": s.futility, "selection_questions": len(plan.selection),
+        "finalists": [ins for label, ins in plan.labels[1:]], "initial": plan.initial,
+        "n_questions": len(plan.validation),
+        "procedure": "chosen finalist vs initial: group-sequential one-sided sign-flip test, "
+                     "O'Brien-Fleming-type alpha spending, non-binding futility",
+        "questions": questions_key([e.query for e in plan.validation]),
+    }
+    if s.futility:  # earlier versions stopped from look 2: in the key, a decision is never resumed under another rule
+        design["futility_from_look"] = 1
+    if plan.extension:  # absent otherwise, so that designs recorded before extensions existed still match
+        design["extension"] = len(plan.extension)
+        design["extension_questions"] = questions_key([e.query for e in plan.extension])
+    if plan.by_cost:  # absent with "quality", so that designs recorded before objectives existed keep their key
+        design["objective"], design["margin"] = "cost", s.margin
+        design["procedure"] = (
+            "chosen finalist vs initial: non-inferiority by the margin (differences shifted by it), group-sequential "
+            "one-sided sign-flip test, O'Brien-Fleming-type alpha spending, non-binding futility; and a lower cost "
+            "per answer on the same questions (paired t interval below 0)")
+    design["min_coverage"] = s.min_coverage
+    return _keyed(design)
+
+
+def _open_decision(study: SearchStudy, *, plan: _Plan, settings: OptimizerSection,
+                   ledger: DecisionLedger | None) -> _Opened:
+    """Begin the decision in the study and the ledger, refused (:class:`ValidationReuse`) where its
+    questions already decided a verdict under another design, or labelled re-decided with
+    ``seen_validation = "label"``."""
+    design = _design(settings, plan)
+    asked_queries = [e.query for e in plan.validation] + [e.query for e in plan.extension]
+    decision = _decision(study, design, asked_queries)
+    reuse: ValidationReuse | None = None
+    try:
+        study.refuse_seen_validation(decision, design)
+        earlier = ledger.begin(decision) if ledger is not None else None
+        if earlier is not None:
+            raise ValidationReuse(earlier, decision)
+    except ValidationReuse as exc:
+        if settings.seen_validation != "label":
+            raise
+        # Another decision than an unlabelled one of the same design (its own key), so that neither
+        # can ever resume the other: a labelled verdict never becomes a claim.
+        reuse, design = exc, _keyed({**design, "re_decided": True})
+        decision = replace(_decision(study, design, asked_queries), re_decided=True)
+        _label_warning(reuse)
+        if ledger is not None:
+            ledger.begin(decision)
+    study.begin_validation(design, decision)
+    return _Opened(design=design, decision=decision, reuse=reuse)
+
+
+def _chosen(plan: _Plan, selection_scores: Mapping[str, Sequence[float | None]], *, settings: OptimizerSection,
+            history: Sequence[CandidateRecord]) -> int:
+    """The finalist with the best mean over its search and selection questions (ties to the better
+    search rank); with ``objective = "cost"`` the cheapest one still within the margin of the initial
+    configuration's search score."""
+    finalists = plan.finalists
+
+    def pooled(k: int) -> tuple[float, int]:
+        f = finalists[k]
+        valid = [x for x in selection_scores[f.instruction] if x is not None]
+        total = (f.score or 0.0) * f.n_scored + sum(valid)
+        return (total / max(1, f.n_scored + len(valid)), -k)  # ties to the better search rank
+
+    chosen = max(range(len(finalists)), key=pooled)
+    if plan.by_cost:
+        # The cheapest finalist (they are in cost order) still within the margin of the initial
+        # configuration's search score on its pooled questions; else the best by quality.
+        initial_key = normalize_instruction(plan.initial)
+        base = next((r.score for r in history if r.status == "complete" and r.score is not None
+                     and normalize_instruction(r.instruction) == initial_key), None)
+        within = [k for k in range(len(finalists)) if base is not None and pooled(k)[0] >= base - settings.margin]
+        chosen = within[0] if within else chosen
+    return chosen
+
+
+def _select(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, settings: OptimizerSection,
+            history: Sequence[CandidateRecord], rows: _Rows, collect: OnValidated,
+            progress: bool) -> tuple[int, dict[str, list[float | None]]]:
+    """1. Selection: the finalists on the selection questions, pooled with their search questions;
+    (the chosen finalist's index, each finalist's selection scores). Without selection questions, the first."""
+    if not plan.selection:
+        return 0, {}
+    for label, ins in plan.labels[1:]:
+        rows.expect(label, ins)
+    scores = score_on(study, scorer, plan.labels[1:], plan.selection, on_validated=collect,
+                      min_coverage=settings.min_coverage, progress=progress)
+    return _chosen(plan, scores, settings=settings, history=history), scores
+
+
+def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen: int, settings: OptimizerSection,
+             seed: int, rows: _Rows, collect: OnValidated, progress: bool) -> _Confirmation:
+    """2. Confirmation: the chosen finalist and the initial instruction, batch by batch, a look after
+    each (kept in the study), until a look decides."""
+    pick_label, pick = plan.labels[1 + chosen]
+    pairs = [("initial", plan.initial), (pick_label, pick)]
+    scores: dict[str, list[float | None]] = {plan.initial: [], pick: []}
+    costs: dict[str, list[float | None]] = {plan.initial: [], pick: []}
+    # Non-inferiority tests H0: mean(finalist - initial) <= -margin on the differences shifted by
+    # +margin. The sign-flip test is exact under H0 when the two prompts' scores of a question are
+    # exchangeable (margin 0); for a margin it needs the differences symmetric about their mean (a
+    # location shift of a symmetric law), which holds approximately for paired judge scores; the
+    # error rate over all looks is measured in experiments/bench_selection.py, not assumed.
+    shift = settings.margin if plan.by_cost else 0.0
+    looks: list[Look] = []
+    seen: list[int] = []
+    start = unkept = 0
+    for k, size in enumerate(plan.sizes, start=1):
+        batch, start = plan.confirmation[start:size], size
+        for label, ins in pairs:
+            rows.expect(label, ins)
+        batch_costs: dict[str, list[float | None]] = {}
+        got = score_on(study, scorer, pairs, batch, on_validated=collect, min_coverage=settings.min_coverage,
+                       progress=progress, costs=batch_costs)
+        for _, ins in pairs:
+            costs[ins] += batch_costs.get(ins) or [None] * len(batch)
+        unkept += sum(sum(x is None for x in got[ins]) for _, ins in pairs
+                      if study.validation_scores(ins, [e.query for e in batch]) is None)
+        for _, ins in pairs:
+            scores[ins] += got[ins]
+        a, b = paired_valid(scores[pick], scores[plan.initial])
+        seen.append(len(a))
+        look = decide([x - y + shift for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(plan.confirmation),
+                      last=k == len(plan.sizes), earlier=[x.boundary for x in looks], alpha=settings.alpha,
+                      futility=settings.futility, seed=seed)
+        looks.append(look)
+        study.save_validation_look(look.as_dict())
+        logger.info("validation look %d/%d: %d pairs, mean difference %+.2f, p=%.3g: %s",
+                    k, len(plan.sizes), look.n, look.mean_difference - shift, look.p_value, look.decision)
+        if look.decision != "continue":
+            break
+    return _Confirmation(
+        initial_scores=tuple(scores[plan.initial]), pick_scores=tuple(scores[pick]),
+        initial_costs=tuple(costs[plan.initial]), pick_costs=tuple(costs[pick]), looks=tuple(looks), unkept=unkept,
+    )
+
+
+def _find(conf: _Confirmation, *, plan: _Plan, settings: OptimizerSection, reuse: ValidationReuse | None,
+          unit: str, seed: int) -> _Finding:
+    """The gain (or saving) the confirmation shows, and whether it is claimed."""
+    s = settings
+    asked = conf.asked
+    covered = (sum(x is not None for x in conf.pick_scores) >= s.min_coverage * asked
+               and sum(x is not None for x in conf.initial_scores) >= s.min_coverage * asked)
+    a, b = paired_valid(conf.pick_scores, conf.initial_scores)
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    tested = bool(covered and conf.final.decision == "success")  # what the test says
+    saving = _saving(conf.pick_costs, conf.initial_costs, unit=unit) if plan.by_cost else None
+    cheaper = bool(saving and saving["lower"])
+    # A re-decided decision is an exploration: it claims nothing. A cost claim needs both halves.
+    claimed = tested and reuse is None and (cheaper or not plan.by_cost)
+    raw = sum(diffs) / len(diffs) if diffs else None
+    difference, difference_ci = raw, t_interval(diffs)
+    if claimed and len(diffs) >= 2 and not plan.by_cost:
+        # Among claims the plain mean is inflated (a claim is made when the sample looked good):
+        # report the gain adjusted for having been claimed, with its conditional interval.
+        est = conditional_estimate(diffs, sizes=plan.sizes, alpha=s.alpha, futility=s.futility, seed=seed)
+        difference, difference_ci = est.gain, est.ci
+    return _Finding(
+        diffs=tuple(diffs), raw=raw, difference=difference,
+        difference_ci=on_scale(difference_ci, SCORE_MIN - SCORE_MAX, SCORE_MAX - SCORE_MIN),
+        tested=tested, claimed=claimed, saving=saving, cheaper=cheaper,
+    )
+
+
+def _records(plan: _Plan, *, chosen: int, conf: _Confirmation, finding: _Finding,
+             selection_scores: Mapping[str, Sequence[float | None]]) -> tuple[FinalistRecord, ...]:
+    """Every finalist's record: the chosen one with its confirmation, the others with their selection score."""
+    records = []
+    for k, f in enumerate(plan.finalists):
+        if k == chosen:
+            records.append(FinalistRecord(
+                instruction=f.instruction, trial_number=f.trial_number, search_score=float(f.score or 0.0),
+                validation_score=_mean(conf.pick_scores), validation_ci=_ci(conf.pick_scores),
+                difference=finding.difference, difference_ci=finding.difference_ci, difference_raw=finding.raw,
+                n_pairs=len(finding.diffs), p_value=conf.final.p_value, p_adjusted=conf.final.p_value,
+                significant=finding.claimed, scores=conf.pick_scores,
+                chosen=True, selection_score=_mean(selection_scores.get(f.instruction, [])),
+            ))
+        else:
+            records.append(FinalistRecord(
+                instruction=f.instruction, trial_number=f.trial_number, search_score=float(f.score or 0.0),
+                validation_score=None, validation_ci=None, difference=None, difference_ci=None, n_pairs=0,
+                p_value=math.nan, p_adjusted=math.nan, significant=False, scores=(),
+                chosen=False, selection_score=_mean(selection_scores.get(f.instruction, [])),
+            ))
+    return tuple(records)
+
+
+def _how(plan: _Plan, *, chosen: int, conf: _Confirmation) -> str:
+    """Which finalist was tested, and at which look on how many questions."""
+    extended = max(0, conf.asked - (len(plan.confirmation) - len(plan.extension)))
+    n_sel = len(plan.selection)
+    return (f"finalist {chosen + 1} of {len(plan.finalists)}"
+            + (f" (chosen on {n_sel} selection questions)" if n_sel else "")
+            + f", look {conf.final.look} of {len(plan.sizes)}, {conf.final.n} paired questions"
+            + (f", {extended} of them from the extension" if extended else ""))
+
+
+def _why(settings: OptimizerSection, *, conf: _Confirmation, finding: _Finding) -> str:
+    """Why the sequential test decided as it did (quality objective)."""
+    final, s = conf.final, settings
+    if final.decision == "success":
+        return (f"sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}" if finding.tested  # (re-decided: not claimed)
+                else f"only {len(finding.diffs)} of {conf.asked} questions scored validly (min_coverage {s.min_coverage:g})")
+    return {"futility": "stopped for futility: it was not ahead",
+            "end": f"sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}"}.get(final.decision, final.decision)
+
+
+def _cost_texts(settings: OptimizerSection, *, conf: _Confirmation, finding: _Finding, cost: CostModel,
+                why: str) -> tuple[str, str, str]:
+    """(quality, saved, why) of a verdict with ``objective = "cost"``."""
+    s, final, saving = settings, conf.final, finding.saving
+    unit = "USD" if cost.unit == "usd" else f"task tokens, completion x{cost.completion_weight:g}"
+    shown = "n/a" if finding.difference is None else f"{finding.difference:+.2f}"
+    lo, hi = finding.difference_ci or (math.nan, math.nan)
+    quality = f"quality {shown}" + (f" [{lo:+.2f}, {hi:+.2f}]" if finding.difference_ci else "")
+    if saving is None:
+        saved = "cost per answer not measured on these questions"
+    elif saving["relative"] is None or saving["relative_ci"] is None:
+        saved = f"cost per answer {saving['difference']:+.3g} ({unit})"
+    else:
+        r_lo, r_hi = saving["relative_ci"]
+        saved = f"{saving['relative']:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
+    why = {"futility": f"stopped for futility: not above -{s.margin:g}",
+           "end": f"non-inferiority not shown: sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",
+           }.get(final.decision, why)
+    if finding.tested and not finding.cheaper:
+        why = "not worse by more than the margin, but its cost per answer was not lower on the same questions"
+    return quality, saved, why
+
+
+def _verdict(settings: OptimizerSection, *, plan: _Plan, chosen: int, conf: _Confirmation, finding: _Finding,
+             reuse: ValidationReuse | None, cost: CostModel) -> str:
+    """The validation's verdict, in words: what was claimed (or why not), on which questions."""
+    s, final = settings, conf.final
+    how, why = _how(plan, chosen=chosen, conf=conf), _why(s, conf=conf, finding=finding)
+    d, raw = finding.difference, finding.raw
+    lo, hi = finding.difference_ci or (math.nan, math.nan)
+    shown = "n/a" if d is None else f"{d:+.2f}"
+    if plan.by_cost:
+        quality, saved, why = _cost_texts(s, conf=conf, finding=finding, cost=cost, why=why)
+    if plan.by_cost and finding.claimed:
+        verdict = (f"{saved}; {quality}, not worse by more than {s.margin:g} (p = {final.p_value:.2g}): a cheaper "
+                   f"finalist on validation questions that did not choose it ({how})")
+    elif plan.by_cost and reuse is None:
+        verdict = (f"no finalist was shown cheaper and not worse than the initial configuration by more than "
+                   f"{s.margin:g} ({how}: {saved}; {quality}; {why}): the initial configuration is returned and no "
+                   "saving is claimed")
+    elif finding.claimed:
+        verdict = (f"a finalist beat the initial instruction on validation questions that did not choose it "
+                   f"({how}; sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}); its gain, adjusted "
+                   f"for having been claimed: {d:+.2f} (95% CI {interval_text(lo, hi)}; unadjusted {raw:+.2f})")
+    elif reuse is not None:
+        verdict = (f"{RE_DECIDED}: {reuse.seen}; the initial instruction is returned and no gain is claimed; "
+                   f"explored only ({how}): difference {shown}"
+                   + (f" (95% CI {lo:+.2f} to {hi:+.2f})" if finding.difference_ci else "") + f", {why}")
+    else:
+        verdict = (f"no finalist beat the initial instruction ({how}: difference {shown}, {why}): the initial "
+                   "instruction is returned and no gain is claimed")
+    if conf.unkept:
+        verdict += (f"; {conf.unkept} confirmation question(s) got unreadable judge replies or failed calls and are "
+                    "asked again by the next run: fix the judge or the endpoint and rerun to decide on them")
+    return verdict
+
+
+def _settle(study: SearchStudy, ledger: DecisionLedger | None, *, opened: _Opened, conf: _Confirmation,
+            plan: _Plan, settings: OptimizerSection, validated: bool) -> None:
+    """The decision's verdict, recorded in the study and the ledger."""
+    final = conf.final
+    outcome = f"{RE_DECIDED}, not validated" if opened.reuse is not None else "validated" if validated else "no gain"
+    settled = replace(opened.decision, verdict=(
+        f"{outcome}: {final.decision} at look {final.look} of "
+        f"{len(plan.sizes)}, {final.n} paired questions, p={final.p_value:.3g}, alpha {settings.alpha:g}"
+        + (f"; {conf.unkept} question(s) unscored, asked again by the next run" if conf.unkept else "")))
+    study.settle_validation(settled)
+    if ledger is not None:
+        ledger.settle(settled)
+
+
 def validate(
     *,
     study: SearchStudy,
@@ -318,263 +718,44 @@ def validate(
     ``extension_set`` (questions in no split) when the earlier ones did not decide (see the module
     docstring). ``ledger``: the decision ledger beside the dataset, checked and written with the study."""
     s = settings
-    initial_key = normalize_instruction(initial)
-    complete = [r for r in history if r.status == "complete" and r.score is not None]
-    by_cost = s.objective == "cost"
-    if by_cost:
-        finalists = cost_finalists(history, initial=initial, margin=s.margin)[: s.finalists]
-    else:
-        finalists = sorted(
-            (r for r in complete if normalize_instruction(r.instruction) != initial_key),
-            key=lambda r: (-(r.score or 0.0), r.step, r.index),
-        )[: s.finalists]
-    n = len(validation_set)
+    finalists = _choose_finalists(history, initial=initial, settings=s)
     if not finalists:
-        return ValidationResult(
-            n_questions=0, alpha=s.alpha, initial_score=None, initial_ci=None, initial_scores=(), finalists=(),
-            winner=None, verdict=(
-                f"no candidate of the search was cheaper per answer than the initial configuration without being "
-                f"clearly worse than it by more than {s.margin:g} on the search questions: nothing to validate" if by_cost else
-                "no candidate besides the initial instruction completed the search: nothing to validate"),
-            objective=s.objective, margin=s.margin if by_cost else None,
-        )
-    n_sel, _ = split_sizes(s, n, len(finalists))
-    selection, confirmation = list(validation_set[:n_sel]), list(validation_set[n_sel:])
-    sizes = confirmation_looks(s, len(confirmation), len(extension_set))
-    extension = list(extension_set[: sizes[-1] - len(confirmation)])
-    confirmation += extension
-    labels = validation_prompts(initial, [f.instruction for f in finalists])
-    design = {
-        "alpha": s.alpha, "looks": len(sizes), "futility": s.futility, "selection_questions": n_sel,
-        "finalists": [ins for label, ins in labels[1:]], "initial": initial, "n_questions": n,
-        "procedure": "chosen finalist vs initial: group-sequential one-sided sign-flip test, "
-                     "O'Brien-Fleming-type alpha spending, non-binding futility",
-        "questions": questions_key([e.query for e in validation_set]),
-    }
-    if s.futility:  # earlier versions stopped from look 2: in the key, a decision is never resumed under another rule
-        design["futility_from_look"] = 1
-    if extension:  # absent otherwise, so that designs recorded before extensions existed still match
-        design["extension"] = len(extension)
-        design["extension_questions"] = questions_key([e.query for e in extension])
-    if by_cost:  # absent with "quality", so that designs recorded before objectives existed keep their key
-        design["objective"], design["margin"] = "cost", s.margin
-        design["procedure"] = (
-            "chosen finalist vs initial: non-inferiority by the margin (differences shifted by it), group-sequential "
-            "one-sided sign-flip test, O'Brien-Fleming-type alpha spending, non-binding futility; and a lower cost "
-            "per answer on the same questions (paired t interval below 0)")
-    design["min_coverage"] = s.min_coverage
-
-    def keyed(design: dict[str, Any]) -> dict[str, Any]:
-        kept = sorted((k, repr(v)) for k, v in design.items()
-                      if k != "key" and not (k == "min_coverage" and v == _MIN_COVERAGE_UNKEYED))
-        return {**design, "key": sha(repr(kept))}
-
-    design = keyed(design)
-    asked_queries = [e.query for e in validation_set] + [e.query for e in extension]
-    decision = _decision(study, design, asked_queries)
-    reuse: ValidationReuse | None = None
-    try:
-        study.refuse_seen_validation(decision, design)
-        earlier = ledger.begin(decision) if ledger is not None else None
-        if earlier is not None:
-            raise ValidationReuse(earlier, decision)
-    except ValidationReuse as exc:
-        if s.seen_validation != "label":
-            raise
-        # Another decision than an unlabelled one of the same design (its own key), so that neither
-        # can ever resume the other: a labelled verdict never becomes a claim.
-        reuse, design = exc, keyed({**design, "re_decided": True})
-        decision = replace(_decision(study, design, asked_queries), re_decided=True)
-        _label_warning(reuse)
-        if ledger is not None:
-            ledger.begin(decision)
-    study.begin_validation(design, decision)
+        return _nothing_to_validate(s)
+    plan = _plan(s, initial=initial, finalists=finalists, validation_set=validation_set, extension_set=extension_set)
+    opened = _open_decision(study, plan=plan, settings=s, ledger=ledger)
     rows = _Rows()
 
     def collect(label: str, instruction: str, got: Sequence[EvaluationRow]) -> None:
         rows.add(label, instruction, got)
         on_batch(label, instruction, got)
 
-    # 1. Selection: the finalists on the selection questions; pooled with their search questions.
-    sel_scores: dict[str, list[float | None]] = {}
-    chosen = 0
-    if n_sel:
-        for label, ins in labels[1:]:
-            rows.expect(label, ins)
-        sel_scores = score_on(study, scorer, labels[1:], selection, on_validated=collect,
-                              min_coverage=s.min_coverage, progress=progress)
-
-        def pooled(k: int) -> tuple[float, int]:
-            f = finalists[k]
-            valid = [x for x in sel_scores[f.instruction] if x is not None]
-            total = (f.score or 0.0) * f.n_scored + sum(valid)
-            return (total / max(1, f.n_scored + len(valid)), -k)  # ties to the better search rank
-
-        chosen = max(range(len(finalists)), key=pooled)
-        if by_cost:
-            # The cheapest finalist (they are in cost order) still within the margin of the initial
-            # configuration's search score on its pooled questions; else the best by quality.
-            base = next((r.score for r in complete if normalize_instruction(r.instruction) == initial_key), None)
-            within = [k for k in range(len(finalists)) if base is not None and pooled(k)[0] >= base - s.margin]
-            chosen = within[0] if within else chosen
-    pick = finalists[chosen]
-    pick_label = labels[1 + chosen][0]
-
-    # 2. Confirmation: the chosen finalist and the initial instruction, batch by batch, a look after each.
-    pairs = [("initial", initial), (pick_label, pick.instruction)]
-    init_scores: list[float | None] = []
-    pick_scores: list[float | None] = []
-    init_costs: list[float | None] = []
-    pick_costs: list[float | None] = []
-    # Non-inferiority tests H0: mean(finalist - initial) <= -margin on the differences shifted by
-    # +margin. The sign-flip test is exact under H0 when the two prompts' scores of a question are
-    # exchangeable (margin 0); for a margin it needs the differences symmetric about their mean (a
-    # location shift of a symmetric law), which holds approximately for paired judge scores; the
-    # error rate over all looks is measured in experiments/bench_selection.py, not assumed.
-    shift = s.margin if by_cost else 0.0
-    looks: list[Look] = []
-    seen: list[int] = []
-    start = 0
-    unkept = 0  # unscored confirmation questions of batches not kept (asked again by the next run)
-    for k, size in enumerate(sizes, start=1):
-        batch = confirmation[start:size]
-        start = size
-        for label, ins in pairs:
-            rows.expect(label, ins)
-        batch_costs: dict[str, list[float | None]] = {}
-        got = score_on(study, scorer, pairs, batch, on_validated=collect, min_coverage=s.min_coverage,
-                       progress=progress, costs=batch_costs)
-        init_costs += batch_costs.get(initial) or [None] * len(batch)
-        pick_costs += batch_costs.get(pick.instruction) or [None] * len(batch)
-        unkept += sum(sum(x is None for x in got[ins]) for _, ins in pairs
-                      if study.validation_scores(ins, [e.query for e in batch]) is None)
-        init_scores += got[initial]
-        pick_scores += got[pick.instruction]
-        a, b = paired_valid(pick_scores, init_scores)
-        seen.append(len(a))
-        look = decide([x - y + shift for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(confirmation),
-                      last=k == len(sizes), earlier=[x.boundary for x in looks], alpha=s.alpha,
-                      futility=s.futility, seed=seed)
-        looks.append(look)
-        study.save_validation_look(look.as_dict())
-        logger.info("validation look %d/%d: %d pairs, mean difference %+.2f, p=%.3g: %s",
-                    k, len(sizes), look.n, look.mean_difference - shift, look.p_value, look.decision)
-        if look.decision != "continue":
-            break
+    chosen, selection_scores = _select(study, scorer, plan, settings=s, history=history, rows=rows, collect=collect,
+                                       progress=progress)
+    conf = _confirm(study, scorer, plan, chosen=chosen, settings=s, seed=seed, rows=rows, collect=collect,
+                    progress=progress)
     rows.finish(on_validated)
-    final = looks[-1]
-    asked = len(init_scores)
-    covered = (sum(x is not None for x in pick_scores) >= s.min_coverage * asked
-               and sum(x is not None for x in init_scores) >= s.min_coverage * asked)
-    a, b = paired_valid(pick_scores, init_scores)
-    diffs = [x - y for x, y in zip(a, b, strict=True)]
-    tested = bool(covered and final.decision == "success")  # what the test says
-    saving = _saving(pick_costs, init_costs, unit=scorer.cost.unit) if by_cost else None
-    cheaper = bool(saving and saving["lower"])
-    # A re-decided decision is an exploration: it claims nothing. A cost claim needs both halves.
-    claimed = tested and reuse is None and (cheaper or not by_cost)
-    raw = sum(diffs) / len(diffs) if diffs else None
-    difference, difference_ci = raw, t_interval(diffs)
-    if claimed and len(diffs) >= 2 and not by_cost:
-        # Among claims the plain mean is inflated (a claim is made when the sample looked good):
-        # report the gain adjusted for having been claimed, with its conditional interval.
-        est = conditional_estimate(diffs, sizes=sizes, alpha=s.alpha, futility=s.futility, seed=seed)
-        difference, difference_ci = est.gain, est.ci
-    difference_ci = on_scale(difference_ci, SCORE_MIN - SCORE_MAX, SCORE_MAX - SCORE_MIN)
-    records = []
-    for k, f in enumerate(finalists):
-        if k == chosen:
-            records.append(FinalistRecord(
-                instruction=f.instruction, trial_number=f.trial_number, search_score=float(f.score or 0.0),
-                validation_score=_mean(pick_scores), validation_ci=_ci(pick_scores),
-                difference=difference, difference_ci=difference_ci, difference_raw=raw,
-                n_pairs=len(diffs), p_value=final.p_value, p_adjusted=final.p_value,
-                significant=claimed, scores=tuple(pick_scores),
-                chosen=True, selection_score=_mean(sel_scores.get(f.instruction, [])),
-            ))
-        else:
-            records.append(FinalistRecord(
-                instruction=f.instruction, trial_number=f.trial_number, search_score=float(f.score or 0.0),
-                validation_score=None, validation_ci=None, difference=None, difference_ci=None, n_pairs=0,
-                p_value=math.nan, p_adjusted=math.nan, significant=False, scores=(),
-                chosen=False, selection_score=_mean(sel_scores.get(f.instruction, [])),
-            ))
+    finding = _find(conf, plan=plan, settings=s, reuse=opened.reuse, unit=scorer.cost.unit, seed=seed)
+    records = _records(plan, chosen=chosen, conf=conf, finding=finding, selection_scores=selection_scores)
     winner = records[chosen] if records[chosen].significant else None
-    used = n_sel + asked
-    extended = max(0, asked - (len(confirmation) - len(extension)))
-    how = (f"finalist {chosen + 1} of {len(finalists)}"
-           + (f" (chosen on {n_sel} selection questions)" if n_sel else "")
-           + f", look {final.look} of {len(sizes)}, {final.n} paired questions"
-           + (f", {extended} of them from the extension" if extended else ""))
-    d = records[chosen].difference
-    lo, hi = records[chosen].difference_ci or (math.nan, math.nan)
-    why = {"futility": "stopped for futility: it was not ahead",
-           "end": f"sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}"}.get(final.decision, final.decision)
-    if final.decision == "success":
-        why = (f"sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}" if tested  # (re-decided: not claimed)
-               else f"only {len(diffs)} of {asked} questions scored validly (min_coverage {s.min_coverage:g})")
-    shown = "n/a" if d is None else f"{d:+.2f}"
-    if by_cost:
-        unit = "USD" if scorer.cost.unit == "usd" else f"task tokens, completion x{scorer.cost.completion_weight:g}"
-        quality = (f"quality {shown}" + (f" [{lo:+.2f}, {hi:+.2f}]" if records[chosen].difference_ci else ""))
-        if saving is None:
-            saved = "cost per answer not measured on these questions"
-        elif saving["relative"] is None or saving["relative_ci"] is None:
-            saved = f"cost per answer {saving['difference']:+.3g} ({unit})"
-        else:
-            r_lo, r_hi = saving["relative_ci"]
-            saved = f"{saving['relative']:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
-        why = {"futility": f"stopped for futility: not above -{s.margin:g}",
-               "end": f"non-inferiority not shown: sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",
-               }.get(final.decision, why)
-        if tested and not cheaper:
-            why = "not worse by more than the margin, but its cost per answer was not lower on the same questions"
-    if by_cost and winner is not None:
-        verdict = (f"{saved}; {quality}, not worse by more than {s.margin:g} (p = {final.p_value:.2g}): a cheaper "
-                   f"finalist on validation questions that did not choose it ({how})")
-    elif by_cost and reuse is None:
-        verdict = (f"no finalist was shown cheaper and not worse than the initial configuration by more than "
-                   f"{s.margin:g} ({how}: {saved}; {quality}; {why}): the initial configuration is returned and no "
-                   "saving is claimed")
-    elif winner is not None:
-        verdict = (f"a finalist beat the initial instruction on validation questions that did not choose it "
-                   f"({how}; sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}); its gain, adjusted "
-                   f"for having been claimed: {d:+.2f} (95% CI {interval_text(lo, hi)}; unadjusted {raw:+.2f})")
-    elif reuse is not None:
-        verdict = (f"{RE_DECIDED}: {reuse.seen}; the initial instruction is returned and no gain is claimed; "
-                   f"explored only ({how}): difference {shown}"
-                   + (f" (95% CI {lo:+.2f} to {hi:+.2f})" if records[chosen].difference_ci else "") + f", {why}")
-    else:
-        verdict = (f"no finalist beat the initial instruction ({how}: difference {shown}, {why}): the initial "
-                   "instruction is returned and no gain is claimed")
-    if unkept:
-        verdict += (f"; {unkept} confirmation question(s) got unreadable judge replies or failed calls and are asked "
-                    "again by the next run: fix the judge or the endpoint and rerun to decide on them")
+    verdict = _verdict(s, plan=plan, chosen=chosen, conf=conf, finding=finding, reuse=opened.reuse, cost=scorer.cost)
     logger.info("validation: %s", verdict)
-    outcome = f"{RE_DECIDED}, not validated" if reuse is not None else "validated" if winner is not None else "no gain"
-    settled = replace(decision, verdict=(
-        f"{outcome}: {final.decision} at look {final.look} of "
-        f"{len(sizes)}, {final.n} paired questions, p={final.p_value:.3g}, alpha {s.alpha:g}"
-        + (f"; {unkept} question(s) unscored, asked again by the next run" if unkept else "")))
-    study.settle_validation(settled)
-    if ledger is not None:
-        ledger.settle(settled)
+    _settle(study, ledger, opened=opened, conf=conf, plan=plan, settings=s, validated=winner is not None)
     return ValidationResult(
-        n_questions=used,
+        n_questions=len(plan.selection) + conf.asked,
         alpha=s.alpha,
-        initial_score=_mean(init_scores),
-        initial_ci=_ci(init_scores),
-        initial_scores=tuple(init_scores),
-        finalists=tuple(records),
+        initial_score=_mean(conf.initial_scores),
+        initial_ci=_ci(conf.initial_scores),
+        initial_scores=conf.initial_scores,
+        finalists=records,
         winner=winner,
         verdict=verdict,
-        looks=tuple(x.as_dict() for x in looks),
-        design={k: v for k, v in design.items() if k not in ("finalists", "initial")},
-        selection_questions=n_sel,
-        re_decided=reuse is not None,
+        looks=tuple(x.as_dict() for x in conf.looks),
+        design={k: v for k, v in opened.design.items() if k not in ("finalists", "initial")},
+        selection_questions=len(plan.selection),
+        re_decided=opened.reuse is not None,
         objective=s.objective,
-        margin=s.margin if by_cost else None,
-        saving=saving,
+        margin=s.margin if plan.by_cost else None,
+        saving=finding.saving,
     )
 
 

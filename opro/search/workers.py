@@ -181,13 +181,13 @@ def claim(
     ]
     state = step_state(study, step, [ins for _, ins in items], stale_s=stale_s, part=part)
     won: list[tuple[int, str, optuna.trial.Trial]] = []
-    for pos, (index, instruction, trial_id) in enumerate(created):
+    for pos, (index, instruction, new) in enumerate(created):
         standing = state.claimed.get(pos)
-        if pos not in state.done and standing is not None and standing.trial_id == trial_id:
-            won.append((index, instruction, optuna.trial.Trial(study.optuna, trial_id)))
+        if pos not in state.done and standing is not None and standing.number == new.number:
+            won.append((index, instruction, study.running(new)))
         else:
             # Another worker claimed it first: step back. A failed trial without a status is no result.
-            study.fail(study.trial_number(trial_id))
+            study.fail(new.number)
     return won
 
 
