@@ -718,6 +718,22 @@ def probe_command(
         typer.echo(where.where)
 
 
+def _before_the_search(exp: Any, console: Any) -> Any:
+    """Worker 0 prints (and keeps) the plan, and the stored probe's verdict (never a new probe)."""
+    from opro.plan import make_plan
+
+    plan = make_plan(exp.config, documents=lambda: exp.documents)
+    console.print("\n".join(plan.lines()), markup=False, soft_wrap=True)
+    exp.run_dir.write_plan(plan.as_dict())
+    if exp.run_dir.probe.is_file():
+        from opro.headroom import stored_probe
+
+        probed, why = stored_probe(exp)
+        said = probed.verdict_lines() if probed is not None else [f"probe: {why}"]
+        console.print("\n".join(said), markup=False, soft_wrap=True)
+    return plan
+
+
 @app.command()
 @_errors()
 def optimize(
@@ -746,19 +762,7 @@ def optimize(
     try:
         exp = Experiment.from_file(config, progress=False if no_progress else None)
         try:
-            plan = None
-            if index == 0:
-                from opro.plan import make_plan
-
-                plan = make_plan(exp.config, documents=lambda: exp.documents)
-                console.print("\n".join(plan.lines()), markup=False, soft_wrap=True)
-                exp.run_dir.write_plan(plan.as_dict())
-                if exp.run_dir.probe.is_file():  # the stored probe's verdict, never a new probe
-                    from opro.headroom import stored_probe
-
-                    probed, why = stored_probe(exp)
-                    said = probed.verdict_lines() if probed is not None else [f"probe: {why}"]
-                    console.print("\n".join(said), markup=False, soft_wrap=True)
+            plan = _before_the_search(exp, console) if index == 0 else None
             started = time.perf_counter()
             result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
             taken = time.perf_counter() - started

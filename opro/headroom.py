@@ -48,7 +48,9 @@ from opro.rundir import RunDir
 from opro.stats import compare_paired
 
 if TYPE_CHECKING:
+    from opro.config import OproConfig
     from opro.cost import CostModel
+    from opro.dataset import Example
     from opro.evaluation_types import EvaluationReport, Judge, Program
     from opro.experiment import Experiment
     from opro.plan import Plan
@@ -747,14 +749,10 @@ def questions_for(plan: Plan, *, contrasts: int, available: int, alpha: float) -
 def probe(experiment: Experiment, *, questions: int | None = None, progress: bool | None = None) -> ProbeResult:
     """Run the probe on an experiment (every call through its call cache): see the module docstring.
     ``questions``: pilot questions (default: within a fifth of the plan's search calls)."""
-    from opro.plan import POWER, make_plan
-    from opro.search.metaprompt import Exemplar, ScoredInstruction, draw_exemplars
+    from opro.plan import make_plan
     from opro.search.proposers.opro import build as build_opro
-    from opro.sequential import design_power
-    from opro.withheld import NOT_IN_CONTEXT
 
     exp, cfg = experiment, experiment.config
-    shows = exp.progress if progress is None else progress
     o = cfg.optimizer
     plan = make_plan(cfg, documents=lambda: exp.documents)
     pool, n_optimization = pilot_pool(exp)
@@ -765,15 +763,8 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     initial = exp.template(initial_text)
     contrasts = [Contrast("no instruction", initial.with_instruction(""), "wording", "")]
     space_contrasts = dimension_contrasts(initial, exp.search_space)
-    available = len(pool)
-    if questions is None:
-        n, note = questions_for(plan, contrasts=3 + len(space_contrasts), available=available, alpha=o.alpha)
-    else:
-        if questions < 1:
-            raise DataError(f"--questions {questions}: give at least 1")
-        n, note = min(questions, available), ""
-        if questions > available:
-            note = f"only {available} pilot questions exist (asked for {questions})"
+    n, note = _pilot_size(plan, questions=questions, contrasts=3 + len(space_contrasts), available=len(pool),
+                          alpha=o.alpha)
     pilot = pool[:n]
     asked_q = [e.query for e in pilot]
     shown_q = [e.query for e in exp.dataset.examples_in("exemplar")]
@@ -795,20 +786,62 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     contrasts.append(Contrast("one sentence", initial.with_instruction(formatted), "format", FORMAT_INSTRUCTION))
     contrasts += space_contrasts
     effects = measure_effects(program=exp.program, judge=exp.judge, initial=initial, contrasts=contrasts,
-                              questions=pilot, cost=cfg.cost_model(), progress=shows)
+                              questions=pilot, cost=cfg.cost_model(),
+                              progress=exp.progress if progress is None else progress)
     base = effects[0]
+    judged = tuple(dataclasses.replace(e, verdict=verdict_of(e, detectable=plan.detectable)) for e in effects[1:])
+    rec = recommend(judged, initial=base, detectable=plan.detectable, objective=o.objective,
+                    probed_space=bool(space_contrasts), questions=n)
+    after = exp.usage.as_dict()
+    calls = {r: c for r, c in _delta(after, before, "calls").items() if c}
+    hits = _delta(after, before, "cache_hits")
+    requests = {r: calls.get(r, 0) + hits.get(r, 0) for r in after if calls.get(r, 0) + hits.get(r, 0)}
+    return ProbeResult(
+        source=str(cfg.source), signature=probe_signature(exp), task_model=cfg.models.task.model,
+        judge_model=cfg.models.judge.model, optimizer_model=cfg.models.optimizer.model,
+        pilot=Pilot(n=n, optimization=min(n, n_optimization), unused=max(0, n - n_optimization), available=len(pool),
+                    search_calls=_search_calls(plan), probe_calls=sum(requests.values()), note=note),
+        initial=dataclasses.replace(base, verdict=verdict_of(base)), effects=judged,
+        task=_task_limits(exp, pilot=pilot, base=base, effects=effects),
+        judge=_judge_limits(cfg, plan=plan, effects=effects),
+        proposer=_proposer_limits(exp, proposer=proposer, base=base, check=check, initial_text=initial_text),
+        recommendation=rec, calls=requests, made=sum(calls.values()),
+        wall_s=time.perf_counter() - started, top_k=cfg.rag.top_k, notes=tuple(notes),
+        created=datetime.now(UTC).isoformat(timespec="seconds"), questions=tuple(asked_q),
+    )
 
-    # The proposer: three samples of the search's own meta-prompt, the initial instruction scored on the pilot.
+
+def _pilot_size(plan: Plan, *, questions: int | None, contrasts: int, available: int, alpha: float) -> tuple[int, str]:
+    """How many pilot questions, and a note where the count is not what was asked or planned."""
+    if questions is None:
+        return questions_for(plan, contrasts=contrasts, available=available, alpha=alpha)
+    if questions < 1:
+        raise DataError(f"--questions {questions}: give at least 1")
+    note = f"only {available} pilot questions exist (asked for {questions})" if questions > available else ""
+    return min(questions, available), note
+
+
+def _proposer_limits(exp: Experiment, *, proposer: Any, base: Effect, check: Callable[[str], ProposalCheck],
+                     initial_text: str) -> ProposerLimits:
+    """Three samples of the search's own meta-prompt (the initial instruction scored on the pilot), checked."""
+    from opro.search.metaprompt import Exemplar, ScoredInstruction, draw_exemplars
+
+    cfg = exp.config
     history = [ScoredInstruction(initial_text, base.mean)] if base.mean is not None else []
     exemplars = draw_exemplars([Exemplar(e.query, e.reference_answer) for e in exp.dataset.examples_in("exemplar")],
-                               k=o.exemplars, step=1, seed=cfg.experiment.seed)
+                               k=cfg.optimizer.exemplars, step=1, seed=cfg.experiment.seed)
     meta = proposer.builder.render(history=history, exemplars=exemplars)
     proposals = tuple(check(r) for r in proposer.ask(meta, list(range(N_PROPOSALS))))
     unusable = sum(not p.usable for p in proposals) / len(proposals)
-    proposer_limits = ProposerLimits(model=cfg.models.optimizer.model, proposals=proposals, unusable_share=unusable,
-                                     flagged=unusable >= GARBAGE_SHARE)
+    return ProposerLimits(model=cfg.models.optimizer.model, proposals=proposals, unusable_share=unusable,
+                          flagged=unusable >= GARBAGE_SHARE)
 
-    # The task: score distribution, recall, instruction following.
+
+def _task_limits(exp: Experiment, *, pilot: Sequence[Example], base: Effect, effects: Sequence[Effect]) -> TaskLimits:
+    """The initial configuration's score distribution, retrieval recall@k and instruction following."""
+    from opro.withheld import NOT_IN_CONTEXT
+
+    cfg = exp.config
     valid = [s for s in base.scores if s is not None]
     answerable = [(i, e) for i, e in enumerate(pilot) if e.reference_contexts and e.reference_answer != NOT_IN_CONTEXT]
     recall: dict[int, float] = {}
@@ -825,9 +858,8 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
         miss_scores = [s for i, h in hits.items() if not h and (s := base.scores[i]) is not None]
         mean_hit = statistics.fmean(hit_scores) if hit_scores else None
         mean_miss = statistics.fmean(miss_scores) if miss_scores else None
-    fmt = next(e for e in effects if e.dimension == "format")
-    follows, following = _following(base, fmt)
-    task = TaskLimits(
+    follows, following = _following(base, next(e for e in effects if e.dimension == "format"))
+    return TaskLimits(
         mean=base.mean, n=len(valid),
         ceiling_share=sum(s >= CEILING for s in valid) / len(valid) if valid else None,
         floor_share=sum(s <= FLOOR for s in valid) / len(valid) if valid else None,
@@ -835,7 +867,13 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
         follows=follows, following=following,
     )
 
-    # The judge: calibration, the pilot's paired noise, what the plan can detect.
+
+def _judge_limits(cfg: OproConfig, *, plan: Plan, effects: Sequence[Effect]) -> JudgeLimits:
+    """The stored calibration, the pilot's paired noise and what the plan can detect at it."""
+    from opro.plan import POWER
+    from opro.sequential import design_power
+
+    o = cfg.optimizer
     sds = [e.sd for e in effects[1:] if e.sd is not None and e.n >= 3]
     pilot_sd = statistics.median(sds) if sds else None
     at_pilot = None
@@ -844,27 +882,9 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     seconds = {r.role: r.seconds_per_call for r in plan.roles}
     calibrated, calibration = calibration_lines(cfg, judge_seconds=seconds.get("judge", 0.0),
                                                 task_seconds=seconds.get("task", 0.0))
-    judge = JudgeLimits(calibrated=calibrated, calibration=calibration, pilot_sd=pilot_sd, plan_sd=plan.difference_sd,
-                        plan_sd_basis=plan.sd_basis, detectable=plan.detectable, detectable_at_pilot_sd=at_pilot,
-                        heldout_detectable=plan.heldout_detectable)
-
-    judged = tuple(dataclasses.replace(e, verdict=verdict_of(e, detectable=plan.detectable)) for e in effects[1:])
-    rec = recommend(judged, initial=base, detectable=plan.detectable, objective=o.objective,
-                    probed_space=bool(space_contrasts), questions=n)
-    after = exp.usage.as_dict()
-    calls = {r: c for r, c in _delta(after, before, "calls").items() if c}
-    hits_ = _delta(after, before, "cache_hits")
-    requests = {r: calls.get(r, 0) + hits_.get(r, 0) for r in after if calls.get(r, 0) + hits_.get(r, 0)}
-    return ProbeResult(
-        source=str(cfg.source), signature=probe_signature(exp), task_model=cfg.models.task.model,
-        judge_model=cfg.models.judge.model, optimizer_model=cfg.models.optimizer.model,
-        pilot=Pilot(n=n, optimization=min(n, n_optimization), unused=max(0, n - n_optimization), available=available,
-                    search_calls=_search_calls(plan), probe_calls=sum(requests.values()), note=note),
-        initial=dataclasses.replace(base, verdict=verdict_of(base)), effects=judged, task=task, judge=judge,
-        proposer=proposer_limits, recommendation=rec, calls=requests, made=sum(calls.values()),
-        wall_s=time.perf_counter() - started, top_k=cfg.rag.top_k, notes=tuple(notes),
-        created=datetime.now(UTC).isoformat(timespec="seconds"), questions=tuple(asked_q),
-    )
+    return JudgeLimits(calibrated=calibrated, calibration=calibration, pilot_sd=pilot_sd, plan_sd=plan.difference_sd,
+                       plan_sd_basis=plan.sd_basis, detectable=plan.detectable, detectable_at_pilot_sd=at_pilot,
+                       heldout_detectable=plan.heldout_detectable)
 
 
 def _following(base: Effect, fmt: Effect) -> tuple[bool | None, str]:
