@@ -668,12 +668,12 @@ def plan(
 
     exp = Experiment.from_file(config, progress=None if probe else False)
     try:
-        made = make_plan(exp.config, documents=lambda: exp.documents)
         probed = None
         if probe:
             from opro.headroom import probe_or_stored
 
             probed, reused = probe_or_stored(exp, questions=questions)
+        made = make_plan(exp.config, documents=lambda: exp.documents)  # after the probe: planned by its noise
     finally:
         exp.close()
     if as_json:

@@ -754,7 +754,7 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
 
     exp, cfg = experiment, experiment.config
     o = cfg.optimizer
-    plan = make_plan(cfg, documents=lambda: exp.documents)
+    plan = make_plan(cfg, documents=lambda: exp.documents, probed=False)  # its verdicts never read an earlier probe
     pool, n_optimization = pilot_pool(exp)
     _ = exp.search_space  # the demonstration pool (bootstrapped: answered and judged) before counting
     before = exp.usage.as_dict()

@@ -274,6 +274,14 @@ def test_the_commands_probe_fold_the_verdict_into_the_plan_and_optimize_prints_i
     assert json.loads((tmp_path / "out" / "probe.json").read_text()) == stored  # read, not made again
     as_json = runner.invoke(app, ["plan", str(config), "--probe", "--questions", "8", "--json"])
     assert json.loads(as_json.output)["probe"]["pilot"]["n"] == 8
+    # The plan takes the paired noise a probe measured (before it: the default, 1.30); the scripted judge's
+    # is 0 (every contrast scores alike), which no plan can use, so a measured one is written in.
+    assert "paired score sd 1.30: default" in plan_only.output and stored["judge"]["pilot_sd"] == 0
+    assert "paired score sd 1.30: default" in runner.invoke(app, ["plan", str(config)]).output
+    noisy = {**stored, "judge": {**stored["judge"], "pilot_sd": 0.66}}
+    (tmp_path / "out" / "probe.json").write_text(json.dumps(noisy), encoding="utf-8")
+    assert "paired score sd 0.66: opro probe's pilot (8 questions" in runner.invoke(app, ["plan", str(config)]).output
+    (tmp_path / "out" / "probe.json").write_text(json.dumps(stored), encoding="utf-8")
     optimized = runner.invoke(app, ["optimize", str(config), "--no-progress"])
     assert optimized.exit_code == 0, optimized.output
     said = optimized.output
