@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import re
 import statistics
 import time
@@ -428,8 +427,9 @@ def calibration_lines(config: Any, *, judge_seconds: float, task_seconds: float)
         report = load_calibration(config.output_dir)
     except DataError as exc:
         return False, (f"calibration unreadable ({exc})",)
-    # The defaults of `opro judge calibrate`: 40 questions, reference / wrong / task, 5 retests each.
-    minutes = ((40 * 3 + 15) * judge_seconds + 40 * task_seconds) / 60
+    # The defaults of `opro judge calibrate`: 40 questions, reference / wrong / task and the near misses
+    # (about 2 of the 3 apply to a question), 5 retests each of the first three.
+    minutes = ((40 * 5 + 15) * judge_seconds + 40 * task_seconds) / 60
     took = "under a minute" if minutes < 1 else f"about {round(minutes)} min"
     how = f"`opro judge calibrate {config.source}` takes {took}"
     if report is None:
@@ -439,12 +439,14 @@ def calibration_lines(config: Any, *, judge_seconds: float, task_seconds: float)
     out = [f"calibrated ({report.method}, {report.n_questions} questions): AUC right vs wrong {_num(report.auc, '.2f')}, "
            f"separation {_num(report.separation)}"
            + (f", test-retest sd {_num(report.retest.sd)}" if report.retest and report.retest.sd is not None else "")]
-    base = {"condition", "n", "n_invalid", "mean", "distribution"}
     for c in report.conditions:
-        extra = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name not in base}
-        shown = [f"{k.replace('_', ' ')} {v:.2f}" for k, v in extra.items() if isinstance(v, int | float)
-                 and not isinstance(v, bool) and math.isfinite(v)]
-        out.append(f"  {c.condition}: mean {_num(c.mean)} on {c.n}" + (f", {', '.join(shown)}" if shown else ""))
+        # Against the reference (near misses above all: what separates two good prompts): AUC, how often
+        # the reference scored higher on the same question, and by how much.
+        vs = report.contrast(c.condition) if hasattr(report, "contrast") else None
+        shown = "" if vs is None or not vs.pairs else (
+            f"; against the reference: AUC {_num(vs.auc, '.2f')}, reference higher in {vs.wins} of {vs.pairs}"
+            + (f" ({vs.ties} tied)" if vs.ties else "") + f", mean drop {_num(vs.mean_drop)}")
+        out.append(f"  {c.condition}: mean {_num(c.mean)} on {c.n}{shown}")
     return True, tuple(out)
 
 

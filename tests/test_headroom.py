@@ -14,7 +14,13 @@ from fakes import experiment_config, judge_reply, scripted_pool, write_toml
 from typer.testing import CliRunner
 
 import opro.experiment
-from opro.calibration import CalibrationReport, ConditionStats, judge_signature, write_calibration
+from opro.calibration import (
+    CalibrationReport,
+    ConditionStats,
+    ContrastStats,
+    judge_signature,
+    write_calibration,
+)
 from opro.cli import app
 from opro.config import OproConfig, config_from_dict
 from opro.experiment import Experiment
@@ -195,16 +201,19 @@ def test_the_judge_section_shows_the_stored_calibration_or_how_long_it_takes(tmp
     cfg = _config(tmp_path)
     pool = _pool(demos_help)
     assert "judge: not calibrated: `opro judge calibrate t.toml` takes" in "\n".join(_probe(cfg, pool, questions=6).lines())
-    conditions = tuple(ConditionStats(c, 30, 0, m, {1: 0, 2: 0, 3: 0, 4: 0, 5: 0})
-                       for c, m in (("reference", 4.06), ("wrong", 2.27), ("near-miss-name", 3.20)))
+    conditions = tuple(ConditionStats(c, n, 0, m, {1: 0, 2: 0, 3: 0, 4: 0, 5: 0})
+                       for c, n, m in (("reference", 30, 4.06), ("wrong", 30, 2.27), ("name", 26, 3.20)))
+    # The hand-measured figures of issue 51: one name swapped, AUC 0.78, the reference higher in 22 of 26.
+    contrasts = (ContrastStats("wrong", 30, 29, 0, 0.97, 0.97, 1.79), ContrastStats("name", 26, 22, 1, 0.78, 0.87, 0.86))
     report = CalibrationReport(judge="judge", method="reply", dataset="d", n_questions=30, seed=0,
                                conditions=conditions, auc=0.97, separation=1.79, invalid_rate=0.0,
                                auc_most_likely=None, s_per_call=1.0, calls=90, cache_hits=0, retest=None,
-                               signature=judge_signature(cfg))
+                               signature=judge_signature(cfg), contrasts=contrasts)
     write_calibration(report, [], output_dir=cfg.output_dir, plot=False)
     text = "\n".join(_probe(cfg, pool, questions=6).lines())
     assert "judge: calibrated (reply, 30 questions): AUC right vs wrong 0.97, separation 1.79" in text
-    assert "near-miss-name: mean 3.20 on 30" in text and "not calibrated" not in text
+    assert ("name: mean 3.20 on 26; against the reference: AUC 0.78, reference higher in 22 of 26 (1 tied), "
+            "mean drop 0.86") in text and "not calibrated" not in text
 
 
 class ListRecorder:
