@@ -155,6 +155,21 @@ class ModelsSection:
     generator: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("generator"))
 
 
+#: Where the correctness judge reads its score (``[judge].score_from``, ``--score-from``): the one list;
+#: :data:`SCORE_SOURCES` and :func:`check_score_from` are read from it.
+ScoreFrom = Literal["reply", "logits", "auto"]
+SCORE_SOURCES: tuple[ScoreFrom, ...] = typing.get_args(ScoreFrom)
+
+
+def check_score_from(value: str, *, where: str = "score_from") -> ScoreFrom:
+    """``value`` if it is a score source, else :class:`~opro.errors.ConfigError` naming ``where`` (the
+    table key or the command-line option): ``--score-from must be reply, logits or auto, got 'x'``."""
+    if value not in SCORE_SOURCES:
+        choices = f"{', '.join(SCORE_SOURCES[:-1])} or {SCORE_SOURCES[-1]}"
+        raise ConfigError(f"{where} must be {choices}, got {value!r}")
+    return typing.cast(ScoreFrom, value)
+
+
 @dataclass(frozen=True)
 class JudgeSection:
     template: str = "llamaindex"
@@ -167,14 +182,13 @@ class JudgeSection:
     #: decoded); ``auto`` (default): logits where the backend can, else the reply. On 40 AlexNet
     #: questions the logit score separated right from wrong answers better than the reply's
     #: (docs/benchmarks.md), for less work per call.
-    score_from: Literal["reply", "logits", "auto"] = "auto"
+    score_from: ScoreFrom = "auto"
 
     def __post_init__(self) -> None:
         _check_ranges(self)
         if not 1.0 <= self.threshold <= 5.0:
             raise ConfigError(f"[judge].threshold must be within 1..5, got {self.threshold}")
-        if self.score_from not in ("reply", "logits", "auto"):
-            raise ConfigError(f"[judge].score_from must be 'reply', 'logits' or 'auto', got {self.score_from!r}")
+        check_score_from(self.score_from, where="[judge].score_from")
 
 
 @dataclass(frozen=True)
@@ -620,6 +634,7 @@ def load_config(path: str | Path) -> OproConfig:
 __all__ = [
     "BUILTIN_PYTHON_REFERENCE",
     "DEFAULT_INSTRUCTION",
+    "SCORE_SOURCES",
     "DataSection",
     "EmbeddingsSection",
     "ExperimentSection",
@@ -628,12 +643,14 @@ __all__ = [
     "OproConfig",
     "OptimizerSection",
     "RAGSection",
+    "ScoreFrom",
     "SearchSection",
     "SpaceSection",
     "SplitSection",
     "TrackingSection",
     "check_mlflow_uri",
     "check_optuna_storage",
+    "check_score_from",
     "config_from_dict",
     "load_config",
 ]
