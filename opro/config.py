@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from opro.cost import CostModel
 from opro.errors import ConfigError, PromptError
-from opro.llm.client import DEFAULT_PRICES, Price
+from opro.llm.client import DEFAULT_PRICES, ROLES, Price
 from opro.llm.pool import ModelSpec, check_endpoint
 from opro.prompts import DEFAULT_INSTRUCTION, validate_instruction
 
@@ -43,6 +43,13 @@ class ExperimentSection:
             raise ConfigError('[experiment].output_dir is empty: name a folder for the run (for example "runs/opro")')
 
 
+#: The dataset's splits, in the order questions are dealt to them (and listed in ``split.json``, the
+#: run's files and parameters): the one list, re-exported by :mod:`opro.dataset`. ``opro compare``
+#: offers them the other way round, held-out first (:data:`opro.comparison.SPLITS`).
+SplitName = Literal["exemplar", "optimization", "validation", "heldout"]
+SPLIT_NAMES: tuple[SplitName, ...] = typing.get_args(SplitName)
+
+
 @dataclass(frozen=True)
 class SplitSection:
     exemplar: int = 3
@@ -55,7 +62,7 @@ class SplitSection:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        for name in ("exemplar", "optimization", "validation", "heldout"):
+        for name in SPLIT_NAMES:
             if getattr(self, name) < 0:
                 raise ConfigError(f"[data.split].{name} must be >= 0, got {getattr(self, name)}")
         if self.optimization < 1:
@@ -432,7 +439,7 @@ class OproConfig:
         """USD per million tokens by model name: the usage ledger's table, overridden by the prices the
         model tables give (``price_prompt``, ``price_completion``)."""
         table = dict(DEFAULT_PRICES)
-        for role in ("task", "judge", "optimizer", "generator"):
+        for role in ROLES:
             spec = getattr(self.models, role)
             if spec.price_prompt is not None and spec.price_completion is not None:
                 table[spec.model] = Price(float(spec.price_prompt), float(spec.price_completion))
@@ -635,6 +642,7 @@ __all__ = [
     "BUILTIN_PYTHON_REFERENCE",
     "DEFAULT_INSTRUCTION",
     "SCORE_SOURCES",
+    "SPLIT_NAMES",
     "DataSection",
     "EmbeddingsSection",
     "ExperimentSection",
@@ -646,6 +654,7 @@ __all__ = [
     "ScoreFrom",
     "SearchSection",
     "SpaceSection",
+    "SplitName",
     "SplitSection",
     "TrackingSection",
     "check_mlflow_uri",

@@ -23,7 +23,8 @@ from typing import Any, Literal, Protocol
 from opro.errors import LLMBadRequestError, LLMError
 
 Role = Literal["system", "user", "assistant"]
-ROLES = ("task", "judge", "optimizer", "generator")
+#: The model roles, one ``[models.<role>]`` table each, in the order every listing uses: the one list.
+ROLES: tuple[str, ...] = ("task", "judge", "optimizer", "generator")
 
 
 @dataclass(frozen=True)
