@@ -87,9 +87,12 @@ def build_mlflow_correctness(client: ChatClient, *, prompt: CorrectnessPrompt) -
     return MlflowCorrectnessJudge(client, prompt=prompt)
 
 
+#: The metrics against the reference answer built by name (no model): each under its own ``name``.
+REFERENCE_METRICS: Mapping[str, Callable[[], Metric]] = MappingProxyType({TokenF1.name: TokenF1})
+
 #: The extra metrics ``opro evaluate`` / ``opro compare`` take by name (``--metrics``): the judges of
-#: :data:`METRIC_JUDGES`, and token F1.
-EXTRA_METRICS = (*METRIC_JUDGES, "token_f1")
+#: :data:`METRIC_JUDGES`, and those of :data:`REFERENCE_METRICS` (token F1).
+EXTRA_METRICS: tuple[str, ...] = (*METRIC_JUDGES, *REFERENCE_METRICS)
 
 
 def make_extra_metrics(names: Sequence[str], *, judge_client: Callable[[], ChatClient]) -> list[Metric]:
@@ -103,8 +106,8 @@ def make_extra_metrics(names: Sequence[str], *, judge_client: Callable[[], ChatC
             continue
         if name in METRIC_JUDGES:
             metrics.append(build_metric(name, client=judge_client()))
-        elif name == "token_f1":
-            metrics.append(TokenF1())
+        elif name in REFERENCE_METRICS:
+            metrics.append(REFERENCE_METRICS[name]())
         else:
             raise ConfigError(f"unknown extra metric {raw!r}; choose from {', '.join(EXTRA_METRICS)}")
     return metrics
@@ -113,6 +116,7 @@ def make_extra_metrics(names: Sequence[str], *, judge_client: Callable[[], ChatC
 __all__ = [
     "EXTRA_METRICS",
     "METRIC_JUDGES",
+    "REFERENCE_METRICS",
     "TEMPLATE_FILE_SUFFIXES",
     "build_judge",
     "build_metric",
