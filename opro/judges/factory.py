@@ -4,7 +4,7 @@ judges (faithfulness, relevancy) by name.
 Every part of opro that needs an LLM judge (an experiment, ``opro judge agreement``, the extra
 metrics of ``opro evaluate`` / ``opro compare``: :func:`make_extra_metrics`) builds it here, so the
 settings a judge is built with are decided in one place. A new kind of pointwise judge is one module in :mod:`opro.judges`
-and one line in :data:`METRIC_JUDGES`; ``tests/test_judges_contract.py`` then runs the judge
+and one entry in :data:`METRIC_JUDGES`; ``tests/test_judges_contract.py`` then runs the judge
 contract over it (and fails if a judge is built anywhere else in opro).
 """
 
@@ -31,10 +31,7 @@ TEMPLATE_FILE_SUFFIXES: tuple[str, ...] = (".toml", ".txt", ".md")
 #: The pointwise judges built by name (``--metrics faithfulness,relevancy``), each from the judge
 #: model's client with its own defaults. Read-only: a new kind is registered here, in the source.
 METRIC_JUDGES: Mapping[str, Callable[[ChatClient], Metric]] = MappingProxyType(
-    {
-        "faithfulness": FaithfulnessJudge,
-        "relevancy": RelevancyJudge,
-    }
+    {judge.name: judge for judge in (FaithfulnessJudge, RelevancyJudge)}
 )
 
 
