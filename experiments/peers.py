@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -180,9 +180,9 @@ class BudgetedExperiment(Experiment):
             client.budget = budget
 
 
-def _calls_since(exp: Experiment, before: dict[str, dict[str, Any]], roles: Sequence[str], *, hits: bool) -> int:
+def _calls_since(exp: Experiment, before: Mapping[str, Mapping[str, Any]], roles: Sequence[str], *, hits: bool) -> int:
     """Calls of ``roles`` in the usage ledger since ``before`` (with cache hits when ``hits``)."""
-    now = exp.usage.as_dict()
+    now: Mapping[str, Mapping[str, Any]] = exp.usage.as_dict()
     keys = ("calls", "cache_hits") if hits else ("calls",)
     return sum(int(now.get(r, {}).get(k, 0)) - int(before.get(r, {}).get(k, 0)) for r in roles for k in keys)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opro.config import SPLIT_NAMES, SplitName
 from opro.cost import CostDifference, CostSummary
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.noninferiority import NonInferiority
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SPLITS = ("heldout", "validation", "optimization", "exemplar")
+#: ``opro compare``'s splits in the order it offers them: held-out (its default) first, the dataset's
+#: :data:`~opro.dataset.SPLIT_NAMES` reversed.
+SPLITS: tuple[SplitName, ...] = tuple(reversed(SPLIT_NAMES))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from opro.cost import CostModel
 from opro.errors import ConfigError, PromptError
-from opro.llm.client import DEFAULT_PRICES, Price
+from opro.llm.client import DEFAULT_PRICES, ROLES, Price
 from opro.llm.pool import ModelSpec, check_endpoint
 from opro.prompts import DEFAULT_INSTRUCTION, validate_instruction
 
@@ -43,6 +43,13 @@ class ExperimentSection:
             raise ConfigError('[experiment].output_dir is empty: name a folder for the run (for example "runs/opro")')
 
 
+#: The dataset's splits, in the order questions are dealt to them (and listed in ``split.json``, the
+#: run's files and parameters): the one list, re-exported by :mod:`opro.dataset`. ``opro compare``
+#: offers them the other way round, held-out first (:data:`opro.comparison.SPLITS`).
+SplitName = Literal["exemplar", "optimization", "validation", "heldout"]
+SPLIT_NAMES: tuple[SplitName, ...] = typing.get_args(SplitName)
+
+
 @dataclass(frozen=True)
 class SplitSection:
     exemplar: int = 3
@@ -55,7 +62,7 @@ class SplitSection:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        for name in ("exemplar", "optimization", "validation", "heldout"):
+        for name in SPLIT_NAMES:
             if getattr(self, name) < 0:
                 raise ConfigError(f"[data.split].{name} must be >= 0, got {getattr(self, name)}")
         if self.optimization < 1:
@@ -155,6 +162,21 @@ class ModelsSection:
     generator: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("generator"))
 
 
+#: Where the correctness judge reads its score (``[judge].score_from``, ``--score-from``): the one list;
+#: :data:`SCORE_SOURCES` and :func:`check_score_from` are read from it.
+ScoreFrom = Literal["reply", "logits", "auto"]
+SCORE_SOURCES: tuple[ScoreFrom, ...] = typing.get_args(ScoreFrom)
+
+
+def check_score_from(value: str, *, where: str = "score_from") -> ScoreFrom:
+    """``value`` if it is a score source, else :class:`~opro.errors.ConfigError` naming ``where`` (the
+    table key or the command-line option): ``--score-from must be reply, logits or auto, got 'x'``."""
+    if value not in SCORE_SOURCES:
+        choices = f"{', '.join(SCORE_SOURCES[:-1])} or {SCORE_SOURCES[-1]}"
+        raise ConfigError(f"{where} must be {choices}, got {value!r}")
+    return typing.cast(ScoreFrom, value)
+
+
 @dataclass(frozen=True)
 class JudgeSection:
     template: str = "llamaindex"
@@ -167,14 +189,13 @@ class JudgeSection:
     #: decoded); ``auto`` (default): logits where the backend can, else the reply. On 40 AlexNet
     #: questions the logit score separated right from wrong answers better than the reply's
     #: (docs/benchmarks.md), for less work per call.
-    score_from: Literal["reply", "logits", "auto"] = "auto"
+    score_from: ScoreFrom = "auto"
 
     def __post_init__(self) -> None:
         _check_ranges(self)
         if not 1.0 <= self.threshold <= 5.0:
             raise ConfigError(f"[judge].threshold must be within 1..5, got {self.threshold}")
-        if self.score_from not in ("reply", "logits", "auto"):
-            raise ConfigError(f"[judge].score_from must be 'reply', 'logits' or 'auto', got {self.score_from!r}")
+        check_score_from(self.score_from, where="[judge].score_from")
 
 
 @dataclass(frozen=True)
@@ -418,7 +439,7 @@ class OproConfig:
         """USD per million tokens by model name: the usage ledger's table, overridden by the prices the
         model tables give (``price_prompt``, ``price_completion``)."""
         table = dict(DEFAULT_PRICES)
-        for role in ("task", "judge", "optimizer", "generator"):
+        for role in ROLES:
             spec = getattr(self.models, role)
             if spec.price_prompt is not None and spec.price_completion is not None:
                 table[spec.model] = Price(float(spec.price_prompt), float(spec.price_completion))
@@ -620,6 +641,8 @@ def load_config(path: str | Path) -> OproConfig:
 __all__ = [
     "BUILTIN_PYTHON_REFERENCE",
     "DEFAULT_INSTRUCTION",
+    "SCORE_SOURCES",
+    "SPLIT_NAMES",
     "DataSection",
     "EmbeddingsSection",
     "ExperimentSection",
@@ -628,12 +651,15 @@ __all__ = [
     "OproConfig",
     "OptimizerSection",
     "RAGSection",
+    "ScoreFrom",
     "SearchSection",
     "SpaceSection",
+    "SplitName",
     "SplitSection",
     "TrackingSection",
     "check_mlflow_uri",
     "check_optuna_storage",
+    "check_score_from",
     "config_from_dict",
     "load_config",
 ]

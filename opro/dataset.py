@@ -27,10 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from opro.config import SPLIT_NAMES, SplitName
 from opro.errors import DataError
 
-SplitName = Literal["exemplar", "optimization", "validation", "heldout"]
-SPLIT_NAMES: tuple[SplitName, ...] = ("exemplar", "optimization", "validation", "heldout")
 DATASET_FILE = "rag_dataset.json"
 SPLIT_FILE = "split.json"
 SPLIT_FORMAT = 1
@@ -353,9 +352,8 @@ def make_split(
     shuffled strata are interleaved in proportion, so every split gets its share of each (for example
     of the questions the corpus cannot answer).
     """
-    for name, size in (
-        ("exemplar", exemplar), ("optimization", optimization), ("validation", validation), ("heldout", heldout)
-    ):
+    limits: dict[str, int | None] = dict(zip(SPLIT_NAMES, (exemplar, optimization, validation, heldout), strict=True))
+    for name, size in limits.items():
         if size is not None and size < 0:
             raise DataError(f"split size {name}={size} must be >= 0")
     order = related_groups(examples, embed=embed)
@@ -369,9 +367,6 @@ def make_split(
             + ("" if heldout is None else f" + heldout={heldout}") + f" = {wanted} "
             f"exceed the {len(examples)} examples of the dataset; choose smaller sizes"
         )
-    limits: dict[str, int | None] = {
-        "exemplar": exemplar, "optimization": optimization, "validation": validation, "heldout": heldout
-    }
     parts: dict[str, list[int]] = {n: [] for n in SPLIT_NAMES}
     for group in order:
         for name in SPLIT_NAMES:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
+from opro.config import BUILTIN_PYTHON_REFERENCE, SPLIT_NAMES, OproConfig, load_config
 from opro.errors import ConfigError, DataError, ModelPackError
-from opro.llm import ChatClient, UsageLedger
+from opro.llm import ROLES, ChatClient, UsageLedger
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
 from opro.paths import cache_dir
@@ -391,7 +391,7 @@ class Experiment:
     def _warn_folder_split(self, dataset: GoldenDataset) -> None:
         assert dataset.split is not None
         s = self.config.data.split
-        asked = {"exemplar": s.exemplar, "optimization": s.optimization, "validation": s.validation, "heldout": s.heldout}
+        asked = {name: getattr(s, name) for name in SPLIT_NAMES}
         if dataset.split.sizes != asked or dataset.split.seed != s.seed:
             sizes = ", ".join(f"{k} {v}" for k, v in dataset.split.sizes.items())
             logger.warning(
@@ -405,7 +405,7 @@ class Experiment:
         """Everything that defines the run, for MLflow (never secrets: specs carry env var names only)."""
         cfg = self.config
         params: dict[str, Any] = {"config": cfg.source, "seed": cfg.experiment.seed}
-        for role in ("task", "judge", "optimizer", "generator"):
+        for role in ROLES:
             for k, v in self.spec(role).safe_dict().items():
                 params[f"models.{role}.{k}"] = v
         ds = self.dataset

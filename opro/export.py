@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from opro.errors import ConfigError, DataError, PromptError
+from opro.llm import ROLES
 from opro.prompts import TEMPLATE_VARIABLES, QATemplate
 from opro.redaction import redact
 from opro.rundir import RunDir
@@ -64,7 +65,7 @@ class ExportResult:
 
 def _models_from_config(config: OproConfig) -> dict[str, dict[str, Any]]:
     out = {}
-    for role in ("task", "judge", "optimizer", "generator"):
+    for role in ROLES:
         spec = getattr(config.models, role).safe_dict()
         out[role] = {k: spec[k] for k in ("backend", "model", "base_url") if spec.get(k) is not None}
     return out

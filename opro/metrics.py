@@ -128,14 +128,14 @@ def token_f1(*, answer: str, reference: str, threshold: float = 0.5) -> MetricRe
     """F1 over the multiset of normalized tokens shared by ``answer`` and ``reference`` (SQuAD)."""
     score = _f1(answer, reference)
     return MetricResult(
-        name="token_f1", score=score, passing=score >= threshold, feedback=f"token F1 {score:.3f}"
+        name=TokenF1.name, score=score, passing=score >= threshold, feedback=f"token F1 {score:.3f}"
     )
 
 
 def exact_match(*, answer: str, reference: str) -> MetricResult:
     """1.0 when the normalized answer equals the normalized reference, else 0.0."""
     score = float(normalize_answer(answer) == normalize_answer(reference))
-    return MetricResult(name="exact_match", score=score, passing=bool(score), feedback="")
+    return MetricResult(name=ExactMatch.name, score=score, passing=bool(score), feedback="")
 
 
 def cosine_similarity(a: Sequence[float], b: Sequence[float]) -> float:

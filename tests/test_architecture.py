@@ -204,3 +204,106 @@ def test_optuna_private_api_is_used_in_one_wrapper_only() -> None:
                         and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
                     found.add(f"{path.relative_to(PACKAGE.parent).as_posix()}:{func.name}")
     assert found == {"opro/search/study.py:create_trial"}, found
+
+
+# -- one source per list --------------------------------------------------------------------------
+
+#: Copies in opro/cli.py, which is being made a package: they go as that lands (the package's
+#: modules are not exempt), and nothing joins this list.
+LISTS_RETYPED_IN_CLI = frozenset({("score sources", "opro/cli.py")})
+
+
+def _string_lists() -> Iterator[tuple[str, frozenset[str]]]:
+    """Every tuple, list or set literal of two or more strings and every ``Literal[...]`` of strings in
+    opro/, as a set, with where it stands."""
+    for where, node in _nodes(skip=PACKAGE / "__no_such_path__"):
+        elts: list[ast.expr] = []
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            elts = list(node.elts)
+        elif isinstance(node, ast.Subscript) and (
+            (isinstance(node.value, ast.Name) and node.value.id == "Literal")
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "Literal")
+        ):
+            elts = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if len(elts) >= 2 and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts):
+            yield where, frozenset(e.value for e in elts if isinstance(e, ast.Constant))
+
+
+def _copies(name: str, values: tuple[str, ...], source: str) -> list[str]:
+    """Where ``values`` are written out again (in any order) outside ``source``, the module that lists them."""
+    found = []
+    for where, items in _string_lists():
+        path = where.rpartition(":")[0].replace("\\", "/")
+        if items == frozenset(values) and path != source and (name, path) not in LISTS_RETYPED_IN_CLI:
+            found.append(where)
+    return found
+
+
+def test_the_model_roles_are_listed_once() -> None:
+    from opro.llm import ROLES
+
+    assert _copies("roles", ROLES, "opro/llm/client.py") == []
+
+
+def test_the_split_names_are_listed_once() -> None:
+    """One order (the dealing order of opro.config); compare's held-out-first order is derived from it."""
+    from opro.comparison import SPLITS
+    from opro.dataset import SPLIT_NAMES
+
+    assert tuple(reversed(SPLIT_NAMES)) == SPLITS
+    assert _copies("split names", SPLIT_NAMES, "opro/config.py") == []
+
+
+def test_the_score_sources_are_listed_once() -> None:
+    from opro.judges import SCORE_SOURCES
+
+    assert _copies("score sources", SCORE_SOURCES, "opro/config.py") == []
+
+
+def test_the_extra_metrics_are_named_by_the_metrics_themselves() -> None:
+    """A metric's name is written once, on its class; the registries and their list read it."""
+    from opro.judges import EXTRA_METRICS, METRIC_JUDGES, REFERENCE_METRICS
+
+    assert (*METRIC_JUDGES, *REFERENCE_METRICS) == EXTRA_METRICS
+    assert all(getattr(make, "name", None) == name for name, make in {**METRIC_JUDGES, **REFERENCE_METRICS}.items())
+    assert _copies("extra metrics", EXTRA_METRICS, "opro/judges/factory.py") == []
+    named = {name: f"opro/{module}.py" for module, names in
+             (("metrics", ("token_f1", "exact_match")), ("judges/yesno", ("faithfulness", "relevancy")))
+             for name in names}
+    found = [where for where, node in _nodes(skip=PACKAGE / "cli.py")
+             if isinstance(node, ast.Constant) and node.value in named
+             and where.rpartition(":")[0].replace("\\", "/") != named[node.value]]
+    assert not found, found
+
+
+def test_yes_no_verdicts_are_read_in_one_module() -> None:
+    """Only opro/judges/parsing.py reads a YES/NO verdict from a reply (parse_yes_no, parse_yes_no_verdict)."""
+    found = [where for where, node in _nodes(skip=PACKAGE / "judges" / "parsing.py")
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and "yes|no" in node.value.lower()]
+    for path in PACKAGE.rglob("*.py"):
+        if path == PACKAGE / "judges" / "parsing.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        # A JSON schema's "enum" asks for the words; it reads nothing.
+        asked = {id(n.values[i]) for n in ast.walk(tree) if isinstance(n, ast.Dict)
+                 for i, k in enumerate(n.keys) if isinstance(k, ast.Constant) and k.value == "enum"}
+        found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Tuple | ast.List | ast.Set) and id(node) not in asked
+                  and {str(getattr(e, "value", "")).lower() for e in node.elts} == {"yes", "no"}]
+    assert not found, found
+
+
+def test_usage_records_name_the_fields_of_role_usage() -> None:
+    """The saved form of usage (a TypedDict) and the ledger's dataclass list the same fields."""
+    import dataclasses
+
+    from opro.llm import RoleUsage, UsageRecord
+
+    assert list(UsageRecord.__annotations__) == [f.name for f in dataclasses.fields(RoleUsage)]
+
+
+def test_the_list_scan_finds_a_copy() -> None:
+    """The scans above can fail: a retyped list is found where it stands."""
+    assert any(items == frozenset({"reply", "logits", "auto"}) and where.startswith("opro/config.py")
+               for where, items in _string_lists())
+    assert _copies("score sources", ("reply", "logits", "auto"), "opro/judges/parsing.py")

@@ -483,3 +483,19 @@ def test_template_text_from_an_unrecognised_source_is_none_so_the_caller_imports
     assert _module_strings("llama_index.core.evaluation.no_such_module", ("X",)) is None
     assert _module_strings("llama_index.core.evaluation.correctness", ("NO_SUCH_NAME",)) is None
     assert _module_strings("no_such_package.mod", ("X",)) is None
+
+
+def test_score_sources_are_checked_by_one_validator_with_the_option_named() -> None:
+    from opro.config import JudgeSection
+    from opro.judges import SCORE_SOURCES, check_score_from
+
+    assert SCORE_SOURCES == ("reply", "logits", "auto")
+    assert [check_score_from(s, where="--score-from") for s in SCORE_SOURCES] == list(SCORE_SOURCES)
+    with pytest.raises(ConfigError, match=r"^--score-from must be reply, logits or auto, got 'vibes'$"):
+        check_score_from("vibes", where="--score-from")
+    with pytest.raises(ConfigError, match=r"^\[judge\]\.score_from must be reply, logits or auto, got 'x'$"):
+        JudgeSection(score_from="x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^CorrectnessJudge score_from must be reply, logits or auto, got 'v'$"):
+        CorrectnessJudge(_client(ScriptedLLM()), score_from="v")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must be reply, logits or auto"):
+        check_score_from("REPLY")  # exact names only, as before

@@ -7,10 +7,12 @@ relevancy) and MLflow's correctness judge, their templates and the parsers that 
 (:func:`build_judge`, :func:`build_metric`, :func:`build_mlflow_correctness`, :func:`make_extra_metrics`).
 """
 
-from opro.judges.correctness import SCORE_SOURCES, CorrectnessJudge, correctness_schema
+from opro.config import check_score_from
+from opro.judges.correctness import SCORE_SOURCES, CorrectnessJudge, ScoreFrom, correctness_schema
 from opro.judges.factory import (
     EXTRA_METRICS,
     METRIC_JUDGES,
+    REFERENCE_METRICS,
     build_judge,
     build_metric,
     build_mlflow_correctness,
@@ -33,6 +35,7 @@ __all__ = [
     "BUILTIN_TEMPLATES",
     "EXTRA_METRICS",
     "METRIC_JUDGES",
+    "REFERENCE_METRICS",
     "SCORE_SOURCES",
     "CorrectnessJudge",
     "FaithfulnessJudge",
@@ -40,9 +43,11 @@ __all__ = [
     "MlflowCorrectnessJudge",
     "ParsedScore",
     "RelevancyJudge",
+    "ScoreFrom",
     "build_judge",
     "build_metric",
     "build_mlflow_correctness",
+    "check_score_from",
     "correctness_schema",
     "expected_score_from_logprobs",
     "get_template",

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from opro.config import SCORE_SOURCES, ScoreFrom, check_score_from
 from opro.errors import ConfigError
 from opro.judges.parsing import (
     SCORE_MAX,
@@ -27,8 +28,6 @@ from opro.withheld import NOT_IN_CONTEXT, requirement_score
 # --- correctness judge -----------------------------------------------------------------------------
 
 _SCORE_ENUM = [1, 2, 3, 4, 5]
-ScoreFrom = Literal["reply", "logits", "auto"]
-SCORE_SOURCES: tuple[str, ...] = ("reply", "logits", "auto")
 #: The logit judge reads the next token after this assistant prefix: the reply the JSON instruction
 #: asks for, up to its score (Qwen's tokenizer splits digits, so " 4" is a space then "4").
 SCORE_PREFIX = '{"score": '
@@ -104,8 +103,7 @@ class CorrectnessJudge:
         self.expected_score = expected_score
         self.max_tokens = max_tokens
         self.temperature = temperature
-        if score_from not in SCORE_SOURCES:
-            raise ConfigError(f"CorrectnessJudge score_from={score_from!r} is not one of {', '.join(SCORE_SOURCES)}")
+        check_score_from(score_from, where="CorrectnessJudge score_from")
         if score_from == "logits" and not llm.llm.supports_choice_logprobs:
             raise ConfigError(
                 f"judge score_from='logits' needs a backend that reads next-token logits (llamacpp); "

@@ -4,7 +4,7 @@ judges (faithfulness, relevancy) by name.
 Every part of opro that needs an LLM judge (an experiment, ``opro judge agreement``, the extra
 metrics of ``opro evaluate`` / ``opro compare``: :func:`make_extra_metrics`) builds it here, so the
 settings a judge is built with are decided in one place. A new kind of pointwise judge is one module in :mod:`opro.judges`
-and one line in :data:`METRIC_JUDGES`; ``tests/test_judges_contract.py`` then runs the judge
+and one entry in :data:`METRIC_JUDGES`; ``tests/test_judges_contract.py`` then runs the judge
 contract over it (and fails if a judge is built anywhere else in opro).
 """
 
@@ -31,10 +31,7 @@ TEMPLATE_FILE_SUFFIXES: tuple[str, ...] = (".toml", ".txt", ".md")
 #: The pointwise judges built by name (``--metrics faithfulness,relevancy``), each from the judge
 #: model's client with its own defaults. Read-only: a new kind is registered here, in the source.
 METRIC_JUDGES: Mapping[str, Callable[[ChatClient], Metric]] = MappingProxyType(
-    {
-        "faithfulness": FaithfulnessJudge,
-        "relevancy": RelevancyJudge,
-    }
+    {judge.name: judge for judge in (FaithfulnessJudge, RelevancyJudge)}
 )
 
 
@@ -87,9 +84,12 @@ def build_mlflow_correctness(client: ChatClient, *, prompt: CorrectnessPrompt) -
     return MlflowCorrectnessJudge(client, prompt=prompt)
 
 
+#: The metrics against the reference answer built by name (no model): each under its own ``name``.
+REFERENCE_METRICS: Mapping[str, Callable[[], Metric]] = MappingProxyType({TokenF1.name: TokenF1})
+
 #: The extra metrics ``opro evaluate`` / ``opro compare`` take by name (``--metrics``): the judges of
-#: :data:`METRIC_JUDGES`, and token F1.
-EXTRA_METRICS = (*METRIC_JUDGES, "token_f1")
+#: :data:`METRIC_JUDGES`, and those of :data:`REFERENCE_METRICS` (token F1).
+EXTRA_METRICS: tuple[str, ...] = (*METRIC_JUDGES, *REFERENCE_METRICS)
 
 
 def make_extra_metrics(names: Sequence[str], *, judge_client: Callable[[], ChatClient]) -> list[Metric]:
@@ -103,8 +103,8 @@ def make_extra_metrics(names: Sequence[str], *, judge_client: Callable[[], ChatC
             continue
         if name in METRIC_JUDGES:
             metrics.append(build_metric(name, client=judge_client()))
-        elif name == "token_f1":
-            metrics.append(TokenF1())
+        elif name in REFERENCE_METRICS:
+            metrics.append(REFERENCE_METRICS[name]())
         else:
             raise ConfigError(f"unknown extra metric {raw!r}; choose from {', '.join(EXTRA_METRICS)}")
     return metrics
@@ -113,6 +113,7 @@ def make_extra_metrics(names: Sequence[str], *, judge_client: Callable[[], ChatC
 __all__ = [
     "EXTRA_METRICS",
     "METRIC_JUDGES",
+    "REFERENCE_METRICS",
     "TEMPLATE_FILE_SUFFIXES",
     "build_judge",
     "build_metric",

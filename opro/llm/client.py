@@ -18,12 +18,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict, cast
 
 from opro.errors import LLMBadRequestError, LLMError
 
 Role = Literal["system", "user", "assistant"]
-ROLES = ("task", "judge", "optimizer", "generator")
+#: The model roles, one ``[models.<role>]`` table each, in the order every listing uses: the one list.
+ROLES: tuple[str, ...] = ("task", "judge", "optimizer", "generator")
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,23 @@ class RoleUsage:
     cost_usd: float | None = None
 
 
+class UsageRecord(TypedDict, total=False):
+    """One role's :class:`RoleUsage` as it is saved and passed around (:meth:`UsageLedger.as_dict`, the
+    study, ``summary.json``, reports): the same fields by name. A record saved by an older opro may
+    lack the newer fields."""
+
+    calls: int
+    cache_hits: int
+    prompt_tokens: int
+    completion_tokens: int
+    wall_s: float
+    cost_usd: float | None
+
+
+#: Usage by role as saved: ``{"task": UsageRecord, "judge": ...}``.
+UsageByRole = dict[str, UsageRecord]
+
+
 @dataclass(frozen=True)
 class Price:
     """USD per million tokens."""
@@ -229,8 +247,8 @@ class UsageLedger:
         with self._lock:
             return sum(u.prompt_tokens + u.completion_tokens for u in self._by_role.values())
 
-    def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {role: asdict(u) for role, u in self.snapshot().items()}
+    def as_dict(self) -> UsageByRole:
+        return {role: cast(UsageRecord, asdict(u)) for role, u in self.snapshot().items()}
 
 
 def cache_key(identity: str, messages: tuple[Message, ...], options: GenerationOptions, sample_index: int) -> str:
@@ -532,7 +550,9 @@ __all__ = [
     "Price",
     "Request",
     "RoleUsage",
+    "UsageByRole",
     "UsageLedger",
+    "UsageRecord",
     "as_messages",
     "cache_key",
     "choice_cache_key",

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from opro.cost import CostSummary
+from opro.llm.client import UsageByRole, UsageRecord
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
 
@@ -123,6 +124,7 @@ class OptimizationResult:
     initial_instruction: str
     initial_score: float | None
     history: tuple[CandidateRecord, ...]
+    #: :data:`~opro.llm.UsageByRole` (typed so once ``opro.cli``'s usage table takes it).
     usage: dict[str, dict[str, Any]]
     stopped_reason: str
     study_name: str
@@ -254,7 +256,7 @@ def quality_cost_front(records: Sequence[CandidateRecord]) -> list[CandidateReco
     return sorted((r for r in done if not dominated(r)), key=lambda r: (point(r)[1], -point(r)[0], r.step, r.index))
 
 
-def merge_usage(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def merge_usage(a: Mapping[str, UsageRecord], b: Mapping[str, UsageRecord]) -> UsageByRole:
     """Per-role usage of ``a`` and ``b`` added up (``cost_usd`` stays ``None`` where both are unknown)."""
     out: dict[str, dict[str, Any]] = {role: dict(u) for role, u in a.items()}
     for role, u in b.items():
@@ -265,7 +267,7 @@ def merge_usage(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str,
             if isinstance(v, int | float) or out[role].get(k) is None:
                 prev = out[role].get(k)
                 out[role][k] = v if prev is None else (prev + v if v is not None else prev)
-    return out
+    return cast(UsageByRole, out)
 
 
 def optimism_points(result: OptimizationResult) -> list[dict[str, Any]]:

@@ -56,6 +56,7 @@ import optuna
 from opro.cost import CallUsage, CostSummary
 from opro.errors import ConfigError
 from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest
+from opro.llm.client import UsageByRole
 from opro.locking import lease_alive, waiting_lock
 from opro.redaction import redact_url
 from opro.search.metaprompt import normalize_instruction
@@ -413,7 +414,7 @@ class StudyView:
                 out[int(key.removeprefix(_Key.LEASE))] = held
         return out
 
-    def usage_of_others(self, worker: int) -> list[dict[str, Any]]:
+    def usage_of_others(self, worker: int) -> list[UsageByRole]:
         mine = _Key.usage(worker)
         return [dict(v) for k, v in self.attrs.items() if k.startswith(_Key.USAGE) and k != mine]
 
@@ -507,10 +508,10 @@ class SearchStudy:
         return LeaseSlot(self.optuna, worker)
 
     # -- usage ----------------------------------------------------------------------------------
-    def usage(self, worker: int) -> dict[str, dict[str, Any]]:
+    def usage(self, worker: int) -> UsageByRole:
         return dict(self.optuna.user_attrs.get(_Key.usage(worker)) or {})
 
-    def save_usage(self, worker: int, usage: Mapping[str, Any]) -> None:
+    def save_usage(self, worker: int, usage: UsageByRole) -> None:
         self.optuna.set_user_attr(_Key.usage(worker), dict(usage))
 
     # -- proposals ------------------------------------------------------------------------------

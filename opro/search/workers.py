@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from opro.errors import ConfigError, LLMError, OproError
-from opro.llm.client import UsageLedger
+from opro.llm.client import UsageByRole, UsageLedger
 from opro.locking import lease_alive
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import merge_usage
@@ -264,10 +264,10 @@ class UsageBook:
         self.study = study
         self.ledger = ledger
         self.worker = worker
-        self._prior: dict[str, dict[str, Any]] = {}
-        self._others: dict[str, dict[str, Any]] = {}
+        self._prior: UsageByRole = {}
+        self._others: UsageByRole = {}
 
-    def total(self) -> dict[str, dict[str, Any]]:
+    def total(self) -> UsageByRole:
         """Usage of every process and worker that worked on this study, this one included."""
         return merge_usage(self._others, merge_usage(self._prior, self.ledger.as_dict()))
 
@@ -280,7 +280,7 @@ class UsageBook:
 
     def load_others(self) -> None:
         """The other workers' usage as they last saved it (before telling their candidates' trials)."""
-        others: dict[str, dict[str, Any]] = {}
+        others: UsageByRole = {}
         for value in self.study.view().usage_of_others(self.worker):
             others = merge_usage(others, value)
         self._others = others
