@@ -807,7 +807,7 @@ def optimize(
     if index == 0:
         written = [p.name for p in exp.run_dir.optimize_outputs()]
         console.print(f"outputs: {exp.config.output_dir}  ({', '.join(written)})")
-        console.print(f"MLflow run {result.mlflow_run_id} in {redact_url(exp.config.mlflow_uri)}")
+        console.print("\n".join(r.where for r in result.recorded))  # where each tracker recorded the run
         if exp.config.tracking.register_prompt:
             console.print(f"registered: prompts:/{exp.config.prompt_name}@{exp.config.tracking.prompt_alias}")
 

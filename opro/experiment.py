@@ -26,6 +26,7 @@ from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
 from opro.paths import cache_dir
 from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.records import Recorded
 from opro.rundir import RunDir
 from opro.search.recorder import Recorder
 from opro.search.results import OptimizationResult
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     from opro.retrieval import Retriever
     from opro.search import Search, SearchStudy, WorkerPlan
     from opro.search.space import SearchSpace
-    from opro.tracking.recorder import MlflowRecorder
     from opro.withheld import Withheld
 
 logger = logging.getLogger(__name__)
@@ -485,29 +485,18 @@ class Experiment:
         logger.warning("archived study %r as %r; starting a fresh study", cfg.study_name, archived)
         return archived
 
-    def recorders(self, *, worker_index: int = 0, num_workers: int = 1) -> list[Recorder]:
-        """What the search leaves behind: the run directory, then the MLflow run and registry version
-        (whose artifacts are the run directory's files)."""
+    def recorders(self, *, worker_index: int = 0, num_workers: int = 1,
+                  split_record: dict[str, Any] | None = None) -> list[Recorder]:
+        """What the search leaves behind, in order: the run directory's files, ``summary.json`` (which
+        says where the trackers after it recorded the run), then the trackers' recorders
+        (:func:`opro.tracking.search.search_recorders`: their artifacts are the run directory's files)."""
         from opro.recorders import RunDirRecorder
-        from opro.tracking import MlflowTracker
-        from opro.tracking.recorder import MlflowRecorder
+        from opro.tracking.search import search_recorders
 
-        cfg = self.config
-        recorders: list[Recorder] = [RunDirRecorder(self.run_dir)]
-        # Every worker of a shared study gets the MLflow recorder: worker 0 records the run, another
-        # one ends it FAILED when it gives up on a worker 0 that is gone.
-        if worker_index == 0 or num_workers > 1:
-            tracker = MlflowTracker(
-                tracking_uri=cfg.mlflow_uri, experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name
-            )
-            recorders.append(MlflowRecorder(
-                tracker,
-                params=self.run_params() if worker_index == 0 else None,
-                run_dir=self.run_dir,
-                register_prompt=(cfg.prompt_name, cfg.tracking.prompt_alias) if cfg.tracking.register_prompt else None,
-                sidecar=cfg.tracking.sidecar,
-            ))
-        return recorders
+        trackers = search_recorders(self, run_dir=self.run_dir, params=self.run_params() if worker_index == 0 else None,
+                                    worker_index=worker_index, num_workers=num_workers)
+        summary = _SummaryWriter(self, recorded_by=trackers, split_record=split_record)
+        return [RunDirRecorder(self.run_dir), summary, *trackers]
 
     def open_study(self) -> SearchStudy:
         """The config's study (created on the first run), refused when it was scored under other settings."""
@@ -560,20 +549,8 @@ class Experiment:
             if fresh:
                 self.archive_study()
             record = self._record_split() if plan.lead else None
-            recorders = self.recorders(worker_index=worker_index, num_workers=num_workers)
-            from opro.tracking.recorder import MlflowRecorder
-
-            tracking = next((r for r in recorders if isinstance(r, MlflowRecorder)), None)
-            summary = _SummaryWriter(self, tracking=tracking, split_record=record)
-            # Before the MLflow recorder, whose artifacts are the run directory's finished files.
-            recorders.insert(1, summary)
-            # Without a validation stage there is nothing to trace, and the records' fixed costs (seconds
-            # of MLflow imports) would only compete with the search; compare and evaluate register the
-            # splits they use when they record their runs.
-            if record is not None and tracking is not None and self.config.tracking.genai and ds.examples_in("validation"):
-                from opro.tracking.genai import ValidationTraces
-
-                recorders.append(ValidationTraces(self, tracking=tracking))  # after the run it links to
+            recorders = self.recorders(worker_index=worker_index, num_workers=num_workers, split_record=record)
+            summary = next(r for r in recorders if isinstance(r, _SummaryWriter))
             shared = shared_sqlite_warning(self.config.optuna_storage, num_workers=num_workers)
             if shared:
                 logger.warning("%s", shared)
@@ -638,23 +615,28 @@ class RunResult(OptimizationResult):
     """What ``opro optimize`` returned: the search's result, and where the run was recorded."""
 
     output_dir: Path | None = None
-    mlflow_run_id: str | None = None
+    #: Where the trackers recorded the run (beside ``output_dir``), in their order: ``where`` for a person.
+    recorded: tuple[Recorded, ...] = ()
     #: The judge-noise note beside the gain (from ``opro calibrate``'s record), as the summary says it.
     judge_noise: str | None = None
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "mlflow_run_id": self.mlflow_run_id, "judge_noise": self.judge_noise}
+        from opro.tracking.commands import mlflow_run_of
+
+        # summary.json names the MLflow run as it always has (sources and export find the run by it).
+        return {**super().summary(), "mlflow_run_id": mlflow_run_of(self.recorded), "judge_noise": self.judge_noise}
 
 
 class _SummaryWriter(Recorder):
     """The composition root's own recorder: ``summary.json`` (and its copy in the study, for
     ``opro compare best`` from the stores on any machine), written once, whole, after the run
-    directory's files and before the MLflow recorder logs them as artifacts."""
+    directory's files and before the trackers' recorders (``recorded_by``) log them as artifacts;
+    with where those recorded the run."""
 
-    def __init__(self, experiment: Experiment, *, tracking: MlflowRecorder | None,
+    def __init__(self, experiment: Experiment, *, recorded_by: Sequence[Recorder],
                  split_record: dict[str, Any] | None) -> None:
         self.experiment = experiment
-        self.tracking = tracking
+        self.recorded_by = tuple(recorded_by)
         self.split_record = split_record
         self._run: tuple[OptimizationResult, RunResult] | None = None
 
@@ -675,7 +657,7 @@ class _SummaryWriter(Recorder):
             self._run = (result, RunResult(
                 **fields,
                 output_dir=self.experiment.run_dir.root,
-                mlflow_run_id=None if self.tracking is None else self.tracking.run_id,
+                recorded=tuple(r for r in (x.recorded() for x in self.recorded_by) if r is not None),
                 judge_noise=judge_noise_note(self.experiment.config),
             ))
         return self._run[1]

@@ -2,8 +2,9 @@
 
 :class:`RunDirRecorder` writes every meta-prompt as it is sent, then ``best_prompt.txt``,
 ``history.jsonl`` and the plots. ``summary.json`` is the composition root's
-(:class:`opro.experiment.Experiment`), which knows where else the run was recorded; the MLflow
-recorder (:mod:`opro.tracking.recorder`) goes after both, so its artifacts are the finished files.
+(:class:`opro.experiment.Experiment`), which asks the other recorders where they recorded the run; the
+trackers' recorders (:func:`opro.tracking.recorder.search_recorders`) go after both, so their
+artifacts are the finished files.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from opro.records import Recorded
 from opro.rundir import RunDir
 from opro.search.recorder import Recorder
 
@@ -22,8 +24,13 @@ if TYPE_CHECKING:
 class RunDirRecorder(Recorder):
     """The run directory: every meta-prompt as it is sent, then the result's files and plots."""
 
+    name = "run_dir"
+
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
+
+    def recorded(self) -> Recorded:
+        return Recorded(recorder=self.name, ref=str(self.run_dir.root), where=f"run directory {self.run_dir.root}")
 
     def on_meta_prompt(self, *, step: int, text: str) -> None:
         self.run_dir.write_metaprompt(step, text)

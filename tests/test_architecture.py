@@ -160,6 +160,28 @@ def test_only_the_tracking_wing_imports_mlflow() -> None:
     assert not found, found
 
 
+def test_only_the_tracking_wing_names_the_mlflow_recorder() -> None:
+    """The composition root gets its trackers from :func:`opro.tracking.search.search_recorders` and
+    reads where they recorded from :meth:`opro.search.recorder.Recorder.recorded`: no ``isinstance``,
+    import or annotation of ``MlflowRecorder`` outside opro/tracking/ (strings and docstrings aside)."""
+    found = []
+    for where, node in _nodes(skip=PACKAGE / "tracking"):
+        names = ([node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute)
+                 else [a.name for a in node.names] if isinstance(node, ast.Import | ast.ImportFrom) else [])
+        if "MlflowRecorder" in names or (isinstance(node, ast.Constant) and node.value == "MlflowRecorder"):
+            found.append(where)
+    assert not found, found
+
+
+def test_the_search_schema_keeps_no_tracker_bookkeeping() -> None:
+    """The study module stores no recorder's state by name: recorders use
+    :meth:`~opro.search.study.SearchStudy.recorder_state` under their own keys."""
+    tree = ast.parse((PACKAGE / "search" / "study.py").read_text(encoding="utf-8"))
+    found = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
+             and isinstance(node.value, str) and "mlflow" in node.value.lower()]
+    assert not found, found
+
+
 def test_the_graph_reader_sees_a_loop() -> None:
     """The checks above can fail: a loop and an upward import are found when they are there."""
     assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

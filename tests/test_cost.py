@@ -15,6 +15,7 @@ from opro.cost import CostModel
 from opro.errors import ConfigError
 from opro.evaluation import EvaluationRow
 from opro.experiment import Experiment, RunResult
+from opro.tracking.commands import mlflow_run_of
 
 
 def _row(prompt: int, completion: int, seconds: float, error: str | None = None) -> EvaluationRow:
@@ -82,7 +83,7 @@ def test_every_candidate_keeps_its_cost_per_answer_in_history_study_mlflow_and_s
     assert summary["cost"] == {"returned": returned, "initial": initial}
     assert returned["completion_tokens"] > initial["completion_tokens"]  # "context" answers are longer here
     uri = f"sqlite:///{out / 'mlflow.db'}"
-    run = MlflowClient(tracking_uri=uri).get_run(result.mlflow_run_id)
+    run = MlflowClient(tracking_uri=uri).get_run(mlflow_run_of(result.recorded))
     client = MlflowClient(tracking_uri=uri)
     logged = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "candidate_completion_tokens"),
                                       key=lambda m: m.step)]
@@ -200,7 +201,7 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
-    assert "pareto.png" in {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(result.mlflow_run_id)}
+    assert "pareto.png" in {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(mlflow_run_of(result.recorded))}
     # A rerun resumes the decision from the study (scores and costs kept there): the same claim.
     again = _cost_world(tmp_path, worse=False)
     assert again.validation is not None and (again.validation.verdict, again.validation.saving) == (v.verdict, v.saving)

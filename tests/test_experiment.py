@@ -12,6 +12,7 @@ from fakes import DOC, SECRET, experiment_config, qa_file, scripted_pool, write_
 from opro.config import config_from_dict, load_config
 from opro.errors import ConfigError, DataError
 from opro.experiment import Experiment
+from opro.tracking.commands import mlflow_run_of
 
 
 def test_no_claimed_gain_is_recorded_as_none_never_as_zero(tmp_path: Path) -> None:
@@ -34,7 +35,7 @@ def test_no_claimed_gain_is_recorded_as_none_never_as_zero(tmp_path: Path) -> No
     assert not result.validated and result.gain is None
     uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    run = client.get_run(result.mlflow_run_id)
+    run = client.get_run(mlflow_run_of(result.recorded))
     assert "gain" not in run.data.metrics and run.data.tags["opro.gain"] == "none"
     assert client.get_prompt_version_by_alias("qa-test", "latest-best").tags["opro.gain"] == "none"
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -62,7 +63,7 @@ def test_experiment_end_to_end_on_scripted_models(tmp_path: Path, monkeypatch: p
 
     uri = f"sqlite:///{out / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    run = client.get_run(result.mlflow_run_id)
+    run = client.get_run(mlflow_run_of(result.recorded))
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert params["models.judge.backend"] == "scripted"

@@ -14,6 +14,7 @@ from fakes import experiment_config, scripted_pool, write_toml
 from opro.experiment import Experiment
 from opro.ledger import LEDGER_FILE
 from opro.search.study import ValidationReuse
+from opro.tracking.commands import mlflow_run_of
 
 
 def _optimize(tmp_path: Path, *, out: str, seed: int = 1, **optimizer: Any) -> Any:
@@ -142,7 +143,7 @@ def test_seen_validation_label_re_decides_as_an_exploration_that_never_claims_a_
     assert decision.re_decided and decision.verdict == marked[-1]["verdict"]
     uri = f"sqlite:///{tmp_path / 'out2' / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    tags = client.get_run(labelled.mlflow_run_id).data.tags
+    tags = client.get_run(mlflow_run_of(labelled.recorded)).data.tags
     assert tags["opro.re_decided"] == "true" and tags["opro.validated"] == "false" and tags["opro.gain"] == "none"
     assert client.get_prompt_version_by_alias("qa-test", "latest-best").tags["opro.validated"] == "false"
     # In the first decision's own storage too (another min_coverage), and it does not block that decision.

@@ -8,7 +8,10 @@ Who calls what: every worker of a shared study gets ``on_search_start`` (``lead`
 is worker 0, which proposes and records), ``on_search_end`` and, when the search fails,
 ``on_search_failed``; only the lead gets ``on_meta_prompt``, ``on_step``, ``on_validation_batch``, ``on_validated``,
 ``on_validation_end`` and ``on_result``. A recorder keeps what it needs to resume (which steps it logged, whether it recorded
-the result) in the study, through :class:`~opro.search.study.SearchStudy`'s typed accessors.
+the result) in the study, under its own keys (:meth:`~opro.search.study.SearchStudy.recorder_state`):
+the search's schema knows none of them. Each recorder says where it recorded (:meth:`Recorder.recorded`,
+an :class:`opro.records.Recorded` as every command's recorders do), so the composition root reports
+it without knowing which recorders there are.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from opro.evaluation_types import EvaluationRow
+    from opro.records import Recorded
     from opro.search.results import CandidateRecord, OptimizationResult
     from opro.search.study import SearchStudy
 
@@ -81,6 +85,11 @@ class Recorder(Protocol):
     def on_search_failed(self, study: SearchStudy, error: BaseException, *, abandoned: bool) -> None:
         """The search stopped on ``error`` (``KeyboardInterrupt`` when the user stopped it);
         ``abandoned``: this worker gave up waiting for a lead that is gone."""
+        return None
+
+    def recorded(self) -> Recorded | None:
+        """Where this recorder recorded the search (its kind, its own id, words for a person), once it
+        knows (the lead's, from :meth:`on_search_end` on); None: nowhere of its own to name."""
         return None
 
 

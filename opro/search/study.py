@@ -3,7 +3,7 @@
 Every candidate is an Optuna trial (its instruction, step and proposal index as attributes, its mean
 judge score as the value); the study's own attributes hold what workers share and what a rerun
 resumes from (proposals, samples, usage, leases, validation scores, the fingerprint, the result and
-the recorders' bookkeeping). Everything else reads and writes them through :class:`SearchStudy` and
+what each recorder keeps to resume, under its own keys). Everything else reads and writes them through :class:`SearchStudy` and
 :class:`CandidateTrial`, so the schema lives here and nowhere else.
 
 Study attributes::
@@ -26,9 +26,8 @@ Study attributes::
     validation_decisions      every validation decision's ledger record (questions, design, fingerprint, verdict)
     summary                   the lead's final summary (``opro compare best`` from the stores)
     split_record              the questions the optimization saw (the held-out guard)
-    mlflow_run_id             the MLflow run of the search
-    mlflow_logged:<run id>    steps whose candidates that run has logged
-    recorded_result           digest of the result the MLflow recorder recorded
+    (any other key)           a recorder's own state (:meth:`SearchStudy.recorder_state`): the search
+                              never reads it; each recorder lists its keys (opro.tracking.recorder)
 
 Trial parameters: the candidate's values of the open search dimensions (``demos``, ``top_k``, ...).
 Trial attributes: ``instruction step index worker host claim`` (the claim), ``part`` and ``parts``
@@ -95,6 +94,11 @@ class _Key:
     LEASE: Final = "holder:w"
     USAGE: Final = "usage:w"
     REJECTED: Final = "rejected:"
+    #: Every name above and every prefix of the keys below: what no recorder may store under.
+    OWN: Final = frozenset({FINGERPRINT, WORKERS, VALIDATION_DESIGN, VALIDATION_LOOKS, VALIDATION_HISTORY,
+                            VALIDATION_DECISIONS, SUMMARY, SPLIT_RECORD})
+    OWN_PREFIXES: Final = (LEASE, USAGE, REJECTED, "proposals:", "params:", "sampling:", "sample:", "stopped:",
+                           "validation:", "validation_cost:")
 
     @staticmethod
     def lease(worker: int) -> str:
@@ -137,6 +141,13 @@ class _Key:
     @staticmethod
     def validation_cost(instruction: str, queries: Sequence[str]) -> str:
         return f"validation_cost:{sha(normalize_instruction(instruction))}:{questions_key(queries)}"
+
+
+def _recorder_key(key: str) -> str:
+    """``key`` when it is a recorder's to use: never one of the search's own attributes."""
+    if key in _Key.OWN or key.startswith(_Key.OWN_PREFIXES):
+        raise ValueError(f"{key!r} is a study attribute of the search, not a recorder's")
+    return key
 
 
 class _TrialKey:
@@ -747,27 +758,15 @@ class SearchStudy:
     def save_split_record(self, record: Mapping[str, Any]) -> None:
         self.optuna.set_user_attr(_Key.SPLIT_RECORD, dict(record))
 
-    # -- what the MLflow recorder keeps to resume -----------------------------------------------
-    def mlflow_run_id(self) -> str | None:
-        run_id = self.optuna.user_attrs.get("mlflow_run_id")
-        return None if run_id is None else str(run_id)
+    # -- what a recorder keeps to resume ----------------------------------------------------------
+    def recorder_state(self, key: str) -> Any:
+        """What a recorder stored under ``key`` (None: nothing yet). Its keys are its own: the search
+        never reads them, and they survive a resume and are shared by every worker of the study."""
+        return self.optuna.user_attrs.get(_recorder_key(key))
 
-    def set_mlflow_run_id(self, run_id: str) -> None:
-        self.optuna.set_user_attr("mlflow_run_id", run_id)
-
-    def mlflow_logged_steps(self, run_id: str) -> list[int]:
-        return [int(s) for s in self.optuna.user_attrs.get(f"mlflow_logged:{run_id}") or []]
-
-    def set_mlflow_logged_steps(self, run_id: str, steps: Sequence[int]) -> None:
-        self.optuna.set_user_attr(f"mlflow_logged:{run_id}", list(steps))
-
-    def recorded_result(self) -> str | None:
-        value = self.optuna.user_attrs.get("recorded_result")
-        return None if value is None else str(value)
-
-    def set_recorded_result(self, digest: str) -> None:
-        self.optuna.set_user_attr("recorded_result", digest)
-
+    def set_recorder_state(self, key: str, value: Any) -> None:
+        """Store ``value`` (JSON: numbers, strings, lists, dicts) under the recorder's ``key``."""
+        self.optuna.set_user_attr(_recorder_key(key), value)
 
 __all__ = [
     "RETRY_STATUSES",

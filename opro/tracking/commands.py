@@ -52,7 +52,8 @@ def command_recorders(config: OproConfig, *, mlflow: bool = True, tracking_uri: 
 
 
 def mlflow_run_of(recorded: Sequence[Recorded]) -> str | None:
-    """The MLflow run a record went to, among where it was recorded (None: not recorded in MLflow)."""
+    """The MLflow run a record (a command's or a search's) went to, among where it was recorded (None:
+    not recorded in MLflow)."""
     return next((r.ref for r in recorded if r.recorder == MlflowCommandRecorder.name), None)
 
 

@@ -1,5 +1,14 @@
 """The MLflow recorder: one MLflow run per study, resumed by the run id kept in the study, and the
-Prompt Registry version of the returned prompt."""
+Prompt Registry version of the returned prompt; and :func:`search_recorders`, the recorders a search
+records through under a config (the composition root never names them).
+
+What the MLflow recorder keeps in the study (:meth:`~opro.search.study.SearchStudy.recorder_state`),
+so a rerun or another worker resumes into the same run and logs nothing twice::
+
+    mlflow_run_id             the MLflow run of the search
+    mlflow_logged:<run id>    steps whose candidates that run has logged
+    recorded_result           digest of the result the MLflow recorder recorded
+"""
 
 from __future__ import annotations
 
@@ -10,9 +19,11 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from opro.prompts import SETTINGS
+from opro.records import Recorded
+from opro.redaction import redact_url
 from opro.rundir import RunDir
 from opro.search.recorder import Recorder
 
@@ -31,6 +42,18 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+class _State:
+    """The MLflow recorder's keys in the study (the module docstring lists them; byte for byte the
+    names earlier versions stored, so their studies resume into the same run)."""
+
+    RUN_ID: Final = "mlflow_run_id"
+    RESULT: Final = "recorded_result"
+
+    @staticmethod
+    def logged(run_id: str) -> str:
+        return f"mlflow_logged:{run_id}"
+
+
 class MlflowRecorder(Recorder):
     """One MLflow run per study, resumed by the run id kept in the study, and the Prompt Registry.
 
@@ -42,6 +65,9 @@ class MlflowRecorder(Recorder):
     :class:`opro.genai.ValidationTraces` shares), so it never takes this process's GIL from the
     search; without it, on the thread of this process (cheaper where MLflow is already imported).
     """
+
+    #: Where it records, as :class:`opro.records.Recorded` names it (the command recorder's name too).
+    name = "mlflow"
 
     def __init__(
         self,
@@ -138,7 +164,8 @@ class MlflowRecorder(Recorder):
 
     def on_search_start(self, study: SearchStudy, *, lead: bool) -> None:
         self._lead = lead
-        self._run_id = study.mlflow_run_id()
+        stored = study.recorder_state(_State.RUN_ID)
+        self._run_id = None if stored is None else str(stored)
         if not lead:
             return
         resume = self._run_id
@@ -147,7 +174,7 @@ class MlflowRecorder(Recorder):
         def start_run() -> str:
             rid: str = self._mlflow.start(run_name=study.name, params=self.params, resume_run_id=resume)
             self.tracker.run_id = rid  # mirrored here: which run the later calls write to
-            study.set_mlflow_run_id(rid)
+            study.set_recorder_state(_State.RUN_ID, rid)
             return rid
 
         # MLflow's store set-up and run start take seconds: done beside the first step's requests.
@@ -166,7 +193,7 @@ class MlflowRecorder(Recorder):
         same with any number of workers."""
         if self.tracker.run_id is None:
             return
-        logged = study.mlflow_logged_steps(self.tracker.run_id)
+        logged = [int(s) for s in study.recorder_state(_State.logged(self.tracker.run_id)) or []]
         if step in logged:
             return
         for position, r in enumerate(history):
@@ -182,7 +209,7 @@ class MlflowRecorder(Recorder):
             self._mlflow.log_metrics(metrics, step=position)
         if best > -math.inf:
             self._mlflow.log_metrics({"search_best_score": best}, step=step)
-        study.set_mlflow_logged_steps(self.tracker.run_id, [*logged, step])
+        study.set_recorder_state(_State.logged(self.tracker.run_id), [*logged, step])
 
     def on_search_end(self, study: SearchStudy) -> None:
         if self._started is not None:
@@ -193,6 +220,12 @@ class MlflowRecorder(Recorder):
         """The MLflow run of the search, once the search ended (None without a run)."""
         return self._run_id
 
+    def recorded(self) -> Recorded | None:
+        if self._run_id is None:
+            return None
+        return Recorded(recorder=self.name, ref=self._run_id,
+                        where=f"MLflow run {self._run_id} in {redact_url(self.tracker.tracking_uri)}")
+
     def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
         try:
             self._drain()
@@ -200,9 +233,9 @@ class MlflowRecorder(Recorder):
             digest = _sha(json.dumps(
                 {k: v for k, v in result.summary().items() if k not in ("usage", "wall_s")}, sort_keys=True, default=str
             ))
-            if study.recorded_result() != digest:
+            if study.recorder_state(_State.RESULT) != digest:
                 self._log_result(result)
-                study.set_recorded_result(digest)
+                study.set_recorder_state(_State.RESULT, digest)
             self._mlflow.finish()
         finally:
             self._release()
