@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opro.prompts import SETTINGS
+from opro.dimensions import SETTINGS
 from opro.rundir import RunDir
 from opro.search.recorder import Recorder
 
