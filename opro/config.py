@@ -345,7 +345,7 @@ class SpaceSection:
                 if not isinstance(values, list):
                     d = dimension(name)
                     raise ConfigError(f"{source}: [search.space].{name} must be a list of values, each {d.expects} "
-                                      f"({name} is a {d.kind} dimension), got {type(values).__name__}")
+                                      f"({name} is {d.kind_said}), got {type(values).__name__}")
                 choices.append((name, tuple(values)))
         rest = {k: v for k, v in table.items() if k in keys}
         return _build(cls, rest, "search.space", source, choices=tuple(choices))  # type: ignore[no-any-return]

@@ -95,6 +95,10 @@ class Dimension:
             raise ConfigError(f"the dimension {self.name!r} is a setting, not the template's content")
         return self.change(template, value, pool)
 
+    @property
+    def kind_said(self) -> str:
+        return f"{'an' if self.kind == 'int' else 'a'} {self.kind} dimension"
+
     def export_name(self, fmt: str) -> str:
         return self.export.get(fmt, self.name)
 
@@ -111,7 +115,7 @@ class Dimension:
             return None if isinstance(value, str) and value in self.choices else f"must be {self.expects}"
         if isinstance(value, bool) or not isinstance(value, int | float) or (
                 self.kind == "int" and not isinstance(value, int)):
-            return f"must be {'an integer' if self.kind == 'int' else 'a number'} ({self.name} is a {self.kind} dimension)"
+            return f"must be {'an integer' if self.kind == 'int' else 'a number'} ({self.name} is {self.kind_said})"
         if math.isnan(value) or value < self.floor:
             return f"must be >= {self.floor:g}"
         return None
