@@ -171,6 +171,14 @@ def _above_overlap(values: Sequence[Any], config: Any) -> str | None:
     return None
 
 
+def _needs_embeddings(values: Sequence[Any], config: Any) -> str | None:
+    embedded = [v for v in values if v != "bm25"]
+    if embedded and config.rag.embeddings is None:
+        return (f"[search.space].retriever = {embedded[0]!r} needs a [rag.embeddings] table (base_url + model, or "
+                "local_path): dense and hybrid retrieval embed the chunks")
+    return None
+
+
 #: Every dimension, in order (the order of the search space, of a prompt's settings and of the plan).
 DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("demos", "int", "worked examples from the exemplar split shown before the question (0: none)",
@@ -187,6 +195,13 @@ DIMENSIONS: tuple[Dimension, ...] = (
               rag_key="chunk_size", export_note="the chunking it was scored with: index = VectorStoreIndex."
               "from_documents(docs, transformations=[SentenceSplitter(chunk_size=CHUNK_SIZE)])",
               plan_note="each chunk size is chunked and indexed once, then kept", requires=_above_overlap),
+    Dimension("retriever", "choice", "the retriever: bm25 (words), dense (embeddings) or hybrid (both, fused by "
+              "reciprocal rank); dense and hybrid need [rag.embeddings]", applies="index",
+              choices=("bm25", "dense", "hybrid"), rag_key="retriever", argument="kind",
+              export_note="the retriever it was scored with: bm25 (BM25Retriever), dense (VectorIndexRetriever) or "
+              "hybrid (QueryFusionRetriever over both, mode='reciprocal_rerank')",
+              cost_note="the same tokens for every kind: it changes which chunks are retrieved, not how many",
+              plan_note="each retriever kind is indexed once, then kept", requires=_needs_embeddings),
 )
 
 #: The dimensions a template carries as settings (beside its text), by name, in order.
