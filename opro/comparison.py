@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.config import SPLIT_NAMES, SplitName
 from opro.cost import CostDifference, CostSummary
+from opro.dimensions import Value
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.noninferiority import NonInferiority
 from opro.stats import ConfidenceInterval, PairedComparison
@@ -53,7 +54,7 @@ class PromptScores:
     metric_invalid: Mapping[str, int]
     evaluation: EvaluationReport
     #: The settings the prompt was answered with beside its template (``top_k``, ``answer_max_tokens``).
-    settings: Mapping[str, int] = field(default_factory=dict)
+    settings: Mapping[str, Value] = field(default_factory=dict)
     #: Means per answered question of its task calls (:mod:`opro.cost`).
     cost: CostSummary | None = None
 

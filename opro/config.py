@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from opro.cost import CostModel
+from opro.dimensions import DIMENSIONS, Value, dimension
+from opro.dimensions import names as dimension_names
 from opro.errors import ConfigError, PromptError
 from opro.llm.client import DEFAULT_PRICES, ROLES, Price
 from opro.llm.pool import ModelSpec, check_endpoint
@@ -298,46 +300,76 @@ class OptimizerSection:
             raise ConfigError(f"[optimizer].completion_weight must be a number >= 0 (e.g. 4), got {self.completion_weight!r}")
 
 
-#: ``[search.space]``'s dimensions, in order, and the least value each may take.
-_SPACE_FLOORS = {"demos": 0, "top_k": 1, "answer_max_tokens": 1, "chunk_size": 32}
-
-
 @dataclass(frozen=True)
 class SpaceSection:
-    """What the search may change beside the wording, each a list of values to choose from (empty:
-    not searched). Optuna's sampler proposes a value of each for every new candidate, from the scores
-    of the candidates before it, while the optimizer LLM proposes the wording."""
+    """What the search may change beside the wording: for each dimension of the table
+    (:data:`opro.dimensions.DIMENSIONS`), a list of values to choose from (absent or empty: not
+    searched). Optuna's sampler proposes a value of each for every new candidate, from the scores of
+    the candidates before it, while the optimizer LLM proposes the wording. In TOML each dimension is
+    a key of ``[search.space]`` (``top_k = [1, 3]``); in Python, ``choices``."""
 
-    #: Worked examples from the exemplar split shown before the question (0: none).
-    demos: tuple[int, ...] = ()
-    #: Retrieved chunks per question.
-    top_k: tuple[int, ...] = ()
-    #: The task model's answer length.
-    answer_max_tokens: tuple[int, ...] = ()
-    #: The chunking the corpus is indexed in (tokens per chunk, ``[rag].chunk_overlap`` kept): each value
-    #: is chunked and indexed once, and kept on disk.
-    chunk_size: tuple[int, ...] = ()
     #: Demonstrations: the exemplar questions' reference answers, or the task model's own answers
     #: that the judge passed (DSPy's BootstrapFewShot).
     demo_source: Literal["references", "bootstrapped"] = "references"
     #: A demonstration's context is cut to this many characters.
     demo_chars: int = 600
     sampler: Literal["tpe", "random"] = "tpe"
+    #: The dimensions' lists of values, by name (each dimension a TOML key of its own, not this).
+    choices: tuple[tuple[str, tuple[Value, ...]], ...] = field(default=(), metadata={"toml": False})
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        for name, low in _SPACE_FLOORS.items():
-            values = getattr(self, name)
-            bad = [v for v in values if v < low]
-            if bad:
-                raise ConfigError(f"[search.space].{name} values must be >= {low}, got {bad[0]}")
+        given = dict(self.choices.items() if isinstance(self.choices, dict) else self.choices)
+        for name in given:
+            dimension(name)  # an unknown one: a ConfigError naming the dimensions
+        for d in DIMENSIONS:
+            values = given.get(d.name, ())
+            for v in values:
+                error = d.value_error(v)
+                if error and error.startswith("must be >="):
+                    raise ConfigError(f"[search.space].{d.name} values must be >= {d.floor:g}, got {v}")
+                if error:
+                    raise ConfigError(f"[search.space].{d.name} value {v!r} {error}")
             if len(set(values)) != len(values):
-                raise ConfigError(f"[search.space].{name} lists a value twice: {list(values)}")
+                raise ConfigError(f"[search.space].{d.name} lists a value twice: {list(values)}")
+        object.__setattr__(self, "choices", tuple((d.name, tuple(given[d.name])) for d in DIMENSIONS
+                                                  if given.get(d.name)))
+
+    def __getattr__(self, name: str) -> Any:
+        # ``space.top_k``: a dimension's values (empty: not searched).
+        if name in dimension_names():
+            return dict(self.choices).get(name, ())
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
-    def dimensions(self) -> dict[str, tuple[int, ...]]:
-        """The open dimensions and their choices (in the config's order)."""
-        return {name: getattr(self, name) for name in _SPACE_FLOORS if getattr(self, name)}
+    def dimensions(self) -> dict[str, tuple[Value, ...]]:
+        """The open dimensions and their choices (in the table's order)."""
+        return dict(self.choices)
+
+    def params(self) -> dict[str, Any]:
+        """Its keys as the TOML gives them (the open dimensions, then the other keys)."""
+        return {**self.dimensions, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                                      if f.metadata.get("toml", True)}}
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any], source: str) -> SpaceSection:
+        """``[search.space]``: the table's dimensions (kinds and floors from the table), then its other keys."""
+        keys = [f.name for f in dataclasses.fields(cls) if f.metadata.get("toml", True)]
+        unknown = sorted(set(table) - set(keys) - set(dimension_names()))
+        if unknown:
+            raise ConfigError(f"{source}: unknown key [search.space].{unknown[0]}; the dimensions: "
+                              f"{', '.join(dimension_names())}; other keys: {', '.join(keys)}")
+        choices = []
+        for name in dimension_names():
+            if name in table:
+                values = [table[name]] if isinstance(table[name], str) else table[name]
+                if not isinstance(values, list):
+                    d = dimension(name)
+                    raise ConfigError(f"{source}: [search.space].{name} must be a list of values, each {d.expects} "
+                                      f"({name} is {d.kind_said}), got {type(values).__name__}")
+                choices.append((name, tuple(values)))
+        rest = {k: v for k, v in table.items() if k in keys}
+        return _build(cls, rest, "search.space", source, choices=tuple(choices))  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -430,10 +462,11 @@ class OproConfig:
     source: str = "<defaults>"
 
     def __post_init__(self) -> None:
-        small = [v for v in self.search.space.chunk_size if v <= self.rag.chunk_overlap]
-        if small:
-            raise ConfigError(f"[search.space].chunk_size = {small[0]} is not above [rag].chunk_overlap "
-                              f"({self.rag.chunk_overlap}): every chunk size must be larger than the overlap")
+        for d in DIMENSIONS:  # what a dimension's values need of the rest of the config
+            values = self.search.space.dimensions.get(d.name)
+            error = d.requires(values, self) if values and d.requires is not None else None
+            if error:
+                raise ConfigError(error)
 
     def prices(self) -> dict[str, Price]:
         """USD per million tokens by model name: the usage ledger's table, overridden by the prices the
@@ -572,9 +605,12 @@ def _coerce(value: Any, tp: Any, where: str, source: str) -> Any:
     raise ConfigError(f"{source}: {where}: unsupported type {tp!r}")
 
 
-def _build(cls: type[Any], table: dict[str, Any], where: str, source: str) -> Any:
+def _build(cls: type[Any], table: dict[str, Any], where: str, source: str, **given: Any) -> Any:
+    if cls is SpaceSection and not given:  # one key per dimension of the table
+        return SpaceSection.from_table(table, source)
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("base_dir", "source")]
+    names = [f.name for f in dataclasses.fields(cls)
+             if f.init and f.name not in ("base_dir", "source") and f.metadata.get("toml", True)]
     unknown = sorted(set(table) - set(names))
     if unknown:
         prefix = f"[{where}]." if where else ""
@@ -582,7 +618,7 @@ def _build(cls: type[Any], table: dict[str, Any], where: str, source: str) -> An
             f"{source}: unknown key {prefix}{unknown[0]}; allowed keys{' in [' + where + ']' if where else ''}: "
             f"{', '.join(names)}"
         )
-    kwargs = {}
+    kwargs = dict(given)
     for name, value in table.items():
         key = f"{where}.{name}" if where else name
         kwargs[name] = _coerce(value, hints[name], key, source)

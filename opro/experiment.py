@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, SPLIT_NAMES, OproConfig, load_config
+from opro.dimensions import DIMENSIONS, dimension, initial_values
 from opro.errors import ConfigError, DataError, ModelPackError
 from opro.llm import ROLES, ChatClient, UsageLedger
 from opro.llm.factory import ClientFactory, open_cache
@@ -72,7 +73,7 @@ class Experiment:
         self.pool, self.cache, self.usage = self.models.pool, self.models.cache, self.models.usage
         self._clients: dict[str, ChatClient] = {}
         self._study_storage: Any = None
-        self._retrievers: dict[int, Retriever] = {}  # by chunk size: the config's, and a searched one's
+        self._retrievers: dict[tuple[Any, ...], Retriever] = {}  # by index: the config's, and searched ones
         self._retrievers_lock = threading.RLock()
 
     @classmethod
@@ -151,21 +152,27 @@ class Experiment:
 
     @property
     def retriever(self) -> Retriever:
-        """The retriever over the corpus chunked at ``[rag].chunk_size``."""
-        return self.retriever_at(self.config.rag.chunk_size)
+        """The retriever over the corpus as ``[rag]`` indexes it (``[rag].chunk_size``, ...)."""
+        return self.retriever_at()
 
-    def retriever_at(self, chunk_size: int) -> Retriever:
-        """The retriever over the corpus chunked at ``chunk_size`` (``[search.space].chunk_size``): chunked
-        and indexed once, kept on disk; without what ``[data].not_in_context`` withholds."""
-        with self._retrievers_lock:  # candidates are answered concurrently: one build per size
-            if chunk_size not in self._retrievers:
-                self._retrievers[chunk_size] = self._build_retriever(chunk_size)
-            return self._retrievers[chunk_size]
+    def retriever_at(self, chunk_size: int | None = None, **index: Any) -> Retriever:
+        """The retriever over the corpus indexed with these values of the table's ``index`` dimensions
+        (``[search.space].chunk_size``, ...; one not given: ``[rag]``'s): chunked and indexed once,
+        kept on disk; without what ``[data].not_in_context`` withholds."""
+        settings: dict[str, Any] = {d.keyword(): d.initial(self.config) for d in DIMENSIONS if d.applies == "index"}
+        settings.update({dimension(k).keyword(): v for k, v in {**index, "chunk_size": chunk_size}.items()
+                         if v is not None})
+        key = tuple(sorted(settings.items()))
+        with self._retrievers_lock:  # candidates are answered concurrently: one build per index
+            if key not in self._retrievers:
+                self._retrievers[key] = self._build_retriever(settings)
+            return self._retrievers[key]
 
-    def _build_retriever(self, chunk_size: int) -> Retriever:
+    def _build_retriever(self, settings: dict[str, Any]) -> Retriever:
         from opro.retrieval import build_retriever
 
         rag = self.config.rag
+        chunk_size = settings["chunk_size"]
         chunks = self._chunks_at(chunk_size)
         withheld = self.withheld
         if withheld is not None:  # the chunks that held the withheld questions' answers are not searched
@@ -179,21 +186,16 @@ class Experiment:
                     contexts=[c for e in self.dataset.examples if e.query in lost for c in e.reference_contexts],
                 ))
             chunks = [c for c in chunks if c.id not in gone]
+        settings = {"kind": rag.retriever, **settings}
         return build_retriever(
             chunks=chunks,
-            chunk_size=chunk_size,
             chunk_overlap=rag.chunk_overlap,
-            kind=rag.retriever,
             top_k=rag.top_k,
             index_dir=cache_dir() / "indexes",
-            embedder=self._embedder(),
+            embedder=None if settings["kind"] == "bm25" else self._configured_embedder,
             progress=self.progress,
+            **settings,
         )
-
-    def _embedder(self) -> Any:
-        if self.config.rag.retriever != "dense":
-            return None
-        return self._configured_embedder
 
     @functools.cached_property
     def _configured_embedder(self) -> Any:
@@ -240,8 +242,7 @@ class Experiment:
         return SearchSpace(
             dimensions=sp.dimensions, demos=demos, sampler=sp.sampler, seed=self.config.experiment.seed,
             demo_source=sp.demo_source, objective=self.config.optimizer.objective,
-            initial={"demos": 0, "top_k": rag.top_k, "answer_max_tokens": rag.answer_max_tokens,
-                     "chunk_size": rag.chunk_size},
+            initial=initial_values(self.config),
         )
 
     @functools.cached_property
@@ -419,7 +420,7 @@ class Experiment:
             for k, v in vars(getattr(cfg, section)).items():
                 if k != "embeddings":
                     params[f"{section}.{k}"] = v
-        for k, v in vars(cfg.search.space).items():
+        for k, v in cfg.search.space.params().items():
             if v:  # an empty list: that dimension is not searched
                 params[f"search.space.{k}"] = v
         return params

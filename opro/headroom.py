@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from opro.dimensions import Value, dimension
 from opro.errors import DataError
 from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
 from opro.rundir import RunDir
@@ -100,7 +101,7 @@ class Contrast:
     label: str
     template: QATemplate
     dimension: str
-    value: int | str | None = None
+    value: Value | None = None
 
 
 @dataclass(frozen=True)
@@ -116,10 +117,10 @@ class Effect:
 
     label: str
     dimension: str
-    value: int | str | None
+    value: Value | None
     instruction: str
     demos: int
-    settings: Mapping[str, int]
+    settings: Mapping[str, Value]
     n: int
     mean: float | None
     scores: tuple[float | None, ...]
@@ -152,13 +153,15 @@ def _signed(x: float) -> str:
 
 def dimension_contrasts(initial: QATemplate, space: SearchSpace | None) -> list[Contrast]:
     """The extremes of every open dimension of ``space`` (its smallest and largest choice other than the
-    initial value), each as the search would configure it (:meth:`SearchSpace.configure`)."""
+    initial value; each other choice of a ``choice`` dimension), each as the search would configure it
+    (:meth:`SearchSpace.configure`)."""
     if space is None:
         return []
     out = []
     for name, choices in space.choices.items():
         others = [v for v in choices if v != space.initial[name]]
-        for value in sorted({min(others), max(others)} if others else set()):
+        ends = {min(others), max(others)} if others and dimension(name).numeric else set(others)  # type: ignore[type-var]
+        for value in sorted(ends):  # type: ignore[type-var]
             out.append(Contrast(f"{name} {value}", space.configure(initial, {name: value}), name, value))
     return out
 
@@ -852,7 +855,7 @@ def _task_limits(exp: Experiment, *, pilot: Sequence[Example], base: Effect, eff
         from opro.retrieval import is_hit, recall_at_k
 
         top_k = cfg.rag.top_k
-        ks = sorted({top_k, *((exp.search_space.choices.get("top_k", ())) if exp.search_space else ())})
+        ks = sorted({top_k, *(int(k) for k in (exp.search_space.choices.get("top_k", ()) if exp.search_space else ()))})
         recall = recall_at_k(exp.retriever, [(e.query, e.reference_contexts) for _, e in answerable], ks=ks)
         hits = {i: any(is_hit(ref, c.text) for c in exp.retriever.retrieve(e.query, top_k=top_k)
                        for ref in e.reference_contexts) for i, e in answerable}

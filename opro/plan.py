@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
+from opro.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values
 from opro.rundir import RunDir
 from opro.search.validation import confirmation_looks, split_sizes
 from opro.sequential import design_power, min_questions
@@ -88,7 +89,7 @@ class ChoiceCost:
     configuration's): estimated tokens and its cost (:meth:`opro.cost.CostModel.of`)."""
 
     dimension: str
-    value: int
+    value: Value
     prompt_tokens: float
     completion_tokens: float
     cost: float
@@ -121,7 +122,9 @@ class CostPlan:
         out = [f"cost per answer (estimated from prompt lengths, {what}): initial configuration {fmt(self.initial)}"]
         dims = dict.fromkeys(c.dimension for c in self.choices)
         for d in dims:
-            out.append(f"  {d}: " + "; ".join(f"{c.value}: {fmt(c)}" for c in self.choices if c.dimension == d))
+            note = dimension(d).cost_note
+            out.append(f"  {d}: " + "; ".join(f"{c.value}: {fmt(c)}" for c in self.choices if c.dimension == d)
+                       + (f" ({note})" if note else ""))
         if self.objective == "cost":
             val = ("no margin can be confirmed" if self.confirmable_margin is None
                    else f"{self.confirmable_margin:.2f} points")
@@ -154,7 +157,7 @@ class Plan:
     roles: tuple[RoleEstimate, ...]
     warnings: tuple[str, ...] = field(default_factory=tuple)
     #: ``[search.space]``'s open dimensions and their choices (empty: only the wording is searched).
-    space: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    space: Mapping[str, tuple[Value, ...]] = field(default_factory=dict)
     cost: CostPlan | None = None
 
     @property
@@ -203,8 +206,9 @@ class Plan:
             f"held-out compare {held}",
         ]
         if self.space:
+            notes = [n for k in self.space if (n := dimension(k).plan_note)]
             out.append("search space: the wording, and " + "; ".join(f"{k} {list(v)}" for k, v in self.space.items())
-                       + (" (each chunk size is chunked and indexed once, then kept)" if "chunk_size" in self.space else ""))
+                       + "".join(f" ({n})" for n in notes))
         if self.cost is not None and (self.space or self.cost.objective == "cost"):
             out += self.cost.lines(power=POWER, alpha=self.alpha)
         for r in self.roles:
@@ -344,16 +348,17 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> 
         n = measured["calls"]
         return (measured["prompt_tokens"] / n, measured["completion_tokens"] / n, measured["wall_s"] / n,
                 f"measured: the last run's {n} calls")
-    rag, spec, space = config.rag, getattr(config.models, role), config.search.space
+    rag, spec, space = config.rag, getattr(config.models, role), config.search.space.dimensions
 
-    def mean(choices: tuple[int, ...], default: int) -> float:
+    def mean(d: Dimension) -> Any:
         # The sampler spreads the candidates over an open dimension's choices: their mean, else the config's.
-        return statistics.fmean(choices) if choices else float(default)
+        initial = d.initial(config)
+        if not d.numeric or initial is None:
+            return initial
+        return statistics.fmean(float(v) for v in space[d.name]) if space.get(d.name) else float(initial)
 
     prompt, completion = {
-        "task": _task_tokens(config, {"demos": mean(space.demos, 0), "top_k": mean(space.top_k, rag.top_k),
-                                      "chunk_size": mean(space.chunk_size, rag.chunk_size),
-                                      "answer_max_tokens": mean(space.answer_max_tokens, rag.answer_max_tokens)}),
+        "task": _task_tokens(config, {d.name: mean(d) for d in DIMENSIONS}),
         "judge": (450.0, 0.0 if config.judge.score_from != "reply" else 12.0),
         "optimizer": (250 + 25 * min(config.optimizer.max_history, 6) + 40 * config.optimizer.exemplars, 75.0),
         "generator": (80 + 0.8 * rag.chunk_size, 20.0 * config.data.questions_per_chunk + 15),
@@ -369,26 +374,32 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> 
             f"default for a {size.upper()} embedded model on 2 idle cores")
 
 
-def _task_tokens(config: OproConfig, values: Mapping[str, float]) -> tuple[float, float]:
-    """Prompt and completion tokens of one task answer with these settings."""
-    # A demonstration: its context (demo_chars, about 4 characters a token), question, answer, field names.
-    demos = values["demos"] * (config.search.space.demo_chars / 4 + 60)
-    context = 0.8 * values["top_k"] * values["chunk_size"]
-    return 120 + context + demos, min(values["answer_max_tokens"], 70)
+def _task_tokens(config: OproConfig, values: Mapping[str, Any]) -> tuple[float, float]:
+    """Prompt and completion tokens of one task answer with these settings: the frame, then each
+    dimension's effect (:attr:`opro.dimensions.Dimension.tokens`)."""
+    prompt, completion = 120.0, 70.0
+    for d in DIMENSIONS:
+        if d.tokens is None or values.get(d.name) is None:
+            continue
+        effect = d.tokens(values[d.name], values, config)
+        prompt += effect.prompt
+        if effect.completion_cap is not None:
+            completion = min(effect.completion_cap, completion)
+    return prompt, completion
 
 
 def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPlan:
-    o, rag, model = config.optimizer, config.rag, config.cost_model()
-    initial = {"demos": 0, "top_k": rag.top_k, "chunk_size": rag.chunk_size, "answer_max_tokens": rag.answer_max_tokens}
+    o, model = config.optimizer, config.cost_model()
+    initial = initial_values(config)
 
-    def at(values: Mapping[str, float], dimension: str = "initial", value: int = 0) -> ChoiceCost:
+    def at(values: Mapping[str, Any], dimension: str = "initial", value: Value = 0) -> ChoiceCost:
         prompt, completion = _task_tokens(config, values)
         return ChoiceCost(dimension, value, prompt, completion, model.of(prompt_tokens=prompt, completion_tokens=completion))
 
     space = config.search.space.dimensions
     base = at(initial)
     choices = tuple(at({**initial, d: v}, d, v) for d, values in space.items()
-                    for v in sorted(set(values) | {int(initial[d])}))
+                    for v in sorted({*values, dimension(d).coerce(initial[d])}))  # type: ignore[type-var]
     confirmable = held = None
     saving = None
     if o.objective == "cost":
@@ -403,8 +414,8 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
         if space and base.cost > 0:
             # Every setting lengthens the prompt or the answer, so the extremes are the cheapest and
             # the dearest choices of each dimension together.
-            ends = [at({**initial, **{d: f(set(v) | {int(initial[d])}) for d, v in space.items()}}).cost
-                    for f in (max, min)]
+            ends = [at({**initial, **{d: f(set(v) | {initial[d]}) for d, v in space.items()  # type: ignore[type-var]
+                                      if dimension(d).numeric}}).cost for f in (max, min)]
             saving = (1 - ends[0] / base.cost, 1 - ends[1] / base.cost)
     return CostPlan(unit=model.unit, completion_weight=model.completion_weight, initial=base, choices=choices, objective=o.objective, margin=o.margin,
                     confirmable_margin=confirmable, heldout_margin=held, saving_range=saving)

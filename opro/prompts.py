@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from opro.dimensions import DIMENSIONS, SETTINGS, Value
 from opro.errors import PromptError
 
 if TYPE_CHECKING:
@@ -25,8 +26,8 @@ DEFAULT_INSTRUCTION = (
     "Given the context information and not prior knowledge, answer the query."
 )
 TEMPLATE_VARIABLES = ("context_str", "query_str")
-#: The settings a prompt may carry beside its text (:class:`QATemplate`), as a search space names them.
-SETTINGS = ("top_k", "answer_max_tokens", "chunk_size")
+#: The dimensions a template carries as settings beside its text, by name (:mod:`opro.dimensions`).
+_SETTING_DIMENSIONS = tuple(d for d in DIMENSIONS if d.is_setting)
 Position = Literal["before", "after"]
 
 # What LlamaIndex's SafeFormatter treats as a template variable: ``{name}`` / ``{a.b}``.
@@ -126,9 +127,11 @@ class QATemplate:
     """An instruction placed into a base template, after any demonstrations. Empty instruction: the
     base template alone (with its demonstrations).
 
-    ``top_k``, ``answer_max_tokens`` and ``chunk_size`` are the settings the prompt is answered with
-    (None: the program's own): a search that opens them returns them with the wording, and a prompt is
-    compared, exported and registered with them, since its scores were measured under them.
+    Its settings (:data:`opro.dimensions.SETTINGS`: ``top_k``, ``answer_max_tokens``, ``chunk_size``
+    and any other dimension the template carries) are what the prompt is answered with (None: the
+    program's own): a search that opens them returns them with the wording, and a prompt is compared,
+    exported and registered with them, since its scores were measured under them. The first three are
+    fields; a dimension without a field is kept in :attr:`options` and read as an attribute too.
     """
 
     instruction: str = DEFAULT_INSTRUCTION
@@ -142,6 +145,8 @@ class QATemplate:
     answer_max_tokens: int | None = None
     #: The chunking the corpus is retrieved in (None: the program's own index).
     chunk_size: int | None = None
+    #: The settings of the dimensions without a field of their own, as (name, value) pairs.
+    options: tuple[tuple[str, Value], ...] = ()
 
     def __post_init__(self) -> None:
         if self.position not in ("before", "after"):
@@ -150,15 +155,33 @@ class QATemplate:
         if self.instruction != "":
             object.__setattr__(self, "instruction", validate_instruction(self.instruction))
         object.__setattr__(self, "demos", tuple(self.demos))
-        for name in SETTINGS:
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise PromptError(f"{name} must be a positive integer or unset, got {value!r}")
+        options = dict(self.options.items() if isinstance(self.options, Mapping) else self.options)
+        unknown = sorted(k for k in options if k not in SETTINGS or k in _FIELDS)
+        if unknown:
+            raise PromptError(f"a prompt has no setting {unknown[0]!r}; its settings: {', '.join(SETTINGS)}")
+        object.__setattr__(self, "options", tuple((d.name, options[d.name]) for d in _SETTING_DIMENSIONS
+                                                  if options.get(d.name) is not None))
+        for d in _SETTING_DIMENSIONS:
+            error = d.setting_error(self.setting(d.name))
+            if error:
+                raise PromptError(error)
+
+    def setting(self, name: str) -> Value | None:
+        """The value of setting ``name`` this prompt is answered with (None: the program's own)."""
+        if name in _FIELDS:
+            return getattr(self, name)  # type: ignore[no-any-return]
+        return dict(self.options).get(name)
+
+    def __getattr__(self, name: str) -> Any:
+        # A dimension without a field (``template.retriever``): its setting.
+        if name in SETTINGS:
+            return self.setting(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
-    def settings(self) -> dict[str, int]:
+    def settings(self) -> dict[str, Value]:
         """The settings this prompt is answered with that differ from the program's own."""
-        return {k: v for k in SETTINGS if (v := getattr(self, k)) is not None}
+        return {k: v for k in SETTINGS if (v := self.setting(k)) is not None}
 
     def to_json(self) -> dict[str, Any]:
         """The whole configuration: wording, frame, demonstrations and settings (what exports carry)."""
@@ -176,8 +199,7 @@ class QATemplate:
                 instruction=str(data.get("instruction", "")), base=str(data.get("base", DEFAULT_BASE_TEMPLATE)),
                 position=data.get("position", "before"),
                 demos=tuple(Demo.from_json(d, where=f"{where}: demos[{i}]") for i, d in enumerate(demos)),
-                **{k: data.get(k) for k in SETTINGS},
-            )
+            ).with_settings(**{k: data.get(k) for k in SETTINGS})
         except PromptError as exc:
             msg = str(exc)
             raise PromptError(msg if msg.startswith(where) else f"{where}: {msg}") from None
@@ -237,9 +259,14 @@ class QATemplate:
     def with_demos(self, demos: Sequence[Demo]) -> QATemplate:
         return dataclasses.replace(self, demos=tuple(demos))
 
-    def with_settings(self, *, top_k: int | None = None, answer_max_tokens: int | None = None,
-                      chunk_size: int | None = None) -> QATemplate:
-        return dataclasses.replace(self, top_k=top_k, answer_max_tokens=answer_max_tokens, chunk_size=chunk_size)
+    def with_settings(self, **settings: Value | None) -> QATemplate:
+        """This prompt answered with ``settings`` (by dimension name; one not given: the program's own)."""
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise PromptError(f"a prompt has no setting {unknown[0]!r}; its settings: {', '.join(SETTINGS)}")
+        fields = {k: settings.get(k) for k in _FIELDS}
+        options = tuple((k, v) for k, v in settings.items() if k not in _FIELDS and v is not None)
+        return dataclasses.replace(self, **fields, options=options)  # type: ignore[arg-type]
 
     @classmethod
     def from_template_text(cls, text: str, *, base: str = DEFAULT_BASE_TEMPLATE) -> QATemplate:
@@ -268,6 +295,9 @@ class QATemplate:
             return cls(instruction=li, base=base)
         return cls(instruction="", base=validate_base_template(text))
 
+
+#: The settings with a field of their own (the rest are kept in :attr:`QATemplate.options`).
+_FIELDS = tuple(k for k in SETTINGS if k in {f.name for f in dataclasses.fields(QATemplate)})
 
 _LI_DEFAULT = re.compile(
     r"^(?P<pre>.*?)\n?-{5,}\n\{context_str\}\n-{5,}\n(?P<mid>.*?)\n?Query: \{query_str\}\nAnswer: ?$",

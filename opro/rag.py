@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from opro.dimensions import DIMENSIONS
 from opro.errors import ConfigError, LLMError, PromptError
 from opro.llm import ChatClient, Completion, Message
 from opro.progress import progress_bar
@@ -38,6 +39,11 @@ class Answer:
     text: str
     contexts: tuple[RetrievedContext, ...]
     completion: Completion
+
+
+def _index_settings(template: QATemplate) -> dict[str, Any]:
+    """The values ``template`` sets of the table's ``index`` dimensions (its chunking, ...)."""
+    return {d.name: v for d in DIMENSIONS if d.applies == "index" and (v := template.setting(d.name)) is not None}
 
 
 def _map_with_progress(
@@ -70,10 +76,11 @@ class RAGProgram:
         temperature: float = 0.0,
         template: QATemplate | None = None,
         context_separator: str = CONTEXT_SEPARATOR,
-        chunked: Callable[[int], Retriever] | None = None,
+        chunked: Callable[..., Retriever] | None = None,
     ) -> None:
-        """``chunked(chunk_size)`` gives the retriever over the corpus chunked at that size (built once,
-        kept): what answers a template whose ``chunk_size`` is set. Without it, such a template is refused."""
+        """``chunked(**index)`` gives the retriever over the corpus indexed with these values of the
+        ``index`` dimensions, the chunk size first (``chunked(256)``: chunked at that size; built once, kept): what
+        answers a template that sets one. Without it, such a template is refused."""
         if max_tokens <= 0:
             raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
         self.retriever = retriever
@@ -86,15 +93,18 @@ class RAGProgram:
         self.chunked = chunked
 
     def retriever_for(self, template: QATemplate) -> Retriever:
-        """The retriever over ``template``'s chunking (a searched setting), else the program's."""
-        if template.chunk_size is None:
+        """The retriever over ``template``'s index (its chunking, ...: searched settings), else the program's."""
+        index = _index_settings(template)
+        if not index:
             return self.retriever
         if self.chunked is None:
+            said = ", ".join(f"{k} = {v!r}" for k, v in index.items())
             raise PromptError(
-                f"this prompt is answered with chunk_size = {template.chunk_size}, but the program has one index: "
-                "build it with chunked= (an experiment's program has it), or remove the prompt's chunk_size"
+                f"this prompt is answered with {said}, but the program has one index: "
+                f"build it with chunked= (an experiment's program has it), or remove the prompt's {', '.join(index)}"
             )
-        return self.chunked(template.chunk_size)
+        size = index.pop("chunk_size", None)  # positional: a ``chunked(size)`` of one index dimension keeps working
+        return self.chunked(**index) if size is None else self.chunked(size, **index)
 
     def retrieve(self, query: str, *, template: QATemplate | None = None) -> tuple[RetrievedContext, ...]:
         """The contexts ``template`` is answered with: its own chunking and top_k over the program's."""
@@ -123,10 +133,10 @@ class RAGProgram:
         to the backend as one batch (:meth:`ChatClient.complete_many`), which a llama.cpp model decodes
         together over their shared prefix. Each call is cached on its own; a failed call gives its
         :class:`LLMError` in its place."""
-        found: dict[tuple[int | None, int | None], tuple[RetrievedContext, ...]] = {}  # once per retrieval setting
+        found: dict[tuple[Any, ...], tuple[RetrievedContext, ...]] = {}  # once per retrieval setting
         calls, contexts = [], []
         for t in templates:
-            key = (t.chunk_size, t.top_k)
+            key = tuple(t.setting(d.name) for d in DIMENSIONS if d.applies in ("index", "retrieval"))
             if key not in found:
                 found[key] = self.retrieve(query, template=t)
             contexts.append(found[key])

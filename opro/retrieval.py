@@ -1,4 +1,5 @@
-"""Chunking and retrieval: BM25 (the embedded default, no model needed) or dense embeddings.
+"""Chunking and retrieval: BM25 (the embedded default, no model needed), dense embeddings, or hybrid
+(both, fused by reciprocal rank: each chunk scores the sum of ``1 / (60 + rank)`` over the two).
 
 Chunks come from llama-index-core's ``SentenceSplitter``. A built index is persisted under
 ``index_dir`` keyed by a sha256 of the chunk texts and the settings, so a rerun loads it instead of
@@ -39,7 +40,9 @@ from opro.progress import progress_bar
 if TYPE_CHECKING:
     from llama_index.core.schema import Document
 
-RetrieverKind = Literal["bm25", "dense"]
+RetrieverKind = Literal["bm25", "dense", "hybrid"]
+#: Reciprocal rank fusion's constant (Cormack et al. 2009; LlamaIndex's QueryFusionRetriever uses it too).
+RRF_K = 60
 Stemmer = Literal["none", "porter"]
 INDEX_FORMAT = 1  # bump when the on-disk layout or tokenization changes
 
@@ -383,6 +386,30 @@ class DenseRetriever(Retriever):
         return np.asarray(self._matrix @ q, dtype=np.float32)  # cosine similarity
 
 
+class HybridRetriever(Retriever):
+    """BM25 and dense retrieval fused by reciprocal rank: a chunk scores ``sum(1 / (RRF_K + rank))``
+    over the two rankings (a chunk BM25 scores 0 is not in its ranking)."""
+
+    kind = "hybrid"
+
+    def __init__(self, lexical: BM25Retriever, dense: DenseRetriever) -> None:
+        super().__init__(lexical.chunks, top_k=lexical.top_k)
+        self.lexical, self.dense = lexical, dense
+        self.loaded_from_disk = lexical.loaded_from_disk and dense.loaded_from_disk
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "stemmer": self.lexical.stemmer, "embedder": self.dense.embedder.identity}
+
+    def _scores(self, query: str) -> np.ndarray:
+        fused = np.zeros(len(self.chunks), dtype=np.float64)
+        for scores, ranked_only_positive in ((self.lexical._scores(query), True), (self.dense._scores(query), False)):
+            order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
+            for rank, i in enumerate(order, start=1):
+                if scores[i] > 0 or not ranked_only_positive:
+                    fused[i] += 1.0 / (RRF_K + rank)
+        return fused.astype(np.float32)
+
+
 def _normalize(m: np.ndarray) -> np.ndarray:
     m = np.asarray(m, dtype=np.float32)
     if m.ndim != 2 or m.shape[0] == 0:
@@ -504,22 +531,28 @@ def build_retriever(
             chunks = chunk_documents(documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
         else:
             chunks = cached_chunks(documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap, cache_dir=index_dir)
-    if kind not in ("bm25", "dense"):
-        raise ConfigError(f"unknown retriever kind {kind!r}; use 'bm25' or 'dense'")
-    settings: dict[str, Any] = {"kind": kind, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap}
+    if kind not in ("bm25", "dense", "hybrid"):
+        raise ConfigError(f"unknown retriever kind {kind!r}; use 'bm25', 'dense' or 'hybrid'")
+    if kind != "bm25" and embedder is None:
+        raise ConfigError(f"kind={kind!r} needs an embedder (OpenAIEmbedder or SentenceTransformerEmbedder)")
+
+    def path(one: str, settings: dict[str, Any]) -> Path | None:
+        settings = {"kind": one, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, **settings}
+        return None if index_dir is None else Path(index_dir) / f"{one}-{index_key(chunks, settings)[:24]}"
+
+    def lexical() -> BM25Retriever:
+        return BM25Retriever(chunks, top_k=top_k, stemmer=stemmer, index_path=path("bm25", {"stemmer": stemmer}))
+
+    def dense() -> DenseRetriever:
+        assert embedder is not None
+        return DenseRetriever(chunks, embedder=embedder, top_k=top_k, index_path=path("dense", {"embedder": embedder.identity}),
+                              progress=progress)
+
     if kind == "bm25":
-        settings["stemmer"] = stemmer
-    else:
-        if embedder is None:
-            raise ConfigError("kind='dense' needs an embedder (OpenAIEmbedder or SentenceTransformerEmbedder)")
-        settings["embedder"] = embedder.identity
-    path = None
-    if index_dir is not None:
-        path = Path(index_dir) / f"{kind}-{index_key(chunks, settings)[:24]}"
-    if kind == "bm25":
-        return BM25Retriever(chunks, top_k=top_k, stemmer=stemmer, index_path=path)
-    assert embedder is not None
-    return DenseRetriever(chunks, embedder=embedder, top_k=top_k, index_path=path, progress=progress)
+        return lexical()
+    if kind == "dense":
+        return dense()
+    return HybridRetriever(lexical(), dense())  # each index kept as its kind alone keeps it: built once for both
 
 
 # --- evaluation helpers ---------------------------------------------------------------------------
@@ -570,6 +603,7 @@ __all__ = [
     "Chunk",
     "DenseRetriever",
     "Embedder",
+    "HybridRetriever",
     "OpenAIEmbedder",
     "RetrievedContext",
     "Retriever",

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from opro.dimensions import DIMENSIONS
 from opro.errors import ConfigError, DataError, PromptError
-from opro.prompts import DEFAULT_BASE_TEMPLATE, SETTINGS, QATemplate
+from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.redaction import redact_url
 from opro.rundir import RunDir
 
@@ -204,9 +205,10 @@ def _from_registry(spec: str, config: OproConfig | None, tracking_uri: str | Non
         if tags.get(f"opro.{key}"):
             provenance[key] = tags[f"opro.{key}"]
     template = QATemplate.from_template_text(text)
-    settings = {k: tags[f"opro.{k}"] for k in SETTINGS if tags.get(f"opro.{k}", "").isdigit()}
+    settings = {d.name: v for d in DIMENSIONS if d.is_setting
+                and (v := d.parse_text(tags.get(f"opro.{d.name}", ""))) is not None}
     if settings:  # the settings opro registered the version with (the demonstrations are in its text)
-        template = template.with_settings(**{k: int(v) for k, v in settings.items()})
+        template = template.with_settings(**settings)
     return ResolvedPrompt(
         spec=spec,
         kind="registry",

@@ -117,7 +117,7 @@ def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
 #: The floors of docs/architecture.md, lowest first. A module imports only from its own floor or
 #: those below; a module missing here fails the test, so a new one is placed deliberately.
 FLOORS: dict[str, int] = {
-    **dict.fromkeys(("opro.errors", "opro.prompts", "opro.paths", "opro.redaction", "opro.progress",
+    **dict.fromkeys(("opro.errors", "opro.dimensions", "opro.prompts", "opro.paths", "opro.redaction", "opro.progress",
                      "opro.locking", "opro.plots", "opro.rundir", "opro.stats", "opro.sequential",
                      "opro.ledger", "opro.cost", "opro.noninferiority", "opro.records", "opro.nearmiss"), 0),
     **dict.fromkeys(("opro.llm", "opro.config", "opro.budget"), 1),
@@ -329,3 +329,28 @@ def test_the_list_scan_finds_a_copy() -> None:
     assert any(items == frozenset({"reply", "logits", "auto"}) and where.startswith("opro/config.py")
                for where, items in _string_lists())
     assert _copies("score sources", ("reply", "logits", "auto"), "opro/judges/parsing.py")
+
+
+def _dimension_lists() -> list[str]:
+    """Tuple, list, set and dict literals outside opro/dimensions.py that spell two or more dimension
+    names as strings: a list of dimensions kept by hand."""
+    from opro.dimensions import names
+
+    dims = set(names())
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "dimensions.py" and path.parent == PACKAGE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            items = (node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set)
+                     else [k for k in node.keys if k is not None] if isinstance(node, ast.Dict) else [])
+            named = {e.value for e in items if isinstance(e, ast.Constant) and e.value in dims}
+            if len(named) >= 2:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {sorted(named)}")
+    return found
+
+
+def test_no_module_but_the_table_lists_dimensions() -> None:
+    """A search dimension is declared once, in opro/dimensions.py; the config, the space, the
+    experiment, the RAG program, the exports and the plan iterate that table."""
+    assert not _dimension_lists(), _dimension_lists()

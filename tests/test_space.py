@@ -380,3 +380,37 @@ def test_bootstrapped_demonstrations_are_the_task_models_answers_the_judge_passe
             _ = exp.search_space
     finally:
         exp.close()
+
+
+def test_the_retriever_kind_lands_through_the_table_searched_exported_and_planned(tmp_path: Path) -> None:
+    """A dimension declared once (opro/dimensions.py) and implemented in retrieval.py: [search.space]
+    opens it, the sampler proposes it, the template carries it, the exports and the plan show it."""
+    from test_dimensions import EMBEDDINGS, HashEmbedder
+
+    from opro.config import load_config
+    from opro.export import export_prompt, load_llamaindex_settings, load_prompt_json
+    from opro.plan import make_plan
+    from opro.sources import resolve_prompt
+
+    path = _config(tmp_path, retriever=["bm25", "hybrid"])
+    path.write_text(path.read_text() + "\n[rag.embeddings]\n" + "".join(f"{k} = {v!r}\n".replace("'", '"')
+                                                                        for k, v in EMBEDDINGS.items()))
+    exp = Experiment.from_file(path, pool=_pool(), progress=False)
+    exp.__dict__["_configured_embedder"] = HashEmbedder()  # the endpoint's stand-in
+    try:
+        result = exp.optimize()
+        assert all(r.params["retriever"] in ("bm25", "hybrid") for r in result.history)
+        assert result.history[0].params["retriever"] == "bm25"  # [rag].retriever, the initial configuration's
+        assert {r.params["retriever"] for r in result.history} == {"bm25", "hybrid"}
+        best = resolve_prompt("best", config=exp.config)
+        assert best.template.retriever == result.best_params["retriever"]
+        files = {f: export_prompt(best, format=f, out=tmp_path / f, config=exp.config).paths[0]  # type: ignore[arg-type]
+                 for f in ("json", "llamaindex")}
+        assert load_prompt_json(files["json"]).retriever == best.template.retriever
+        assert load_llamaindex_settings(files["llamaindex"])["retriever"] == best.template.retriever
+        hybrid = exp.program.retriever_for(best.template.with_settings(retriever="hybrid", chunk_size=64))
+        assert hybrid.kind == "hybrid" and hybrid is exp.retriever_at(64, retriever="hybrid")
+    finally:
+        exp.close()
+    said = "\n".join(make_plan(load_config(path)).lines())
+    assert "retriever ['bm25', 'hybrid']" in said and "the same tokens for every kind" in said

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast
 
 from opro.cost import CostSummary
+from opro.dimensions import Value
 from opro.llm.client import UsageByRole, UsageRecord
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
@@ -34,7 +35,7 @@ class CandidateRecord:
     #: worker evaluated the candidate and whatever its trial number.
     index: int = 0
     #: Its values of the open search dimensions (``[search.space]``; empty when only wording is searched).
-    params: Mapping[str, int] = field(default_factory=dict)
+    params: Mapping[str, Value] = field(default_factory=dict)
     #: Means per answered question of its task calls: tokens, seconds, cost (None: nothing answered).
     cost: CostSummary | None = None
 
@@ -147,7 +148,7 @@ class OptimizationResult:
     #: demonstrations, settings); what ``best`` resolves to and exports carry.
     best_configuration: Mapping[str, Any] = field(default_factory=dict)
     #: Its values of the open search dimensions (empty when only wording was searched).
-    best_params: Mapping[str, int] = field(default_factory=dict)
+    best_params: Mapping[str, Value] = field(default_factory=dict)
     #: ``[optimizer].objective``: with "cost" the summary keeps the search's quality-cost front.
     objective: Literal["quality", "cost"] = "quality"
 

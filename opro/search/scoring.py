@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from opro.cost import CostModel
+from opro.dimensions import Value, dimension
 from opro.engine import EvaluationEngine, Pair, Scored, answer_then_judge, role_limit
 from opro.errors import LLMError
 from opro.evaluation import Judge, Program, QAExample
@@ -72,15 +73,15 @@ class CandidateScorer:
         #: None: the judge backend's max_concurrency (what its endpoint accepts).
         self.judge_slots = None if judge_slots is None else max(1, judge_slots)
         self.space = space if space is not None and space.open else None
-        self._params: dict[str, dict[str, int]] = {}
+        self._params: dict[str, dict[str, Value]] = {}
         self._engine: EvaluationEngine | None = None
 
-    def configure(self, instruction: str, params: Mapping[str, int]) -> None:
+    def configure(self, instruction: str, params: Mapping[str, Value]) -> None:
         """The values of the open dimensions ``instruction``'s candidate is scored with."""
         if self.space is not None:
-            self._params[normalize_instruction(instruction)] = {k: int(v) for k, v in params.items()}
+            self._params[normalize_instruction(instruction)] = {k: dimension(k).coerce(v) for k, v in params.items()}
 
-    def params_of(self, instruction: str) -> dict[str, int]:
+    def params_of(self, instruction: str) -> dict[str, Value]:
         """A candidate's values of the open dimensions (the initial configuration's when not configured)."""
         if self.space is None:
             return {}

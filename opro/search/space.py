@@ -22,16 +22,19 @@ from typing import Any, Literal
 
 import optuna
 
+from opro.dimensions import DIMENSIONS as TABLE
+from opro.dimensions import SETTINGS, Value, dimension
 from opro.errors import ConfigError
-from opro.prompts import SETTINGS, Demo, QATemplate
+from opro.prompts import Demo, QATemplate
 from opro.search.results import CandidateRecord
 from opro.withheld import NOT_IN_CONTEXT
 
 logger = logging.getLogger(__name__)
 
 #: A configuration's values beside the wording, by dimension.
-Params = Mapping[str, int]
-DIMENSIONS = ("demos", *SETTINGS)
+Params = Mapping[str, Value]
+#: The dimensions' names, in the table's order (:data:`opro.dimensions.DIMENSIONS`).
+DIMENSIONS = tuple(d.name for d in TABLE)
 
 
 def _demo_context(texts: Sequence[str], chars: int) -> str:
@@ -74,8 +77,8 @@ class SearchSpace:
     def __init__(
         self,
         *,
-        dimensions: Mapping[str, Sequence[int]],
-        initial: Mapping[str, int],
+        dimensions: Mapping[str, Sequence[Value]],
+        initial: Mapping[str, Value | None],
         demos: Sequence[Demo] = (),
         sampler: str = "tpe",
         seed: int = 0,
@@ -86,9 +89,11 @@ class SearchSpace:
         if unknown:
             raise ConfigError(f"[search.space] has no dimension {unknown[0]!r}; open: {', '.join(DIMENSIONS)}")
         # The initial configuration is a point of the space: its value is always a choice.
-        self.choices = {name: tuple(sorted(set(values) | {initial[name]})) for name, values in dimensions.items()
-                        if values}
-        self.initial = {name: int(initial[name]) for name in self.choices}
+        self.initial: dict[str, Value] = {name: dimension(name).coerce(initial[name])
+                                          for name, values in dimensions.items() if values}
+        self.choices: dict[str, tuple[Value, ...]] = {
+            name: tuple(sorted({*dimensions[name], value}))  # type: ignore[type-var]
+            for name, value in self.initial.items()}
         self.demos = tuple(demos)
         self.sampler = sampler
         self.seed = seed
@@ -96,9 +101,10 @@ class SearchSpace:
         #: "cost": the sampler's study has two objectives (maximize the score, minimize the cost per
         #: answer), so it proposes values from the quality-cost front, not from the score alone.
         self.objective = objective
-        if "demos" in self.choices and max(self.choices["demos"]) > len(self.demos):
+        most = max(int(v) for v in self.choices.get("demos", (0,)))
+        if most > len(self.demos):
             raise ConfigError(
-                f"[search.space].demos asks for up to {max(self.choices['demos'])} demonstrations, but the exemplar "
+                f"[search.space].demos asks for up to {most} demonstrations, but the exemplar "
                 f"split gives {len(self.demos)} ({demo_source}): raise [data.split].exemplar or lower the demos"
             )
 
@@ -121,7 +127,7 @@ class SearchSpace:
         # Few candidates: TPE starts modelling after a handful, and constant_liar spreads one step's picks.
         return optuna.samplers.TPESampler(seed=self.seed + step, n_startup_trials=4, constant_liar=True)
 
-    def sample(self, history: Sequence[CandidateRecord], k: int, *, step: int) -> list[dict[str, int]]:
+    def sample(self, history: Sequence[CandidateRecord], k: int, *, step: int) -> list[dict[str, Value]]:
         """Values for ``k`` new candidates of ``step``, drawn by the sampler from the scored history."""
         if not self.open or k <= 0:
             return [{} for _ in range(max(0, k))]
@@ -137,16 +143,17 @@ class SearchSpace:
             values = [float(r.score), r.cost.cost] if by_cost and r.cost is not None else [float(r.score)]
             sampling.add_trial(optuna.trial.create_trial(params=params, distributions=dists, values=values))
         # Asked trials stay running: TPE's constant liar counts them, so one step's picks spread out.
-        return [{n: int(v) for n, v in sampling.ask(dists).params.items()} for _ in range(k)]
+        return [{n: dimension(n).coerce(v) for n, v in sampling.ask(dists).params.items()} for _ in range(k)]
 
     def configure(self, template: QATemplate, params: Params) -> QATemplate:
         """``template`` with these values (the initial configuration's for a dimension not given)."""
-        values = {**self.initial, **{k: int(v) for k, v in params.items() if k in self.choices}}
+        values = {**self.initial, **{k: dimension(k).coerce(v) for k, v in params.items() if k in self.choices}}
         out = template
-        if "demos" in values:
-            out = out.with_demos(self.demos[: values["demos"]])
+        for d in TABLE:  # the template's own content (the demonstrations: the first k of the pool)
+            if not d.is_setting and d.name in values:
+                out = d.configure(out, values[d.name], self.demos)
         if any(k in values for k in SETTINGS):
-            out = out.with_settings(**{k: values.get(k, getattr(template, k)) for k in SETTINGS})
+            out = out.with_settings(**{k: values.get(k, template.setting(k)) for k in SETTINGS})
         return out
 
 

@@ -53,6 +53,7 @@ from typing import Any, Final
 import optuna
 
 from opro.cost import CallUsage, CostSummary
+from opro.dimensions import Value
 from opro.errors import ConfigError
 from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest
 from opro.llm.client import UsageByRole
@@ -324,7 +325,7 @@ class CandidateTrial:
 
 
 def claim_template(*, instruction: str, step: int, index: int, worker: int, token: str,
-                   part: str | None, params: Mapping[str, int] | None = None,
+                   part: str | None, params: Mapping[str, Value] | None = None,
                    distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None,
                    ) -> optuna.trial.FrozenTrial:
     """A RUNNING trial that claims candidate ``index`` of ``step`` (or that part of it) for ``worker``,
@@ -397,7 +398,7 @@ class StudyView:
         stored = self.attrs.get(_Key.proposals(step))
         return None if stored is None else list(stored)
 
-    def params(self, step: int) -> list[dict[str, int]]:
+    def params(self, step: int) -> list[dict[str, Value]]:
         """Each proposal's values of the open search dimensions (none stored: only wording)."""
         return [dict(p) for p in self.attrs.get(_Key.params(step)) or ()]
 
@@ -527,13 +528,13 @@ class SearchStudy:
 
     # -- proposals ------------------------------------------------------------------------------
     def save_proposals(self, step: int, accepted: Sequence[str], rejected: Sequence[Mapping[str, str]],
-                       params: Sequence[Mapping[str, int]] = ()) -> None:
+                       params: Sequence[Mapping[str, Value]] = ()) -> None:
         if params:  # before the proposals: a worker that reads the proposals finds their values
             self.save_params(step, params)
         self.optuna.set_user_attr(_Key.proposals(step), list(accepted))
         self.optuna.set_user_attr(_Key.rejected(step), [dict(r) for r in rejected])
 
-    def save_params(self, step: int, params: Sequence[Mapping[str, int]]) -> None:
+    def save_params(self, step: int, params: Sequence[Mapping[str, Value]]) -> None:
         self.optuna.set_user_attr(_Key.params(step), [dict(p) for p in params])
 
     def rejections(self) -> tuple[dict[str, str], ...]:
@@ -583,7 +584,7 @@ class SearchStudy:
                 self.optuna.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     def new_claim(self, *, instruction: str, step: int, index: int, worker: int, token: str,
-                  part: str | None, params: Mapping[str, int] | None = None,
+                  part: str | None, params: Mapping[str, Value] | None = None,
                   distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None) -> NewTrial:
         """Create a claim's RUNNING trial with its attributes in one transaction (:func:`create_trial`)."""
         template = claim_template(instruction=instruction, step=step, index=index, worker=worker, token=token,

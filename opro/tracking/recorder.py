@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from opro.prompts import SETTINGS
+from opro.dimensions import SETTINGS
 from opro.records import Recorded
 from opro.redaction import redact_url
 from opro.rundir import RunDir
@@ -202,7 +202,8 @@ class MlflowRecorder(Recorder):
             metrics = {"candidate_score": r.score} if r.score is not None else {}
             metrics["candidate_step"] = float(r.step)
             # Its values of the open search dimensions, one series each (the trial's Optuna params).
-            metrics.update({f"candidate_{name}": float(v) for name, v in r.params.items()})
+            metrics.update({f"candidate_{name}": float(v) for name, v in r.params.items()
+                            if not isinstance(v, str)})  # a choice of strings: in the trial's params, not a metric
             if r.cost is not None:  # means per answer of its task calls (opro.cost)
                 metrics.update({"candidate_cost": r.cost.cost, "candidate_prompt_tokens": r.cost.prompt_tokens,
                                 "candidate_completion_tokens": r.cost.completion_tokens, "candidate_seconds": r.cost.seconds})

@@ -1,0 +1,230 @@
+"""One table of the search's dimensions: a :class:`Dimension` per setting ``[search.space]`` may open.
+
+As ``optuna/distributions.py`` is the one place that knows every kind of parameter, this table is the
+one place that knows every dimension: its name, its kind (``int``, ``float`` or a ``choice`` of
+strings), its floor, its initial value (a ``[rag]`` key, else a default), where it applies (the
+template's content, or a setting the template carries for generation, for retrieval, or for the index
+it is retrieved from), its names in the export formats and its effect on an answer's tokens for the
+plan. The config, the search space, the experiment, the RAG program, the exports and the plan read
+it; none of them names a dimension in a list of its own.
+
+Adding a dimension is one :class:`Dimension` in :data:`DIMENSIONS`, then the behaviour in the module
+that implements it (an ``index`` dimension is a keyword of :func:`opro.retrieval.build_retriever`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from opro.errors import ConfigError
+
+#: A dimension's value: Optuna's CategoricalDistribution takes each of these.
+Value = int | float | str
+Kind = Literal["int", "float", "choice"]
+#: ``template``: the template's own content (the demonstrations); ``generation``: the task model's
+#: call; ``retrieval``: a query's retrieval; ``index``: the index the corpus is retrieved from (each
+#: value its own index, built once: a keyword of :func:`opro.retrieval.build_retriever`).
+Applies = Literal["template", "generation", "retrieval", "index"]
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """A dimension's effect on one task answer (:mod:`opro.plan`): prompt tokens it adds, and the cap
+    it puts on the completion (None: none)."""
+
+    prompt: float = 0.0
+    completion_cap: float | None = None
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searchable setting (see the module's docstring)."""
+
+    name: str
+    kind: Kind
+    help: str
+    applies: Applies
+    #: The least value (int and float kinds).
+    floor: float = 0
+    #: The values a ``choice`` dimension takes.
+    choices: tuple[str, ...] = ()
+    #: The ``[rag]`` key that holds the initial configuration's value; None: :attr:`default`.
+    rag_key: str | None = None
+    #: The initial value where no ``[rag]`` key holds it (None: the program's own).
+    default: Value | None = None
+    #: The keyword the behaviour takes the value by (``build_retriever(kind=...)``); None: the name.
+    argument: str | None = None
+    #: Its name in each export format (``{"llamaindex": "similarity_top_k"}``); absent: the name.
+    export: Mapping[str, str] = field(default_factory=dict)
+    #: A comment for the LlamaIndex snippet of an exported prompt (what the value means there).
+    export_note: str = ""
+    #: Its effect on a task answer's tokens, given its value, every dimension's value and the config.
+    tokens: Callable[[Any, Mapping[str, Any], Any], Tokens] | None = None
+    #: What the plan says of its cost when ``tokens`` is None (or beside the estimate).
+    cost_note: str = ""
+    #: What the plan adds where it is open.
+    plan_note: str = ""
+    #: How a ``template`` dimension changes a template: (template, value, the demonstration pool) -> template.
+    change: Callable[[Any, Any, Sequence[Any]], Any] | None = None
+    #: A check of its ``[search.space]`` values against the whole config: the error, or None.
+    requires: Callable[[Sequence[Any], Any], str | None] | None = None
+
+    @property
+    def is_setting(self) -> bool:
+        """Whether a template carries it as a setting (else it is the template's own content)."""
+        return self.applies != "template"
+
+    @property
+    def numeric(self) -> bool:
+        return self.kind != "choice"
+
+    @property
+    def expects(self) -> str:
+        """The kind as an error names it."""
+        if self.kind == "choice":
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        what = "an integer" if self.kind == "int" else "a number"
+        return f"{what} >= {self.floor:g}"
+
+    def configure(self, template: Any, value: Any, pool: Sequence[Any]) -> Any:
+        """``template`` with this (``template``) dimension at ``value``."""
+        if self.change is None:
+            raise ConfigError(f"the dimension {self.name!r} is a setting, not the template's content")
+        return self.change(template, value, pool)
+
+    @property
+    def kind_said(self) -> str:
+        return f"{'an' if self.kind == 'int' else 'a'} {self.kind} dimension"
+
+    def export_name(self, fmt: str) -> str:
+        return self.export.get(fmt, self.name)
+
+    def keyword(self) -> str:
+        return self.argument or self.name
+
+    def initial(self, config: Any) -> Value | None:
+        """The initial configuration's value under ``config`` (its ``[rag]`` key, else the default)."""
+        return getattr(config.rag, self.rag_key) if self.rag_key else self.default
+
+    def value_error(self, value: Any) -> str | None:
+        """Why ``value`` is not one of this dimension's values, or None."""
+        if self.kind == "choice":
+            return None if isinstance(value, str) and value in self.choices else f"must be {self.expects}"
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                self.kind == "int" and not isinstance(value, int)):
+            return f"must be {'an integer' if self.kind == 'int' else 'a number'} ({self.name} is {self.kind_said})"
+        if math.isnan(value) or value < self.floor:
+            return f"must be >= {self.floor:g}"
+        return None
+
+    def setting_error(self, value: Any) -> str | None:
+        """Why a template cannot carry ``value`` (None: unset or fine). Numbers: positive (the
+        config's floors are the search's; a template may carry any positive value)."""
+        if value is None:
+            return None
+        if self.kind == "int":
+            ok = not isinstance(value, bool) and isinstance(value, int) and value >= 1
+            return None if ok else f"{self.name} must be a positive integer or unset, got {value!r}"
+        if self.kind == "float":
+            ok = not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+            return None if ok else f"{self.name} must be a positive number or unset, got {value!r}"
+        return None if value in self.choices else f"{self.name} must be {self.expects} or unset, got {value!r}"
+
+    def coerce(self, value: Any) -> Value:
+        """A stored value (Optuna's, a study's JSON) as this dimension's type."""
+        if self.kind == "int":
+            return int(value)
+        if self.kind == "float":
+            return float(value)
+        return str(value)
+
+    def parse_text(self, text: str) -> Value | None:
+        """A value written as text (an MLflow tag), or None when it is not one."""
+        try:
+            value = self.coerce(text)
+        except ValueError:
+            return None
+        return None if self.setting_error(value) else value
+
+
+def _demo_tokens(value: Any, values: Mapping[str, Any], config: Any) -> Tokens:
+    # A demonstration: its context (demo_chars, about 4 characters a token), question, answer, field names.
+    return Tokens(prompt=value * (config.search.space.demo_chars / 4 + 60))
+
+
+def _context_tokens(value: Any, values: Mapping[str, Any], config: Any) -> Tokens:
+    return Tokens(prompt=0.8 * value * values["chunk_size"])
+
+
+def _answer_tokens(value: Any, values: Mapping[str, Any], config: Any) -> Tokens:
+    return Tokens(completion_cap=value)
+
+
+def _above_overlap(values: Sequence[Any], config: Any) -> str | None:
+    small = [v for v in values if v <= config.rag.chunk_overlap]
+    if small:
+        return (f"[search.space].chunk_size = {small[0]} is not above [rag].chunk_overlap ({config.rag.chunk_overlap}): "
+                "every chunk size must be larger than the overlap")
+    return None
+
+
+def _needs_embeddings(values: Sequence[Any], config: Any) -> str | None:
+    embedded = [v for v in values if v != "bm25"]
+    if embedded and config.rag.embeddings is None:
+        return (f"[search.space].retriever = {embedded[0]!r} needs a [rag.embeddings] table (base_url + model, or "
+                "local_path): dense and hybrid retrieval embed the chunks")
+    return None
+
+
+#: Every dimension, in order (the order of the search space, of a prompt's settings and of the plan).
+DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension("demos", "int", "worked examples from the exemplar split shown before the question (0: none)",
+              applies="template", floor=0, default=0, tokens=_demo_tokens,
+              change=lambda template, value, pool: template.with_demos(pool[:value])),
+    Dimension("top_k", "int", "retrieved chunks per question", applies="retrieval", floor=1, rag_key="top_k",
+              export={"llamaindex": "similarity_top_k"}, export_note="the retrieved chunks it was scored with",
+              tokens=_context_tokens),
+    Dimension("answer_max_tokens", "int", "the task model's answer length", applies="generation", floor=1,
+              rag_key="answer_max_tokens", export={"llamaindex": "max_tokens"},
+              export_note="the answer length it was scored with (the LLM's max_tokens)", tokens=_answer_tokens),
+    Dimension("chunk_size", "int", "the chunking the corpus is indexed in (tokens per chunk, [rag].chunk_overlap "
+              "kept): each value is chunked and indexed once, and kept on disk", applies="index", floor=32,
+              rag_key="chunk_size", export_note="the chunking it was scored with: index = VectorStoreIndex."
+              "from_documents(docs, transformations=[SentenceSplitter(chunk_size=CHUNK_SIZE)])",
+              plan_note="each chunk size is chunked and indexed once, then kept", requires=_above_overlap),
+    Dimension("retriever", "choice", "the retriever: bm25 (words), dense (embeddings) or hybrid (both, fused by "
+              "reciprocal rank); dense and hybrid need [rag.embeddings]", applies="index",
+              choices=("bm25", "dense", "hybrid"), rag_key="retriever", argument="kind",
+              export_note="the retriever it was scored with: bm25 (BM25Retriever), dense (VectorIndexRetriever) or "
+              "hybrid (QueryFusionRetriever over both, mode='reciprocal_rerank')",
+              cost_note="the same tokens for every kind: it changes which chunks are retrieved, not how many",
+              plan_note="each retriever kind is indexed once, then kept", requires=_needs_embeddings),
+)
+
+#: The dimensions a template carries as settings (beside its text), by name, in order.
+SETTINGS: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.is_setting)
+_BY_NAME = {d.name: d for d in DIMENSIONS}
+
+
+def dimension(name: str) -> Dimension:
+    """The dimension called ``name``; a :class:`ConfigError` naming the valid ones otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ConfigError(f"no search dimension {name!r}; the dimensions: {', '.join(_BY_NAME)}") from None
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_BY_NAME)
+
+
+def initial_values(config: Any) -> dict[str, Value | None]:
+    """Every dimension's initial value under ``config``."""
+    return {d.name: d.initial(config) for d in DIMENSIONS}
+
+
+__all__ = ["DIMENSIONS", "SETTINGS", "Applies", "Dimension", "Kind", "Tokens", "Value", "dimension",
+           "initial_values", "names"]
