@@ -1,0 +1,81 @@
+"""Rich tables of the optimize command: the result (initial, finalists, winner) and the usage by role."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from opro.cli._common import _listing
+
+if TYPE_CHECKING:
+    from opro.search import FinalistRecord, OptimizationResult
+
+
+def _versus_initial(f: FinalistRecord) -> str:
+    """A finalist's cell in the "vs initial" column: only the chosen one was tested (its p on a second line)."""
+    from opro.sequential import interval_text
+
+    if not f.chosen:
+        return "not chosen" + (f"\n(selection {f.selection_score:.2f})" if f.selection_score is not None else "")
+    if f.difference is None:
+        return "n/a"
+    if f.difference_ci is None or f.p_value is None:
+        return f"{f.difference:+.2f}"
+    return f"{f.difference:+.2f} [{interval_text(*f.difference_ci)}]\n(p={f.p_value:.2g})"
+
+
+
+def _result_table(result: OptimizationResult, *, title: str) -> tuple[Any, Any]:
+    """Initial, finalists and the returned instruction: search score beside validation score, one
+    numbered row each; and the instructions, listed by those numbers (:func:`_listing`)."""
+    from rich.table import Table
+
+    table = Table(title=title, caption="* returned", caption_justify="left")
+    table.add_column("#", no_wrap=True)
+    table.add_column("search score\n(in-sample)", justify="right")
+    table.add_column("validation score\n[95% CI]", justify="right")
+    table.add_column("vs initial\n(sequential p)", justify="right")
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
+        return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+    params = {r.instruction: r.params for r in result.history}
+    texts: list[tuple[str, str]] = []
+
+    def numbered(what: str, instruction: str, *, returned: bool) -> str:
+        """``#n what`` (``*``: the returned one); the instruction, and with [search.space] open its
+        configuration's values, go to the listing under ``#n``."""
+        values = params.get(instruction) or {}
+        number = f"#{len(texts) + 1}"
+        texts.append((number, instruction + (f"\n[{', '.join(f'{k} {v}' for k, v in values.items())}]" if values else "")))
+        return f"{number} {what}" + (" *" if returned else "")
+
+    v = result.validation
+    if v is None:
+        table.add_row(numbered("initial", result.initial_instruction, returned=False), fmt(result.initial_score), "-", "-")
+        table.add_row(numbered("best (search)", result.best_instruction, returned=True), fmt(result.best_search_score),
+                      "-", "not validated")
+        return table, _listing(texts)
+    table.add_row(numbered("initial", result.initial_instruction, returned=not result.validated), fmt(result.initial_score),
+                  with_ci(v.initial_score, v.initial_ci), "", style="bold" if not result.validated else None)
+    for i, f in enumerate(v.finalists, start=1):
+        returned = v.winner is not None and f.instruction == v.winner.instruction
+        table.add_row(numbered(f"finalist {i}", f.instruction, returned=returned), fmt(f.search_score),
+                      with_ci(f.validation_score, f.validation_ci), _versus_initial(f),
+                      style="bold" if returned else None)
+    return table, _listing(texts)
+
+
+def _usage_table(usage: dict[str, dict[str, Any]]) -> Any:
+    """Calls, cache hits, tokens and wall time per role."""
+    from rich.table import Table
+
+    table = Table(title="LLM usage by role")
+    for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
+        table.add_column(col, justify="right")
+    for role, u in usage.items():
+        table.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
+                      str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
+    return table
