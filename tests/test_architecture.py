@@ -132,7 +132,7 @@ FLOORS: dict[str, int] = {
     **dict.fromkeys(("opro.recorders", "opro.tracking", "opro.compare", "opro.comparison", "opro.guard", "opro.promotion",
                      "opro.export", "opro.calibration", "opro.sources", "opro.integrations", "opro.agreement",
                      "opro.plan"), 4),
-    **dict.fromkeys(("opro.experiment", "opro.headroom"), 5),
+    **dict.fromkeys(("opro.experiment", "opro.headroom", "opro.workflows"), 5),
     "opro.cli": 6,
 }
 #: ``opro/__init__.py`` is the public facade: it re-exports from every floor and nothing imports it.
@@ -180,7 +180,7 @@ def test_no_function_is_over_80_lines() -> None:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
                 where = f"{path.relative_to(PACKAGE.parent).as_posix()}:{node.name}"
-                if lines > 80 and where != "opro/cli/evaluate.py:compare":  # being thinned
+                if lines > 80:
                     long[where] = lines
     assert not long, long
 
@@ -196,7 +196,7 @@ def _commands(group: typer.Typer) -> list[Callable[..., Any]]:
 
 #: Commands over 40 lines while the command line is being thinned: they leave this list, nothing joins it.
 COMMANDS_BEING_THINNED = frozenset({
-    "opro.cli.optimize:optimize", "opro.cli.evaluate:evaluate", "opro.cli.evaluate:compare", "opro.cli.export:export",
+    "opro.cli.optimize:optimize", "opro.cli.export:export",
     "opro.cli.ui:ui", "opro.cli.dataset:dataset_generate", "opro.cli.judge:judge_agreement",
     "opro.cli.judge:judge_calibrate",
 })

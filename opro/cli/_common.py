@@ -89,3 +89,15 @@ def _listing(texts: list[tuple[str, str]]) -> Any:
         grid.add_row(number, Text(text))
     return grid
 
+
+
+def console(*, stderr: bool = False) -> Any:
+    """The rich console a command prints through (stdout unless ``stderr``)."""
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def split_list(text: str) -> list[str]:
+    """A comma-separated option (``--metrics a,b``) as its non-blank items."""
+    return [m for m in text.split(",") if m.strip()]

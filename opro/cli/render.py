@@ -1,13 +1,17 @@
-"""Rich tables of the optimize command: the result (initial, finalists, winner) and the usage by role."""
+"""How the commands show their results: rich tables of optimize's result (initial, finalists, winner)
+and usage by role, and the lines of evaluate and compare."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from opro.cli._common import _listing
+from opro.redaction import redact_url
 
 if TYPE_CHECKING:
     from opro.search import FinalistRecord, OptimizationResult
+    from opro.workflows.compare import ComparisonRun
+    from opro.workflows.evaluate import PromptEvaluated
 
 
 def _versus_initial(f: FinalistRecord) -> str:
@@ -79,3 +83,36 @@ def _usage_table(usage: dict[str, dict[str, Any]]) -> Any:
         table.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
                       str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
     return table
+
+
+def show_evaluation(console: Any, done: PromptEvaluated) -> None:
+    """The prompt, its split and summary, where its per-question table went and its MLflow run."""
+    from rich.markup import escape
+
+    console.print(f"[bold]{escape(done.prompt.label)}[/] on the {done.split} split ({done.report.n} questions)")
+    console.print(escape(done.report.summary()))
+    console.print("per-question table: " + ", ".join(str(w) for w in done.written))
+    if done.genai is not None:
+        console.print(f"MLflow evaluation run {done.genai.run_ids[0]} ({len(done.genai.runs[0].trace_ids)} traces) in "
+                      f"{redact_url(done.tracking_uri)}")
+
+
+def show_comparison(console: Any, done: ComparisonRun) -> None:
+    """The comparison's tables and numbered prompts, its sentences, where it was saved and recorded,
+    and the promotion's decision."""
+    report, saved = done.report, done.saved
+    for table in report.rich_tables():
+        console.print(table)
+    console.print(_listing(report.numbered_prompts()))
+    console.print(report.multiplicity())
+    for sentence in report.sentences():
+        console.print(f"- {sentence}")
+    if report.judge_noise:
+        console.print(f"- {report.judge_noise}", markup=False, soft_wrap=True)
+    console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
+    for recorded in saved.recorded:
+        console.print(f"comparison recorded: {recorded.where}", markup=False, soft_wrap=True)
+    if saved.evaluation_run_ids:
+        console.print(f"MLflow evaluation runs (one per prompt, per-question traces): {', '.join(saved.evaluation_run_ids)}")
+    if done.decision is not None:
+        console.print(done.decision.message(), markup=False, soft_wrap=True)
