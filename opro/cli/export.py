@@ -11,6 +11,11 @@ from opro.cli._common import _errors
 # The export formats' table: `opro export`'s --format choices and help are read from it.
 from opro.export import EXPORT_FORMATS, FILE_ONLY_FORMATS, REGISTRY_FORMATS, SNIPPET_FORMATS, STDOUT_FORMATS
 
+_OUT = typer.Option(
+    None, "--out", "-o",
+    help=f"File or directory [{'/'.join(STDOUT_FORMATS)}: stdout; {'/'.join(FILE_ONLY_FORMATS)}: OUTPUT_DIR/export/]",
+)
+
 
 @_errors(code=2)
 def export(
@@ -19,10 +24,7 @@ def export(
     ),
     config: Path | None = typer.Option(None, "--config", "-c", help="Experiment TOML (for best, initial, defaults)."),
     format: str = typer.Option("text", "--format", "-f", help=" | ".join(EXPORT_FORMATS)),
-    out: Path | None = typer.Option(
-        None, "--out", "-o",
-        help=f"File or directory [{'/'.join(STDOUT_FORMATS)}: stdout; {'/'.join(FILE_ONLY_FORMATS)}: OUTPUT_DIR/export/]",
-    ),
+    out: Path | None = _OUT,
     alias: str | None = typer.Option(
         None, "--alias", help=f"{'/'.join(REGISTRY_FORMATS)}: alias to point at the new version, e.g. production"
     ),
@@ -35,34 +37,10 @@ def export(
     ),
 ) -> None:
     """Export a prompt as text, JSON, a LlamaIndex PromptTemplate, a DSPy signature or an MLflow registry version."""
-    from opro.errors import ConfigError
-    from opro.export import export_prompt
-    from opro.sources import resolve_prompt
+    from opro.workflows.export import export_spec
 
-    if format not in EXPORT_FORMATS:
-        raise ConfigError(f"--format {format!r} is not one of {', '.join(EXPORT_FORMATS)}")
-    from opro.config import check_mlflow_uri, load_config
-
-    if tracking_uri is not None:
-        check_mlflow_uri(tracking_uri, where="--tracking-uri")
-    cfg = load_config(config) if config is not None else None
-    store = tracking_uri or (cfg.mlflow_uri if cfg is not None else None)
-    if store and (format == "mlflow" or spec.startswith("prompts:/")):
-        from opro.tracking import check_server
-
-        check_server(store, where="--tracking-uri" if tracking_uri else "[tracking].mlflow_uri")
-    resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
-    target = out
-    if target is None and format in FILE_ONLY_FORMATS:
-        if cfg is None:
-            raise ConfigError(f"--format {format} writes files: give --out PATH or --config CONFIG.toml")
-        from opro.rundir import RunDir
-
-        target = RunDir(cfg.output_dir).export
-    result = export_prompt(
-        resolved, format=format, out=target, config=cfg,  # type: ignore[arg-type]
-        name=name, alias=alias, tracking_uri=tracking_uri, snippet=snippet,
-    )
+    result = export_spec(spec, config=config, format=format, out=out, alias=alias, name=name,
+                         tracking_uri=tracking_uri, snippet=snippet)
     if result.content is not None:
         # Exactly the content (no added newline): `> prompt.txt` must round-trip byte for byte.
         typer.echo(result.content, nl=False)
