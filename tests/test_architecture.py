@@ -196,7 +196,7 @@ def _commands(group: typer.Typer) -> list[Callable[..., Any]]:
 
 #: Commands over 40 lines while the command line is being thinned: they leave this list, nothing joins it.
 COMMANDS_BEING_THINNED = frozenset({
-    "opro.cli.optimize:optimize", "opro.cli.dataset:dataset_generate",
+    "opro.cli.optimize:optimize",
 })
 
 

@@ -5,45 +5,15 @@ from __future__ import annotations
 import typer
 
 from opro.cli._common import _errors, _listing
+from opro.workflows.dataset import SavedSplit, SplitSizes
 
 dataset_app = typer.Typer(help="Golden QA datasets: generate, import, split, show; corpora to run on.", no_args_is_help=True, rich_markup_mode=None)
 
 
-def _split_sizes(
-    n: int, exemplar: int, optimization: int | None, validation: int | None, heldout: int | None
-) -> tuple[int, int, int, int | None]:
-    """Sizes not given share what the given ones leave equally (held-out: the rest)."""
-    given = exemplar + sum(v for v in (optimization, validation, heldout) if v is not None)
-    unknown = sum(v is None for v in (optimization, validation, heldout))
-    share, extra = divmod(max(0, n - given), unknown) if unknown else (0, 0)
-    return (
-        exemplar,
-        share + (extra > 0) if optimization is None else optimization,  # an odd one out goes to search
-        share if validation is None else validation,
-        heldout,
-    )
-
-
-def _save_split(
-    dataset: object, out: object, exemplar: int, optimization: int | None, validation: int | None,
-    heldout: int | None, seed: int,
-) -> None:
-    from pathlib import Path
-
-    from opro.dataset import GoldenDataset
-
-    assert isinstance(dataset, GoldenDataset)
-    ex, opt, val, held = _split_sizes(len(dataset), exemplar, optimization, validation, heldout)
-    split = dataset.with_split(exemplar=ex, optimization=opt, validation=val, heldout=held, seed=seed)
-    path = split.save(Path(str(out)))
-    assert split.split is not None
-    sizes = ", ".join(f"{k} {v}" for k, v in split.split.sizes.items())
-    typer.echo(f"saved {len(split)} examples ({sizes}; seed {seed}) to {path}")
-    from opro.dataset import split_shortfall
-
-    shrunk = split_shortfall(split.split)
-    if shrunk:
-        typer.echo(f"warning: {shrunk}", err=True)
+def _show_saved(saved: SavedSplit) -> None:
+    typer.echo(saved.line())
+    if saved.shortfall:
+        typer.echo(f"warning: {saved.shortfall}", err=True)
 
 
 _EXEMPLAR_OPT = typer.Option(3, "--exemplar", min=0, help="examples shown in the meta-prompt")
@@ -81,39 +51,20 @@ def dataset_generate(
     seed: int = _SEED_OPT,
 ) -> None:
     """Generate a golden dataset from documents with the strong model, split it and save it."""
-    from opro.documents import load_documents
-    from opro.generation import generate_examples
-    from opro.llm.factory import ClientFactory, open_cache
     from opro.llm.pool import ModelSpec
-    from opro.retrieval import chunk_documents
+    from opro.workflows.dataset import generate_dataset
 
-    loaded = load_documents(docs, skip_bad=skip_bad)
-    for s in loaded.skipped:
-        typer.echo(f"skipped {s.path}: {s.reason}", err=True)
-    chunks = chunk_documents(loaded.documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
-    spec = ModelSpec(
-        backend=backend,  # type: ignore[arg-type]
-        model=model,
-        base_url=base_url,
-        api_key_env=api_key_env,
-        n_threads=n_threads,
+    spec = ModelSpec(backend=backend, model=model, base_url=base_url, api_key_env=api_key_env,  # type: ignore[arg-type]
+                     n_threads=n_threads)
+    done = generate_dataset(
+        docs, out, model=spec, chunk_size=chunk_size, chunk_overlap=chunk_overlap, max_chunks=max_chunks,
+        questions_per_chunk=questions_per_chunk, skip_bad=skip_bad, cache=cache,
+        sizes=SplitSizes(exemplar, optimization, validation, heldout, seed), notice=lambda s: typer.echo(s, err=True),
     )
-    with ClientFactory(cache=open_cache(enabled=cache)) as models:
-        client = models.client(spec, role="generator")
-        result = generate_examples(
-            chunks=chunks, llm=client, questions_per_chunk=questions_per_chunk, max_chunks=max_chunks
-        )
-    reasons: dict[str, int] = {}
-    for d in result.dropped:
-        reasons[d.reason] = reasons.get(d.reason, 0) + 1
-    typer.echo(
-        f"{len(result.dataset)} examples from {result.n_chunks} chunks; dropped: "
-        + (", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"),
-        err=True,
-    )
-    if not len(result.dataset):
+    typer.echo(done.summary(), err=True)
+    if done.saved is None:
         raise typer.Exit(code=1)
-    _save_split(result.dataset, out, exemplar, optimization, validation, heldout, seed)
+    _show_saved(done.saved)
 
 
 @dataset_app.command("import")
@@ -131,15 +82,11 @@ def dataset_import(
     seed: int = _SEED_OPT,
 ) -> None:
     """Import a dataset, split it (seeded, leak-free) and save it as an opro dataset directory."""
-    from opro.dataset import load_dataset
+    from opro.workflows.dataset import import_dataset
 
-    fields = {
-        k: v
-        for k, v in (("query_field", query_field), ("answer_field", answer_field), ("contexts_field", contexts_field))
-        if v is not None
-    }
-    dataset = load_dataset(file, **fields)
-    _save_split(dataset, out, exemplar, optimization, validation, heldout, seed)
+    sizes = SplitSizes(exemplar, optimization, validation, heldout, seed)
+    _show_saved(import_dataset(file, out, sizes, query_field=query_field, answer_field=answer_field,
+                               contexts_field=contexts_field))
 
 
 @dataset_app.command("split")
@@ -153,12 +100,9 @@ def dataset_split(
     seed: int = _SEED_OPT,
 ) -> None:
     """Re-split a dataset directory (replaces its split.json)."""
-    from pathlib import Path
+    from opro.workflows.dataset import resplit_dataset
 
-    from opro.dataset import DATASET_FILE, load_labelled_rag_dataset
-
-    dataset = load_labelled_rag_dataset(Path(directory) / DATASET_FILE)
-    _save_split(dataset, directory, exemplar, optimization, validation, heldout, seed)
+    _show_saved(resplit_dataset(directory, SplitSizes(exemplar, optimization, validation, heldout, seed)))
 
 
 @dataset_app.command("show")
