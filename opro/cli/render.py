@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from opro.search import FinalistRecord, OptimizationResult
     from opro.workflows.compare import ComparisonRun
     from opro.workflows.evaluate import PromptEvaluated
+    from opro.workflows.optimize import OptimizeRun
 
 
 def _versus_initial(f: FinalistRecord) -> str:
@@ -116,3 +117,49 @@ def show_comparison(console: Any, done: ComparisonRun) -> None:
         console.print(f"MLflow evaluation runs (one per prompt, per-question traces): {', '.join(saved.evaluation_run_ids)}")
     if done.decision is not None:
         console.print(done.decision.message(), markup=False, soft_wrap=True)
+
+
+def show_optimization(console: Any, done: OptimizeRun) -> None:
+    """The result table and its instructions, the search's figures and headline, the usage by role and
+    the plan beside it."""
+    from rich.markup import escape
+
+    result = done.result
+    table, instructions = _result_table(result, title=f"opro optimize: {done.config.experiment.name}")
+    console.print(table)
+    console.print(instructions)
+    n_pruned = sum(1 for r in result.history if r.status == "pruned")
+    console.print(
+        f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
+        f"{result.wall_s:.0f}s; search scores on {done.n_optimization} optimization questions"
+    )
+    console.print(escape(result.headline()))
+    console.print(result.judge_noise, markup=False, soft_wrap=True)  # summary.json says it too, beside the gain
+    if done.shortfall:
+        console.print(f"[yellow]warning:[/] {escape(done.shortfall)}")
+    console.print(_usage_table(result.usage))
+    if done.plan_check:
+        console.print("\n".join(done.plan_check), markup=False, soft_wrap=True)
+
+
+def show_no_proposal(console: Any, done: OptimizeRun) -> None:
+    """The error of a search whose optimizer proposed no usable instruction, with its reasons."""
+    from rich.markup import escape
+
+    result, steps = done.result, done.config.optimizer.steps
+    reasons = sorted({r["reason"] for r in result.rejected}) or ["the optimizer returned nothing"]
+    console.print(
+        f"[red]error:[/red] the optimizer proposed no usable instruction in {steps} step(s) "
+        f"({len(result.rejected)} rejected: {escape('; '.join(reasons))}); "
+        + escape("check [models.optimizer] (a stronger model) or [optimizer].max_instruction_chars"),
+        soft_wrap=True,
+    )
+
+
+def show_outputs(console: Any, done: OptimizeRun) -> None:
+    """Where worker 0's outputs, its MLflow run and its registered prompt are."""
+    result, cfg = done.result, done.config
+    console.print(f"outputs: {cfg.output_dir}  ({', '.join(done.outputs)})")
+    console.print(f"MLflow run {result.mlflow_run_id} in {redact_url(cfg.mlflow_uri)}")
+    if cfg.tracking.register_prompt:
+        console.print(f"registered: prompts:/{cfg.prompt_name}@{cfg.tracking.prompt_alias}")
