@@ -306,3 +306,88 @@ __all__ = [
     "read_records",
     "weighted_kappa",
 ]
+
+
+@dataclass(frozen=True)
+class JudgeAgreement:
+    """Two judges' (or a judge's and the labels') scores of the same answers, and how far they agree."""
+
+    report: AgreementReport
+    name_a: str
+    name_b: str
+    scores_a: tuple[float | None, ...]
+    scores_b: tuple[float | None, ...]
+    #: A yes/no judge (``mlflow:``) took part: what can agree is the verdict at opro's pass mark (4).
+    verdicts: bool
+
+    def rich_tables(self) -> tuple[Any, Any]:
+        return self.report.rich_tables(name_a=self.name_a, name_b=self.name_b,
+                                       scores=(list(self.scores_a), list(self.scores_b)) if self.verdicts else None)
+
+
+def spec_scores(models: Any, spec: str, rows: Sequence[dict[str, Any]], *, template: str,
+                score_from: str) -> list[float | None]:
+    """The scores of the judge ``spec`` (``llamacpp:NAME``, ``openai:MODEL[@BASE_URL]``; ``mlflow:`` before
+    it: MLflow's built-in correctness judge on that model) on ``rows``, its client made by ``models``
+    (a :class:`~opro.llm.factory.ClientFactory`); the [judge] defaults apart from ``template`` and
+    ``score_from`` (the template path read as given)."""
+    from opro.config import JudgeSection, check_score_from
+    from opro.judges import build_judge
+
+    check_score_from(score_from, where="--score-from-a/-b")
+    mlflow_judge = spec.startswith("mlflow:")
+    try:
+        model = parse_model_spec(spec.removeprefix("mlflow:"))
+    except ConfigError as exc:  # name the spec as it was given
+        raise ConfigError(f"{exc} (after mlflow:)" if mlflow_judge else str(exc)) from None
+    client = models.client(model, role="judge")
+    if mlflow_judge:
+        from opro.tracking import genai
+
+        return judge_scores(genai.mlflow_correctness_judge(client), rows)
+    section = JudgeSection(template=template, score_from=score_from)  # type: ignore[arg-type]
+    return judge_scores(build_judge(section=section, client=client), rows)
+
+
+def judge_agreement(
+    answers: str | Path,
+    *,
+    judge_a: str | None = None,
+    judge_b: str | None = None,
+    labels: str | Path | None = None,
+    template: str = "llamaindex",
+    template_b: str | None = None,
+    score_from_a: str = "reply",
+    score_from_b: str = "reply",
+    cache: str | None = None,
+    use_cache: bool = True,
+) -> JudgeAgreement:
+    """Judge A (``judge_a``, or the answers file's ``score`` column) against judge B (``judge_b``) or
+    the ``labels`` file (exactly one of them), on the answers of ``answers``."""
+    from opro.errors import OproError
+    from opro.llm.factory import ClientFactory, open_cache
+
+    rows = load_answers(answers)
+    with ClientFactory(cache=open_cache(cache, enabled=use_cache)) as models:
+        if judge_a is None:
+            if all(r["score"] is None for r in rows):
+                raise OproError(f"{answers} has no 'score' column to use as judge A; pass --judge-a SPEC")
+            scores_a, name_a = [r["score"] for r in rows], "file scores"
+        else:
+            scores_a, name_a = spec_scores(models, judge_a, rows, template=template, score_from=score_from_a), judge_a
+        if labels is not None:
+            scores_b = match_labels(rows, labels)
+            if all(x is None for x in scores_b):
+                raise OproError(
+                    f"no answer of {answers} has a label in {labels}; labels are matched by exact query text "
+                    "(and answer text when the label file has an 'answer' column)"
+                )
+            name_b = "labels"
+        else:
+            if judge_b is None:
+                raise ConfigError("give exactly one of --judge-b SPEC or --labels FILE")
+            scores_b = spec_scores(models, judge_b, rows, template=template_b or template, score_from=score_from_b)
+            name_b = judge_b
+    verdicts = any(s is not None and s.startswith("mlflow:") for s in (judge_a, judge_b))
+    return JudgeAgreement(report=agreement(scores_a, scores_b), name_a=name_a, name_b=name_b,
+                          scores_a=tuple(scores_a), scores_b=tuple(scores_b), verdicts=verdicts)

@@ -1,0 +1,103 @@
+"""What every command shares: errors for people (:func:`errors`), the listing of long texts."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import typer
+
+from opro.redaction import redact_text
+
+
+def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
+    """Print an error for people (no traceback) and return the exit to raise.
+
+    Exit 2 for a usage or configuration error and for a refused held-out claim (whichever command
+    refuses it), 1 for a failure while working.
+    """
+    from rich.console import Console
+    from rich.markup import escape
+
+    from opro.errors import ConfigError, LeakageError
+
+    if isinstance(exc, LeakageError):
+        code = 2
+    elif code is None:
+        code = 2 if isinstance(exc, ConfigError | ValueError) else 1
+
+    # Escape: messages name config keys like [optimizer].steps, which rich would take for markup.
+    # soft_wrap: an error names files and keys that must stay greppable and copyable whole.
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(redact_text(str(exc)))}", soft_wrap=True)
+    return typer.Exit(code=code)
+
+
+_Command = TypeVar("_Command", bound=Callable[..., None])
+
+_PATH_HINTS: dict[type[OSError], str] = {
+    FileExistsError: "a file is where a folder is needed: choose another path, or move that file away",
+    NotADirectoryError: "a file is where a folder is needed: choose another path, or move that file away",
+    IsADirectoryError: "a folder is where a file is needed: name a file",
+    PermissionError: "choose a path this user may read or write, or change its permissions",
+    FileNotFoundError: "check the path",
+}
+
+
+def _os_error(exc: OSError) -> tuple[Exception, int]:
+    """An OSError as one line naming its path(s) and what to do; exit 2 when the path is the user's to fix."""
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    what = exc.strerror or type(exc).__name__
+    hint = next((h for t, h in _PATH_HINTS.items() if isinstance(exc, t)), None)
+    text = f"{what}: {where}" if where else str(exc) or what
+    return OSError(f"{text} ({hint})" if hint else text), 2 if hint else 1
+
+
+def _errors(*, code: int | None = None) -> Callable[[_Command], _Command]:
+    """A command's :class:`~opro.errors.OproError` becomes one line for people and an exit code
+    (see :func:`_fail`; ``code`` fixes it) instead of a traceback."""
+
+    def decorate(command: _Command) -> _Command:
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> None:
+            from opro.errors import OproError
+
+            try:
+                command(*args, **kwargs)
+            except OproError as exc:
+                raise _fail(exc, code=code) from exc
+            except OSError as exc:  # a path the user gave that cannot be read or written
+                error, rc = _os_error(exc)
+                raise _fail(error, code=rc) from exc
+
+        return cast(_Command, run)
+
+    return decorate
+
+
+
+def _listing(texts: list[tuple[str, str]]) -> Any:
+    """Long texts outside a table's grid: each under the number of its row (``#1``), wrapped at the
+    console's width with a hanging indent, so a table stays one short row per entry at 80 columns."""
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for number, text in texts:
+        grid.add_row(number, Text(text))
+    return grid
+
+
+
+def console(*, stderr: bool = False) -> Any:
+    """The rich console a command prints through (stdout unless ``stderr``)."""
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def split_list(text: str) -> list[str]:
+    """A comma-separated option (``--metrics a,b``) as its non-blank items."""
+    return [m for m in text.split(",") if m.strip()]

@@ -1,0 +1,165 @@
+"""How the commands show their results: rich tables of optimize's result (initial, finalists, winner)
+and usage by role, and the lines of evaluate and compare."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from opro.cli._common import _listing
+from opro.redaction import redact_url
+
+if TYPE_CHECKING:
+    from opro.search import FinalistRecord, OptimizationResult
+    from opro.workflows.compare import ComparisonRun
+    from opro.workflows.evaluate import PromptEvaluated
+    from opro.workflows.optimize import OptimizeRun
+
+
+def _versus_initial(f: FinalistRecord) -> str:
+    """A finalist's cell in the "vs initial" column: only the chosen one was tested (its p on a second line)."""
+    from opro.sequential import interval_text
+
+    if not f.chosen:
+        return "not chosen" + (f"\n(selection {f.selection_score:.2f})" if f.selection_score is not None else "")
+    if f.difference is None:
+        return "n/a"
+    if f.difference_ci is None or f.p_value is None:
+        return f"{f.difference:+.2f}"
+    return f"{f.difference:+.2f} [{interval_text(*f.difference_ci)}]\n(p={f.p_value:.2g})"
+
+
+
+def _result_table(result: OptimizationResult, *, title: str) -> tuple[Any, Any]:
+    """Initial, finalists and the returned instruction: search score beside validation score, one
+    numbered row each; and the instructions, listed by those numbers (:func:`_listing`)."""
+    from rich.table import Table
+
+    table = Table(title=title, caption="* returned", caption_justify="left")
+    table.add_column("#", no_wrap=True)
+    table.add_column("search score\n(in-sample)", justify="right")
+    table.add_column("validation score\n[95% CI]", justify="right")
+    table.add_column("vs initial\n(sequential p)", justify="right")
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
+        return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+    params = {r.instruction: r.params for r in result.history}
+    texts: list[tuple[str, str]] = []
+
+    def numbered(what: str, instruction: str, *, returned: bool) -> str:
+        """``#n what`` (``*``: the returned one); the instruction, and with [search.space] open its
+        configuration's values, go to the listing under ``#n``."""
+        values = params.get(instruction) or {}
+        number = f"#{len(texts) + 1}"
+        texts.append((number, instruction + (f"\n[{', '.join(f'{k} {v}' for k, v in values.items())}]" if values else "")))
+        return f"{number} {what}" + (" *" if returned else "")
+
+    v = result.validation
+    if v is None:
+        table.add_row(numbered("initial", result.initial_instruction, returned=False), fmt(result.initial_score), "-", "-")
+        table.add_row(numbered("best (search)", result.best_instruction, returned=True), fmt(result.best_search_score),
+                      "-", "not validated")
+        return table, _listing(texts)
+    table.add_row(numbered("initial", result.initial_instruction, returned=not result.validated), fmt(result.initial_score),
+                  with_ci(v.initial_score, v.initial_ci), "", style="bold" if not result.validated else None)
+    for i, f in enumerate(v.finalists, start=1):
+        returned = v.winner is not None and f.instruction == v.winner.instruction
+        table.add_row(numbered(f"finalist {i}", f.instruction, returned=returned), fmt(f.search_score),
+                      with_ci(f.validation_score, f.validation_ci), _versus_initial(f),
+                      style="bold" if returned else None)
+    return table, _listing(texts)
+
+
+def _usage_table(usage: dict[str, dict[str, Any]]) -> Any:
+    """Calls, cache hits, tokens and wall time per role."""
+    from rich.table import Table
+
+    table = Table(title="LLM usage by role")
+    for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
+        table.add_column(col, justify="right")
+    for role, u in usage.items():
+        table.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
+                      str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
+    return table
+
+
+def show_evaluation(console: Any, done: PromptEvaluated) -> None:
+    """The prompt, its split and summary, where its per-question table went and its MLflow run."""
+    from rich.markup import escape
+
+    console.print(f"[bold]{escape(done.prompt.label)}[/] on the {done.split} split ({done.report.n} questions)")
+    console.print(escape(done.report.summary()))
+    console.print("per-question table: " + ", ".join(str(w) for w in done.written))
+    if done.genai is not None:
+        console.print(f"MLflow evaluation run {done.genai.run_ids[0]} ({len(done.genai.runs[0].trace_ids)} traces) in "
+                      f"{redact_url(done.tracking_uri)}")
+
+
+def show_comparison(console: Any, done: ComparisonRun) -> None:
+    """The comparison's tables and numbered prompts, its sentences, where it was saved and recorded,
+    and the promotion's decision."""
+    report, saved = done.report, done.saved
+    for table in report.rich_tables():
+        console.print(table)
+    console.print(_listing(report.numbered_prompts()))
+    console.print(report.multiplicity())
+    for sentence in report.sentences():
+        console.print(f"- {sentence}")
+    if report.judge_noise:
+        console.print(f"- {report.judge_noise}", markup=False, soft_wrap=True)
+    console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
+    for recorded in saved.recorded:
+        console.print(f"comparison recorded: {recorded.where}", markup=False, soft_wrap=True)
+    if saved.evaluation_run_ids:
+        console.print(f"MLflow evaluation runs (one per prompt, per-question traces): {', '.join(saved.evaluation_run_ids)}")
+    if done.decision is not None:
+        console.print(done.decision.message(), markup=False, soft_wrap=True)
+
+
+def show_optimization(console: Any, done: OptimizeRun) -> None:
+    """The result table and its instructions, the search's figures and headline, the usage by role and
+    the plan beside it."""
+    from rich.markup import escape
+
+    result = done.result
+    table, instructions = _result_table(result, title=f"opro optimize: {done.config.experiment.name}")
+    console.print(table)
+    console.print(instructions)
+    n_pruned = sum(1 for r in result.history if r.status == "pruned")
+    console.print(
+        f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
+        f"{result.wall_s:.0f}s; search scores on {done.n_optimization} optimization questions"
+    )
+    console.print(escape(result.headline()))
+    console.print(result.judge_noise, markup=False, soft_wrap=True)  # summary.json says it too, beside the gain
+    if done.shortfall:
+        console.print(f"[yellow]warning:[/] {escape(done.shortfall)}")
+    console.print(_usage_table(result.usage))
+    if done.plan_check:
+        console.print("\n".join(done.plan_check), markup=False, soft_wrap=True)
+
+
+def show_no_proposal(console: Any, done: OptimizeRun) -> None:
+    """The error of a search whose optimizer proposed no usable instruction, with its reasons."""
+    from rich.markup import escape
+
+    result, steps = done.result, done.config.optimizer.steps
+    reasons = sorted({r["reason"] for r in result.rejected}) or ["the optimizer returned nothing"]
+    console.print(
+        f"[red]error:[/red] the optimizer proposed no usable instruction in {steps} step(s) "
+        f"({len(result.rejected)} rejected: {escape('; '.join(reasons))}); "
+        + escape("check [models.optimizer] (a stronger model) or [optimizer].max_instruction_chars"),
+        soft_wrap=True,
+    )
+
+
+def show_outputs(console: Any, done: OptimizeRun) -> None:
+    """Where worker 0's outputs are, where each tracker recorded the run, and its registered prompt."""
+    result, cfg = done.result, done.config
+    console.print(f"outputs: {cfg.output_dir}  ({', '.join(done.outputs)})")
+    console.print("\n".join(r.where for r in result.recorded))
+    if cfg.tracking.register_prompt:
+        console.print(f"registered: prompts:/{cfg.prompt_name}@{cfg.tracking.prompt_alias}")

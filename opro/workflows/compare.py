@@ -1,0 +1,83 @@
+"""Compare prompts on a split, save and record the comparison, and optionally promote the best
+prompt (``opro compare``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opro.compare import SavedComparison
+    from opro.comparison import ComparisonReport
+    from opro.promotion import PromotionDecision
+
+
+@dataclass(frozen=True)
+class ComparisonRun:
+    """The comparison, where it was saved and recorded, and the promotion's decision (when asked)."""
+
+    report: ComparisonReport
+    saved: SavedComparison
+    decision: PromotionDecision | None = None
+
+
+def compare_and_save(
+    config: str | Path,
+    *,
+    prompts: Sequence[str] = ("best",),
+    baseline: str = "initial",
+    split: str = "heldout",
+    metrics: Sequence[str] = (),
+    out: Path | None = None,
+    name: str | None = None,
+    tracking_uri: str | None = None,
+    mlflow: bool = True,
+    resamples: int = 10_000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    margin: float | None = None,
+    promote_alias: str | None = None,
+    min_coverage: float = 0.9,
+    progress: bool | None = None,
+    notice: Callable[[str], None] = lambda _: None,
+) -> ComparisonRun:
+    """Compare ``prompts`` (and ``baseline``, added first when not among them) under the experiment
+    ``config``; ``notice`` hears the plan's lines for a held-out comparison before it runs. The report
+    is saved under ``out`` (or ``<output_dir>/compare/<name>``) and recorded (MLflow unless ``mlflow``
+    is off); with ``promote_alias``, the alias moves only on held-out evidence (see
+    :func:`opro.promotion.promote`)."""
+    from opro.compare import compare_prompts, save_comparison
+    from opro.config import check_mlflow_uri
+    from opro.experiment import Experiment
+    from opro.promotion import promote
+
+    if tracking_uri is not None:
+        check_mlflow_uri(tracking_uri, where="--tracking-uri")
+    specs = list(prompts)
+    if baseline not in specs:
+        specs.insert(0, baseline)
+    exp = Experiment.from_file(config, progress=progress)
+    if split == "heldout":
+        from opro.plan import make_plan
+
+        notice("\n".join(make_plan(exp.config).compare_lines()))
+    if mlflow or promote_alias:
+        from opro.tracking import check_server
+
+        check_server(tracking_uri or exp.config.mlflow_uri,
+                     where="--tracking-uri" if tracking_uri else "[tracking].mlflow_uri")
+    decision = None
+    try:
+        report = compare_prompts(
+            experiment=exp, prompts=specs, baseline=baseline, split=split, extra_metrics=list(metrics),
+            tracking_uri=tracking_uri, alpha=alpha, n_resamples=resamples, seed=seed, margin=margin,
+        )
+        saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
+        if promote_alias is not None:
+            decision = promote(report, experiment=exp, alias=promote_alias, tracking_uri=tracking_uri,
+                               min_coverage=min_coverage)
+    finally:
+        exp.close()
+    return ComparisonRun(report=report, saved=saved, decision=decision)

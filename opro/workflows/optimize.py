@@ -1,0 +1,97 @@
+"""One worker's OPRO search, validation and validated winner, with its plan (``opro optimize``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opro.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opro.config import OproConfig
+    from opro.experiment import RunResult
+
+
+@dataclass(frozen=True)
+class OptimizeRun:
+    """What a worker's ``optimize`` returned, with what the command says beside it."""
+
+    result: RunResult
+    config: OproConfig
+    worker_index: int
+    #: Questions of the optimization split (the search scores' sample).
+    n_optimization: int
+    #: What the dataset's split falls short of (None when nothing).
+    shortfall: str | None
+    #: The plan made before the search beside the run's usage (worker 0 only; empty otherwise).
+    plan_check: tuple[str, ...]
+    #: Files of the output folder an optimize writes (worker 0 only; empty otherwise).
+    outputs: tuple[str, ...]
+
+    @property
+    def proposed_nothing(self) -> bool:
+        """Steps were asked for and the optimizer proposed no usable instruction (worker 0)."""
+        return (self.config.optimizer.steps > 0 and self.worker_index == 0
+                and not any(r.step > 0 for r in self.result.history))
+
+
+def parse_worker(text: str) -> tuple[int, int]:
+    """``--worker I/N`` as (I, N), refused when it names no worker."""
+    from opro.search import check_worker_spec
+
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--worker must look like I/N (for example 0/2), got {text!r}") from None
+    check_worker_spec(index, count)
+    return index, count
+
+
+def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
+    """Worker 0 says (and keeps) the plan, and the stored probe's verdict (never a new probe)."""
+    from opro.plan import make_plan
+
+    plan = make_plan(exp.config, documents=lambda: exp.documents)
+    notice("\n".join(plan.lines()))
+    exp.run_dir.write_plan(plan.as_dict())
+    if exp.run_dir.probe.is_file():
+        from opro.headroom import stored_probe
+
+        probed, why = stored_probe(exp)
+        notice("\n".join(probed.verdict_lines() if probed is not None else [f"probe: {why}"]))
+    return plan
+
+
+def optimize_experiment(
+    config: str | Path,
+    *,
+    worker: str = "0/1",
+    progress: bool | None = None,
+    fresh: bool = False,
+    notice: Callable[[str], None] = lambda _: None,
+) -> OptimizeRun:
+    """Run worker ``worker`` (I/N) of the experiment ``config``'s search; worker 0 first makes the plan
+    and reads the stored probe (``notice`` hears both). ``fresh`` archives the existing study first."""
+    from opro.dataset import split_shortfall
+    from opro.experiment import Experiment
+    from opro.plan import check
+
+    index, count = parse_worker(worker)
+    exp = Experiment.from_file(config, progress=progress)
+    try:
+        plan = _before_the_search(exp, notice) if index == 0 else None
+        started = time.perf_counter()
+        result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
+        taken = time.perf_counter() - started
+    finally:
+        exp.close()
+    return OptimizeRun(
+        result=result, config=exp.config, worker_index=index,
+        n_optimization=len(exp.dataset.examples_in("optimization")),
+        shortfall=split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None,
+        plan_check=tuple(check(plan.as_dict(), result.usage, wall_s=taken)) if plan is not None else (),
+        outputs=tuple(p.name for p in exp.run_dir.optimize_outputs()) if index == 0 else (),
+    )
