@@ -10,7 +10,7 @@ task model twice, each time with a fresh model and no call cache:
   engine's path; saved prefixes on, as in a run).
 
 Greedy decoding in both. It prints how many answers are identical and, for the others, the character at
-which they part. ``tests/test_llamacpp_backend.py`` checks equality on short answers; over long ones a
+which they part. ``tests/llm/test_llamacpp_backend.py`` checks equality on short answers; over long ones a
 batch's floating-point sums differ from a lone call's and greedy decoding may then take another path.
 """
 

@@ -270,7 +270,7 @@ def keyword_optimizer(
     opt_llm = ScriptedLLM(default=keyword_optimizer_reply)
     program = EchoProgram(ChatClient(task, role="task", cache=cache, usage=usage))
     judge = KeywordJudge(ChatClient(judge_llm, role="judge", cache=cache, usage=usage))
-    # The search itself (no validation stage: tests/test_selection.py covers that).
+    # The search itself (no validation stage: tests/search/test_selection.py covers that).
     base: dict[str, Any] = {"steps": 3, "candidates_per_step": 3, "minibatch_size": 2, "pruner": "none", "finalists": 0}
     base.update(settings)
     opt = SearchRig(

@@ -373,3 +373,22 @@ def test_no_module_but_the_table_lists_dimensions() -> None:
     """A search dimension is declared once, in opro/dimensions.py; the config, the space, the
     experiment, the RAG program, the exports and the plan iterate that table."""
     assert not _dimension_lists(), _dimension_lists()
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_the_tests_mirror_the_package() -> None:
+    """A subpackage's tests live in the folder of its name (tests/search/ for opro/search/ ...), so a
+    component's tests are found where the component is; a folder of tests names a real subpackage."""
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name not in ("data", "__pycache__")}
+    assert folders >= {"search", "llm", "judges", "tracking", "cli"}, folders
+    assert [f for f in folders if not (PACKAGE / f / "__init__.py").is_file()] == []
+    flat = []
+    for test in TESTS.glob("test_*.py"):
+        name = test.stem.removeprefix("test_")
+        top = (PACKAGE / f"{name}.py").is_file() or (PACKAGE / name / "__init__.py").is_file()
+        nested = [p for p in PACKAGE.glob(f"*/{name}.py") if p.parent.name in folders]
+        if not top and nested:
+            flat.append(f"{test.name} tests {nested[0].relative_to(PACKAGE.parent)}: move it to tests/{nested[0].parent.name}/")
+    assert not flat, flat

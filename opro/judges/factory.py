@@ -4,7 +4,7 @@ judges (faithfulness, relevancy) by name.
 Every part of opro that needs an LLM judge (an experiment, ``opro judge agreement``, the extra
 metrics of ``opro evaluate`` / ``opro compare``: :func:`make_extra_metrics`) builds it here, so the
 settings a judge is built with are decided in one place. A new kind of pointwise judge is one module in :mod:`opro.judges`
-and one entry in :data:`METRIC_JUDGES`; ``tests/test_judges_contract.py`` then runs the judge
+and one entry in :data:`METRIC_JUDGES`; ``tests/judges/test_judges_contract.py`` then runs the judge
 contract over it (and fails if a judge is built anywhere else in opro).
 """
 

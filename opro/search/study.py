@@ -363,7 +363,7 @@ def create_trial(study: optuna.Study, template: optuna.trial.FrozenTrial) -> New
     """Create ``template`` (a RUNNING claim with its attributes) in ``study`` in one storage transaction.
 
     The one use of Optuna's private API in opro (``Study._storage``, ``Study._study_id``), kept here and
-    checked against the installed Optuna by tests/test_claims.py. Why it is needed: a claim must appear
+    checked against the installed Optuna by tests/search/test_claims.py. Why it is needed: a claim must appear
     with its attributes at once, or another worker reading the trials in between takes it for a
     claim that lost (a RUNNING trial without a token), and two workers can both win the candidate.
     The public ``Study.ask()`` creates a bare trial and sets attributes one write at a time;

@@ -192,6 +192,6 @@ def test_the_command_exits_with_its_code_and_all_its_output_after_skipping_teard
     # main() ends the process with os._exit after the exit handlers: the code and every buffered
     # line (stdout is a pipe here, so block-buffered) must still come out.
     proc = subprocess.run([sys.executable, "-m", "opro.cli", *args], capture_output=True, text=True, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=120)
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, timeout=120)
     assert proc.returncode == code, proc.stdout + proc.stderr
     assert text in getattr(proc, stream)

@@ -227,7 +227,7 @@ def test_judge_agreement_with_mlflow_correctness_judge(tmp_path: Path, monkeypat
 
     from typer.testing import CliRunner
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from fault_server import FaultServer
 
     from opro.cli import app

@@ -1,5 +1,5 @@
 """A user's script with no ``if __name__ == "__main__":`` guard that starts a sidecar: test_sidecar runs
-it as ``python tests/unguarded_script.py`` with ``OPRO_TEST_MARKER`` set. Every run of its top level
+it as ``python tests/tracking/unguarded_script.py`` with ``OPRO_TEST_MARKER`` set. Every run of its top level
 adds a line to that file, so a sidecar child that ran the script again would leave two."""
 
 import functools

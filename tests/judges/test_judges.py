@@ -296,7 +296,7 @@ def test_yes_no_structured_schema() -> None:
     )
 
 
-DATASET = Path(__file__).parents[1].parent / "shared/data/history_of_alexnet/rag_dataset.json"
+DATASET = Path(__file__).parents[2].parent / "shared/data/history_of_alexnet/rag_dataset.json"
 
 
 @pytest.mark.embedded

@@ -228,7 +228,7 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     # Worker 0 proposes (the samples it deals to a waiting worker are asked for there: none twice).
     # Which worker claims which candidate depends on when each thread reaches the study (claims are
     # shared among the live workers), so only the result is asserted: the same history for both and
-    # every candidate evaluated exactly once. tests/test_scaleout.py checks that a second worker
+    # every candidate evaluated exactly once. tests/search/test_scaleout.py checks that a second worker
     # process claims work.
     seeds = [options.seed for rig in rigs.values() for _, options in rig.optimizer.calls]
     assert rigs[0].optimizer.calls and len(seeds) == len(set(seeds)), seeds

@@ -152,7 +152,7 @@ def _backend(case: JudgeCase, *, reply: str, probs: Mapping[str, float]) -> Scri
 def _script(judge: Metric) -> Script:
     if judge.name not in SCRIPTS:
         pytest.fail(
-            f"judge {judge.name!r} is built by the factory but has no Script in tests/test_judges_contract.py: "
+            f"judge {judge.name!r} is built by the factory but has no Script in tests/judges/test_judges_contract.py: "
             "add a good and an unreadable reply as its model writes them"
         )
     return SCRIPTS[judge.name]

@@ -150,7 +150,9 @@ def test_the_child_does_not_run_the_parents_main_script_again(tmp_path: Path) ->
     marker = tmp_path / "runs.txt"
     script = Path(__file__).with_name("unguarded_script.py")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OPRO_TEST_MARKER": str(marker)})
+                         env={**os.environ, "OPRO_TEST_MARKER": str(marker),  # tests/: where children.py is
+                              "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                          os.environ.get("PYTHONPATH")]))})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2"
     assert marker.read_text() == "run\n"

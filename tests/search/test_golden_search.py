@@ -1,7 +1,7 @@
 """A fixed-seed scripted search leaves byte-identical records across refactors of the search.
 
 The golden files in ``tests/data/golden_search/`` were written by the code before the search moved
-into ``opro/search/`` (``OPRO_WRITE_GOLDEN=1 pytest tests/test_golden_search.py`` rewrites them,
+into ``opro/search/`` (``OPRO_WRITE_GOLDEN=1 pytest tests/search/test_golden_search.py`` rewrites them,
 which only a change of behaviour that is meant may do). The world has headroom (keywords in the
 instruction raise the judge's score, question by question with noise), so the run proposes, races,
 prunes, picks exemplars and validates finalists: every part of the search shows in its records.
@@ -23,7 +23,7 @@ from opro.llm import GenerationOptions, Message
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
 
-GOLDEN = Path(__file__).parent / "data" / "golden_search"
+GOLDEN = Path(__file__).parents[1] / "data" / "golden_search"
 WORDS = ("context", "precise", "cite", "brief", "names", "numbers")
 
 
