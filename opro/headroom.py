@@ -232,8 +232,8 @@ def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable
     - ``moves``: the 95% interval lies above 0 ("moves the score: +0.41 [+0.12, +0.70]");
     - ``hurts``: it lies below 0;
     - ``inert``: it lies within +-``inert_within`` ("inert here"), or within +-``detectable``, the
-      smallest gain the plan's validation stage confirms ("inert at the search's resolution": a search
-      could not confirm a change of this size even if it found one);
+      smallest gain the validation stage confirms (at the pilot's measured noise where there is one; "inert
+      at the search's resolution": a search could not confirm a change of this size even if it found one);
     - ``undecided``: none of these (the interval is too wide at this many questions).
     """
     if effect.dimension == "initial":
@@ -794,8 +794,12 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
                               questions=pilot, cost=cfg.cost_model(),
                               progress=exp.progress if progress is None else progress)
     base = effects[0]
-    judged = tuple(dataclasses.replace(e, verdict=verdict_of(e, detectable=plan.detectable)) for e in effects[1:])
-    rec = recommend(judged, initial=base, detectable=plan.detectable, objective=o.objective,
+    judge = _judge_limits(cfg, plan=plan, effects=effects)
+    # The search's resolution at the noise measured here, where the pilot measured it (the plan's
+    # figure rests on an assumed sd until a run, a calibration or this probe measures one).
+    detectable = judge.detectable_at_pilot_sd or plan.detectable
+    judged = tuple(dataclasses.replace(e, verdict=verdict_of(e, detectable=detectable)) for e in effects[1:])
+    rec = recommend(judged, initial=base, detectable=detectable, objective=o.objective,
                     probed_space=bool(space_contrasts), questions=n)
     after = exp.usage.as_dict()
     calls = {r: c for r, c in _delta(after, before, "calls").items() if c}
@@ -808,7 +812,7 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
                     search_calls=_search_calls(plan), probe_calls=sum(requests.values()), note=note),
         initial=dataclasses.replace(base, verdict=verdict_of(base)), effects=judged,
         task=_task_limits(exp, pilot=pilot, base=base, effects=effects),
-        judge=_judge_limits(cfg, plan=plan, effects=effects),
+        judge=judge,
         proposer=_proposer_limits(exp, proposer=proposer, base=base, check=check, initial_text=initial_text),
         recommendation=rec, calls=requests, made=sum(calls.values()),
         wall_s=time.perf_counter() - started, top_k=cfg.rag.top_k, notes=tuple(notes),

@@ -356,3 +356,28 @@ def test_retrieval_recall_and_instruction_following_are_measured(tmp_path: Path)
     assert fmt.answer_words < result.initial.answer_words and fmt.one_sentence == 1.0
     ignored = _probe(_contexts_config(tmp_path / "ignored"), _pool(demos_help), questions=8)
     assert ignored.task.follows is None and ignored.task.following.startswith("cannot tell: the initial answers are")
+
+
+def test_the_verdicts_use_the_search_resolution_at_the_noise_the_pilot_measured(tmp_path: Path) -> None:
+    """With a noisy judge the pilot measures the paired sd; the verdicts and the recommendation then judge
+    every contrast against what the validation stage confirms at that noise, not at the plan's assumed sd."""
+    import hashlib
+
+    def noisy_task(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        return "Answer " + hashlib.sha256(messages[-1].content.encode()).hexdigest()[:8]
+
+    def noisy_judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        h = int(hashlib.sha256(messages[-1].content.encode()).hexdigest(), 16)
+        return json.dumps({"score": 2 + h % 3, "reasoning": "scripted"})
+
+    pool = ModelPool(scripted={"task": ScriptedLLM(default=noisy_task, model="task"),
+                               "judge": ScriptedLLM(default=noisy_judge, model="judge"),
+                               "optimizer": ScriptedLLM(default=good_optimizer, model="optimizer")})
+    result = _probe(_config(tmp_path), pool, questions=12)
+    j = result.judge
+    assert j.pilot_sd is not None and j.pilot_sd > 0.3 and j.detectable_at_pilot_sd is not None
+    assert abs(j.detectable_at_pilot_sd - j.detectable) > 0.05  # the measured noise is not the assumed 1.3
+    text = "\n".join(result.lines())
+    assert f"quality: a gain of {j.detectable_at_pilot_sd:+.2f}" in text
+    assert f"quality: a gain of {j.detectable:+.2f}" not in text
+    assert all(f"±{j.detectable:.2f}" not in e.verdict.text for e in result.effects)
