@@ -392,3 +392,39 @@ def test_the_tests_mirror_the_package() -> None:
         if not top and nested:
             flat.append(f"{test.name} tests {nested[0].relative_to(PACKAGE.parent)}: move it to tests/{nested[0].parent.name}/")
     assert not flat, flat
+
+
+_MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "setdefault", "pop", "popitem", "clear",
+                       "remove", "discard"})
+
+
+def test_nothing_holds_global_state() -> None:
+    """No ``global`` statement, no module-level container under a lower-case name, and no function that
+    changes a module-level constant: collaborators are passed in (docs/architecture.md's first rule)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        where = path.relative_to(PACKAGE.parent).as_posix()
+        constants = set()
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            for t in targets:
+                if isinstance(t, ast.Name) and isinstance(getattr(node, "value", None), ast.Dict | ast.List | ast.Set):
+                    if t.id.isupper() or t.id.lstrip("_").isupper():
+                        constants.add(t.id)
+                    elif not t.id.startswith("__"):
+                        found.append(f"{where}:{node.lineno} module-level container {t.id}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                found.append(f"{where}:{node.lineno} global {', '.join(node.names)}")
+            changed = None
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
+                for t in node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]:
+                    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                        changed = t.value.id
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS \
+                    and isinstance(node.func.value, ast.Name):
+                changed = node.func.value.id
+            if changed in constants:
+                found.append(f"{where}:{node.lineno} changes the module constant {changed}")
+    assert not found, found
