@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from opro.cli._common import _listing
-from opro.redaction import redact_url
 
 if TYPE_CHECKING:
     from opro.search import FinalistRecord, OptimizationResult
@@ -93,9 +92,8 @@ def show_evaluation(console: Any, done: PromptEvaluated) -> None:
     console.print(f"[bold]{escape(done.prompt.label)}[/] on the {done.split} split ({done.report.n} questions)")
     console.print(escape(done.report.summary()))
     console.print("per-question table: " + ", ".join(str(w) for w in done.written))
-    if done.genai is not None:
-        console.print(f"MLflow evaluation run {done.genai.run_ids[0]} ({len(done.genai.runs[0].trace_ids)} traces) in "
-                      f"{redact_url(done.tracking_uri)}")
+    for recorded in done.recorded:
+        console.print(recorded.where, markup=False, soft_wrap=True)
 
 
 def show_comparison(console: Any, done: ComparisonRun) -> None:

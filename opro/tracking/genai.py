@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opro.errors import OproError
-from opro.redaction import redact_text
+from opro.records import Recorded
+from opro.redaction import redact_text, redact_url
 from opro.search.recorder import Recorder
 from opro.tracking.commands import mlflow_run_of
 from opro.tracking.recorder import MlflowRecorder
@@ -194,6 +195,11 @@ class GenAIRecord:
     @property
     def run_ids(self) -> tuple[str, ...]:
         return tuple(r.run_id for r in self.runs)
+
+    def recorded(self, tracking_uri: str) -> tuple[Recorded, ...]:
+        """Where each evaluation run went, as every recorder says it (:class:`opro.records.Recorded`)."""
+        return tuple(Recorded(recorder="mlflow", ref=r.run_id, where=f"MLflow evaluation run {r.run_id} "
+                              f"({len(r.trace_ids)} traces) in {redact_url(tracking_uri)}") for r in self.runs)
 
 
 def dataset_name(prefix: str, split: str, content_hash: str) -> str:

@@ -12,14 +12,15 @@ from opro.errors import ConfigError
 
 if TYPE_CHECKING:
     from opro.evaluation_types import EvaluationReport
+    from opro.records import Recorded
     from opro.sources import ResolvedPrompt
     from opro.tracking.genai import GenAIRecord
 
 
 @dataclass(frozen=True)
 class PromptEvaluated:
-    """One prompt's evaluation on a split: its report, the per-question tables written, and its
-    MLflow GenAI evaluation run where ``[tracking].genai`` is on."""
+    """One prompt's evaluation on a split: its report, the per-question tables written, and where it
+    was recorded (``recorded``: its MLflow GenAI evaluation run where ``[tracking].genai`` is on)."""
 
     prompt: ResolvedPrompt
     split: str
@@ -27,6 +28,7 @@ class PromptEvaluated:
     written: tuple[Path, ...]
     genai: GenAIRecord | None
     tracking_uri: str
+    recorded: tuple[Recorded, ...] = ()
 
 
 def evaluate_prompt(
@@ -83,4 +85,5 @@ def evaluate_prompt(
         stem = exp.run_dir.evaluate / f"{split}-{resolved.kind}"
         written = [report.to_csv(stem.with_suffix(".csv")), report.to_json(stem.with_suffix(".json"))]
     return PromptEvaluated(prompt=resolved, split=split, report=report, written=tuple(written), genai=genai,
-                           tracking_uri=exp.config.mlflow_uri)
+                           tracking_uri=exp.config.mlflow_uri,
+                           recorded=() if genai is None else genai.recorded(exp.config.mlflow_uri))
