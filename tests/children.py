@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -137,14 +138,52 @@ def openai_calls(key_env: str) -> None:
             print("auth error mapped:", "openai" in sys.modules)
 
 
-# -- a sidecar whose parent is killed (test_sidecar) ------------------------------------------------------
+# -- the sidecar's tests (tests/tracking/test_sidecar.py) -------------------------------------------------
+
+
+class Counter:
+    """Lives in the sidecar's child: its state persists between calls (here, so that the tests and every
+    child process import it by one name)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+        self.seen: list[int] = []
+
+    def add(self, n: int, *, times: int = 1) -> int:
+        self.value += n * times
+        self.seen.append(n)
+        return self.value
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def fail(self, what: str) -> None:
+        from opro.errors import DataError
+
+        raise DataError(f"bad {what}")
+
+    def unpicklable_failure(self) -> None:
+        class Local(Exception):  # cannot be pickled back to the parent
+            pass
+
+        raise Local("local trouble at https://user:sk-secret-99@example.com/")
+
+    def die(self) -> None:
+        os._exit(3)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def unpicklable_result(self) -> object:
+        return lambda: None
+
 
 
 def sidecar_parent_killed() -> None:
     """Starts a sidecar, prints its process id, then kills this process (SIGKILL): no clean-up runs."""
     import signal
 
-    from test_sidecar import Counter
+    from children import Counter  # by its module's name: this file runs as __main__, which the child lacks
 
     from opro.tracking.sidecar import Sidecar
 
@@ -161,7 +200,7 @@ def sidecar_parent_killed_mid_call() -> None:
     import threading
     import time
 
-    from test_sidecar import Counter
+    from children import Counter  # by its module's name: this file runs as __main__, which the child lacks
 
     from opro.tracking.sidecar import Sidecar
 

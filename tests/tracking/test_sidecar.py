@@ -11,44 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from children import argv
+from children import Counter, argv
 
 from opro.errors import DataError, OproError
 from opro.tracking.sidecar import Sidecar
-
-
-class Counter:
-    """Lives in the child: its state persists between calls."""
-
-    def __init__(self, start: int = 0) -> None:
-        self.value = start
-        self.seen: list[int] = []
-
-    def add(self, n: int, *, times: int = 1) -> int:
-        self.value += n * times
-        self.seen.append(n)
-        return self.value
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def fail(self, what: str) -> None:
-        raise DataError(f"bad {what}")
-
-    def unpicklable_failure(self) -> None:
-        class Local(Exception):  # cannot be pickled back to the parent
-            pass
-
-        raise Local("local trouble at https://user:sk-secret-99@example.com/")
-
-    def die(self) -> None:
-        os._exit(3)
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    def unpicklable_result(self) -> object:
-        return lambda: None
 
 
 class Broken:

@@ -5,7 +5,7 @@ adds a line to that file, so a sidecar child that ran the script again would lea
 import functools
 import os
 
-from test_sidecar import Counter
+from children import Counter
 
 from opro.tracking.sidecar import Sidecar
 
