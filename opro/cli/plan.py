@@ -22,28 +22,19 @@ def plan(
     call; with --probe, the probe's calls)."""
     import json
 
-    from opro.experiment import Experiment
-    from opro.plan import make_plan
+    from opro.workflows.plan import plan_experiment
 
-    exp = Experiment.from_file(config, progress=None if probe else False)
-    try:
-        probed = None
-        if probe:
-            from opro.headroom import probe_or_stored
-
-            probed, reused = probe_or_stored(exp, questions=questions)
-        made = make_plan(exp.config, documents=lambda: exp.documents)  # after the probe: planned by its noise
-    finally:
-        exp.close()
+    done = plan_experiment(config, probe=probe, questions=questions)
     if as_json:
-        typer.echo(json.dumps({**made.as_dict(), **({"probe": probed.to_dict()} if probed else {})}, indent=2))
+        probed = {"probe": done.probe.to_dict()} if done.probe is not None else {}
+        typer.echo(json.dumps({**done.plan.as_dict(), **probed}, indent=2))
         return
-    typer.echo("\n".join(made.lines()))
-    if probed is not None:
-        where = exp.run_dir.probe
-        typer.echo("\n".join(probed.verdict_lines()))
-        typer.echo(f"(read from {where}: made with these settings)" if reused else f"wrote {where} and "
-                   f"{exp.run_dir.probe_report}")
+    typer.echo("\n".join(done.plan.lines()))
+    if done.probe is not None:
+        typer.echo("\n".join(done.probe.verdict_lines()))
+        where = done.probe_files[0]
+        typer.echo(f"(read from {where}: made with these settings)" if done.reused
+                   else f"wrote {where} and {done.probe_files[1]}")
 
 
 @_errors()
@@ -60,15 +51,9 @@ def probe_command(
 
     Writes <output_dir>/probe.json (read by `opro plan --probe` and `opro optimize`) and probe.md.
     """
-    from opro.experiment import Experiment
-    from opro.headroom import run_probe
-    from opro.tracking.commands import command_recorders
+    from opro.workflows.plan import probe_experiment
 
-    exp = Experiment.from_file(config, progress=progress)
-    try:
-        done = run_probe(exp, recorders=command_recorders(exp.config, mlflow=mlflow), questions=questions)
-    finally:
-        exp.close()
+    done = probe_experiment(config, questions=questions, mlflow=mlflow, progress=progress)
     typer.echo("\n".join(done.result.lines()))
     for path in done.paths.values():
         typer.echo(f"wrote {path}")

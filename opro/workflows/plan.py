@@ -1,0 +1,56 @@
+"""The plan of a run, with the probe folded in where asked (``opro plan``), and the probe alone
+(``opro probe``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opro.headroom import ProbeResult, ProbeRun
+    from opro.plan import Plan
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The plan; with ``--probe`` the probe too, whether it was read back (``reused``) and where it lies."""
+
+    plan: Plan
+    probe: ProbeResult | None = None
+    reused: bool = False
+    probe_files: tuple[Path, ...] = ()
+
+
+def plan_experiment(config: str | Path, *, probe: bool = False, questions: int | None = None) -> Planned:
+    """The plan of ``opro optimize config`` (no LLM call); with ``probe``, first the stored probe made with
+    these settings, else a new one (``questions``: its pilot), so the plan takes the noise it measured."""
+    from opro.experiment import Experiment
+    from opro.plan import make_plan
+
+    exp = Experiment.from_file(config, progress=None if probe else False)
+    try:
+        probed, reused = None, False
+        if probe:
+            from opro.headroom import probe_or_stored
+
+            probed, reused = probe_or_stored(exp, questions=questions)
+        made = make_plan(exp.config, documents=lambda: exp.documents)  # after the probe: planned by its noise
+    finally:
+        exp.close()
+    files = (exp.run_dir.probe, exp.run_dir.probe_report) if probed is not None else ()
+    return Planned(plan=made, probe=probed, reused=reused, probe_files=files)
+
+
+def probe_experiment(config: str | Path, *, questions: int | None = None, mlflow: bool = True,
+                     progress: bool | None = None) -> ProbeRun:
+    """``opro probe``: probe the experiment ``config``, write probe.json and probe.md, record it."""
+    from opro.experiment import Experiment
+    from opro.headroom import run_probe
+    from opro.tracking.commands import command_recorders
+
+    exp = Experiment.from_file(config, progress=progress)
+    try:
+        return run_probe(exp, recorders=command_recorders(exp.config, mlflow=mlflow), questions=questions)
+    finally:
+        exp.close()
