@@ -266,7 +266,8 @@ def _difference_sd(config: OproConfig, *, probed: bool = True) -> tuple[float, s
         # Two prompts' scores on a question differ by the judge's noise on each (and by how the prompts
         # differ on it, which a retest cannot see: a lower bound).
         return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)"
-    return DEFAULT_DIFFERENCE_SD, "default: not measured; run `opro judge calibrate`"
+    return DEFAULT_DIFFERENCE_SD, ("default: not measured; `opro probe` measures it (`opro judge calibrate` with "
+                                   "--retest, a lower bound)")
 
 
 #: A pilot sd from fewer questions is too rough to plan by.
