@@ -445,7 +445,7 @@ def calibration_lines(config: Any, *, judge_seconds: float, task_seconds: float)
     for c in report.conditions:
         # Against the reference (near misses above all: what separates two good prompts): AUC, how often
         # the reference scored higher on the same question, and by how much.
-        vs = report.contrast(c.condition) if hasattr(report, "contrast") else None
+        vs = report.contrast(c.condition)
         shown = "" if vs is None or not vs.pairs else (
             f"; against the reference: AUC {_num(vs.auc, '.2f')}, reference higher in {vs.wins} of {vs.pairs}"
             + (f" ({vs.ties} tied)" if vs.ties else "") + f", mean drop {_num(vs.mean_drop)}")
@@ -856,13 +856,14 @@ def _task_limits(exp: Experiment, *, pilot: Sequence[Example], base: Effect, eff
     recall: dict[int, float] = {}
     mean_hit = mean_miss = None
     if answerable:
-        from opro.retrieval import is_hit, recall_at_k
+        from opro.retrieval import first_hits, recall_from
 
         top_k = cfg.rag.top_k
         ks = sorted({top_k, *(int(k) for k in (exp.search_space.choices.get("top_k", ()) if exp.search_space else ()))})
-        recall = recall_at_k(exp.retriever, [(e.query, e.reference_contexts) for _, e in answerable], ks=ks)
-        hits = {i: any(is_hit(ref, c.text) for c in exp.retriever.retrieve(e.query, top_k=top_k)
-                       for ref in e.reference_contexts) for i, e in answerable}
+        # One retrieval per question: recall at every k, and whether the configured top_k holds the passage.
+        firsts = first_hits(exp.retriever, [(e.query, e.reference_contexts) for _, e in answerable], k=max(ks))
+        recall = recall_from(firsts, ks=ks)
+        hits = {i: f is not None and f < top_k for (i, _), f in zip(answerable, firsts, strict=True)}
         hit_scores = [s for i, h in hits.items() if h and (s := base.scores[i]) is not None]
         miss_scores = [s for i, h in hits.items() if not h and (s := base.scores[i]) is not None]
         mean_hit = statistics.fmean(hit_scores) if hit_scores else None

@@ -581,6 +581,16 @@ def is_hit(reference: str, text: str, *, threshold: float = 0.5) -> bool:
     return context_overlap(reference, text) >= threshold
 
 
+def first_hits(retriever: Retriever, pairs: Iterable[tuple[str, Sequence[str]]], *, k: int) -> list[int | None]:
+    """For each ``(query, reference_contexts)`` pair, the rank (0-based) of the first of the top ``k``
+    retrieved chunks that holds a reference context, or None: one retrieval per query serves every k' <= k."""
+    out: list[int | None] = []
+    for query, refs in pairs:
+        got = retriever.retrieve(query, top_k=k)
+        out.append(next((r for r, c in enumerate(got) if any(is_hit(ref, c.text) for ref in refs)), None))
+    return out
+
+
 def recall_at_k(
     retriever: Retriever, pairs: Iterable[tuple[str, Sequence[str]]], *, ks: Sequence[int] = (1, 2, 3, 5)
 ) -> dict[int, float]:
@@ -588,14 +598,12 @@ def recall_at_k(
     items = list(pairs)
     if not items:
         raise DataError("recall_at_k needs at least one (query, reference_contexts) pair")
-    kmax = max(ks)
-    hits = dict.fromkeys(ks, 0)
-    for query, refs in items:
-        got = retriever.retrieve(query, top_k=kmax)
-        first = next((r for r, c in enumerate(got) if any(is_hit(ref, c.text) for ref in refs)), None)
-        for k in ks:
-            hits[k] += first is not None and first < k
-    return {k: hits[k] / len(items) for k in ks}
+    return recall_from(first_hits(retriever, items, k=max(ks)), ks=ks)
+
+
+def recall_from(firsts: Sequence[int | None], *, ks: Sequence[int]) -> dict[int, float]:
+    """recall@k for each k from :func:`first_hits`' ranks."""
+    return {k: sum(f is not None and f < k for f in firsts) / len(firsts) for k in ks}
 
 
 __all__ = [
@@ -613,8 +621,10 @@ __all__ = [
     "cached_chunks",
     "chunk_documents",
     "context_overlap",
+    "first_hits",
     "index_key",
     "is_hit",
     "recall_at_k",
+    "recall_from",
     "retrieve_top",
 ]
