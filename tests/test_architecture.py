@@ -24,10 +24,10 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _nodes(*, skip: Path) -> Iterator[tuple[str, ast.AST]]:
+def _nodes(*, skip: Path | None = None) -> Iterator[tuple[str, ast.AST]]:
     """Every AST node of every module outside ``skip`` (a file or a folder), with where it stands."""
     for path in PACKAGE.rglob("*.py"):
-        if path == skip or path.is_relative_to(skip):
+        if skip is not None and (path == skip or path.is_relative_to(skip)):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             yield f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}", node
@@ -257,7 +257,7 @@ def test_optuna_private_api_is_used_in_one_wrapper_only() -> None:
 def _string_lists() -> Iterator[tuple[str, frozenset[str]]]:
     """Every tuple, list or set literal of two or more strings and every ``Literal[...]`` of strings in
     opro/, as a set, with where it stands."""
-    for where, node in _nodes(skip=PACKAGE / "__no_such_path__"):
+    for where, node in _nodes():
         elts: list[ast.expr] = []
         if isinstance(node, ast.Tuple | ast.List | ast.Set):
             elts = list(node.elts)
@@ -311,7 +311,7 @@ def test_the_extra_metrics_are_named_by_the_metrics_themselves() -> None:
     named = {name: f"opro/{module}.py" for module, names in
              (("metrics", ("token_f1", "exact_match")), ("judges/yesno", ("faithfulness", "relevancy")))
              for name in names}
-    found = [where for where, node in _nodes(skip=PACKAGE / "__no_such_path__")
+    found = [where for where, node in _nodes()
              if isinstance(node, ast.Constant) and node.value in named
              and where.rpartition(":")[0].replace("\\", "/") != named[node.value]]
     assert not found, found
@@ -357,15 +357,12 @@ def _dimension_lists() -> list[str]:
 
     dims = set(names())
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "dimensions.py" and path.parent == PACKAGE:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            items = (node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set)
-                     else [k for k in node.keys if k is not None] if isinstance(node, ast.Dict) else [])
-            named = {e.value for e in items if isinstance(e, ast.Constant) and e.value in dims}
-            if len(named) >= 2:
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {sorted(named)}")
+    for where, node in _nodes(skip=PACKAGE / "dimensions.py"):
+        items = (node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set)
+                 else [k for k in node.keys if k is not None] if isinstance(node, ast.Dict) else [])
+        named = {e.value for e in items if isinstance(e, ast.Constant) and e.value in dims}
+        if len(named) >= 2:
+            found.append(f"{where}: {sorted(named)}")
     return found
 
 
