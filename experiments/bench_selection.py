@@ -52,7 +52,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -149,14 +149,21 @@ def measured_pairs(rng: np.random.Generator, n: int, *, shift: float, noise_sd: 
     return np.clip(a, 1, 5), np.clip(b, 1, 5)
 
 
+def solve(increasing: Callable[[float], float], target: float, *, lo: float, hi: float, steps: int) -> float:
+    """The x in [lo, hi] where the increasing function reaches ``target`` (bisection)."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if increasing(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
 def noise_for(paired_sd: float) -> float:
     """The per-answer judge noise whose paired differences (at equal quality) have sd ``paired_sd``."""
-    lo, hi = 0.01, 3.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        a, b = measured_pairs(np.random.default_rng(7), 200_000, shift=0.0, noise_sd=mid)
-        lo, hi = (mid, hi) if float(np.std(b - a)) < paired_sd else (lo, mid)
-    return (lo + hi) / 2
+    def sd(noise: float) -> float:
+        a, b = measured_pairs(np.random.default_rng(7), 200_000, shift=0.0, noise_sd=noise)
+        return float(np.std(b - a))
+
+    return solve(sd, paired_sd, lo=0.01, hi=3.0, steps=40)
 
 
 def true_mean(effect: float, n: int = 200_000, *, world: Kind = "rounded", initial: bool = False) -> float:
@@ -414,20 +421,16 @@ def power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dic
 
 def effect_for(difference: float, *, world: Kind = "rounded", noise_sd: float = 0.0) -> float:
     """The shift (judge points before rounding or clipping) whose mean judge score differs by ``difference``."""
-    def gap(shift: float) -> float:
-        if world == "measured":
-            a, b = measured_pairs(np.random.default_rng(11), 200_000, shift=shift, noise_sd=noise_sd)
-            return float(b.mean() - a.mean())
-        return true_mean(shift, n=50_000) - base
+    def measured_gap(shift: float) -> float:
+        a, b = measured_pairs(np.random.default_rng(11), 200_000, shift=shift, noise_sd=noise_sd)
+        return float(b.mean() - a.mean())
 
-    base, lo, hi = true_mean(0.0, n=50_000), difference * 2 - 0.5, 0.0
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        if gap(mid) < difference:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    if world == "measured":
+        gap = measured_gap
+    else:
+        base = true_mean(0.0, n=50_000)
+        gap = lambda shift: true_mean(shift, n=50_000) - base  # noqa: E731
+    return solve(gap, difference, lo=difference * 2 - 0.5, hi=0.0, steps=30)
 
 
 def cost_power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design: dict[str, Any],
