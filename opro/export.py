@@ -32,6 +32,7 @@ from opro.dimensions import DIMENSIONS, Value, dimension
 from opro.errors import ConfigError, DataError, PromptError
 from opro.llm import ROLES
 from opro.prompts import TEMPLATE_VARIABLES, QATemplate
+from opro.records import CommandRecord, Recorded
 from opro.redaction import redact
 from opro.rundir import RunDir
 from opro.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
@@ -62,6 +63,21 @@ class ExportResult:
     uri: str | None = None
     version: int | None = None
     alias: str | None = None
+    #: Where the export was recorded (:func:`export_record`; empty: not recorded).
+    recorded: tuple[Recorded, ...] = ()
+
+
+def export_record(prompt: ResolvedPrompt, result: ExportResult) -> CommandRecord:
+    """An export as one command record (``opro.kind = export``, named ``export <format>: <label>``): the
+    prompt and format as params, the registered version (``opro.registered``) as a tag, the files
+    written as the record's files (under ``export``)."""
+    params: dict[str, Any] = {"export.format": result.format, "export.prompt": prompt.spec[:500],
+                              "export.source": prompt.kind, "export.instruction": prompt.template.instruction[:500]}
+    tags = {"opro.spec": prompt.spec[:250]}
+    if result.uri is not None:
+        tags["opro.registered"] = result.uri + (f"@{result.alias}" if result.alias else "")
+    return CommandRecord(kind="export", name=f"export {result.format}: {prompt.label}", params=params, tags=tags,
+                         files={path: "export" for path in result.paths})
 
 
 def _models_from_config(config: OproConfig) -> dict[str, dict[str, Any]]:

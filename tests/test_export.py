@@ -290,3 +290,31 @@ def test_a_registered_configuration_keeps_its_settings_and_demonstrations(tmp_pa
     path.write_text(json.dumps(data))
     edited = resolve_prompt(str(path)).template
     assert edited.instruction == "Answer briefly." and edited.demos == template.demos and edited.top_k == 4
+
+
+def test_an_export_to_files_with_a_config_is_recorded_and_says_where(tmp_path: Path) -> None:
+    """An export that leaves a file or a registry version is one record (``opro.kind = export``) with its
+    files; an export to stdout, or one with --no-mlflow, records nothing."""
+    from fakes import experiment_config, mlflow_client, write_toml
+
+    from opro.cli import app
+
+    config = write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
+    runner = CliRunner()
+    li = runner.invoke(app, ["export", "text:Answer briefly.", "-c", str(config), "-f", "llamaindex"])
+    assert li.exit_code == 0, li.output
+    client = mlflow_client(config)
+    (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert run.data.tags["opro.kind"] == "export" and run.data.params["export.format"] == "llamaindex"
+    assert run.data.params["export.instruction"] == "Answer briefly."
+    assert f"recorded: MLflow run {run.info.run_id} in sqlite:///" in li.stderr
+    assert sorted(Path(a.path).name for a in client.list_artifacts(run.info.run_id, "export")) == [
+        "prompt.llamaindex.json", "prompt_llamaindex.py"]
+    reg = runner.invoke(app, ["export", "text:Answer briefly.", "-c", str(config), "-f", "mlflow", "--alias", "staging"])
+    assert reg.exit_code == 0, reg.output
+    runs = client.search_runs([client.get_experiment_by_name("t").experiment_id], order_by=["start_time DESC"])
+    assert len(runs) == 2 and runs[0].data.tags["opro.registered"] == "prompts:/qa-test/1@staging"
+    for args in (["-f", "text"], ["-f", "json", "-o", str(tmp_path / "p.json"), "--no-mlflow"]):
+        quiet = runner.invoke(app, ["export", "text:Answer briefly.", "-c", str(config), *args])
+        assert quiet.exit_code == 0 and "recorded:" not in quiet.output, quiet.output
+    assert len(client.search_runs([client.get_experiment_by_name("t").experiment_id])) == 2

@@ -40,6 +40,7 @@ def evaluate(
     metrics: str = typer.Option("", help="Extra metrics, comma-separated: faithfulness, relevancy, token_f1."),
     out: Path | None = typer.Option(None, help="Per-question table: .csv or .json (default: both, in <output_dir>/evaluate/)."),
     max_errors: int | None = typer.Option(None, help="Stop after this many failed questions (default: no limit)."),
+    mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Record the evaluation as an MLflow run."),
     no_progress: bool = _NO_PROGRESS,
 ) -> None:
     """Score one prompt on a split of the experiment's golden dataset with the correctness judge."""
@@ -47,7 +48,8 @@ def evaluate(
 
     out_console = console()
     done = evaluate_prompt(config, prompt=prompt, split=split, metrics=split_list(metrics), out=out,
-                           max_errors=max_errors, progress=False if no_progress else None, notice=out_console.print)
+                           max_errors=max_errors, progress=False if no_progress else None, mlflow=mlflow,
+                           notice=out_console.print)
     show_evaluation(out_console, done)
 
 

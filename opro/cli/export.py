@@ -35,17 +35,22 @@ def export(
     snippet: bool = typer.Option(
         True, "--snippet/--no-snippet", help=f"{'/'.join(SNIPPET_FORMATS)}: also write a .py snippet"
     ),
+    mlflow: bool = typer.Option(
+        True, "--mlflow/--no-mlflow", help="With --config: record an export to files or a registry as an MLflow run."
+    ),
 ) -> None:
     """Export a prompt as text, JSON, a LlamaIndex PromptTemplate, a DSPy signature or an MLflow registry version."""
     from opro.workflows.export import export_spec
 
     result = export_spec(spec, config=config, format=format, out=out, alias=alias, name=name,
-                         tracking_uri=tracking_uri, snippet=snippet)
+                         tracking_uri=tracking_uri, snippet=snippet, mlflow=mlflow)
     if result.content is not None:
         # Exactly the content (no added newline): `> prompt.txt` must round-trip byte for byte.
         typer.echo(result.content, nl=False)
     for path in result.paths:
         typer.echo(f"wrote {path}", err=True)
+    for recorded in result.recorded:
+        typer.echo(f"recorded: {recorded.where}", err=True)
     if result.uri:
         typer.echo(f"registered {result.uri}" + (f" (alias {result.alias}: prompts:/{result.uri.split('/')[1]}@{result.alias})" if result.alias else ""))
 

@@ -93,7 +93,7 @@ def show_evaluation(console: Any, done: PromptEvaluated) -> None:
     console.print(escape(done.report.summary()))
     console.print("per-question table: " + ", ".join(str(w) for w in done.written))
     for recorded in done.recorded:
-        console.print(recorded.where, markup=False, soft_wrap=True)
+        console.print(f"recorded: {recorded.where}", markup=False, soft_wrap=True)
 
 
 def show_comparison(console: Any, done: ComparisonRun) -> None:

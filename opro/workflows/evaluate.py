@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opro.dataset import SPLIT_NAMES
 from opro.errors import ConfigError
+from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
 
 if TYPE_CHECKING:
     from opro.evaluation_types import EvaluationReport
-    from opro.records import Recorded
     from opro.sources import ResolvedPrompt
     from opro.tracking.genai import GenAIRecord
 
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PromptEvaluated:
     """One prompt's evaluation on a split: its report, the per-question tables written, and where it
-    was recorded (``recorded``: its MLflow GenAI evaluation run where ``[tracking].genai`` is on)."""
+    was recorded (``recorded``: the evaluation's record, e.g. its MLflow run, then its MLflow GenAI
+    evaluation run where ``[tracking].genai`` is on)."""
 
     prompt: ResolvedPrompt
     split: str
@@ -40,22 +41,33 @@ def evaluate_prompt(
     out: Path | None = None,
     max_errors: int | None = None,
     progress: bool | None = None,
+    mlflow: bool = True,
+    recorders: Sequence[CommandRecorder] | None = None,
     notice: Callable[[str], None] = lambda _: None,
 ) -> PromptEvaluated:
     """Resolve ``prompt`` (best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:...) under the
     experiment ``config``, guard the held-out split (``notice`` hears what it was checked against),
-    evaluate it with the correctness judge and ``metrics``, log it as a GenAI evaluation run and write
-    its per-question table: ``out`` (.json or .csv), or both under ``<output_dir>/evaluate/``."""
+    evaluate it with the correctness judge and ``metrics``, write its per-question table (``out``, .json
+    or .csv, or both under ``<output_dir>/evaluate/``) and record it (:func:`evaluation_record`) through
+    ``recorders``, by default the config's (MLflow unless ``mlflow`` is off; with ``[tracking].genai``
+    also a GenAI evaluation run with a trace per question)."""
     from opro.evaluation import evaluate_examples
     from opro.experiment import Experiment
     from opro.guard import check_heldout
     from opro.judges import make_extra_metrics
     from opro.sources import resolve_prompt
+    from opro.tracking.commands import command_recorders
 
     if split not in SPLIT_NAMES:
         raise ConfigError(f"--split {split!r}: use one of {', '.join(SPLIT_NAMES)}")
     exp = Experiment.from_file(config, progress=progress)
     try:
+        if recorders is None:
+            recorders = command_recorders(exp.config, mlflow=mlflow)
+            if mlflow:  # a store that is down is said before the evaluation, not after it
+                from opro.tracking import check_server
+
+                check_server(exp.config.mlflow_uri, where="[tracking].mlflow_uri")
         resolved = resolve_prompt(prompt, config=exp.config)
         if split == "heldout":
             notice(check_heldout(exp.dataset, output_dir=exp.config.output_dir, embed=exp.paraphrase_embed()))
@@ -69,7 +81,7 @@ def evaluate_prompt(
             progress=exp.progress,
         )
         genai = None
-        if exp.config.tracking.genai:
+        if mlflow and exp.config.tracking.genai:
             from opro.tracking.genai import PromptEvaluation, genai_logger
 
             genai = genai_logger(exp).log_evaluations(
@@ -77,6 +89,7 @@ def evaluate_prompt(
                                   tags={"opro.spec": resolved.spec})],
                 dataset=exp.dataset, split=split, source="evaluate", run_name_prefix="evaluate: ",
             )
+        params = {k: v for k, v in exp.run_params().items() if not k.startswith("optimizer.")}
     finally:
         exp.close()
     if out is not None:
@@ -84,6 +97,30 @@ def evaluate_prompt(
     else:
         stem = exp.run_dir.evaluate / f"{split}-{resolved.kind}"
         written = [report.to_csv(stem.with_suffix(".csv")), report.to_json(stem.with_suffix(".json"))]
+    record = evaluation_record(report, prompt=resolved, split=split, files=written, params=params,
+                               genai_runs=() if genai is None else genai.run_ids)
+    recorded = record_all(recorders, record)
     return PromptEvaluated(prompt=resolved, split=split, report=report, written=tuple(written), genai=genai,
                            tracking_uri=exp.config.mlflow_uri,
-                           recorded=() if genai is None else genai.recorded(exp.config.mlflow_uri))
+                           recorded=recorded + (() if genai is None else genai.recorded(exp.config.mlflow_uri)))
+
+
+def evaluation_record(report: EvaluationReport, *, prompt: ResolvedPrompt, split: str, files: Sequence[Path],
+                      params: Mapping[str, Any] | None = None, genai_runs: Sequence[str] = ()) -> CommandRecord:
+    """One prompt's evaluation as one command record (``opro.kind = evaluation``, named ``evaluate
+    <split>: <label>``): ``params`` and the prompt and split, the judge's figures (on that split's
+    questions) and the extra metrics' means as metrics, the per-question tables as files; the GenAI
+    evaluation runs made beside it are tagged (``opro.genai_runs``)."""
+    all_params: dict[str, Any] = dict(params or {})
+    all_params.update({"evaluate.split": split, "evaluate.n_questions": report.n, "evaluate.prompt": prompt.spec,
+                       "evaluate.instruction": prompt.template.instruction[:500]})
+    metrics = finite_metrics({
+        "mean": report.mean, "pass_rate": report.pass_rate, "n_scored": report.n_scored,
+        "n_invalid": report.n_invalid, "n_errors": report.n_errors,
+        **{f"{name}_mean": v for name, v in report.metric_means().items()},
+    })
+    tags = {"opro.spec": prompt.spec, "opro.split": split}
+    if genai_runs:
+        tags["opro.genai_runs"] = ",".join(genai_runs)
+    return CommandRecord(kind="evaluation", name=f"evaluate {split}: {prompt.label}", params=all_params,
+                         metrics=metrics, tags=tags, files={path: "evaluate" for path in files})

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes import experiment_config, scripted_pool, write_toml
+from fakes import experiment_config, mlflow_client, scripted_pool, write_toml
 from typer.testing import CliRunner
 
 import opro.experiment
@@ -38,13 +38,25 @@ def test_optimize_then_evaluate(scripted_config: Path, tmp_path: Path) -> None:
     assert "heldout" in result.output
     rows = json.loads((tmp_path / "out" / "evaluate" / "heldout-run.json").read_text())
     assert rows  # the per-question table was written
+    # The evaluation is one record (opro.kind = evaluation): its split, figures and tables, and it says where.
+    client = mlflow_client(scripted_config)
+    exp_id = client.get_experiment_by_name("t").experiment_id
+    (run,) = client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")
+    assert run.data.tags["opro.split"] == "heldout" and run.data.params["evaluate.n_questions"] == "4"
+    assert run.data.metrics["mean"] == 5.0 and run.data.metrics["n_scored"] == 4
+    assert f"recorded: MLflow run {run.info.run_id}" in result.output
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id, "evaluate")) == [
+        "evaluate/heldout-run.csv", "evaluate/heldout-run.json"]
 
     out_csv = tmp_path / "init.csv"
     result = runner.invoke(
-        app, ["evaluate", str(scripted_config), "--prompt", "initial", "--split", "optimization", "--out", str(out_csv), "--no-progress"]
+        app, ["evaluate", str(scripted_config), "--prompt", "initial", "--split", "optimization", "--out", str(out_csv),
+              "--no-progress", "--no-mlflow"]
     )
     assert result.exit_code == 0, result.output
     assert len(out_csv.read_text().strip().splitlines()) == 1 + 3  # header + 3 optimization questions
+    assert "recorded:" not in result.output
+    assert len(client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")) == 1
 
 
 def test_cli_errors_are_clear(scripted_config: Path, tmp_path: Path) -> None:
