@@ -482,6 +482,19 @@ class GoldenDataset:
     def __len__(self) -> int:
         return len(self.examples)
 
+    def made_by(self) -> dict[str, dict[str, int]]:
+        """How many questions and how many reference answers each model (or person) wrote, as
+        ``{"questions": {"MODEL (TYPE)": n}, "answers": {...}}``; ``unknown`` where nothing says."""
+        out: dict[str, dict[str, int]] = {}
+        for what, attr in (("questions", "query_by"), ("answers", "reference_answer_by")):
+            counts: dict[str, int] = {}
+            for e in self.examples:
+                by = getattr(e, attr)
+                key = f"{by.get('model_name') or '?'} ({by.get('type') or '?'})" if by else "unknown"
+                counts[key] = counts.get(key, 0) + 1
+            out[what] = dict(sorted(counts.items()))
+        return out
+
     @property
     def content_hash(self) -> str:
         return content_hash(self.examples)

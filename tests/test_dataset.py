@@ -301,3 +301,16 @@ def test_split_keeps_a_shared_context_and_near_duplicates_in_one_split() -> None
     assert [len(record["questions"][n]) for n in SPLIT_NAMES] == [2, 10, 6, 14]
     assert set(record["normalized"]) == {"exemplar", "optimization", "validation"}
     assert record != split_record(ds.with_split(exemplar=2, optimization=10, validation=6, heldout=None, seed=1))
+
+
+def test_made_by_counts_who_wrote_the_questions_and_the_answers() -> None:
+    from opro.dataset import Example, GoldenDataset
+
+    llm = {"model_name": "qwen", "type": "ai"}
+    ds = GoldenDataset(examples=(
+        Example(query="a?", reference_answer="A.", query_by=llm, reference_answer_by={"type": "human"}),
+        Example(query="b?", reference_answer="B.", query_by=llm),
+        Example(query="c?", reference_answer="C."),
+    ))
+    assert ds.made_by() == {"questions": {"qwen (ai)": 2, "unknown": 1},
+                            "answers": {"? (human)": 1, "unknown": 2}}

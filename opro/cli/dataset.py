@@ -124,13 +124,8 @@ def dataset_show(
         console.print(f"split (seed {dataset.split.seed}): {sizes}")
     else:
         console.print("no split (create one with `opro dataset split`)")
-    for what, attr in (("questions", "query_by"), ("answers", "reference_answer_by")):
-        models: dict[str, int] = {}
-        for e in dataset.examples:
-            by = getattr(e, attr)
-            key = f"{by.get('model_name') or '?'} ({by.get('type') or '?'})" if by else "unknown"
-            models[key] = models.get(key, 0) + 1
-        console.print(f"{what} by: " + ", ".join(f"{k}: {v}" for k, v in sorted(models.items())))
+    for what, models in dataset.made_by().items():
+        console.print(f"{what} by: " + ", ".join(f"{k}: {v}" for k, v in models.items()))
     n_ctx = sum(1 for e in dataset.examples if e.reference_contexts)
     console.print(f"examples with reference contexts: {n_ctx}")
     # The examples as a listing, not a table: a query and its answer are paragraphs, a grid folds them.
