@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from opro.cli._common import _listing
 
 if TYPE_CHECKING:
+    from opro.llm import UsageByRole
     from opro.search import FinalistRecord, OptimizationResult
     from opro.workflows.compare import ComparisonRun
     from opro.workflows.evaluate import PromptEvaluated
@@ -72,7 +73,7 @@ def _result_table(result: OptimizationResult, *, title: str) -> tuple[Any, Any]:
     return table, _listing(texts)
 
 
-def _usage_table(usage: dict[str, dict[str, Any]]) -> Any:
+def _usage_table(usage: UsageByRole) -> Any:
     """Calls, cache hits, tokens and wall time per role."""
     from rich.table import Table
 
@@ -80,8 +81,8 @@ def _usage_table(usage: dict[str, dict[str, Any]]) -> Any:
     for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "wall s"):
         table.add_column(col, justify="right")
     for role, u in usage.items():
-        table.add_row(role, str(u["calls"]), str(u["cache_hits"]), str(u["prompt_tokens"]),
-                      str(u["completion_tokens"]), f"{u['wall_s']:.1f}")
+        table.add_row(role, str(u.get("calls", 0)), str(u.get("cache_hits", 0)), str(u.get("prompt_tokens", 0)),
+                      str(u.get("completion_tokens", 0)), f"{u.get('wall_s', 0.0):.1f}")
     return table
 
 

@@ -125,8 +125,8 @@ class OptimizationResult:
     initial_instruction: str
     initial_score: float | None
     history: tuple[CandidateRecord, ...]
-    #: :data:`~opro.llm.UsageByRole` (typed so once ``opro.cli``'s usage table takes it).
-    usage: dict[str, dict[str, Any]]
+    #: Calls, cache hits, tokens and wall time per role (the search's and its validation's).
+    usage: UsageByRole
     stopped_reason: str
     study_name: str
     wall_s: float
