@@ -326,7 +326,7 @@ def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: 
         "raw_gain": result.validation.winner.difference_raw if result.validation and result.validation.winner else None,
         "calls": usage.total_calls(),
         "saving": None if result.validation is None or result.validation.saving is None
-        else result.validation.saving.get("relative"),
+        else result.validation.saving.relative,
         "returned": result.best_instruction != INITIAL,
     }
 

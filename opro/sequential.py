@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,15 @@ class Look:
                 "mean_difference": self.mean_difference,
                 "boundary": None if math.isinf(self.boundary) else self.boundary,
                 "alpha_spent": self.alpha_spent, "p_value": self.p_value, "decision": self.decision}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Look:
+        """The look :meth:`as_dict` wrote (a null boundary: one it could not cross, ``inf``); the values as
+        stored, so that a stored look written again is the same."""
+        boundary = data["boundary"]
+        return cls(look=data["look"], n=data["n"], n_max=data["n_max"], statistic=data["statistic"],
+                   mean_difference=data["mean_difference"], boundary=math.inf if boundary is None else boundary,
+                   alpha_spent=data["alpha_spent"], p_value=data["p_value"], decision=data["decision"])
 
 
 def _flips(n: int, *, draws: int, seed: int) -> np.ndarray:

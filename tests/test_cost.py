@@ -180,13 +180,14 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
     v = result.validation
     assert v is not None and v.objective == "cost" and v.margin == 0.25 and v.winner is not None
     assert "briefly" in result.best_instruction and result.validated
-    assert v.saving is not None and v.saving["lower"] and v.saving["difference_ci"][1] < 0
-    assert v.saving["relative"] > 0.2  # 1 completion token instead of 12, weighted x4
+    assert v.saving is not None and v.saving.lower and v.saving.difference_ci is not None
+    assert v.saving.difference_ci[1] < 0
+    assert v.saving.relative is not None and v.saving.relative > 0.2  # 1 completion token instead of 12, weighted x4
     assert v.winner.difference == 0.0  # the same quality, question by question
     assert "lower cost per answer (task tokens, completion x4)" in result.headline()
     assert "not worse by more than 0.25 (p = " in result.headline()
     # The objective and the margin are in the decision's design (and so in its key).
-    assert v.design["objective"] == "cost" and v.design["margin"] == 0.25
+    assert v.design is not None and v.design.objective == "cost" and v.design.margin == 0.25
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["validation"]["saving"]["lower"] and summary["validation"]["objective"] == "cost"
     # The quality-cost front: in summary.json (and its copy in the study), drawn, and logged to MLflow.
@@ -223,7 +224,7 @@ def test_shorter_answers_worse_by_more_than_the_margin_return_the_initial_config
     chosen = next(f for f in v.finalists if f.chosen)
     # It was validated (the search could not tell), cheaper, and a point worse.
     assert "briefly" in chosen.instruction and chosen.difference == -1.0 and v.n_questions > 0
-    assert v.saving is not None and v.saving["lower"]
+    assert v.saving is not None and v.saving.lower
     assert "no finalist was shown cheaper and not worse than the initial configuration by more than 0.25" in v.verdict
     assert "the initial configuration is returned" in result.headline()
 

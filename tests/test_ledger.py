@@ -122,7 +122,7 @@ def test_seen_validation_label_re_decides_as_an_exploration_that_never_claims_a_
     warned = [r.getMessage() for r in caplog.records if "seen_validation = 'label'" in r.getMessage()]
     assert warned and "(validated: success at look" in warned[0] and "no gain is claimed" in warned[0]
     v = labelled.validation
-    assert v is not None and v.re_decided and v.looks[-1]["decision"] == "success"  # the test alone would claim
+    assert v is not None and v.re_decided and v.looks[-1].decision == "success"  # the test alone would claim
     assert v.winner is None and not any(f.significant for f in v.finalists)
     assert not labelled.validated and labelled.gain is None
     assert labelled.best_instruction == labelled.initial_instruction == "Answer the question."

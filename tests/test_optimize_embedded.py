@@ -60,8 +60,8 @@ def test_tiny_real_optimization(tmp_path: Path, embedded_task_llm: object, embed
     # (after the first question when the finalist is not ahead there: futility from the first look).
     assert result.score_basis == "validation" and result.validation is not None
     looks = result.validation.looks
-    assert result.validation.n_questions == looks[-1]["n"] in (1, 2) and not result.validated
-    assert looks[-1]["decision"] in ("futility", "end")
+    assert result.validation.n_questions == looks[-1].n in (1, 2) and not result.validated
+    assert looks[-1].decision in ("futility", "end")
     assert result.best_instruction == result.initial_instruction
     assert usage["task"].calls >= 2 and usage["judge"].calls >= 2 and usage["optimizer"].calls >= 1
     assert (tmp_path / "out" / "score_trajectory.png").exists()

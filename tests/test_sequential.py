@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from opro.sequential import (
+    Look,
     _stopped,
     conditional_estimate,
     decide,
@@ -30,6 +31,16 @@ def _run(d: np.ndarray, sizes: tuple[int, ...], *, alpha: float, futility: bool,
         if look.decision != "continue":
             break
     return looks
+
+
+def test_a_look_reads_back_from_its_stored_form() -> None:
+    """The study keeps looks as :meth:`Look.as_dict` gives them, a boundary that cannot be crossed as null."""
+    for boundary in (math.inf, 11.0):
+        look = Look(look=2, n=6, n_max=12, statistic=4.0, mean_difference=4 / 6, boundary=boundary,
+                    alpha_spent=0.0037, p_value=0.2, decision="continue")
+        stored = look.as_dict()
+        assert stored["boundary"] == (None if math.isinf(boundary) else boundary)
+        assert Look.from_dict(stored) == look and Look.from_dict(stored).as_dict() == stored
 
 
 def test_look_sizes_and_spending() -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, cast
 
-from opro.cost import CostSummary
+from opro.cost import CostSummary, CostUnit
 from opro.dimensions import Value
 from opro.llm.client import UsageByRole, UsageRecord
+from opro.search.design import ValidationDesign
+from opro.sequential import Look
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
 
@@ -81,6 +83,37 @@ class FinalistRecord:
 
 
 @dataclass(frozen=True)
+class CostSaving:
+    """With ``objective = "cost"``: the chosen finalist's cost per answer against the initial
+    configuration's, paired on the confirmation questions both answered."""
+
+    #: :attr:`opro.cost.CostModel.unit`: USD, or task tokens with completions weighted.
+    unit: CostUnit
+    n_pairs: int
+    #: The initial configuration's mean cost per answer on those questions.
+    initial_cost: float
+    #: Mean (finalist - initial) cost per answer and its t interval (None below 2 pairs).
+    difference: float
+    difference_ci: tuple[float, float] | None
+    #: The share of the initial cost saved, and its interval (the difference's divided by the initial
+    #: mean, taken as known); None where the initial cost is 0.
+    relative: float | None
+    relative_ci: tuple[float, float] | None
+    #: The interval is below 0: the finalist is cheaper on these questions.
+    lower: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """The form summary.json has always shown (intervals as lists)."""
+        return {
+            "unit": self.unit, "n_pairs": self.n_pairs, "initial_cost": self.initial_cost,
+            "difference": self.difference,
+            "difference_ci": None if self.difference_ci is None else list(self.difference_ci),
+            "relative": self.relative, "relative_ci": None if self.relative_ci is None else list(self.relative_ci),
+            "lower": self.lower,
+        }
+
+
+@dataclass(frozen=True)
 class ValidationResult:
     """The validation stage: finalists chosen on the selection questions, the chosen one and the
     initial instruction on the confirmation questions, one look after each batch."""
@@ -94,20 +127,38 @@ class ValidationResult:
     finalists: tuple[FinalistRecord, ...]
     winner: FinalistRecord | None
     verdict: str
-    #: Every look of the sequential test (:meth:`opro.sequential.Look.as_dict`), in order.
-    looks: tuple[dict[str, Any], ...] = ()
-    #: The design the decision was made under (alpha, looks, futility, selection questions, procedure).
-    design: Mapping[str, Any] = field(default_factory=dict)
+    #: Every look of the sequential test, in order.
+    looks: tuple[Look, ...] = ()
+    #: The design the decision was made under (alpha, looks, futility, selection questions, procedure;
+    #: summary.json shows :meth:`~opro.search.design.ValidationDesign.summary_json`); None when nothing
+    #: was validated.
+    design: ValidationDesign | None = None
     selection_questions: int = 0
     #: Made on questions whose verdict an earlier decision had drawn (``[optimizer].seen_validation =
     #: "label"``): an exploration, labelled so in ``verdict``; ``winner`` is None whatever the test said.
     re_decided: bool = False
     #: ``[optimizer].objective``; with "cost", ``margin`` and ``saving``: the chosen finalist's cost per
-    #: answer against the initial configuration's on the confirmation questions (difference, its t
-    #: interval, the share saved; ``lower``: the interval is below 0).
+    #: answer against the initial configuration's on the confirmation questions.
     objective: Literal["quality", "cost"] = "quality"
     margin: float | None = None
-    saving: Mapping[str, Any] | None = None
+    saving: CostSaving | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The stage as plain data, in the form summary.json has always had: the looks, design and
+        saving in their stored forms (not :func:`dataclasses.asdict`'s), the finalists' records and
+        the winner's instruction."""
+        # A quality decision's record stays as it was before objectives existed.
+        left_out = {"finalists", "winner", "design", *(("objective", "margin", "saving")
+                                                       if self.objective == "quality" else ())}
+        written = {"looks": tuple(x.as_dict() for x in self.looks),  # a tuple, as asdict gave it
+                   "saving": None if self.saving is None else self.saving.as_dict()}
+        return {
+            **{f.name: written[f.name] if f.name in written else getattr(self, f.name)
+               for f in fields(self) if f.name not in left_out},
+            "design": {} if self.design is None else self.design.summary_json(),
+            "finalists": [asdict(f) for f in self.finalists],
+            "winner": None if self.winner is None else self.winner.instruction,
+        }
 
 
 @dataclass(frozen=True)
@@ -207,14 +258,7 @@ class OptimizationResult:
             # Means per answered search question of the task calls (tokens, seconds, cost: opro.cost).
             "cost": {name: None if c is None else c.as_dict() for name, c in (
                 ("returned", self.cost_of(self.best_instruction)), ("initial", self.cost_of(self.initial_instruction)))},
-            "validation": None if v is None else {
-                **{k: val for k, val in asdict(v).items() if k not in ("finalists", "winner", "design")
-                   # a quality decision's record stays as it was before objectives existed
-                   and not (v.objective == "quality" and k in ("objective", "margin", "saving"))},
-                "design": dict(v.design),
-                "finalists": [asdict(f) for f in v.finalists],
-                "winner": None if v.winner is None else v.winner.instruction,
-            },
+            "validation": None if v is None else v.summary(),
             **({"pareto_front": [
                 {"instruction": r.instruction, "step": r.step, "index": r.index, "score": r.score,
                  "cost": r.cost.cost if r.cost else None, "params": dict(r.params)}
@@ -291,6 +335,7 @@ def optimism_points(result: OptimizationResult) -> list[dict[str, Any]]:
 __all__ = [
     "CandidateRecord",
     "CandidateStatus",
+    "CostSaving",
     "FinalistRecord",
     "OptimizationResult",
     "ValidationResult",

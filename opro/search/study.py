@@ -20,9 +20,12 @@ Study attributes::
     stopped:<step>            worker 0 stopped the search before this step (reason, token)
     validation:<sha>:<sha>    a prompt's per-question scores on a batch of validation questions
     validation_cost:<sha>:<sha>  the same answers' costs (:mod:`opro.cost`; None where a call failed)
-    validation_design         the validation decision's design (alpha, looks, finalists, questions)
-    validation_looks          every look of that decision (statistic, boundary, p-value, decision)
-    validation_history        earlier decisions of the study on other validation questions (design, looks)
+    validation_design         the validation decision's design (alpha, looks, finalists, questions;
+                              :meth:`opro.search.design.ValidationDesign.to_json`)
+    validation_looks          every look of that decision (statistic, boundary, p-value, decision;
+                              :meth:`opro.sequential.Look.as_dict`)
+    validation_history        earlier decisions of the study on other validation questions (design, looks;
+                              :meth:`opro.search.design.EarlierDecision.to_json`)
     validation_decisions      every validation decision's ledger record (questions, design, fingerprint, verdict)
     summary                   the lead's final summary (``opro compare best`` from the stores)
     split_record              the questions the optimization saw (the held-out guard)
@@ -59,8 +62,10 @@ from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest
 from opro.llm.client import UsageByRole
 from opro.locking import lease_alive, waiting_lock
 from opro.redaction import redact_url
+from opro.search.design import EarlierDecision, ValidationDesign
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, CandidateStatus
+from opro.sequential import Look
 
 #: Statuses a new process evaluates again: the endpoint failed, the budget ran out or the judge's
 #: replies could not be read (``incomplete``), not the candidate.
@@ -656,17 +661,17 @@ class SearchStudy:
     def save_validation_costs(self, instruction: str, queries: Sequence[str], costs: Sequence[float | None]) -> None:
         self.optuna.set_user_attr(_Key.validation_cost(instruction, queries), list(costs))
 
-    def validation_design(self) -> dict[str, Any] | None:
+    def validation_design(self) -> ValidationDesign | None:
         stored = self.optuna.user_attrs.get(_Key.VALIDATION_DESIGN)
-        return dict(stored) if isinstance(stored, Mapping) else None
+        return ValidationDesign.from_json(stored) if isinstance(stored, Mapping) else None
 
-    def validation_looks(self) -> list[dict[str, Any]]:
-        return [dict(x) for x in self.optuna.user_attrs.get(_Key.VALIDATION_LOOKS, [])]
+    def validation_looks(self) -> list[Look]:
+        return [Look.from_dict(x) for x in self.optuna.user_attrs.get(_Key.VALIDATION_LOOKS, [])]
 
-    def validation_history(self) -> list[dict[str, Any]]:
-        """Earlier decisions of this study, each ``{"design", "looks"}``, made on other validation
-        questions (the same questions cannot decide twice): kept, never overwritten."""
-        return [dict(x) for x in self.optuna.user_attrs.get(_Key.VALIDATION_HISTORY, [])]
+    def validation_history(self) -> list[EarlierDecision]:
+        """Earlier decisions of this study, made on other validation questions (the same questions
+        cannot decide twice): kept, never overwritten."""
+        return [EarlierDecision.from_json(x) for x in self.optuna.user_attrs.get(_Key.VALIDATION_HISTORY, [])]
 
     def validation_decisions(self) -> list[Decision]:
         """Every validation decision this study made (its ledger records: questions, design,
@@ -691,7 +696,7 @@ class SearchStudy:
         return [(f"study {name!r}", Decision.from_json(x))
                 for name, attrs in self._studies() for x in attrs.get(_Key.VALIDATION_DECISIONS, [])]
 
-    def _seen(self, decision: Decision, design: Mapping[str, Any]) -> tuple[Decision, str] | None:
+    def _seen(self, decision: Decision, design: ValidationDesign) -> tuple[Decision, str] | None:
         """An earlier decision of this study or any other of its storage that decided on too many of
         ``decision``'s questions under another key, and where (None for a re-decided one: it claims nothing)."""
         if decision.re_decided:
@@ -701,23 +706,24 @@ class SearchStudy:
             earlier = conflict(decision, recorded)
             if earlier is not None:
                 return earlier, f"study {name!r}"
-            other = attrs.get(_Key.VALIDATION_DESIGN)
-            if (not recorded and isinstance(other, Mapping) and other.get("questions") == design["questions"]
-                    and other.get("key") != design["key"]):
+            stored = attrs.get(_Key.VALIDATION_DESIGN)
+            other = ValidationDesign.from_json(stored) if not recorded and isinstance(stored, Mapping) else None
+            if other is not None and other.questions == design.questions and other.key != design.key:
                 # A decision recorded before decisions kept their questions: only the whole list compares.
-                legacy = Decision(scope=decision.scope, key=str(other.get("key")), questions=decision.questions,
-                                  design={k: other.get(k) for k in decision.design if k in other})
+                shown = other.to_json()
+                legacy = Decision(scope=decision.scope, key=str(other.key), questions=decision.questions,
+                                  design={k: shown[k] for k in decision.design if k in shown})
                 return legacy, f"study {name!r}"
         return None
 
-    def refuse_seen_validation(self, decision: Decision, design: Mapping[str, Any]) -> None:
+    def refuse_seen_validation(self, decision: Decision, design: ValidationDesign) -> None:
         """Raise :class:`ValidationReuse` when an earlier decision in this storage saw the verdict of
         too many of ``decision``'s questions under another design or fingerprint."""
         seen = self._seen(decision, design)
         if seen is not None:
             raise ValidationReuse(seen[0], decision, where=seen[1])
 
-    def begin_validation(self, design: Mapping[str, Any], decision: Decision) -> None:
+    def begin_validation(self, design: ValidationDesign, decision: Decision) -> None:
         """Record the design of the validation decision about to be made (and its ledger record),
         refusing a second decision on the same validation questions (more than
         :data:`opro.ledger.MAX_SEEN_SHARE` of them) under another design or fingerprint, in this study
@@ -725,12 +731,12 @@ class SearchStudy:
         min_coverage or the judge would otherwise test again on questions whose verdict it has seen."""
         self.refuse_seen_validation(decision, design)
         before = self.validation_design()
-        if before is not None and before.get("key") != design["key"]:
+        if before is not None and before.key != design.key:
             # A decision on other questions (a new validation split): the earlier one stays on record.
-            self.optuna.set_user_attr(_Key.VALIDATION_HISTORY, [
-                *self.validation_history(), {"design": before, "looks": self.validation_looks()}])
+            earlier = EarlierDecision(design=before, looks=tuple(self.validation_looks()))
+            self.optuna.set_user_attr(_Key.VALIDATION_HISTORY, [x.to_json() for x in (*self.validation_history(), earlier)])
             self.optuna.set_user_attr(_Key.VALIDATION_LOOKS, [])
-        self.optuna.set_user_attr(_Key.VALIDATION_DESIGN, dict(design))
+        self.optuna.set_user_attr(_Key.VALIDATION_DESIGN, design.to_json())
         if not any(d.key == decision.key for d in self.validation_decisions()):
             self._save_decisions([*self.validation_decisions(), decision])
 
@@ -741,11 +747,12 @@ class SearchStudy:
     def _save_decisions(self, decisions: Sequence[Decision]) -> None:
         self.optuna.set_user_attr(_Key.VALIDATION_DECISIONS, [d.to_json() for d in latest(decisions)])
 
-    def save_validation_look(self, look: Mapping[str, Any]) -> None:
+    def save_validation_look(self, look: Look) -> None:
         # Looks are made in order: a look made again (a rerun that re-asked questions whose judge
         # replies were unreadable) replaces the later ones the earlier attempt made.
-        looks = [x for x in self.validation_looks() if x.get("look", 0) < look.get("look", 0)]
-        self.optuna.set_user_attr(_Key.VALIDATION_LOOKS, sorted([*looks, dict(look)], key=lambda x: x["look"]))
+        looks = [x for x in self.validation_looks() if x.look < look.look]
+        self.optuna.set_user_attr(_Key.VALIDATION_LOOKS,
+                                  [x.as_dict() for x in sorted([*looks, look], key=lambda x: x.look)])
 
     def summary(self) -> dict[str, Any] | None:
         stored = self.optuna.user_attrs.get(_Key.SUMMARY)

@@ -43,15 +43,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opro.config import OptimizerSection
-from opro.cost import CostModel
+from opro.cost import CostModel, CostUnit
 from opro.engine import Scored
 from opro.errors import LLMError
 from opro.evaluation import QAExample
 from opro.evaluation_types import EvaluationRow
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now, short_hashes
+from opro.search.design import ValidationDesign
 from opro.search.metaprompt import normalize_instruction
-from opro.search.results import CandidateRecord, FinalistRecord, ValidationResult, quality_cost_front
+from opro.search.results import (
+    CandidateRecord,
+    CostSaving,
+    FinalistRecord,
+    ValidationResult,
+    quality_cost_front,
+)
 from opro.search.scoring import CandidateScorer
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
 from opro.sequential import Look, conditional_estimate, decide, interval_text, look_sizes, t_interval
@@ -172,11 +179,6 @@ class _Rows:
                 on_validated(label, instruction, tuple(self.rows[label]))
 
 
-#: ``min_coverage`` at its default is left out of a design's key, so decisions recorded before it was
-#: part of the design (at that default) are resumed, not refused.
-_MIN_COVERAGE_UNKEYED = 0.9
-
-
 def _question_hashes(queries: Sequence[str]) -> tuple[str, ...]:
     from opro.dataset import normalize_question, question_hash
 
@@ -187,18 +189,22 @@ def _fingerprint(study: SearchStudy) -> dict[str, str]:
     return {k: sha(v) for k, v in sorted(study.fingerprint().items())}
 
 
-def _decision(study: SearchStudy, design: dict[str, Any], queries: Sequence[str]) -> Decision:
+def _decision(study: SearchStudy, design: ValidationDesign, queries: Sequence[str]) -> Decision:
     """The ledger's record of the decision ``design`` describes, on ``queries`` (selection,
     confirmation and extension questions), under the study's fingerprint."""
     fingerprint = _fingerprint(study)
-    # A future objective or margin joins the design (and its key) like min_coverage, and is shown here.
-    shown: dict[str, Any] = {k: design[k] for k in ("alpha", "looks", "futility", "selection_questions", "min_coverage",
-                                                    "objective", "margin", "extension", "n_questions") if k in design}
-    shown["finalist instructions"] = sha(repr(design["finalists"]))
-    shown["initial instruction"] = sha(design["initial"])
-    shown["validation questions"] = design["questions"]
+    d = design
+    # The entries a design lacks (None: absent from its stored form) are not shown.
+    shown: dict[str, Any] = {k: v for k, v in (
+        ("alpha", d.alpha), ("looks", d.looks), ("futility", d.futility), ("selection_questions", d.selection_questions),
+        ("min_coverage", d.min_coverage), ("objective", d.objective), ("margin", d.margin),
+        ("extension", d.extension), ("n_questions", d.n_questions)) if v is not None}
+    # repr of the list the design stores (a tuple's would hash to another value).
+    shown["finalist instructions"] = sha(repr(list(d.finalists)))
+    shown["initial instruction"] = sha(d.initial)
+    shown["validation questions"] = d.questions
     return Decision(
-        scope="validation", key=sha(repr((design["key"], sorted(fingerprint.items())))),
+        scope="validation", key=sha(repr((d.key, sorted(fingerprint.items())))),
         questions=_question_hashes(queries), design=shown, fingerprint=fingerprint, where=f"study {study.name!r}",
         at=now(),
     )
@@ -262,7 +268,7 @@ def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: 
     return quality_cost_front(ok)
 
 
-def _saving(pick: Sequence[float | None], initial: Sequence[float | None], *, unit: str) -> dict[str, Any] | None:
+def _saving(pick: Sequence[float | None], initial: Sequence[float | None], *, unit: CostUnit) -> CostSaving | None:
     """The chosen finalist's cost per answer against the initial configuration's, paired on the
     confirmation questions both answered: the mean difference with its t interval, and as a share of
     the initial mean (the interval divided by that mean, taken as known: a first-order interval)."""
@@ -272,13 +278,12 @@ def _saving(pick: Sequence[float | None], initial: Sequence[float | None], *, un
     diffs = [x - y for x, y in pairs]
     base = sum(y for _, y in pairs) / len(pairs)
     mean, ci = sum(diffs) / len(diffs), t_interval(diffs)
-    return {
-        "unit": unit, "n_pairs": len(pairs), "initial_cost": base, "difference": mean,
-        "difference_ci": None if ci is None else list(ci),
-        "relative": -mean / base if base else None,
-        "relative_ci": None if ci is None or not base else [-ci[1] / base, -ci[0] / base],
-        "lower": ci is not None and ci[1] < 0,
-    }
+    return CostSaving(
+        unit=unit, n_pairs=len(pairs), initial_cost=base, difference=mean, difference_ci=ci,
+        relative=-mean / base if base else None,
+        relative_ci=None if ci is None or not base else (-ci[1] / base, -ci[0] / base),
+        lower=ci is not None and ci[1] < 0,
+    )
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -324,7 +329,7 @@ class _Opened:
     """The decision a validation stage makes, recorded as begun; ``reuse``: why it is only an
     exploration (``seen_validation = "label"`` on questions an earlier verdict saw), else None."""
 
-    design: dict[str, Any]
+    design: ValidationDesign
     decision: Decision
     reuse: ValidationReuse | None
 
@@ -363,7 +368,7 @@ class _Finding:
     #: What the sequential test says (coverage included), before the claim's other conditions.
     tested: bool
     claimed: bool
-    saving: dict[str, Any] | None
+    saving: CostSaving | None
     cheaper: bool
 
 
@@ -408,37 +413,29 @@ def _plan(settings: OptimizerSection, *, initial: str, finalists: Sequence[Candi
     )
 
 
-def _keyed(design: dict[str, Any]) -> dict[str, Any]:
-    """``design`` with its ``key``: every entry but ``min_coverage`` at its old default."""
-    kept = sorted((k, repr(v)) for k, v in design.items()
-                  if k != "key" and not (k == "min_coverage" and v == _MIN_COVERAGE_UNKEYED))
-    return {**design, "key": sha(repr(kept))}
-
-
-def _design(settings: OptimizerSection, plan: _Plan) -> dict[str, Any]:
+def _design(settings: OptimizerSection, plan: _Plan) -> ValidationDesign:
     """The decision's design, keyed: what a decision is resumed under, and refused under another."""
     s = settings
-    design = {
-        "alpha": s.alpha, "looks": len(plan.sizes), "futility": s.futility, "selection_questions": len(plan.selection),
-        "finalists": [ins for label, ins in plan.labels[1:]], "initial": plan.initial,
-        "n_questions": len(plan.validation),
-        "procedure": "chosen finalist vs initial: group-sequential one-sided sign-flip test, "
-                     "O'Brien-Fleming-type alpha spending, non-binding futility",
-        "questions": questions_key([e.query for e in plan.validation]),
-    }
-    if s.futility:  # earlier versions stopped from look 2: in the key, a decision is never resumed under another rule
-        design["futility_from_look"] = 1
-    if plan.extension:  # absent otherwise, so that designs recorded before extensions existed still match
-        design["extension"] = len(plan.extension)
-        design["extension_questions"] = questions_key([e.query for e in plan.extension])
-    if plan.by_cost:  # absent with "quality", so that designs recorded before objectives existed keep their key
-        design["objective"], design["margin"] = "cost", s.margin
-        design["procedure"] = (
+    procedure = ("chosen finalist vs initial: group-sequential one-sided sign-flip test, "
+                 "O'Brien-Fleming-type alpha spending, non-binding futility")
+    if plan.by_cost:
+        procedure = (
             "chosen finalist vs initial: non-inferiority by the margin (differences shifted by it), group-sequential "
             "one-sided sign-flip test, O'Brien-Fleming-type alpha spending, non-binding futility; and a lower cost "
             "per answer on the same questions (paired t interval below 0)")
-    design["min_coverage"] = s.min_coverage
-    return _keyed(design)
+    return ValidationDesign(
+        alpha=s.alpha, looks=len(plan.sizes), futility=s.futility, selection_questions=len(plan.selection),
+        finalists=tuple(ins for label, ins in plan.labels[1:]), initial=plan.initial,
+        n_questions=len(plan.validation), procedure=procedure,
+        questions=questions_key([e.query for e in plan.validation]), min_coverage=s.min_coverage,
+        # earlier versions stopped from look 2: in the key, a decision is never resumed under another rule
+        futility_from_look=1 if s.futility else None,
+        # None (absent) otherwise, so that designs recorded before extensions existed still match
+        extension=len(plan.extension) if plan.extension else None,
+        extension_questions=questions_key([e.query for e in plan.extension]) if plan.extension else None,
+        # None (absent) with "quality", so that designs recorded before objectives existed keep their key
+        objective="cost" if plan.by_cost else None, margin=s.margin if plan.by_cost else None,
+    ).keyed()
 
 
 def _open_decision(study: SearchStudy, *, plan: _Plan, settings: OptimizerSection,
@@ -460,7 +457,7 @@ def _open_decision(study: SearchStudy, *, plan: _Plan, settings: OptimizerSectio
             raise
         # Another decision than an unlabelled one of the same design (its own key), so that neither
         # can ever resume the other: a labelled verdict never becomes a claim.
-        reuse, design = exc, _keyed({**design, "re_decided": True})
+        reuse, design = exc, replace(design, re_decided=True).keyed()
         decision = replace(_decision(study, design, asked_queries), re_decided=True)
         _label_warning(reuse)
         if ledger is not None:
@@ -544,7 +541,7 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
                       last=k == len(plan.sizes), earlier=[x.boundary for x in looks], alpha=settings.alpha,
                       futility=settings.futility, seed=seed)
         looks.append(look)
-        study.save_validation_look(look.as_dict())
+        study.save_validation_look(look)
         logger.info("validation look %d/%d: %d pairs, mean difference %+.2f, p=%.3g: %s",
                     k, len(plan.sizes), look.n, look.mean_difference - shift, look.p_value, look.decision)
         if look.decision != "continue":
@@ -556,7 +553,7 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
 
 
 def _find(conf: _Confirmation, *, plan: _Plan, settings: OptimizerSection, reuse: ValidationReuse | None,
-          unit: str, seed: int) -> _Finding:
+          unit: CostUnit, seed: int) -> _Finding:
     """The gain (or saving) the confirmation shows, and whether it is claimed."""
     s = settings
     asked = conf.asked
@@ -566,7 +563,7 @@ def _find(conf: _Confirmation, *, plan: _Plan, settings: OptimizerSection, reuse
     diffs = [x - y for x, y in zip(a, b, strict=True)]
     tested = bool(covered and conf.final.decision == "success")  # what the test says
     saving = _saving(conf.pick_costs, conf.initial_costs, unit=unit) if plan.by_cost else None
-    cheaper = bool(saving and saving["lower"])
+    cheaper = saving is not None and saving.lower
     # A re-decided decision is an exploration: it claims nothing. A cost claim needs both halves.
     claimed = tested and reuse is None and (cheaper or not plan.by_cost)
     raw = sum(diffs) / len(diffs) if diffs else None
@@ -637,11 +634,11 @@ def _cost_texts(settings: OptimizerSection, *, conf: _Confirmation, finding: _Fi
     quality = f"quality {shown}" + (f" [{lo:+.2f}, {hi:+.2f}]" if finding.difference_ci else "")
     if saving is None:
         saved = "cost per answer not measured on these questions"
-    elif saving["relative"] is None or saving["relative_ci"] is None:
-        saved = f"cost per answer {saving['difference']:+.3g} ({unit})"
+    elif saving.relative is None or saving.relative_ci is None:
+        saved = f"cost per answer {saving.difference:+.3g} ({unit})"
     else:
-        r_lo, r_hi = saving["relative_ci"]
-        saved = f"{saving['relative']:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
+        r_lo, r_hi = saving.relative_ci
+        saved = f"{saving.relative:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
     why = {"futility": f"stopped for futility: not above -{s.margin:g}",
            "end": f"non-inferiority not shown: sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",
            }.get(final.decision, why)
@@ -749,8 +746,8 @@ def validate(
         finalists=records,
         winner=winner,
         verdict=verdict,
-        looks=tuple(x.as_dict() for x in conf.looks),
-        design={k: v for k, v in opened.design.items() if k not in ("finalists", "initial")},
+        looks=conf.looks,
+        design=opened.design,
         selection_questions=len(plan.selection),
         re_decided=opened.reuse is not None,
         objective=s.objective,

@@ -175,7 +175,7 @@ def test_validation_stage_reverts_to_the_initial_instruction(tmp_path: Path) -> 
     assert len(chosen) == 1 and chosen[0].validation_score == 3.0 and chosen[0].difference == 0.0
     assert not any(f.significant for f in r.validation.finalists)
     # Every difference is 0: the first look stops for futility instead of asking the other batches.
-    assert [look["decision"] for look in r.validation.looks] == ["futility"]
+    assert [look.decision for look in r.validation.looks] == ["futility"]
     assert "no finalist beat the initial instruction" in r.headline()
 
 
@@ -194,7 +194,7 @@ def test_a_validated_winner_reports_its_validation_score_not_its_search_score(tm
     assert winner is not None and winner.chosen and winner.p_value is not None and winner.p_value <= 0.05
     # +2 on every question is overwhelming: the test stops before asking all 20 confirmation questions.
     assert r.validation.selection_questions == 4
-    assert r.validation.looks[-1]["decision"] == "success" and winner.n_pairs < 20
+    assert r.validation.looks[-1].decision == "success" and winner.n_pairs < 20
     assert r.validation.n_questions == 4 + winner.n_pairs
 
 
@@ -274,12 +274,13 @@ def test_other_validation_questions_are_asked_and_the_earlier_decision_stays_on_
     assert second.validation is not None and first.validation is not None
     assert {q for q in asked if q.startswith("other question")}  # asked, not reused
     assert not any(q.startswith("val question") for q in asked)
-    assert second.validation.design["questions"] != first.validation.design["questions"]
+    assert second.validation.design is not None and first.validation.design is not None
+    assert second.validation.design.questions != first.validation.design.questions
     study = SearchStudy.load(f"sqlite:///{tmp_path / 'optuna-3.db'}", name="s3")
     assert study is not None
     history = study.validation_history()
-    assert [h["design"]["questions"] for h in history] == [first.validation.design["questions"]]
-    assert history[0]["looks"] == list(first.validation.looks)
+    assert [h.design.questions for h in history] == [first.validation.design.questions]
+    assert history[0].looks == first.validation.looks
     assert study.validation_looks() == list(second.validation.looks)
 
 
@@ -406,8 +407,8 @@ def test_a_rerun_cannot_shop_for_the_settings_that_claim_a_gain(tmp_path: Path) 
     study = SearchStudy.load(f"sqlite:///{tmp_path / 'optuna-0.db'}", name="s0")
     assert study is not None
     design, looks = study.validation_design(), study.validation_looks()
-    assert design is not None and design["alpha"] == 0.001 and looks and looks == list(first.validation.looks)
-    assert list(first.summary()["validation"]["looks"]) == looks and first.summary()["validation"]["design"]["alpha"] == 0.001
+    assert design is not None and design.alpha == 0.001 and looks and looks == list(first.validation.looks)
+    assert list(first.summary()["validation"]["looks"]) == [x.as_dict() for x in looks] and first.summary()["validation"]["design"]["alpha"] == 0.001
     for change in ({"alpha": 0.05}, {"alpha": 0.001, "validation_looks": 1}, {"alpha": 0.001, "finalists": 2}):
         with pytest.raises(ValidationReuse, match="already decided a verdict") as info:
             run(tmp_path, judge=judge, settings=change)
@@ -460,9 +461,9 @@ def test_a_finalist_still_ahead_after_the_split_is_confirmed_on_the_extension(tm
     r = run(tmp_path, judge=_extension_judge(lift), n_unused=25, settings={"validation_extension": 20})
     v = r.validation
     assert v is not None and r.validated
-    assert [x["n"] for x in v.looks] == [3, 6, 8, 28] and v.looks[-1]["decision"] == "success"
-    assert [x["decision"] for x in v.looks[:3]] == ["continue"] * 3 and v.looks[2]["p_value"] > 0.05
-    assert v.design["extension"] == 20 and v.design["looks"] == 4
+    assert [x.n for x in v.looks] == [3, 6, 8, 28] and v.looks[-1].decision == "success"
+    assert [x.decision for x in v.looks[:3]] == ["continue"] * 3 and v.looks[2].p_value > 0.05
+    assert v.design is not None and v.design.extension == 20 and v.design.looks == 4
     assert "20 of them from the extension" in v.verdict
     asked = {q for q in usage_questions if q.startswith("unused")}
     assert asked == {f"unused question 0-{i}?" for i in range(20)}  # the first 20 of the pool, no more
@@ -478,7 +479,7 @@ def test_a_finalist_behind_at_the_first_look_stops_there_and_never_asks_the_exte
     r = run(tmp_path, judge=_extension_judge(lift), n_unused=25)
     v = r.validation
     assert v is not None and not r.validated
-    assert [(x["n"], x["decision"]) for x in v.looks] == [(3, "futility")]
+    assert [(x.n, x.decision) for x in v.looks] == [(3, "futility")]
     assert not any(q.startswith("unused") for q in asked)
     # The budget keeps back the extension too: 2 x (3 finalists x 4 + 2 x (8 + 20)) = 136 calls.
     with pytest.raises(ConfigError, match=r"can take 136 task \+ judge calls \(12 questions and up to 20 extension"):
@@ -503,7 +504,8 @@ def test_a_rerun_under_another_min_coverage_cannot_re_decide_the_same_questions(
 
     first = run(tmp_path, judge=_coverage_judge, settings={"min_coverage": 0.9})
     assert first.validation is not None and not first.validated
-    assert first.validation.looks[-1]["decision"] == "success" and first.validation.design["min_coverage"] == 0.9
+    assert first.validation.looks[-1].decision == "success"
+    assert first.validation.design is not None and first.validation.design.min_coverage == 0.9
     with pytest.raises(ValidationReuse, match=r"min_coverage 0\.9 -> 0\.8") as info:
         run(tmp_path, judge=_coverage_judge, settings={"min_coverage": 0.8})
     said = str(info.value)

@@ -576,7 +576,7 @@ def test_a_prompt_whose_validation_batches_two_runs_scored_is_recorded_whole(tmp
     v = result.validation
     assert v is not None and result.validated
     chosen = next(i for i, f in enumerate(v.finalists, start=1) if f.chosen)
-    asked = val[4: 4 + v.looks[-1]["n"]]
+    asked = val[4: 4 + v.looks[-1].n]
     traced = _traced_questions(config)
     # The first run's looks went on past a pair it lacked (it asked more): what each prompt was asked
     # in either run is traced, once.

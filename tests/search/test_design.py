@@ -1,0 +1,121 @@
+"""The validation decision's design, typed: its stored form and its key are the ones written before it
+had a type, so stored studies, ledgers and keys read back and match."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from fakes import Ex
+
+from opro.config import OptimizerSection
+from opro.search.design import EarlierDecision, ValidationDesign
+from opro.search.results import CandidateRecord, CostSaving
+from opro.search.study import questions_key, sha
+from opro.search.validation import _design, _plan
+from opro.sequential import Look
+
+PROCEDURE = ("chosen finalist vs initial: group-sequential one-sided sign-flip test, "
+             "O'Brien-Fleming-type alpha spending, non-binding futility")
+
+
+def old_key(design: dict[str, Any]) -> str:
+    """The key as the validation stage computed it from the design's dict, before the design had a type:
+    every entry but the key, and but min_coverage at 0.9, as sorted (name, repr) pairs."""
+    kept = sorted((k, repr(v)) for k, v in design.items()
+                  if k != "key" and not (k == "min_coverage" and v == 0.9))
+    return sha(repr(kept))
+
+
+def made(settings: OptimizerSection, *, n_extension: int = 0) -> tuple[ValidationDesign, list[str], list[str]]:
+    """The design the validation stage makes for 2 finalists on 12 validation questions (and
+    ``n_extension`` questions in no split), and those questions."""
+    finalists = [CandidateRecord(step=1, instruction=f"Finalist {i}.", score=4.0 - i, n_scored=4, n_invalid=0,
+                                 n_errors=0, status="complete", trial_number=i) for i in range(2)]
+    validation = [f"val question {i}?" for i in range(12)]
+    extension = [f"unused question {i}?" for i in range(n_extension)]
+    plan = _plan(settings, initial="Answer the question.", finalists=finalists,
+                 validation_set=[Ex(q, "a") for q in validation], extension_set=[Ex(q, "a") for q in extension])
+    return _design(settings, plan), validation, extension
+
+
+def test_a_quality_design_is_stored_as_before_and_reads_back() -> None:
+    design, validation, _ = made(OptimizerSection(alpha=0.05, finalists=2, selection_questions=4))
+    # The dict the validation stage stored before the design had a type, in its order.
+    before: dict[str, Any] = {
+        "alpha": 0.05, "looks": 3, "futility": True, "selection_questions": 4,
+        "finalists": ["Finalist 0.", "Finalist 1."], "initial": "Answer the question.", "n_questions": 12,
+        "procedure": PROCEDURE, "questions": questions_key(validation), "futility_from_look": 1, "min_coverage": 0.9,
+    }
+    before["key"] = old_key(before)
+    stored = design.to_json()
+    assert stored == before and list(stored) == list(before)
+    assert ValidationDesign.from_json(stored) == design and ValidationDesign.from_json(stored).to_json() == stored
+    assert design.summary_json() == {k: v for k, v in before.items() if k not in ("finalists", "initial")}
+
+
+def test_a_cost_design_with_an_extension_is_stored_as_before_and_reads_back() -> None:
+    settings = OptimizerSection(objective="cost", margin=0.25, min_coverage=0.8, futility=False, validation_extension=5)
+    design, validation, extension = made(settings, n_extension=8)
+    assert design.objective == "cost" and design.extension == 5 and design.futility_from_look is None
+    before: dict[str, Any] = {
+        "alpha": 0.05, "looks": design.looks, "futility": False, "selection_questions": 4,
+        "finalists": ["Finalist 0.", "Finalist 1."], "initial": "Answer the question.", "n_questions": 12,
+        "procedure": design.procedure, "questions": questions_key(validation),
+        "extension": 5, "extension_questions": questions_key(extension[:5]), "objective": "cost", "margin": 0.25,
+        "min_coverage": 0.8,
+    }
+    before["key"] = old_key(before)
+    stored = design.to_json()
+    assert stored == before and list(stored) == list(before)
+    assert "non-inferiority by the margin" in design.procedure
+    assert ValidationDesign.from_json(stored) == design and ValidationDesign.from_json(stored).to_json() == stored
+
+
+def test_a_re_decided_design_has_its_own_key_as_before() -> None:
+    design, _, _ = made(OptimizerSection())
+    labelled = replace(design, re_decided=True).keyed()
+    # The stage added the entry to the keyed dict and keyed it again: the entry after the key.
+    before = {**design.to_json(), "re_decided": True}
+    assert labelled.to_json() == {**before, "key": old_key(before)} and list(labelled.to_json()) == list(before)
+    assert labelled.key != design.key
+    assert ValidationDesign.from_json(labelled.to_json()) == labelled
+
+
+def test_an_older_design_reads_back_with_its_stored_key() -> None:
+    """A design recorded before min_coverage, the futility rule's first look, extensions and objectives
+    were part of it: those entries stay absent, and its key is the one it was stored with."""
+    older: dict[str, Any] = {
+        "alpha": 0.05, "looks": 3, "futility": True, "selection_questions": 4,
+        "finalists": ["Finalist 0."], "initial": "Answer.", "n_questions": 36, "procedure": PROCEDURE,
+        "questions": "0123456789abcdef", "key": "stored-as-it-was",
+    }
+    design = ValidationDesign.from_json(older)
+    assert design.key == "stored-as-it-was" and design.to_json() == older
+    assert design.min_coverage is None and design.extension is None and design.objective is None
+    assert not design.re_decided
+    # Keyed again, it gets the key the old stage gave it; at min_coverage 0.9 the same one (it is left out).
+    assert design.keyed().key == old_key(older) == replace(design, min_coverage=0.9).keyed().key
+    assert replace(design, min_coverage=0.8).keyed().key != old_key(older)
+
+
+def test_an_earlier_decision_is_stored_as_before() -> None:
+    design, _, _ = made(OptimizerSection())
+    looks = (Look(look=1, n=3, n_max=8, statistic=3.0, mean_difference=1.0, boundary=math.inf, alpha_spent=0.001,
+                  p_value=0.125, decision="continue"),
+             Look(look=2, n=8, n_max=8, statistic=9.0, mean_difference=1.125, boundary=8.0, alpha_spent=0.05,
+                  p_value=0.01, decision="success"))
+    stored = {"design": design.to_json(), "looks": [x.as_dict() for x in looks]}
+    assert EarlierDecision(design=design, looks=looks).to_json() == stored
+    assert EarlierDecision.from_json(stored) == EarlierDecision(design=design, looks=looks)
+
+
+def test_a_cost_saving_is_shown_as_before() -> None:
+    saving = CostSaving(unit="tokens", n_pairs=4, initial_cost=20.0, difference=-5.0, difference_ci=(-7.0, -3.0),
+                        relative=0.25, relative_ci=(0.15, 0.35), lower=True)
+    assert saving.as_dict() == {
+        "unit": "tokens", "n_pairs": 4, "initial_cost": 20.0, "difference": -5.0, "difference_ci": [-7.0, -3.0],
+        "relative": 0.25, "relative_ci": [0.15, 0.35], "lower": True,
+    }
+    assert replace(saving, difference_ci=None, relative_ci=None).as_dict()["relative_ci"] is None
