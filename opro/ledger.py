@@ -16,6 +16,7 @@ normalized question, so overlap between any two decisions can be measured.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -188,10 +189,15 @@ class DecisionLedger:
             fh.write(("\n" if torn else "").encode() + (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
 
 
+def sha(text: str) -> str:
+    """The 16-hex-digit sha256 of ``text``: the digest that keys decisions, designs and questions sets."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def short_hashes(hashes: Sequence[str]) -> tuple[str, ...]:
     """Question hashes cut to 16 hex digits (64 bits: no collision among any dataset's questions)."""
     return tuple(h[:16] for h in hashes)
 
 
 __all__ = ["LEDGER_FILE", "MAX_SEEN_SHARE", "RE_DECIDED", "Decision", "DecisionLedger", "conflict", "latest", "now",
-           "short_hashes"]
+           "sha", "short_hashes"]

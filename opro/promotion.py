@@ -10,7 +10,6 @@ in the output folder, so an alias gets one error budget per held-out set.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -125,9 +124,7 @@ def _promotion_attempt(report: ComparisonReport, *, alias: str, registry: str, m
     """What identifies a promotion attempt: the alias, the held-out questions, and the family (the
     compared templates, the baseline, alpha, the coverage rule and, under ``--margin``, the margin)."""
     from opro.dataset import normalize_question, question_hash
-
-    def sha(text: str) -> str:
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    from opro.ledger import sha
 
     questions = sha(repr(sorted(question_hash(normalize_question(q)) for q in report.questions)))
     # Settings only where there are some: attempts recorded before settings existed keep their keys.

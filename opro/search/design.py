@@ -9,22 +9,16 @@ before this type existed reads back, and keys again, as it was.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opro.ledger import sha
 from opro.sequential import Look
 
 #: ``min_coverage`` at its default is left out of a design's key, so decisions recorded before it was
 #: part of the design (at that default) are resumed, not refused.
 _MIN_COVERAGE_UNKEYED = 0.9
-
-
-def _sha(text: str) -> str:
-    # opro.search.study.sha, which cannot be imported here: the study imports this module
-    # (tests/search/test_design.py checks that a key is the one the study's hash gives).
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -96,7 +90,7 @@ class ValidationDesign:
         """This design with its ``key``: a hash of every stored entry but ``min_coverage`` at its old default."""
         kept = sorted((k, repr(v)) for k, v in self.to_json().items()
                       if k != "key" and not (k == "min_coverage" and v == _MIN_COVERAGE_UNKEYED))
-        return replace(self, key=_sha(repr(kept)))
+        return replace(self, key=sha(repr(kept)))
 
     def summary_json(self) -> dict[str, Any]:
         """The form summary.json shows: the stored one without the instructions (the finalists are

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -58,7 +57,7 @@ import optuna
 from opro.cost import CallUsage, CostSummary
 from opro.dimensions import Value
 from opro.errors import ConfigError
-from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest
+from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest, sha
 from opro.llm.client import UsageByRole
 from opro.locking import lease_alive, waiting_lock
 from opro.redaction import redact_url
@@ -74,10 +73,6 @@ RETRY_STATUSES: frozenset[str] = frozenset({"failed", "budget", "incomplete"})
 
 class FingerprintMismatch(ConfigError):
     """The study was scored under other settings: resuming it would mix incomparable scores."""
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def questions_key(queries: Sequence[str]) -> str:
