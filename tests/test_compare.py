@@ -139,7 +139,7 @@ def test_cli_compare_defaults_to_best_vs_initial(run_config: Path, monkeypatch: 
     assert result.exit_code == 0, result.output
     assert "initial (baseline)" in result.output and "significant at 0.05" in result.output
     assert (run_config.parent / "out" / "compare" / "cli" / "report.json").is_file()
-    assert "comparison recorded: MLflow run " in result.output  # where the recorder says it recorded
+    assert "recorded: MLflow run " in result.output  # where the recorder says it recorded
     bad = CliRunner().invoke(app, ["compare", str(run_config), "--prompt", "nothere.txt", "--no-mlflow"])
     assert bad.exit_code == 2 and "no such file" in bad.output
 

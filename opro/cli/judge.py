@@ -94,4 +94,4 @@ def judge_calibrate(
     for path in done.paths.values():
         typer.echo(f"wrote {path}")
     for where in done.recorded:
-        typer.echo(where.where)
+        typer.echo(f"recorded: {where.where}")

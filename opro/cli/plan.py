@@ -58,4 +58,4 @@ def probe_command(
     for path in done.paths.values():
         typer.echo(f"wrote {path}")
     for where in done.recorded:
-        typer.echo(where.where)
+        typer.echo(f"recorded: {where.where}")

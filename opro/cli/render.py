@@ -111,7 +111,7 @@ def show_comparison(console: Any, done: ComparisonRun) -> None:
         console.print(f"- {report.judge_noise}", markup=False, soft_wrap=True)
     console.print(f"reports: {saved.directory}  (report.md, report.json, scores.csv, comparison.png)")
     for recorded in saved.recorded:
-        console.print(f"comparison recorded: {recorded.where}", markup=False, soft_wrap=True)
+        console.print(f"recorded: {recorded.where}", markup=False, soft_wrap=True)
     if saved.evaluation_run_ids:
         console.print(f"MLflow evaluation runs (one per prompt, per-question traces): {', '.join(saved.evaluation_run_ids)}")
     if done.decision is not None:
@@ -159,6 +159,6 @@ def show_outputs(console: Any, done: OptimizeRun) -> None:
     """Where worker 0's outputs are, where each tracker recorded the run, and its registered prompt."""
     result, cfg = done.result, done.config
     console.print(f"outputs: {cfg.output_dir}  ({', '.join(done.outputs)})")
-    console.print("\n".join(r.where for r in result.recorded))
+    console.print("\n".join(f"recorded: {r.where}" for r in result.recorded))
     if cfg.tracking.register_prompt:
         console.print(f"registered: prompts:/{cfg.prompt_name}@{cfg.tracking.prompt_alias}")
