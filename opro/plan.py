@@ -501,26 +501,36 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
 
 def check(plan: Mapping[str, Any], usage: Mapping[str, Mapping[str, Any]], *, wall_s: float) -> list[str]:
     """The plan (:meth:`Plan.as_dict`, as saved before the run) beside the run's usage: calls per
-    role (made + cache hits, since the plan counts requests) and wall time, with the difference."""
+    role (made + cache hits, since the plan counts requests) and wall time, with the difference.
+    Where the validation may ask more than it is expected to (its later looks, the extension), the
+    most it may ask is shown too, and a run within it is said to be so: a validation that went to its
+    last look is the plan kept, not missed."""
     out = []
-    total_est = total = 0.0
+    total_est = total = total_most = 0.0
     for r in plan.get("roles", []):
         u = usage.get(r["role"]) or {}
         est = r["search_calls"] + r["validation_calls"] + r["generation_calls"]
+        most = est - r["validation_calls"] + max(r["validation_calls"], r.get("validation_calls_max") or 0.0)
         got = float(u.get("calls", 0) + u.get("cache_hits", 0))
-        total_est, total = total_est + est, total + got
+        total_est, total, total_most = total_est + est, total + got, total_most + most
         if est or got:
-            out.append(f"  {r['role']}: planned {est:.0f} calls, made {got:.0f} ({_rel(got, est)})")
+            out.append(f"  {r['role']}: planned {_planned(est, most)} calls, made {got:.0f} ({_rel(got, est, most)})")
     planned_s = float(plan.get("seconds", 0.0))
-    out.insert(0, f"plan vs run: {total_est:.0f} calls planned, {total:.0f} made ({_rel(total, total_est)}); "
+    out.insert(0, f"plan vs run: {_planned(total_est, total_most)} calls planned, {total:.0f} made "
+                  f"({_rel(total, total_est, total_most)}); "
                   f"{_duration(planned_s)} planned, {_duration(wall_s)} taken ({_rel(wall_s, planned_s)})")
     return out
 
 
-def _rel(got: float, est: float) -> str:
+def _planned(est: float, most: float) -> str:
+    return f"{est:.0f}" if most <= est else f"{est:.0f} (at most {most:.0f})"
+
+
+def _rel(got: float, est: float, most: float = 0.0) -> str:
     if not est:
         return "n/a" if got else "as planned"
-    return f"{(got - est) / est:+.0%}"
+    within = "; within the most planned" if est < got <= most else ""
+    return f"{(got - est) / est:+.0%}{within}"
 
 
 __all__ = ["DEFAULT_DIFFERENCE_SD", "ChoiceCost", "CostPlan", "Plan", "RoleEstimate", "check", "make_plan"]

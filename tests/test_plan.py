@@ -42,7 +42,8 @@ def test_optimize_prints_its_plan_and_then_the_plan_beside_what_it_did(
         assert abs(made[role] - planned[role]) <= 0.2 * planned[role], (role, made[role], planned[role])
     assert sum(made.values()) == pytest.approx(sum(planned.values()), rel=0.2)
     lines = check(plan, usage, wall_s=1.0)
-    assert lines[0].startswith(f"plan vs run: {sum(planned.values()):.0f} calls planned, {sum(made.values())} made")
+    assert lines[0].startswith(f"plan vs run: {sum(planned.values()):.0f} ")
+    assert f"calls planned, {sum(made.values())} made" in lines[0]
 
 
 def test_the_plan_says_when_no_gain_can_be_claimed_or_confirmed(tmp_path: Path) -> None:
@@ -203,3 +204,16 @@ def test_the_plan_prices_each_open_choice_and_what_a_cost_objective_can_confirm(
     dearest = 120 + 0.8 * 4 * 256 + 4 * 70
     assert s.saving_range == pytest.approx((1 - dearest / s.initial.cost, 1 - cheapest / s.initial.cost))
     assert "expected saving across the space: " in "\n".join(small.lines())  # type: ignore[attr-defined]
+
+
+def test_a_validation_that_went_to_its_last_look_is_within_the_plan_not_beyond_it() -> None:
+    role = {"search_calls": 15, "validation_calls": 26.0, "validation_calls_max": 54.0, "generation_calls": 0.0}
+    plan = {"roles": [{"role": "task", **role}, {"role": "optimizer", "search_calls": 6.0, "validation_calls": 0.0,
+                                                   "validation_calls_max": 0.0, "generation_calls": 0.0}],
+            "seconds": 600.0}
+    lines = check(plan, {"task": {"calls": 66, "cache_hits": 3}, "optimizer": {"calls": 6, "cache_hits": 0}}, wall_s=540)
+    assert lines[1] == "  task: planned 41 (at most 69) calls, made 69 (+68%; within the most planned)"
+    assert lines[2] == "  optimizer: planned 6 calls, made 6 (+0%)"
+    assert lines[0].startswith("plan vs run: 47 (at most 75) calls planned, 75 made (+60%; within the most planned)")
+    beyond = check(plan, {"task": {"calls": 70, "cache_hits": 0}}, wall_s=540)
+    assert beyond[1] == "  task: planned 41 (at most 69) calls, made 70 (+71%)"
