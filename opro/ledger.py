@@ -190,7 +190,7 @@ class DecisionLedger:
 
 
 def sha(text: str) -> str:
-    """The 16-hex-digit sha256 of ``text``: the digest that keys decisions, designs and questions sets."""
+    """The 16-hex-digit sha256 of ``text``: the digest that keys decisions, designs and question sets."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
