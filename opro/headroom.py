@@ -45,7 +45,7 @@ from opro.dimensions import Value, dimension
 from opro.errors import DataError
 from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
 from opro.rundir import RunDir
-from opro.stats import compare_paired
+from opro.stats import compare_paired, questions_for_half_width
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -471,9 +471,12 @@ class Recommendation:
 
 
 def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float | None, objective: str,
-              probed_space: bool, questions: int) -> Recommendation:
+              probed_space: bool, questions: int, noise: tuple[float, str] | None = None,
+              available: int | None = None) -> Recommendation:
     """One recommendation from the verdicts: which dimensions to open, whether a quality gain of the
-    plan's detectable size is plausible, and when not, that the cost objective is where the gain is."""
+    plan's detectable size is plausible, and when not, that the cost objective is where the gain is.
+    ``noise``: the paired sd (and whose it is) at which to say how many pilot questions an undecided
+    contrast needs; ``available``: how many pilot questions exist."""
     groups: dict[str, list[Effect]] = {}
     for e in effects:
         groups.setdefault("wording" if e.dimension in ("wording", "format") else e.dimension, []).append(e)
@@ -502,8 +505,8 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
     elif "wording" in closed:
         lines.append("wording: inert here: a new instruction is unlikely to move the score")
     if undecided:
-        lines.append(f"undecided at {questions} questions: {', '.join(undecided)} (`--questions` with more "
-                     "pilot questions can decide)")
+        lines.append(f"undecided at {questions} questions: {', '.join(undecided)} ("
+                     + _to_decide(noise, within=max(INERT_WITHIN, detectable or 0.0), available=available) + ")")
     plausible: bool | None
     base = initial.mean
     if detectable is None:
@@ -534,6 +537,18 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
                         " and open the dimensions that make an answer cheaper (top_k, answer_max_tokens, demos)"))
     return Recommendation(open=opened, closed=closed, undecided=undecided, quality_plausible=plausible,
                           cost_objective=cost, lines=tuple(lines))
+
+
+def _to_decide(noise: tuple[float, str] | None, *, within: float, available: int | None) -> str:
+    """How many pilot questions would decide a contrast whose difference is near 0 (its interval inside
+    +-``within``, the looser of the inert rules), at the paired sd ``noise``."""
+    need = None if noise is None else questions_for_half_width(noise[0], within)
+    if noise is None or need is None:
+        return "`--questions` with more pilot questions can decide"
+    at = f"an interval inside ±{within:.2f} takes about {need} questions at paired sd {noise[0]:.2f} ({noise[1]})"
+    if available is not None and need > available:
+        return f"{at}; only {available} pilot questions exist: the pilot cannot decide it"
+    return f"`--questions {need}` can decide: {at}"
 
 
 # -- the result -----------------------------------------------------------------------------------
@@ -754,7 +769,7 @@ def questions_for(plan: Plan, *, contrasts: int, available: int, alpha: float) -
 def probe(experiment: Experiment, *, questions: int | None = None, progress: bool | None = None) -> ProbeResult:
     """Run the probe on an experiment (every call through its call cache): see the module docstring.
     ``questions``: pilot questions (default: within a fifth of the plan's search calls)."""
-    from opro.plan import make_plan
+    from opro.plan import MIN_PILOT, make_plan
     from opro.search.proposers.opro import build as build_opro
 
     exp, cfg = experiment, experiment.config
@@ -799,8 +814,12 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     # figure rests on an assumed sd until a run, a calibration or this probe measures one).
     detectable = judge.detectable_at_pilot_sd or plan.detectable
     judged = tuple(dataclasses.replace(e, verdict=verdict_of(e, detectable=detectable)) for e in effects[1:])
+    # The noise at which to size a pilot that decides: the one measured here where enough questions
+    # measured it, else the plan's (measured by a run or a calibration, or assumed: it says which).
+    noise = ((judge.pilot_sd, "the pilot's") if judge.pilot_sd is not None and judge.pilot_sd > 0 and n >= MIN_PILOT
+             else (judge.plan_sd, f"the plan's: {judge.plan_sd_basis}"))
     rec = recommend(judged, initial=base, detectable=detectable, objective=o.objective,
-                    probed_space=bool(space_contrasts), questions=n)
+                    probed_space=bool(space_contrasts), questions=n, noise=noise, available=len(pool))
     after = exp.usage.as_dict()
     calls = {r: c for r, c in _delta(after, before, "calls").items() if c}
     hits = _delta(after, before, "cache_hits")

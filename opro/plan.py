@@ -270,20 +270,21 @@ def _difference_sd(config: OproConfig, *, probed: bool = True) -> tuple[float, s
                                    "--retest, a lower bound)")
 
 
-#: A pilot sd from fewer questions is too rough to plan by.
-_MIN_PILOT = 6
+#: The fewest pilot questions whose paired sd `opro plan` (and the probe's sizing) takes as measured:
+#: from fewer it is too rough to plan by.
+MIN_PILOT = 6
 
 
 def _stored_probe(config: OproConfig) -> tuple[float, str] | None:
     """The paired sd ``opro probe`` measured on its pilot (the median over its contrasts), where its
-    task model and judge are this config's and its pilot had at least ``_MIN_PILOT`` questions."""
+    task model and judge are this config's and its pilot had at least ``MIN_PILOT`` questions."""
     try:
         data = json.loads(RunDir(config.output_dir).probe.read_text(encoding="utf-8"))
         sd, n = data["judge"]["pilot_sd"], int(data["pilot"]["n"])
         same = (data["task_model"], data["judge_model"]) == (config.models.task.model, config.models.judge.model)
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
-    if not same or not isinstance(sd, int | float) or sd <= 0 or n < _MIN_PILOT:
+    if not same or not isinstance(sd, int | float) or sd <= 0 or n < MIN_PILOT:
         return None
     return float(sd), f"opro probe's pilot ({n} questions, the median over its contrasts)"
 

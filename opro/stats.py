@@ -225,6 +225,29 @@ def t_mean_ci(
                               note=f"{n} questions: the interval reached past [{lo:g}, {hi:g}] and is clipped to it")
 
 
+def questions_for_half_width(sd: float, half_width: float, *, level: float = 0.95, most: int = 100_000) -> int | None:
+    """The fewest questions whose Student t interval of a mean (``level``) is at most ``half_width``
+    either side when the values' sd is ``sd``: how many a pilot needs before a difference near 0 can
+    be told from one of ``half_width``. None where ``sd`` or ``half_width`` is not positive or more
+    than ``most`` would be needed."""
+    from scipy.stats import t as student
+
+    if not (sd > 0 and half_width > 0):
+        return None
+    q = 0.5 + level / 2
+
+    def wide(n: int) -> bool:
+        return float(student.ppf(q, n - 1)) * sd / math.sqrt(n) > half_width
+
+    if wide(most):
+        return None
+    low, high = 2, most  # wide() falls as n grows: the first n that is not wide, by bisection
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if wide(mid) else (low, mid)
+    return low
+
+
 def paired_t_ci(
     a: Sequence[float], b: Sequence[float], *, level: float = 0.95, scale: tuple[float, float] | None = None,
     resolution: float = 0.0,
@@ -422,6 +445,7 @@ __all__ = [
     "paired_t_ci",
     "paired_valid",
     "permutation_test",
+    "questions_for_half_width",
     "t_mean_ci",
     "wilcoxon_signed_rank",
     "win_tie_loss",

@@ -4,6 +4,7 @@ validation or held-out questions, a rerun asks nothing, and the commands read wh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ from opro.headroom import (
     pilot_pool,
     probe,
     read_probe,
+    recommend,
     run_probe,
     stored_probe,
     verdict_of,
@@ -195,6 +197,26 @@ def test_the_verdict_rules() -> None:
     assert verdict_of(wide).text == "undecided at 20 questions: -0.03 [-0.46, +0.40]"
     assert verdict_of(wide, detectable=0.62).text.startswith("inert at the search's resolution: within ±0.62")
     assert verdict_of(_effect(-0.7, 0.4), detectable=0.62).kind == "undecided"
+
+
+def test_an_undecided_contrast_is_told_how_many_pilot_questions_would_decide_it() -> None:
+    from opro.stats import questions_for_half_width
+
+    wide, base = dataclasses.replace(_effect(-0.46, 0.40), verdict=verdict_of(_effect(-0.46, 0.40))), _effect(0, 0)
+    need = questions_for_half_width(0.61, 0.2)
+    assert need is not None and 30 < need < 45  # about (1.96 x 0.61 / 0.2)^2 = 36, a little more with t
+    said = recommend([wide], initial=base, detectable=0.17, objective="quality", probed_space=True, questions=20,
+                     noise=(0.61, "the pilot's"), available=120).lines
+    assert (f"undecided at 20 questions: top_k (`--questions {need}` can decide: an interval inside ±0.20 takes "
+            f"about {need} questions at paired sd 0.61 (the pilot's))") in said
+    # The looser rule counts (a search that confirms only +0.40 calls a contrast within it inert), and a
+    # pilot without enough questions is told that it cannot decide.
+    loose = recommend([wide], initial=base, detectable=0.4, objective="quality", probed_space=True, questions=20,
+                      noise=(0.61, "the pilot's"), available=6).lines
+    assert any(f"inside ±0.40 takes about {questions_for_half_width(0.61, 0.4)} questions" in x
+               and x.endswith("only 6 pilot questions exist: the pilot cannot decide it)") for x in loose), loose
+    assert any(x.endswith("(`--questions` with more pilot questions can decide)") for x in recommend(
+        [wide], initial=base, detectable=0.17, objective="quality", probed_space=True, questions=20).lines)
 
 
 def test_the_judge_section_shows_the_stored_calibration_or_how_long_it_takes(tmp_path: Path) -> None:

@@ -216,3 +216,17 @@ def test_the_permutation_test_alone_decides_significance() -> None:
     c = compare_paired([3 + x for x in d], [3.0] * len(d))
     assert c.permutation.p_value == pytest.approx(9 / 256) and c.wilcoxon.p_value > 0.05
     assert c.significant and "significant at 0.05" in c.verdict() and "Wilcoxon p=0.0938" in c.verdict()
+
+
+def test_the_fewest_questions_for_an_interval_half_width() -> None:
+    from scipy.stats import t as student
+
+    from opro.stats import questions_for_half_width
+
+    for sd, w in ((0.61, 0.2), (0.43, 0.14), (1.3, 0.5), (0.5, 2.0)):
+        n = questions_for_half_width(sd, w)
+        assert n is not None and n >= 2
+        assert student.ppf(0.975, n - 1) * sd / n**0.5 <= w  # wide enough ...
+        assert n == 2 or student.ppf(0.975, n - 2) * sd / (n - 1) ** 0.5 > w  # ... and one fewer is not
+    assert questions_for_half_width(0.0, 0.2) is None and questions_for_half_width(0.5, 0.0) is None
+    assert questions_for_half_width(100.0, 0.001, most=1000) is None
