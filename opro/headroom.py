@@ -45,7 +45,7 @@ from opro.dimensions import Value, dimension
 from opro.errors import DataError
 from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
 from opro.rundir import RunDir
-from opro.stats import compare_paired, questions_for_half_width
+from opro.stats import compare_paired, holm, questions_for_half_width
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -64,6 +64,8 @@ CEILING = 4.5
 FLOOR = 1.5
 #: A contrast whose whole 95% interval lies within +-this is inert.
 INERT_WITHIN = 0.2
+#: The level of the contrasts' tests (their intervals are 95%).
+ALPHA = 0.05
 #: The format instruction, appended to the initial one: does the answer length follow it?
 FORMAT_INSTRUCTION = "Answer in one sentence."
 #: Proposals asked of the optimizer LLM; at least this share unusable flags it.
@@ -108,6 +110,13 @@ class Contrast:
 class Verdict:
     kind: VerdictKind
     text: str
+    #: For ``moves`` and ``hurts`` among several contrasts: the sign-flip p adjusted by Holm over them
+    #: (each interval is 95% on its own, so one of several may exclude 0 by chance).
+    holm_p: float | None = None
+
+    @property
+    def may_be_chance(self) -> bool:
+        return self.holm_p is not None and self.holm_p > ALPHA
 
 
 @dataclass(frozen=True)
@@ -226,8 +235,10 @@ def measure_effects(
     return tuple(_effect(c, r, base, cost=cost) for c, r in zip(every, reports, strict=True))
 
 
-def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable: float | None = None) -> Verdict:
-    """What a contrast's interval says:
+def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable: float | None = None,
+               holm: tuple[float, int] | None = None) -> Verdict:
+    """What a contrast's interval says (``holm``: its sign-flip p adjusted over the probe's contrasts,
+    and how many there are; a ``moves`` or ``hurts`` that does not hold after it says it may be chance):
 
     - ``moves``: the 95% interval lies above 0 ("moves the score: +0.41 [+0.12, +0.70]");
     - ``hurts``: it lies below 0;
@@ -241,12 +252,15 @@ def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable
     if effect.difference is None or effect.low is None or effect.high is None or effect.n < 2:
         return Verdict("undecided", f"undecided: {effect.n} scored pair(s)")
     lo, hi, shown = effect.low, effect.high, effect.interval
+    chance = "" if holm is None or holm[0] <= ALPHA else (
+        f"; may be chance: p {holm[0]:.2g} after Holm over the {holm[1]} contrasts")
     if lo > 0:
         small = detectable is not None and hi < detectable
         return Verdict("moves", f"moves the score: {shown}"
-                       + (f", less than the search can confirm ({detectable:+.2f})" if small else ""))
+                       + (f", less than the search can confirm ({detectable:+.2f})" if small else "") + chance,
+                       holm_p=None if holm is None else holm[0])
     if hi < 0:
-        return Verdict("hurts", f"hurts: {shown}")
+        return Verdict("hurts", f"hurts: {shown}{chance}", holm_p=None if holm is None else holm[0])
     if -inert_within <= lo and hi <= inert_within:
         return Verdict("inert", f"inert here: within ±{inert_within:g} ({shown})")
     if detectable is not None and -detectable <= lo and hi <= detectable:
@@ -486,7 +500,8 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
     closed = tuple(d for d in kinds if d not in opened and d not in undecided)
 
     def moving(d: str) -> str:
-        return "; ".join(f"{e.label} {e.interval}" for e in groups[d] if e.verdict is not None and e.verdict.kind == "moves")
+        return "; ".join(f"{e.label} {e.interval}" + (", may be chance after Holm" if e.verdict.may_be_chance else "")
+                         for e in groups[d] if e.verdict is not None and e.verdict.kind == "moves")
 
     lines: list[str] = []
     space_open = [d for d in opened if d != "wording"]
@@ -717,7 +732,8 @@ def probe_signature(experiment: Experiment) -> str:
             "optimizer": {k: getattr(o, k) for k in ("proposer", "temperature", "max_tokens", "answer_format",
                                                       "max_instruction_chars", "exemplars", "finalists",
                                                       "validation_extension", "objective")},
-            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 1]}
+            # The last entry is the verdicts' version (2: a verdict says when it may be chance after Holm).
+            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 2]}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
 
 
@@ -813,7 +829,11 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     # The search's resolution at the noise measured here, where the pilot measured it (the plan's
     # figure rests on an assumed sd until a run, a calibration or this probe measures one).
     detectable = judge.detectable_at_pilot_sd or plan.detectable
-    judged = tuple(dataclasses.replace(e, verdict=verdict_of(e, detectable=detectable)) for e in effects[1:])
+    tested = [e.p for e in effects[1:] if e.p is not None]
+    adjusted = iter(holm(tested))
+    judged = tuple(dataclasses.replace(e, verdict=verdict_of(
+        e, detectable=detectable, holm=None if e.p is None or len(tested) < 2 else (next(adjusted), len(tested))))
+        for e in effects[1:])
     # The noise at which to size a pilot that decides: the one measured here where enough questions
     # measured it, else the plan's (measured by a run or a calibration, or assumed: it says which).
     noise = ((judge.pilot_sd, "the pilot's") if judge.pilot_sd is not None and judge.pilot_sd > 0 and n >= MIN_PILOT

@@ -197,6 +197,12 @@ def test_the_verdict_rules() -> None:
     assert verdict_of(wide).text == "undecided at 20 questions: -0.03 [-0.46, +0.40]"
     assert verdict_of(wide, detectable=0.62).text.startswith("inert at the search's resolution: within ±0.62")
     assert verdict_of(_effect(-0.7, 0.4), detectable=0.62).kind == "undecided"
+    # Each interval is 95% on its own: a verdict that does not hold after Holm over the contrasts says so.
+    chance = verdict_of(_effect(0.03, 0.53), holm=(0.14, 6))
+    assert chance.kind == "moves" and chance.may_be_chance
+    assert chance.text == "moves the score: +0.28 [+0.03, +0.53]; may be chance: p 0.14 after Holm over the 6 contrasts"
+    held = verdict_of(_effect(-0.79, -0.11), holm=(0.01, 6))
+    assert held.kind == "hurts" and not held.may_be_chance and held.text == "hurts: -0.45 [-0.79, -0.11]"
 
 
 def test_an_undecided_contrast_is_told_how_many_pilot_questions_would_decide_it() -> None:
