@@ -66,6 +66,9 @@ FLOOR = 1.5
 INERT_WITHIN = 0.2
 #: The level of the contrasts' tests (their intervals are 95%).
 ALPHA = 0.05
+#: The fewest pilot questions whose paired sd the plan (and the probe's sizing) takes as measured:
+#: from fewer it is too rough to plan by.
+MIN_PILOT = 6
 #: The format instruction, appended to the initial one: does the answer length follow it?
 FORMAT_INSTRUCTION = "Answer in one sentence."
 #: Proposals asked of the optimizer LLM; at least this share unusable flags it.
@@ -785,12 +788,12 @@ def questions_for(plan: Plan, *, contrasts: int, available: int, alpha: float) -
 def probe(experiment: Experiment, *, questions: int | None = None, progress: bool | None = None) -> ProbeResult:
     """Run the probe on an experiment (every call through its call cache): see the module docstring.
     ``questions``: pilot questions (default: within a fifth of the plan's search calls)."""
-    from opro.plan import MIN_PILOT, make_plan
+    from opro.plan import make_plan
     from opro.search.proposers.opro import build as build_opro
 
     exp, cfg = experiment, experiment.config
     o = cfg.optimizer
-    plan = make_plan(cfg, documents=lambda: exp.documents, probed=False)  # its verdicts never read an earlier probe
+    plan = make_plan(cfg, documents=lambda: exp.documents)  # its verdicts never read an earlier probe
     pool, n_optimization = pilot_pool(exp)
     _ = exp.search_space  # the demonstration pool (bootstrapped: answered and judged) before counting
     before = exp.usage.as_dict()
@@ -972,6 +975,20 @@ def read_probe(output_dir: Path) -> ProbeResult | None:
     return ProbeResult.from_dict(run.read_json(run.probe), where=str(run.probe))
 
 
+def pilot_noise(config: OproConfig) -> tuple[float, str] | None:
+    """The paired sd the stored probe measured on its pilot (the median over its contrasts) and whose it
+    is, for :func:`opro.plan.make_plan`: where its task model and judge are this config's (the noise is
+    theirs; other settings may differ) and its pilot had at least :data:`MIN_PILOT` questions."""
+    try:
+        found = read_probe(config.output_dir)
+    except DataError:  # an unreadable probe measured nothing a plan can use; `opro probe` rewrites it
+        return None
+    if (found is None or (found.task_model, found.judge_model) != (config.models.task.model, config.models.judge.model)
+            or found.judge.pilot_sd is None or found.judge.pilot_sd <= 0 or found.pilot.n < MIN_PILOT):
+        return None
+    return found.judge.pilot_sd, f"opro probe's pilot ({found.pilot.n} questions, the median over its contrasts)"
+
+
 def stored_probe(experiment: Experiment, *, questions: int | None = None) -> tuple[ProbeResult | None, str | None]:
     """The stored probe when it was made with this experiment's settings (and ``questions``, if given),
     else None and why (None, None: there is none)."""
@@ -1043,10 +1060,12 @@ def probe_record(result: ProbeResult, paths: Mapping[str, Path]) -> CommandRecor
 
 
 __all__ = [
+    "ALPHA",
     "CEILING",
     "FLOOR",
     "FORMAT_INSTRUCTION",
     "INERT_WITHIN",
+    "MIN_PILOT",
     "PROBE_SHARE",
     "Contrast",
     "Effect",
@@ -1062,6 +1081,7 @@ __all__ = [
     "check_proposal",
     "dimension_contrasts",
     "measure_effects",
+    "pilot_noise",
     "pilot_pool",
     "probe",
     "probe_or_stored",

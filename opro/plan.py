@@ -237,11 +237,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _difference_sd(config: OproConfig, *, probed: bool = True) -> tuple[float, str]:
+def _difference_sd(config: OproConfig, *, pilot_noise: tuple[float, str] | None = None) -> tuple[float, str]:
     """The paired per-question score difference's sd: measured on the last run's confirmation pairs
-    (what the test sees), else on ``opro probe``'s pilot (``probed``: its contrasts against the initial
-    configuration, by the same task model and judge), else from the judge's calibration (a lower
-    bound), else the default."""
+    (what the test sees), else ``pilot_noise`` (``opro probe``'s pilot: its contrasts against the initial
+    configuration, by the same task model and judge; :func:`opro.headroom.pilot_noise`), else from the
+    judge's calibration (a lower bound), else the default."""
     from opro.calibration import judge_signature, load_calibration
     from opro.errors import DataError
 
@@ -254,9 +254,8 @@ def _difference_sd(config: OproConfig, *, probed: bool = True) -> tuple[float, s
             sd = statistics.stdev(a - b for a, b in pairs)
             if sd > 0:
                 return sd, f"the last run's validation stage ({len(pairs)} pairs)"
-    probe = _stored_probe(config) if probed else None
-    if probe is not None:
-        return probe
+    if pilot_noise is not None:
+        return pilot_noise
     try:
         report = load_calibration(config.output_dir)
     except DataError:
@@ -268,25 +267,6 @@ def _difference_sd(config: OproConfig, *, probed: bool = True) -> tuple[float, s
         return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)"
     return DEFAULT_DIFFERENCE_SD, ("default: not measured; `opro probe` measures it (`opro judge calibrate` with "
                                    "--retest, a lower bound)")
-
-
-#: The fewest pilot questions whose paired sd `opro plan` (and the probe's sizing) takes as measured:
-#: from fewer it is too rough to plan by.
-MIN_PILOT = 6
-
-
-def _stored_probe(config: OproConfig) -> tuple[float, str] | None:
-    """The paired sd ``opro probe`` measured on its pilot (the median over its contrasts), where its
-    task model and judge are this config's and its pilot had at least ``MIN_PILOT`` questions."""
-    try:
-        data = json.loads(RunDir(config.output_dir).probe.read_text(encoding="utf-8"))
-        sd, n = data["judge"]["pilot_sd"], int(data["pilot"]["n"])
-        same = (data["task_model"], data["judge_model"]) == (config.models.task.model, config.models.judge.model)
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
-    if not same or not isinstance(sd, int | float) or sd <= 0 or n < MIN_PILOT:
-        return None
-    return float(sd), f"opro probe's pilot ({n} questions, the median over its contrasts)"
 
 
 def _last_summary(config: OproConfig) -> dict[str, Any] | None:
@@ -424,13 +404,14 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
 
 
 def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]] | None = None,
-              probed: bool = True) -> Plan:
+              pilot_noise: tuple[float, str] | None = None) -> Plan:
     """The plan of ``opro optimize`` for ``config`` (reads the output folder; makes no LLM call).
     ``documents``: the corpus, read only when the dataset is still to be generated from it (one
-    generator call per chunk); without it that count is left out. ``probed``: plan by a stored
-    probe's paired sd where no run measured one (the probe itself plans without its own)."""
+    generator call per chunk); without it that count is left out. ``pilot_noise``: the paired sd a
+    probe measured and whose it is (:func:`opro.headroom.pilot_noise`), planned by where no run
+    measured one."""
     o, s = config.optimizer, config.data.split
-    sd, sd_basis = _difference_sd(config, probed=probed)
+    sd, sd_basis = _difference_sd(config, pilot_noise=pilot_noise)
     warnings: list[str] = []
     validating = o.finalists > 0 and s.validation > 0
     finalists = min(o.finalists, 1 + o.steps * o.candidates_per_step)

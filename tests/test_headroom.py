@@ -319,6 +319,10 @@ def test_the_commands_probe_fold_the_verdict_into_the_plan_and_optimize_prints_i
     noisy = {**stored, "judge": {**stored["judge"], "pilot_sd": 0.66}}
     (tmp_path / "out" / "probe.json").write_text(json.dumps(noisy), encoding="utf-8")
     assert "paired score sd 0.66: opro probe's pilot (8 questions" in runner.invoke(app, ["plan", str(config)]).output
+    # Only a pilot of the same task model and judge, of 6 or more questions, measured this task's noise.
+    for other in ({**noisy, "judge_model": "another judge"}, {**noisy, "pilot": {**noisy["pilot"], "n": 5}}):
+        (tmp_path / "out" / "probe.json").write_text(json.dumps(other), encoding="utf-8")
+        assert "paired score sd 1.30: default" in runner.invoke(app, ["plan", str(config)]).output
     (tmp_path / "out" / "probe.json").write_text(json.dumps(stored), encoding="utf-8")
     optimized = runner.invoke(app, ["optimize", str(config), "--no-progress"])
     assert optimized.exit_code == 0, optimized.output

@@ -60,9 +60,10 @@ def compare_and_save(
         specs.insert(0, baseline)
     exp = Experiment.from_file(config, progress=progress)
     if split == "heldout":
+        from opro.headroom import pilot_noise
         from opro.plan import make_plan
 
-        notice("\n".join(make_plan(exp.config).compare_lines()))
+        notice("\n".join(make_plan(exp.config, pilot_noise=pilot_noise(exp.config)).compare_lines()))
     if mlflow or promote_alias:
         from opro.tracking import check_server
 

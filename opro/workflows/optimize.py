@@ -52,9 +52,10 @@ def parse_worker(text: str) -> tuple[int, int]:
 
 def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
     """Worker 0 says (and keeps) the plan, and the stored probe's verdict (never a new probe)."""
+    from opro.headroom import pilot_noise
     from opro.plan import make_plan
 
-    plan = make_plan(exp.config, documents=lambda: exp.documents)
+    plan = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp.config))
     notice("\n".join(plan.lines()))
     exp.run_dir.write_plan(plan.as_dict())
     if exp.run_dir.probe.is_file():

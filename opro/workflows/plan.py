@@ -26,6 +26,7 @@ def plan_experiment(config: str | Path, *, probe: bool = False, questions: int |
     """The plan of ``opro optimize config`` (no LLM call); with ``probe``, first the stored probe made with
     these settings, else a new one (``questions``: its pilot), so the plan takes the noise it measured."""
     from opro.experiment import Experiment
+    from opro.headroom import pilot_noise
     from opro.plan import make_plan
 
     exp = Experiment.from_file(config, progress=None if probe else False)
@@ -35,7 +36,8 @@ def plan_experiment(config: str | Path, *, probe: bool = False, questions: int |
             from opro.headroom import probe_or_stored
 
             probed, reused = probe_or_stored(exp, questions=questions)
-        made = make_plan(exp.config, documents=lambda: exp.documents)  # after the probe: planned by its noise
+        # After the probe: planned by the noise it measured.
+        made = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp.config))
     finally:
         exp.close()
     files = (exp.run_dir.probe, exp.run_dir.probe_report) if probed is not None else ()
