@@ -389,20 +389,20 @@ def require_shared_alexnet() -> Path:
     return SHARED_ALEXNET
 
 
-def run_together(fn: Callable[[], object], *, threads: int = 2, timeout_s: float = 60.0) -> list[BaseException]:
-    """Run ``fn`` in ``threads`` threads released at one instant (a barrier): what workers starting
-    together do. The exceptions they raised (none: an empty list)."""
+def run_together(fn: Callable[[int], object], *, threads: int = 2, timeout_s: float = 60.0) -> list[BaseException]:
+    """Run ``fn(i)`` in thread ``i`` of ``threads``, all released at one instant (a barrier): what
+    workers starting together do. The exceptions they raised (none: an empty list)."""
     start = threading.Barrier(threads)
     errors: list[BaseException] = []
 
-    def run() -> None:
+    def run(index: int) -> None:
         try:
             start.wait(timeout=timeout_s)
-            fn()
+            fn(index)
         except BaseException as exc:  # handed to the caller
             errors.append(exc)
 
-    started = [threading.Thread(target=run) for _ in range(threads)]
+    started = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for t in started:
         t.start()
     for t in started:

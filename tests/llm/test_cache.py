@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import threading
 from pathlib import Path
 
 from fakes import run_together
@@ -41,24 +40,15 @@ def test_persists_across_instances(tmp_path: Path) -> None:
 
 def test_many_threads_write_and_read(tmp_path: Path) -> None:
     cache = CallCache(tmp_path / "c.sqlite")
-    errors: list[BaseException] = []
 
     def work(t: int) -> None:
-        try:
-            for i in range(50):
-                key = f"t{t}-{i}"
-                cache.put(key, _completion(i))
-                hit = cache.get(key)
-                assert hit is not None and hit.text == f"answer {i}"
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        for i in range(50):
+            key = f"t{t}-{i}"
+            cache.put(key, _completion(i))
+            hit = cache.get(key)
+            assert hit is not None and hit.text == f"answer {i}"
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_together(work, threads=8) == []
     assert len(cache) == 400
     cache.close()
 
@@ -91,22 +81,14 @@ def test_two_processes_share_one_file(tmp_path: Path) -> None:
 
 def test_concurrent_callers_share_a_bounded_number_of_connections_and_see_their_own_writes(tmp_path: Path) -> None:
     cache = CallCache(tmp_path / "c.sqlite", max_readers=2)
-    errors: list[BaseException] = []
 
     def work(t: int) -> None:
-        try:
-            for i in range(30):
-                cache.put(f"t{t}-{i}", _completion(i))
-                hit = cache.get(f"t{t}-{i}")  # visible at once, committed or not
-                assert hit is not None and hit.text == f"answer {i}"
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        for i in range(30):
+            cache.put(f"t{t}-{i}", _completion(i))
+            hit = cache.get(f"t{t}-{i}")  # visible at once, committed or not
+            assert hit is not None and hit.text == f"answer {i}"
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_together(work, threads=16)
     assert errors == [] and cache._n_readers <= 2
     cache.delete("t0-0")
     assert cache.get("t0-0") is None
@@ -122,5 +104,5 @@ def test_openers_of_a_new_cache_file_at_the_same_instant_all_open_it(tmp_path: P
     loser's "database is locked" as "not a SQLite file" (20 fresh files, 2 threads each, a barrier)."""
     for i in range(20):
         path = tmp_path / f"calls-{i}.sqlite"
-        errors = run_together(lambda path=path: CallCache(path).close())
+        errors = run_together(lambda _, path=path: CallCache(path).close())
         assert not errors, (i, errors)

@@ -121,7 +121,7 @@ def test_concurrent_threads_requests_are_counted_safely() -> None:
     share = CpuShare(usable=UsableCores(frozenset(range(8)), None), load=_Load(0.0))  # type: ignore[arg-type]
     seen: list[int] = []
 
-    def run() -> None:
+    def run(_: int) -> None:
         for _ in range(200):
             with share.threads() as n:
                 seen.append(n)

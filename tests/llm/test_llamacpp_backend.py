@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
+from fakes import run_together
 
 from opro.errors import LLMBadRequestError
 from opro.llm import LLM, ChatClient, GenerationOptions, Message
@@ -88,21 +88,12 @@ def test_top_logprobs_with_logprobs_enabled(embedded_task_llm: LLM) -> None:
 def test_concurrent_callers_are_serialized(embedded_task_llm: LLM) -> None:
     assert embedded_task_llm.max_concurrency == 1
     results: dict[int, str] = {}
-    errors: list[BaseException] = []
     opts = GenerationOptions(temperature=0.0, max_tokens=6, seed=0)
 
     def call(i: int) -> None:
-        try:
-            results[i] = embedded_task_llm.generate((Message("user", f"Say the number {i + 2} only."),), opts).text
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        results[i] = embedded_task_llm.generate((Message("user", f"Say the number {i + 2} only."),), opts).text
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_together(call, threads=2, timeout_s=300) == []
     assert "2" in results[0] and "3" in results[1]
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 from collections.abc import Iterator
 
 import pytest
+from fakes import run_together
 from fault_server import FaultServer
 
 from opro.errors import LLMError
@@ -146,22 +146,11 @@ def test_calls_from_several_threads_get_their_own_replies(llm: LLM) -> None:
     calls = [(_ask(q), _greedy(12)) for q in QUESTIONS]
     alone = [llm.generate(m, o).text for m, o in calls]
     together: dict[int, str] = {}
-    errors: list[BaseException] = []
-    start = threading.Barrier(len(calls))
 
     def call(i: int) -> None:
-        try:
-            start.wait(timeout=30)
-            together[i] = llm.generate(*calls[i]).text
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        together[i] = llm.generate(*calls[i]).text
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert errors == []
+    assert run_together(call, threads=len(calls), timeout_s=300) == []
     assert [together.get(i) for i in range(len(calls))] == alone
 
 

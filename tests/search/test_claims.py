@@ -8,7 +8,6 @@ import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from fakes import history_of as _history_of
 from fakes import keyword_examples as _examples
 from fakes import keyword_optimizer as _optimizer
+from fakes import run_together
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError, LLMBadRequestError, OproError
@@ -47,23 +47,15 @@ def _jitter(rig: Any, seed: int) -> None:
 def _run_workers(tmp_path: Path, n: int, *, seed: int = 0) -> dict[int, Any]:
     """``n`` workers (threads, each with its own models and optimizer) on one SQLite study."""
     results: dict[int, Any] = {}
-    errors: list[BaseException] = []
 
     def work(index: int) -> None:
-        try:
-            opt, rig, program = _optimizer(tmp_path, **SETTINGS)
-            _jitter(rig, seed + index)
-            opt.worker_index, opt.num_workers, opt.worker_timeout_s = index, n, 60.0
-            results[index] = opt.optimize(program=program, optimization_set=_examples(6),  # type: ignore[arg-type]
-                                          exemplar_set=_examples(3), initial_instructions=["Answer the question."])
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        opt, rig, program = _optimizer(tmp_path, **SETTINGS)
+        _jitter(rig, seed + index)
+        opt.worker_index, opt.num_workers, opt.worker_timeout_s = index, n, 60.0
+        results[index] = opt.optimize(program=program, optimization_set=_examples(6),  # type: ignore[arg-type]
+                                      exemplar_set=_examples(3), initial_instructions=["Answer the question."])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    errors = run_together(work, threads=n, timeout_s=120)
     assert not errors, errors
     return results
 

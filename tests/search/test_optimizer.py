@@ -195,32 +195,17 @@ def test_resume_after_kill_loses_nothing_and_repeats_no_call(tmp_path: Path) -> 
 
 def test_two_workers_share_one_study(tmp_path: Path) -> None:
     """Worker 0 proposes; both workers evaluate their share of each step through the shared storage."""
-    import threading
-
     results: dict[int, object] = {}
-    errors: list[BaseException] = []
     rigs: dict[int, Rig] = {}
 
     def work(index: int) -> None:
-        try:
-            opt, rig, program = _optimizer(tmp_path, steps=2, candidates_per_step=4)
-            opt.worker_index, opt.num_workers, opt.worker_timeout_s = index, 2, 60.0
-            rigs[index] = rig
-            results[index] = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer.", "Reply."])  # type: ignore[arg-type]
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        opt, rig, program = _optimizer(tmp_path, steps=2, candidates_per_step=4)
+        opt.worker_index, opt.num_workers, opt.worker_timeout_s = index, 2, 60.0
+        rigs[index] = rig
+        results[index] = opt.optimize(program=program, optimization_set=_examples(2), initial_instructions=["Answer.", "Reply."])  # type: ignore[arg-type]
 
-    start = threading.Barrier(2)
-
-    def work_together(index: int) -> None:
-        start.wait(timeout=30)  # both open the fresh store at the same instant: the schema race
-        work(index)
-
-    threads = [threading.Thread(target=work_together, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    # Both open the fresh store at the same instant (run_together's barrier): the schema race.
+    errors = run_together(work, threads=2, timeout_s=120)
     assert not errors, errors
     r0, r1 = results[0], results[1]
     assert len(r0.history) == len(r1.history) == 2 + 2 * 4  # type: ignore[attr-defined]
@@ -287,7 +272,7 @@ def test_workers_racing_to_create_the_schema_of_a_fresh_store_all_open_it(tmp_pa
 
     for i in range(20):
         url = f"sqlite:///{tmp_path / f'optuna-{i}.db'}"
-        errors = run_together(lambda url=url: open_storage(url).engine.dispose())  # type: ignore[attr-defined]
+        errors = run_together(lambda _, url=url: open_storage(url).engine.dispose())  # type: ignore[attr-defined]
         assert not errors, (i, errors)
 
 

@@ -277,7 +277,7 @@ def test_workers_racing_to_create_the_schema_of_a_fresh_postgresql_store_all_ope
             db = f"race_{uuid.uuid4().hex[:8]}"
             with admin.connect() as conn:
                 conn.execute(text(f"CREATE DATABASE {db}"))
-            errors = run_together(lambda db=db: open_after_a_while(f"{postgres}/{db}"), threads=4)  # type: ignore[misc]
+            errors = run_together(lambda _, db=db: open_after_a_while(f"{postgres}/{db}"), threads=4)  # type: ignore[misc]
             assert not errors, (i, errors)
     finally:
         admin.dispose()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from fakes import experiment_config, mlflow_client, write_toml
+from fakes import experiment_config, mlflow_client, run_together, write_toml
 
 from opro.errors import ConfigError, LeakageError
 from opro.experiment import Experiment
@@ -295,8 +295,6 @@ def test_on_the_embedded_model_the_exports_answer_as_opro_does(tmp_path: Path, e
 
 
 def test_two_workers_evaluate_the_single_workers_configurations(searched: tuple[Path, object], tmp_path: Path) -> None:
-    import threading
-
     source, result = searched
     path = tmp_path / "space.toml"
     for name in ("space.toml", "qa.jsonl"):
@@ -304,22 +302,15 @@ def test_two_workers_evaluate_the_single_workers_configurations(searched: tuple[
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "alexnet.txt").write_text((source.parent / "docs" / "alexnet.txt").read_text())
     results: dict[int, object] = {}
-    errors: list[BaseException] = []
 
     def worker(i: int) -> None:
         exp = Experiment.from_file(path, pool=_pool(), progress=False)
         try:
             results[i] = exp.optimize(worker_index=i, num_workers=2)
-        except BaseException as exc:
-            errors.append(exc)
         finally:
             exp.close()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    errors = run_together(worker, threads=2, timeout_s=300)
     assert not errors, errors
     lead = results[0]
     assert [(r.instruction, dict(r.params)) for r in lead.history] == \

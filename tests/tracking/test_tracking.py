@@ -70,6 +70,6 @@ def test_workers_opening_a_new_store_at_the_same_instant_both_get_it(
         assert _empty_store_path().is_file()
     uri = f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}"
     names: list[list[str]] = []
-    errors = run_together(lambda: names.append([e.name for e in _client(uri).search_experiments()]), timeout_s=120)
+    errors = run_together(lambda _: names.append([e.name for e in _client(uri).search_experiments()]), timeout_s=120)
     assert not errors, errors
     assert names == [["Default"], ["Default"]]
