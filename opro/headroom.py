@@ -832,11 +832,13 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     # The search's resolution at the noise measured here, where the pilot measured it (the plan's
     # figure rests on an assumed sd until a run, a calibration or this probe measures one).
     detectable = judge.detectable_at_pilot_sd or plan.detectable
-    tested = [e.p for e in effects[1:] if e.p is not None]
-    adjusted = iter(holm(tested))
+    contrasted = effects[1:]
+    p_values = {i: e.p for i, e in enumerate(contrasted) if e.p is not None}
+    # Holm over the contrasts that have a p-value (one alone needs no adjustment).
+    adjusted = dict(zip(p_values, holm(list(p_values.values())), strict=True)) if len(p_values) > 1 else {}
     judged = tuple(dataclasses.replace(e, verdict=verdict_of(
-        e, detectable=detectable, holm=None if e.p is None or len(tested) < 2 else (next(adjusted), len(tested))))
-        for e in effects[1:])
+        e, detectable=detectable, holm=(adjusted[i], len(p_values)) if i in adjusted else None))
+        for i, e in enumerate(contrasted))
     # The noise at which to size a pilot that decides: the one measured here where enough questions
     # measured it, else the plan's (measured by a run or a calibration, or assumed: it says which).
     noise = ((judge.pilot_sd, "the pilot's") if judge.pilot_sd is not None and judge.pilot_sd > 0 and n >= MIN_PILOT
