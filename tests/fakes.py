@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -344,11 +345,19 @@ def mlflow_client(config: Path) -> Any:
 FAULT_KEY = "sk-fault-test-0123456789abcdef"
 
 
+def _default_sigint() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and a child
+    # inherits that: Python then never raises KeyboardInterrupt. A user's Ctrl-C reaches opro with
+    # the default disposition, so the child gets that, however pytest was started.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def opro_process(*args: str, **kwargs: object) -> subprocess.Popen[str]:
-    """``opro ARGS`` in a child process with OPRO_FAULT_KEY set; stdout and stderr together."""
+    """``opro ARGS`` in a child process with OPRO_FAULT_KEY set and SIGINT at its default (as from a
+    terminal, whatever started the tests); stdout and stderr together."""
     env = {**os.environ, "OPRO_FAULT_KEY": FAULT_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     return subprocess.Popen(
-        [sys.executable, "-c", "from opro.cli import main; main()", *args],
+        [sys.executable, "-c", "from opro.cli import main; main()", *args], preexec_fn=_default_sigint,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs,  # type: ignore[call-overload]
     )
 

@@ -1,7 +1,7 @@
 """The browser check: the MLflow UI, rendered by headless Chromium, shows the comparison question by question.
 
-Chromium is part of the test environment (.ci/run installs Debian's ``chromium``): when it is
-missing the test fails, saying how to install it, rather than skipping.
+Chromium is a system package (Debian's ``chromium``): where it is missing these tests are skipped,
+naming it and the command that installs it; in CI (``CI`` set, and .ci/run installs it) they fail.
 """
 
 from __future__ import annotations
@@ -11,19 +11,27 @@ from typing import Any
 
 import pytest
 from fakes import mlflow_client as _client
+from fakes import unavailable
 
 from opro.errors import OproError
 
 
-def test_the_evaluation_run_comparison_page_shows_every_question(
-    genai_compared: tuple[Path, Any, Any], tmp_path: Path
-) -> None:
-    from uicheck import check_evaluation_ui, find_chromium
+@pytest.fixture
+def chromium() -> str:
+    """Chromium's executable (or :func:`fakes.unavailable`, naming the package)."""
+    from uicheck import find_chromium
 
     try:
-        find_chromium()
+        return find_chromium()
     except OproError as exc:
-        pytest.fail(f"the browser check needs Chromium: {exc}")
+        unavailable(f"the browser check needs Chromium: {exc}")
+
+
+def test_the_evaluation_run_comparison_page_shows_every_question(
+    chromium: str, genai_compared: tuple[Path, Any, Any], tmp_path: Path
+) -> None:
+    from uicheck import check_evaluation_ui
+
     config, report, saved = genai_compared
     client = _client(config)
     baseline, best = saved.evaluation_run_ids
@@ -45,7 +53,7 @@ def test_the_evaluation_run_comparison_page_shows_every_question(
 
 
 def test_the_ui_shows_the_datasets_and_each_evaluation_runs_prompt_version(
-    genai_compared: tuple[Path, Any, Any],
+    chromium: str, genai_compared: tuple[Path, Any, Any],
 ) -> None:
     """The rest of what a user of MLflow 3 looks for, as the browser renders it: the experiment's
     evaluation datasets (one per split), and on each compared prompt's evaluation run the registered

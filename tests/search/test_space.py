@@ -294,8 +294,28 @@ def test_on_the_embedded_model_the_exports_answer_as_opro_does(tmp_path: Path, e
     assert module(question=question).answer == opro_answer
 
 
-def test_two_workers_evaluate_the_single_workers_configurations(searched: tuple[Path, object], tmp_path: Path) -> None:
+def test_two_workers_evaluate_the_single_workers_configurations(
+        searched: tuple[Path, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import opro.search.steps
+
     source, result = searched
+    # Scripted calls are instant, so whichever worker reaches a step first could take all of it (a
+    # slot that would idle claims the next candidate). Worker 0 claims step 1 only once worker 1 has
+    # claimed there: an event, not a race that load decides.
+    worker_1_claimed = threading.Event()
+    claim = opro.search.steps.claim
+
+    def claim_after_worker_1(study: object, **kw: object) -> list:  # type: ignore[type-arg]
+        if kw["worker"] == 0 and kw["step"] == 1 and kw.get("part") is None:
+            assert worker_1_claimed.wait(timeout=120), "worker 1 never claimed a candidate of step 1"
+        won = claim(study, **kw)  # type: ignore[arg-type]
+        if kw["worker"] == 1 and kw["step"] >= 1 and won:
+            worker_1_claimed.set()
+        return won
+
+    monkeypatch.setattr(opro.search.steps, "claim", claim_after_worker_1)
     path = tmp_path / "space.toml"
     for name in ("space.toml", "qa.jsonl"):
         (tmp_path / name).write_text((source.parent / name).read_text())
