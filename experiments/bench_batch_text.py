@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 
 from opro.config import load_config
-from opro.dataset import load_dataset
+from opro.data.dataset import load_dataset
 from opro.experiment import Experiment
 from opro.llm import ChatClient
 from opro.llm.llamacpp import LlamaCppLLM
 from opro.llm.packs import model_path
-from opro.rag import RAGProgram
+from opro.program.rag import RAGProgram
 
 INSTRUCTIONS = (
     "You are a QA assistant. Given the context information and not prior knowledge, answer the query.",

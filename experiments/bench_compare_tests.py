@@ -13,7 +13,7 @@ effect differs per question, helping some and hurting others, with mean ``effect
 
     python experiments/bench_compare_tests.py --coverage --sims 4000
 
-No LLM is called; the tests and intervals are opro.stats' own.
+No LLM is called; the tests and intervals are opro.stats.paired' own.
 """
 
 from __future__ import annotations
@@ -23,8 +23,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from opro.comparison import RESOLUTION, SCALE
-from opro.stats import bootstrap_mean_ci, paired_t_ci, permutation_test, t_mean_ci, wilcoxon_signed_rank
+from opro.heldout.report import RESOLUTION, SCALE
+from opro.stats.paired import (
+    bootstrap_mean_ci,
+    paired_t_ci,
+    permutation_test,
+    t_mean_ci,
+    wilcoxon_signed_rank,
+)
 
 World = Literal["rounded", "realistic"]
 #: The realistic world (bench_selection's uses the same numbers): a question is hard (level 1.7) or

@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_batch_text import INSTRUCTIONS
 
 from opro.config import load_config
-from opro.dataset import load_dataset
+from opro.data.dataset import load_dataset
 from opro.experiment import Experiment
 from opro.llm import ChatClient
 from opro.llm.llamacpp import LlamaCppLLM, _put
 from opro.llm.packs import model_path
-from opro.rag import RAGProgram
+from opro.program.rag import RAGProgram
 
 TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
 

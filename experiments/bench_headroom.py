@@ -12,12 +12,12 @@ its retriever's top_k) and each change alone:
 * ``demos-K``: the initial instruction with K worked examples from the exemplar split (question, its
   reference context, else its retrieved one, cut to ``--demo-chars``, its reference answer), each in
   the template's own fields
-  before the question (:class:`opro.prompts.Demo`), never pasted into the instruction;
+  before the question (:class:`opro.program.prompts.Demo`), never pasted into the instruction;
 * ``top_k-K``: the initial instruction with K retrieved chunks instead of the config's;
 * ``chunk_size-N``: the initial instruction over the corpus chunked at N tokens (indexed once, kept);
 * ``instruction-N``: the N-th ``--instruction`` in place of the initial one.
 
-With ``[data].not_in_context`` (:mod:`opro.withheld`) a share of the questions cannot be answered
+With ``[data].not_in_context`` (:mod:`opro.data.withheld`) a share of the questions cannot be answered
 from the corpus: their reference says so and the judge scores them by that requirement's rule.
 
 Held-out questions: the config's held-out split, then the questions in no split that a validation
@@ -26,7 +26,7 @@ was seen by a search, chose a demo or was an exemplar. Each change is paired wit
 configuration by question: mean difference with its 95% interval (Student t on the 1-5 scale, as
 ``opro compare`` and ``opro probe`` make it), win/tie/loss and the two-sided sign-flip permutation
 p-value (the test ``opro compare`` decides by). The measurement is ``opro probe``'s own
-(:func:`opro.headroom.measure_effects`); this script chooses the questions (held-out, not the probe's
+(:func:`opro.probe.headroom.measure_effects`); this script chooses the questions (held-out, not the probe's
 pilot) and the changes.
 
     python experiments/bench_headroom.py experiments/history_of_alexnet.toml --heldout 40
@@ -49,14 +49,14 @@ from pathlib import Path
 from typing import Any
 
 from opro.config import OproConfig, load_config
-from opro.dataset import Example, GoldenDataset
+from opro.data.dataset import Example, GoldenDataset
+from opro.data.withheld import NOT_IN_CONTEXT
 from opro.experiment import Experiment
-from opro.headroom import Contrast, measure_effects
 from opro.llm.pool import ModelPool
-from opro.prompts import Demo, QATemplate
-from opro.retrieval import Retriever
+from opro.probe.headroom import Contrast, measure_effects
+from opro.program.prompts import Demo, QATemplate
+from opro.program.retrieval import Retriever
 from opro.search.space import reference_demos
-from opro.withheld import NOT_IN_CONTEXT
 
 
 def heldout_questions(dataset: GoldenDataset, *, config: OproConfig, n: int) -> tuple[Example, ...]:
@@ -113,7 +113,7 @@ def run(config: OproConfig, *, heldout: int, demos: Sequence[int], top_ks: Seque
         configs = configurations(exp, demos=demos, top_ks=top_ks, demo_chars=demo_chars, instructions=instructions,
                                  chunk_sizes=chunk_sizes)
         started = time.perf_counter()
-        # The probe's own measurement (opro.headroom): one stream, question-major, each change paired with
+        # The probe's own measurement (opro.probe.headroom): one stream, question-major, each change paired with
         # the initial configuration.
         (_, initial), *changes = configs
         effects = measure_effects(program=exp.program, judge=exp.judge, initial=initial, questions=questions,

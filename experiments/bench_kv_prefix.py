@@ -14,13 +14,13 @@ import argparse
 import time
 from pathlib import Path
 
-from opro.dataset import load_dataset
-from opro.documents import load_documents
+from opro.data.dataset import load_dataset
+from opro.data.documents import load_documents
 from opro.llm import ChatClient
 from opro.llm.pool import ModelPool, ModelSpec
-from opro.prompts import QATemplate
-from opro.rag import RAGProgram
-from opro.retrieval import build_retriever
+from opro.program.prompts import QATemplate
+from opro.program.rag import RAGProgram
+from opro.program.retrieval import build_retriever
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared/data/history_of_alexnet"
 INSTRUCTIONS = (

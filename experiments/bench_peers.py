@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     exp = BudgetedExperiment(cfg, progress=False)
     try:
         report = run_peers(exp, settings=settings, out_dir=out)
-        from opro.comparison import plot_comparison
+        from opro.heldout.report import plot_comparison
 
         plot = plot_comparison(report.comparison, out / "peers.png")
         (out / "peers.md").write_text(report.table(), encoding="utf-8")

@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opro.compare import compare_prompts
 from opro.config import load_config
 from opro.experiment import Experiment
-from opro.stats import compare_paired
+from opro.heldout.compare import compare_prompts
+from opro.stats.paired import compare_paired
 
 SECOND = "text:Answer the question using only the context above. Be brief and factual."
 

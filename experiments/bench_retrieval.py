@@ -6,7 +6,7 @@
     .venv/bin/python experiments/bench_retrieval.py --st-model /path/to/sentence-transformers-dir
     .venv/bin/python experiments/bench_retrieval.py --generate 4         # + time 4 golden examples (embedded 1.5B)
 
-A retrieved chunk is a *hit* when ``opro.retrieval.context_overlap(reference_context, chunk) >= 0.5``:
+A retrieved chunk is a *hit* when ``opro.program.retrieval.context_overlap(reference_context, chunk) >= 0.5``:
 shared word bigrams over the bigrams of the shorter text. The reference contexts were cut by a
 different PDF extractor and chunker, so exact matching is impossible; this tolerates both.
 """
@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from opro.dataset import load_dataset
-from opro.documents import load_documents
-from opro.retrieval import Embedder, build_retriever, chunk_documents, recall_at_k
+from opro.data.dataset import load_dataset
+from opro.data.documents import load_documents
+from opro.program.retrieval import Embedder, build_retriever, chunk_documents, recall_at_k
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared/data/history_of_alexnet"
 KS = (1, 2, 3, 5)
@@ -28,11 +28,11 @@ KS = (1, 2, 3, 5)
 
 def _embedder(args: argparse.Namespace) -> Embedder | None:
     if args.embed_model:
-        from opro.retrieval import OpenAIEmbedder
+        from opro.program.retrieval import OpenAIEmbedder
 
         return OpenAIEmbedder(model=args.embed_model, base_url=args.embed_base_url, api_key_env=args.api_key_env)
     if args.st_model:
-        from opro.retrieval import SentenceTransformerEmbedder
+        from opro.program.retrieval import SentenceTransformerEmbedder
 
         return SentenceTransformerEmbedder(model_path=args.st_model)
     return None
@@ -75,7 +75,7 @@ def bench_retrieval(args: argparse.Namespace) -> None:
 
 
 def bench_generation(args: argparse.Namespace) -> None:
-    from opro.generation import generate_examples
+    from opro.data.generation import generate_examples
     from opro.llm import ChatClient
     from opro.llm.pool import ModelPool, ModelSpec
 

@@ -24,7 +24,7 @@ prompt still loses some questions; an equal one wins some and loses others).
 
 (e) ``--coverage``: the validation stage alone, at fixed true gains, as many runs as it takes to
 collect ``--claims`` claims (rare ones included): how often the claimed gain's conditional interval
-(``opro.sequential.conditional_estimate``) covers the true gain, in either world. The real
+(``opro.stats.sequential.conditional_estimate``) covers the true gain, in either world. The real
 sign-flip test decides; runs whose studentized sum never reaches ``SCREEN`` before they stop cannot
 claim and are not sent through it (checked on a sample of them, printed).
 
@@ -523,7 +523,7 @@ def _reaches(d: np.ndarray, sizes: Sequence[int], futility: bool) -> np.ndarray:
 
 def _decide_run(d: np.ndarray, sizes: Sequence[int], *, alpha: float, futility: bool, seed: int) -> int:
     """The real test on one run: the questions seen at the look that claimed, 0 if none did."""
-    from opro.sequential import decide
+    from opro.stats.sequential import decide
 
     looks: list[Any] = []
     for k, n in enumerate(sizes, start=1):
@@ -546,7 +546,7 @@ def coverage(*, world: Kind, effects: Sequence[float], claims: int, max_runs: in
     from bench_compare_tests import paired_scores, truth
 
     from opro.search.validation import confirmation_looks, split_sizes
-    from opro.sequential import conditional_estimate
+    from opro.stats.sequential import conditional_estimate
 
     settings = OptimizerSection()
     _, n_conf = split_sizes(settings, n_val, settings.finalists)

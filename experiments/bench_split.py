@@ -17,7 +17,7 @@ import random
 import time
 from pathlib import Path
 
-from opro.dataset import Example, load_dataset, related_groups
+from opro.data.dataset import Example, load_dataset, related_groups
 
 SHARED = Path(__file__).resolve().parents[2] / "shared/data/history_of_alexnet/rag_dataset.json"
 WORDS = ["network", "layer", "image", "training", "dataset", "accuracy", "model", "convolution", "gpu", "paper",

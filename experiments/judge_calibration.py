@@ -1,6 +1,6 @@
 """Judge calibration benchmark: several judge variants on the same questions and answers, side by side.
 
-Each variant is one `opro judge calibrate` (library: :func:`opro.calibration.calibrate_experiment`)
+Each variant is one `opro judge calibrate` (library: :func:`opro.calibration.calibrate.calibrate_experiment`)
 on the experiment config with its [judge] table overridden: reference answers vs wrong answers
 (another question's reference) vs the task model's RAG answers, AUC, separation, invalid rate,
 seconds per uncached call and test-retest. Then the agreement of every variant with the first one on
@@ -25,8 +25,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from opro.agreement import agreement
-from opro.calibration import calibrate_experiment, write_calibration
+from opro.calibration.agreement import agreement
+from opro.calibration.calibrate import calibrate_experiment, write_calibration
 from opro.config import JudgeSection, load_config
 from opro.experiment import Experiment
 

@@ -2,7 +2,7 @@
 
 Every method optimizes the same instruction of the same RAG program (:class:`~opro.integrations.dspy.OproRAG`
 is opro's program as a DSPy module), with the same task, judge and proposer models, and the same
-budget of task + judge calls, charged by :class:`~opro.budget.BudgetedChatClient` whichever method
+budget of task + judge calls, charged by :class:`~opro.llm.budget.BudgetedChatClient` whichever method
 asks (a cache hit is charged too, so a warm rerun stops at the same point). A method that reaches
 the budget is stopped there and keeps its best-so-far. The data is used alike:
 
@@ -12,7 +12,7 @@ the budget is stopped there and keeps its best-so-far. The data is used alike:
   COPRO's ``trainset``; MIPROv2's and GEPA's ``valset``).
 
 Then every winner and the initial instruction are scored again by opro's judge on the held-out split,
-which no method saw, and compared with :func:`opro.compare.compare_prompts` (paired tests against the
+which no method saw, and compared with :func:`opro.heldout.compare.compare_prompts` (paired tests against the
 initial instruction, Holm-corrected): the peers' own metric totals are reported only as their search
 scores, never as the result.
 """
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from opro.budget import BudgetedChatClient, CallBudget, raised_by_budget
 from opro.errors import ConfigError
 from opro.experiment import Experiment
 from opro.llm import ChatClient
+from opro.llm.budget import BudgetedChatClient, CallBudget, raised_by_budget
 from opro.search.exemplars import ExemplarStrategy
 
 if TYPE_CHECKING:
-    from opro.comparison import ComparisonReport
+    from opro.heldout.report import ComparisonReport
 
 logger = logging.getLogger(__name__)
 
@@ -341,8 +341,8 @@ def run_method(exp: BudgetedExperiment, method: str, *, settings: PeerSettings, 
 
 def compare_winners(exp: Experiment, results: Sequence[MethodResult], *, seed: int) -> ComparisonReport:
     """The initial instruction and every winner, re-scored by opro's judge on the held-out split."""
-    from opro.compare import compare_prompts
-    from opro.sources import resolve_prompt
+    from opro.heldout.compare import compare_prompts
+    from opro.heldout.sources import resolve_prompt
 
     cfg = exp.config
     initial = resolve_prompt(f"text:{cfg.rag.initial_instructions[0]}", config=cfg)

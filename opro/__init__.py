@@ -32,25 +32,25 @@ _EXPORTS: dict[str, str] = {
     "RunResult": "opro.experiment",
     "CandidateRecord": "opro.search",
     # the RAG program and its data
-    "QATemplate": "opro.prompts",
-    "Demo": "opro.prompts",
-    "DEFAULT_INSTRUCTION": "opro.prompts",
-    "DEFAULT_BASE_TEMPLATE": "opro.prompts",
-    "load_documents": "opro.documents",
-    "build_retriever": "opro.retrieval",
-    "RAGProgram": "opro.rag",
-    "Example": "opro.dataset",
-    "GoldenDataset": "opro.dataset",
-    "load_dataset": "opro.dataset",
-    "generate_dataset": "opro.generation",
+    "QATemplate": "opro.program.prompts",
+    "Demo": "opro.program.prompts",
+    "DEFAULT_INSTRUCTION": "opro.program.prompts",
+    "DEFAULT_BASE_TEMPLATE": "opro.program.prompts",
+    "load_documents": "opro.data.documents",
+    "build_retriever": "opro.program.retrieval",
+    "RAGProgram": "opro.program.rag",
+    "Example": "opro.data.dataset",
+    "GoldenDataset": "opro.data.dataset",
+    "load_dataset": "opro.data.dataset",
+    "generate_dataset": "opro.data.generation",
     # judging, comparing, exporting
     "CorrectnessJudge": "opro.judges",
     "FaithfulnessJudge": "opro.judges",
     "RelevancyJudge": "opro.judges",
-    "MetricResult": "opro.metrics",
-    "evaluate_examples": "opro.evaluation",
-    "resolve_prompt": "opro.sources",
-    "compare_prompts": "opro.compare",
+    "MetricResult": "opro.judges.metrics",
+    "evaluate_examples": "opro.evaluation.batch",
+    "resolve_prompt": "opro.heldout.sources",
+    "compare_prompts": "opro.heldout.compare",
     "export_prompt": "opro.export",
     # errors
     "OproError": "opro.errors",
@@ -123,10 +123,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from opro.compare import compare_prompts
     from opro.config import OproConfig, load_config
-    from opro.dataset import Example, GoldenDataset, load_dataset
-    from opro.documents import load_documents
+    from opro.data.dataset import Example, GoldenDataset, load_dataset
+    from opro.data.documents import load_documents
+    from opro.data.generation import generate_dataset
     from opro.errors import (
         ConfigError,
         DataError,
@@ -136,18 +136,18 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         OproError,
         PromptError,
     )
-    from opro.evaluation import evaluate_examples
+    from opro.evaluation.batch import evaluate_examples
     from opro.experiment import Experiment, RunResult, optimize
     from opro.export import export_prompt
-    from opro.generation import generate_dataset
+    from opro.heldout.compare import compare_prompts
+    from opro.heldout.sources import resolve_prompt
     from opro.judges import CorrectnessJudge, FaithfulnessJudge, RelevancyJudge
+    from opro.judges.metrics import MetricResult
     from opro.llm import LLM, ChatClient, Completion, Message, UsageLedger
     from opro.llm.cache import CallCache
     from opro.llm.pool import ModelPool, ModelSpec
     from opro.llm.scripted import ScriptedLLM
-    from opro.metrics import MetricResult
-    from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, Demo, QATemplate
-    from opro.rag import RAGProgram
-    from opro.retrieval import build_retriever
+    from opro.program.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, Demo, QATemplate
+    from opro.program.rag import RAGProgram
+    from opro.program.retrieval import build_retriever
     from opro.search import CandidateRecord, OptimizationResult, Search
-    from opro.sources import resolve_prompt

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from opro.cost import CostModel
-from opro.dimensions import DIMENSIONS, Value, dimension
-from opro.dimensions import names as dimension_names
 from opro.errors import ConfigError, PromptError
 from opro.llm.client import DEFAULT_PRICES, ROLES, Price
 from opro.llm.pool import ModelSpec, check_endpoint
-from opro.prompts import DEFAULT_INSTRUCTION, validate_instruction
+from opro.program.cost import CostModel
+from opro.program.dimensions import DIMENSIONS, Value, dimension
+from opro.program.dimensions import names as dimension_names
+from opro.program.prompts import DEFAULT_INSTRUCTION, validate_instruction
 
 #: ``docs`` entry that stands for the offline quickstart corpus (CPython's own language reference).
 BUILTIN_PYTHON_REFERENCE = "builtin:python-reference"
@@ -46,8 +46,8 @@ class ExperimentSection:
 
 
 #: The dataset's splits, in the order questions are dealt to them (and listed in ``split.json``, the
-#: run's files and parameters): the one list, re-exported by :mod:`opro.dataset`. ``opro compare``
-#: offers them the other way round, held-out first (:data:`opro.comparison.SPLITS`).
+#: run's files and parameters): the one list, re-exported by :mod:`opro.data.dataset`. ``opro compare``
+#: offers them the other way round, held-out first (:data:`opro.heldout.report.SPLITS`).
 SplitName = Literal["exemplar", "optimization", "validation", "heldout"]
 SPLIT_NAMES: tuple[SplitName, ...] = typing.get_args(SplitName)
 
@@ -86,7 +86,7 @@ class DataSection:
     max_chunks: int = 0
     skip_bad: bool = False
     #: Share of the questions made unanswerable: their reference contexts are taken out of the corpus
-    #: and their reference answer says so (:mod:`opro.withheld`); 0: the corpus as it is.
+    #: and their reference answer says so (:mod:`opro.data.withheld`); 0: the corpus as it is.
     not_in_context: float = 0.0
     split: SplitSection = field(default_factory=SplitSection)
 
@@ -242,7 +242,7 @@ class OptimizerSection:
     alpha: float = 0.05
     #: The chosen finalist and the initial instruction are asked the other validation questions in
     #: this many batches, with a decision after each (group-sequential, O'Brien-Fleming-type alpha
-    #: spending: see opro/sequential.py); ``futility``: stop once the finalist is not ahead.
+    #: spending: see opro/stats/sequential.py); ``futility``: stop once the finalist is not ahead.
     validation_looks: int = 3
     futility: bool = True
     #: The confirmation may go on past the validation split by one more look of up to this many
@@ -257,7 +257,7 @@ class OptimizerSection:
     #: labelled "re-decided after a seen verdict", the initial instruction returned, never validated.
     seen_validation: Literal["refuse", "label"] = "refuse"
     #: Without prices for the task model, an answer's cost is its task tokens, prompt + this x
-    #: completion (:mod:`opro.cost`): decoding a token is slower and dearer than reading one.
+    #: completion (:mod:`opro.program.cost`): decoding a token is slower and dearer than reading one.
     completion_weight: float = 4.0
     #: ``quality``: return a finalist only if it beats the initial configuration. ``cost``: the
     #: cheapest finalist whose quality is not worse than the initial one's by more than ``margin``
@@ -303,7 +303,7 @@ class OptimizerSection:
 @dataclass(frozen=True)
 class SpaceSection:
     """What the search may change beside the wording: for each dimension of the table
-    (:data:`opro.dimensions.DIMENSIONS`), a list of values to choose from (absent or empty: not
+    (:data:`opro.program.dimensions.DIMENSIONS`), a list of values to choose from (absent or empty: not
     searched). Optuna's sampler proposes a value of each for every new candidate, from the scores of
     the candidates before it, while the optimizer LLM proposes the wording. In TOML each dimension is
     a key of ``[search.space]`` (``top_k = [1, 3]``); in Python, ``choices``."""
@@ -479,7 +479,7 @@ class OproConfig:
         return table
 
     def cost_model(self) -> CostModel:
-        """What an answer costs (:mod:`opro.cost`): the task model's prices where known, else its
+        """What an answer costs (:mod:`opro.program.cost`): the task model's prices where known, else its
         tokens weighted by ``[optimizer].completion_weight``."""
         price = self.prices().get(self.models.task.model)
         return CostModel(price_prompt=None if price is None else price.prompt,

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, SPLIT_NAMES, OproConfig, load_config
-from opro.dimensions import DIMENSIONS, dimension, initial_values
 from opro.errors import ConfigError, DataError, ModelPackError
 from opro.llm import ROLES, ChatClient, UsageLedger
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
 from opro.paths import cache_dir
-from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.program.dimensions import DIMENSIONS, dimension, initial_values
+from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.records import Recorded
 from opro.rundir import RunDir
 from opro.search.recorder import Recorder
@@ -35,14 +35,14 @@ from opro.search.results import OptimizationResult
 if TYPE_CHECKING:
     from llama_index.core import Document
 
-    from opro.dataset import Example, GoldenDataset
+    from opro.data.dataset import Example, GoldenDataset
+    from opro.data.withheld import Withheld
     from opro.judges import CorrectnessJudge
     from opro.ledger import DecisionLedger
-    from opro.rag import RAGProgram
-    from opro.retrieval import Retriever
+    from opro.program.rag import RAGProgram
+    from opro.program.retrieval import Retriever
     from opro.search import Search, SearchStudy, WorkerPlan
     from opro.search.space import SearchSpace
-    from opro.withheld import Withheld
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Experiment:
         paths: list[Path] = []
         for entry in self.config.data.docs:
             if entry == BUILTIN_PYTHON_REFERENCE:
-                from opro.corpus import write_quickstart_corpus
+                from opro.data.corpus import write_quickstart_corpus
 
                 paths.append(write_quickstart_corpus(self.run_dir.corpus))
             else:
@@ -109,7 +109,7 @@ class Experiment:
 
     @functools.cached_property
     def documents(self) -> list[Document]:
-        from opro.documents import load_documents
+        from opro.data.documents import load_documents
 
         result = load_documents(self.document_paths, skip_bad=self.config.data.skip_bad)
         for skipped in result.skipped:
@@ -123,8 +123,8 @@ class Experiment:
 
     def _chunks_at(self, chunk_size: int) -> list[Any]:
         """The corpus chunked at ``chunk_size`` (kept on disk, keyed by the files' bytes and the chunking)."""
-        from opro.documents import source_files
-        from opro.retrieval import chunk_documents, files_chunks_key, kept_chunks
+        from opro.data.documents import source_files
+        from opro.program.retrieval import chunk_documents, files_chunks_key, kept_chunks
 
         rag = self.config.rag
         # Keyed by the files' bytes, so a run whose chunks are kept (resume, compare, another worker)
@@ -141,7 +141,7 @@ class Experiment:
         """What ``[data].not_in_context`` took out of the corpus (recorded with the dataset), or None."""
         if not self.config.data.not_in_context:
             return None
-        from opro.withheld import Withheld
+        from opro.data.withheld import Withheld
 
         _ = self.dataset  # prepared (and the record written) first
         path = self.dataset_dir / "withheld.json"
@@ -169,7 +169,7 @@ class Experiment:
             return self._retrievers[key]
 
     def _build_retriever(self, settings: dict[str, Any]) -> Retriever:
-        from opro.retrieval import build_retriever
+        from opro.program.retrieval import build_retriever
 
         rag = self.config.rag
         chunk_size = settings["chunk_size"]
@@ -178,7 +178,7 @@ class Experiment:
         if withheld is not None:  # the chunks that held the withheld questions' answers are not searched
             gone = set(withheld.chunk_ids)
             if chunk_size != rag.chunk_size:  # the same text taken out of another chunking
-                from opro.withheld import withheld_at
+                from opro.data.withheld import withheld_at
 
                 lost = set(withheld.queries)
                 gone = set(withheld_at(
@@ -202,7 +202,7 @@ class Experiment:
         emb = self.config.rag.embeddings
         if emb is None:
             return None
-        from opro.retrieval import OpenAIEmbedder, SentenceTransformerEmbedder
+        from opro.program.retrieval import OpenAIEmbedder, SentenceTransformerEmbedder
 
         if emb.local_path:
             return SentenceTransformerEmbedder(model_path=self.config.resolve(emb.local_path))
@@ -232,7 +232,7 @@ class Experiment:
             demos = reference_demos(exemplars, chars=sp.demo_chars,
                                     retrieve=lambda q: [c.text for c in self.retriever.retrieve(q)])
         elif "demos" in sp.dimensions:
-            from opro.evaluation import evaluate_templates
+            from opro.evaluation.batch import evaluate_templates
 
             # The task model's answers under the initial configuration, judged (cached calls, counted).
             report = evaluate_templates(program=self.program, templates=[self.template(rag.initial_instructions[0])],
@@ -247,7 +247,7 @@ class Experiment:
 
     @functools.cached_property
     def program(self) -> RAGProgram:
-        from opro.rag import RAGProgram
+        from opro.program.rag import RAGProgram
 
         return RAGProgram(
             retriever=self.retriever, llm=self.client("task"), max_tokens=self.config.rag.answer_max_tokens,
@@ -320,7 +320,7 @@ class Experiment:
     @functools.cached_property
     def dataset(self) -> GoldenDataset:
         """The split golden dataset, saved in ``<output_dir>/dataset`` so every command sees one split."""
-        from opro.dataset import load_dataset, split_shortfall
+        from opro.data.dataset import load_dataset, split_shortfall
 
         marker = self.dataset_dir / "opro_settings.txt"
         fingerprint = self._dataset_fingerprint()
@@ -342,8 +342,8 @@ class Experiment:
                 marker.write_text(fingerprint)
                 return raw
         else:
-            from opro.generation import generate_dataset
-            from opro.retrieval import chunk_documents
+            from opro.data.generation import generate_dataset
+            from opro.program.retrieval import chunk_documents
 
             chunks = chunk_documents(
                 self.documents, chunk_size=self.config.rag.chunk_size, chunk_overlap=self.config.rag.chunk_overlap
@@ -357,7 +357,7 @@ class Experiment:
             )
         withheld = None
         if d.not_in_context:
-            from opro.withheld import apply_withheld, withhold
+            from opro.data.withheld import apply_withheld, withhold
 
             withheld = withhold(raw.examples, self._chunks, fraction=d.not_in_context, seed=d.split.seed)
             raw = apply_withheld(raw, withheld)
@@ -542,7 +542,7 @@ class Experiment:
         with lock:
             ds = self.dataset
             if not ds.examples_in("optimization") and ds.split is not None:
-                from opro.dataset import split_shortfall
+                from opro.data.dataset import split_shortfall
 
                 why = split_shortfall(ds.split)
                 if why:  # all questions in groups too big for it: say so, not just "empty"
@@ -581,10 +581,10 @@ class Experiment:
         return ds.unused()[: o.validation_extension]
 
     def _record_split(self) -> dict[str, Any]:
-        """What this optimization saw (:func:`opro.dataset.split_record`), for the held-out guard of
+        """What this optimization saw (:func:`opro.data.dataset.split_record`), for the held-out guard of
         compare / evaluate: ``split_record.json`` before the search (so a crashed run is covered), then
         ``summary.json`` and the Optuna study after it."""
-        from opro.dataset import split_record
+        from opro.data.dataset import split_record
 
         record = split_record(self.dataset, extension=self.extension_set())
         path = self.run_dir.split_record
@@ -652,7 +652,7 @@ class _SummaryWriter(Recorder):
     def run_result(self, result: OptimizationResult) -> RunResult:
         """``result`` with where it was recorded (the same object for the same result)."""
         if self._run is None or self._run[0] is not result:
-            from opro.calibration import judge_noise_note
+            from opro.calibration.calibrate import judge_noise_note
 
             fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
             self._run = (result, RunResult(

@@ -28,14 +28,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from opro.dimensions import DIMENSIONS, Value, dimension
 from opro.errors import ConfigError, DataError, PromptError
+from opro.heldout.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
 from opro.llm import ROLES
-from opro.prompts import TEMPLATE_VARIABLES, QATemplate
+from opro.program.dimensions import DIMENSIONS, Value, dimension
+from opro.program.prompts import TEMPLATE_VARIABLES, QATemplate
 from opro.records import CommandRecord, Recorded
 from opro.redaction import redact
 from opro.rundir import RunDir
-from opro.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
 
 if TYPE_CHECKING:
     import dspy
@@ -200,7 +200,7 @@ def export_prompt(
     tracking_uri: str | None = None,
     snippet: bool = True,
 ) -> ExportResult:
-    """Export ``prompt`` (see :func:`opro.sources.resolve_prompt`) in ``format`` (a name of :data:`EXPORTERS`).
+    """Export ``prompt`` (see :func:`opro.heldout.sources.resolve_prompt`) in ``format`` (a name of :data:`EXPORTERS`).
 
     ``out`` is a file or a directory; ``text`` and ``json`` without ``out`` return the content
     instead. ``mlflow`` registers a version named ``name`` (default: the config's prompt name)

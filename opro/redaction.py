@@ -17,7 +17,7 @@ REDACTED = "***"
 
 #: Keys whose values are secrets wherever they appear (mapping keys, query parameters).
 SECRET_KEY = re.compile(r"(api[_-]?key|apikey|secret|password|passwd|token|auth|credential|signature|sig)", re.I)
-#: Token counts (an answer's cost, opro.cost), not tokens: kept where the value is no string (a secret is).
+#: Token counts (an answer's cost, opro.program.cost), not tokens: kept where the value is no string (a secret is).
 COUNT_KEY = re.compile(r"(prompt|completion|baseline|total)?_?tokens", re.I)
 
 # A URL in prose ends before the punctuation that follows it ("... at https://h/v1?key=K: refused"): that

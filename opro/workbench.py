@@ -1,7 +1,7 @@
 """What the commands built on an experiment read from it: its config, dataset, program, judge and clients.
 
 :class:`opro.experiment.Experiment` is the composition root (it builds everything and imports the
-modules that run on it), so :mod:`opro.compare`, :mod:`opro.calibration` and
+modules that run on it), so :mod:`opro.heldout.compare`, :mod:`opro.calibration.calibrate` and
 :mod:`opro.tracking.genai` are typed against this protocol instead of importing it back.
 ``Experiment`` satisfies it as it is; a test may hand over any object with these members.
 """
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
-    from opro.dataset import Embed, GoldenDataset
+    from opro.data.dataset import Embed, GoldenDataset
     from opro.judges.correctness import CorrectnessJudge
     from opro.ledger import DecisionLedger
     from opro.llm.cache import CallCache
     from opro.llm.client import ChatClient, UsageLedger
     from opro.llm.pool import ModelSpec
-    from opro.prompts import QATemplate
-    from opro.rag import RAGProgram
+    from opro.program.prompts import QATemplate
+    from opro.program.rag import RAGProgram
 
 
 class Workbench(Protocol):

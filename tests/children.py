@@ -101,9 +101,9 @@ def mlflow_run(tracking_uri: str, experiment: str) -> None:
 def record_evaluation(tracking_uri: str) -> None:
     """Records an evaluation of 3 held-out questions as MLflow GenAI records at ``tracking_uri``; prints
     whether that imported litellm."""
-    from opro.dataset import Example, GoldenDataset
-    from opro.evaluation import EvaluationReport, EvaluationRow
-    from opro.prompts import QATemplate
+    from opro.data.dataset import Example, GoldenDataset
+    from opro.evaluation.batch import EvaluationReport, EvaluationRow
+    from opro.program.prompts import QATemplate
     from opro.tracking.genai import GenAILogger, PromptEvaluation
 
     ds = GoldenDataset(tuple(Example(f"Question {i}?", f"Answer {i}.") for i in range(3))).with_split(

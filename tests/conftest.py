@@ -57,8 +57,8 @@ def genai_compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, 
     test_uicheck, so the optimization runs once per session."""
     from fakes import optimized, scripted_pool
 
-    from opro.compare import compare_prompts, save_comparison
     from opro.experiment import Experiment
+    from opro.heldout.compare import compare_prompts, save_comparison
 
     config = optimized(tmp_path_factory.mktemp("genai"), genai=True)
     exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from opro.agreement import agreement, hamming, load_labels, match_labels, weighted_kappa
+from opro.calibration.agreement import agreement, hamming, load_labels, match_labels, weighted_kappa
 from opro.errors import ConfigError, DataError
 
 
@@ -106,7 +106,7 @@ def test_labels_match_by_query_and_answer_when_the_file_has_answers(tmp_path: Pa
 
 
 def test_load_answers_and_model_spec(tmp_path: Path) -> None:
-    from opro.agreement import load_answers, parse_model_spec
+    from opro.calibration.agreement import load_answers, parse_model_spec
 
     path = tmp_path / "eval.json"
     path.write_text(
@@ -145,7 +145,7 @@ def test_cli_agreement_with_labels(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from opro.cli import app
-    from opro.evaluation import EvaluationReport, EvaluationRow
+    from opro.evaluation.batch import EvaluationReport, EvaluationRow
 
     rows = tuple(
         EvaluationRow(query=f"q{i}", reference="r", answer="a", score=s, passing=s >= 4)

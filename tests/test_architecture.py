@@ -104,8 +104,8 @@ def test_the_package_has_no_import_loop() -> None:
 
 def test_the_search_imports_nothing_that_records_or_composes_it() -> None:
     """opro/search/ knows no file layout, MLflow, CLI wording or composition root."""
-    above = ("opro.experiment", "opro.cli", "opro.tracking", "opro.recorders", "opro.rundir", "opro.compare",
-             "opro.export", "opro.sources", "opro.workbench")
+    above = ("opro.experiment", "opro.cli", "opro.tracking", "opro.recorders", "opro.rundir", "opro.heldout.compare",
+             "opro.export", "opro.heldout.sources", "opro.workbench")
     edges = _graph()
     wrong = {(m, t) for m, targets in edges.items() if m.startswith("opro.search")
              for t in targets if t.startswith(above)}
@@ -121,27 +121,36 @@ def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
 #: The floors of docs/architecture.md, lowest first. A module imports only from its own floor or
 #: those below; a module missing here fails the test, so a new one is placed deliberately.
 FLOORS: dict[str, int] = {
-    **dict.fromkeys(("opro.errors", "opro.dimensions", "opro.prompts", "opro.paths", "opro.redaction", "opro.progress",
-                     "opro.locking", "opro.plots", "opro.rundir", "opro.stats", "opro.sequential",
-                     "opro.ledger", "opro.cost", "opro.noninferiority", "opro.records", "opro.nearmiss"), 0),
-    **dict.fromkeys(("opro.llm", "opro.config", "opro.budget"), 1),
-    **dict.fromkeys(("opro.rag", "opro.retrieval", "opro.documents", "opro.dataset", "opro.generation",
-                     "opro.corpus", "opro.judges", "opro.metrics", "opro.withheld"), 2),
-    **dict.fromkeys(("opro.engine", "opro.evaluation_types", "opro.workbench"), 3),
-    **dict.fromkeys(("opro.search", "opro.evaluation"), 3.5),
-    **dict.fromkeys(("opro.recorders", "opro.tracking", "opro.compare", "opro.comparison", "opro.guard", "opro.promotion",
-                     "opro.export", "opro.calibration", "opro.sources", "opro.integrations", "opro.agreement",
-                     "opro.plan"), 4),
-    **dict.fromkeys(("opro.experiment", "opro.headroom", "opro.workflows"), 5),
+    **dict.fromkeys(("opro.errors", "opro.program.dimensions", "opro.program.prompts", "opro.paths", "opro.redaction", "opro.progress",
+                     "opro.locking", "opro.plots", "opro.rundir", "opro.stats.paired", "opro.stats.sequential",
+                     "opro.ledger", "opro.program.cost", "opro.stats.noninferiority", "opro.records", "opro.calibration.nearmiss"), 0),
+    **dict.fromkeys(("opro.llm", "opro.config", "opro.llm.budget"), 1),
+    **dict.fromkeys(("opro.program.rag", "opro.program.retrieval", "opro.data.documents", "opro.data.dataset", "opro.data.generation",
+                     "opro.data.corpus", "opro.judges", "opro.judges.metrics", "opro.data.withheld"), 2),
+    **dict.fromkeys(("opro.evaluation.engine", "opro.evaluation.rows", "opro.workbench"), 3),
+    **dict.fromkeys(("opro.search", "opro.evaluation.batch"), 3.5),
+    **dict.fromkeys(("opro.recorders", "opro.tracking", "opro.heldout.compare", "opro.heldout.report", "opro.heldout.guard", "opro.heldout.promotion",
+                     "opro.export", "opro.calibration.calibrate", "opro.heldout.sources", "opro.integrations", "opro.calibration.agreement",
+                     "opro.probe.plan"), 4),
+    **dict.fromkeys(("opro.experiment", "opro.probe.headroom", "opro.workflows"), 5),
     "opro.cli": 6,
 }
 #: ``opro/__init__.py`` is the public facade: it re-exports from every floor and nothing imports it.
 FACADE = "opro"
+#: The rooms whose ``__init__`` only names the room: they import nothing, and their modules each have a floor.
+ROOMS = ("opro.data", "opro.program", "opro.evaluation", "opro.calibration", "opro.stats", "opro.heldout", "opro.probe")
+
+
+def test_a_rooms_init_only_names_it() -> None:
+    edges = _graph()
+    assert all(not edges[room] for room in ROOMS), {room: edges[room] for room in ROOMS if edges[room]}
 
 
 def _floor(module: str) -> float:
     if module == FACADE:
         return 7
+    if module in ROOMS:
+        return 0
     for name in sorted(FLOORS, key=len, reverse=True):
         if module == name or module.startswith(name + "."):
             return FLOORS[name]
@@ -288,8 +297,8 @@ def test_the_model_roles_are_listed_once() -> None:
 
 def test_the_split_names_are_listed_once() -> None:
     """One order (the dealing order of opro.config); compare's held-out-first order is derived from it."""
-    from opro.comparison import SPLITS
-    from opro.dataset import SPLIT_NAMES
+    from opro.data.dataset import SPLIT_NAMES
+    from opro.heldout.report import SPLITS
 
     assert tuple(reversed(SPLIT_NAMES)) == SPLITS
     assert _copies("split names", SPLIT_NAMES, "opro/config.py") == []
@@ -351,13 +360,13 @@ def test_the_list_scan_finds_a_copy() -> None:
 
 
 def _dimension_lists() -> list[str]:
-    """Tuple, list, set and dict literals outside opro/dimensions.py that spell two or more dimension
+    """Tuple, list, set and dict literals outside opro/program/dimensions.py that spell two or more dimension
     names as strings: a list of dimensions kept by hand."""
-    from opro.dimensions import names
+    from opro.program.dimensions import names
 
     dims = set(names())
     found = []
-    for where, node in _nodes(skip=PACKAGE / "dimensions.py"):
+    for where, node in _nodes(skip=PACKAGE / "program" / "dimensions.py"):
         items = (node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set)
                  else [k for k in node.keys if k is not None] if isinstance(node, ast.Dict) else [])
         named = {e.value for e in items if isinstance(e, ast.Constant) and e.value in dims}
@@ -367,7 +376,7 @@ def _dimension_lists() -> list[str]:
 
 
 def test_no_module_but_the_table_lists_dimensions() -> None:
-    """A search dimension is declared once, in opro/dimensions.py; the config, the space, the
+    """A search dimension is declared once, in opro/program/dimensions.py; the config, the space, the
     experiment, the RAG program, the exports and the plan iterate that table."""
     assert not _dimension_lists(), _dimension_lists()
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from opro.budget import BudgetedChatClient, BudgetExhaustedError, CallBudget, raised_by_budget
 from opro.errors import OproError
 from opro.llm import UsageLedger
+from opro.llm.budget import BudgetedChatClient, BudgetExhaustedError, CallBudget, raised_by_budget
 from opro.llm.cache import CallCache
 from opro.llm.scripted import ScriptedLLM
 

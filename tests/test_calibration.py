@@ -12,7 +12,7 @@ from fakes import experiment_config, judge_reply, write_toml
 from typer.testing import CliRunner
 
 import opro.experiment
-from opro.calibration import (
+from opro.calibration.calibrate import (
     CALIBRATION_FILE,
     CalibrationItem,
     CalibrationReport,
@@ -27,7 +27,7 @@ from opro.calibration import (
 )
 from opro.cli import app
 from opro.config import config_from_dict
-from opro.dataset import Example
+from opro.data.dataset import Example
 from opro.errors import DataError
 from opro.judges import CorrectnessJudge
 from opro.llm import ChatClient, Message

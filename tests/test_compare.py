@@ -9,10 +9,10 @@ import pytest
 from fakes import optimized, scripted_pool
 from typer.testing import CliRunner
 
-from opro.compare import compare_prompts, save_comparison
 from opro.errors import ConfigError, DataError
 from opro.experiment import Experiment
-from opro.sources import resolve_prompt
+from opro.heldout.compare import compare_prompts, save_comparison
+from opro.heldout.sources import resolve_prompt
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_cli_compare_reads_at_80_columns_in_a_log(run_config: Path, monkeypatch:
 def test_a_comparison_records_through_the_recorders_it_is_given(run_config: Path, tmp_path: Path) -> None:
     """The recording seam: a comparison is one CommandRecord (what MLflow gets), recorded by whatever
     recorders it is handed; none given and --no-mlflow: recorded nowhere, the files still written."""
-    from opro.compare import comparison_record
+    from opro.heldout.compare import comparison_record
     from opro.records import CommandRecord, Recorded
 
     class Keep:

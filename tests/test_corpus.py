@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from opro.cli import app
-from opro.corpus import QUICKSTART_FILE, fetch_llama2_paper, write_quickstart_corpus
-from opro.documents import load_documents
+from opro.data.corpus import QUICKSTART_FILE, fetch_llama2_paper, write_quickstart_corpus
+from opro.data.documents import load_documents
 from opro.errors import DataError
-from opro.retrieval import build_retriever
+from opro.program.retrieval import build_retriever
 
 FAKE_DATASET = {
     "examples": [

@@ -1,4 +1,4 @@
-"""What an answer costs (issue 50): one definition (opro.cost), kept per candidate by the search
+"""What an answer costs (issue 50): one definition (opro.program.cost), kept per candidate by the search
 (history, study, MLflow, summary.json) and per prompt by ``opro compare``."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from fakes import experiment_config, scripted_pool
 
 from opro.config import config_from_dict
-from opro.cost import CostModel
 from opro.errors import ConfigError
-from opro.evaluation import EvaluationRow
+from opro.evaluation.batch import EvaluationRow
 from opro.experiment import Experiment, RunResult
+from opro.program.cost import CostModel
 from opro.tracking.commands import mlflow_run_of
 
 
@@ -101,7 +101,7 @@ def test_every_candidate_keeps_its_cost_per_answer_in_history_study_mlflow_and_s
 def test_compare_shows_each_prompts_tokens_and_seconds_per_answer_and_the_paired_differences(tmp_path: Path) -> None:
     from fakes import optimized
 
-    from opro.compare import compare_prompts, save_comparison
+    from opro.heldout.compare import compare_prompts, save_comparison
 
     config = optimized(tmp_path)
     exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
@@ -230,7 +230,7 @@ def test_shorter_answers_worse_by_more_than_the_margin_return_the_initial_config
 
 
 def test_cost_finalists_are_the_cheapest_on_the_front_that_are_not_clearly_worse() -> None:
-    from opro.cost import CostSummary
+    from opro.program.cost import CostSummary
     from opro.search.results import CandidateRecord
     from opro.search.validation import cost_finalists
 
@@ -258,7 +258,7 @@ def test_with_objective_cost_the_sampler_draws_from_the_quality_cost_front() -> 
     two-objective one (maximize the score, minimize the cost) mostly for 1."""
     from collections import Counter
 
-    from opro.cost import CostSummary
+    from opro.program.cost import CostSummary
     from opro.search.results import CandidateRecord
     from opro.search.space import SearchSpace
 
@@ -386,9 +386,9 @@ def test_compare_margin_refuses_a_prompt_as_good_but_not_cheaper(tmp_path: Path,
 def test_exports_carry_the_cost_per_answer_with_the_data_it_was_measured_on(tmp_path: Path) -> None:
     from fakes import mlflow_client, optimized
 
-    from opro.compare import compare_prompts, save_comparison
     from opro.export import export_prompt
-    from opro.sources import resolve_prompt
+    from opro.heldout.compare import compare_prompts, save_comparison
+    from opro.heldout.sources import resolve_prompt
 
     config = optimized(tmp_path)
     exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)
@@ -424,7 +424,7 @@ def test_exports_carry_the_cost_per_answer_with_the_data_it_was_measured_on(tmp_
 def test_compare_margin_holm_adjusts_over_the_prompts_and_logs_the_margin(tmp_path: Path) -> None:
     from fakes import write_config
 
-    from opro.compare import compare_prompts, save_comparison
+    from opro.heldout.compare import compare_prompts, save_comparison
 
     exp = Experiment.from_file(write_config(tmp_path), pool=_margin_pool(worse=False), progress=False)  # type: ignore[arg-type]
     try:
@@ -446,7 +446,7 @@ def test_compare_margin_holm_adjusts_over_the_prompts_and_logs_the_margin(tmp_pa
 
 
 def test_the_one_sided_sign_flip_p_value_is_exact_on_few_pairs_and_estimated_on_more() -> None:
-    from opro.noninferiority import one_sided_sign_flip
+    from opro.stats.noninferiority import one_sided_sign_flip
 
     assert one_sided_sign_flip([0.25] * 10) == (1 / 1024, True)
     assert one_sided_sign_flip([-0.75] * 10) == (1.0, True)  # every flip is at least as large
@@ -460,7 +460,7 @@ def test_the_one_sided_sign_flip_p_value_is_exact_on_few_pairs_and_estimated_on_
 
 def test_a_saving_or_a_surcharge_is_said_with_its_interval_in_the_same_words() -> None:
     """A prompt dearer than its baseline once read "2% more tokens per answer [-4%, -1% fewer]"."""
-    from opro.cost import CostDifference, Difference
+    from opro.program.cost import CostDifference, Difference
 
     def diff(estimate: float, lo: float, hi: float) -> CostDifference:
         tokens = Difference(estimate=estimate, ci=(lo, hi), n=20)

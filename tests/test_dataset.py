@@ -8,7 +8,7 @@ from fakes import SHARED_ALEXNET
 from typer.testing import CliRunner
 
 from opro.cli import app
-from opro.dataset import (
+from opro.data.dataset import (
     SPLIT_NAMES,
     Example,
     GoldenDataset,
@@ -207,7 +207,7 @@ def test_related_groups_are_the_components_of_same_question() -> None:
     still be exactly the connected components of the pairwise ``same_question`` relation."""
     import random
 
-    from opro.dataset import is_near_duplicate, related_groups, same_question
+    from opro.data.dataset import is_near_duplicate, related_groups, same_question
 
     rng = random.Random(7)
     words = ["AlexNet", "GPU", "layers", "dropout", "top-5", "error", "ImageNet", "ReLU", "paper", "2012"]
@@ -247,7 +247,7 @@ def test_related_groups_are_the_components_of_same_question() -> None:
 
 @pytest.mark.parametrize("jaccard, ratio", [(0.8, 0.9), (0.5, 0.7)])
 def test_near_duplicates_index_drops_what_the_pairwise_rule_drops(jaccard: float, ratio: float) -> None:
-    from opro.dataset import NearDuplicates, is_near_duplicate
+    from opro.data.dataset import NearDuplicates, is_near_duplicate
 
     questions = [
         "What is the top-5 error of AlexNet?", "what's the TOP 5 error of alexnet", "?!", "Who wrote the paper?",
@@ -278,7 +278,7 @@ def test_near_duplicates_index_drops_what_the_pairwise_rule_drops(jaccard: float
 
 
 def test_split_keeps_a_shared_context_and_near_duplicates_in_one_split() -> None:
-    from opro.dataset import related_groups, split_record
+    from opro.data.dataset import related_groups, split_record
 
     topics = ["convolution", "dropout", "pooling", "momentum", "ImageNet", "GPUs", "ReLU", "LRN", "softmax",
               "augmentation", "weight decay", "batch size", "learning rate", "epochs", "filters"]
@@ -304,7 +304,7 @@ def test_split_keeps_a_shared_context_and_near_duplicates_in_one_split() -> None
 
 
 def test_made_by_counts_who_wrote_the_questions_and_the_answers() -> None:
-    from opro.dataset import Example, GoldenDataset
+    from opro.data.dataset import Example, GoldenDataset
 
     llm = {"model_name": "qwen", "type": "ai"}
     ds = GoldenDataset(examples=(

@@ -1,4 +1,4 @@
-"""The table of search dimensions (opro/dimensions.py), shown with the retriever kind: a dimension
+"""The table of search dimensions (opro/program/dimensions.py), shown with the retriever kind: a dimension
 declared once is parsed from [search.space], searched, carried by the template, exported and planned."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from fakes import experiment_config
 
 from opro.config import config_from_dict
-from opro.dimensions import DIMENSIONS, SETTINGS, dimension
 from opro.errors import ConfigError, PromptError
-from opro.prompts import QATemplate
-from opro.retrieval import Chunk, Embedder, HybridRetriever, build_retriever
+from opro.program.dimensions import DIMENSIONS, SETTINGS, dimension
+from opro.program.prompts import QATemplate
+from opro.program.retrieval import Chunk, Embedder, HybridRetriever, build_retriever
 
 EMBEDDINGS = {"model": "fake-embed", "base_url": "http://127.0.0.1:9/v1", "api_key_env": "OPRO_TEST_NO_KEY"}
 
@@ -88,7 +88,7 @@ def test_hybrid_retrieval_fuses_bm25_and_dense_and_reuses_their_indexes(tmp_path
 
 
 def test_the_plan_lists_each_retriever_kind_at_the_same_tokens(tmp_path: Path) -> None:
-    from opro.plan import make_plan
+    from opro.probe.plan import make_plan
 
     cfg = config_from_dict(experiment_config(
         tmp_path, rag={"chunk_size": 64, "chunk_overlap": 0, "embeddings": EMBEDDINGS},
@@ -106,7 +106,7 @@ def test_a_new_dimension_needs_no_list_elsewhere() -> None:
     """The architecture check sees a hand-kept list (it can fail)."""
     import ast
 
-    from opro.dimensions import names
+    from opro.program.dimensions import names
 
     tree = ast.parse('OPEN = ("top_k", "retriever")')
     named = {e.value for e in tree.body[0].value.elts if isinstance(e, ast.Constant)}  # type: ignore[attr-defined]

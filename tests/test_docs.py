@@ -18,7 +18,7 @@ ROOT = Path(__file__).parents[1]
 
 def _keys(cls: type) -> set[str]:
     from opro.config import SpaceSection
-    from opro.dimensions import names
+    from opro.program.dimensions import names
 
     keys = {f.name for f in dataclasses.fields(cls) if f.name not in ("base_dir", "source") and f.metadata.get("toml", True)}
     return keys | set(names()) if cls is SpaceSection else keys  # [search.space]: a key per dimension of the table
@@ -177,7 +177,7 @@ def _named_paths(args: list[str]) -> list[str]:
 
 
 def _prompt_kind(spec: str) -> str:
-    """The kind `opro.sources.resolve_prompt` gives a spec: `opro evaluate` names its table after it."""
+    """The kind `opro.heldout.sources.resolve_prompt` gives a spec: `opro evaluate` names its table after it."""
     if spec == "best" or spec.startswith("run:") or spec.endswith(".toml"):
         return "run"
     if spec == "initial" or spec.startswith("initial:"):

@@ -6,7 +6,7 @@ import pymupdf
 import pytest
 from fakes import SHARED_ALEXNET
 
-from opro.documents import load_documents, load_file
+from opro.data.documents import load_documents, load_file
 from opro.errors import DataError
 
 SHARED = SHARED_ALEXNET

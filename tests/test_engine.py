@@ -11,9 +11,9 @@ import pytest
 from fakes import Ex
 from fault_server import FaultServer
 
-from opro.engine import EvaluationEngine, Gate, Pair, Scored
 from opro.errors import LLMAuthError
-from opro.evaluation import evaluate_templates
+from opro.evaluation.batch import evaluate_templates
+from opro.evaluation.engine import EvaluationEngine, Gate, Pair, Scored
 from opro.judges import CorrectnessJudge
 from opro.llm import ChatClient, Completion
 from opro.llm.openai import OpenAILLM

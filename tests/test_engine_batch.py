@@ -8,15 +8,15 @@ from pathlib import Path
 
 from fakes import Ex
 
-from opro.engine import EvaluationEngine, Pair, Scored
 from opro.errors import LLMError
+from opro.evaluation.engine import EvaluationEngine, Pair, Scored
 from opro.judges import CorrectnessJudge
 from opro.llm import ChatClient, Completion, GenerationOptions, Message
 from opro.llm.cache import CallCache
 from opro.llm.scripted import ScriptedLLM
-from opro.prompts import QATemplate
-from opro.rag import RAGProgram
-from opro.retrieval import RetrievedContext
+from opro.program.prompts import QATemplate
+from opro.program.rag import RAGProgram
+from opro.program.retrieval import RetrievedContext
 
 
 class OneChunk:

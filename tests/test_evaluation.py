@@ -10,11 +10,11 @@ import pytest
 from fakes import Ex
 
 from opro.errors import ConfigError, LLMError, LLMServerError
-from opro.evaluation import EvaluationReport, EvaluationRow, evaluate_examples
+from opro.evaluation.batch import EvaluationReport, EvaluationRow, evaluate_examples
 from opro.judges import CorrectnessJudge, FaithfulnessJudge
+from opro.judges.metrics import TokenF1, exact_match
 from opro.llm import ChatClient, Completion
 from opro.llm.scripted import ScriptedLLM
-from opro.metrics import TokenF1, exact_match
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class _Answer:
 
 
 class _Program:
-    """A stand-in for opro.rag.RAGProgram: answers from a dict, fails on queries starting with 'fail'."""
+    """A stand-in for opro.program.rag.RAGProgram: answers from a dict, fails on queries starting with 'fail'."""
 
     def __init__(self, answers: dict[str, str], *, concurrency: int = 4) -> None:
         backend = ScriptedLLM(default="unused")

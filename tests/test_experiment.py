@@ -162,7 +162,7 @@ def test_question_answer_records_load_without_naming_the_fields(tmp_path: Path) 
 
 
 def test_an_imported_folder_keeps_its_own_split_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from opro.dataset import import_qa
+    from opro.data.dataset import import_qa
 
     folder = import_qa(qa_file(tmp_path), query_field="question", answer_field="answer").with_split(
         exemplar=1, optimization=4, heldout=5, seed=9
@@ -204,14 +204,14 @@ def test_duplicates_that_shrink_the_split_are_reported(tmp_path: Path, monkeypat
 def test_kept_chunks_spare_loading_the_documents_until_a_file_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import opro.documents
+    import opro.data.documents
 
     monkeypatch.setenv("OPRO_CACHE_DIR", str(tmp_path / "cache"))
     cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="test.toml")
     first = Experiment(cfg, pool=scripted_pool(), progress=False).retriever
     loads: list[object] = []
-    real = opro.documents.load_documents
-    monkeypatch.setattr(opro.documents, "load_documents", lambda *a, **k: loads.append(a) or real(*a, **k))
+    real = opro.data.documents.load_documents
+    monkeypatch.setattr(opro.data.documents, "load_documents", lambda *a, **k: loads.append(a) or real(*a, **k))
     again = Experiment(cfg, pool=scripted_pool(), progress=False).retriever
     assert loads == []  # the chunks were kept under the files' bytes: no document loaded
     assert [c.text for c in again.chunks] == [c.text for c in first.chunks]
@@ -238,15 +238,15 @@ def test_the_mlflow_sidecar_starts_before_the_documents_and_ends_when_they_fail(
             started.append(self)
 
     monkeypatch.setattr(opro.tracking.sidecar, "Sidecar", Recorded)
-    import opro.documents
+    import opro.data.documents
 
-    real_load = opro.documents.load_documents
+    real_load = opro.data.documents.load_documents
 
     def load(*args: object, **kwargs: object) -> object:
         loaded_after.append(len(started))
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(opro.documents, "load_documents", load)
+    monkeypatch.setattr(opro.data.documents, "load_documents", load)
     path = write_config(tmp_path)
     path.write_text(path.read_text().replace("sidecar = false", "sidecar = true"))
     (tmp_path / "docs" / "broken.pdf").write_bytes(b"%PDF-1.4 cut short")

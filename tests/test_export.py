@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from opro.errors import ConfigError, DataError, PromptError
 from opro.export import export_prompt, load_dspy_signature, load_llamaindex_prompt, load_prompt_json
-from opro.prompts import QATemplate
-from opro.sources import resolve_prompt
+from opro.heldout.sources import resolve_prompt
+from opro.program.prompts import QATemplate
 
 INSTRUCTION = "Answer only from the context {as JSON}, in one sentence."
 
@@ -254,7 +254,7 @@ def test_a_new_format_is_one_function_and_one_table_entry(
     from types import MappingProxyType
 
     from opro import export
-    from opro.sources import ResolvedPrompt
+    from opro.heldout.sources import ResolvedPrompt
 
     def render_yaml(prompt: ResolvedPrompt, config: object) -> str:
         return f"instruction: {prompt.instruction!r}\n"
@@ -272,8 +272,8 @@ def test_a_new_format_is_one_function_and_one_table_entry(
 
 
 def test_a_registered_configuration_keeps_its_settings_and_demonstrations(tmp_path: Path) -> None:
-    from opro.prompts import Demo, QATemplate
-    from opro.sources import ResolvedPrompt
+    from opro.heldout.sources import ResolvedPrompt
+    from opro.program.prompts import Demo, QATemplate
 
     uri = f"sqlite:///{tmp_path / 'registry.db'}"
     template = QATemplate(instruction="Answer.", top_k=4, answer_max_tokens=64, chunk_size=256,

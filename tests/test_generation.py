@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from opro.errors import ConfigError
-from opro.generation import (
+from opro.data.generation import (
     DEFAULT_QUESTION_QUERY,
     generate_dataset,
     generate_examples,
@@ -15,10 +14,11 @@ from opro.generation import (
     says_not_in_context,
     select_chunks,
 )
+from opro.errors import ConfigError
 from opro.llm import ChatClient, GenerationOptions, Message
 from opro.llm.cache import CallCache
 from opro.llm.scripted import ScriptedLLM
-from opro.retrieval import Chunk
+from opro.program.retrieval import Chunk
 
 PAD = " This sentence pads the chunk to a realistic length for generation." * 4
 CHUNKS = [
@@ -161,7 +161,7 @@ def test_cli_generate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
     from opro.cli import app
-    from opro.dataset import load_dataset
+    from opro.data.dataset import load_dataset
     from opro.llm.pool import ModelPool, ModelSpec
 
     seen: list[ModelSpec] = []

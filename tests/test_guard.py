@@ -1,4 +1,4 @@
-"""The held-out guard (opro.guard): a question called held-out was never seen by the optimization
+"""The held-out guard (opro.heldout.guard): a question called held-out was never seen by the optimization
 that tuned a compared or evaluated prompt."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import pytest
 from fakes import optimized, scripted_pool, write_config
 from typer.testing import CliRunner
 
-from opro.compare import compare_prompts
-from opro.dataset import Example, GoldenDataset
+from opro.data.dataset import Example, GoldenDataset
 from opro.errors import DataError
 from opro.experiment import Experiment
-from opro.guard import check_heldout_leakage
-from opro.sources import resolve_prompt
+from opro.heldout.compare import compare_prompts
+from opro.heldout.guard import check_heldout_leakage
+from opro.heldout.sources import resolve_prompt
 
 
 def test_leakage_is_refused_naming_the_questions() -> None:
-    from opro.dataset import Split, content_hash
+    from opro.data.dataset import Split, content_hash
 
     examples = tuple(Example(query=f"What is item {i}?", reference_answer="x") for i in range(6))
     check_heldout_leakage(GoldenDataset(examples).with_split(exemplar=1, optimization=2, heldout=3, seed=0))
@@ -55,7 +55,7 @@ def test_resplit_in_place_after_optimize_is_refused_naming_the_moved_questions(
 
     from opro.cli import app
     from opro.config import load_config
-    from opro.guard import LEAKAGE_RECORDED, load_split_record
+    from opro.heldout.guard import LEAKAGE_RECORDED, load_split_record
 
     path = optimized(tmp_path, seed=1)
     out = tmp_path / "out"
@@ -98,8 +98,8 @@ def test_resplit_in_place_after_optimize_is_refused_naming_the_moved_questions(
 
 
 def test_a_changed_split_without_overlap_is_refused_and_no_record_says_current_only(tmp_path: Path) -> None:
-    from opro.dataset import split_record
-    from opro.guard import LEAKAGE_CURRENT_ONLY, check_heldout, check_heldout_against_record
+    from opro.data.dataset import split_record
+    from opro.heldout.guard import LEAKAGE_CURRENT_ONLY, check_heldout, check_heldout_against_record
 
     examples = tuple(Example(query=f"What is item {i}?", reference_answer="x") for i in range(8))
     ds = GoldenDataset(examples).with_split(exemplar=1, optimization=2, heldout=3, seed=0)
@@ -119,7 +119,7 @@ def test_a_changed_split_without_overlap_is_refused_and_no_record_says_current_o
     seen_q = ds.examples_in("optimization")[0].query
     leaky = (*examples, Example(query=seen_q.replace("What is", "What's").upper(), reference_answer="y"))
     s = ds.split
-    from opro.dataset import Split, content_hash
+    from opro.data.dataset import Split, content_hash
 
     split = Split(seed=0, exemplar=s.exemplar, optimization=s.optimization, validation=s.validation,
                   heldout=(*s.heldout, 8), dataset_hash=content_hash(leaky))
@@ -137,8 +137,8 @@ def test_the_questions_a_validation_may_extend_into_are_recorded_and_never_held_
     record keeps it, so a later re-split that moves one of them into held-out is refused."""
     from dataclasses import replace
 
-    from opro.dataset import split_record
-    from opro.guard import check_heldout_against_record
+    from opro.data.dataset import split_record
+    from opro.heldout.guard import check_heldout_against_record
 
     examples = tuple(Example(query=f"Which colour has bird number {i}?", reference_answer="x") for i in range(20))
     ds = GoldenDataset(examples).with_split(exemplar=2, optimization=3, validation=4, heldout=5, seed=3)
@@ -209,9 +209,9 @@ def test_paraphrases_stay_in_one_split_and_a_held_out_paraphrase_is_refused_wher
     meaning), the split keeps them together and the guard names a paraphrase across splits."""
     import numpy as np
 
-    from opro.dataset import Split, content_hash, normalize_question, related_groups, split_record
+    from opro.data.dataset import Split, content_hash, normalize_question, related_groups, split_record
     from opro.errors import LeakageError
-    from opro.guard import check_heldout_against_record
+    from opro.heldout.guard import check_heldout_against_record
 
     first, para = "What year did AlexNet win ImageNet?", "In which year was the ImageNet challenge taken by AlexNet?"
     meaning: dict[str, int] = {normalize_question(first): 0, normalize_question(para): 0}

@@ -1,4 +1,4 @@
-"""`opro probe` (opro.headroom) on scripted models: the verdict names the dimension that truly moves the
+"""`opro probe` (opro.probe.headroom) on scripted models: the verdict names the dimension that truly moves the
 score and calls the others inert, a garbage-writing optimizer is flagged, the pilot never touches
 validation or held-out questions, a rerun asks nothing, and the commands read what it stored."""
 
@@ -15,7 +15,7 @@ from fakes import experiment_config, judge_reply, scripted_pool, write_toml
 from typer.testing import CliRunner
 
 import opro.experiment
-from opro.calibration import (
+from opro.calibration.calibrate import (
     CalibrationReport,
     ConditionStats,
     ContrastStats,
@@ -25,7 +25,10 @@ from opro.calibration import (
 from opro.cli import app
 from opro.config import OproConfig, config_from_dict
 from opro.experiment import Experiment
-from opro.headroom import (
+from opro.llm import GenerationOptions, Message
+from opro.llm.pool import ModelPool
+from opro.llm.scripted import ScriptedLLM
+from opro.probe.headroom import (
     Effect,
     check_proposal,
     pilot_pool,
@@ -36,9 +39,6 @@ from opro.headroom import (
     stored_probe,
     verdict_of,
 )
-from opro.llm import GenerationOptions, Message
-from opro.llm.pool import ModelPool
-from opro.llm.scripted import ScriptedLLM
 from opro.records import CommandRecord, Recorded
 
 Reply = Callable[[tuple[Message, ...], GenerationOptions], str]
@@ -206,7 +206,7 @@ def test_the_verdict_rules() -> None:
 
 
 def test_an_undecided_contrast_is_told_how_many_pilot_questions_would_decide_it() -> None:
-    from opro.stats import questions_for_half_width
+    from opro.stats.paired import questions_for_half_width
 
     wide, base = dataclasses.replace(_effect(-0.46, 0.40), verdict=verdict_of(_effect(-0.46, 0.40))), _effect(0, 0)
     need = questions_for_half_width(0.61, 0.2)

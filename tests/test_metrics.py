@@ -5,7 +5,7 @@ import math
 import pytest
 
 from opro.errors import ConfigError
-from opro.metrics import (
+from opro.judges.metrics import (
     EmbeddingSimilarity,
     ExactMatch,
     MetricResult,

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from opro.nearmiss import (
+from opro.calibration.nearmiss import (
     NEAR_MISSES,
     change_number,
     find_names,

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import opro.experiment
 from opro.cli import app
 from opro.config import config_from_dict
-from opro.plan import DEFAULT_DIFFERENCE_SD, check, make_plan
+from opro.probe.plan import DEFAULT_DIFFERENCE_SD, check, make_plan
 
 
 def _config(tmp_path: Path, **overrides: dict) -> object:
@@ -92,8 +92,8 @@ def test_the_plan_counts_the_generator_calls_when_the_dataset_is_generated(tmp_p
     docs = [Document(text=text)]
     made = make_plan(config_from_dict(cfg, base_dir=tmp_path, source="t.toml"), documents=lambda: docs)
     generator = next(r for r in made.roles if r.role == "generator")
-    from opro.generation import select_chunks
-    from opro.retrieval import chunk_documents
+    from opro.data.generation import select_chunks
+    from opro.program.retrieval import chunk_documents
 
     chunks = len(select_chunks(chunk_documents(docs, chunk_size=64, chunk_overlap=0), max_chunks=None))
     # One call per chunk for its questions (2 per chunk here), one per kept question for its answer.
@@ -115,7 +115,7 @@ def test_a_model_with_a_price_gets_a_cost(tmp_path: Path) -> None:
 
 
 def test_without_an_earlier_run_the_calibrated_judge_noise_is_used(tmp_path: Path) -> None:
-    from opro.calibration import CalibrationReport, RetestStats, judge_signature, write_calibration
+    from opro.calibration.calibrate import CalibrationReport, RetestStats, judge_signature, write_calibration
 
     cfg = _config(tmp_path)
     report = CalibrationReport(

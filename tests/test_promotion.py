@@ -1,4 +1,4 @@
-"""Promotion (opro.promotion): a registry alias moves to a compared prompt only on a significant
+"""Promotion (opro.heldout.promotion): a registry alias moves to a compared prompt only on a significant
 held-out gain (or, under a margin, non-inferiority and a lower cost), once per alias and held-out set."""
 
 from __future__ import annotations

@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from opro.errors import PromptError
-from opro.prompts import DEFAULT_BASE_TEMPLATE, DEFAULT_INSTRUCTION, Demo, QATemplate, validate_instruction
+from opro.program.prompts import (
+    DEFAULT_BASE_TEMPLATE,
+    DEFAULT_INSTRUCTION,
+    Demo,
+    QATemplate,
+    validate_instruction,
+)
 
 
 def test_defaults_match_the_reference_notebook() -> None:

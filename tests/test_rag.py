@@ -8,8 +8,8 @@ from opro.errors import PromptError
 from opro.llm import ChatClient
 from opro.llm.cache import CallCache
 from opro.llm.scripted import ScriptedLLM
-from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
-from opro.rag import (
+from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.program.rag import (
     TEXT_QA_KEY,
     QueryEngineProgram,
     RAGProgram,
@@ -18,7 +18,7 @@ from opro.rag import (
     chat_client_llm,
     template_from_query_engine,
 )
-from opro.retrieval import Chunk, build_retriever
+from opro.program.retrieval import Chunk, build_retriever
 
 CHUNKS = [
     Chunk(id="c1", text="The Eiffel Tower is in Paris and was completed in 1889.", metadata={"page": 1}),
@@ -122,9 +122,9 @@ def test_program_as_query_engine_round_trip() -> None:
 def test_a_templates_settings_choose_its_chunks_and_answer_length_in_a_batch_too(tmp_path: Path) -> None:
     from opro.llm import ChatClient, UsageLedger
     from opro.llm.scripted import ScriptedLLM
-    from opro.prompts import QATemplate
-    from opro.rag import RAGProgram
-    from opro.retrieval import RetrievedContext
+    from opro.program.prompts import QATemplate
+    from opro.program.rag import RAGProgram
+    from opro.program.retrieval import RetrievedContext
 
     class Counting:
         def __init__(self) -> None:
@@ -148,7 +148,7 @@ def test_a_templates_settings_choose_its_chunks_and_answer_length_in_a_batch_too
 
 def test_a_template_with_its_own_chunking_is_answered_from_that_chunkings_retriever() -> None:
     from opro.llm import UsageLedger
-    from opro.retrieval import RetrievedContext
+    from opro.program.retrieval import RetrievedContext
 
     class Named:
         def __init__(self, name: str) -> None:

@@ -39,7 +39,7 @@ def test_every_command_recorder_records_and_says_where(make: Callable[[Path], Co
     report = tmp_path / "probe.json"
     report.write_text("{}", encoding="utf-8")
     record = CommandRecord(kind="probe", name="probe", params={"questions": 8}, metrics={"effect_none": -0.1},
-                           tags={"opro.dataset": "x"}, files={report: "probe"})
+                           tags={"opro.data.dataset": "x"}, files={report: "probe"})
     first, second = record_all([recorder], record) + record_all([recorder], record)
     assert first.recorder == recorder.name and first.where and first.ref
     assert first.ref != second.ref  # two records are two entries, never one overwritten

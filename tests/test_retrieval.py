@@ -12,7 +12,7 @@ from fakes import SHARED_ALEXNET
 from llama_index.core.schema import Document
 
 from opro.errors import ConfigError, LLMConnectionError
-from opro.retrieval import (
+from opro.program.retrieval import (
     BM25Retriever,
     Chunk,
     DenseRetriever,
@@ -54,7 +54,7 @@ def test_chunk_documents_uses_sizes_and_keeps_metadata() -> None:
 
 
 def test_chunks_are_cached_by_documents_and_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import opro.retrieval as retrieval
+    import opro.program.retrieval as retrieval
 
     docs = [Document(text=" ".join(TOPICS.values()) * 3, id_="d1", metadata={"page": 1})]
     first = cached_chunks(docs, chunk_size=32, chunk_overlap=0, cache_dir=tmp_path)
@@ -208,8 +208,8 @@ def test_context_overlap_defines_a_hit() -> None:
 @pytest.mark.usefixtures("shared_alexnet")
 def test_bm25_recall_on_the_shared_dataset(tmp_path: Path) -> None:
     """Measured (chunk 512 / overlap 64, no stemming): R@1 0.669, R@2 0.750, R@3 0.781, R@5 0.819."""
-    from opro.dataset import load_dataset
-    from opro.documents import load_documents
+    from opro.data.dataset import load_dataset
+    from opro.data.documents import load_documents
 
     docs = load_documents(SHARED / "source_files").documents
     dataset = load_dataset(SHARED / "rag_dataset.json")

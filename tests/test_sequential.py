@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from opro.sequential import (
+from opro.stats.sequential import (
     Look,
     _stopped,
     conditional_estimate,

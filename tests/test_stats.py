@@ -9,9 +9,9 @@ import pytest
 import scipy.stats
 from scipy.stats import rankdata
 
-from opro.comparison import RESOLUTION, SCALE
 from opro.errors import DataError
-from opro.stats import (
+from opro.heldout.report import RESOLUTION, SCALE
+from opro.stats.paired import (
     bootstrap_mean_ci,
     compare_paired,
     holm,
@@ -221,7 +221,7 @@ def test_the_permutation_test_alone_decides_significance() -> None:
 def test_the_fewest_questions_for_an_interval_half_width() -> None:
     from scipy.stats import t as student
 
-    from opro.stats import questions_for_half_width
+    from opro.stats.paired import questions_for_half_width
 
     for sd, w in ((0.61, 0.2), (0.43, 0.14), (1.3, 0.5), (0.5, 2.0)):
         n = questions_for_half_width(sd, w)

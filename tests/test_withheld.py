@@ -10,13 +10,13 @@ import pytest
 from fakes import experiment_config, scripted_pool, write_toml
 
 from opro.config import config_from_dict
+from opro.data.withheld import NOT_IN_CONTEXT, requirement_score, says_not_in_context, withhold
 from opro.errors import ConfigError
 from opro.experiment import Experiment
 from opro.judges import CorrectnessJudge
 from opro.llm import ChatClient, UsageLedger
 from opro.llm.scripted import ScriptedLLM
-from opro.retrieval import Chunk
-from opro.withheld import NOT_IN_CONTEXT, requirement_score, says_not_in_context, withhold
+from opro.program.retrieval import Chunk
 
 TOPICS = ["rivers", "mountains", "forests", "deserts", "glaciers", "islands", "volcanoes", "lakes", "canyons", "reefs",
           "valleys", "plateaus", "marshes", "tundras", "savannas", "fjords", "caves", "dunes", "lagoons", "steppes"]
@@ -127,7 +127,7 @@ def test_a_demonstration_of_an_unanswerable_question_shows_what_the_retriever_fi
 
 
 def test_a_stratified_split_gives_every_split_its_share_and_changes_nothing_unstratified() -> None:
-    from opro.dataset import Example, make_split
+    from opro.data.dataset import Example, make_split
 
     examples = [Example(query=f"Question number {i} about topic {i * 13}?", reference_answer="a") for i in range(40)]
     hard = {e.query for e in examples[:10]}  # a quarter, all at the front
@@ -141,7 +141,7 @@ def test_a_stratified_split_gives_every_split_its_share_and_changes_nothing_unst
 
 
 def test_another_chunking_withholds_the_same_answers_and_is_indexed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import opro.retrieval
+    import opro.program.retrieval
 
     path = _config(tmp_path, )
     text = path.read_text() + '\n[search.space]\nchunk_size = [96]\n'
@@ -161,7 +161,7 @@ def test_another_chunking_withholds_the_same_answers_and_is_indexed_once(tmp_pat
     finally:
         exp.close()
     # Chunked and indexed once: another experiment over the same files loads both, chunking nothing.
-    monkeypatch.setattr(opro.retrieval, "chunk_documents", lambda *a, **k: pytest.fail("chunked again"))
+    monkeypatch.setattr(opro.program.retrieval, "chunk_documents", lambda *a, **k: pytest.fail("chunked again"))
     again = Experiment.from_file(path, pool=scripted_pool(), progress=False)
     try:
         assert [c.id for c in again.retriever_at(96).chunks] == [c.id for c in wide.chunks]

@@ -114,7 +114,7 @@ def dataset_show(
     """Sizes, split sizes, generating models and a few examples."""
     from rich.console import Console
 
-    from opro.dataset import load_dataset
+    from opro.data.dataset import load_dataset
 
     dataset = load_dataset(directory)
     console = Console()
@@ -144,7 +144,7 @@ def dataset_corpus(
     topics: list[str] | None = typer.Option(None, "--topic", help="pydoc topic (repeatable) [default: a quickstart set]"),
 ) -> None:
     """Write the offline quickstart corpus: Python language reference topics rendered to a PDF."""
-    from opro.corpus import QUICKSTART_TOPICS, write_quickstart_corpus
+    from opro.data.corpus import QUICKSTART_TOPICS, write_quickstart_corpus
 
     path = write_quickstart_corpus(out, topics=tuple(topics) if topics else QUICKSTART_TOPICS)
     typer.echo(str(path))
@@ -159,7 +159,7 @@ def dataset_fetch_llama2(
     force: bool = typer.Option(False, "--force", help="download again even if present"),
 ) -> None:
     """Download the reference notebooks' data (online): the Llama 2 paper and LlamaIndex's Llama2PaperDataset."""
-    from opro.corpus import LLAMA2_DATASET_URL, LLAMA2_PAPER_URL, fetch_llama2_paper
+    from opro.data.corpus import LLAMA2_DATASET_URL, LLAMA2_PAPER_URL, fetch_llama2_paper
 
     result = fetch_llama2_paper(
         out, paper_url=paper_url or LLAMA2_PAPER_URL, dataset_url=dataset_url or LLAMA2_DATASET_URL, force=force

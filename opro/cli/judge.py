@@ -50,7 +50,7 @@ def judge_agreement(
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the call cache."),
 ) -> None:
     """Compare two judges (or a judge and human labels) on the same answers."""
-    from opro.agreement import judge_agreement as measure
+    from opro.calibration.agreement import judge_agreement as measure
 
     if (judge_b is None) == (labels is None):
         typer.echo("error: give exactly one of --judge-b SPEC or --labels FILE", err=True)

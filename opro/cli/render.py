@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def _versus_initial(f: FinalistRecord) -> str:
     """A finalist's cell in the "vs initial" column: only the chosen one was tested (its p on a second line)."""
-    from opro.sequential import interval_text
+    from opro.stats.sequential import interval_text
 
     if not f.chosen:
         return "not chosen" + (f"\n(selection {f.selection_score:.2f})" if f.selection_score is not None else "")

@@ -6,7 +6,7 @@
   own cache is off, so opro's is the one that counts.
 - :func:`judge_metric`: a DSPy metric from an opro judge: the 1-5 judge score rescaled to 0..1 and,
   with ``feedback=True`` (for GEPA), ``dspy.Prediction(score=..., feedback=<the judge's reasoning>)``.
-- :class:`OproRAG`: a DSPy module equivalent to opro's :class:`~opro.rag.RAGProgram`: the same
+- :class:`OproRAG`: a DSPy module equivalent to opro's :class:`~opro.program.rag.RAGProgram`: the same
   retriever and the same template frame, sent as the same single user message (so the same cache
   entries); only the instruction (its predictor's signature instructions) varies. A tuned DSPy
   instruction can therefore be scored by opro, and an opro instruction by DSPy.
@@ -32,11 +32,11 @@ from dspy.lm15 import Response, TextPart, Usage
 
 from opro.errors import ConfigError
 from opro.llm import ChatClient, Completion, Message, Role, cache_key
-from opro.prompts import DEFAULT_BASE_TEMPLATE, Demo, QATemplate
+from opro.program.prompts import DEFAULT_BASE_TEMPLATE, Demo, QATemplate
 
 if TYPE_CHECKING:
-    from opro.metrics import Metric
-    from opro.rag import RAGProgram
+    from opro.judges.metrics import Metric
+    from opro.program.rag import RAGProgram
 
 #: The signature of :class:`OproRAG` (the same as ``opro export --format dspy``).
 RAG_SIGNATURE = "context, question -> answer"
@@ -235,7 +235,7 @@ def judge_metric(
 ) -> Callable[..., Any]:
     """A DSPy metric ``metric(example, prediction, trace=None, pred_name=None, pred_trace=None)``.
 
-    ``judge`` is any opro :class:`~opro.metrics.Metric` that grades against the reference on 1-5 (e.g.
+    ``judge`` is any opro :class:`~opro.judges.metrics.Metric` that grades against the reference on 1-5 (e.g.
     :class:`~opro.judges.CorrectnessJudge`); the example needs ``question`` and ``answer`` fields, the
     prediction an ``answer``. The score is the judge's 1-5 grade rescaled to 0..1 (DSPy optimizers and
     GEPA's perfect score of 1 expect that range); an unreadable judgment scores 0. With

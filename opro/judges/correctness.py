@@ -2,7 +2,7 @@
 
 Its prompt is a :class:`~opro.judges.templates.JudgeTemplate`; its reply is read by
 :func:`~opro.judges.parsing.parse_score` (or from the score token's logits). A reply it cannot read
-gives an *invalid* :class:`~opro.metrics.MetricResult` with the reason, which evaluation reports
+gives an *invalid* :class:`~opro.judges.metrics.MetricResult` with the reason, which evaluation reports
 count and leave out of means.
 """
 from __future__ import annotations
@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from opro.config import SCORE_SOURCES, ScoreFrom, check_score_from
+from opro.data.withheld import NOT_IN_CONTEXT, requirement_score
 from opro.errors import ConfigError
+from opro.judges.metrics import MetricResult
 from opro.judges.parsing import (
     SCORE_MAX,
     SCORE_MIN,
@@ -22,8 +24,6 @@ from opro.judges.parsing import (
 )
 from opro.judges.templates import JudgeTemplate, get_template
 from opro.llm import ChatClient, Completion, Message
-from opro.metrics import MetricResult
-from opro.withheld import NOT_IN_CONTEXT, requirement_score
 
 # --- correctness judge -----------------------------------------------------------------------------
 
@@ -57,7 +57,7 @@ def correctness_schema(*, reasoning_first: bool) -> dict[str, Any]:
 
 
 def _not_in_context(reference: str | None) -> bool:
-    """A question the corpus cannot answer (:mod:`opro.withheld`): scored by its rule, not by a judge
+    """A question the corpus cannot answer (:mod:`opro.data.withheld`): scored by its rule, not by a judge
     call (a small judge cannot be trusted to tell "says so" from "answers anyway")."""
     return reference is not None and reference.strip() == NOT_IN_CONTEXT
 
@@ -244,7 +244,7 @@ class CorrectnessJudge:
     def measure(
         self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()
     ) -> MetricResult:
-        """Uniform entry point used by :func:`opro.evaluation.evaluate_examples`."""
+        """Uniform entry point used by :func:`opro.evaluation.batch.evaluate_examples`."""
         return self.evaluate(query=query, answer=answer, reference=reference)
 
 

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from opro.errors import ConfigError
 from opro.judges.correctness import CorrectnessJudge
+from opro.judges.metrics import Metric, TokenF1
 from opro.judges.mlflow_correctness import CorrectnessPrompt, MlflowCorrectnessJudge
 from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge
 from opro.llm import ChatClient
-from opro.metrics import Metric, TokenF1
 
 if TYPE_CHECKING:  # opro.config is not needed to build a judge, only to type the table it reads
     from opro.config import JudgeSection

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from opro.judges.metrics import MetricResult
 from opro.judges.parsing import parse_yes_no_verdict
 from opro.llm import ChatClient, Message
-from opro.metrics import MetricResult
 
 
 class CorrectnessPrompt(Protocol):
@@ -73,7 +73,7 @@ class MlflowCorrectnessJudge:
         return MetricResult(self.name, 5.0 if verdict else 1.0, verdict, rationale)
 
     def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> MetricResult:
-        """The :class:`~opro.metrics.Metric` entry point (contexts are not part of MLflow's correctness prompt)."""
+        """The :class:`~opro.judges.metrics.Metric` entry point (contexts are not part of MLflow's correctness prompt)."""
         return self.evaluate(query=query, answer=answer, reference=reference)
 
 

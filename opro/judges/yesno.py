@@ -8,10 +8,10 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 from opro.errors import PromptError
+from opro.judges.metrics import MetricResult
 from opro.judges.parsing import parse_yes_no
 from opro.judges.templates import FAITHFULNESS_EVAL, FAITHFULNESS_REFINE, RELEVANCY_EVAL, RELEVANCY_REFINE
 from opro.llm import ChatClient
-from opro.metrics import MetricResult
 
 _VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opro.ledger import sha
-from opro.sequential import Look
+from opro.stats.sequential import Look
 
 #: ``min_coverage`` at its default is left out of a design's key, so decisions recorded before it was
 #: part of the design (at that default) are resumed, not refused.

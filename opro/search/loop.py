@@ -22,8 +22,8 @@ from typing import Any
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError, OproError
-from opro.evaluation import QAExample
-from opro.evaluation_types import EvaluationRow
+from opro.evaluation.batch import QAExample
+from opro.evaluation.rows import EvaluationRow
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.ledger import DecisionLedger
 from opro.llm.client import UsageLedger

@@ -15,7 +15,7 @@ import optuna
 
 from opro.config import OptimizerSection
 from opro.search.study import CandidateTrial, complete_before
-from opro.stats import paired_valid
+from opro.stats.paired import paired_valid
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from opro.evaluation_types import EvaluationRow
+    from opro.evaluation.rows import EvaluationRow
     from opro.records import Recorded
     from opro.search.results import CandidateRecord, OptimizationResult
     from opro.search.study import SearchStudy

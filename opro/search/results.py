@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, cast
 
-from opro.cost import CostSummary, CostUnit
-from opro.dimensions import Value
 from opro.llm.client import UsageByRole, UsageRecord
+from opro.program.cost import CostSummary, CostUnit
+from opro.program.dimensions import Value
 from opro.search.design import ValidationDesign
-from opro.sequential import Look
+from opro.stats.sequential import Look
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
 
@@ -63,7 +63,7 @@ class FinalistRecord:
     validation_score: float | None
     validation_ci: tuple[float, float] | None
     #: (finalist - initial) over the confirmation questions both scored validly: for a claimed
-    #: winner adjusted for having been claimed (:func:`opro.sequential.conditional_estimate`,
+    #: winner adjusted for having been claimed (:func:`opro.stats.sequential.conditional_estimate`,
     #: conditionally median-unbiased, with a conditional interval); otherwise their mean and Student
     #: t interval.
     difference: float | None
@@ -87,7 +87,7 @@ class CostSaving:
     """With ``objective = "cost"``: the chosen finalist's cost per answer against the initial
     configuration's, paired on the confirmation questions both answered."""
 
-    #: :attr:`opro.cost.CostModel.unit`: USD, or task tokens with completions weighted.
+    #: :attr:`opro.program.cost.CostModel.unit`: USD, or task tokens with completions weighted.
     unit: CostUnit
     n_pairs: int
     #: The initial configuration's mean cost per answer on those questions.
@@ -195,7 +195,7 @@ class OptimizationResult:
     gain_ci: tuple[float, float] | None = None
     validation: ValidationResult | None = None
     rejected: tuple[dict[str, str], ...] = ()
-    #: The returned configuration whole (:meth:`opro.prompts.QATemplate.to_json`: wording, frame,
+    #: The returned configuration whole (:meth:`opro.program.prompts.QATemplate.to_json`: wording, frame,
     #: demonstrations, settings); what ``best`` resolves to and exports carry.
     best_configuration: Mapping[str, Any] = field(default_factory=dict)
     #: Its values of the open search dimensions (empty when only wording was searched).
@@ -231,7 +231,7 @@ class OptimizationResult:
 
     def summary(self) -> dict[str, Any]:
         """The result as plain data for summary.json and the study; an interval open below (a claimed
-        gain too rare to simulate lower: :func:`opro.sequential.conditional_estimate`) has its lower
+        gain too rare to simulate lower: :func:`opro.stats.sequential.conditional_estimate`) has its lower
         end as None, never an infinity that strict JSON readers refuse."""
         return _open_ends(self._summary())
 
@@ -255,7 +255,7 @@ class OptimizationResult:
             "initial_score": self.initial_score,
             # initial_score is the search's (in-sample); the validation stage's is validation.initial_score.
             "initial_score_basis": "search",
-            # Means per answered search question of the task calls (tokens, seconds, cost: opro.cost).
+            # Means per answered search question of the task calls (tokens, seconds, cost: opro.program.cost).
             "cost": {name: None if c is None else c.as_dict() for name, c in (
                 ("returned", self.cost_of(self.best_instruction)), ("initial", self.cost_of(self.initial_instruction)))},
             "validation": None if v is None else v.summary(),

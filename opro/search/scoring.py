@@ -1,7 +1,7 @@
 """The scorer: candidate instructions answered by the RAG program and judged, through the engine.
 
 :class:`CandidateScorer` holds what a score depends on (the program, the judge, the QA template a
-candidate instruction is placed into) and the one long-lived :class:`~opro.engine.EvaluationEngine`
+candidate instruction is placed into) and the one long-lived :class:`~opro.evaluation.engine.EvaluationEngine`
 of a search, so the search steps, the exemplar feedback, the proposers' feedback and the validation
 stage all ask through the same slots, cache and error rows.
 """
@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from opro.cost import CostModel
-from opro.dimensions import Value, dimension
-from opro.engine import EvaluationEngine, Pair, Scored, answer_then_judge, role_limit
 from opro.errors import LLMError
-from opro.evaluation import Judge, Program, QAExample
+from opro.evaluation.batch import Judge, Program, QAExample
+from opro.evaluation.engine import EvaluationEngine, Pair, Scored, answer_then_judge, role_limit
+from opro.program.cost import CostModel
+from opro.program.dimensions import Value, dimension
 from opro.progress import progress_bar
 from opro.search.exemplars import ExemplarOutcome
 from opro.search.metaprompt import Exemplar, normalize_instruction
@@ -32,7 +32,7 @@ Outcome = float | LLMError | None
 
 
 class Template(Protocol):
-    """A QA template whose instruction the search varies (:class:`opro.prompts.QATemplate`)."""
+    """A QA template whose instruction the search varies (:class:`opro.program.prompts.QATemplate`)."""
 
     @property
     def template_text(self) -> str: ...
@@ -65,7 +65,7 @@ class CandidateScorer:
         space: SearchSpace | None = None, cost: CostModel | None = None,
     ) -> None:
         self.program = program
-        #: What an answer costs (:mod:`opro.cost`): each candidate's mean is kept beside its score.
+        #: What an answer costs (:mod:`opro.program.cost`): each candidate's mean is kept beside its score.
         self.cost = cost if cost is not None else CostModel()
         self.judge = judge
         self.prototype = template

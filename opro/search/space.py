@@ -22,18 +22,18 @@ from typing import Any, Literal
 
 import optuna
 
-from opro.dimensions import DIMENSIONS as TABLE
-from opro.dimensions import SETTINGS, Value, dimension
+from opro.data.withheld import NOT_IN_CONTEXT
 from opro.errors import ConfigError
-from opro.prompts import Demo, QATemplate
+from opro.program.dimensions import DIMENSIONS as TABLE
+from opro.program.dimensions import SETTINGS, Value, dimension
+from opro.program.prompts import Demo, QATemplate
 from opro.search.results import CandidateRecord
-from opro.withheld import NOT_IN_CONTEXT
 
 logger = logging.getLogger(__name__)
 
 #: A configuration's values beside the wording, by dimension.
 Params = Mapping[str, Value]
-#: The dimensions' names, in the table's order (:data:`opro.dimensions.DIMENSIONS`).
+#: The dimensions' names, in the table's order (:data:`opro.program.dimensions.DIMENSIONS`).
 DIMENSIONS = tuple(d.name for d in TABLE)
 
 
@@ -44,7 +44,7 @@ def _demo_context(texts: Sequence[str], chars: int) -> str:
 def reference_demos(examples: Sequence[Any], *, retrieve: Callable[[str], Sequence[str]], chars: int) -> tuple[Demo, ...]:
     """Demonstrations from exemplar questions with a reference answer: the question, its reference
     context (else what the retriever finds for it) cut to ``chars``, and its reference answer. A
-    question the corpus cannot answer (:data:`opro.withheld.NOT_IN_CONTEXT`) shows what the retriever
+    question the corpus cannot answer (:data:`opro.data.withheld.NOT_IN_CONTEXT`) shows what the retriever
     finds, as the model will see it."""
     out = []
     for e in examples:

@@ -22,10 +22,10 @@ from typing import Any
 import optuna
 
 from opro.config import OptimizerSection
-from opro.cost import CallUsage
-from opro.engine import Gate, Pair, Scored
 from opro.errors import LLMError, OproError
-from opro.evaluation import QAExample
+from opro.evaluation.batch import QAExample
+from opro.evaluation.engine import Gate, Pair, Scored
+from opro.program.cost import CallUsage
 from opro.progress import ProgressBar, progress_bar
 from opro.search.pruners import EarlierStepsPruner, RunningCandidate
 from opro.search.results import CandidateRecord, CandidateStatus

@@ -19,11 +19,11 @@ Study attributes::
     sample:<step>:<tag>:<i>   a sample's text (or its error) asked by the worker it was dealt to
     stopped:<step>            worker 0 stopped the search before this step (reason, token)
     validation:<sha>:<sha>    a prompt's per-question scores on a batch of validation questions
-    validation_cost:<sha>:<sha>  the same answers' costs (:mod:`opro.cost`; None where a call failed)
+    validation_cost:<sha>:<sha>  the same answers' costs (:mod:`opro.program.cost`; None where a call failed)
     validation_design         the validation decision's design (alpha, looks, finalists, questions;
                               :meth:`opro.search.design.ValidationDesign.to_json`)
     validation_looks          every look of that decision (statistic, boundary, p-value, decision;
-                              :meth:`opro.sequential.Look.as_dict`)
+                              :meth:`opro.stats.sequential.Look.as_dict`)
     validation_history        earlier decisions of the study on other validation questions (design, looks;
                               :meth:`opro.search.design.EarlierDecision.to_json`)
     validation_decisions      every validation decision's ledger record (questions, design, fingerprint, verdict)
@@ -36,7 +36,7 @@ Trial parameters: the candidate's values of the open search dimensions (``demos`
 Trial attributes: ``instruction step index worker host claim`` (the claim), ``part`` and ``parts``
 (split candidates), ``part_scores`` and ``part_usage`` (a part's task calls: prompt and completion
 tokens, seconds), ``scores`` (per question, as the racing pruner reads them) and the result
-``score n_scored n_invalid n_errors status cost`` (``cost``: :class:`opro.cost.CostSummary` as a dict,
+``score n_scored n_invalid n_errors status cost`` (``cost``: :class:`opro.program.cost.CostSummary` as a dict,
 means per answered question).
 """
 
@@ -54,17 +54,17 @@ from typing import Any, Final
 
 import optuna
 
-from opro.cost import CallUsage, CostSummary
-from opro.dimensions import Value
 from opro.errors import ConfigError
 from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest, sha
 from opro.llm.client import UsageByRole
 from opro.locking import lease_alive, waiting_lock
+from opro.program.cost import CallUsage, CostSummary
+from opro.program.dimensions import Value
 from opro.redaction import redact_url
 from opro.search.design import EarlierDecision, ValidationDesign
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, CandidateStatus
-from opro.sequential import Look
+from opro.stats.sequential import Look
 
 #: Statuses a new process evaluates again: the endpoint failed, the budget ran out or the judge's
 #: replies could not be read (``incomplete``), not the candidate.

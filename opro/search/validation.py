@@ -7,7 +7,7 @@ On questions the search never saw, in two parts that never share a question:
    questions and these is *chosen*. These questions only choose; they test nothing.
 2. **Confirmation**: the chosen finalist and the initial instruction answer the other validation
    questions in ``validation_looks`` batches, and after each batch a group-sequential one-sided
-   sign-flip test (:mod:`opro.sequential`) decides: success, futility, or the next batch. One
+   sign-flip test (:mod:`opro.stats.sequential`) decides: success, futility, or the next batch. One
    hypothesis is tested, so no multiplicity correction is needed, and a clear effect stops early.
    When the split's looks did not decide, one more look asks up to ``validation_extension``
    questions that are in no split (never held-out): planned with the other looks before the first
@@ -17,7 +17,7 @@ On questions the search never saw, in two parts that never share a question:
 The reported gain, its interval and the returned score come from the confirmation questions only:
 questions that did not choose the finalist among the others (no winner's curse from the selection).
 A claimed gain is also adjusted for having been claimed (a claim is made when the sample looked
-good): :func:`opro.sequential.conditional_estimate`.
+good): :func:`opro.stats.sequential.conditional_estimate`.
 
 Every look is recorded in the study with the design it was made under, and every decision (its
 design, ``min_coverage`` included, the study's fingerprint, its questions and its verdict) in the
@@ -43,13 +43,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opro.config import OptimizerSection
-from opro.cost import CostModel, CostUnit
-from opro.engine import Scored
 from opro.errors import LLMError
-from opro.evaluation import QAExample
-from opro.evaluation_types import EvaluationRow
+from opro.evaluation.batch import QAExample
+from opro.evaluation.engine import Scored
+from opro.evaluation.rows import EvaluationRow
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now, short_hashes
+from opro.program.cost import CostModel, CostUnit
 from opro.search.design import ValidationDesign
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import (
@@ -61,8 +61,8 @@ from opro.search.results import (
 )
 from opro.search.scoring import CandidateScorer
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
-from opro.sequential import Look, conditional_estimate, decide, interval_text, look_sizes, t_interval
-from opro.stats import paired_valid
+from opro.stats.paired import paired_valid
+from opro.stats.sequential import Look, conditional_estimate, decide, interval_text, look_sizes, t_interval
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def score_on(
     with valid judge replies on at least ``min_coverage`` of them; a prompt short of either is not
     kept, and a rerun asks it again (as the search does an ``incomplete`` candidate); ``rows`` are its
     answers and verdicts, in order. ``costs``, when given, receives each prompt's per-answer costs
-    (:mod:`opro.cost`; None where a call failed or, for scores kept before costs were, unknown)."""
+    (:mod:`opro.program.cost`; None where a call failed or, for scores kept before costs were, unknown)."""
     queries = [e.query for e in examples]
     costs = {} if costs is None else costs
     out: dict[str, list[float | None]] = {}
@@ -180,7 +180,7 @@ class _Rows:
 
 
 def _question_hashes(queries: Sequence[str]) -> tuple[str, ...]:
-    from opro.dataset import normalize_question, question_hash
+    from opro.data.dataset import normalize_question, question_hash
 
     return short_hashes([question_hash(normalize_question(q)) for q in dict.fromkeys(queries)])
 
@@ -297,7 +297,7 @@ def _ci(values: Sequence[float | None]) -> tuple[float, float] | None:
 
 def on_scale(ci: tuple[float, float] | None, low: float, high: float) -> tuple[float, float] | None:
     """``ci`` clipped to what the judge's scale allows (a few questions give a t interval past it); an
-    end that is open (infinite: see :func:`opro.sequential.interval_text`) stays open."""
+    end that is open (infinite: see :func:`opro.stats.sequential.interval_text`) stays open."""
     if ci is None:
         return None
     lo, hi = ci

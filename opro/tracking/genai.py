@@ -51,12 +51,12 @@ from opro.tracking.recorder import MlflowRecorder
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-    from opro.dataset import Example, GoldenDataset
-    from opro.evaluation import EvaluationReport, EvaluationRow
+    from opro.data.dataset import Example, GoldenDataset
+    from opro.evaluation.batch import EvaluationReport, EvaluationRow
+    from opro.judges.metrics import Metric
     from opro.judges.mlflow_correctness import MlflowCorrectnessJudge
     from opro.llm import ChatClient
-    from opro.metrics import Metric
-    from opro.prompts import QATemplate
+    from opro.program.prompts import QATemplate
     from opro.records import Recorded
     from opro.search.results import OptimizationResult
     from opro.search.study import SearchStudy
@@ -298,7 +298,7 @@ class GenAILogger:
 
     def register_datasets(self, dataset: GoldenDataset) -> dict[str, Any]:
         """Every non-empty split of ``dataset`` (see :meth:`register_dataset`)."""
-        from opro.dataset import SPLIT_NAMES
+        from opro.data.dataset import SPLIT_NAMES
 
         return {s: self.register_dataset(dataset, split=s) for s in SPLIT_NAMES if dataset.examples_in(s)}
 
@@ -518,7 +518,7 @@ def _retrieved(trace: Any) -> list[str]:
 
 
 def judge_scorer(judge: Metric, *, name: str | None = None) -> Any:
-    """An opro :class:`~opro.metrics.Metric` (judge or not) as an MLflow scorer:
+    """An opro :class:`~opro.judges.metrics.Metric` (judge or not) as an MLflow scorer:
     ``mlflow.genai.evaluate(data, scorers=[judge_scorer(judge)])``.
 
     Works with :class:`~opro.judges.CorrectnessJudge` (question, answer, ``expected_response``) and
@@ -568,7 +568,7 @@ def genai_logger(experiment: Workbench, *, tracking_uri: str | None = None) -> G
 
 def _logger_settings(experiment: Workbench, *, tracking_uri: str | None = None) -> dict[str, Any]:
     """:func:`genai_logger`'s arguments: plain values, so a logger can be built in another process."""
-    from opro.rag import CONTEXT_SEPARATOR
+    from opro.program.rag import CONTEXT_SEPARATOR
 
     cfg = experiment.config
     return dict(
@@ -598,7 +598,7 @@ class ComparedPrompt(Protocol):
 
 
 class Comparison(Protocol):
-    """What :func:`log_comparison_evaluations` reads from a :class:`opro.comparison.ComparisonReport`. Named
+    """What :func:`log_comparison_evaluations` reads from a :class:`opro.heldout.report.ComparisonReport`. Named
     here, not imported: compare calls this module to record its report, so the import goes one way."""
 
     @property
@@ -619,7 +619,7 @@ def log_comparison_evaluations(
 ) -> GenAIRecord:
     """One evaluation run per compared prompt, so MLflow's evaluation-run comparison pairs them by question;
     each is tagged with the comparison's own MLflow run, where ``recorded`` has one."""
-    from opro.prompts import QATemplate
+    from opro.program.prompts import QATemplate
 
     evaluations = [
         PromptEvaluation(
@@ -723,8 +723,8 @@ class ValidationTraces(Recorder):
             self._record, evaluation, study.name, self.tracking.run_id, kept)
 
     def _evaluation(self, label: str, instruction: str, rows: Sequence[EvaluationRow]) -> PromptEvaluation:
-        from opro.evaluation_types import EvaluationReport
-        from opro.metrics import metric_name
+        from opro.evaluation.rows import EvaluationReport
+        from opro.judges.metrics import metric_name
 
         report = EvaluationReport(rows=tuple(rows), judge=metric_name(self.experiment.judge))
         return _validation_prompt(label, self.experiment.template(instruction), instruction, report)
@@ -840,7 +840,7 @@ def _drop_rows(path: Path) -> None:
 
 def _kept_rows(path: Path) -> tuple[EvaluationRow, ...] | None:
     """The rows :func:`_keep_rows` wrote at ``path`` (None: none kept, or unreadable)."""
-    from opro.evaluation_types import EvaluationRow
+    from opro.evaluation.rows import EvaluationRow
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from opro.dimensions import SETTINGS
+from opro.program.dimensions import SETTINGS
 from opro.records import Recorded
 from opro.redaction import redact_url
 from opro.rundir import RunDir
@@ -204,7 +204,7 @@ class MlflowRecorder(Recorder):
             # Its values of the open search dimensions, one series each (the trial's Optuna params).
             metrics.update({f"candidate_{name}": float(v) for name, v in r.params.items()
                             if not isinstance(v, str)})  # a choice of strings: in the trial's params, not a metric
-            if r.cost is not None:  # means per answer of its task calls (opro.cost)
+            if r.cost is not None:  # means per answer of its task calls (opro.program.cost)
                 metrics.update({"candidate_cost": r.cost.cost, "candidate_prompt_tokens": r.cost.prompt_tokens,
                                 "candidate_completion_tokens": r.cost.completion_tokens, "candidate_seconds": r.cost.seconds})
             self._mlflow.log_metrics(metrics, step=position)

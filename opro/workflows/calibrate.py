@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opro.calibration import CalibrationReport
+    from opro.calibration.calibrate import CalibrationReport
     from opro.records import Recorded
 
 
@@ -41,8 +41,8 @@ def calibrate_judge(
     ``mlflow`` is off)."""
     import dataclasses
 
-    from opro.agreement import parse_model_spec
-    from opro.calibration import calibrate_experiment, calibration_record, write_calibration
+    from opro.calibration.agreement import parse_model_spec
+    from opro.calibration.calibrate import calibrate_experiment, calibration_record, write_calibration
     from opro.config import JudgeSection, check_score_from, load_config
     from opro.experiment import Experiment
     from opro.records import record_all

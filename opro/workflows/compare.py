@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from opro.compare import SavedComparison
-    from opro.comparison import ComparisonReport
-    from opro.promotion import PromotionDecision
+    from opro.heldout.compare import SavedComparison
+    from opro.heldout.promotion import PromotionDecision
+    from opro.heldout.report import ComparisonReport
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,11 @@ def compare_and_save(
     ``config``; ``notice`` hears the plan's lines for a held-out comparison before it runs. The report
     is saved under ``out`` (or ``<output_dir>/compare/<name>``) and recorded (MLflow unless ``mlflow``
     is off); with ``promote_alias``, the alias moves only on held-out evidence (see
-    :func:`opro.promotion.promote`)."""
-    from opro.compare import compare_prompts, save_comparison
+    :func:`opro.heldout.promotion.promote`)."""
     from opro.config import check_mlflow_uri
     from opro.experiment import Experiment
-    from opro.promotion import promote
+    from opro.heldout.compare import compare_prompts, save_comparison
+    from opro.heldout.promotion import promote
 
     if tracking_uri is not None:
         check_mlflow_uri(tracking_uri, where="--tracking-uri")
@@ -60,8 +60,8 @@ def compare_and_save(
         specs.insert(0, baseline)
     exp = Experiment.from_file(config, progress=progress)
     if split == "heldout":
-        from opro.headroom import pilot_noise
-        from opro.plan import make_plan
+        from opro.probe.headroom import pilot_noise
+        from opro.probe.plan import make_plan
 
         notice("\n".join(make_plan(exp.config, pilot_noise=pilot_noise(exp.config)).compare_lines()))
     if mlflow or promote_alias:

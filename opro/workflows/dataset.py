@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from opro.dataset import GoldenDataset
-    from opro.generation import GenerationResult
+    from opro.data.dataset import GoldenDataset
+    from opro.data.generation import GenerationResult
     from opro.llm.pool import ModelSpec
 
 
@@ -53,7 +53,7 @@ class SavedSplit:
 
 def save_split(dataset: GoldenDataset, out: str | Path, sizes: SplitSizes = SplitSizes()) -> SavedSplit:
     """Split ``dataset`` (seeded, leak-free) and save it as an opro dataset directory ``out``."""
-    from opro.dataset import split_shortfall
+    from opro.data.dataset import split_shortfall
 
     ex, opt, val, held = sizes.of(len(dataset))
     split = dataset.with_split(exemplar=ex, optimization=opt, validation=val, heldout=held, seed=sizes.seed)
@@ -66,7 +66,7 @@ def import_dataset(file: str | Path, out: str | Path, sizes: SplitSizes = SplitS
                    query_field: str | None = None, answer_field: str | None = None,
                    contexts_field: str | None = None) -> SavedSplit:
     """Import a LabelledRagDataset or QA records (fields found by name unless given), split and save it."""
-    from opro.dataset import load_dataset
+    from opro.data.dataset import load_dataset
 
     fields = {
         k: v
@@ -78,7 +78,7 @@ def import_dataset(file: str | Path, out: str | Path, sizes: SplitSizes = SplitS
 
 def resplit_dataset(directory: str | Path, sizes: SplitSizes = SplitSizes()) -> SavedSplit:
     """Split a dataset directory again (replaces its split.json)."""
-    from opro.dataset import DATASET_FILE, load_labelled_rag_dataset
+    from opro.data.dataset import DATASET_FILE, load_labelled_rag_dataset
 
     return save_split(load_labelled_rag_dataset(Path(directory) / DATASET_FILE), directory, sizes)
 
@@ -114,10 +114,10 @@ def generate_dataset(
 ) -> DatasetGenerated:
     """Generate a golden dataset from the documents ``docs`` with ``model`` (the generator), split it
     and save it to ``out``; ``notice`` hears each document file skipped (``skip_bad``)."""
-    from opro.documents import load_documents
-    from opro.generation import generate_examples
+    from opro.data.documents import load_documents
+    from opro.data.generation import generate_examples
     from opro.llm.factory import ClientFactory, open_cache
-    from opro.retrieval import chunk_documents
+    from opro.program.retrieval import chunk_documents
 
     loaded = load_documents(docs, skip_bad=skip_bad)
     for s in loaded.skipped:

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opro.dataset import SPLIT_NAMES
+from opro.data.dataset import SPLIT_NAMES
 from opro.errors import ConfigError
 from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
 
 if TYPE_CHECKING:
-    from opro.evaluation_types import EvaluationReport
-    from opro.sources import ResolvedPrompt
+    from opro.evaluation.rows import EvaluationReport
+    from opro.heldout.sources import ResolvedPrompt
     from opro.tracking.genai import GenAIRecord
 
 
@@ -51,11 +51,11 @@ def evaluate_prompt(
     or .csv, or both under ``<output_dir>/evaluate/``) and record it (:func:`evaluation_record`) through
     ``recorders``, by default the config's (MLflow unless ``mlflow`` is off; with ``[tracking].genai``
     also a GenAI evaluation run with a trace per question)."""
-    from opro.evaluation import evaluate_examples
+    from opro.evaluation.batch import evaluate_examples
     from opro.experiment import Experiment
-    from opro.guard import check_heldout
+    from opro.heldout.guard import check_heldout
+    from opro.heldout.sources import resolve_prompt
     from opro.judges import make_extra_metrics
-    from opro.sources import resolve_prompt
     from opro.tracking.commands import command_recorders
 
     if split not in SPLIT_NAMES:

@@ -35,7 +35,7 @@ def export_spec(
     export printed to stdout leaves nothing to point at and is not recorded."""
     from opro.config import check_mlflow_uri, load_config
     from opro.export import EXPORT_FORMATS, FILE_ONLY_FORMATS, STDOUT_FORMATS, export_prompt, export_record
-    from opro.sources import resolve_prompt
+    from opro.heldout.sources import resolve_prompt
     from opro.tracking.commands import command_recorders
 
     if format not in EXPORT_FORMATS:

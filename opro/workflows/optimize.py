@@ -52,14 +52,14 @@ def parse_worker(text: str) -> tuple[int, int]:
 
 def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
     """Worker 0 says (and keeps) the plan, and the stored probe's verdict (never a new probe)."""
-    from opro.headroom import pilot_noise
-    from opro.plan import make_plan
+    from opro.probe.headroom import pilot_noise
+    from opro.probe.plan import make_plan
 
     plan = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp.config))
     notice("\n".join(plan.lines()))
     exp.run_dir.write_plan(plan.as_dict())
     if exp.run_dir.probe.is_file():
-        from opro.headroom import stored_probe
+        from opro.probe.headroom import stored_probe
 
         probed, why = stored_probe(exp)
         notice("\n".join(probed.verdict_lines() if probed is not None else [f"probe: {why}"]))
@@ -76,9 +76,9 @@ def optimize_experiment(
 ) -> OptimizeRun:
     """Run worker ``worker`` (I/N) of the experiment ``config``'s search; worker 0 first makes the plan
     and reads the stored probe (``notice`` hears both). ``fresh`` archives the existing study first."""
-    from opro.dataset import split_shortfall
+    from opro.data.dataset import split_shortfall
     from opro.experiment import Experiment
-    from opro.plan import check
+    from opro.probe.plan import check
 
     index, count = parse_worker(worker)
     exp = Experiment.from_file(config, progress=progress)

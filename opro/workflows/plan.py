@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from opro.headroom import ProbeResult, ProbeRun
-    from opro.plan import Plan
+    from opro.probe.headroom import ProbeResult, ProbeRun
+    from opro.probe.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,14 @@ def plan_experiment(config: str | Path, *, probe: bool = False, questions: int |
     """The plan of ``opro optimize config`` (no LLM call); with ``probe``, first the stored probe made with
     these settings, else a new one (``questions``: its pilot), so the plan takes the noise it measured."""
     from opro.experiment import Experiment
-    from opro.headroom import pilot_noise
-    from opro.plan import make_plan
+    from opro.probe.headroom import pilot_noise
+    from opro.probe.plan import make_plan
 
     exp = Experiment.from_file(config, progress=None if probe else False)
     try:
         probed, reused = None, False
         if probe:
-            from opro.headroom import probe_or_stored
+            from opro.probe.headroom import probe_or_stored
 
             probed, reused = probe_or_stored(exp, questions=questions)
         # After the probe: planned by the noise it measured.
@@ -48,7 +48,7 @@ def probe_experiment(config: str | Path, *, questions: int | None = None, mlflow
                      progress: bool | None = None) -> ProbeRun:
     """``opro probe``: probe the experiment ``config``, write probe.json and probe.md, record it."""
     from opro.experiment import Experiment
-    from opro.headroom import run_probe
+    from opro.probe.headroom import run_probe
     from opro.tracking.commands import command_recorders
 
     exp = Experiment.from_file(config, progress=progress)

@@ -373,7 +373,7 @@ def test_llamaindex_templates_in_use_are_the_librarys_objects() -> None:
     from llama_index.core.evaluation import correctness, dataset_generation, faithfulness, relevancy
     from llama_index.core.prompts import default_prompts
 
-    import opro.generation as generation
+    import opro.data.generation as generation
     import opro.judges.templates as judges
 
     li = BUILTIN_TEMPLATES["llamaindex"]

@@ -34,10 +34,10 @@ from opro.judges import (
     judge_template,
     make_extra_metrics,
 )
+from opro.judges.metrics import Metric, MetricResult
 from opro.llm import ChatClient, Message
 from opro.llm.cache import CallCache
 from opro.llm.scripted import ScriptedLLM
-from opro.metrics import Metric, MetricResult
 
 # One question as the RAG program leaves it: the judges read what they need of it.
 ITEM: Mapping[str, object] = {
@@ -295,7 +295,7 @@ def test_an_unknown_judge_metric_names_the_choices() -> None:
 
 
 def test_extra_metrics_by_name_ask_for_the_judge_client_only_for_a_judge() -> None:
-    from opro.metrics import TokenF1
+    from opro.judges.metrics import TokenF1
 
     asked: list[ChatClient] = []
 

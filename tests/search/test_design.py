@@ -14,7 +14,7 @@ from opro.search.design import EarlierDecision, ValidationDesign
 from opro.search.results import CandidateRecord, CostSaving
 from opro.search.study import questions_key, sha
 from opro.search.validation import _design, _plan
-from opro.sequential import Look
+from opro.stats.sequential import Look
 
 PROCEDURE = ("chosen finalist vs initial: group-sequential one-sided sign-flip test, "
              "O'Brien-Fleming-type alpha spending, non-binding futility")

@@ -16,7 +16,7 @@ from opro.experiment import Experiment
 from opro.llm import GenerationOptions, Message
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
-from opro.prompts import Demo, QATemplate
+from opro.program.prompts import Demo, QATemplate
 from opro.search.results import CandidateRecord
 from opro.search.space import SearchSpace, reference_demos
 
@@ -158,9 +158,9 @@ def test_the_returned_configuration_exports_and_reloads_answering_the_same(
         load_llamaindex_settings,
         load_prompt_json,
     )
+    from opro.heldout.sources import resolve_prompt
     from opro.integrations.dspy import OproRAG
-    from opro.rag import RAGProgram, as_llama_index_retriever, chat_client_llm
-    from opro.sources import resolve_prompt
+    from opro.program.rag import RAGProgram, as_llama_index_retriever, chat_client_llm
 
     path, _ = searched
     llms = _llms()
@@ -206,7 +206,7 @@ def test_the_returned_configuration_exports_and_reloads_answering_the_same(
 
 
 def test_a_held_out_question_shown_as_a_demonstration_is_refused(searched: tuple[Path, object], tmp_path: Path) -> None:
-    from opro.compare import compare_prompts
+    from opro.heldout.compare import compare_prompts
 
     path, _ = searched
     exp = Experiment.from_file(path, pool=_pool(), progress=False)
@@ -254,11 +254,11 @@ def test_on_the_embedded_model_the_exports_answer_as_opro_does(tmp_path: Path, e
     from llama_index.core.query_engine import RetrieverQueryEngine
 
     from opro.export import export_prompt, load_dspy_program, load_llamaindex_prompt, load_llamaindex_settings
+    from opro.heldout.sources import ResolvedPrompt
     from opro.integrations.dspy import OproRAG
     from opro.llm import ChatClient, UsageLedger
-    from opro.rag import RAGProgram, as_llama_index_retriever, chat_client_llm
-    from opro.retrieval import RetrievedContext
-    from opro.sources import ResolvedPrompt
+    from opro.program.rag import RAGProgram, as_llama_index_retriever, chat_client_llm
+    from opro.program.retrieval import RetrievedContext
 
     class Fixed:
         texts = ("The break statement terminates the nearest enclosing loop.",
@@ -394,14 +394,14 @@ def test_bootstrapped_demonstrations_are_the_task_models_answers_the_judge_passe
 
 
 def test_the_retriever_kind_lands_through_the_table_searched_exported_and_planned(tmp_path: Path) -> None:
-    """A dimension declared once (opro/dimensions.py) and implemented in retrieval.py: [search.space]
+    """A dimension declared once (opro/program/dimensions.py) and implemented in retrieval.py: [search.space]
     opens it, the sampler proposes it, the template carries it, the exports and the plan show it."""
     from test_dimensions import EMBEDDINGS, HashEmbedder
 
     from opro.config import load_config
     from opro.export import export_prompt, load_llamaindex_settings, load_prompt_json
-    from opro.plan import make_plan
-    from opro.sources import resolve_prompt
+    from opro.heldout.sources import resolve_prompt
+    from opro.probe.plan import make_plan
 
     path = _config(tmp_path, retriever=["bm25", "hybrid"])
     path.write_text(path.read_text() + "\n[rag.embeddings]\n" + "".join(f"{k} = {v!r}\n".replace("'", '"')

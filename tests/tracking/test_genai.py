@@ -12,8 +12,8 @@ import pytest
 from fakes import mlflow_client as _client
 from fakes import optimized, scripted_pool
 
-from opro.compare import compare_prompts, save_comparison
 from opro.experiment import Experiment
+from opro.heldout.compare import compare_prompts, save_comparison
 
 
 def _logger(config: Path) -> Any:
@@ -93,7 +93,7 @@ def test_compare_makes_one_evaluation_run_per_prompt_with_traces_and_verdicts(
 
 
 def prompt_hash(config: Path) -> str:
-    from opro.dataset import load_dataset
+    from opro.data.dataset import load_dataset
 
     return load_dataset(config.parent / "out" / "dataset").content_hash[:8]
 
@@ -249,9 +249,9 @@ def test_judge_agreement_with_mlflow_correctness_judge(tmp_path: Path, monkeypat
 
 
 def test_credentials_in_urls_never_reach_the_records(tmp_path: Path) -> None:
-    from opro.dataset import Example, GoldenDataset
-    from opro.evaluation import EvaluationReport, EvaluationRow
-    from opro.prompts import QATemplate
+    from opro.data.dataset import Example, GoldenDataset
+    from opro.evaluation.batch import EvaluationReport, EvaluationRow
+    from opro.program.prompts import QATemplate
     from opro.tracking.genai import GenAILogger, PromptEvaluation
 
     secret = "sk-live-0123456789"
@@ -593,9 +593,9 @@ def test_identical_runs_record_one_trace_per_question_of_each_prompt_in_its_run(
     lock, and MLflow dropped what timed out). Five identical recordings of two prompts, one of which did
     not answer the first questions (as the initial instruction skips the selection questions): each
     run holds exactly one trace per question its prompt answered, every time."""
-    from opro.dataset import Example, GoldenDataset
-    from opro.evaluation import EvaluationReport, EvaluationRow
-    from opro.prompts import QATemplate
+    from opro.data.dataset import Example, GoldenDataset
+    from opro.evaluation.batch import EvaluationReport, EvaluationRow
+    from opro.program.prompts import QATemplate
     from opro.tracking.genai import GenAILogger, PromptEvaluation
 
     n = 30

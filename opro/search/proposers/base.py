@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from opro.evaluation import QAExample
+from opro.evaluation.batch import QAExample
 from opro.llm.client import ChatClient, Request
 from opro.search.metaprompt import Exemplar, check_candidate, extract_candidate, normalize_instruction
 from opro.search.results import CandidateRecord

@@ -99,7 +99,7 @@ def noninferiority(a: Sequence[float], b: Sequence[float], *, margin: float, alp
 
 def holm_noninferiority(tests: Sequence[NonInferiority]) -> list[NonInferiority]:
     """The tests with their p-values Holm-adjusted over the family (one baseline, k prompts)."""
-    from opro.stats import holm
+    from opro.stats.paired import holm
 
     if len(tests) <= 1:
         return list(tests)

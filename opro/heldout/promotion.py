@@ -1,6 +1,6 @@
 """Promotion: move a Prompt Registry alias to a compared prompt only on held-out evidence.
 
-:func:`promote` reads a :class:`~opro.comparison.ComparisonReport`: a held-out comparison whose guard
+:func:`promote` reads a :class:`~opro.heldout.report.ComparisonReport`: a held-out comparison whose guard
 passed, enough validly scored questions, and a significant gain (or, under a margin, non-inferiority
 and a lower cost). The winner is registered through the registry exporter
 (:func:`opro.export.export_prompt` with ``format="mlflow"``) and tagged with its held-out figures
@@ -20,7 +20,7 @@ from opro.errors import ConfigError
 from opro.rundir import RunDir
 
 if TYPE_CHECKING:
-    from opro.comparison import ComparisonReport, PromptScores, VersusBaseline
+    from opro.heldout.report import ComparisonReport, PromptScores, VersusBaseline
     from opro.workbench import Workbench
 
 
@@ -84,7 +84,7 @@ def promote(
         return _refused_again(alias, shared=len(report.questions), n=len(report.questions), where="this output folder",
                               at=last.get("at"), prompts=last.get("prompts", []), alpha=last.get("alpha"),
                               verdict="granted" if last.get("granted") else "refused")
-    from opro.dataset import normalize_question, question_hash
+    from opro.data.dataset import normalize_question, question_hash
     from opro.ledger import Decision, short_hashes
 
     entry = Decision(
@@ -123,7 +123,7 @@ def _refused_again(alias: str, *, shared: int, n: int, where: str, at: Any, prom
 def _promotion_attempt(report: ComparisonReport, *, alias: str, registry: str, min_coverage: float) -> dict[str, Any]:
     """What identifies a promotion attempt: the alias, the held-out questions, and the family (the
     compared templates, the baseline, alpha, the coverage rule and, under ``--margin``, the margin)."""
-    from opro.dataset import normalize_question, question_hash
+    from opro.data.dataset import normalize_question, question_hash
     from opro.ledger import sha
 
     questions = sha(repr(sorted(question_hash(normalize_question(q)) for q in report.questions)))
@@ -145,7 +145,7 @@ def _promote(
     report: ComparisonReport, *, experiment: Workbench, alias: str, tracking_uri: str | None, min_coverage: float
 ) -> PromotionDecision:
     from opro.export import export_prompt
-    from opro.sources import resolve_prompt
+    from opro.heldout.sources import resolve_prompt
 
     if report.split != "heldout" or not report.leakage_checked:
         return PromotionDecision(alias, False, None, None, (

@@ -17,11 +17,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from opro.dataset import Example, GoldenDataset, NearDuplicates, is_near_duplicate
+from opro.data.dataset import Example, GoldenDataset, NearDuplicates, is_near_duplicate
 from opro.errors import ConfigError, DataError
 from opro.llm import ChatClient, Completion, Message
+from opro.program.retrieval import Chunk
 from opro.progress import ProgressBar, progress_bar
-from opro.retrieval import Chunk
 
 # The question query LlamaIndex's DatasetGenerator builds inline (the reference notebook's
 # "Teacher/Professor" query). The library does not export it, so it cannot be loaded from there; kept

@@ -4,8 +4,8 @@ One row per example (query, reference, answer, contexts, judge score, feedback, 
 tokens, error). An LLM failure on one example becomes an error row instead of ending the run,
 up to ``max_errors``. Invalid judge replies are counted and left out of the mean.
 
-The rows, the report and the protocols of what is evaluated live in :mod:`opro.evaluation_types`
-(below :mod:`opro.engine`, which produces the rows) and are re-exported here.
+The rows, the report and the protocols of what is evaluated live in :mod:`opro.evaluation.rows`
+(below :mod:`opro.evaluation.engine`, which produces the rows) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from opro.engine import EvaluationEngine, Pair, Scored, role_limit
 from opro.errors import ConfigError, LLMError
-from opro.evaluation_types import (
+from opro.evaluation.engine import EvaluationEngine, Pair, Scored, role_limit
+from opro.evaluation.rows import (
     EvaluationReport,
     EvaluationRow,
     ExtraMetric,
@@ -25,11 +25,11 @@ from opro.evaluation_types import (
     Program,
     QAExample,
 )
-from opro.metrics import metric_name
+from opro.judges.metrics import metric_name
 from opro.progress import progress_bar
 
 if TYPE_CHECKING:
-    from opro.prompts import QATemplate
+    from opro.program.prompts import QATemplate
 
 
 def _concurrency(workers: int | None, *parts: Any) -> int:

@@ -4,7 +4,7 @@
 Three figures a user needs before spending an afternoon of LLM calls:
 
 - **What it can detect.** The smallest true gain the validation stage claims in 80% of runs, for
-  these split sizes and this judge's noise (:func:`opro.sequential.design_power`), and the same for
+  these split sizes and this judge's noise (:func:`opro.stats.sequential.design_power`), and the same for
   ``opro compare`` on the held-out questions; a warning where a significant result is impossible.
   The noise is the standard deviation of the per-question score difference of two prompts: from the
   last run's validation stage when there is one, else from ``opro judge calibrate`` (its test-retest
@@ -14,7 +14,7 @@ Three figures a user needs before spending an afternoon of LLM calls:
   without clear losers does); the validation figure is its expectation when there is no gain
   (futility stops some runs early), its maximum beside it.
 - **What an answer costs.** The task model's tokens per answer under each open choice of
-  ``[search.space]`` (from the same prompt-length estimate), as a cost (:mod:`opro.cost`); with
+  ``[search.space]`` (from the same prompt-length estimate), as a cost (:mod:`opro.program.cost`); with
   ``objective = "cost"`` also the smallest margin the split sizes confirm and the saving the space
   can give.
 - **How long and how much.** Per-call tokens and seconds come from the last run in the same output
@@ -35,10 +35,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
-from opro.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values
+from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values
 from opro.rundir import RunDir
 from opro.search.validation import confirmation_looks, split_sizes
-from opro.sequential import design_power, min_questions
+from opro.stats.sequential import design_power, min_questions
 
 if TYPE_CHECKING:
     from llama_index.core.schema import Document
@@ -86,7 +86,7 @@ class RoleEstimate:
 @dataclass(frozen=True)
 class ChoiceCost:
     """One task answer under one open choice of ``[search.space]`` (the other settings the initial
-    configuration's): estimated tokens and its cost (:meth:`opro.cost.CostModel.of`)."""
+    configuration's): estimated tokens and its cost (:meth:`opro.program.cost.CostModel.of`)."""
 
     dimension: str
     value: Value
@@ -240,9 +240,9 @@ def _duration(seconds: float) -> str:
 def _difference_sd(config: OproConfig, *, pilot_noise: tuple[float, str] | None = None) -> tuple[float, str]:
     """The paired per-question score difference's sd: measured on the last run's confirmation pairs
     (what the test sees), else ``pilot_noise`` (``opro probe``'s pilot: its contrasts against the initial
-    configuration, by the same task model and judge; :func:`opro.headroom.pilot_noise`), else from the
+    configuration, by the same task model and judge; :func:`opro.probe.headroom.pilot_noise`), else from the
     judge's calibration (a lower bound), else the default."""
-    from opro.calibration import judge_signature, load_calibration
+    from opro.calibration.calibrate import judge_signature, load_calibration
     from opro.errors import DataError
 
     v = (_last_summary(config) or {}).get("validation") or {}
@@ -288,8 +288,8 @@ def _chunks_to_generate(config: OproConfig, documents: Callable[[], Sequence[Doc
     d = config.data
     if d.dataset or RunDir(config.output_dir).has_dataset() or documents is None:
         return 0
-    from opro.generation import select_chunks
-    from opro.retrieval import chunk_documents
+    from opro.data.generation import select_chunks
+    from opro.program.retrieval import chunk_documents
 
     chunks = chunk_documents(documents(), chunk_size=config.rag.chunk_size, chunk_overlap=config.rag.chunk_overlap)
     return len(select_chunks(chunks, max_chunks=d.max_chunks or None))
@@ -304,7 +304,7 @@ def _generation_calls(config: OproConfig, chunks: int) -> float:
 def _unused_questions(config: OproConfig, chunks: int) -> int:
     """Questions in no split, which a validation may extend into: counted in the run's dataset once it
     is made, else in the given dataset, else estimated from the chunks still to be generated."""
-    from opro.dataset import load_dataset
+    from opro.data.dataset import load_dataset
     from opro.errors import OproError
 
     s = config.data.split
@@ -358,7 +358,7 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> 
 
 def _task_tokens(config: OproConfig, values: Mapping[str, Any]) -> tuple[float, float]:
     """Prompt and completion tokens of one task answer with these settings: the frame, then each
-    dimension's effect (:attr:`opro.dimensions.Dimension.tokens`)."""
+    dimension's effect (:attr:`opro.program.dimensions.Dimension.tokens`)."""
     prompt, completion = 120.0, 70.0
     for d in DIMENSIONS:
         if d.tokens is None or values.get(d.name) is None:
@@ -408,7 +408,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     """The plan of ``opro optimize`` for ``config`` (reads the output folder; makes no LLM call).
     ``documents``: the corpus, read only when the dataset is still to be generated from it (one
     generator call per chunk); without it that count is left out. ``pilot_noise``: the paired sd a
-    probe measured and whose it is (:func:`opro.headroom.pilot_noise`), planned by where no run
+    probe measured and whose it is (:func:`opro.probe.headroom.pilot_noise`), planned by where no run
     measured one."""
     o, s = config.optimizer, config.data.split
     sd, sd_basis = _difference_sd(config, pilot_noise=pilot_noise)

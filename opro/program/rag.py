@@ -1,6 +1,6 @@
 """The RAG program being optimized, and its LlamaIndex integration.
 
-:class:`RAGProgram` retrieves contexts, fills a :class:`~opro.prompts.QATemplate` and asks the task
+:class:`RAGProgram` retrieves contexts, fills a :class:`~opro.program.prompts.QATemplate` and asks the task
 model through a :class:`~opro.llm.ChatClient` (cache + usage). The prompt is sent as one user message
 so the token prefix (chat header + context + query) stays stable across candidate instructions.
 
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from opro.dimensions import DIMENSIONS
 from opro.errors import ConfigError, LLMError, PromptError
 from opro.llm import ChatClient, Completion, Message
+from opro.program.dimensions import DIMENSIONS
+from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.program.retrieval import RetrievedContext, Retriever, retrieve_top
 from opro.progress import progress_bar
-from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
-from opro.retrieval import RetrievedContext, Retriever, retrieve_top
 
 TEXT_QA_KEY = "response_synthesizer:text_qa_template"
 CONTEXT_SEPARATOR = "\n\n"  # what LlamaIndex's compact synthesizer puts between chunks
@@ -287,7 +287,7 @@ def _engine_model(engine: Any) -> str:
         return "llama-index"
 
 
-# --- adapters (classes built on first use so importing opro.rag stays light) -----------------------
+# --- adapters (classes built on first use so importing opro.program.rag stays light) -----------------------
 
 
 @cache
@@ -357,7 +357,7 @@ def _retriever_adapter_class() -> type:
     from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
     class OproRetriever(BaseRetriever):
-        """A LlamaIndex retriever over an opro :class:`~opro.retrieval.Retriever`."""
+        """A LlamaIndex retriever over an opro :class:`~opro.program.retrieval.Retriever`."""
 
         def __init__(self, retriever: Retriever, top_k: int | None = None) -> None:
             super().__init__()

@@ -9,7 +9,7 @@ plan. The config, the search space, the experiment, the RAG program, the exports
 it; none of them names a dimension in a list of its own.
 
 Adding a dimension is one :class:`Dimension` in :data:`DIMENSIONS`, then the behaviour in the module
-that implements it (an ``index`` dimension is a keyword of :func:`opro.retrieval.build_retriever`).
+that implements it (an ``index`` dimension is a keyword of :func:`opro.program.retrieval.build_retriever`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ Value = int | float | str
 Kind = Literal["int", "float", "choice"]
 #: ``template``: the template's own content (the demonstrations); ``generation``: the task model's
 #: call; ``retrieval``: a query's retrieval; ``index``: the index the corpus is retrieved from (each
-#: value its own index, built once: a keyword of :func:`opro.retrieval.build_retriever`).
+#: value its own index, built once: a keyword of :func:`opro.program.retrieval.build_retriever`).
 Applies = Literal["template", "generation", "retrieval", "index"]
 
 
 @dataclass(frozen=True)
 class Tokens:
-    """A dimension's effect on one task answer (:mod:`opro.plan`): prompt tokens it adds, and the cap
+    """A dimension's effect on one task answer (:mod:`opro.probe.plan`): prompt tokens it adds, and the cap
     it puts on the completion (None: none)."""
 
     prompt: float = 0.0

@@ -5,7 +5,7 @@ For questions of a labelled dataset the judge scores three kinds of answers:
 - ``reference``: the reference answer itself (should score high),
 - ``wrong``: the reference answer of another question (a cyclic shift, so never its own),
 - ``task``: the task model's answers through the RAG program (somewhere in between),
-- near misses, the reference with one fact made wrong, made without a model (:mod:`opro.nearmiss`):
+- near misses, the reference with one fact made wrong, made without a model (:mod:`opro.calibration.nearmiss`):
   ``number`` (one number changed), ``name`` (one name swapped for a name from another reference),
   ``first-sentence`` (the reference cut to its first sentence); a question whose reference has no
   number, no name or one sentence only has no answer of that condition. They are what separates two
@@ -34,15 +34,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opro.calibration.nearmiss import NEAR_MISSES, near_misses
 from opro.errors import ConfigError, DataError
 from opro.llm import UsageLedger
-from opro.nearmiss import NEAR_MISSES, near_misses
 from opro.records import CommandRecord, finite_metrics
 from opro.rundir import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
-    from opro.dataset import Example
+    from opro.data.dataset import Example
     from opro.judges import CorrectnessJudge
     from opro.workbench import Workbench
 

@@ -173,7 +173,7 @@ def fetch_llama2_paper(
     present are kept unless ``force``. Raises :class:`DataError` (saying what to do) when offline or
     when a download is not what it should be.
     """
-    from opro.dataset import load_labelled_rag_dataset
+    from opro.data.dataset import load_labelled_rag_dataset
 
     out = Path(out_dir)
     paper = out / "source_files" / "llama2.pdf"

@@ -468,10 +468,10 @@ def _chunks_key(documents: Sequence[Document], *, chunk_size: int, chunk_overlap
 
 
 def files_chunks_key(files: Sequence[Path], *, chunk_size: int, chunk_overlap: int, skip_bad: bool) -> str:
-    """sha256 of what shapes the chunks of ``files`` (as :func:`opro.documents.source_files` lists
+    """sha256 of what shapes the chunks of ``files`` (as :func:`opro.data.documents.source_files` lists
     them): each file's path and bytes, the loader's and splitter's versions, the sizes. Computed
     without loading a document: a run whose chunks are kept skips PDF parsing and LlamaIndex's import."""
-    from opro.documents import LOADER_FORMAT
+    from opro.data.documents import LOADER_FORMAT
 
     h = _chunks_hash(chunk_size=chunk_size, chunk_overlap=chunk_overlap, loader=LOADER_FORMAT, skip_bad=skip_bad)
     for f in files:

@@ -18,8 +18,8 @@ from opro.errors import DataError, LeakageError
 from opro.rundir import RunDir
 
 if TYPE_CHECKING:
-    from opro.dataset import Embed, GoldenDataset
-    from opro.sources import ResolvedPrompt
+    from opro.data.dataset import Embed, GoldenDataset
+    from opro.heldout.sources import ResolvedPrompt
 
 
 def _first_five(items: Sequence[str]) -> str:
@@ -36,7 +36,7 @@ def check_heldout_leakage(
     Questions are compared normalized (case, punctuation, whitespace). ``other_questions`` adds
     more questions an optimizer saw, by where they come from (another run's splits).
     """
-    from opro.dataset import normalize_question
+    from opro.data.dataset import normalize_question
 
     held = {normalize_question(e.query): e.query for e in dataset.examples_in("heldout")}
     seen: dict[str, list[str]] = {}
@@ -74,12 +74,12 @@ def load_split_record(output_dir: str | Path) -> dict[str, Any] | None:
 def check_heldout_against_record(dataset: GoldenDataset, *, record: Mapping[str, Any], where: str = "the split record",
                                  embed: Embed | None = None) -> None:
     """Raise :class:`DataError` if the held-out questions of ``dataset`` as it is now were seen by the
-    optimization that wrote ``record`` (see :func:`opro.dataset.split_record`), or the split changed.
+    optimization that wrote ``record`` (see :func:`opro.data.dataset.split_record`), or the split changed.
 
     Held-out questions are matched by the sha256 of their normalized text and, where the record keeps
     the normalized texts, as near-duplicates.
     """
-    from opro.dataset import split_hash
+    from opro.data.dataset import split_hash
 
     if dataset.split is None:
         raise DataError("the dataset has no split; create one with `opro dataset import`")
@@ -109,7 +109,7 @@ def _seen_in_record(dataset: GoldenDataset, record: Mapping[str, Any], *, embed:
     """Held-out questions of ``dataset`` that ``record`` lists as seen (exactly, by the hash of the
     normalized text, as near-duplicates of its kept texts, or, with ``embed``, as paraphrases of
     them): question -> where it was seen."""
-    from opro.dataset import QuestionKey, normalize_question, paraphrase_pairs, question_hash
+    from opro.data.dataset import QuestionKey, normalize_question, paraphrase_pairs, question_hash
 
     seen_hashes: dict[str, str] = {}
     seen_texts: list[tuple[QuestionKey, str, difflib.SequenceMatcher[str]]] = []
@@ -166,7 +166,7 @@ def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_d
     worked example (with its answer) is refused, exactly or as a near-duplicate."""
     demos = prompt.template.demos
     if demos:
-        from opro.dataset import normalize_question, question_hash
+        from opro.data.dataset import normalize_question, question_hash
 
         norm = [normalize_question(d.query) for d in demos]
         shown = _seen_in_record(dataset, {"questions": {"demonstrations": [question_hash(n) for n in norm]},
@@ -199,7 +199,7 @@ def _source_basis(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_dir: Pa
         parts = ", ".join(k for k in record["questions"] if k != "heldout")
         basis = f"checked against the split recorded by {run_dir} ({parts})"
     else:  # a run from before split records: its current split is the best evidence there is
-        from opro.dataset import load_dataset, split_record
+        from opro.data.dataset import load_dataset, split_record
 
         ds = load_dataset(run.dataset) if run.has_dataset() else None
         if ds is None or ds.split is None:

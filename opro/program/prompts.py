@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from opro.dimensions import DIMENSIONS, SETTINGS, Value
 from opro.errors import PromptError
+from opro.program.dimensions import DIMENSIONS, SETTINGS, Value
 
 if TYPE_CHECKING:
     from llama_index.core.prompts import PromptTemplate
@@ -26,7 +26,7 @@ DEFAULT_INSTRUCTION = (
     "Given the context information and not prior knowledge, answer the query."
 )
 TEMPLATE_VARIABLES = ("context_str", "query_str")
-#: The dimensions a template carries as settings beside its text, by name (:mod:`opro.dimensions`).
+#: The dimensions a template carries as settings beside its text, by name (:mod:`opro.program.dimensions`).
 _SETTING_DIMENSIONS = tuple(d for d in DIMENSIONS if d.is_setting)
 Position = Literal["before", "after"]
 
@@ -127,7 +127,7 @@ class QATemplate:
     """An instruction placed into a base template, after any demonstrations. Empty instruction: the
     base template alone (with its demonstrations).
 
-    Its settings (:data:`opro.dimensions.SETTINGS`: ``top_k``, ``answer_max_tokens``, ``chunk_size``
+    Its settings (:data:`opro.program.dimensions.SETTINGS`: ``top_k``, ``answer_max_tokens``, ``chunk_size``
     and any other dimension the template carries) are what the prompt is answered with (None: the
     program's own): a search that opens them returns them with the wording, and a prompt is compared,
     exported and registered with them, since its scores were measured under them. The first three are

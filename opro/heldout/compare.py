@@ -8,7 +8,7 @@ p-values, and says in words whether the difference is significant.
 
 A comparison on ``heldout`` refuses to run when a held-out question (normalized) also appears in
 the exemplar or optimization split, of this experiment or of any run whose prompt is compared
-(:mod:`opro.guard`).
+(:mod:`opro.heldout.guard`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opro.calibration import judge_noise_note
-from opro.comparison import (
+from opro.calibration.calibrate import judge_noise_note
+from opro.errors import ConfigError, DataError
+from opro.heldout.guard import check_heldout, check_prompt_source
+from opro.heldout.report import (
     RESOLUTION,
     SCALE,
     SPLITS,
@@ -32,20 +34,18 @@ from opro.comparison import (
     VersusBaseline,
     plot_survival,
 )
-from opro.cost import CostModel, paired_difference
-from opro.errors import ConfigError, DataError
-from opro.guard import check_heldout, check_prompt_source
+from opro.heldout.sources import ResolvedPrompt, resolve_prompt
 from opro.judges.factory import make_extra_metrics
-from opro.noninferiority import check_margin, holm_noninferiority, noninferiority
+from opro.program.cost import CostModel, paired_difference
 from opro.records import CommandRecord, CommandRecorder, Recorded, record_all
 from opro.rundir import RunDir
-from opro.sources import ResolvedPrompt, resolve_prompt
-from opro.stats import compare_paired, holm_family, t_mean_ci
+from opro.stats.noninferiority import check_margin, holm_noninferiority, noninferiority
+from opro.stats.paired import compare_paired, holm_family, t_mean_ci
 
 if TYPE_CHECKING:
 
-    from opro.dataset import Example
-    from opro.evaluation import EvaluationReport
+    from opro.data.dataset import Example
+    from opro.evaluation.batch import EvaluationReport
     from opro.workbench import Workbench
 
 logger = logging.getLogger(__name__)
@@ -70,12 +70,12 @@ def compare_prompts(
 ) -> ComparisonReport:
     """Evaluate each prompt on ``split`` of the experiment's dataset and compare it with ``baseline``.
 
-    ``prompts`` are specs (see :mod:`opro.sources`) or resolved prompts; ``baseline`` is an index
+    ``prompts`` are specs (see :mod:`opro.heldout.sources`) or resolved prompts; ``baseline`` is an index
     into them or one of their specs. ``extra_metrics`` are names from :data:`~opro.judges.EXTRA_METRICS` or metric
-    objects accepted by :func:`opro.evaluation.evaluate_examples`. With ``margin`` (judge points)
+    objects accepted by :func:`opro.evaluation.batch.evaluate_examples`. With ``margin`` (judge points)
     each prompt also gets a non-inferiority test against the baseline (Holm over the prompts).
     """
-    from opro.evaluation import evaluate_templates
+    from opro.evaluation.batch import evaluate_templates
 
     started = time.perf_counter()
     if margin is not None:
@@ -145,7 +145,7 @@ def _resolved(prompts: Sequence[str | ResolvedPrompt], *, baseline: int | str, e
 
 
 def _guard(experiment: Workbench, prompts: Sequence[ResolvedPrompt]) -> tuple[str, dict[str, str]]:
-    """The held-out guard (:mod:`opro.guard`): what the split check was made against, and per prompt
+    """The held-out guard (:mod:`opro.heldout.guard`): what the split check was made against, and per prompt
     what its provenance let it check. Raises :class:`~opro.errors.LeakageError` on an overlap."""
     dataset, output_dir = experiment.dataset, experiment.config.output_dir
     embed = experiment.paraphrase_embed()

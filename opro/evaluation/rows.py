@@ -1,9 +1,9 @@
 """What an evaluation reads and writes: the protocols of the program, judge and examples it is given,
 one :class:`EvaluationRow` per answered question and the :class:`EvaluationReport` over them.
 
-Below both :mod:`opro.engine` (which produces the rows) and :mod:`opro.evaluation` (which runs a batch
+Below both :mod:`opro.evaluation.engine` (which produces the rows) and :mod:`opro.evaluation.batch` (which runs a batch
 and returns reports), so that evaluation imports the engine and never the reverse. The names are
-re-exported from :mod:`opro.evaluation`, where users import them.
+re-exported from :mod:`opro.evaluation.batch`, where users import them.
 """
 
 from __future__ import annotations
@@ -16,25 +16,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from opro.metrics import Metric, MetricResult
+from opro.judges.metrics import Metric, MetricResult
 
 if TYPE_CHECKING:
-    from opro.prompts import QATemplate
+    from opro.program.prompts import QATemplate
 
 
 class Program(Protocol):
-    """What the runner needs from a RAG program (:class:`opro.rag.RAGProgram`)."""
+    """What the runner needs from a RAG program (:class:`opro.program.rag.RAGProgram`)."""
 
     def answer(self, query: str, *, template: QATemplate) -> Any: ...
 
 
-#: The judge whose score the search maximizes and every evaluation reports: a :class:`~opro.metrics.Metric`
+#: The judge whose score the search maximizes and every evaluation reports: a :class:`~opro.judges.metrics.Metric`
 #: like any other (the engine calls its ``measure``).
 Judge = Metric
 
 
 class QAExample(Protocol):
-    """What the search and the evaluation read from an example (:class:`opro.dataset.Example`)."""
+    """What the search and the evaluation read from an example (:class:`opro.data.dataset.Example`)."""
 
     @property
     def query(self) -> str: ...
@@ -42,8 +42,8 @@ class QAExample(Protocol):
     def reference_answer(self) -> str: ...
 
 
-# An extra metric: a :class:`~opro.metrics.Metric` (the judges, opro.metrics), or a plain function
-# ``fn(*, answer, reference) -> MetricResult`` (see :func:`opro.metrics.as_metric`).
+# An extra metric: a :class:`~opro.judges.metrics.Metric` (the judges, opro.judges.metrics), or a plain function
+# ``fn(*, answer, reference) -> MetricResult`` (see :func:`opro.judges.metrics.as_metric`).
 ExtraMetric = Metric | Callable[..., MetricResult]
 
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opro.errors import ConfigError, DataError, LLMError
-from opro.evaluation_types import EvaluationRow, ExtraMetric
-from opro.metrics import MetricResult, as_metric, metric_name
+from opro.evaluation.rows import EvaluationRow, ExtraMetric
+from opro.judges.metrics import MetricResult, as_metric, metric_name
 
 logger = logging.getLogger(__name__)
 

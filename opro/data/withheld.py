@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opro.metrics import MetricResult
+from opro.judges.metrics import MetricResult
 
 #: The reference answer of a question the corpus cannot answer.
 NOT_IN_CONTEXT = "The context does not contain the answer."

@@ -1,5 +1,5 @@
 """A comparison's result and how it reads: per-prompt scores, each prompt against the baseline, the
-tables at 80 columns, the markdown / JSON / CSV report and the plots (:func:`opro.compare.compare_prompts`
+tables at 80 columns, the markdown / JSON / CSV report and the plots (:func:`opro.heldout.compare.compare_prompts`
 makes it)."""
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.config import SPLIT_NAMES, SplitName
-from opro.cost import CostDifference, CostSummary
-from opro.dimensions import Value
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
-from opro.noninferiority import NonInferiority
-from opro.stats import ConfidenceInterval, PairedComparison
+from opro.program.cost import CostDifference, CostSummary
+from opro.program.dimensions import Value
+from opro.stats.noninferiority import NonInferiority
+from opro.stats.paired import ConfidenceInterval, PairedComparison
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from opro.evaluation import EvaluationReport
+    from opro.evaluation.batch import EvaluationReport
 
 logger = logging.getLogger(__name__)
 
 #: ``opro compare``'s splits in the order it offers them: held-out (its default) first, the dataset's
-#: :data:`~opro.dataset.SPLIT_NAMES` reversed.
+#: :data:`~opro.data.dataset.SPLIT_NAMES` reversed.
 SPLITS: tuple[SplitName, ...] = tuple(reversed(SPLIT_NAMES))
 
 
@@ -55,7 +55,7 @@ class PromptScores:
     evaluation: EvaluationReport
     #: The settings the prompt was answered with beside its template (``top_k``, ``answer_max_tokens``).
     settings: Mapping[str, Value] = field(default_factory=dict)
-    #: Means per answered question of its task calls (:mod:`opro.cost`).
+    #: Means per answered question of its task calls (:mod:`opro.program.cost`).
     cost: CostSummary | None = None
 
     @property
@@ -421,7 +421,7 @@ def _mark(c: ConfidenceInterval) -> str:
 #: The judge's score scale: a mean lies in it, a paired difference within its width either way.
 SCALE = (SCORE_MIN, SCORE_MAX)
 #: The judge's score step: the spread of a few scores that agree is estimated as if one more were a
-#: step away (:func:`opro.stats.t_mean_ci`).
+#: step away (:func:`opro.stats.paired.t_mean_ci`).
 RESOLUTION = 1.0
 #: How compare's intervals are made (the reports say it).
 INTERVALS = ("Student t intervals of means and paired differences (spread estimated with one more score a "

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from opro.dimensions import DIMENSIONS
 from opro.errors import ConfigError, DataError, PromptError
-from opro.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
+from opro.program.dimensions import DIMENSIONS
+from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.redaction import redact_url
 from opro.rundir import RunDir
 
@@ -164,7 +164,7 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
         "gain": summary.get("gain"),
         "gain_ci": summary.get("gain_ci"),
         "initial_instruction": summary.get("initial_instruction"),
-        # Its cost per answer (opro.cost) with the data it was measured on; with objective = "cost" also
+        # Its cost per answer (opro.program.cost) with the data it was measured on; with objective = "cost" also
         # the validated saving against the initial configuration on the confirmation questions.
         "cost": (summary.get("cost") or {}).get("returned"),
         "cost_saving": (summary.get("validation") or {}).get("saving"),
@@ -178,7 +178,7 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
     dataset_dir = RunDir(run_dir).dataset
     if RunDir(run_dir).has_dataset():
         try:
-            from opro.dataset import load_dataset
+            from opro.data.dataset import load_dataset
 
             ds = load_dataset(dataset_dir)
             provenance["dataset_hash"] = ds.content_hash

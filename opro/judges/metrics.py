@@ -43,7 +43,7 @@ class Metric(Protocol):
     """What every metric is, LLM judge or not: a ``name`` and :meth:`measure`.
 
     The judges (:mod:`opro.judges`), the reference metrics below and the extra metrics of
-    :func:`opro.evaluation.evaluate_examples` all measure one answer through this one call.
+    :func:`opro.evaluation.batch.evaluate_examples` all measure one answer through this one call.
     """
 
     name: str

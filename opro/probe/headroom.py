@@ -41,20 +41,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from opro.dimensions import Value, dimension
 from opro.errors import DataError
+from opro.program.dimensions import Value, dimension
 from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
 from opro.rundir import RunDir
-from opro.stats import compare_paired, holm, questions_for_half_width
+from opro.stats.paired import compare_paired, holm, questions_for_half_width
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
-    from opro.cost import CostModel
-    from opro.dataset import Example
-    from opro.evaluation_types import EvaluationReport, Judge, Program
+    from opro.data.dataset import Example
+    from opro.evaluation.rows import EvaluationReport, Judge, Program
     from opro.experiment import Experiment
-    from opro.plan import Plan
-    from opro.prompts import QATemplate
+    from opro.probe.plan import Plan
+    from opro.program.cost import CostModel
+    from opro.program.prompts import QATemplate
     from opro.search.space import SearchSpace
 
 #: The probe's calls, at most this share of the plan's search calls (search and expected validation).
@@ -146,7 +146,7 @@ class Effect:
     #: Mean words per answer, and the share of answers that are one sentence.
     answer_words: float | None = None
     one_sentence: float | None = None
-    #: Mean cost per answered question (:meth:`opro.cost.CostModel.summarize`) and its unit.
+    #: Mean cost per answered question (:meth:`opro.program.cost.CostModel.summarize`) and its unit.
     cost: float | None = None
     cost_unit: str = "tokens"
     verdict: Verdict | None = None
@@ -229,7 +229,7 @@ def measure_effects(
     """The initial configuration and each contrast on ``questions``, answered and judged in one stream
     (question-major: a question's prompts are decoded together), each contrast paired with the initial
     configuration by question. The first effect is the initial configuration's (no difference)."""
-    from opro.evaluation import evaluate_templates
+    from opro.evaluation.batch import evaluate_templates
 
     every = [Contrast("initial", initial, "initial"), *contrasts]
     reports = evaluate_templates(program=program, templates=[c.template for c in every], examples=questions,
@@ -441,7 +441,7 @@ def _num(x: float | None, spec: str = ".2f") -> str:
 def calibration_lines(config: Any, *, judge_seconds: float, task_seconds: float) -> tuple[bool, tuple[str, ...]]:
     """What the stored judge calibration says (every condition it holds, with whatever it measured of
     it), or that there is none and how long ``opro judge calibrate`` takes."""
-    from opro.calibration import judge_signature, load_calibration
+    from opro.calibration.calibrate import judge_signature, load_calibration
 
     try:
         report = load_calibration(config.output_dir)
@@ -766,7 +766,7 @@ def questions_for(plan: Plan, *, contrasts: int, available: int, alpha: float) -
     """Pilot questions within :data:`PROBE_SHARE` of the plan's search calls (a question costs a task and
     a judge call per configuration; the optimizer's few calls come first), never fewer than a two-sided
     sign-flip test needs to reach ``alpha``, never more than ``available``; and what to say about it."""
-    from opro.sequential import min_questions
+    from opro.stats.sequential import min_questions
 
     budget = PROBE_SHARE * _search_calls(plan) - (1 + N_PROPOSALS)
     n = int(budget // (2 * (1 + contrasts)))
@@ -788,7 +788,7 @@ def questions_for(plan: Plan, *, contrasts: int, available: int, alpha: float) -
 def probe(experiment: Experiment, *, questions: int | None = None, progress: bool | None = None) -> ProbeResult:
     """Run the probe on an experiment (every call through its call cache): see the module docstring.
     ``questions``: pilot questions (default: within a fifth of the plan's search calls)."""
-    from opro.plan import make_plan
+    from opro.probe.plan import make_plan
     from opro.search.proposers.opro import build as build_opro
 
     exp, cfg = experiment, experiment.config
@@ -892,7 +892,7 @@ def _proposer_limits(exp: Experiment, *, proposer: Any, base: Effect, check: Cal
 
 def _task_limits(exp: Experiment, *, pilot: Sequence[Example], base: Effect, effects: Sequence[Effect]) -> TaskLimits:
     """The initial configuration's score distribution, retrieval recall@k and instruction following."""
-    from opro.withheld import NOT_IN_CONTEXT
+    from opro.data.withheld import NOT_IN_CONTEXT
 
     cfg = exp.config
     valid = [s for s in base.scores if s is not None]
@@ -900,7 +900,7 @@ def _task_limits(exp: Experiment, *, pilot: Sequence[Example], base: Effect, eff
     recall: dict[int, float] = {}
     mean_hit = mean_miss = None
     if answerable:
-        from opro.retrieval import first_hits, recall_from
+        from opro.program.retrieval import first_hits, recall_from
 
         top_k = cfg.rag.top_k
         ks = sorted({top_k, *(int(k) for k in (exp.search_space.choices.get("top_k", ()) if exp.search_space else ()))})
@@ -924,8 +924,8 @@ def _task_limits(exp: Experiment, *, pilot: Sequence[Example], base: Effect, eff
 
 def _judge_limits(cfg: OproConfig, *, plan: Plan, effects: Sequence[Effect]) -> JudgeLimits:
     """The stored calibration, the pilot's paired noise and what the plan can detect at it."""
-    from opro.plan import POWER
-    from opro.sequential import design_power
+    from opro.probe.plan import POWER
+    from opro.stats.sequential import design_power
 
     o = cfg.optimizer
     sds = [e.sd for e in effects[1:] if e.sd is not None and e.n >= 3]
@@ -979,7 +979,7 @@ def read_probe(output_dir: Path) -> ProbeResult | None:
 
 def pilot_noise(config: OproConfig) -> tuple[float, str] | None:
     """The paired sd the stored probe measured on its pilot (the median over its contrasts) and whose it
-    is, for :func:`opro.plan.make_plan`: where its task model and judge are this config's (the noise is
+    is, for :func:`opro.probe.plan.make_plan`: where its task model and judge are this config's (the noise is
     theirs; other settings may differ) and its pilot had at least :data:`MIN_PILOT` questions."""
     try:
         found = read_probe(config.output_dir)

@@ -269,7 +269,7 @@ class Split:
 #: Cosine similarity of two questions' embeddings at and above which they are paraphrases (one split).
 PARAPHRASE_COSINE = 0.9
 
-#: Embeds texts (an :class:`opro.retrieval.Embedder`'s ``embed``): rows of a float array.
+#: Embeds texts (an :class:`opro.program.retrieval.Embedder`'s ``embed``): rows of a float array.
 Embed = Callable[[Sequence[str]], Any]
 
 

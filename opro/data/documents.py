@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 SUPPORTED_EXTENSIONS: tuple[str, ...] = (".pdf", ".txt", ".md")
 
 #: Bump when the documents loaded from the same files change (text clean-up, metadata, ids): caches
-#: keyed by the files' bytes (:func:`opro.retrieval.files_chunks_key`) must not outlive it.
+#: keyed by the files' bytes (:func:`opro.program.retrieval.files_chunks_key`) must not outlive it.
 LOADER_FORMAT = 1
 
 # Metadata that should not be shown to the LLM nor counted against the chunk size.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from opro.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from opro.evaluation import Judge
+    from opro.evaluation.batch import Judge
     from opro.llm.pool import ModelSpec
 
 LABELS = (1, 2, 3, 4, 5)
@@ -169,7 +169,7 @@ _SCORE_FIELDS = ("score", "human_score", "label", "rating")
 def _located_records(path: str | Path) -> list[tuple[str, Mapping[str, Any]]]:
     """(where, row) of a CSV, JSON (a list, or an object with ``rows``/``examples``) or JSONL file;
     ``where`` names the file and the row or line, for messages."""
-    from opro.dataset import read_records as located_records
+    from opro.data.dataset import read_records as located_records
 
     return located_records(path, list_keys=("rows", "examples"))
 
@@ -229,7 +229,7 @@ def match_labels(rows: Sequence[dict[str, Any]], path: str | Path) -> list[float
 
 def load_answers(path: str | Path) -> list[dict[str, Any]]:
     """Answer rows (``query``, ``answer``, ``reference`` or ``reference_answer``, optional ``score``)
-    from an evaluation CSV/JSON written by :class:`opro.evaluation.EvaluationReport`."""
+    from an evaluation CSV/JSON written by :class:`opro.evaluation.batch.EvaluationReport`."""
     rows: list[dict[str, Any]] = []
     for where, r in _located_records(path):
         reference = r.get("reference", r.get("reference_answer"))

@@ -20,7 +20,7 @@ CostUnit = Literal["usd", "tokens"]
 
 
 class AnsweredCall(Protocol):
-    """What the cost reads of an answered question (:class:`opro.evaluation_types.EvaluationRow`)."""
+    """What the cost reads of an answered question (:class:`opro.evaluation.rows.EvaluationRow`)."""
 
     @property
     def prompt_tokens(self) -> int: ...
@@ -155,7 +155,7 @@ class CostDifference:
 
 
 def _difference(values: list[float], *, level: float) -> Difference:
-    from opro.sequential import t_interval
+    from opro.stats.sequential import t_interval
 
     return Difference(estimate=statistics.fmean(values), ci=t_interval(values, level=level), n=len(values))
 

@@ -1,0 +1,1 @@
+"""Before a search: what it will cost and detect (plan), and where the headroom is (the probe)."""

@@ -1,0 +1,1 @@
+"""Pure functions of numbers: paired comparisons, the group-sequential test, non-inferiority."""
