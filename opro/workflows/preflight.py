@@ -35,8 +35,10 @@ def named_paths(config: OproConfig) -> list[tuple[str, str, Path, str]]:
                     "name a template file, or a built-in template"))
     for role in (f.name for f in dataclasses.fields(config.models)):
         spec = getattr(config.models, role)
-        if spec.backend == "llamacpp" and spec.model not in EMBEDDED_MODELS:
-            # The model pool opens a GGUF path as given (relative to the working folder).
+        looks_like_a_path = spec.model.endswith(".gguf") or "/" in spec.model
+        if spec.backend == "llamacpp" and spec.model not in EMBEDDED_MODELS and looks_like_a_path:
+            # The model pool opens a GGUF path as given (relative to the working folder); a bare name
+            # that is no embedded model is the pool's to refuse ("unknown model", with the names).
             out.append((f"[models.{role}].model", spec.model, Path(spec.model).expanduser(),
                         f"name a GGUF file or an embedded model ({', '.join(EMBEDDED_MODELS)})"))
     return out
