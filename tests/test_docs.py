@@ -120,9 +120,10 @@ def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.Monk
             redirect.write_text(result.stdout)
             assert "{context_str}" in redirect.read_text()
     assert ran >= 9
-    assert (tmp_path / "exported" / "prompt.dspy.json").is_file()
-    assert (tmp_path / "exported" / "quickstart.json").is_file()
-    assert (tmp_path / "runs" / "quickstart" / "export" / "prompt.llamaindex.json").is_file()
+    exported = tmp_path / "runs" / "quickstart" / "export"  # every export of the README stays in the run's folder
+    assert {"prompt.dspy.json", "quickstart.json", "prompt.llamaindex.json", "tuned_prompt.txt"} <= {
+        p.name for p in exported.iterdir()}
+    assert not {"exported", "tuned_prompt.txt"} & {p.name for p in tmp_path.iterdir()}  # nothing in the root
     assert (tmp_path / "runs" / "quickstart" / "compare" / "two-prompts" / "report.md").is_file()
     assert (tmp_path / "runs" / "quickstart" / "evaluate" / "heldout-run.csv").is_file()  # what judge agreement reads
 
