@@ -498,6 +498,13 @@ class OproConfig:
         return self.resolve(self.experiment.output_dir)
 
     @property
+    def call_cache_path(self) -> Path:
+        """The call cache's file: ``[experiment].cache_path``, else the per-user one."""
+        from opro.paths import default_call_cache_path
+
+        return self.resolve(self.experiment.cache_path) if self.experiment.cache_path else default_call_cache_path()
+
+    @property
     def mlflow_uri(self) -> str:
         return self.tracking.mlflow_uri or f"sqlite:///{self.output_dir / 'mlflow.db'}"
 
