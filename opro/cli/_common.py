@@ -104,7 +104,7 @@ def say(out: Any, text: str) -> None:
             line.strip(), width=width, initial_indent=indent, subsequent_indent=indent + "  ",
             break_long_words=False, break_on_hyphens=False)
         for shown in lines:
-            out.print(shown, markup=False, highlight=False, soft_wrap=True)
+            out.print(shown, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
 def wrapped_log_format(fmt: str) -> Any:
