@@ -24,6 +24,7 @@ from opro.errors import ConfigError, DataError, ModelPackError
 from opro.llm import ROLES, ChatClient, UsageLedger
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
+from opro.llm.rates import rates_path
 from opro.paths import cache_dir
 from opro.program.dimensions import DIMENSIONS, dimension, initial_values
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
@@ -69,6 +70,7 @@ class Experiment:
             cache=open_cache(config.resolve(exp.cache_path) if exp.cache_path else None, enabled=exp.cache),
             usage=UsageLedger(prices=config.prices()),
             seed=exp.seed,
+            rates=rates_path(config.call_cache_path),  # each model's measured speed, for the next plan
         )
         self.pool, self.cache, self.usage = self.models.pool, self.models.cache, self.models.usage
         self._clients: dict[str, ChatClient] = {}
@@ -276,10 +278,8 @@ class Experiment:
         not shared), beside the call cache, which every run of the same generation shares. A dataset
         in a folder opro cannot write, or read-only by its mode, falls back to the call cache's folder."""
         from opro.ledger import LEDGER_FILE, DecisionLedger
-        from opro.paths import default_call_cache_path
 
-        exp = self.config.experiment
-        fallback = (self.config.resolve(exp.cache_path) if exp.cache_path else default_call_cache_path()).parent
+        fallback = self.config.call_cache_path.parent
         folder = fallback
         if self.config.data.dataset:
             data = self.config.resolve(self.config.data.dataset)

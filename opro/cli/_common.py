@@ -91,6 +91,41 @@ def _listing(texts: list[tuple[str, str]]) -> Any:
 
 
 
+def say(out: Any, text: str) -> None:
+    """Print ``text`` on the console ``out`` wrapped at its width (80 in a log, where no terminal tells
+    it): a line that does not fit goes on under its own indent plus two spaces. Words are never broken,
+    so a key, path or URL stays copyable whole (one longer than the width stands alone on its line)."""
+    import textwrap
+
+    width = out.width
+    for line in text.splitlines() or [""]:
+        indent = line[: len(line) - len(line.lstrip())]
+        lines = [line] if len(line) <= width else textwrap.wrap(
+            line.strip(), width=width, initial_indent=indent, subsequent_indent=indent + "  ",
+            break_long_words=False, break_on_hyphens=False)
+        for shown in lines:
+            out.print(shown, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+
+def wrapped_log_format(fmt: str) -> Any:
+    """A logging formatter whose records are wrapped as :func:`say` wraps (at stderr's width, 80 in a
+    log), so a library's warning reads at 80 columns beside the command's own lines."""
+    import logging
+    import textwrap
+
+    from rich.console import Console
+
+    class Wrapped(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            width = Console(stderr=True).width
+            return "\n".join(
+                shown for line in super().format(record).splitlines()
+                for shown in ([line] if len(line) <= width else textwrap.wrap(
+                    line, width=width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)))
+
+    return Wrapped(fmt)
+
+
 def console(*, stderr: bool = False) -> Any:
     """The rich console a command prints through (stdout unless ``stderr``)."""
     from rich.console import Console

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opro.cli._common import _listing
+from opro.cli._common import _listing, say
 
 if TYPE_CHECKING:
     from opro.llm import UsageByRole
@@ -29,12 +29,17 @@ def _versus_initial(f: FinalistRecord) -> str:
 
 
 
-def _result_table(result: OptimizationResult, *, title: str) -> tuple[Any, Any]:
+def _result_table(result: OptimizationResult, *, title: str, n_optimization: int) -> tuple[Any, Any]:
     """Initial, finalists and the returned instruction: search score beside validation score, one
-    numbered row each; and the instructions, listed by those numbers (:func:`_listing`)."""
+    numbered row each, the caption saying what each score is measured on; and the instructions, listed
+    by those numbers (:func:`_listing`)."""
     from rich.table import Table
 
-    table = Table(title=title, caption="* returned", caption_justify="left")
+    v = result.validation
+    basis = f"search score: mean on the {n_optimization} optimization questions, which the search selected on"
+    if v is not None:
+        basis += f"; validation score: on {v.n_questions} validation questions it never used"
+    table = Table(title=title, caption=f"* returned. {basis}", caption_justify="left")
     table.add_column("#", no_wrap=True)
     table.add_column("search score\n(in-sample)", justify="right")
     table.add_column("validation score\n[95% CI]", justify="right")
@@ -57,7 +62,6 @@ def _result_table(result: OptimizationResult, *, title: str) -> tuple[Any, Any]:
         texts.append((number, instruction + (f"\n[{', '.join(f'{k} {v}' for k, v in values.items())}]" if values else "")))
         return f"{number} {what}" + (" *" if returned else "")
 
-    v = result.validation
     if v is None:
         table.add_row(numbered("initial", result.initial_instruction, returned=False), fmt(result.initial_score), "-", "-")
         table.add_row(numbered("best (search)", result.best_instruction, returned=True), fmt(result.best_search_score),
@@ -124,7 +128,8 @@ def show_optimization(console: Any, done: OptimizeRun) -> None:
     from rich.markup import escape
 
     result = done.result
-    table, instructions = _result_table(result, title=f"opro optimize: {done.config.experiment.name}")
+    table, instructions = _result_table(result, title=f"opro optimize: {done.config.experiment.name}",
+                                        n_optimization=done.n_optimization)
     console.print(table)
     console.print(instructions)
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
@@ -133,12 +138,13 @@ def show_optimization(console: Any, done: OptimizeRun) -> None:
         f"{result.wall_s:.0f}s; search scores on {done.n_optimization} optimization questions"
     )
     console.print(escape(result.headline()))
-    console.print(result.judge_noise, markup=False, soft_wrap=True)  # summary.json says it too, beside the gain
+    if result.judge_noise:
+        say(console, result.judge_noise)  # summary.json says it too, beside the gain
     if done.shortfall:
         console.print(f"[yellow]warning:[/] {escape(done.shortfall)}")
     console.print(_usage_table(result.usage))
     if done.plan_check:
-        console.print("\n".join(done.plan_check), markup=False, soft_wrap=True)
+        say(console, "\n".join(done.plan_check))
 
 
 def show_no_proposal(console: Any, done: OptimizeRun) -> None:
@@ -158,7 +164,7 @@ def show_no_proposal(console: Any, done: OptimizeRun) -> None:
 def show_outputs(console: Any, done: OptimizeRun) -> None:
     """Where worker 0's outputs are, where each tracker recorded the run, and its registered prompt."""
     result, cfg = done.result, done.config
-    console.print(f"outputs: {cfg.output_dir}  ({', '.join(done.outputs)})")
-    console.print("\n".join(f"recorded: {r.where}" for r in result.recorded))
+    say(console, f"outputs: {cfg.output_dir}  ({', '.join(done.outputs)})")
+    say(console, "\n".join(f"recorded: {r.where}" for r in result.recorded))
     if cfg.tracking.register_prompt:
-        console.print(f"registered: prompts:/{cfg.prompt_name}@{cfg.tracking.prompt_alias}")
+        say(console, f"registered: prompts:/{cfg.prompt_name}@{cfg.tracking.prompt_alias}")

@@ -92,7 +92,7 @@ _ANSWER_FORMATS = {
     "brackets": "Write only the new instruction between square brackets, like [your instruction].",
 }
 
-VerdictKind = Literal["baseline", "moves", "hurts", "inert", "undecided"]
+VerdictKind = Literal["baseline", "moves", "hurts", "inert", "undecided", "identical"]
 
 
 # -- what is contrasted, and its effect -----------------------------------------------------------
@@ -150,11 +150,23 @@ class Effect:
     cost: float | None = None
     cost_unit: str = "tokens"
     verdict: Verdict | None = None
+    #: The same prompt and settings as the initial configuration (nothing to test: no difference shown).
+    identical: bool = False
+
+    @property
+    def all_tied(self) -> bool:
+        """Every paired difference is 0: the interval around +0.00 is only the test's floor for a
+        difference that never varied, so none is shown."""
+        return self.n > 0 and self.difference == 0 and self.sd in (0, None) and self.win_tie_loss == f"0/{self.n}/0"
 
     @property
     def interval(self) -> str:
+        if self.identical:
+            return "(identical)"
         if self.difference is None or self.low is None or self.high is None:
             return ""
+        if self.all_tied:
+            return f"+0.00, {self.n} of {self.n} tied"
         return f"{_signed(self.difference)} [{_signed(self.low)}, {_signed(self.high)}]"
 
 
@@ -188,7 +200,7 @@ def sentences(text: str) -> int:
 
 
 def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float | None], *,
-            cost: CostModel | None) -> Effect:
+            cost: CostModel | None, identical: bool = False) -> Effect:
     scores = tuple(r.score if r.scored else None for r in report.rows)
     valid = [s for s in scores if s is not None]
     answered = [r for r in report.rows if r.error is None]
@@ -204,6 +216,8 @@ def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float |
     )
     if contrast.dimension == "initial":
         return out
+    if identical:
+        return dataclasses.replace(out, identical=True)
     pairs = [(a, b) for a, b in zip(scores, base, strict=True) if a is not None and b is not None]
     if not pairs:
         return dataclasses.replace(out, n=0)
@@ -228,14 +242,16 @@ def measure_effects(
 ) -> tuple[Effect, ...]:
     """The initial configuration and each contrast on ``questions``, answered and judged in one stream
     (question-major: a question's prompts are decoded together), each contrast paired with the initial
-    configuration by question. The first effect is the initial configuration's (no difference)."""
+    configuration by question. The first effect is the initial configuration's (no difference); a
+    contrast whose prompt and settings are the initial configuration's is marked ``identical``, untested."""
     from opro.evaluation.batch import evaluate_templates
 
     every = [Contrast("initial", initial, "initial"), *contrasts]
     reports = evaluate_templates(program=program, templates=[c.template for c in every], examples=questions,
                                  judge=judge, progress=progress)
     base = tuple(r.score if r.scored else None for r in reports[0].rows)
-    return tuple(_effect(c, r, base, cost=cost) for c, r in zip(every, reports, strict=True))
+    return tuple(_effect(c, r, base, cost=cost, identical=c.dimension != "initial" and c.template == initial)
+                 for c, r in zip(every, reports, strict=True))
 
 
 def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable: float | None = None,
@@ -248,10 +264,17 @@ def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable
     - ``inert``: it lies within +-``inert_within`` ("inert here"), or within +-``detectable``, the
       smallest gain the validation stage confirms (at the pilot's measured noise where there is one; "inert
       at the search's resolution": a search could not confirm a change of this size even if it found one);
-    - ``undecided``: none of these (the interval is too wide at this many questions).
+    - ``undecided``: none of these (the interval is too wide at this many questions);
+    - ``identical``: the contrast is the initial configuration itself (nothing to test).
+
+    Where every pair is tied the text shows "+0.00, n of n tied", not the interval (its width is only
+    the test's floor for a difference that never varied); the kind still follows that interval.
     """
     if effect.dimension == "initial":
         return Verdict("baseline", "the initial configuration")
+    if effect.identical:
+        return Verdict("identical", "identical to the initial configuration (the same prompt and settings): "
+                                    "nothing to test")
     if effect.difference is None or effect.low is None or effect.high is None or effect.n < 2:
         return Verdict("undecided", f"undecided: {effect.n} scored pair(s)")
     lo, hi, shown = effect.low, effect.high, effect.interval
@@ -497,7 +520,8 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
     groups: dict[str, list[Effect]] = {}
     for e in effects:
         groups.setdefault("wording" if e.dimension in ("wording", "format") else e.dimension, []).append(e)
-    kinds = {d: {e.verdict.kind for e in es if e.verdict is not None} for d, es in groups.items()}
+    kinds = {d: k for d, es in groups.items()
+             if (k := {e.verdict.kind for e in es if e.verdict is not None and e.verdict.kind != "identical"})}
     opened = tuple(d for d, k in kinds.items() if "moves" in k)
     undecided = tuple(d for d, k in kinds.items() if d not in opened and "undecided" in k)
     closed = tuple(d for d in kinds if d not in opened and d not in undecided)
@@ -735,8 +759,9 @@ def probe_signature(experiment: Experiment) -> str:
             "optimizer": {k: getattr(o, k) for k in ("proposer", "temperature", "max_tokens", "answer_format",
                                                       "max_instruction_chars", "exemplars", "finalists",
                                                       "validation_extension", "objective")},
-            # The last entry is the verdicts' version (2: a verdict says when it may be chance after Holm).
-            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 2]}
+            # The last entry is the verdicts' version (2: a verdict says when it may be chance after Holm;
+            # 3: a contrast identical to the initial configuration, and all-tied differences without an interval).
+            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 3]}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
 
 

@@ -18,9 +18,12 @@ Three figures a user needs before spending an afternoon of LLM calls:
   ``objective = "cost"`` also the smallest margin the split sizes confirm and the saving the space
   can give.
 - **How long and how much.** Per-call tokens and seconds come from the last run in the same output
-  folder when there is one (``summary.json``'s usage), else from defaults measured on the embedded
-  models (2 idle cores) or assumed for an endpoint; cost where the model has a price (its table's
-  ``price_prompt`` / ``price_completion``, else the usage ledger's built-in table).
+  folder when there is one (``summary.json``'s usage); else the tokens are estimated and the seconds
+  come from the speed the role's model measured on this machine in the last command that used it
+  (:mod:`opro.llm.rates`: the dataset generation, the first thing a first run does, is timed by the
+  generator's measured rate once any command has used that model here), else from defaults measured
+  on the embedded models (2 idle cores) or assumed for an endpoint; cost where the model has a price
+  (its table's ``price_prompt`` / ``price_completion``, else the usage ledger's built-in table).
 
 After a run, :func:`check` puts the estimate beside what happened.
 """
@@ -35,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
+from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values
 from opro.rundir import RunDir
 from opro.search.validation import confirmation_looks, split_sizes
@@ -323,8 +327,11 @@ def _unused_questions(config: OproConfig, chunks: int) -> int:
     return max(0, int(chunks * config.data.questions_per_chunk * _KEPT) - placed)
 
 
-def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> tuple[float, float, float, str]:
-    """(prompt tokens, completion tokens, seconds) per call of ``role``, and where they come from."""
+def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None,
+              rates: Mapping[str, MeasuredRate]) -> tuple[float, float, float, str]:
+    """(prompt tokens, completion tokens, seconds) per call of ``role``, and where they come from: the
+    last run in this output folder (this role's own calls), else the tokens estimated and the seconds at
+    the speed its model measured on this machine (:mod:`opro.llm.rates`), else defaults."""
     measured = ((last or {}).get("usage") or {}).get(role) or {}
     if measured.get("calls", 0) >= 3:
         n = measured["calls"]
@@ -347,13 +354,22 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> 
     }[role]
     if spec.backend == "scripted":
         return prompt, completion, 0.0, "scripted: no time"
+    here = rates.get(rate_key(spec.backend, spec.model))
+    when = "" if here is None else f"{here.calls} calls on {here.measured[:10]}"
     if spec.backend == "openai":
         slots = spec.max_concurrency or 4
+        if here is not None:
+            return (prompt, completion, here.latency / slots,
+                    f"measured here: {here.latency:.1f} s per call ({when}) over {slots} slots")
         return prompt, completion, _ENDPOINT_S / slots, f"assumed {_ENDPOINT_S:g} s per call over {slots} slots"
     size = "0.5b" if "0.5b" in spec.model.lower() else "1.5b"
     prefill, decode = _EMBEDDED_SPEED[size]
+    if here is not None:
+        # The default's shape (prefill against decode), at the speed this model measured on this machine.
+        return (prompt, completion, here.seconds_per_call(prompt, completion, prefill=prefill, decode=decode),
+                f"measured here: {when}, {here.factor(prefill=prefill, decode=decode):.1f}x the idle default")
     return (prompt, completion, prompt / prefill + completion / decode,
-            f"default for a {size.upper()} embedded model on 2 idle cores")
+            f"default for a {size.upper()} embedded model on 2 idle cores; nothing measured here yet")
 
 
 def _task_tokens(config: OproConfig, values: Mapping[str, Any]) -> tuple[float, float]:
@@ -456,9 +472,10 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         "generator": (0.0, 0.0, 0.0, _generation_calls(config, chunks)),
     }
     last = _last_summary(config)
+    rates = load_rates(rates_path(config.call_cache_path))
     roles = []
     for role, (search, v, vmax, gen) in calls.items():
-        prompt, completion, seconds, basis = _per_call(config, role, last)
+        prompt, completion, seconds, basis = _per_call(config, role, last, rates)
         price = config.prices().get(getattr(config.models, role).model)
         n = search + v + gen
         cost = None if price is None else n * (prompt * price.prompt + completion * price.completion) / 1e6

@@ -229,6 +229,26 @@ class OptimizationResult:
             return f"best instruction by search score {score}; no validation stage, so no gain is claimed"
         return f"{self.validation.verdict}; returned instruction: {score}"
 
+    def scores_by_basis(self) -> dict[str, Any]:
+        """The returned and the initial configuration's scores side by side on each basis, so that two
+        numbers of one instruction never look like a contradiction (``best_score`` is a validation score
+        where there is a validation stage, ``initial_score`` always a search score). ``search``: the mean
+        on the optimization questions (in-sample: the search chose by it); ``validation``: on validation
+        questions the search never used (the returned one's is ``best_score``, for a claimed gain adjusted
+        for having been claimed). Where the initial configuration is returned both rows are the same."""
+        v = self.validation
+        returned_is_initial = (v.winner is None) if v is not None else self.best_instruction == self.initial_instruction
+        validation = v.initial_score if v is not None else None
+        return {
+            "returned": {"search": self.best_search_score,
+                         "validation": self.best_score if self.score_basis == "validation" else None},
+            "initial": {"search": self.initial_score, "validation": validation},
+            "returned_is_initial": returned_is_initial,
+            "search": "mean on the optimization questions (in-sample: the search selected on them; optimistic)",
+            "validation": ("mean on the validation questions the search never used"
+                           + (f" ({v.n_questions})" if v is not None else ": no validation stage")),
+        }
+
     def summary(self) -> dict[str, Any]:
         """The result as plain data for summary.json and the study; an interval open below (a claimed
         gain too rare to simulate lower: :func:`opro.stats.sequential.conditional_estimate`) has its lower
@@ -255,6 +275,7 @@ class OptimizationResult:
             "initial_score": self.initial_score,
             # initial_score is the search's (in-sample); the validation stage's is validation.initial_score.
             "initial_score_basis": "search",
+            "scores_by_basis": self.scores_by_basis(),
             # Means per answered search question of the task calls (tokens, seconds, cost: opro.program.cost).
             "cost": {name: None if c is None else c.as_dict() for name, c in (
                 ("returned", self.cost_of(self.best_instruction)), ("initial", self.cost_of(self.initial_instruction)))},

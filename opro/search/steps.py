@@ -412,7 +412,7 @@ class _StepRun:
             pruner, earlier = self.pruning
             if pruner.decide(RunningCandidate(dict(c.means), list(c.scores)), earlier):
                 c.status = "pruned"
-                self.bar.advance(n - len(c.scores))
+                self.bar.skip(n - len(c.got))  # never asked: off the total, not counted as done
 
     def _claim_part(self) -> list[Pair]:
         """Claim a free part of a split candidate of this step (its own first); its pairs."""

@@ -79,10 +79,12 @@ def optimize_experiment(
     from opro.data.dataset import split_shortfall
     from opro.experiment import Experiment
     from opro.probe.plan import check
+    from opro.workflows.preflight import check_paths
 
     index, count = parse_worker(worker)
     exp = Experiment.from_file(config, progress=progress)
     try:
+        check_paths(exp.config)  # a missing file is said before the plan, by its key
         plan = _before_the_search(exp, notice) if index == 0 else None
         started = time.perf_counter()
         result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)

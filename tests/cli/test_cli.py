@@ -59,6 +59,22 @@ def test_optimize_then_evaluate(scripted_config: Path, tmp_path: Path) -> None:
     assert len(client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")) == 1
 
 
+@pytest.mark.parametrize("command", ["optimize", "plan"])
+@pytest.mark.parametrize(("key", "value"), [("[data].dataset", "no-such-qa.jsonl"), ("[data].docs[0]", "no-such-docs")])
+def test_a_missing_file_is_named_by_its_key_before_the_plan(
+        scripted_config: Path, command: str, key: str, value: str) -> None:
+    """The plan used to be printed whole, then "No such file or directory" without the config key."""
+    line = f'dataset = "{value}"' if key == "[data].dataset" else f'docs = ["{value}"]'
+    text = "\n".join(line if ln.startswith(line.split(" = ")[0] + " = ") else ln
+                     for ln in scripted_config.read_text().splitlines())
+    scripted_config.write_text(text + "\n")
+    result = CliRunner().invoke(app, [command, str(scripted_config)], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"{key} = '{value}': no such file or folder (looked for " in said, said
+    assert "plan for" not in result.output and "calls" not in result.output
+
+
 def test_cli_errors_are_clear(scripted_config: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     bad = tmp_path / "bad.toml"

@@ -29,8 +29,10 @@ from opro.llm import GenerationOptions, Message
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
 from opro.probe.headroom import (
+    Contrast,
     Effect,
     check_proposal,
+    measure_effects,
     pilot_pool,
     probe,
     read_probe,
@@ -203,6 +205,37 @@ def test_the_verdict_rules() -> None:
     assert chance.text == "moves the score: +0.28 [+0.03, +0.53]; may be chance: p 0.14 after Holm over the 6 contrasts"
     held = verdict_of(_effect(-0.79, -0.11), holm=(0.01, 6))
     assert held.kind == "hurts" and not held.may_be_chance and held.text == "hurts: -0.45 [-0.79, -0.11]"
+
+
+def test_an_all_tied_difference_shows_no_interval_and_an_identical_configuration_is_named(tmp_path: Path) -> None:
+    """Every pair tied: "+0.00, 15 of 15 tied", not "+0.00 [-0.25, +0.25]" (a width that is only the test's
+    floor for a difference that never varied, shown beside noise sd 0.00). A contrast that is the initial
+    configuration itself is called identical and not tested, and no recommendation counts it."""
+    cfg = _config(tmp_path)
+    result = _probe(cfg, _pool(demos_help), questions=15)  # only demos change an answer: every other pair ties
+    tied = next(e for e in result.effects if e.label == "no instruction")
+    assert tied.all_tied and tied.interval == "+0.00, 15 of 15 tied"
+    assert tied.verdict is not None and tied.verdict.text == "inert here: within ±0.2 (+0.00, 15 of 15 tied)"
+    row = next(line for line in result.table() if line.startswith("no instruction "))
+    assert "15 of 15 tied" in row and "[" not in row
+    moved = next(e for e in result.effects if e.label == "demos 2")
+    assert not moved.all_tied and moved.interval.startswith("+3.00 [")
+
+    exp = Experiment(cfg, pool=_pool(demos_help), progress=False)
+    try:
+        initial = exp.template("Answer the question.")
+        effects = measure_effects(program=exp.program, judge=exp.judge, initial=initial, questions=pilot_pool(exp)[0][:6],
+                                  contrasts=[Contrast("again", exp.template("Answer the question."), "wording",
+                                                      "Answer the question.")], progress=False)
+    finally:
+        exp.close()
+    same = effects[1]
+    verdict = verdict_of(same)
+    assert same.identical and same.interval == "(identical)" and same.p is None and same.sd is None
+    assert verdict.kind == "identical" and verdict.text.startswith("identical to the initial configuration")
+    rec = recommend([dataclasses.replace(same, verdict=verdict)], initial=effects[0], detectable=0.5,
+                    objective="quality", probed_space=False, questions=6)
+    assert rec.open == rec.closed == rec.undecided == ()
 
 
 def test_an_undecided_contrast_is_told_how_many_pilot_questions_would_decide_it() -> None:

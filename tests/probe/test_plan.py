@@ -100,6 +100,38 @@ def test_the_plan_counts_the_generator_calls_when_the_dataset_is_generated(tmp_p
     assert chunks > 1 and generator.generation_calls == pytest.approx(chunks * (1 + 0.8 * 2))
 
 
+def test_the_generation_is_timed_by_the_generators_measured_rate_on_this_machine(tmp_path: Path) -> None:
+    """Issue 60: a first run's dataset generation took 1,780 s against 9 minutes planned from the idle
+    default. Once a command has measured the generator's model here (the call cache's folder keeps its
+    rate), the plan times the generation by that rate and says so; until then by the default, saying
+    that nothing was measured here."""
+    from llama_index.core.schema import Document
+
+    from opro.llm.rates import rates_path, record_rates
+
+    cfg = experiment_config(tmp_path)
+    cfg["data"] = {k: v for k, v in cfg["data"].items() if k not in ("dataset", "query_field", "answer_field")}
+    embedded = "qwen2.5-coder-1.5b-instruct"
+    cfg["models"]["generator"] = {"backend": "llamacpp", "model": embedded}
+    config = config_from_dict(cfg, base_dir=tmp_path, source="t.toml")
+    docs = [Document(text=" ".join(f"Sentence {i} says something about AlexNet and its training." for i in range(200)))]
+
+    def generator() -> object:
+        return next(r for r in make_plan(config, documents=lambda: docs).roles if r.role == "generator")
+
+    default = generator()
+    assert default.generation_calls > 0 and "nothing measured here yet" in default.basis
+    # The 1.5B model measured three times slower than the idle default on this machine.
+    prompt, completion = default.prompt_tokens_per_call, default.completion_tokens_per_call
+    record_rates({f"llamacpp:{embedded}": {"calls": 10, "prompt_tokens": 10 * prompt, "completion_tokens": 10 * completion,
+                                          "wall_s": 30 * default.seconds_per_call}},
+                 path=rates_path(config.call_cache_path))
+    measured = generator()
+    assert measured.seconds_per_call == pytest.approx(3 * default.seconds_per_call)
+    assert measured.seconds == pytest.approx(3 * default.seconds)
+    assert measured.basis.startswith("measured here: 10 calls on ") and "3.0x the idle default" in measured.basis
+
+
 def test_a_model_with_a_price_gets_a_cost(tmp_path: Path) -> None:
     from opro.errors import ConfigError
 
