@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from opro.ledger import DecisionLedger
     from opro.program.rag import RAGProgram
     from opro.program.retrieval import Retriever
-    from opro.search import Search, SearchStudy, WorkerPlan
+    from opro.search import CandidateScorer, Search, SearchStudy, WorkerPlan
     from opro.search.space import SearchSpace
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,8 @@ class Experiment:
         self._study_storage: Any = None
         self._retrievers: dict[tuple[Any, ...], Retriever] = {}  # by index: the config's, and searched ones
         self._retrievers_lock = threading.RLock()
+        #: The scorer of the latest :meth:`search` (it knows each candidate's configuration by name).
+        self._scorer: CandidateScorer | None = None
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: Any) -> Experiment:
@@ -219,6 +221,13 @@ class Experiment:
     def template(self, instruction: str) -> QATemplate:
         return QATemplate(instruction=instruction, base=DEFAULT_BASE_TEMPLATE, position=self.config.rag.instruction_position)
 
+    def candidate_template(self, name: str) -> QATemplate:
+        """The whole configuration of the search's candidate called ``name`` (its instruction with its
+        values: :mod:`opro.program.configurations`), as the search scores it; before a search, or for a
+        name it never configured, the instruction ``name`` under the initial configuration."""
+        scorer = self._scorer
+        return scorer.template(name) if scorer is not None else self.template(name)  # type: ignore[return-value]
+
     @functools.cached_property
     def search_space(self) -> SearchSpace | None:
         """``[search.space]`` with its demonstration pool (exemplar questions only), or None when only
@@ -241,10 +250,12 @@ class Experiment:
                                         examples=exemplars, judge=self.judge, progress=self.progress)[0]
             rows = {r.query: r for r in report.rows if r.error is None and not r.invalid}
             demos = bootstrapped_demos(exemplars, answer=lambda e: rows.get(e.query), chars=sp.demo_chars)
+        from opro.probe.plan import answer_cost
+
         return SearchSpace(
             dimensions=sp.dimensions, demos=demos, sampler=sp.sampler, seed=self.config.experiment.seed,
             demo_source=sp.demo_source, objective=self.config.optimizer.objective,
-            initial=initial_values(self.config),
+            initial=initial_values(self.config), price=functools.partial(answer_cost, self.config),
         )
 
     @functools.cached_property
@@ -497,7 +508,7 @@ class Experiment:
         trackers = search_recorders(self, run_dir=self.run_dir, params=self.run_params() if worker_index == 0 else None,
                                     worker_index=worker_index, num_workers=num_workers)
         summary = _SummaryWriter(self, recorded_by=trackers, split_record=split_record)
-        return [RunDirRecorder(self.run_dir), summary, *trackers]
+        return [RunDirRecorder(self.run_dir, cost=self.config.cost_model()), summary, *trackers]
 
     def open_study(self) -> SearchStudy:
         """The config's study (created on the first run), refused when it was scored under other settings."""
@@ -518,6 +529,7 @@ class Experiment:
         scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
                                  task_slots=self.client("task").llm.max_concurrency, space=self.search_space,
                                  cost=cfg.cost_model())
+        self._scorer = scorer  # what candidate_template resolves names with (the validation traces)
         proposer = make_proposer(settings=cfg.optimizer, llm=self.client("optimizer"),
                                  template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)
         return Search(proposer, scorer, study, cfg.optimizer, usage=self.usage, workers=workers,

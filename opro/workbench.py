@@ -62,6 +62,11 @@ class Workbench(Protocol):
         """The QA template with ``instruction`` in the configured position."""
         ...
 
+    def candidate_template(self, name: str) -> QATemplate:
+        """The whole configuration of the search's candidate called ``name`` (its instruction and its
+        settings, :mod:`opro.program.configurations`); the instruction ``name`` where no search knows it."""
+        ...
+
     def run_params(self) -> dict[str, Any]:
         """Everything that defines the run, for MLflow (no secrets)."""
         ...

@@ -121,7 +121,7 @@ def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
 #: The floors of docs/architecture.md, lowest first. A module imports only from its own floor or
 #: those below; a module missing here fails the test, so a new one is placed deliberately.
 FLOORS: dict[str, int] = {
-    **dict.fromkeys(("opro.errors", "opro.program.dimensions", "opro.program.prompts", "opro.paths", "opro.redaction", "opro.progress",
+    **dict.fromkeys(("opro.errors", "opro.program.dimensions", "opro.program.configurations", "opro.program.prompts", "opro.paths", "opro.redaction", "opro.progress",
                      "opro.locking", "opro.plots", "opro.rundir", "opro.stats.paired", "opro.stats.sequential",
                      "opro.ledger", "opro.program.cost", "opro.stats.noninferiority", "opro.records", "opro.calibration.nearmiss"), 0),
     **dict.fromkeys(("opro.llm", "opro.config", "opro.llm.budget"), 1),

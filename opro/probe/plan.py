@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
 from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
+from opro.program.configurations import changed, settings_text
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values
 from opro.rundir import RunDir
 from opro.search.validation import confirmation_looks, split_sizes
@@ -163,6 +164,8 @@ class Plan:
     #: ``[search.space]``'s open dimensions and their choices (empty: only the wording is searched).
     space: Mapping[str, tuple[Value, ...]] = field(default_factory=dict)
     cost: CostPlan | None = None
+    #: The configurations step 0 adds to the initial one (:func:`first_moves_of`), as their settings.
+    first_moves: tuple[str, ...] = ()
 
     @property
     def calls(self) -> float:
@@ -213,6 +216,8 @@ class Plan:
             notes = [n for k in self.space if (n := dimension(k).plan_note)]
             out.append("search space: the wording, and " + "; ".join(f"{k} {list(v)}" for k, v in self.space.items())
                        + "".join(f" ({n})" for n in notes))
+            if self.first_moves:
+                out.append(f"first moves (step 0, the initial instruction with): {'; '.join(self.first_moves)}")
         if self.cost is not None and (self.space or self.cost.objective == "cost"):
             out += self.cost.lines(power=POWER, alpha=self.alpha)
         for r in self.roles:
@@ -386,6 +391,28 @@ def _task_tokens(config: OproConfig, values: Mapping[str, Any]) -> tuple[float, 
     return prompt, completion
 
 
+def answer_cost(config: OproConfig, values: Mapping[str, Any]) -> float:
+    """What one task answer is expected to cost (:meth:`opro.program.cost.CostModel.of`) with these
+    values of the dimensions (the others: the initial configuration's): the prompt-length estimate of
+    :func:`_task_tokens`. The plan prices each choice with it and the search's first moves
+    (:func:`opro.search.space.first_moves`) order the choices by it: one price for both."""
+    prompt, completion = _task_tokens(config, {**initial_values(config), **values})
+    return config.cost_model().of(prompt_tokens=prompt, completion_tokens=completion)
+
+
+def first_moves_of(config: OproConfig) -> list[dict[str, Value]]:
+    """The configurations the search adds to step 0 under ``config`` (what :class:`SearchSpace` gives
+    with :func:`answer_cost` as its price)."""
+    from opro.search.space import first_moves, space_choices
+
+    initial = initial_values(config)
+    choices = space_choices(config.search.space.dimensions, initial)
+    if not choices:
+        return []
+    return first_moves(choices, {k: dimension(k).coerce(initial[k]) for k in choices},
+                       price=lambda values: answer_cost(config, values), objective=config.optimizer.objective)
+
+
 def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPlan:
     o, model = config.optimizer, config.cost_model()
     initial = initial_values(config)
@@ -455,7 +482,9 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         z = statistics.NormalDist().inv_cdf
         held = (z(1 - o.alpha / 2) + z(POWER)) * sd / math.sqrt(s.heldout)
 
-    candidates = len(config.rag.initial_instructions) + o.steps * o.candidates_per_step
+    # The first moves of the search space are candidates of step 0 beside the initial instructions.
+    moves = first_moves_of(config)
+    candidates = len(config.rag.initial_instructions) + len(moves) + o.steps * o.candidates_per_step
     scored = candidates * s.optimization
     extra = {"random": 0, "failures": o.steps * o.exemplars, "hardest": (o.steps + 1) * s.exemplar}[o.exemplar_strategy]
     space = config.search.space
@@ -486,7 +515,8 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
                 extension_questions=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha, difference_sd=sd, sd_basis=sd_basis, detectable=detectable,
                 heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings), space=space.dimensions,
-                cost=_cost_plan(config, sd=sd, sizes=sizes))
+                cost=_cost_plan(config, sd=sd, sizes=sizes),
+                first_moves=tuple(settings_text(changed(m, initial_values(config))) for m in moves))
     c = made.cost
     if c is not None and c.objective == "cost" and (c.confirmable_margin is None or c.confirmable_margin > o.margin):
         can = "no margin" if c.confirmable_margin is None else f"only a margin of {c.confirmable_margin:.2f} or more"
@@ -532,4 +562,5 @@ def _rel(got: float, est: float, most: float = 0.0) -> str:
     return f"{(got - est) / est:+.0%}{within}"
 
 
-__all__ = ["DEFAULT_DIFFERENCE_SD", "ChoiceCost", "CostPlan", "Plan", "RoleEstimate", "check", "make_plan"]
+__all__ = ["DEFAULT_DIFFERENCE_SD", "ChoiceCost", "CostPlan", "Plan", "RoleEstimate", "answer_cost", "check",
+           "first_moves_of", "make_plan"]

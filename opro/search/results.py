@@ -22,7 +22,7 @@ CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"
 
 @dataclass(frozen=True)
 class CandidateRecord:
-    """One evaluated instruction."""
+    """One evaluated candidate: a configuration (its instruction and its values of the open dimensions)."""
 
     step: int
     instruction: str
@@ -40,6 +40,13 @@ class CandidateRecord:
     params: Mapping[str, Value] = field(default_factory=dict)
     #: Means per answered question of its task calls: tokens, seconds, cost (None: nothing answered).
     cost: CostSummary | None = None
+    #: Its name, what the search keys it by (:mod:`opro.program.configurations`): the instruction, then
+    #: in braces the values that differ from the initial configuration's ("" when made: the instruction).
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.instruction)
 
     @property
     def pruned(self) -> bool:
@@ -56,6 +63,9 @@ class FinalistRecord:
     """A finalist of the search in the validation stage. Only the *chosen* one is tested against the
     initial instruction; its scores, difference and p-value are on the confirmation questions."""
 
+    #: The finalist's candidate name (:mod:`opro.program.configurations`): its instruction, and in braces
+    #: its settings where they differ from the initial configuration's (the instruction alone without
+    #: ``[search.space]``).
     instruction: str
     trial_number: int
     search_score: float
@@ -202,6 +212,12 @@ class OptimizationResult:
     best_params: Mapping[str, Value] = field(default_factory=dict)
     #: ``[optimizer].objective``: with "cost" the summary keeps the search's quality-cost front.
     objective: Literal["quality", "cost"] = "quality"
+    #: The returned candidate's name (:attr:`CandidateRecord.name`; "" when made: ``best_instruction``).
+    best_name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.best_name:
+            object.__setattr__(self, "best_name", self.best_instruction)
 
     @property
     def validated(self) -> bool:
@@ -213,9 +229,9 @@ class OptimizationResult:
             return f"validation score ({self.validation.n_questions} questions not used by the search)"
         return "search score (in-sample: the questions the search selected on; optimistic)"
 
-    def cost_of(self, instruction: str) -> CostSummary | None:
-        """A candidate's cost per answer on the search questions (its latest record)."""
-        found = [r.cost for r in self.history if r.instruction == instruction and r.cost is not None]
+    def cost_of(self, name: str) -> CostSummary | None:
+        """A candidate's cost per answer on the search questions (its latest record), by its name."""
+        found = [r.cost for r in self.history if r.name == name and r.cost is not None]
         return found[-1] if found else None
 
     def headline(self) -> str:
@@ -278,7 +294,7 @@ class OptimizationResult:
             "scores_by_basis": self.scores_by_basis(),
             # Means per answered search question of the task calls (tokens, seconds, cost: opro.program.cost).
             "cost": {name: None if c is None else c.as_dict() for name, c in (
-                ("returned", self.cost_of(self.best_instruction)), ("initial", self.cost_of(self.initial_instruction)))},
+                ("returned", self.cost_of(self.best_name)), ("initial", self.cost_of(self.initial_instruction)))},
             "validation": None if v is None else v.summary(),
             **({"pareto_front": [
                 {"instruction": r.instruction, "step": r.step, "index": r.index, "score": r.score,

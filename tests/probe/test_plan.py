@@ -172,7 +172,11 @@ def test_the_plan_names_the_open_search_space_and_counts_bootstrapping(tmp_path:
     assert "search space: the wording, and demos [0, 2]; top_k [1, 3]" in " ".join(refs.lines())  # type: ignore[attr-defined]
     boot = plan(demos=[0, 2], demo_source="bootstrapped")
     task = {r.role: r for r in boot.roles}["task"]  # type: ignore[attr-defined]
-    assert task.search_calls == {r.role: r for r in plain.roles}["task"].search_calls + 2  # type: ignore[attr-defined]
+    # The exemplar questions answered once for the pool (2), and the first move (demos 2 with the
+    # initial instruction) on the optimization questions.
+    assert boot.first_moves == ("demos=2",)  # type: ignore[attr-defined]
+    n_opt = boot.split["optimization"]  # type: ignore[attr-defined]
+    assert task.search_calls == {r.role: r for r in plain.roles}["task"].search_calls + 2 + n_opt  # type: ignore[attr-defined]
 
 
 def test_the_task_prompts_are_estimated_over_the_open_choices(tmp_path: Path) -> None:
