@@ -186,6 +186,10 @@ def _qualified(report: ComparisonReport, *, min_coverage: float
             f"Wilcoxon p={s.p_wilcoxon:.3g}, permutation p={s.p_permutation:.3g}"
             + (f" (Holm, {s.n_comparisons} comparisons)" if s.n_comparisons > 1 else "")
         )
+        if v.identical:  # the baseline itself under another name: there is nothing to promote
+            reasons.append(f"{p.label}: the same configuration as the baseline (the same template and settings): "
+                           "nothing to promote")
+            continue
         source = report.leakage_by_prompt.get(p.label, "")
         if source.startswith("unchecked"):
             reasons.append(f"{p.label}: held-out leakage {source}; only a prompt whose tuning questions are known "
