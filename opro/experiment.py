@@ -427,6 +427,25 @@ class Experiment:
 
     def fingerprint(self) -> dict[str, str]:
         """Everything that changes a score, stored with the study so a resume never mixes settings."""
+        out = self._score_settings()
+        if self.search_space is not None:  # absent otherwise: studies from before the space still resume
+            out["search.space"] = json.dumps(self.search_space.describe(), sort_keys=True)
+        return out
+
+    def noise_digest(self) -> str | None:
+        """The digest of what the paired noise of two prompts depends on (:func:`opro.probe.plan.noise_digest`
+        of the fingerprint: the dataset's content, the split, the task and judge models, the judge and its
+        template), kept with a probe and a run's summary so that a plan takes only this task's noise. None
+        while the dataset is still to be prepared: no call is made to find it."""
+        from opro.probe.plan import noise_digest
+
+        marker = self.dataset_dir / "opro_settings.txt"
+        if not (marker.is_file() and marker.read_text().strip() == self._dataset_fingerprint()):
+            return None
+        return noise_digest(self._score_settings())
+
+    def _score_settings(self) -> dict[str, str]:
+        """The fingerprint but the search space (which bootstrapping its demonstrations would answer)."""
         from opro.redaction import redact
 
         cfg = self.config
@@ -453,8 +472,6 @@ class Experiment:
         judge = get_template(self._judge_template())
         content = json.dumps([judge.system, judge.user, judge.output_format])
         out["judge.template_sha256"] = hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
-        if self.search_space is not None:  # absent otherwise: studies from before the space still resume
-            out["search.space"] = json.dumps(self.search_space.describe(), sort_keys=True)
         return out
 
     def _storage(self) -> Any:
@@ -643,6 +660,8 @@ class _SummaryWriter(Recorder):
 
     def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
         summary = self.run_result(result).summary()
+        # Which task's noise the validation scores measure: a plan reads them only for the same task.
+        summary["noise_digest"] = self.experiment.noise_digest()
         if self.split_record is not None:
             summary["split_record"] = self.split_record
             study.save_split_record(self.split_record)

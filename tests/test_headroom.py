@@ -323,9 +323,12 @@ def test_the_commands_probe_fold_the_verdict_into_the_plan_and_optimize_prints_i
     assert "paired score sd 1.30: default" in runner.invoke(app, ["plan", str(config)]).output
     noisy = {**stored, "judge": {**stored["judge"], "pilot_sd": 0.66}}
     (tmp_path / "out" / "probe.json").write_text(json.dumps(noisy), encoding="utf-8")
-    assert "paired score sd 0.66: opro probe's pilot (8 questions" in runner.invoke(app, ["plan", str(config)]).output
-    # Only a pilot of the same task model and judge, of 6 or more questions, measured this task's noise.
-    for other in ({**noisy, "judge_model": "another judge"}, {**noisy, "pilot": {**noisy["pilot"], "n": 5}}):
+    # (8 pilot questions: planned at the sd's 90% upper bound.)
+    assert "paired score sd 1.04: opro probe's pilot (8 questions" in runner.invoke(app, ["plan", str(config)]).output
+    # Only a pilot of this task (its noise digest: dataset, split, models, judge), of 6 or more questions,
+    # measured this task's noise; a probe stored before the digest was kept is not used.
+    for other in ({**noisy, "noise_digest": "0123456789abcdef"}, {**noisy, "noise_digest": ""},
+                  {**noisy, "pilot": {**noisy["pilot"], "n": 5}}):
         (tmp_path / "out" / "probe.json").write_text(json.dumps(other), encoding="utf-8")
         assert "paired score sd 1.30: default" in runner.invoke(app, ["plan", str(config)]).output
     (tmp_path / "out" / "probe.json").write_text(json.dumps(stored), encoding="utf-8")

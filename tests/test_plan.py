@@ -74,12 +74,13 @@ def test_more_validation_questions_detect_a_smaller_gain_and_the_last_run_sets_t
     assert plan(12).detectable > plan(24).detectable > plan(48).detectable  # type: ignore[attr-defined, operator]
     out = tmp_path / "out"
     out.mkdir()
-    validation = {"initial_scores": [3.0] * 10, "finalists": [
-        {"chosen": True, "scores": [3.0, 4.0, 5.0, 3.0, 2.0, 4.0, 3.0, 4.0, 3.0, 5.0]}]}
-    (out / "summary.json").write_text(json.dumps({"validation": validation}))
-    measured = plan(24)
-    assert measured.sd_basis == "the last run's validation stage (10 pairs)"
-    assert measured.difference_sd == pytest.approx(0.9661, abs=1e-3)
+    scores = [3.0, 4.0, 5.0, 3.0, 2.0, 4.0, 3.0, 4.0, 3.0, 5.0, 4.0, 3.0]
+    validation = {"initial_scores": [3.0] * 12, "finalists": [{"chosen": True, "scores": scores}]}
+    (out / "summary.json").write_text(json.dumps({"validation": validation, "noise_digest": "d1"}))
+    measured = make_plan(_config(tmp_path, questions=80, data={
+        "split": {"exemplar": 2, "optimization": 3, "validation": 24, "heldout": 10, "seed": 1}}), noise_digest="d1")
+    assert measured.sd_basis == "the last run's validation stage (12 pairs)"
+    assert measured.difference_sd == pytest.approx(0.9003, abs=1e-3)
     assert measured.detectable < plan(24).detectable * 2  # type: ignore[operator]
 
 
@@ -217,3 +218,81 @@ def test_a_validation_that_went_to_its_last_look_is_within_the_plan_not_beyond_i
     assert lines[0].startswith("plan vs run: 47 (at most 75) calls planned, 75 made (+60%; within the most planned)")
     beyond = check(plan, {"task": {"calls": 70, "cache_hits": 0}}, wall_s=540)
     assert beyond[1] == "  task: planned 41 (at most 69) calls, made 70 (+71%)"
+
+
+# -- issue 61, item 4: noise that belongs to the task ----------------------------------------------------------
+
+
+def _noisy_pool() -> object:
+    """Answers that differ by prompt and a judge whose score follows the answer: a paired sd above 0."""
+    import hashlib
+
+    from opro.llm import GenerationOptions, Message
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    def task(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        return "Answer " + hashlib.sha256(messages[-1].content.encode()).hexdigest()[:8]
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        h = int(hashlib.sha256(messages[-1].content.encode()).hexdigest(), 16)
+        return json.dumps({"score": 1 + h % 5, "reasoning": "scripted"})
+
+    def optimizer(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        return f"<INS>Reply briefly and quote the passage you used, variant {options.seed}.</INS>"
+
+    return ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
+                               "judge": ScriptedLLM(default=judge, model="judge"),
+                               "optimizer": ScriptedLLM(default=optimizer, model="optimizer")})
+
+
+def test_a_stored_probe_and_summary_are_used_only_for_the_task_they_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 61: the plan took a stored probe's noise when only its task and judge model names matched, and
+    the last summary.json's without a check, and planned by a 6-question pilot's point estimate (which
+    underestimates the paired sd: median 0.74 against a true 0.99 in a heavy-tailed world)."""
+    from opro.experiment import Experiment
+    from opro.probe.plan import sd_upper_bound
+
+    monkeypatch.setattr(opro.experiment, "ModelPool", _noisy_pool)
+    monkeypatch.setenv("COLUMNS", "300")
+    data = experiment_config(tmp_path, questions=30, optimizer={"validation_extension": 2})
+    config = write_toml(data, tmp_path / "exp.toml")
+    runner = CliRunner()
+    done = runner.invoke(app, ["probe", str(config), "--no-progress", "--questions", "6", "--no-mlflow"])
+    assert done.exit_code == 0, done.output
+    probed = json.loads((tmp_path / "out" / "probe.json").read_text())
+    sd = probed["judge"]["pilot_sd"]
+    assert sd > 0.3 and probed["noise_digest"]
+    # 6 pilot questions: the plan takes the sd's one-sided 90% upper bound, not the point estimate, and says so.
+    said = " ".join(runner.invoke(app, ["plan", str(config)]).output.split())
+    bound = sd_upper_bound(sd, 6)
+    assert bound > 1.7 * sd
+    assert (f"paired score sd {bound:.2f}: opro probe's pilot (6 questions, the median over its contrasts); "
+            f"measured {sd:.2f} on 6 pairs, fewer than 12: its one-sided 90% upper bound") in said
+    # The same names on another dataset (its questions reworded) in the same output folder: not this task's noise.
+    (tmp_path / "other.jsonl").write_text("\n".join(json.dumps({"question": f"Another fact {i} about AlexNet?",
+                                                               "answer": f"Answer {i}."}) for i in range(30)))
+    data["data"]["dataset"] = str(tmp_path / "other.jsonl")
+    other = write_toml(data, tmp_path / "other.toml")
+    exp = Experiment.from_file(other, progress=False)
+    try:
+        _ = exp.dataset  # prepared: the plan can tell which data it is
+        digest = exp.noise_digest()
+    finally:
+        exp.close()
+    assert digest is not None and digest != probed["noise_digest"]
+    assert "paired score sd 1.30: default" in runner.invoke(app, ["plan", str(other)]).output
+    # A summary.json is read the same way: its digest must be this config's; one without a digest is not used.
+    pairs = {"initial_scores": [3.0] * 12, "finalists": [{"chosen": True, "scores": [3.0, 5.0, 1.0] * 4}]}
+    for recorded, why in ((None, "it records no noise digest (an older opro)"),
+                          (probed["noise_digest"], "it was measured on another dataset, split, judge or task model"),
+                          (digest, None)):
+        (tmp_path / "out" / "summary.json").write_text(json.dumps({"validation": pairs, "noise_digest": recorded}))
+        said = " ".join(runner.invoke(app, ["plan", str(other)]).output.split())
+        if why is None:
+            assert "paired score sd 1.71: the last run's validation stage (12 pairs)" in said and "noise:" not in said
+        else:
+            assert "paired score sd 1.30: default" in said
+            assert f"noise: the last run's validation noise (12 pairs in summary.json) is not used: {why}" in said

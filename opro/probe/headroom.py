@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from opro.data.dataset import Example
     from opro.evaluation.rows import EvaluationReport, Judge, Program
     from opro.experiment import Experiment
-    from opro.probe.plan import Plan
+    from opro.probe.plan import MeasuredNoise, Plan
     from opro.program.cost import CostModel
     from opro.program.prompts import QATemplate
     from opro.search.space import SearchSpace
@@ -657,6 +657,9 @@ class ProbeResult:
     notes: tuple[str, ...] = ()
     created: str = ""
     questions: tuple[str, ...] = field(default_factory=tuple)
+    #: What its paired noise belongs to (:meth:`opro.experiment.Experiment.noise_digest`; empty in a probe
+    #: stored before it was kept: then no plan takes its noise).
+    noise_digest: str = ""
 
     # -- rendering --
     def table(self) -> list[str]:
@@ -829,7 +832,9 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
 
     exp, cfg = experiment, experiment.config
     o = cfg.optimizer
-    plan = make_plan(cfg, documents=lambda: exp.documents)  # its verdicts never read an earlier probe
+    digest = exp.noise_digest()
+    # Its verdicts never read an earlier probe (only a run's noise on this task).
+    plan = make_plan(cfg, documents=lambda: exp.documents, noise_digest=digest)
     pool, n_optimization = pilot_pool(exp)
     _ = exp.search_space  # the demonstration pool (bootstrapped: answered and judged) before counting
     before = exp.usage.as_dict()
@@ -896,6 +901,7 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
         recommendation=rec, calls=requests, made=sum(calls.values()),
         wall_s=time.perf_counter() - started, top_k=cfg.rag.top_k, notes=tuple(notes),
         created=datetime.now(UTC).isoformat(timespec="seconds"), questions=tuple(asked_q),
+        noise_digest=exp.noise_digest() or "",
     )
 
 
@@ -1038,18 +1044,24 @@ def read_probe(output_dir: Path) -> ProbeResult | None:
     return ProbeResult.from_dict(run.read_json(run.probe), where=str(run.probe))
 
 
-def pilot_noise(config: OproConfig) -> tuple[float, str] | None:
-    """The paired sd the stored probe measured on its pilot (the median over its contrasts) and whose it
-    is, for :func:`opro.probe.plan.make_plan`: where its task model and judge are this config's (the noise is
-    theirs; other settings may differ) and its pilot had at least :data:`MIN_PILOT` questions."""
+def pilot_noise(experiment: Experiment) -> MeasuredNoise | None:
+    """The paired sd the stored probe measured on its pilot (the median over its contrasts), on how many
+    pairs and whose it is, for :func:`opro.probe.plan.make_plan`: only where it measured this task (its
+    noise digest is this experiment's: the same dataset content, split, task and judge models, judge and
+    template; other settings may differ) on at least :data:`MIN_PILOT` questions."""
+    from opro.probe.plan import MeasuredNoise
+
     try:
-        found = read_probe(config.output_dir)
+        found = read_probe(experiment.config.output_dir)
     except DataError:  # an unreadable probe measured nothing a plan can use; `opro probe` rewrites it
         return None
-    if (found is None or (found.task_model, found.judge_model) != (config.models.task.model, config.models.judge.model)
+    if (found is None or not found.noise_digest or found.noise_digest != experiment.noise_digest()
             or found.judge.pilot_sd is None or found.judge.pilot_sd <= 0 or found.pilot.n < MIN_PILOT):
         return None
-    return found.judge.pilot_sd, f"opro probe's pilot ({found.pilot.n} questions, the median over its contrasts)"
+    pairs = [e.n for e in found.effects if e.sd is not None and e.n >= 3]
+    n = int(statistics.median(pairs)) if pairs else found.pilot.n
+    return MeasuredNoise(found.judge.pilot_sd, n,
+                         f"opro probe's pilot ({found.pilot.n} questions, the median over its contrasts)")
 
 
 def stored_probe(experiment: Experiment, *, questions: int | None = None) -> tuple[ProbeResult | None, str | None]:

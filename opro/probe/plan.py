@@ -43,6 +43,17 @@ from opro.stats.sequential import design_power, min_questions
 if TYPE_CHECKING:
     from llama_index.core.schema import Document
 
+#: Below this many pairs a measured paired sd is too rough to plan by as it is: the plan takes its
+#: one-sided upper confidence bound at :data:`SD_BOUND_LEVEL` instead (:func:`sd_upper_bound`).
+SD_BOUND_BELOW = 12
+#: 90%, not 80%: the chi-square bound assumes normal differences, and judge differences have heavy
+#: tails. In a t(3) world of true sd 0.99 (where 6 pilot questions measure a median 0.71) the point
+#: estimate was below the truth in 76% of pilots, an 80% bound in 46%, a 90% bound in 30%; with
+#: normal differences the 90% bound is 1.4-1.8x the truth on 6-11 pairs, which measuring 12 removes.
+SD_BOUND_LEVEL = 0.9
+#: The fingerprint entries the paired noise of two prompts depends on (:func:`noise_digest`).
+NOISE_ENTRIES = ("dataset.hash", "split", "models.task.", "models.judge.", "judge.")
+
 #: Paired per-question score difference of two prompts (1-5 judge) when nothing was measured: the
 #: spread bench_selection's judge model gives (question difficulty shared, per-call noise 0.9,
 #: rounded to whole scores), close to what the validation stages of the real runs in
@@ -54,6 +65,44 @@ POWER = 0.8
 # from the quickstart's measured usage (docs/statistics.md); an endpoint: seconds per call.
 _EMBEDDED_SPEED = {"0.5b": (150.0, 18.0), "1.5b": (90.0, 9.0)}
 _ENDPOINT_S = 1.5
+
+
+@dataclass(frozen=True)
+class MeasuredNoise:
+    """A paired sd measured on ``n`` pairs of this task, and whose it is (for :func:`make_plan`)."""
+
+    sd: float
+    n: int
+    basis: str
+
+
+def noise_digest(fingerprint: Mapping[str, str]) -> str:
+    """The digest of the entries of a study fingerprint (:meth:`opro.experiment.Experiment.fingerprint`)
+    that the paired noise depends on: the dataset's content hash, the split, the task and judge models,
+    the judge settings and its template. A probe and a run's ``summary.json`` keep it; a plan takes their
+    noise only where it is this config's."""
+    from opro.ledger import sha
+
+    kept = {k: v for k, v in fingerprint.items() if k.startswith(NOISE_ENTRIES)}
+    return sha(json.dumps(kept, sort_keys=True))
+
+
+def sd_upper_bound(sd: float, n: int, *, level: float = SD_BOUND_LEVEL) -> float:
+    """The one-sided ``level`` upper confidence bound of a standard deviation measured as ``sd`` on ``n``
+    values (chi-square, n - 1 degrees of freedom)."""
+    from scipy.stats import chi2
+
+    return sd * math.sqrt((n - 1) / float(chi2.ppf(1 - level, n - 1)))
+
+
+def _planned_sd(noise: MeasuredNoise) -> tuple[float, str]:
+    """The sd a plan takes from a measurement: as measured from :data:`SD_BOUND_BELOW` pairs on, else its
+    upper bound, said so."""
+    if noise.n >= SD_BOUND_BELOW:
+        return noise.sd, noise.basis
+    bound = sd_upper_bound(noise.sd, noise.n)
+    return bound, (f"{noise.basis}; measured {noise.sd:.2f} on {noise.n} pairs, fewer than {SD_BOUND_BELOW}: its "
+                   f"one-sided {SD_BOUND_LEVEL:.0%} upper bound")
 
 
 @dataclass(frozen=True)
@@ -159,6 +208,8 @@ class Plan:
     #: ``[search.space]``'s open dimensions and their choices (empty: only the wording is searched).
     space: Mapping[str, tuple[Value, ...]] = field(default_factory=dict)
     cost: CostPlan | None = None
+    #: What the plan says beside its figures (why a measured noise was not used).
+    notes: tuple[str, ...] = ()
 
     @property
     def calls(self) -> float:
@@ -204,6 +255,7 @@ class Plan:
             + (f" + up to {self.extension_questions} extension questions" if self.extension_questions else "")
             + f", looks at {', '.join(map(str, self.looks)) or '-'}); "
             f"held-out compare {held}",
+            *(f"noise: {n}" for n in self.notes),
         ]
         if self.space:
             notes = [n for k in self.space if (n := dimension(k).plan_note)]
@@ -237,25 +289,22 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _difference_sd(config: OproConfig, *, pilot_noise: tuple[float, str] | None = None) -> tuple[float, str]:
-    """The paired per-question score difference's sd: measured on the last run's confirmation pairs
-    (what the test sees), else ``pilot_noise`` (``opro probe``'s pilot: its contrasts against the initial
-    configuration, by the same task model and judge; :func:`opro.probe.headroom.pilot_noise`), else from the
-    judge's calibration (a lower bound), else the default."""
+def _difference_sd(config: OproConfig, *, pilot_noise: MeasuredNoise | None = None,
+                   digest: str | None = None) -> tuple[float, str, str]:
+    """The paired per-question score difference's sd, whose it is, and why the last run's is not used
+    (empty: it is, or there is none): measured on the last run's confirmation pairs (what the test sees)
+    where its ``summary.json`` records this task's noise digest (``digest``), else ``pilot_noise`` (``opro
+    probe``'s pilot on this task; :func:`opro.probe.headroom.pilot_noise`), else from the judge's
+    calibration (a lower bound), else the default. A measurement on fewer than :data:`SD_BOUND_BELOW` pairs
+    is taken at its upper bound (:func:`sd_upper_bound`)."""
     from opro.calibration.calibrate import judge_signature, load_calibration
     from opro.errors import DataError
 
-    v = (_last_summary(config) or {}).get("validation") or {}
-    chosen = next((f for f in v.get("finalists", []) if f.get("chosen")), None)
-    if chosen:
-        pairs = [(a, b) for a, b in zip(chosen.get("scores", []), v.get("initial_scores", []), strict=False)
-                 if a is not None and b is not None]
-        if len(pairs) >= 5:
-            sd = statistics.stdev(a - b for a, b in pairs)
-            if sd > 0:
-                return sd, f"the last run's validation stage ({len(pairs)} pairs)"
+    measured, unused = _last_run_noise(_last_summary(config), digest=digest)
+    if measured is not None:
+        return (*_planned_sd(measured), "")
     if pilot_noise is not None:
-        return pilot_noise
+        return (*_planned_sd(pilot_noise), unused)
     try:
         report = load_calibration(config.output_dir)
     except DataError:
@@ -264,9 +313,28 @@ def _difference_sd(config: OproConfig, *, pilot_noise: tuple[float, str] | None 
             not report.signature or report.signature == judge_signature(config)):
         # Two prompts' scores on a question differ by the judge's noise on each (and by how the prompts
         # differ on it, which a retest cannot see: a lower bound).
-        return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)"
+        return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)", unused
     return DEFAULT_DIFFERENCE_SD, ("default: not measured; `opro probe` measures it (`opro judge calibrate` with "
-                                   "--retest, a lower bound)")
+                                   "--retest, a lower bound)"), unused
+
+
+def _last_run_noise(summary: Mapping[str, Any] | None, *, digest: str | None) -> tuple[MeasuredNoise | None, str]:
+    """The paired noise of the last run's validation stage, or None and why it is not used (empty: there
+    is none to use): only a summary that records this task's noise digest measured this task."""
+    v = (summary or {}).get("validation") or {}
+    chosen = next((f for f in v.get("finalists", []) if f.get("chosen")), None)
+    pairs = [(a, b) for a, b in zip((chosen or {}).get("scores", []), v.get("initial_scores", []), strict=False)
+             if a is not None and b is not None]
+    if len(pairs) < 5 or statistics.stdev(a - b for a, b in pairs) <= 0:
+        return None, ""
+    recorded = (summary or {}).get("noise_digest")
+    if recorded is None or digest is None or recorded != digest:
+        why = ("it records no noise digest (an older opro), so the data it measured is unknown" if recorded is None
+               else "this config's dataset is not prepared yet, so its data cannot be matched" if digest is None
+               else "it was measured on another dataset, split, judge or task model")
+        return None, f"the last run's validation noise ({len(pairs)} pairs in summary.json) is not used: {why}"
+    return MeasuredNoise(statistics.stdev(a - b for a, b in pairs), len(pairs),
+                         f"the last run's validation stage ({len(pairs)} pairs)"), ""
 
 
 def _last_summary(config: OproConfig) -> dict[str, Any] | None:
@@ -404,14 +472,15 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
 
 
 def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]] | None = None,
-              pilot_noise: tuple[float, str] | None = None) -> Plan:
+              pilot_noise: MeasuredNoise | None = None, noise_digest: str | None = None) -> Plan:
     """The plan of ``opro optimize`` for ``config`` (reads the output folder; makes no LLM call).
     ``documents``: the corpus, read only when the dataset is still to be generated from it (one
     generator call per chunk); without it that count is left out. ``pilot_noise``: the paired sd a
-    probe measured and whose it is (:func:`opro.probe.headroom.pilot_noise`), planned by where no run
-    measured one."""
+    probe measured on this task (:func:`opro.probe.headroom.pilot_noise`), planned by where no run
+    measured one. ``noise_digest``: this config's (:meth:`opro.experiment.Experiment.noise_digest`): the
+    last run's noise is used only where its summary records the same (None: it is not used)."""
     o, s = config.optimizer, config.data.split
-    sd, sd_basis = _difference_sd(config, pilot_noise=pilot_noise)
+    sd, sd_basis, noise_note = _difference_sd(config, pilot_noise=pilot_noise, digest=noise_digest)
     warnings: list[str] = []
     validating = o.finalists > 0 and s.validation > 0
     finalists = min(o.finalists, 1 + o.steps * o.candidates_per_step)
@@ -469,7 +538,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
                 extension_questions=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha, difference_sd=sd, sd_basis=sd_basis, detectable=detectable,
                 heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings), space=space.dimensions,
-                cost=_cost_plan(config, sd=sd, sizes=sizes))
+                cost=_cost_plan(config, sd=sd, sizes=sizes), notes=(noise_note,) if noise_note else ())
     c = made.cost
     if c is not None and c.objective == "cost" and (c.confirmable_margin is None or c.confirmable_margin > o.margin):
         can = "no margin" if c.confirmable_margin is None else f"only a margin of {c.confirmable_margin:.2f} or more"
@@ -515,4 +584,5 @@ def _rel(got: float, est: float, most: float = 0.0) -> str:
     return f"{(got - est) / est:+.0%}{within}"
 
 
-__all__ = ["DEFAULT_DIFFERENCE_SD", "ChoiceCost", "CostPlan", "Plan", "RoleEstimate", "check", "make_plan"]
+__all__ = ["DEFAULT_DIFFERENCE_SD", "SD_BOUND_BELOW", "SD_BOUND_LEVEL", "ChoiceCost", "CostPlan", "MeasuredNoise", "Plan",
+           "RoleEstimate", "check", "make_plan", "noise_digest", "sd_upper_bound"]

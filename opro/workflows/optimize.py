@@ -55,7 +55,8 @@ def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
     from opro.probe.headroom import pilot_noise
     from opro.probe.plan import make_plan
 
-    plan = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp.config))
+    plan = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp),
+                     noise_digest=exp.noise_digest())
     notice("\n".join(plan.lines()))
     exp.run_dir.write_plan(plan.as_dict())
     if exp.run_dir.probe.is_file():
