@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Model settings that never change a score, left out of the study fingerprint (the model's name stays:
+#: for an OpenAI-compatible server, the model id it is asked for).
+UNSCORED_SPEC_KEYS = ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill", "base_url")
+
 
 def shared_sqlite_warning(storage: str, *, num_workers: int) -> str | None:
     """What to tell workers that share a study through a SQLite file (None: nothing to tell)."""
@@ -270,27 +274,28 @@ class Experiment:
     # -- dataset -----------------------------------------------------------------------------
     @functools.cached_property
     def decisions(self) -> DecisionLedger:
-        """The decision ledger of this experiment's dataset, shared by every output folder and study
-        store that uses it: ``opro_decisions.jsonl`` beside ``[data].dataset`` (in the file's folder,
-        or in the dataset folder), or, for a generated dataset (written into each output folder, so
-        not shared), beside the call cache, which every run of the same generation shares. A dataset
-        in a folder opro cannot write, or read-only by its mode, falls back to the call cache's folder."""
+        """The user's decision ledger, shared by every output folder, study store and copy of a dataset:
+        ``opro_decisions.jsonl`` beside the call cache (``[experiment].cache_path``'s folder, by default the
+        per-user folder of :func:`opro.paths.cache_dir`, which ``OPRO_CACHE_DIR`` moves), decisions matched by
+        the content hashes of their questions. With ``[data].dataset``, a second copy beside it (in the
+        file's folder, or in the dataset folder) travels with the dataset and is read and written too; one in
+        a folder opro cannot write, or read-only by its mode, is only read."""
         from opro.ledger import LEDGER_FILE, DecisionLedger
         from opro.paths import default_call_cache_path
 
         exp = self.config.experiment
-        fallback = (self.config.resolve(exp.cache_path) if exp.cache_path else default_call_cache_path()).parent
-        folder = fallback
+        user = (self.config.resolve(exp.cache_path) if exp.cache_path else default_call_cache_path()).parent
+        copies: list[Path] = []
+        also_read: list[Path] = []
         if self.config.data.dataset:
             data = self.config.resolve(self.config.data.dataset)
             folder = data if data.is_dir() else data.parent
             # Its mode, not only access: root may write anywhere, but a folder whose owner took its write
             # bits away (a shared, read-only data set) is not opro's to add files to.
-            if not os.access(folder, os.W_OK) or not folder.stat().st_mode & 0o222:
-                logger.warning("the decision ledger cannot be written beside the dataset (%s is read-only): it is "
-                               "kept in %s, which only runs with this call cache folder read", folder, fallback)
-                folder = fallback
-        return DecisionLedger(folder / LEDGER_FILE, origin=f"output folder {self.run_dir.root}")
+            writable = os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+            (copies if writable else also_read).append(folder / LEDGER_FILE)
+        return DecisionLedger(user / LEDGER_FILE, origin=f"output folder {self.run_dir.root}", copies=copies,
+                              also_read=also_read)
 
     @property
     def dataset_dir(self) -> Path:
@@ -459,8 +464,9 @@ class Experiment:
         for role in ("task", "judge", "optimizer"):
             for k, v in redact(self.spec(role).safe_dict()).items():
                 # Speed, not scores (saved prefixes and drafted tokens leave greedy answers as they were,
-                # up to floating-point sums), so a study resumes across them.
-                if k not in ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill"):
+                # up to floating-point sums), so a study resumes across them; and where the model is
+                # served, not which model: the same model on another port or host resumes.
+                if k not in UNSCORED_SPEC_KEYS:
                     out[f"models.{role}.{k}"] = str(v)
         for section in ("rag", "judge"):
             for k, v in vars(getattr(cfg, section)).items():
