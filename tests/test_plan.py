@@ -54,9 +54,12 @@ def test_the_plan_says_when_no_gain_can_be_claimed_or_confirmed(tmp_path: Path) 
     assert any("`opro compare` cannot find a significant difference on 5 held-out" in w for w in small.warnings)
     # The 10 questions of the 24 in no split: the confirmation may extend into them, and then can claim.
     extended = make_plan(_config(tmp_path, data={"split": split}))
-    assert extended.extension_questions == 10 and extended.looks == (1, 2, 12) and extended.detectable is not None
+    assert extended.extension_expected == 10 and extended.looks == (1, 2, 12) and extended.detectable is not None
+    # At most: every question but the validation split's (a split that comes out smaller leaves the rest unused).
+    assert extended.extension_questions == 20
     assert not any("cannot claim" in w for w in extended.warnings)
-    assert "2 confirmation questions + up to 10 extension questions, looks at 1, 2, 12" in " ".join(extended.lines())
+    assert ("2 confirmation questions + up to 20 extension questions (about 10 expected), looks at 1, 2, 12"
+            in " ".join(extended.lines()))
     big = make_plan(_config(tmp_path, data={"split": {"exemplar": 2, "optimization": 3, "validation": 16,
                                                         "heldout": 6, "seed": 1}}))
     assert big.detectable is not None and big.heldout_detectable is not None
@@ -296,3 +299,108 @@ def test_a_stored_probe_and_summary_are_used_only_for_the_task_they_measured(
         else:
             assert "paired score sd 1.30: default" in said
             assert f"noise: the last run's validation noise (12 pairs in summary.json) is not used: {why}" in said
+
+
+# -- issue 61, item 6: the plan's "at most" bounds the run, and plan vs run counts this run ----------------------
+
+_WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ra", "su", "ti", "vo", "ze")
+          for b in ("rim", "dax", "pol", "fen", "gut", "hal", "jor", "wex", "yib", "zum")]
+
+
+def _generated_world() -> object:
+    """A generator that keeps every question it is asked for (more than the plan's usual 80%), a task that
+    names the instruction and the question, and a judge that scores any candidate one point above the
+    initial instruction on every other question: ahead, but not decided on the split's 8 confirmation
+    questions, so the validation goes on to its extension look."""
+    import hashlib
+    import random
+    import re
+
+    from fakes import optimizer_reply
+
+    from opro.llm import GenerationOptions, Message
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def task(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        prompt = messages[-1].content
+        query = re.search(r"Query: (.*)", prompt)
+        kind = "INIT" if "Answer the question." in prompt else "CAND"
+        return f"ANSWER {kind} {digest(query.group(1) if query else prompt)[:6]}"
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        found = re.search(r"ANSWER (INIT|CAND) ([0-9a-f]{6})", messages[-1].content)
+        lift = found is not None and found.group(1) == "CAND" and int(found.group(2), 16) % 2 == 0
+        return json.dumps({"score": 3 + lift, "reasoning": "scripted"})
+
+    def generator(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        prompt = messages[-1].content
+        if "Teacher/Professor" in prompt:
+            rng = random.Random(digest(prompt))
+            return "\n".join(f"{i}. What does {' '.join(rng.sample(_WORDS, 5))} mean?" for i in (1, 2))
+        query = re.search(r"Query: (.*)\nAnswer:", prompt)
+        return f"Answer to: {query.group(1) if query else '?'}"
+
+    return ModelPool(scripted={name: ScriptedLLM(default=reply, model=name) for name, reply in (
+        ("task", task), ("judge", judge), ("optimizer", optimizer_reply), ("generator", generator))})
+
+
+def test_the_plans_at_most_bounds_what_a_run_to_its_extension_look_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 61: the quickstart planned "up to 11 extension questions" and "142 (at most 189) calls", then asked
+    14 extension questions and made 204 calls (task and judge 69 each against "at most 63"): the plan counted
+    the unused questions of a dataset still to be generated at the share usually kept (80%), and took that
+    estimate as the most. A generator that keeps every question: the run asks more than the estimate, and
+    no role more than the plan's at most."""
+    import random
+
+    monkeypatch.setattr(opro.experiment, "ModelPool", _generated_world)
+    monkeypatch.setenv("COLUMNS", "200")
+    rng = random.Random(0)
+    doc = "\n\n".join(" ".join(rng.choice(_WORDS) for _ in range(120)) + "." for _ in range(5))
+    cfg = experiment_config(tmp_path, doc=doc, rag={"chunk_size": 128, "chunk_overlap": 0,
+                                                    "initial_instructions": ["Answer the question."]},
+                            optimizer={"steps": 1, "candidates_per_step": 2, "minibatch_size": 3, "pruner": "none",
+                                       "finalists": 1},
+                            models={"generator": {"backend": "scripted", "model": "generator"}})
+    cfg["data"] = {"docs": ["docs"], "questions_per_chunk": 2,
+                   "split": {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": 4, "seed": 1}}
+    config = write_toml(cfg, tmp_path / "exp.toml")
+    done = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+    assert done.exit_code == 0, done.output
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    looks = summary["validation"]["looks"]
+    extension = looks[-1]["n"] - plan["confirmation_questions"]
+    assert [x["decision"] for x in looks[:-1]] == ["continue"] * 3 and extension > 0  # the extension look
+    for r in plan["roles"]:
+        u = summary["usage"].get(r["role"]) or {}
+        made = u.get("calls", 0) + u.get("cache_hits", 0)
+        # What check() and `plan vs run` take as the most (a plan without calls_max: its validation's most).
+        most = r.get("calls_max") or (r["search_calls"] + r["generation_calls"]
+                                      + max(r["validation_calls"], r["validation_calls_max"]))
+        assert made <= most, (r["role"], made, most)
+    assert extension <= plan["extension_questions"]
+    assert extension > plan.get("extension_expected", 0)  # more than the plan expected: the bound was needed
+    assert "within the most planned" in done.output
+
+
+def test_plan_vs_run_counts_this_runs_calls_not_the_studys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 61: `plan vs run` counted the study's calls across runs ("made 292" for a rerun that made 136)."""
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
+    monkeypatch.setenv("COLUMNS", "200")
+    config = write_toml(experiment_config(tmp_path, optimizer={"steps": 1, "candidates_per_step": 2,
+                                                               "minibatch_size": 2, "pruner": "none"}),
+                        tmp_path / "exp.toml")
+    first = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+    assert first.exit_code == 0, first.output
+    usage = json.loads((tmp_path / "out" / "summary.json").read_text())["usage"]
+    made = sum(u["calls"] + u["cache_hits"] for u in usage.values())
+    assert made > 0 and f"calls planned, {made} made" in first.output
+    rerun = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])  # the study is done: asks nothing
+    assert rerun.exit_code == 0, rerun.output
+    assert "calls planned, 0 made" in rerun.output and f"calls planned, {made} made" not in rerun.output

@@ -118,6 +118,10 @@ class RoleEstimate:
     #: Where the per-call figures come from.
     basis: str
     cost_usd: float | None = None
+    #: The most this role can ask in the run: every candidate, every look and extension question, every
+    #: replacement proposal, every generated question (None, in a plan saved before it was kept: see
+    #: :func:`check`).
+    calls_max: float | None = None
 
     @property
     def calls(self) -> float:
@@ -193,7 +197,8 @@ class Plan:
     split: Mapping[str, int]
     selection_questions: int
     confirmation_questions: int
-    #: Questions in no split the confirmation may add as its last look (``validation_extension``).
+    #: Questions in no split the confirmation may add as its last look (``validation_extension``): the
+    #: most it can ask (a bound), and how many it is expected to have (``looks`` are planned with those).
     extension_questions: int
     looks: tuple[int, ...]
     alpha: float
@@ -210,6 +215,7 @@ class Plan:
     cost: CostPlan | None = None
     #: What the plan says beside its figures (why a measured noise was not used).
     notes: tuple[str, ...] = ()
+    extension_expected: int = 0
 
     @property
     def calls(self) -> float:
@@ -253,6 +259,8 @@ class Plan:
             f"{self.sd_basis}): validation {det} ({self.selection_questions} selection + "
             f"{self.confirmation_questions} confirmation questions"
             + (f" + up to {self.extension_questions} extension questions" if self.extension_questions else "")
+            + (f" (about {self.extension_expected} expected)"
+               if self.extension_questions > self.extension_expected else "")
             + f", looks at {', '.join(map(str, self.looks)) or '-'}); "
             f"held-out compare {held}",
             *(f"noise: {n}" for n in self.notes),
@@ -272,10 +280,11 @@ class Plan:
             if r.generation_calls:
                 parts.append(f"dataset {r.generation_calls:.0f}")
             cost = "" if r.cost_usd is None else f", ${r.cost_usd:.2f}"
-            out.append(f"  {r.role}: {r.calls:.0f} calls ({', '.join(parts)}), {r.tokens:,.0f} tokens, "
-                       f"{_duration(r.seconds)}{cost} [{r.basis}]")
+            out.append(f"  {r.role}: {_planned(r.calls, r.calls_max or r.calls)} calls ({', '.join(parts)}), "
+                       f"{r.tokens:,.0f} tokens, {_duration(r.seconds)}{cost} [{r.basis}]")
         cost = "" if self.cost_usd is None else f", ${self.cost_usd:.2f}"
-        out.append(f"total: {self.calls:.0f} calls, {sum(r.tokens for r in self.roles):,.0f} tokens, "
+        most = sum(r.calls_max or r.calls for r in self.roles)
+        out.append(f"total: {_planned(self.calls, most)} calls, {sum(r.tokens for r in self.roles):,.0f} tokens, "
                    f"about {_duration(self.seconds)}{cost} (a warm call cache makes a rerun free)")
         out += [f"warning: {w}" for w in self.warnings]
         return out
@@ -369,9 +378,14 @@ def _generation_calls(config: OproConfig, chunks: int) -> float:
     return chunks * (1 + _KEPT * config.data.questions_per_chunk)
 
 
-def _unused_questions(config: OproConfig, chunks: int) -> int:
-    """Questions in no split, which a validation may extend into: counted in the run's dataset once it
-    is made, else in the given dataset, else estimated from the chunks still to be generated."""
+def _unused_questions(config: OproConfig, chunks: int) -> tuple[int, int]:
+    """Questions in no split, which a validation may extend into, as expected and at most: counted in the
+    run's dataset once it is split; before that, expected from the given dataset's size or from the
+    chunks still to be generated (the share of generated questions usually kept) less the split sizes.
+    At most, before the split: every question but the validation split's (a split that comes out
+    smaller than asked, as groups of related questions are kept whole, leaves the rest unused; a
+    validation split that shrinks confirms on fewer questions by as many), of as many questions as the
+    dataset has, or as the generator can keep (``questions_per_chunk`` of every chunk)."""
     from opro.data.dataset import load_dataset
     from opro.errors import OproError
 
@@ -382,13 +396,15 @@ def _unused_questions(config: OproConfig, chunks: int) -> int:
         if run.has_dataset():
             made = load_dataset(run.dataset)
             if made.split is not None:
-                return len(made.unused())
-            return max(0, len(made) - placed)
+                return len(made.unused()), len(made.unused())
+            return max(0, len(made) - placed), max(0, len(made) - s.validation)
         if config.data.dataset:
-            return max(0, len(load_dataset(config.data.dataset)) - placed)
+            n = len(load_dataset(config.data.dataset))
+            return max(0, n - placed), max(0, n - s.validation)
     except (OproError, OSError):  # the run itself says what is wrong with the dataset
-        return 0
-    return max(0, int(chunks * config.data.questions_per_chunk * _KEPT) - placed)
+        return 0, 0
+    generated = chunks * config.data.questions_per_chunk
+    return max(0, int(generated * _KEPT) - placed), max(0, generated - s.validation)
 
 
 def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> tuple[float, float, float, str]:
@@ -471,6 +487,41 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
                     confirmable_margin=confirmable, heldout_margin=held, saving_range=saving)
 
 
+def _roles(config: OproConfig, *, chunks: int, validation: float, validation_max: float) -> list[RoleEstimate]:
+    """Calls per role, with tokens, time and cost: the search's (its maximum: nothing pruned; the
+    optimizer's as usually asked, its replacements for rejected proposals in the most), the validation's
+    (expected and most) and the dataset generation's (expected and most), and the most in all."""
+    o, s = config.optimizer, config.data.split
+    candidates = len(config.rag.initial_instructions) + o.steps * o.candidates_per_step
+    scored = candidates * s.optimization
+    extra = {"random": 0, "failures": o.steps * o.exemplars, "hardest": (o.steps + 1) * s.exemplar}[o.exemplar_strategy]
+    space = config.search.space
+    if "demos" in space.dimensions and space.demo_source == "bootstrapped":
+        extra += s.exemplar  # the exemplar questions answered and judged once, for the demonstration pool
+    k = o.steps * o.candidates_per_step
+    generated = chunks * config.data.questions_per_chunk  # the most the generator keeps, each answered once
+    # (search, its most, validation, its most, generation, its most)
+    calls = {
+        "task": (scored + extra, scored + extra, validation, validation_max, 0.0, 0.0),
+        "judge": (scored + extra, scored + extra, validation, validation_max, 0.0, 0.0),
+        # Between k and 3k samples a step (rejected proposals are replaced); about 1.5k in practice.
+        "optimizer": (1.5 * k, 3.0 * k, 0.0, 0.0, 0.0, 0.0),
+        "generator": (0.0, 0.0, 0.0, 0.0, _generation_calls(config, chunks), float(chunks + generated)),
+    }
+    last = _last_summary(config)
+    roles = []
+    for role, (search, search_max, v, vmax, gen, gen_max) in calls.items():
+        prompt, completion, seconds, basis = _per_call(config, role, last)
+        price = config.prices().get(getattr(config.models, role).model)
+        n = search + v + gen
+        cost = None if price is None else n * (prompt * price.prompt + completion * price.completion) / 1e6
+        roles.append(RoleEstimate(role=role, search_calls=search, validation_calls=v, validation_calls_max=vmax,
+                                  generation_calls=gen, prompt_tokens_per_call=prompt,
+                                  completion_tokens_per_call=completion, seconds_per_call=seconds, basis=basis,
+                                  cost_usd=cost, calls_max=search_max + max(v, vmax) + max(gen, gen_max)))
+    return roles
+
+
 def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]] | None = None,
               pilot_noise: MeasuredNoise | None = None, noise_digest: str | None = None) -> Plan:
     """The plan of ``opro optimize`` for ``config`` (reads the output folder; makes no LLM call).
@@ -486,8 +537,9 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     finalists = min(o.finalists, 1 + o.steps * o.candidates_per_step)
     n_sel, n_conf = split_sizes(o, s.validation, finalists) if validating else (0, 0)
     chunks = _chunks_to_generate(config, documents)
-    unused = _unused_questions(config, chunks) if validating and o.validation_extension else 0
-    sizes = confirmation_looks(o, n_conf, unused)
+    unused, unused_max = _unused_questions(config, chunks) if validating and o.validation_extension else (0, 0)
+    # Planned at the expected extension; what the run can ask, at the most it can extend into.
+    sizes, sizes_max = confirmation_looks(o, n_conf, unused), confirmation_looks(o, n_conf, unused_max)
     detectable, asked = None, 0.0
     if sizes:
         p = design_power(sizes, alpha=o.alpha, sd=sd, futility=o.futility, power=POWER)
@@ -508,36 +560,13 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         z = statistics.NormalDist().inv_cdf
         held = (z(1 - o.alpha / 2) + z(POWER)) * sd / math.sqrt(s.heldout)
 
-    candidates = len(config.rag.initial_instructions) + o.steps * o.candidates_per_step
-    scored = candidates * s.optimization
-    extra = {"random": 0, "failures": o.steps * o.exemplars, "hardest": (o.steps + 1) * s.exemplar}[o.exemplar_strategy]
-    space = config.search.space
-    if "demos" in space.dimensions and space.demo_source == "bootstrapped":
-        extra += s.exemplar  # the exemplar questions answered and judged once, for the demonstration pool
-    conf_max = 2.0 * (sizes[-1] if sizes else 0)
-    val = (finalists * n_sel + 2.0 * asked) if sizes else 0.0
-    val_max = (finalists * n_sel + conf_max) if sizes else 0.0
-    calls = {
-        "task": (scored + extra, val, val_max, 0.0),
-        "judge": (scored + extra, val, val_max, 0.0),
-        # Between k and 3k samples a step (rejected proposals are replaced); about 1.5k in practice.
-        "optimizer": (1.5 * o.steps * o.candidates_per_step, 0.0, 0.0, 0.0),
-        "generator": (0.0, 0.0, 0.0, _generation_calls(config, chunks)),
-    }
-    last = _last_summary(config)
-    roles = []
-    for role, (search, v, vmax, gen) in calls.items():
-        prompt, completion, seconds, basis = _per_call(config, role, last)
-        price = config.prices().get(getattr(config.models, role).model)
-        n = search + v + gen
-        cost = None if price is None else n * (prompt * price.prompt + completion * price.completion) / 1e6
-        roles.append(RoleEstimate(role=role, search_calls=search, validation_calls=v, validation_calls_max=vmax,
-                                  generation_calls=gen, prompt_tokens_per_call=prompt,
-                                  completion_tokens_per_call=completion, seconds_per_call=seconds, basis=basis,
-                                  cost_usd=cost))
+    roles = _roles(config, chunks=chunks, validation=(finalists * n_sel + 2.0 * asked) if sizes else 0.0,
+                   validation_max=(finalists * n_sel + 2.0 * sizes_max[-1]) if sizes_max else 0.0)
     made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
-                extension_questions=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha, difference_sd=sd, sd_basis=sd_basis, detectable=detectable,
-                heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings), space=space.dimensions,
+                extension_questions=(sizes_max[-1] - n_conf) if sizes_max else 0,
+                extension_expected=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha,
+                difference_sd=sd, sd_basis=sd_basis, detectable=detectable, heldout_detectable=held,
+                roles=tuple(roles), warnings=tuple(warnings), space=config.search.space.dimensions,
                 cost=_cost_plan(config, sd=sd, sizes=sizes), notes=(noise_note,) if noise_note else ())
     c = made.cost
     if c is not None and c.objective == "cost" and (c.confirmable_margin is None or c.confirmable_margin > o.margin):
@@ -561,7 +590,9 @@ def check(plan: Mapping[str, Any], usage: Mapping[str, Mapping[str, Any]], *, wa
     for r in plan.get("roles", []):
         u = usage.get(r["role"]) or {}
         est = r["search_calls"] + r["validation_calls"] + r["generation_calls"]
-        most = est - r["validation_calls"] + max(r["validation_calls"], r.get("validation_calls_max") or 0.0)
+        # A plan saved before it kept the most a role can ask: its validation's most only.
+        most = r.get("calls_max") or est - r["validation_calls"] + max(r["validation_calls"],
+                                                                        r.get("validation_calls_max") or 0.0)
         got = float(u.get("calls", 0) + u.get("cache_hits", 0))
         total_est, total, total_most = total_est + est, total + got, total_most + most
         if est or got:
