@@ -222,7 +222,7 @@ class DecisionLedger:
             for where, d in lost:
                 self._append_everywhere(d)
                 said.append(f"the decision ledger ({self.path}) lacked the decision recorded in {where} ({d.verdict}): "
-                            "it was deleted or edited; written back")
+                            "it was deleted or edited (or the decision was made with another ledger); written back")
                 for later in known:
                     if (later.scope != d.scope or later.key == d.key or later.re_decided or later.at <= d.at
                             or later.seen_share(d)[1] <= MAX_SEEN_SHARE):
