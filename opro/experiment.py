@@ -46,8 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Model settings that never change a score, left out of the study fingerprint (the model's name stays:
-#: for an OpenAI-compatible server, the model id it is asked for).
+#: Model settings that never change a score, left out of the study fingerprint (the model's name stays).
 UNSCORED_SPEC_KEYS = ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill", "base_url")
 
 
@@ -275,11 +274,9 @@ class Experiment:
     @functools.cached_property
     def decisions(self) -> DecisionLedger:
         """The user's decision ledger, shared by every output folder, study store and copy of a dataset:
-        ``opro_decisions.jsonl`` beside the call cache (``[experiment].cache_path``'s folder, by default the
-        per-user folder of :func:`opro.paths.cache_dir`, which ``OPRO_CACHE_DIR`` moves), decisions matched by
-        the content hashes of their questions. With ``[data].dataset``, a second copy beside it (in the
-        file's folder, or in the dataset folder) travels with the dataset and is read and written too; one in
-        a folder opro cannot write, or read-only by its mode, is only read."""
+        ``opro_decisions.jsonl`` beside the call cache (by default in :func:`opro.paths.cache_dir`). With
+        ``[data].dataset``, a copy beside it (in the file's folder, or the dataset folder) is read and
+        written too; one in a folder opro cannot write, or read-only by its mode, is only read."""
         from opro.ledger import LEDGER_FILE, DecisionLedger
         from opro.paths import default_call_cache_path
 
@@ -438,10 +435,9 @@ class Experiment:
         return out
 
     def noise_digest(self) -> str | None:
-        """The digest of what the paired noise of two prompts depends on (:func:`opro.probe.plan.noise_digest`
-        of the fingerprint: the dataset's content, the split, the task and judge models, the judge and its
-        template), kept with a probe and a run's summary so that a plan takes only this task's noise. None
-        while the dataset is still to be prepared: no call is made to find it."""
+        """What the paired noise of two prompts depends on (:func:`opro.probe.plan.noise_digest`), kept with a
+        probe and a run's summary so a plan takes only this task's noise; None while the dataset is
+        unprepared (no call is made to find it)."""
         from opro.probe.plan import noise_digest
 
         marker = self.dataset_dir / "opro_settings.txt"
