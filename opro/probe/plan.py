@@ -49,7 +49,8 @@ SD_BOUND_BELOW = 12
 #: 90%, not 80%: the chi-square bound assumes normal differences, and judge differences have heavy
 #: tails. In a t(3) world of true sd 0.99 (where 6 pilot questions measure a median 0.71) the point
 #: estimate was below the truth in 76% of pilots, an 80% bound in 46%, a 90% bound in 30%; with
-#: normal differences the 90% bound is 1.4-1.8x the truth on 6-11 pairs, which measuring 12 removes.
+#: normal differences the 90% bound is 1.4-1.8x the truth on 6-11 pairs, which measuring 12 removes
+#: (experiments/bench_sd_bound.py).
 SD_BOUND_LEVEL = 0.9
 #: The fingerprint entries the paired noise of two prompts depends on (:func:`noise_digest`).
 NOISE_ENTRIES = ("dataset.hash", "split", "models.task.", "models.judge.", "judge.")
