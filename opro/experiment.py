@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Model settings that never change a score, left out of the study fingerprint (the model's name stays).
+UNSCORED_SPEC_KEYS = ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill", "base_url")
+
 
 def shared_sqlite_warning(storage: str, *, num_workers: int) -> str | None:
     """What to tell workers that share a study through a SQLite file (None: nothing to tell)."""
@@ -283,25 +286,24 @@ class Experiment:
     # -- dataset -----------------------------------------------------------------------------
     @functools.cached_property
     def decisions(self) -> DecisionLedger:
-        """The decision ledger of this experiment's dataset, shared by every output folder and study
-        store that uses it: ``opro_decisions.jsonl`` beside ``[data].dataset`` (in the file's folder,
-        or in the dataset folder), or, for a generated dataset (written into each output folder, so
-        not shared), beside the call cache, which every run of the same generation shares. A dataset
-        in a folder opro cannot write, or read-only by its mode, falls back to the call cache's folder."""
+        """The user's decision ledger, shared by every output folder, study store and copy of a dataset:
+        ``opro_decisions.jsonl`` beside the call cache (by default in :func:`opro.paths.cache_dir`). With
+        ``[data].dataset``, a copy beside it (in the file's folder, or the dataset folder) is read and
+        written too; one in a folder opro cannot write, or read-only by its mode, is only read."""
         from opro.ledger import LEDGER_FILE, DecisionLedger
 
-        fallback = self.config.call_cache_path.parent
-        folder = fallback
+        user = self.config.call_cache_path.parent
+        copies: list[Path] = []
+        also_read: list[Path] = []
         if self.config.data.dataset:
             data = self.config.resolve(self.config.data.dataset)
             folder = data if data.is_dir() else data.parent
             # Its mode, not only access: root may write anywhere, but a folder whose owner took its write
             # bits away (a shared, read-only data set) is not opro's to add files to.
-            if not os.access(folder, os.W_OK) or not folder.stat().st_mode & 0o222:
-                logger.warning("the decision ledger cannot be written beside the dataset (%s is read-only): it is "
-                               "kept in %s, which only runs with this call cache folder read", folder, fallback)
-                folder = fallback
-        return DecisionLedger(folder / LEDGER_FILE, origin=f"output folder {self.run_dir.root}")
+            writable = os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+            (copies if writable else also_read).append(folder / LEDGER_FILE)
+        return DecisionLedger(user / LEDGER_FILE, origin=f"output folder {self.run_dir.root}", copies=copies,
+                              also_read=also_read)
 
     @property
     def dataset_dir(self) -> Path:
@@ -438,6 +440,24 @@ class Experiment:
 
     def fingerprint(self) -> dict[str, str]:
         """Everything that changes a score, stored with the study so a resume never mixes settings."""
+        out = self._score_settings()
+        if self.search_space is not None:  # absent otherwise: studies from before the space still resume
+            out["search.space"] = json.dumps(self.search_space.describe(), sort_keys=True)
+        return out
+
+    def noise_digest(self) -> str | None:
+        """What the paired noise of two prompts depends on (:func:`opro.probe.plan.noise_digest`), kept with a
+        probe and a run's summary so a plan takes only this task's noise; None while the dataset is
+        unprepared (no call is made to find it)."""
+        from opro.probe.plan import noise_digest
+
+        marker = self.dataset_dir / "opro_settings.txt"
+        if not (marker.is_file() and marker.read_text().strip() == self._dataset_fingerprint()):
+            return None
+        return noise_digest(self._score_settings())
+
+    def _score_settings(self) -> dict[str, str]:
+        """The fingerprint but the search space (which bootstrapping its demonstrations would answer)."""
         from opro.redaction import redact
 
         cfg = self.config
@@ -451,8 +471,9 @@ class Experiment:
         for role in ("task", "judge", "optimizer"):
             for k, v in redact(self.spec(role).safe_dict()).items():
                 # Speed, not scores (saved prefixes and drafted tokens leave greedy answers as they were,
-                # up to floating-point sums), so a study resumes across them.
-                if k not in ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill"):
+                # up to floating-point sums), so a study resumes across them; and where the model is
+                # served, not which model: the same model on another port or host resumes.
+                if k not in UNSCORED_SPEC_KEYS:
                     out[f"models.{role}.{k}"] = str(v)
         for section in ("rag", "judge"):
             for k, v in vars(getattr(cfg, section)).items():
@@ -464,8 +485,6 @@ class Experiment:
         judge = get_template(self._judge_template())
         content = json.dumps([judge.system, judge.user, judge.output_format])
         out["judge.template_sha256"] = hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
-        if self.search_space is not None:  # absent otherwise: studies from before the space still resume
-            out["search.space"] = json.dumps(self.search_space.describe(), sort_keys=True)
         return out
 
     def _storage(self) -> Any:
@@ -655,6 +674,8 @@ class _SummaryWriter(Recorder):
 
     def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
         summary = self.run_result(result).summary()
+        # Which task's noise the validation scores measure: a plan reads them only for the same task.
+        summary["noise_digest"] = self.experiment.noise_digest()
         if self.split_record is not None:
             summary["split_record"] = self.split_record
             study.save_split_record(self.split_record)

@@ -48,8 +48,8 @@ class Workbench(Protocol):
     def progress(self) -> bool: ...
     @property
     def decisions(self) -> DecisionLedger:
-        """The decision ledger beside the dataset: validation decisions and promotion attempts, shared
-        by every output folder of that dataset."""
+        """The user's decision ledger (and its copy beside the dataset): validation decisions and promotion
+        attempts, shared by every output folder and copy of that dataset."""
         ...
 
     def client(self, role: str) -> ChatClient:

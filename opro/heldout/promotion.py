@@ -61,7 +61,7 @@ def promote(
     version tagged with its held-out figures (alpha, n, coverage, p, the family), then the alias
     points at it.
 
-    Every attempt is recorded, in the decision ledger beside the dataset (shared by every output
+    Every attempt is recorded, in the user's decision ledger (shared by every output
     folder of that dataset) and in ``promotions.json`` in the output folder. An alias gets one
     attempt per held-out set, across output folders: a later one on the same questions (more than
     :data:`opro.ledger.MAX_SEEN_SHARE` of them) with other prompts, another baseline, alpha or margin

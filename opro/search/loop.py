@@ -91,7 +91,7 @@ class Search:
         self.recorders = tuple(recorders)
         self.seed = seed
         self.progress = progress
-        #: The decision ledger beside the dataset: the validation decision is checked against and
+        #: The user's decision ledger: the validation decision is checked against and
         #: recorded in it, across output folders and study stores.
         self.ledger = ledger
         #: Task + judge calls a call budget keeps back for the validation stage (set by :meth:`run`).

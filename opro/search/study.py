@@ -82,6 +82,11 @@ def questions_key(queries: Sequence[str]) -> str:
     return sha("\x1f".join(queries))
 
 
+#: Fingerprint entries that older studies recorded and no fingerprint holds any more (where a model
+#: was served, not which model): ignored when such a study resumes.
+RETIRED_ENTRIES = (".base_url",)
+
+
 class _Key:
     """The study attributes' names (the module docstring lists them): one spelling for reading and
     writing each, so a reader never misses what a writer stored under a typo."""
@@ -534,7 +539,9 @@ class SearchStudy:
             self.optuna.set_user_attr(_Key.FINGERPRINT, dict(fingerprint))
             return
         keys = sorted(set(stored) | set(fingerprint))
-        changed = [k for k in keys if stored.get(k) != fingerprint.get(k)]
+        # An entry a fingerprint no longer holds (a server's base_url) is not a change: older studies resume.
+        changed = [k for k in keys if stored.get(k) != fingerprint.get(k) and (k in fingerprint or not k.endswith(
+            RETIRED_ENTRIES))]
         if changed:
             shown = "; ".join(f"{k}: {stored.get(k)!r} -> {fingerprint.get(k)!r}" for k in changed[:8])
             raise FingerprintMismatch(

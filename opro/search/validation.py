@@ -21,7 +21,7 @@ good): :func:`opro.stats.sequential.conditional_estimate`.
 
 Every look is recorded in the study with the design it was made under, and every decision (its
 design, ``min_coverage`` included, the study's fingerprint, its questions and its verdict) in the
-study and in the decision ledger beside the dataset (:mod:`opro.ledger`). Questions that decided a
+study and in the user's decision ledger (:mod:`opro.ledger`). Questions that decided a
 verdict cannot decide again under another design or other settings, in any study, storage or output
 folder (more than :data:`opro.ledger.MAX_SEEN_SHARE` of them shared is refused), so a rerun cannot
 shop for the alpha, finalists, steps, coverage rule or judge that happen to claim a gain. With
@@ -226,6 +226,8 @@ def refuse_seen(
     With ``seen_validation = "label"`` it warns instead (the decision will be labelled re-decided)."""
     if not settings.finalists or not validation_set:
         return
+    if ledger is not None:  # a ledger deleted or edited since this storage's decisions: seen here, said
+        ledger.restore(study.decisions_in_storage())
     s = settings
     probe = Decision(scope="validation", key="", questions=_question_hashes([e.query for e in validation_set]),
                      design={"alpha": s.alpha, "futility": s.futility, "min_coverage": s.min_coverage},
@@ -715,7 +717,7 @@ def validate(
     """Choose a finalist on the selection questions, then test it against the initial instruction
     on the confirmation questions, look by look, the last look on up to ``validation_extension`` of
     ``extension_set`` (questions in no split) when the earlier ones did not decide (see the module
-    docstring). ``ledger``: the decision ledger beside the dataset, checked and written with the study.
+    docstring). ``ledger``: the user's decision ledger, checked and written with the study.
 
     Every prompt is named by its candidate name (:attr:`CandidateRecord.name`: the instruction, with its
     settings where they differ from the initial configuration's), which the scorer resolves to its

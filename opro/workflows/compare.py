@@ -65,7 +65,8 @@ def compare_and_save(
         from opro.probe.headroom import pilot_noise
         from opro.probe.plan import make_plan
 
-        notice("\n".join(make_plan(exp.config, pilot_noise=pilot_noise(exp.config)).compare_lines()))
+        notice("\n".join(make_plan(exp.config, pilot_noise=pilot_noise(exp),
+                                    noise_digest=exp.noise_digest()).compare_lines()))
     if mlflow or promote_alias:
         from opro.tracking import check_server
 

@@ -39,7 +39,8 @@ def plan_experiment(config: str | Path, *, probe: bool = False, questions: int |
 
             probed, reused = probe_or_stored(exp, questions=questions)
         # After the probe: planned by the noise it measured.
-        made = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp.config))
+        made = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp),
+                         noise_digest=exp.noise_digest())
     finally:
         exp.close()
     files = (exp.run_dir.probe, exp.run_dir.probe_report) if probed is not None else ()

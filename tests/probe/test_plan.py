@@ -54,9 +54,12 @@ def test_the_plan_says_when_no_gain_can_be_claimed_or_confirmed(tmp_path: Path) 
     assert any("`opro compare` cannot find a significant difference on 5 held-out" in w for w in small.warnings)
     # The 10 questions of the 24 in no split: the confirmation may extend into them, and then can claim.
     extended = make_plan(_config(tmp_path, data={"split": split}))
-    assert extended.extension_questions == 10 and extended.looks == (1, 2, 12) and extended.detectable is not None
+    assert extended.extension_expected == 10 and extended.looks == (1, 2, 12) and extended.detectable is not None
+    # At most: every question but the validation split's (a split that comes out smaller leaves the rest unused).
+    assert extended.extension_questions == 20
     assert not any("cannot claim" in w for w in extended.warnings)
-    assert "2 confirmation questions + up to 10 extension questions, looks at 1, 2, 12" in " ".join(extended.lines())
+    assert ("2 confirmation questions + up to 20 extension questions (about 10 expected), looks at 1, 2, 12"
+            in " ".join(extended.lines()))
     big = make_plan(_config(tmp_path, data={"split": {"exemplar": 2, "optimization": 3, "validation": 16,
                                                         "heldout": 6, "seed": 1}}))
     assert big.detectable is not None and big.heldout_detectable is not None
@@ -74,12 +77,13 @@ def test_more_validation_questions_detect_a_smaller_gain_and_the_last_run_sets_t
     assert plan(12).detectable > plan(24).detectable > plan(48).detectable  # type: ignore[attr-defined, operator]
     out = tmp_path / "out"
     out.mkdir()
-    validation = {"initial_scores": [3.0] * 10, "finalists": [
-        {"chosen": True, "scores": [3.0, 4.0, 5.0, 3.0, 2.0, 4.0, 3.0, 4.0, 3.0, 5.0]}]}
-    (out / "summary.json").write_text(json.dumps({"validation": validation}))
-    measured = plan(24)
-    assert measured.sd_basis == "the last run's validation stage (10 pairs)"
-    assert measured.difference_sd == pytest.approx(0.9661, abs=1e-3)
+    scores = [3.0, 4.0, 5.0, 3.0, 2.0, 4.0, 3.0, 4.0, 3.0, 5.0, 4.0, 3.0]
+    validation = {"initial_scores": [3.0] * 12, "finalists": [{"chosen": True, "scores": scores}]}
+    (out / "summary.json").write_text(json.dumps({"validation": validation, "noise_digest": "d1"}))
+    measured = make_plan(_config(tmp_path, questions=80, data={
+        "split": {"exemplar": 2, "optimization": 3, "validation": 24, "heldout": 10, "seed": 1}}), noise_digest="d1")
+    assert measured.sd_basis == "the last run's validation stage (12 pairs)"
+    assert measured.difference_sd == pytest.approx(0.9003, abs=1e-3)
     assert measured.detectable < plan(24).detectable * 2  # type: ignore[operator]
 
 
@@ -253,3 +257,186 @@ def test_a_validation_that_went_to_its_last_look_is_within_the_plan_not_beyond_i
     assert lines[0].startswith("plan vs run: 47 (at most 75) calls planned, 75 made (+60%; within the most planned)")
     beyond = check(plan, {"task": {"calls": 70, "cache_hits": 0}}, wall_s=540)
     assert beyond[1] == "  task: planned 41 (at most 69) calls, made 70 (+71%)"
+
+
+# -- issue 61, item 4: noise that belongs to the task ----------------------------------------------------------
+
+
+def _noisy_pool() -> object:
+    """Answers that differ by prompt and a judge whose score follows the answer: a paired sd above 0."""
+    import hashlib
+
+    from opro.llm import GenerationOptions, Message
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    def task(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        return "Answer " + hashlib.sha256(messages[-1].content.encode()).hexdigest()[:8]
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        h = int(hashlib.sha256(messages[-1].content.encode()).hexdigest(), 16)
+        return json.dumps({"score": 1 + h % 5, "reasoning": "scripted"})
+
+    def optimizer(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        return f"<INS>Reply briefly and quote the passage you used, variant {options.seed}.</INS>"
+
+    return ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
+                               "judge": ScriptedLLM(default=judge, model="judge"),
+                               "optimizer": ScriptedLLM(default=optimizer, model="optimizer")})
+
+
+def test_a_stored_probe_and_summary_are_used_only_for_the_task_they_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 61: the plan took a stored probe's noise when only its task and judge model names matched, and
+    the last summary.json's without a check, and planned by a 6-question pilot's point estimate (which
+    underestimates the paired sd: median 0.74 against a true 0.99 in a heavy-tailed world)."""
+    from opro.experiment import Experiment
+    from opro.probe.plan import sd_upper_bound
+
+    monkeypatch.setattr(opro.experiment, "ModelPool", _noisy_pool)
+    monkeypatch.setenv("COLUMNS", "300")
+    data = experiment_config(tmp_path, questions=30, optimizer={"validation_extension": 2})
+    config = write_toml(data, tmp_path / "exp.toml")
+    runner = CliRunner()
+    done = runner.invoke(app, ["probe", str(config), "--no-progress", "--questions", "6", "--no-mlflow"])
+    assert done.exit_code == 0, done.output
+    probed = json.loads((tmp_path / "out" / "probe.json").read_text())
+    sd = probed["judge"]["pilot_sd"]
+    assert sd > 0.3 and probed["noise_digest"]
+    # 6 pilot questions: the plan takes the sd's one-sided 90% upper bound, not the point estimate, and says so.
+    said = " ".join(runner.invoke(app, ["plan", str(config)]).output.split())
+    bound = sd_upper_bound(sd, 6)
+    assert bound > 1.7 * sd
+    assert (f"paired score sd {bound:.2f}: opro probe's pilot (6 questions, the median over its contrasts); "
+            f"measured {sd:.2f} on 6 pairs, fewer than 12: its one-sided 90% upper bound") in said
+    # The same names on another dataset (its questions reworded) in the same output folder: not this task's noise.
+    (tmp_path / "other.jsonl").write_text("\n".join(json.dumps({"question": f"Another fact {i} about AlexNet?",
+                                                               "answer": f"Answer {i}."}) for i in range(30)))
+    data["data"]["dataset"] = str(tmp_path / "other.jsonl")
+    other = write_toml(data, tmp_path / "other.toml")
+    exp = Experiment.from_file(other, progress=False)
+    try:
+        _ = exp.dataset  # prepared: the plan can tell which data it is
+        digest = exp.noise_digest()
+    finally:
+        exp.close()
+    assert digest is not None and digest != probed["noise_digest"]
+    assert "paired score sd 1.30: default" in runner.invoke(app, ["plan", str(other)]).output
+    # A summary.json is read the same way: its digest must be this config's; one without a digest is not used.
+    pairs = {"initial_scores": [3.0] * 12, "finalists": [{"chosen": True, "scores": [3.0, 5.0, 1.0] * 4}]}
+    for recorded, why in ((None, "it records no noise digest (an older opro)"),
+                          (probed["noise_digest"], "it was measured on another dataset, split, judge or task model"),
+                          (digest, None)):
+        (tmp_path / "out" / "summary.json").write_text(json.dumps({"validation": pairs, "noise_digest": recorded}))
+        said = " ".join(runner.invoke(app, ["plan", str(other)]).output.split())
+        if why is None:
+            assert "paired score sd 1.71: the last run's validation stage (12 pairs)" in said and "noise:" not in said
+        else:
+            assert "paired score sd 1.30: default" in said
+            assert f"noise: the last run's validation noise (12 pairs in summary.json) is not used: {why}" in said
+
+
+# -- issue 61, item 6: the plan's "at most" bounds the run, and plan vs run counts this run ----------------------
+
+_WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ra", "su", "ti", "vo", "ze")
+          for b in ("rim", "dax", "pol", "fen", "gut", "hal", "jor", "wex", "yib", "zum")]
+
+
+def _generated_world() -> object:
+    """A generator that keeps every question it is asked for (more than the plan's usual 80%), a task that
+    names the instruction and the question, and a judge that scores any candidate one point above the
+    initial instruction on every other question: ahead, but not decided on the split's 8 confirmation
+    questions, so the validation goes on to its extension look."""
+    import hashlib
+    import random
+    import re
+
+    from fakes import optimizer_reply
+
+    from opro.llm import GenerationOptions, Message
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def task(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        prompt = messages[-1].content
+        query = re.search(r"Query: (.*)", prompt)
+        kind = "INIT" if "Answer the question." in prompt else "CAND"
+        return f"ANSWER {kind} {digest(query.group(1) if query else prompt)[:6]}"
+
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        found = re.search(r"ANSWER (INIT|CAND) ([0-9a-f]{6})", messages[-1].content)
+        lift = found is not None and found.group(1) == "CAND" and int(found.group(2), 16) % 2 == 0
+        return json.dumps({"score": 3 + lift, "reasoning": "scripted"})
+
+    def generator(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        prompt = messages[-1].content
+        if "Teacher/Professor" in prompt:
+            rng = random.Random(digest(prompt))
+            return "\n".join(f"{i}. What does {' '.join(rng.sample(_WORDS, 5))} mean?" for i in (1, 2))
+        query = re.search(r"Query: (.*)\nAnswer:", prompt)
+        return f"Answer to: {query.group(1) if query else '?'}"
+
+    return ModelPool(scripted={name: ScriptedLLM(default=reply, model=name) for name, reply in (
+        ("task", task), ("judge", judge), ("optimizer", optimizer_reply), ("generator", generator))})
+
+
+def test_the_plans_at_most_bounds_what_a_run_to_its_extension_look_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 61: the quickstart planned "up to 11 extension questions" and "142 (at most 189) calls", then asked
+    14 extension questions and made 204 calls (task and judge 69 each against "at most 63"): the plan counted
+    the unused questions of a dataset still to be generated at the share usually kept (80%), and took that
+    estimate as the most. A generator that keeps every question: the run asks more than the estimate, and
+    no role more than the plan's at most."""
+    import random
+
+    monkeypatch.setattr(opro.experiment, "ModelPool", _generated_world)
+    monkeypatch.setenv("COLUMNS", "200")
+    rng = random.Random(0)
+    doc = "\n\n".join(" ".join(rng.choice(_WORDS) for _ in range(120)) + "." for _ in range(5))
+    cfg = experiment_config(tmp_path, doc=doc, rag={"chunk_size": 128, "chunk_overlap": 0,
+                                                    "initial_instructions": ["Answer the question."]},
+                            optimizer={"steps": 1, "candidates_per_step": 2, "minibatch_size": 3, "pruner": "none",
+                                       "finalists": 1},
+                            models={"generator": {"backend": "scripted", "model": "generator"}})
+    cfg["data"] = {"docs": ["docs"], "questions_per_chunk": 2,
+                   "split": {"exemplar": 2, "optimization": 3, "validation": 8, "heldout": 4, "seed": 1}}
+    config = write_toml(cfg, tmp_path / "exp.toml")
+    done = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+    assert done.exit_code == 0, done.output
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    looks = summary["validation"]["looks"]
+    extension = looks[-1]["n"] - plan["confirmation_questions"]
+    assert [x["decision"] for x in looks[:-1]] == ["continue"] * 3 and extension > 0  # the extension look
+    for r in plan["roles"]:
+        u = summary["usage"].get(r["role"]) or {}
+        made = u.get("calls", 0) + u.get("cache_hits", 0)
+        # What check() and `plan vs run` take as the most (a plan without calls_max: its validation's most).
+        most = r.get("calls_max") or (r["search_calls"] + r["generation_calls"]
+                                      + max(r["validation_calls"], r["validation_calls_max"]))
+        assert made <= most, (r["role"], made, most)
+    assert extension <= plan["extension_questions"]
+    assert extension > plan.get("extension_expected", 0)  # more than the plan expected: the bound was needed
+    assert "within the most planned" in done.output
+
+
+def test_plan_vs_run_counts_this_runs_calls_not_the_studys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 61: `plan vs run` counted the study's calls across runs ("made 292" for a rerun that made 136)."""
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: scripted_pool())
+    monkeypatch.setenv("COLUMNS", "200")
+    config = write_toml(experiment_config(tmp_path, optimizer={"steps": 1, "candidates_per_step": 2,
+                                                               "minibatch_size": 2, "pruner": "none"}),
+                        tmp_path / "exp.toml")
+    first = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+    assert first.exit_code == 0, first.output
+    usage = json.loads((tmp_path / "out" / "summary.json").read_text())["usage"]
+    made = sum(u["calls"] + u["cache_hits"] for u in usage.values())
+    assert made > 0 and f"calls planned, {made} made" in first.output
+    rerun = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])  # the study is done: asks nothing
+    assert rerun.exit_code == 0, rerun.output
+    assert "calls planned, 0 made" in rerun.output and f"calls planned, {made} made" not in rerun.output
