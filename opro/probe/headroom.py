@@ -42,7 +42,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import DataError
-from opro.program.dimensions import Value, dimension
+from opro.probe.contrasts import TOGETHER, Contrast, dimension_contrasts, search_contrasts, step0_calls
+from opro.probe.savings import Saving, cheap_dimensions, cost_line, cost_lines, saving_from, with_costs
+from opro.program.dimensions import Value
 from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
 from opro.rundir import RunDir
 from opro.stats.paired import compare_paired, holm, questions_for_half_width
@@ -50,13 +52,12 @@ from opro.stats.paired import compare_paired, holm, questions_for_half_width
 if TYPE_CHECKING:
     from opro.config import OproConfig
     from opro.data.dataset import Example
-    from opro.evaluation.rows import EvaluationReport, Judge, Program
+    from opro.evaluation.rows import EvaluationReport, EvaluationRow, Judge, Program
     from opro.experiment import Experiment
+    from opro.llm.client import CallLog
     from opro.probe.plan import MeasuredNoise, Plan
     from opro.program.cost import CostModel
     from opro.program.prompts import QATemplate
-    from opro.search.space import SearchSpace
-    from opro.stats.noninferiority import NonInferiority
 
 #: The probe's calls, at most this share of the plan's search calls (search and expected validation).
 PROBE_SHARE = 0.2
@@ -97,17 +98,6 @@ VerdictKind = Literal["baseline", "moves", "hurts", "inert", "undecided", "ident
 
 
 # -- what is contrasted, and its effect -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Contrast:
-    """One change of the initial configuration: ``dimension`` is ``wording`` (no instruction, another
-    one), ``format`` (the format instruction) or a ``[search.space]`` dimension, at ``value``."""
-
-    label: str
-    template: QATemplate
-    dimension: str
-    value: Value | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +147,10 @@ class Effect:
     unreadable: int = 0
     failed: int = 0
     unreadable_reason: str = ""
+    #: Its cost per answer against the initial configuration's, paired (:mod:`opro.probe.savings`).
+    saving: Saving | None = None
+    #: The configuration is one the search's step 0 evaluates (a first move: :mod:`opro.probe.contrasts`).
+    step0: bool = False
 
     @property
     def all_tied(self) -> bool:
@@ -180,21 +174,6 @@ def _signed(x: float) -> str:
     return f"{round(x, 2) + 0.0:+.2f}"
 
 
-def dimension_contrasts(initial: QATemplate, space: SearchSpace | None) -> list[Contrast]:
-    """The extremes of every open dimension of ``space`` (its smallest and largest choice other than the
-    initial value; each other choice of a ``choice`` dimension), each as the search would configure it
-    (:meth:`SearchSpace.configure`)."""
-    if space is None:
-        return []
-    out = []
-    for name, choices in space.choices.items():
-        others = [v for v in choices if v != space.initial[name]]
-        ends = {min(others), max(others)} if others and dimension(name).numeric else set(others)  # type: ignore[type-var]
-        for value in sorted(ends):  # type: ignore[type-var]
-            out.append(Contrast(f"{name} {value}", space.configure(initial, {name: value}), name, value))
-    return out
-
-
 _SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
 
 
@@ -205,7 +184,7 @@ def sentences(text: str) -> int:
 
 
 def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float | None], *,
-            cost: CostModel | None, identical: bool = False) -> Effect:
+            cost: CostModel | None, identical: bool = False, base_rows: Sequence[EvaluationRow] = ()) -> Effect:
     scores = tuple(r.score if r.scored else None for r in report.rows)
     valid = [s for s in scores if s is not None]
     answered = [r for r in report.rows if r.error is None]
@@ -221,11 +200,16 @@ def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float |
         cost=None if summary is None else summary.cost, cost_unit="tokens" if summary is None else summary.unit,
         unreadable=len(unreadable), failed=len(report.rows) - len(answered),
         unreadable_reason=next((r.invalid_reason or r.feedback or "no score in the reply" for r in unreadable), "")[:200],
+        step0=contrast.step0,
     )
     if contrast.dimension == "initial":
         return out
     if identical:
         return dataclasses.replace(out, identical=True)
+    if cost is not None and base_rows:
+        from opro.probe.savings import saving_of
+
+        out = dataclasses.replace(out, saving=saving_of(report.rows, base_rows, model=cost))
     pairs = [(a, b) for a, b in zip(scores, base, strict=True) if a is not None and b is not None]
     if not pairs:
         return dataclasses.replace(out, n=0)
@@ -258,8 +242,8 @@ def measure_effects(
     reports = evaluate_templates(program=program, templates=[c.template for c in every], examples=questions,
                                  judge=judge, progress=progress)
     base = tuple(r.score if r.scored else None for r in reports[0].rows)
-    return tuple(_effect(c, r, base, cost=cost, identical=c.dimension != "initial" and c.template == initial)
-                 for c, r in zip(every, reports, strict=True))
+    return tuple(_effect(c, r, base, cost=cost, identical=c.dimension != "initial" and c.template == initial,
+                         base_rows=reports[0].rows) for c, r in zip(every, reports, strict=True))
 
 
 def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable: float | None = None,
@@ -519,23 +503,48 @@ class Recommendation:
 
 def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float | None, objective: str,
               probed_space: bool, questions: int, noise: tuple[float, str] | None = None,
-              available: int | None = None, band: float = INERT_WITHIN,
-              margin: float | None = None) -> Recommendation:
+              available: int | None = None, band: float = INERT_WITHIN, margin: float | None = None,
+              measure: str = "the cost measure") -> Recommendation:
     """One recommendation from the verdicts: which dimensions to open, whether a quality gain of the
     plan's detectable size is plausible, and when not, that the cost objective is where the gain is.
     ``noise``: the paired sd (and whose it is) at which to say how many pilot questions an undecided
     contrast needs; ``available``: how many pilot questions exist; ``band``: the verdicts' inert band;
     ``margin``: ``[optimizer].margin``, at which a cheaper contrast must pass a non-inferiority test on
-    the pilot to be named "cheaper and not worse" (None: none is named)."""
+    the pilot to be named "cheaper and not worse" (None: none is named). Under ``objective = "cost"``
+    (with a margin) it is about cost (:func:`opro.probe.savings.cost_lines`, in ``measure``): each
+    cheaper contrast's saving, which are not worse at the margin, what the search will do; a dimension
+    with a cheaper choice not shown to hurt is kept open, whatever its score does."""
     groups: dict[str, list[Effect]] = {}
     for e in effects:
-        groups.setdefault("wording" if e.dimension in ("wording", "format") else e.dimension, []).append(e)
+        if e.dimension != TOGETHER:  # every first move at once: no dimension to open or close
+            groups.setdefault("wording" if e.dimension in ("wording", "format") else e.dimension, []).append(e)
     kinds = {d: k for d, es in groups.items()
              if (k := {e.verdict.kind for e in es if e.verdict is not None and e.verdict.kind != "identical"})}
+    by_cost = objective == "cost" and margin is not None and initial.cost is not None
+    cheap = cheap_dimensions(effects, initial=initial) if by_cost else set()
     opened = tuple(d for d, k in kinds.items() if "moves" in k)
     undecided = tuple(d for d, k in kinds.items() if d not in opened and "undecided" in k)
-    closed = tuple(d for d in kinds if d not in opened and d not in undecided)
+    closed = tuple(d for d in kinds if d not in opened and d not in undecided and d not in cheap)
+    lines = _dimension_lines(groups, opened=opened, closed=closed, undecided=undecided, probed_space=probed_space,
+                             kept=[d for d in kinds if d in cheap and d not in opened])
+    if undecided:
+        lines.append(f"undecided at {questions} questions: {', '.join(undecided)} ("
+                     + _to_decide(noise, within=band, available=available) + ")")
+    plausible, said = _quality(effects, initial=initial, detectable=detectable)
+    lines.append(said)
+    cost = plausible is False or (plausible is None and detectable is None)
+    if by_cost:
+        lines += cost_lines(effects, initial=initial, margin=margin, measure=measure)  # type: ignore[arg-type]
+    elif cost and initial.mean is not None and initial.cost is not None:
+        lines.append(cost_line(effects, initial=initial, objective=objective, margin=margin))
+    return Recommendation(open=opened, closed=closed, undecided=undecided, quality_plausible=plausible,
+                          cost_objective=cost, lines=tuple(lines))
 
+
+def _dimension_lines(groups: Mapping[str, Sequence[Effect]], *, opened: Sequence[str], closed: Sequence[str],
+                     undecided: Sequence[str], probed_space: bool, kept: Sequence[str]) -> list[str]:
+    """Which dimensions to open (a contrast moves the score up), keep open for cost, or keep closed,
+    and whether the wording can matter."""
     def moving(d: str) -> str:
         return "; ".join(f"{e.label} {e.interval}" + (", may be chance after Holm" if e.verdict.may_be_chance else "")
                          for e in groups[d] if e.verdict is not None and e.verdict.kind == "moves")
@@ -549,6 +558,9 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
         lines.append("open in [search.space]: no probed dimension moves the score up")
     else:
         lines.append("open in [search.space]: nothing was probed (no dimension is open), only the wording")
+    if kept:
+        lines.append(f"keep open for cost: {', '.join(kept)} (a cheaper choice not shown to hurt: the cost "
+                     "search looks there)")
     shut = [d for d in closed if d != "wording"]
     if shut:
         lines.append(f"keep closed: {', '.join(shut)} (inert or harmful here)")
@@ -556,64 +568,25 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
         lines.append(f"wording: moves the score ({moving('wording')}): the search's proposals can matter")
     elif "wording" in closed:
         lines.append("wording: inert here: a new instruction is unlikely to move the score")
-    if undecided:
-        lines.append(f"undecided at {questions} questions: {', '.join(undecided)} ("
-                     + _to_decide(noise, within=band, available=available) + ")")
-    plausible: bool | None
+    return lines
+
+
+def _quality(effects: Sequence[Effect], *, initial: Effect, detectable: float | None) -> tuple[bool | None, str]:
+    """Whether a gain of the plan's detectable size is plausible (None: the split sizes confirm none),
+    and the line that says so."""
     base = initial.mean
     if detectable is None:
-        plausible = None
-        lines.append("quality: these split sizes confirm no gain at all (see `opro plan`): raise "
-                     "[data.split].validation")
-    else:
-        reaching = [e for e in effects if e.high is not None and e.high >= detectable]
-        room = base is None or base + detectable <= SCALE[1]
-        plausible = bool(reaching) and room
-        if plausible:
-            lines.append(f"quality: a gain of {detectable:+.2f} (the smallest the validation stage confirms) is "
-                         f"plausible: within the interval of {', '.join(e.label for e in reaching)}")
-        elif not room:
-            lines.append(f"quality: a gain of {detectable:+.2f} is not plausible: the initial configuration "
-                         f"already scores {base:.2f} of {SCALE[1]:g}")
-        else:
-            lines.append(f"quality: a gain of {detectable:+.2f} (the smallest the validation stage confirms) is "
-                         "not plausible: no contrast's interval reaches it")
-    cost = plausible is False or (plausible is None and detectable is None)
-    if cost and base is not None and initial.cost is not None:
-        lines.append(_cost_line(effects, initial=initial, objective=objective, margin=margin))
-    return Recommendation(open=opened, closed=closed, undecided=undecided, quality_plausible=plausible,
-                          cost_objective=cost, lines=tuple(lines))
-
-
-def cheaper_not_worse(effects: Sequence[Effect], *, initial: Effect,
-                      margin: float) -> list[tuple[Effect, NonInferiority]]:
-    """The contrasts cheaper per answer than the initial configuration, not shown to hurt, whose
-    non-inferiority at ``margin`` holds on the pilot (the paired one-sided test of
-    :func:`opro.stats.noninferiority.noninferiority`, Holm over the cheaper contrasts at :data:`ALPHA`),
-    each with its test. An interval that merely holds 0 is not evidence of "not worse"."""
-    from opro.stats.noninferiority import holm_noninferiority, noninferiority
-    from opro.stats.paired import paired_valid
-
-    if initial.cost is None:
-        return []
-    cheaper = [e for e in effects if e.cost is not None and e.cost < initial.cost
-               and e.verdict is not None and e.verdict.kind != "hurts"]
-    tests = holm_noninferiority([noninferiority(*paired_valid(e.scores, initial.scores), margin=margin, alpha=ALPHA)
-                                 for e in cheaper])
-    return [(e, t) for e, t in zip(cheaper, tests, strict=True) if t.passed]
-
-
-def _cost_line(effects: Sequence[Effect], *, initial: Effect, objective: str, margin: float | None) -> str:
-    """The recommendation's cost line: the cheaper contrasts shown not worse on the pilot, if any."""
-    shown = [] if margin is None else cheaper_not_worse(effects, initial=initial, margin=margin)
-    head = ("cost: the gain is in cost; [optimizer].objective = \"cost\" is set" if objective == "cost" else
-            "cost: the gain is in cost: set [optimizer].objective = \"cost\"")
-    if not shown:
-        return head + " and open the dimensions that make an answer cheaper (top_k, answer_max_tokens, demos)"
-    named = ", ".join(f"{e.label} (p {t.p:.2g})" for e, t in shown)
-    family = f", Holm over {shown[0][1].n_comparisons}" if shown[0][1].n_comparisons > 1 else ""
-    return (f"{head} (cheaper and not worse here: {named}; non-inferiority at margin {margin:g} on the pilot, "
-            f"alpha {ALPHA:g}{family})")
+        return None, "quality: these split sizes confirm no gain at all (see `opro plan`): raise [data.split].validation"
+    reaching = [e for e in effects if e.high is not None and e.high >= detectable]
+    room = base is None or base + detectable <= SCALE[1]
+    if reaching and room:
+        return True, (f"quality: a gain of {detectable:+.2f} (the smallest the validation stage confirms) is "
+                      f"plausible: within the interval of {', '.join(e.label for e in reaching)}")
+    if not room:
+        return False, (f"quality: a gain of {detectable:+.2f} is not plausible: the initial configuration "
+                       f"already scores {base:.2f} of {SCALE[1]:g}")
+    return False, (f"quality: a gain of {detectable:+.2f} (the smallest the validation stage confirms) is "
+                   "not plausible: no contrast's interval reaches it")
 
 
 def _to_decide(noise: tuple[float, str] | None, *, within: float, available: int | None) -> str:
@@ -644,6 +617,9 @@ class Pilot:
     search_calls: float
     probe_calls: int
     note: str = ""
+    #: The probe's task and judge calls that the search's step 0 asks again (the initial configuration
+    #: and its first moves on the optimization questions: :func:`opro.probe.contrasts.step0_calls`).
+    step0_calls: int = 0
 
     @property
     def share(self) -> float | None:
@@ -653,8 +629,11 @@ class Pilot:
         where = f"{self.optimization} from the optimization split" + (
             f", {self.unused} unused questions no validation extension reserves" if self.unused else "")
         share = "" if self.share is None else f" = {self.share:.0%} of the search's {self.search_calls:.0f}"
+        reused = (f"; the search's step 0 asks {self.step0_calls} of them again (the initial configuration and its "
+                  f"first moves on the {self.optimization} optimization questions): `opro optimize` finds them in the "
+                  "call cache" if self.step0_calls else "")
         return (f"pilot: {self.n} questions ({where}; never validation or held-out); the probe asked "
-                f"{self.probe_calls} calls{share}" + (f"; {self.note}" if self.note else ""))
+                f"{self.probe_calls} calls{share}{reused}" + (f"; {self.note}" if self.note else ""))
 
 
 @dataclass(frozen=True)
@@ -715,6 +694,8 @@ class ProbeResult:
         """The report as (title, lines), the effects' grid first; long text outside the grid."""
         unit = "USD" if self.initial.cost_unit == "usd" else "weighted task tokens"
         wording = [f"{e.label}: {e.instruction or '(none)'}" for e in self.effects if e.dimension in ("wording", "format")]
+        wording += [f"{e.label}: {e.value} (the search's step-0 combination of its first moves)"
+                    for e in self.effects if e.dimension == TOGETHER]
         if any("answer_max_tokens" in e.label for e in self.effects):
             wording.append("max_tokens in the grid: [search.space].answer_max_tokens")
         return [
@@ -753,7 +734,7 @@ class ProbeResult:
         def effect(d: Mapping[str, Any]) -> Effect:
             v = d.get("verdict")
             return Effect(**{**d, "scores": tuple(d["scores"]), "settings": dict(d["settings"]),
-                             "verdict": None if v is None else Verdict(**v)})
+                             "verdict": None if v is None else Verdict(**v), "saving": saving_from(d.get("saving"))})
 
         try:
             task = dict(data["task"])
@@ -799,8 +780,9 @@ def probe_signature(experiment: Experiment) -> str:
                                                       "validation_extension", "objective", "margin")},
             # The last entry is the verdicts' version (2: a verdict says when it may be chance after Holm;
             # 3: a contrast identical to the initial configuration, and all-tied differences without an
-            # interval; 4: never inert outside the band, "cheaper and not worse" only on a non-inferiority test).
-            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 4]}
+            # interval; 4: never inert outside the band, "cheaper and not worse" only on a non-inferiority test;
+            # 5: the search's first moves among the contrasts, each contrast's saving, verdicts about cost).
+            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 5]}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
 
 
@@ -849,28 +831,35 @@ def questions_for(plan: Plan, *, contrasts: int, available: int, alpha: float) -
     return n, "; ".join(notes)
 
 
-def probe(experiment: Experiment, *, questions: int | None = None, progress: bool | None = None) -> ProbeResult:
-    """Run the probe on an experiment (every call through its call cache): see the module docstring.
-    ``questions``: pilot questions (default: within a fifth of the plan's search calls)."""
-    from opro.probe.plan import make_plan
+@dataclass(frozen=True)
+class _Measured:
+    """What the probe asked: its pilot, its contrasts and their effects (the initial configuration's
+    first), and the proposer's limits."""
+
+    n: int
+    note: str
+    pilot: tuple[Any, ...]
+    contrasts: tuple[Contrast, ...]
+    effects: tuple[Effect, ...]
+    notes: tuple[str, ...]
+    proposer: ProposerLimits
+
+
+def _measure(exp: Experiment, *, plan: Plan, pool: Sequence[Any], questions: int | None,
+             progress: bool | None) -> _Measured:
+    """The contrasts (the wording's, the format instruction, the search's: :func:`search_contrasts`)
+    answered and judged on the pilot, and the proposer's three samples."""
     from opro.search.proposers.opro import build as build_opro
 
-    exp, cfg = experiment, experiment.config
+    cfg = exp.config
     o = cfg.optimizer
-    digest = exp.noise_digest()
-    # Its verdicts never read an earlier probe (only a run's noise on this task).
-    plan = make_plan(cfg, documents=lambda: exp.documents, noise_digest=digest)
-    pool, n_optimization = pilot_pool(exp)
-    _ = exp.search_space  # the demonstration pool (bootstrapped: answered and judged) before counting
-    before = exp.usage.as_dict()
-    started = time.perf_counter()  # the probe's own time: not the dataset's generation, nor the plan
     initial_text = cfg.rag.initial_instructions[0]
     initial = exp.template(initial_text)
     contrasts = [Contrast("no instruction", initial.with_instruction(""), "wording", "")]
-    space_contrasts = dimension_contrasts(initial, exp.search_space)
+    space_contrasts = search_contrasts(initial, exp.search_space)
     n, note = _pilot_size(plan, questions=questions, contrasts=3 + len(space_contrasts), available=len(pool),
                           alpha=o.alpha)
-    pilot = pool[:n]
+    pilot = tuple(pool[:n])
     asked_q = [e.query for e in pilot]
     shown_q = [e.query for e in exp.dataset.examples_in("exemplar")]
     template_text = exp.template("<INS>").template_text
@@ -893,39 +882,64 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     effects = measure_effects(program=exp.program, judge=exp.judge, initial=initial, contrasts=contrasts,
                               questions=pilot, cost=cfg.cost_model(),
                               progress=exp.progress if progress is None else progress)
-    base = effects[0]
-    if not any(e.n for e in effects[1:]):
-        raise DataError(_no_pairs(effects, questions=n))
-    judge = _judge_limits(cfg, plan=plan, effects=effects)
+    limits = _proposer_limits(exp, proposer=proposer, base=effects[0], check=check, initial_text=initial_text)
+    return _Measured(n, note, pilot, tuple(contrasts), effects, tuple(notes), limits)
+
+
+def probe(experiment: Experiment, *, questions: int | None = None, progress: bool | None = None,
+          calls: CallLog | None = None) -> ProbeResult:
+    """Run the probe on an experiment (every call through its call cache): see the module docstring.
+    ``questions``: pilot questions (default: within a fifth of the plan's search calls); ``calls``
+    hears the key of every call it asks (:func:`opro.probe.reuse.write_probe_calls` keeps them, so
+    ``opro optimize`` counts the calls the probe saved it)."""
+    from opro.llm.client import CallLog
+    from opro.probe.plan import make_plan
+
+    exp, cfg = experiment, experiment.config
+    o = cfg.optimizer
+    # Its verdicts never read an earlier probe (only a run's noise on this task).
+    plan = make_plan(cfg, documents=lambda: exp.documents, noise_digest=exp.noise_digest())
+    pool, n_optimization = pilot_pool(exp)
+    _ = exp.search_space  # the demonstration pool (bootstrapped: answered and judged) before counting
+    before = exp.usage.as_dict()
+    started = time.perf_counter()  # the probe's own time: not the dataset's generation, nor the plan
+    with exp.usage.listen(CallLog() if calls is None else calls):
+        m = _measure(exp, plan=plan, pool=pool, questions=questions, progress=progress)
+    base, n = m.effects[0], m.n
+    if not any(e.n for e in m.effects[1:]):
+        raise DataError(_no_pairs(m.effects, questions=n))
+    judge = _judge_limits(cfg, plan=plan, effects=m.effects)
     # The search's resolution at the noise measured here, where the pilot measured it (the plan's
     # figure rests on an assumed sd until a run, a calibration or this probe measures one).
     detectable = judge.detectable_at_pilot_sd or plan.detectable
     # The inert band: +-0.2, or under the cost objective +-margin, the difference the search tolerates.
     band = o.margin if o.objective == "cost" else INERT_WITHIN
-    judged = _judged(effects[1:], band=band, detectable=detectable)
+    judged = _judged(m.effects[1:], band=band, detectable=detectable)
+    if o.objective == "cost":  # each verdict with its saving and its non-inferiority test
+        judged = with_costs(judged, initial=base, margin=o.margin)
     # The noise at which to size a pilot that decides: the one measured here where enough questions
     # measured it, else the plan's (measured by a run or a calibration, or assumed: it says which).
     noise = ((judge.pilot_sd, "the pilot's") if judge.pilot_sd is not None and judge.pilot_sd > 0 and n >= MIN_PILOT
              else (judge.plan_sd, f"the plan's: {judge.plan_sd_basis}"))
     rec = recommend(judged, initial=base, detectable=detectable, objective=o.objective,
-                    probed_space=bool(space_contrasts), questions=n, noise=noise, available=len(pool), band=band,
-                    margin=o.margin)
+                    probed_space=any(c.dimension not in ("wording", "format") for c in m.contrasts), questions=n,
+                    noise=noise, available=len(pool), band=band, margin=o.margin, measure=cfg.cost_model().measure)
     after = exp.usage.as_dict()
-    calls = {r: c for r, c in _delta(after, before, "calls").items() if c}
+    made = {r: c for r, c in _delta(after, before, "calls").items() if c}
     hits = _delta(after, before, "cache_hits")
-    requests = {r: calls.get(r, 0) + hits.get(r, 0) for r in after if calls.get(r, 0) + hits.get(r, 0)}
+    requests = {r: made.get(r, 0) + hits.get(r, 0) for r in after if made.get(r, 0) + hits.get(r, 0)}
+    in_search = min(n, n_optimization)
     return ProbeResult(
         source=str(cfg.source), signature=probe_signature(exp), task_model=cfg.models.task.model,
         judge_model=cfg.models.judge.model, optimizer_model=cfg.models.optimizer.model,
-        pilot=Pilot(n=n, optimization=min(n, n_optimization), unused=max(0, n - n_optimization), available=len(pool),
-                    search_calls=_search_calls(plan), probe_calls=sum(requests.values()), note=note),
+        pilot=Pilot(n=n, optimization=in_search, unused=max(0, n - n_optimization), available=len(pool),
+                    search_calls=_search_calls(plan), probe_calls=sum(requests.values()), note=m.note,
+                    step0_calls=step0_calls(m.contrasts, optimization=in_search)),
         initial=dataclasses.replace(base, verdict=verdict_of(base)), effects=judged,
-        task=_task_limits(exp, pilot=pilot, base=base, effects=effects),
-        judge=judge,
-        proposer=_proposer_limits(exp, proposer=proposer, base=base, check=check, initial_text=initial_text),
-        recommendation=rec, calls=requests, made=sum(calls.values()),
-        wall_s=time.perf_counter() - started, top_k=cfg.rag.top_k, notes=tuple(notes),
-        created=datetime.now(UTC).isoformat(timespec="seconds"), questions=tuple(asked_q),
+        task=_task_limits(exp, pilot=m.pilot, base=base, effects=m.effects), judge=judge, proposer=m.proposer,
+        recommendation=rec, calls=requests, made=sum(made.values()),
+        wall_s=time.perf_counter() - started, top_k=cfg.rag.top_k, notes=m.notes,
+        created=datetime.now(UTC).isoformat(timespec="seconds"), questions=tuple(e.query for e in m.pilot),
         noise_digest=exp.noise_digest() or "",
     )
 
@@ -1050,12 +1064,17 @@ def _following(base: Effect, fmt: Effect) -> tuple[bool | None, str]:
 # -- storing and reading it -----------------------------------------------------------------------
 
 
-def write_probe(result: ProbeResult, *, output_dir: Path) -> dict[str, Path]:
-    """``<output_dir>/probe.json`` (read back by ``opro plan`` and ``opro optimize``) and ``probe.md``."""
+def write_probe(result: ProbeResult, *, output_dir: Path, calls: CallLog | None = None) -> dict[str, Path]:
+    """``<output_dir>/probe.json`` (read back by ``opro plan`` and ``opro optimize``) and ``probe.md``;
+    with ``calls`` (what :func:`probe` asked), ``probe_calls.json``: the keys of the calls it made, by
+    which ``opro optimize`` counts the calls the probe saved it (:mod:`opro.probe.reuse`)."""
+    from opro.probe.reuse import write_probe_calls
     from opro.redaction import redact_text
 
     run = RunDir(output_dir)
     run.root.mkdir(parents=True, exist_ok=True)
+    if calls is not None:
+        write_probe_calls(calls, output_dir=output_dir)
     run.probe.write_text(redact_text(json.dumps(result.to_dict(), indent=2, ensure_ascii=False)), encoding="utf-8")
     run.probe_report.write_text(redact_text(result.markdown()), encoding="utf-8")
     return {"json": run.probe, "report": run.probe_report}
@@ -1109,8 +1128,11 @@ def probe_or_stored(experiment: Experiment, *, questions: int | None = None,
     found, _ = stored_probe(experiment, questions=questions)
     if found is not None:
         return found, True
-    made = probe(experiment, questions=questions, progress=progress)
-    write_probe(made, output_dir=experiment.config.output_dir)
+    from opro.llm.client import CallLog
+
+    calls = CallLog()
+    made = probe(experiment, questions=questions, progress=progress, calls=calls)
+    write_probe(made, output_dir=experiment.config.output_dir, calls=calls)
     return made, False
 
 
@@ -1127,8 +1149,11 @@ def run_probe(experiment: Experiment, *, recorders: Sequence[CommandRecorder] = 
               progress: bool | None = None) -> ProbeRun:
     """The probe (:func:`probe`), written to the output folder (:func:`write_probe`) and recorded through
     ``recorders`` (``opro.kind = probe``): what ``opro probe`` does."""
-    result = probe(experiment, questions=questions, progress=progress)
-    paths = write_probe(result, output_dir=experiment.config.output_dir)
+    from opro.llm.client import CallLog
+
+    calls = CallLog()
+    result = probe(experiment, questions=questions, progress=progress, calls=calls)
+    paths = write_probe(result, output_dir=experiment.config.output_dir, calls=calls)
     return ProbeRun(result, paths, record_all(recorders, probe_record(result, paths)))
 
 
@@ -1142,13 +1167,16 @@ def probe_record(result: ProbeResult, paths: Mapping[str, Path]) -> CommandRecor
         "pilot_questions": result.pilot.n, "probe_calls": result.pilot.probe_calls, "initial_mean": result.initial.mean,
         "ceiling_share": result.task.ceiling_share, "floor_share": result.task.floor_share,
         "pilot_sd": result.judge.pilot_sd, "detectable": result.judge.detectable,
-        "proposals_unusable_share": result.proposer.unusable_share,
+        "proposals_unusable_share": result.proposer.unusable_share, "step0_calls": result.pilot.step0_calls,
         **{f"recall_at_{k}": v for k, v in result.task.recall.items()},
     }
     for e in result.effects:
         name = _metric_name(e.label)
         metrics.update({f"effect.{name}": e.difference, f"effect.{name}.low": e.low, f"effect.{name}.high": e.high,
                         f"effect.{name}.p": e.p})
+        if e.saving is not None:  # its cost per answer against the initial configuration's, paired
+            metrics.update({f"effect.{name}.cost_change": e.saving.difference, f"effect.{name}.cost_change.low":
+                            e.saving.low, f"effect.{name}.cost_change.high": e.saving.high})
     tags: dict[str, str] = {f"opro.probe.{_metric_name(e.label)}": e.verdict.kind
                             for e in result.effects if e.verdict is not None}
     tags["opro.probe.open"] = ",".join(result.recommendation.open) or "none"
