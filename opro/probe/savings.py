@@ -94,7 +94,7 @@ class _Verdict(Protocol):
 
 
 class Measured(Protocol):
-    """What the cost side reads of a probe's effect (:class:`opro.probe.headroom.Effect`)."""
+    """What the cost side reads of a probe's effect (:class:`opro.probe.effects.Effect`)."""
 
     @property
     def label(self) -> str: ...

@@ -55,15 +55,15 @@ def parse_worker(text: str) -> tuple[int, int]:
 
 def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
     """Worker 0 says (and keeps) the plan, and the stored probe's verdict (never a new probe)."""
-    from opro.probe.headroom import pilot_noise
     from opro.probe.plan import make_plan
+    from opro.probe.store import pilot_noise
 
     plan = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp),
                      noise_digest=exp.noise_digest())
     notice("\n".join(plan.lines()))
     exp.run_dir.write_plan(plan.as_dict())
     if exp.run_dir.probe.is_file():
-        from opro.probe.headroom import stored_probe
+        from opro.probe.store import stored_probe
 
         probed, why = stored_probe(exp)
         notice("\n".join(probed.verdict_lines() if probed is not None else [f"probe: {why}"]))

@@ -28,20 +28,14 @@ from opro.experiment import Experiment
 from opro.llm import GenerationOptions, Message
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
-from opro.probe.headroom import (
-    Contrast,
-    Effect,
-    check_proposal,
-    measure_effects,
-    pilot_pool,
-    probe,
-    probe_record,
-    read_probe,
-    recommend,
-    run_probe,
-    stored_probe,
-    verdict_of,
-)
+from opro.probe.contrasts import Contrast
+from opro.probe.effects import Effect, measure_effects
+from opro.probe.headroom import probe, probe_record, run_probe
+from opro.probe.pilot import pilot_pool
+from opro.probe.proposer import check_proposal
+from opro.probe.recommendation import recommend
+from opro.probe.store import read_probe, stored_probe
+from opro.probe.verdicts import verdict_of
 from opro.records import CommandRecord, Recorded
 
 Reply = Callable[[tuple[Message, ...], GenerationOptions], str]
@@ -468,7 +462,7 @@ def _pilot_effect(label: str, scores: list[float], base: list[float], *, cost: f
     """A contrast as the probe measures it (:func:`opro.stats.paired.compare_paired` on the pairs)."""
     import statistics
 
-    from opro.probe.headroom import RESOLUTION, SCALE
+    from opro.probe.effects import RESOLUTION, SCALE
     from opro.stats.paired import compare_paired
 
     c = compare_paired(scores, base, scale=SCALE, resolution=RESOLUTION)

@@ -17,8 +17,8 @@ from opro.cli import app
 from opro.llm import GenerationOptions, Message
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
-from opro.probe.headroom import read_probe
 from opro.probe.reuse import read_probe_calls
+from opro.probe.store import read_probe
 from opro.workflows.optimize import optimize_experiment
 
 OPTIMIZATION = 4
