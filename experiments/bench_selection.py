@@ -34,6 +34,7 @@ claim and are not sent through it (checked on a sample of them, printed).
     python experiments/bench_selection.py --coverage --world realistic --claims 200
     python experiments/bench_selection.py --run-dir runs/history_of_alexnet
     python experiments/bench_selection.py --cost --seeds 200 --optimization 6 --validation 48 --unused 20
+    python experiments/bench_selection.py --cost --space --seeds 200 --optimization 6 --validation 48 --unused 20
 
 (f) ``--errors``: the validation stage's test alone (experiments/validation_errors.py), in every world
 of bench_compare_tests (integer 1-5 scores with ties: ``rounded``, ``realistic``; continuous at paired
@@ -50,6 +51,11 @@ shorter than the initial instruction's (its cost per answer about 30% lower), an
 its quality is either truly equal or truly worse by the margin (mean judge score, after rounding).
 Reported: how often the cheaper configuration is returned with a non-inferiority claim (the issue's
 aims: >= 0.8 where equal, <= alpha over all looks where worse by the margin), and the saving claimed.
+
+(f) ``--cost --space``: a settings space (9 settings) with one truly equal, about 35% cheaper setting
+among settings truly worse by 0.5, per-question effects and the measured judge; today's search (the
+quality race, the sampler alone) beside this one (the objective-aware race, step 0's first moves). See
+``experiments/bench_cost_space.py``.
 """
 
 from __future__ import annotations
@@ -666,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", type=Path, help="print (b) for this run folder instead of simulating")
     ap.add_argument("--power", action="store_true", help="(c): fixed true effects 0, +0.5, +1.0 instead of (a)")
     ap.add_argument("--cost", action="store_true", help="(d): the cost objective's two worlds instead of (a)")
+    ap.add_argument("--space", action="store_true",
+                    help="(f), with --cost: the settings-space world, today's search beside this one")
     ap.add_argument("--effects", default="0,0.5,1", help="(c): the true effects, comma-separated")
     ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
     ap.add_argument("--unused", type=int, default=20,
@@ -692,6 +700,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--world {args.world} is a world of the cost objective (or of --errors): add --cost")
     if args.world == "skewed-gains":
         ap.error("--world skewed-gains is a world of --errors")
+    if args.cost and args.space:
+        from bench_cost_space import print_space, space_power
+
+        extra = json.loads(args.design)
+        srows = space_power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, n_unused=args.unused,
+                            steps=args.steps, k=args.candidates, design=extra, paired_sd=args.paired_sd)
+        print_space(srows, n_opt=args.optimization, n_val=args.validation, n_unused=args.unused, steps=args.steps,
+                    k=args.candidates, design=extra)
+        return 0
     if args.cost:
         design = {"objective": "cost", "margin": 0.25, **json.loads(args.design)}
         crows = cost_power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, steps=args.steps,

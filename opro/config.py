@@ -12,6 +12,7 @@ import math
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -362,7 +363,8 @@ class SpaceSection:
         keys = [f.name for f in dataclasses.fields(cls) if f.metadata.get("toml", True)]
         unknown = sorted(set(table) - set(keys) - set(dimension_names()))
         if unknown:
-            raise ConfigError(f"{source}: unknown key [search.space].{unknown[0]}; the dimensions: "
+            raise ConfigError(f"{source}: unknown key [search.space].{unknown[0]}"
+                              f"{_did_you_mean(unknown[0], [*dimension_names(), *keys], prefix='[search.space].')}; the dimensions: "
                               f"{', '.join(dimension_names())}; other keys: {', '.join(keys)}")
         choices = []
         for name in dimension_names():
@@ -501,6 +503,13 @@ class OproConfig:
         return self.resolve(self.experiment.output_dir)
 
     @property
+    def call_cache_path(self) -> Path:
+        """The call cache's file: ``[experiment].cache_path``, else the per-user one."""
+        from opro.paths import default_call_cache_path
+
+        return self.resolve(self.experiment.cache_path) if self.experiment.cache_path else default_call_cache_path()
+
+    @property
     def mlflow_uri(self) -> str:
         return self.tracking.mlflow_uri or f"sqlite:///{self.output_dir / 'mlflow.db'}"
 
@@ -610,6 +619,14 @@ def _coerce(value: Any, tp: Any, where: str, source: str) -> Any:
     raise ConfigError(f"{source}: {where}: unsupported type {tp!r}")
 
 
+def _did_you_mean(key: str, allowed: Sequence[str], *, prefix: str = "", suffix: str = "") -> str:
+    """``" (did you mean [data].dataset?)"`` for the allowed key closest to a misspelt one (difflib), else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}{suffix}?)" if close else ""
+
+
 def _build(cls: type[Any], table: dict[str, Any], where: str, source: str, **given: Any) -> Any:
     if cls is SpaceSection and not given:  # one key per dimension of the table
         return SpaceSection.from_table(table, source)
@@ -620,8 +637,9 @@ def _build(cls: type[Any], table: dict[str, Any], where: str, source: str, **giv
     if unknown:
         prefix = f"[{where}]." if where else ""
         raise ConfigError(
-            f"{source}: unknown key {prefix}{unknown[0]}; allowed keys{' in [' + where + ']' if where else ''}: "
-            f"{', '.join(names)}"
+            f"{source}: unknown key {prefix}{unknown[0]}"
+            f"{_did_you_mean(unknown[0], names, prefix=prefix or '[', suffix='' if prefix else ']')}; "
+            f"allowed keys{' in [' + where + ']' if where else ''}: {', '.join(names)}"
         )
     kwargs = dict(given)
     for name, value in table.items():
@@ -644,7 +662,9 @@ def _default_models(table: dict[str, Any], source: str) -> ModelsSection:
     roles = {f.name for f in dataclasses.fields(ModelsSection)}
     unknown = sorted(set(table) - roles)
     if unknown:
-        raise ConfigError(f"{source}: unknown key [models].{unknown[0]}; allowed roles: {', '.join(sorted(roles))}")
+        raise ConfigError(f"{source}: unknown key [models].{unknown[0]}"
+                          f"{_did_you_mean(unknown[0], sorted(roles), prefix='[models.', suffix=']')}; "
+                          f"allowed roles: {', '.join(sorted(roles))}")
     built = {}
     for role in roles:
         base = {k: v for k, v in dataclasses.asdict(getattr(defaults, role)).items() if v is not None}

@@ -24,6 +24,7 @@ from opro.errors import ConfigError, DataError, ModelPackError
 from opro.llm import ROLES, ChatClient, UsageLedger
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
+from opro.llm.rates import rates_path
 from opro.paths import cache_dir
 from opro.program.dimensions import DIMENSIONS, dimension, initial_values
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
@@ -41,10 +42,13 @@ if TYPE_CHECKING:
     from opro.ledger import DecisionLedger
     from opro.program.rag import RAGProgram
     from opro.program.retrieval import Retriever
-    from opro.search import Search, SearchStudy, WorkerPlan
+    from opro.search import CandidateScorer, Search, SearchStudy, WorkerPlan
     from opro.search.space import SearchSpace
 
 logger = logging.getLogger(__name__)
+
+#: Model settings that never change a score, left out of the study fingerprint (the model's name stays).
+UNSCORED_SPEC_KEYS = ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill", "base_url")
 
 
 def shared_sqlite_warning(storage: str, *, num_workers: int) -> str | None:
@@ -69,12 +73,15 @@ class Experiment:
             cache=open_cache(config.resolve(exp.cache_path) if exp.cache_path else None, enabled=exp.cache),
             usage=UsageLedger(prices=config.prices()),
             seed=exp.seed,
+            rates=rates_path(config.call_cache_path),  # each model's measured speed, for the next plan
         )
         self.pool, self.cache, self.usage = self.models.pool, self.models.cache, self.models.usage
         self._clients: dict[str, ChatClient] = {}
         self._study_storage: Any = None
         self._retrievers: dict[tuple[Any, ...], Retriever] = {}  # by index: the config's, and searched ones
         self._retrievers_lock = threading.RLock()
+        #: The scorer of the latest :meth:`search` (it knows each candidate's configuration by name).
+        self._scorer: CandidateScorer | None = None
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: Any) -> Experiment:
@@ -217,6 +224,13 @@ class Experiment:
     def template(self, instruction: str) -> QATemplate:
         return QATemplate(instruction=instruction, base=DEFAULT_BASE_TEMPLATE, position=self.config.rag.instruction_position)
 
+    def candidate_template(self, name: str) -> QATemplate:
+        """The whole configuration of the search's candidate called ``name`` (its instruction with its
+        values: :mod:`opro.program.configurations`), as the search scores it; before a search, or for a
+        name it never configured, the instruction ``name`` under the initial configuration."""
+        scorer = self._scorer
+        return scorer.template(name) if scorer is not None else self.template(name)  # type: ignore[return-value]
+
     @functools.cached_property
     def search_space(self) -> SearchSpace | None:
         """``[search.space]`` with its demonstration pool (exemplar questions only), or None when only
@@ -239,10 +253,12 @@ class Experiment:
                                         examples=exemplars, judge=self.judge, progress=self.progress)[0]
             rows = {r.query: r for r in report.rows if r.error is None and not r.invalid}
             demos = bootstrapped_demos(exemplars, answer=lambda e: rows.get(e.query), chars=sp.demo_chars)
+        from opro.probe.plan import answer_cost
+
         return SearchSpace(
             dimensions=sp.dimensions, demos=demos, sampler=sp.sampler, seed=self.config.experiment.seed,
             demo_source=sp.demo_source, objective=self.config.optimizer.objective,
-            initial=initial_values(self.config),
+            initial=initial_values(self.config), price=functools.partial(answer_cost, self.config),
         )
 
     @functools.cached_property
@@ -270,27 +286,24 @@ class Experiment:
     # -- dataset -----------------------------------------------------------------------------
     @functools.cached_property
     def decisions(self) -> DecisionLedger:
-        """The decision ledger of this experiment's dataset, shared by every output folder and study
-        store that uses it: ``opro_decisions.jsonl`` beside ``[data].dataset`` (in the file's folder,
-        or in the dataset folder), or, for a generated dataset (written into each output folder, so
-        not shared), beside the call cache, which every run of the same generation shares. A dataset
-        in a folder opro cannot write, or read-only by its mode, falls back to the call cache's folder."""
+        """The user's decision ledger, shared by every output folder, study store and copy of a dataset:
+        ``opro_decisions.jsonl`` beside the call cache (by default in :func:`opro.paths.cache_dir`). With
+        ``[data].dataset``, a copy beside it (in the file's folder, or the dataset folder) is read and
+        written too; one in a folder opro cannot write, or read-only by its mode, is only read."""
         from opro.ledger import LEDGER_FILE, DecisionLedger
-        from opro.paths import default_call_cache_path
 
-        exp = self.config.experiment
-        fallback = (self.config.resolve(exp.cache_path) if exp.cache_path else default_call_cache_path()).parent
-        folder = fallback
+        user = self.config.call_cache_path.parent
+        copies: list[Path] = []
+        also_read: list[Path] = []
         if self.config.data.dataset:
             data = self.config.resolve(self.config.data.dataset)
             folder = data if data.is_dir() else data.parent
             # Its mode, not only access: root may write anywhere, but a folder whose owner took its write
             # bits away (a shared, read-only data set) is not opro's to add files to.
-            if not os.access(folder, os.W_OK) or not folder.stat().st_mode & 0o222:
-                logger.warning("the decision ledger cannot be written beside the dataset (%s is read-only): it is "
-                               "kept in %s, which only runs with this call cache folder read", folder, fallback)
-                folder = fallback
-        return DecisionLedger(folder / LEDGER_FILE, origin=f"output folder {self.run_dir.root}")
+            writable = os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+            (copies if writable else also_read).append(folder / LEDGER_FILE)
+        return DecisionLedger(user / LEDGER_FILE, origin=f"output folder {self.run_dir.root}", copies=copies,
+                              also_read=also_read)
 
     @property
     def dataset_dir(self) -> Path:
@@ -427,6 +440,24 @@ class Experiment:
 
     def fingerprint(self) -> dict[str, str]:
         """Everything that changes a score, stored with the study so a resume never mixes settings."""
+        out = self._score_settings()
+        if self.search_space is not None:  # absent otherwise: studies from before the space still resume
+            out["search.space"] = json.dumps(self.search_space.describe(), sort_keys=True)
+        return out
+
+    def noise_digest(self) -> str | None:
+        """What the paired noise of two prompts depends on (:func:`opro.probe.plan.noise_digest`), kept with a
+        probe and a run's summary so a plan takes only this task's noise; None while the dataset is
+        unprepared (no call is made to find it)."""
+        from opro.probe.plan import noise_digest
+
+        marker = self.dataset_dir / "opro_settings.txt"
+        if not (marker.is_file() and marker.read_text().strip() == self._dataset_fingerprint()):
+            return None
+        return noise_digest(self._score_settings())
+
+    def _score_settings(self) -> dict[str, str]:
+        """The fingerprint but the search space (which bootstrapping its demonstrations would answer)."""
         from opro.redaction import redact
 
         cfg = self.config
@@ -440,8 +471,9 @@ class Experiment:
         for role in ("task", "judge", "optimizer"):
             for k, v in redact(self.spec(role).safe_dict()).items():
                 # Speed, not scores (saved prefixes and drafted tokens leave greedy answers as they were,
-                # up to floating-point sums), so a study resumes across them.
-                if k not in ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill"):
+                # up to floating-point sums), so a study resumes across them; and where the model is
+                # served, not which model: the same model on another port or host resumes.
+                if k not in UNSCORED_SPEC_KEYS:
                     out[f"models.{role}.{k}"] = str(v)
         for section in ("rag", "judge"):
             for k, v in vars(getattr(cfg, section)).items():
@@ -453,8 +485,6 @@ class Experiment:
         judge = get_template(self._judge_template())
         content = json.dumps([judge.system, judge.user, judge.output_format])
         out["judge.template_sha256"] = hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
-        if self.search_space is not None:  # absent otherwise: studies from before the space still resume
-            out["search.space"] = json.dumps(self.search_space.describe(), sort_keys=True)
         return out
 
     def _storage(self) -> Any:
@@ -497,7 +527,7 @@ class Experiment:
         trackers = search_recorders(self, run_dir=self.run_dir, params=self.run_params() if worker_index == 0 else None,
                                     worker_index=worker_index, num_workers=num_workers)
         summary = _SummaryWriter(self, recorded_by=trackers, split_record=split_record)
-        return [RunDirRecorder(self.run_dir), summary, *trackers]
+        return [RunDirRecorder(self.run_dir, cost=self.config.cost_model()), summary, *trackers]
 
     def open_study(self) -> SearchStudy:
         """The config's study (created on the first run), refused when it was scored under other settings."""
@@ -518,6 +548,7 @@ class Experiment:
         scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
                                  task_slots=self.client("task").llm.max_concurrency, space=self.search_space,
                                  cost=cfg.cost_model())
+        self._scorer = scorer  # what candidate_template resolves names with (the validation traces)
         proposer = make_proposer(settings=cfg.optimizer, llm=self.client("optimizer"),
                                  template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)
         return Search(proposer, scorer, study, cfg.optimizer, usage=self.usage, workers=workers,
@@ -643,6 +674,8 @@ class _SummaryWriter(Recorder):
 
     def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
         summary = self.run_result(result).summary()
+        # Which task's noise the validation scores measure: a plan reads them only for the same task.
+        summary["noise_digest"] = self.experiment.noise_digest()
         if self.split_record is not None:
             summary["split_record"] = self.split_record
             study.save_split_record(self.split_record)

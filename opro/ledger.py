@@ -4,14 +4,20 @@ A validation decision (does the finalist beat the initial instruction?) and a pr
 (``compare --promote``) each spend an error budget on their questions. Once a verdict on those
 questions has been seen, deciding again on them under another design (alpha, looks, finalists,
 ``min_coverage``, ...) or other settings (judge, task model, template, retrieval: the study's
-fingerprint) is a fresh chance at a false claim. Output folders and study stores come and go, so
-the ledger lives beside the dataset (``Experiment`` chooses the file; see docs/configuration.md) and
-every output folder and storage of that dataset reads the same one.
+fingerprint) is a fresh chance at a false claim. Output folders, study stores and copies of a dataset
+come and go, so the ledger is the user's: one file beside the call cache, which every run of the same
+user reads whatever folder the dataset sits in (``Experiment`` chooses it; see docs/configuration.md),
+with a second copy beside the dataset that travels with it. Decisions are matched by the content
+hashes of their questions, never by where the dataset lies.
 
 One JSON record a line, appended under a file lock. A decision is identified by its ``key`` (its
 design and fingerprint): the same key is the same decision, which a rerun resumes (its later
 records, with the verdict, supersede the earlier ones). Questions are kept as short hashes of the
 normalized question, so overlap between any two decisions can be measured.
+
+Deleting or editing a ledger file stays possible. Where it is seen (a study that recorded a decision
+whose record is in no copy of the ledger: :meth:`DecisionLedger.restore`), the lost record is written
+back and every decision made since on its questions is recorded as :data:`RE_DECIDED`.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -128,33 +134,57 @@ def now() -> str:
     return datetime.now().isoformat(timespec="seconds")
 
 
-class DecisionLedger:
-    """The ledger file at ``path``; ``origin`` names this process's output folder in its records."""
+def _merged(records: Iterable[Decision]) -> list[Decision]:
+    """One record per (scope, key) over several files' records: the last one with a verdict, else the
+    first (a decision's verdict-less record is only ever its first, so it never supersedes a verdict)."""
+    out: dict[tuple[str, str], Decision] = {}
+    for d in records:
+        had = out.get((d.scope, d.key))
+        if had is None or d.verdict is not None or had.verdict is None:
+            out[(d.scope, d.key)] = d
+    return list(out.values())
 
-    def __init__(self, path: str | Path, *, origin: str = "") -> None:
+
+class DecisionLedger:
+    """The ledger file at ``path`` (the user's), and ``copies`` of it (beside the dataset) that are read
+    and written with it, and ``also_read`` files that are only read (a read-only dataset folder's);
+    ``origin`` names this process's output folder in its records."""
+
+    def __init__(self, path: str | Path, *, origin: str = "", copies: Sequence[str | Path] = (),
+                 also_read: Sequence[str | Path] = ()) -> None:
         self.path = Path(path)
         self.origin = origin
+        self.copies = tuple(Path(c) for c in copies if Path(c) != self.path)
+        self.also_read = tuple(Path(c) for c in also_read if Path(c) not in (self.path, *self.copies))
 
-    def _lock(self) -> Any:
-        return waiting_lock(self.path.with_name(self.path.name + ".lock"))
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file read, the user's first."""
+        return (self.path, *self.copies, *self.also_read)
 
-    def _read(self) -> list[Decision]:
-        if not self.path.is_file():
+    def _lock(self, path: Path | None = None) -> Any:
+        path = self.path if path is None else path
+        return waiting_lock(path.with_name(path.name + ".lock"))
+
+    @staticmethod
+    def _read(path: Path) -> list[Decision]:
+        if not path.is_file():
             return []
         out = []
-        for n, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 out.append(Decision.from_json(json.loads(line)))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 # A line torn by a crash mid-append holds no finished record; it is said, not fatal.
-                logger.warning("%s: line %d is not a decision record and is ignored (%s)", self.path, n, exc)
+                logger.warning("%s: line %d is not a decision record and is ignored (%s)", path, n, exc)
         return out
 
     def decisions(self) -> list[Decision]:
-        """Every decision recorded, its latest record each."""
-        return latest(self._read())
+        """Every decision recorded in any of the files, its latest record each (the copies' first, so
+        that a record the user's file holds wins where both differ)."""
+        return _merged(d for path in (*self.files[1:], self.path) for d in self._read(path))
 
     def begin(self, decision: Decision) -> Decision | None:
         """Record ``decision`` unless an earlier one (another key) decided on too many of its questions:
@@ -166,7 +196,7 @@ class DecisionLedger:
             if earlier is not None:
                 return earlier
             if not any(d.scope == decision.scope and d.key == decision.key for d in known):
-                self._append(decision)
+                self._append_everywhere(decision)
             return None
 
     def settle(self, decision: Decision) -> None:
@@ -176,13 +206,54 @@ class DecisionLedger:
             if any((d.scope, d.key, d.verdict) == (decision.scope, decision.key, decision.verdict)
                    for d in self.decisions()):
                 return
-            self._append(decision)
+            self._append_everywhere(decision)
 
-    def _append(self, decision: Decision) -> None:
-        where = ", ".join(x for x in (decision.where, self.origin) if x)
+    def restore(self, recorded: Iterable[tuple[str, Decision]]) -> list[str]:
+        """Write back the decisions a study recorded (``(where, decision)``) that no file of the ledger
+        holds (it was deleted or edited), and record as :data:`RE_DECIDED` every decision the ledger
+        holds that was made later on too many of a restored one's questions (it was made while the
+        ledger had lost that verdict). Returns what was done, one line each (empty: nothing was lost)."""
+        said: list[str] = []
+        with self._lock():
+            known = self.decisions()
+            keys = {(d.scope, d.key) for d in known}
+            lost = [(w, d) for w, d in recorded
+                    if (d.scope, d.key) not in keys and d.verdict is not None and not d.re_decided]
+            for where, d in lost:
+                self._append_everywhere(d)
+                said.append(f"the decision ledger ({self.path}) lacked the decision recorded in {where} ({d.verdict}): "
+                            "it was deleted or edited (or the decision was made with another ledger); written back")
+                for later in known:
+                    if (later.scope != d.scope or later.key == d.key or later.re_decided or later.at <= d.at
+                            or later.seen_share(d)[1] <= MAX_SEEN_SHARE):
+                        continue
+                    self._append_everywhere(here=False, decision=replace(later, re_decided=True, verdict=(
+                        f"{RE_DECIDED} (made while the ledger had lost the verdict recorded in {where} at {d.at}): "
+                        f"{later.verdict or 'not finished'}")))
+                    said.append(f"the decision made at {later.at} on the same questions ({later.where}) is now recorded "
+                                f"as {RE_DECIDED}: it claims nothing and refuses nothing")
+        for line in said:
+            logger.warning("%s", line)
+        return said
+
+    def _append_everywhere(self, decision: Decision, *, here: bool = True) -> None:
+        """Append to the user's file and to each copy (a copy that cannot be written is said, and
+        skipped: the user's file holds the record)."""
+        self._append(self.path, decision, here=here)
+        for copy in self.copies:
+            try:
+                with self._lock(copy):
+                    self._append(copy, decision, here=here)
+            except OSError as exc:
+                logger.warning("the copy of the decision ledger at %s cannot be written (%s): the record is kept in %s",
+                               copy, exc, self.path)
+
+    def _append(self, path: Path, decision: Decision, *, here: bool = True) -> None:
+        # ``here``: made by this process, whose output folder is named (a record of another's is kept as it is).
+        where = ", ".join(x for x in (decision.where, self.origin if here else "") if x)
         record = {**decision.to_json(), "where": where, "at": decision.at or now()}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a+b") as fh:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a+b") as fh:
             fh.seek(0, 2)
             torn = fh.tell() > 0 and (fh.seek(-1, 2), fh.read(1))[1] != b"\n"
             # After a torn last line, a new line: the record must not be glued to the fragment.

@@ -1,4 +1,9 @@
-"""Progress bars (counts and ETA) for long work, on stderr so stdout stays parseable."""
+"""Progress bars (counts and ETA) for long work, on stderr so stdout stays parseable.
+
+A bar's total is the work planned before it starts: work found unneeded on the way (a pruned
+candidate's questions, a chunk that gave fewer questions than asked) is :meth:`ProgressBar.skip`-ped,
+which lowers the total, so a bar never reaches 100% and then grows. Its ETA is the measured rate of
+the units done so far applied to those left (:meth:`LineProgress`; Rich's bar: its recent speed)."""
 
 from __future__ import annotations
 
@@ -36,7 +41,15 @@ class ProgressBar:
         if self._progress is not None and self._task_id is not None:
             self._progress.update(self._task_id, description=text)  # type: ignore[arg-type]
 
+    def skip(self, n: int) -> None:
+        """``n`` planned units will not be done: the total falls by ``n`` (done units are not counted)."""
+        if self._progress is not None and self._task_id is not None and n > 0:
+            task = self._progress.tasks[self._task_id]  # type: ignore[index]
+            self._progress.update(self._task_id, total=max(task.completed, (task.total or 0) - n))  # type: ignore[arg-type]
+
     def add_total(self, n: int) -> None:
+        """Work that joins after the start and could not be planned (another worker's candidate this
+        worker takes over): the only way a total grows."""
         if self._progress is not None and self._task_id is not None:
             task = self._progress.tasks[self._task_id]  # type: ignore[index]
             self._progress.update(self._task_id, total=(task.total or 0) + n)  # type: ignore[arg-type]
@@ -84,6 +97,11 @@ class LineProgress(ProgressBar):
     def describe(self, text: str) -> None:
         with self._lock:
             self._description = text
+
+    def skip(self, n: int) -> None:
+        with self._lock:
+            if self._total is not None and n > 0:
+                self._total = max(self._done, self._total - n)
 
     def add_total(self, n: int) -> None:
         with self._lock:

@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from opro.program.cost import CostModel
 from opro.records import Recorded
 from opro.rundir import RunDir
 from opro.search.recorder import Recorder
 
 if TYPE_CHECKING:
-    from opro.search.results import OptimizationResult
+    from opro.search.results import CandidateRecord, OptimizationResult
     from opro.search.study import SearchStudy
 
 
@@ -26,8 +27,10 @@ class RunDirRecorder(Recorder):
 
     name = "run_dir"
 
-    def __init__(self, run_dir: RunDir) -> None:
+    def __init__(self, run_dir: RunDir, *, cost: CostModel | None = None) -> None:
         self.run_dir = run_dir
+        #: What an answer costs (the search's measure): named on pareto.png's axis.
+        self.cost = cost if cost is not None else CostModel()
 
     def recorded(self) -> Recorded:
         return Recorded(recorder=self.name, ref=str(self.run_dir.root), where=f"run directory {self.run_dir.root}")
@@ -42,7 +45,7 @@ class RunDirRecorder(Recorder):
         out = self.run_dir
         out.write_result(
             best_template=result.best_template,
-            history=[{**asdict(r), "pruned": r.pruned, "partial": r.partial} for r in result.history],
+            history=[_history_line(r) for r in result.history],
         )
         plot_trajectory(
             steps=[r.step for r in result.history],
@@ -54,16 +57,33 @@ class RunDirRecorder(Recorder):
         if result.validation is not None and result.validation.finalists:
             plot_optimism(optimism_points(result), path=out.optimism_plot)
         if result.objective == "cost":
-            from opro.plots import plot_pareto
-            from opro.search.results import quality_cost_front
+            self._pareto(result)
 
-            front = {r.trial_number for r in quality_cost_front(result.history)}
-            done = [r for r in result.history if r.status == "complete" and r.score is not None and r.cost is not None]
-            if done:
-                plot_pareto([{"label": r.instruction, "score": r.score, "cost": r.cost.cost,  # type: ignore[union-attr]
-                              "front": r.trial_number in front, "initial": r.instruction == result.initial_instruction,
-                              "returned": r.instruction == result.best_instruction} for r in done],
-                            path=out.pareto_plot, cost_label="USD" if done[0].cost.unit == "usd" else "task tokens")  # type: ignore[union-attr]
+    def _pareto(self, result: OptimizationResult) -> None:
+        """pareto.png: every candidate with a score and a cost, the pruned ones faded at their running
+        means, the front joined; the axis names the cost measure."""
+        from opro.plots import plot_pareto
+        from opro.search.results import quality_cost_front
+
+        front = {r.trial_number for r in quality_cost_front(result.history)}
+        shown = [r for r in result.history if r.status in ("complete", "pruned") and r.score is not None
+                 and r.cost is not None]
+        if shown:
+            plot_pareto([{"label": r.name, "score": r.score, "cost": r.cost.cost,  # type: ignore[union-attr]
+                          "front": r.trial_number in front, "pruned": r.status == "pruned",
+                          "initial": r.step == 0 and r.name == result.initial_instruction.strip(),
+                          "returned": r.name == result.best_name} for r in shown],
+                        path=self.run_dir.pareto_plot, cost_label=self.cost.measure)
+
+
+def _history_line(r: CandidateRecord) -> dict[str, object]:
+    """A candidate's line of ``history.jsonl``: its record, with its ``name`` only where that is not
+    its instruction (the initial instruction with other settings; lines of other candidates read as
+    they always did)."""
+    line = {**asdict(r), "pruned": r.pruned, "partial": r.partial}
+    if line["name"] == r.instruction:
+        del line["name"]
+    return line
 
 
 __all__ = ["Recorder", "RunDirRecorder"]

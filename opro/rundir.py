@@ -16,8 +16,8 @@ the saved dataset, the newest comparison reports) are read here::
       probe.json  probe.md                              `opro probe` (read back by `opro plan --probe`
                                                         and `opro optimize`)
       promotions.json                                   this folder's `compare --promote` attempts (the
-                                                        budget is kept in the decision ledger beside the
-                                                        dataset: opro.ledger)
+                                                        budget is kept in the user's decision ledger:
+                                                        opro.ledger)
       validation_rows/                                  each validation prompt's answers, until MLflow has them
       .opro.lock  .opro-worker-I.lock                   one process per folder (and worker)
 """

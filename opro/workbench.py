@@ -48,8 +48,8 @@ class Workbench(Protocol):
     def progress(self) -> bool: ...
     @property
     def decisions(self) -> DecisionLedger:
-        """The decision ledger beside the dataset: validation decisions and promotion attempts, shared
-        by every output folder of that dataset."""
+        """The user's decision ledger (and its copy beside the dataset): validation decisions and promotion
+        attempts, shared by every output folder and copy of that dataset."""
         ...
 
     def client(self, role: str) -> ChatClient:
@@ -60,6 +60,11 @@ class Workbench(Protocol):
 
     def template(self, instruction: str) -> QATemplate:
         """The QA template with ``instruction`` in the configured position."""
+        ...
+
+    def candidate_template(self, name: str) -> QATemplate:
+        """The whole configuration of the search's candidate called ``name`` (its instruction and its
+        settings, :mod:`opro.program.configurations`); the instruction ``name`` where no search knows it."""
         ...
 
     def run_params(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ TOML writer, and the "keyword world" the OPRO loop is tested in. Imported by the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import numpy as np
 import pytest
 from bench_selection import TextTemplate  # the bench and the tests share one
 from fault_server import instruction_of
@@ -26,6 +28,7 @@ from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.cache import CallCache
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import Responder, ScriptedLLM
+from opro.program.retrieval import Embedder
 from opro.recorders import RunDirRecorder
 from opro.rundir import RunDir
 
@@ -418,3 +421,21 @@ def run_together(fn: Callable[[int], object], *, threads: int = 2, timeout_s: fl
     for t in started:
         t.join(timeout=timeout_s)
     return errors
+
+
+# -- embeddings without a model (the retriever kind's tests) ---------------------------------------------
+
+#: An embeddings table whose server is never asked (tests hand the retriever :class:`HashEmbedder`).
+EMBEDDINGS = {"model": "fake-embed", "base_url": "http://127.0.0.1:9/v1", "api_key_env": "OPRO_TEST_NO_KEY"}
+
+
+class HashEmbedder(Embedder):
+    """A deterministic vector per distinct text (sha256-seeded): no two texts are paraphrases."""
+
+    @property
+    def identity(self) -> str:
+        return "test:hash"
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        rows = [np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=32) for t in texts]
+        return np.asarray(rows, dtype=np.float32)

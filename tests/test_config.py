@@ -130,6 +130,30 @@ def test_bad_values_fail_at_load_naming_the_key(cfg: dict[str, Any], message: st
     assert "secret-key" not in str(info.value)
 
 
+@pytest.mark.parametrize(("cfg", "message"), [
+    ({"experimnet": {"name": "x"}}, "unknown key experimnet (did you mean [experiment]?)"),
+    ({"data": {"docs": ["docs"], "datset": "qa.jsonl"}}, "unknown key [data].datset (did you mean [data].dataset?)"),
+    ({"optimizer": {"stepz": 3}}, "unknown key [optimizer].stepz (did you mean [optimizer].steps?)"),
+    ({"models": {"jduge": {}}}, "unknown key [models].jduge (did you mean [models.judge]?)"),
+    ({"models": {"judge": {"max_concurency": 2}}},
+     "unknown key [models.judge].max_concurency (did you mean [models.judge].max_concurrency?)"),
+    ({"search": {"space": {"topk": [1, 2]}}}, "unknown key [search.space].topk (did you mean [search.space].top_k?)"),
+    ({"data": {"docs": ["docs"], "split": {"held_out": 4}}},
+     "unknown key [data.split].held_out (did you mean [data.split].heldout?)"),
+])
+def test_an_unknown_key_is_answered_with_the_closest_allowed_one(cfg: dict[str, Any], message: str) -> None:
+    data: dict[str, Any] = {"data": {"docs": ["docs"]}, **cfg}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, source="exp.toml")
+    assert message in str(info.value)
+
+
+def test_an_unknown_key_far_from_every_allowed_one_gets_no_guess() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"data": {"docs": ["docs"]}, "optimizer": {"zzz": 1}}, source="exp.toml")
+    assert "unknown key [optimizer].zzz; allowed keys in [optimizer]:" in str(info.value)
+
+
 def test_good_tracking_uris_are_accepted() -> None:
     for mlflow_uri, optuna_storage in [
         ("sqlite:///runs/mlflow.db", "sqlite:///runs/optuna.db"),

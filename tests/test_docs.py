@@ -94,8 +94,20 @@ def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.Monk
             continue
         if args[0] == "ui":  # a server that runs until stopped: test_ui serves it; here, what it starts
             started: list[list[str]] = []
+
+            class Server:  # a server that exits at once, having been started with argv
+                stdout = None
+
+                def __init__(self, argv: list[str], started: list[list[str]] = started, **_: object) -> None:
+                    started.append(argv)
+
+                def wait(self, timeout: float | None = None) -> int:
+                    return 0
+
+                poll = wait
+
             with monkeypatch.context() as m:
-                m.setattr("subprocess.call", lambda argv, env, started=started: started.append(argv) or 0)
+                m.setattr("subprocess.Popen", Server)
                 result = runner.invoke(app, args)
             assert result.exit_code == 0, f"{line}\n{result.output}"
             assert started[0][started[0].index("--backend-store-uri") + 1].endswith("runs/quickstart/mlflow.db")
@@ -108,9 +120,10 @@ def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.Monk
             redirect.write_text(result.stdout)
             assert "{context_str}" in redirect.read_text()
     assert ran >= 9
-    assert (tmp_path / "exported" / "prompt.dspy.json").is_file()
-    assert (tmp_path / "exported" / "quickstart.json").is_file()
-    assert (tmp_path / "runs" / "quickstart" / "export" / "prompt.llamaindex.json").is_file()
+    exported = tmp_path / "runs" / "quickstart" / "export"  # every export of the README stays in the run's folder
+    assert {"prompt.dspy.json", "quickstart.json", "prompt.llamaindex.json", "tuned_prompt.txt"} <= {
+        p.name for p in exported.iterdir()}
+    assert not {"exported", "tuned_prompt.txt"} & {p.name for p in tmp_path.iterdir()}  # nothing in the root
     assert (tmp_path / "runs" / "quickstart" / "compare" / "two-prompts" / "report.md").is_file()
     assert (tmp_path / "runs" / "quickstart" / "evaluate" / "heldout-run.csv").is_file()  # what judge agreement reads
 

@@ -78,28 +78,43 @@ def test_the_ledger_counts_shared_questions_keeps_the_latest_verdict_and_survive
     assert len(ledger.path.read_text().splitlines()) == 5
 
 
-def test_the_ledger_lies_beside_the_dataset_or_for_a_generated_one_beside_the_call_cache(tmp_path: Path) -> None:
+def test_the_ledger_is_the_users_beside_the_call_cache_with_a_copy_beside_the_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from opro.config import config_from_dict
 
-    def ledger_of(**data: Any) -> Path:
+    def ledger_of(**data: Any) -> Any:
         cfg = config_from_dict(experiment_config(tmp_path, data=data), base_dir=tmp_path / "cfg", source="t.toml")
         exp = Experiment(cfg, pool=scripted_pool(), progress=False)
         try:
-            return exp.decisions.path
+            return exp.decisions
         finally:
             exp.close()
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "qa.jsonl").touch()  # only where it lies matters here
-    assert ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl")) == tmp_path / "data" / LEDGER_FILE
-    assert ledger_of(dataset=str(tmp_path / "data")) == tmp_path / "data" / LEDGER_FILE  # a dataset folder: in it
-    assert ledger_of(dataset="") == tmp_path / "cfg" / LEDGER_FILE  # beside calls.sqlite, the config's call cache
-    # A read-only data folder (shared/'s data sets): beside the call cache, even for root, who could write there.
+    user = tmp_path / "cfg" / LEDGER_FILE  # beside calls.sqlite, the config's call cache: every run of this user
+    ledger = ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl"))
+    assert (ledger.path, ledger.copies, ledger.also_read) == (user, (tmp_path / "data" / LEDGER_FILE,), ())
+    assert ledger_of(dataset=str(tmp_path / "data")).copies == (tmp_path / "data" / LEDGER_FILE,)  # a dataset folder: in it
+    assert (ledger_of(dataset="").path, ledger_of(dataset="").copies) == (user, ())  # a generated dataset: the user's only
+    # A read-only data folder (shared/'s data sets): its copy is read, never written, even by root, who could.
     (tmp_path / "data").chmod(0o555)
     try:
-        assert ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl")) == tmp_path / "cfg" / LEDGER_FILE
+        ledger = ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl"))
+        assert (ledger.path, ledger.copies, ledger.also_read) == (user, (), (tmp_path / "data" / LEDGER_FILE,))
     finally:
         (tmp_path / "data").chmod(0o755)
+    # Without [experiment].cache_path: the per-user folder, which OPRO_CACHE_DIR moves.
+    monkeypatch.setenv("OPRO_CACHE_DIR", str(tmp_path / "home-cache"))
+    cfg = experiment_config(tmp_path, data={"dataset": ""})
+    cfg["experiment"].pop("cache_path")
+    exp = Experiment(config_from_dict(cfg, base_dir=tmp_path / "cfg", source="t.toml"), pool=scripted_pool(),
+                     progress=False)
+    try:
+        assert exp.decisions.path == tmp_path / "home-cache" / LEDGER_FILE
+    finally:
+        exp.close()
 
 
 def test_seen_validation_label_re_decides_as_an_exploration_that_never_claims_a_gain(
@@ -155,3 +170,98 @@ def test_seen_validation_label_re_decides_as_an_exploration_that_never_claims_a_
         _optimize(tmp_path, out="out3", alpha=0.1)
     assert "(validated: success at look" in str(info.value) and "out1" in str(info.value)
     assert "out2" not in str(info.value) and 'seen_validation = "label"' in str(info.value)
+
+
+# -- issue 61, item 5: one ledger per user, keyed by the questions' content ----------------------------------------
+
+
+def _in_folder(tmp_path: Path, folder: str, *, out: str, alpha: float, cache: str = "cache/calls.sqlite",
+               **optimizer: Any) -> Any:
+    """The scripted experiment over ``tmp_path/<folder>/qa.jsonl`` (the same 28 questions in each folder), its
+    call cache (and so the user's ledger) at ``cache``, into ``out``."""
+    split = {"exemplar": 2, "optimization": 3, "validation": 12, "heldout": 10, "seed": 1}
+    cfg = experiment_config(tmp_path, questions=28, experiment={"name": "t", "output_dir": out, "progress": False,
+                                                                "cache_path": cache},
+                            data={"dataset": f"{folder}/qa.jsonl", "split": split},
+                            optimizer={"steps": 1, "alpha": alpha, **optimizer})
+    (tmp_path / folder).mkdir(exist_ok=True)
+    (tmp_path / folder / "qa.jsonl").write_text((tmp_path / "qa.jsonl").read_text())
+    exp = Experiment.from_file(write_toml(cfg, tmp_path / f"{out}.toml"), pool=scripted_pool(), progress=False)
+    try:
+        return exp.optimize()
+    finally:
+        exp.close()
+
+
+def test_a_copy_of_the_dataset_in_another_folder_cannot_re_decide_its_validation_questions(tmp_path: Path) -> None:
+    """Issue 61: the ledger lived beside the dataset, so a copy in another folder started with an empty one and
+    decided again at another alpha on the same questions. The user's ledger, beside the call cache, is read
+    whatever folder the dataset sits in; the copy beside each dataset is written too."""
+    first = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
+    assert first.validated
+    with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.2") as info:
+        _in_folder(tmp_path, "b", out="out2", alpha=0.2)
+    assert "(validated: success at look" in str(info.value) and "out1" in str(info.value)
+    assert (tmp_path / "cache" / LEDGER_FILE).is_file() and (tmp_path / "a" / LEDGER_FILE).is_file()
+    assert not (tmp_path / "out2" / "metaprompts").exists()  # refused before the search
+    # The same decision from the copy is the same decision: allowed, the same verdict.
+    same = _in_folder(tmp_path, "b", out="out3", alpha=0.05)
+    assert same.validated and same.summary()["validation"] == first.summary()["validation"]
+
+
+def test_a_deleted_ledger_is_reported_as_a_re_decision_where_a_study_saw_the_lost_verdict(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Deleting the ledger stays possible: a decision made without it is made. Where it is seen (a study that
+    recorded a decision the ledger no longer holds) the lost record is written back and the decision made
+    since on its questions is recorded as re-decided: it refuses nothing and can no longer resume as a claim."""
+    import logging
+
+    first = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
+    assert first.validated
+    for ledger in (tmp_path / "cache" / LEDGER_FILE, tmp_path / "a" / LEDGER_FILE):
+        ledger.unlink(missing_ok=True)
+    again = _in_folder(tmp_path, "a", out="out2", alpha=0.2)  # nothing knows: made
+    assert again.validation is not None and again.validation.looks
+    with caplog.at_level(logging.WARNING, logger="opro.ledger"):
+        resumed = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
+    assert resumed.summary()["validation"] == first.summary()["validation"]
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "lacked the decision recorded in study 't' (validated: success at look" in said
+    assert "it was deleted or edited (or the decision was made with another ledger); written back" in said
+    assert "out2) is now recorded as re-decided after a seen verdict: it claims nothing" in said
+    records = [json.loads(line) for line in (tmp_path / "cache" / LEDGER_FILE).read_text().splitlines()]
+    marked = [r for r in records if r.get("re_decided")]
+    assert len(marked) == 1 and "out2" in marked[0]["where"] and "out1" not in marked[0]["where"]
+    assert marked[0]["verdict"].startswith("re-decided after a seen verdict (made while the ledger had lost the verdict")
+    with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.2") as info:
+        _in_folder(tmp_path, "a", out="out2", alpha=0.2)
+    assert "out1" in str(info.value)
+
+
+def test_the_same_model_on_another_port_resumes_the_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 61: the fingerprint held each role's base_url, so the same model served on another port was refused
+    as if it were another model. It names the model; a study recorded with a base_url still resumes."""
+    import opro.search.study
+    from opro.config import config_from_dict
+
+    monkeypatch.setenv("OPRO_TEST_KEY", "sk-test")
+
+    def fingerprint(port: int, model: str = "qwen") -> dict[str, str]:
+        models = {"task": {"backend": "openai", "model": model, "base_url": f"http://127.0.0.1:{port}/v1",
+                           "api_key_env": "OPRO_TEST_KEY"}}
+        cfg = config_from_dict(experiment_config(tmp_path, models=models), base_dir=tmp_path, source="t.toml")
+        exp = Experiment(cfg, pool=scripted_pool(), progress=False)
+        try:
+            return exp.fingerprint()
+        finally:
+            exp.close()
+
+    study = opro.search.study.SearchStudy.open(f"sqlite:///{tmp_path / 'optuna.db'}", name="s")
+    study.check_fingerprint(fingerprint(8001))
+    study.check_fingerprint(fingerprint(8002))  # the same model on another port: resumed
+    with pytest.raises(opro.search.study.FingerprintMismatch, match=r"models\.task\.model: 'qwen' -> 'llama'"):
+        study.check_fingerprint(fingerprint(8002, model="llama"))
+    older = opro.search.study.SearchStudy.open(f"sqlite:///{tmp_path / 'optuna.db'}", name="older")
+    older.check_fingerprint({**fingerprint(8001), "models.task.base_url": "http://127.0.0.1:8001/v1"})
+    older.check_fingerprint(fingerprint(8002))

@@ -38,3 +38,20 @@ def test_disabled_progress_prints_nothing(capsys: pytest.CaptureFixture[str]) ->
     with progress_bar("quiet", total=3, enabled=False) as bar:
         bar.advance(3)
     assert capsys.readouterr().err == ""
+
+
+def test_skipped_work_lowers_the_total_and_is_not_counted_as_done(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pruned candidate's questions leave the total instead of being counted as done (which made the
+    measured rate, and so the ETA, too fast); the total never falls below the work done."""
+    monkeypatch.setattr(opro.progress, "LINE_EVERY_S", 0.0)
+    with progress_bar("step 1", total=10) as bar:
+        bar.advance(2)
+        bar.skip(4)
+        bar.advance(2)
+        bar.skip(100)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].startswith("step 1: 2/10 (20%)")
+    assert lines[2].startswith("step 1: 4/6 (67%)")
+    assert lines[-1].startswith("step 1: 4/4 (100%)")

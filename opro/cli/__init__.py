@@ -35,6 +35,7 @@ def main() -> None:
     import os
     import sys
 
+    from opro.cli._common import wrapped_log_format
     from opro.redaction import RedactingFilter
 
     # MLflow and alembic announce schema creation at INFO on every new store: noise next to progress
@@ -49,7 +50,7 @@ def main() -> None:
     # handler's own level holds back libraries that set theirs to DEBUG (bm25s does).
     handler = logging.StreamHandler()
     handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(wrapped_log_format("%(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactingFilter())
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     code = 1  # an exception that escapes app() exits 1 (Python prints its traceback first)

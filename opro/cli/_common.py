@@ -91,6 +91,49 @@ def _listing(texts: list[tuple[str, str]]) -> Any:
 
 
 
+#: Stands in for a space inside a `quoted command` while a line is wrapped (never in opro's output).
+_GLUE = "\x00"
+
+
+def wrap_line(line: str, width: int, *, indent: str = "", more: str = "  ") -> list[str]:
+    """``line`` wrapped at ``width``: the lines after the first under ``indent`` plus ``more``. Words are
+    never broken, and a `quoted command` is kept whole, so a key, path, URL or command stays copyable
+    (one longer than the width stands alone on its line)."""
+    import re
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    glued = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", _GLUE), line.strip())
+    return [shown.replace(_GLUE, " ") for shown in textwrap.wrap(
+        glued, width=width, initial_indent=indent, subsequent_indent=indent + more,
+        break_long_words=False, break_on_hyphens=False)]
+
+
+def say(out: Any, text: str) -> None:
+    """Print ``text`` on the console ``out`` wrapped at its width (80 in a log, where no terminal tells
+    it) by :func:`wrap_line`: a line that does not fit goes on under its own indent plus two spaces."""
+    for line in text.splitlines() or [""]:
+        for shown in wrap_line(line, out.width, indent=line[: len(line) - len(line.lstrip())]):
+            out.print(shown, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+
+def wrapped_log_format(fmt: str) -> Any:
+    """A logging formatter whose records are wrapped as :func:`say` wraps (at stderr's width, 80 in a
+    log), so a library's warning reads at 80 columns beside the command's own lines."""
+    import logging
+
+    from rich.console import Console
+
+    class Wrapped(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            width = Console(stderr=True).width
+            return "\n".join(shown for line in super().format(record).splitlines()
+                             for shown in wrap_line(line, width))
+
+    return Wrapped(fmt)
+
+
 def console(*, stderr: bool = False) -> Any:
     """The rich console a command prints through (stdout unless ``stderr``)."""
     from rich.console import Console

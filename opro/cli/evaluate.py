@@ -14,6 +14,11 @@ _COMPARE_PROMPTS = typer.Option(
     help="Prompt to compare (repeatable): best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:INSTRUCTION. "
     "[default: best]",
 )
+_SET = typer.Option(
+    None, "--set",
+    help="NAME=VALUE (repeatable): answer every --prompt with this setting (a search dimension a prompt carries), "
+    "e.g. --prompt initial --set top_k=1; a prompt may also name its own: \"initial {top_k=1}\".",
+)
 _MARGIN = typer.Option(
     None, "--margin",
     help="Non-inferiority margin in judge points (e.g. 0.25): also test that each prompt is not worse than the "
@@ -57,6 +62,7 @@ def evaluate(
 def compare(
     config: Path = typer.Argument(..., help="Experiment TOML: its models, retrieval, judge and dataset split are used."),
     prompt: list[str] = _COMPARE_PROMPTS,
+    settings: list[str] = _SET,
     baseline: str = typer.Option("initial", "--baseline", help="The prompt the others are tested against (added if not given)."),
     split: str = typer.Option("heldout", "--split", help="heldout | validation | optimization | exemplar"),
     metrics: str = typer.Option("", "--metrics", help="Extra metrics, comma-separated: faithfulness,relevancy,token_f1"),
@@ -77,7 +83,8 @@ def compare(
 
     out_console = console()
     done = compare_and_save(
-        config, prompts=prompt or ["best"], baseline=baseline, split=split, metrics=split_list(metrics), out=out,
+        config, prompts=prompt or ["best"], settings=settings or [], baseline=baseline, split=split,
+        metrics=split_list(metrics), out=out,
         name=name, tracking_uri=tracking_uri, mlflow=mlflow, resamples=resamples, seed=seed, alpha=alpha,
         margin=margin, promote_alias=promote_alias, min_coverage=min_coverage,
         progress=False if no_progress else None,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from opro.cli._common import _errors, console
+from opro.cli._common import _errors, console, say
 from opro.cli.render import show_no_proposal, show_optimization, show_outputs
 
 
@@ -25,13 +25,11 @@ def optimize(
     out = console()
     try:
         done = optimize_experiment(config, worker=worker, progress=False if no_progress else None, fresh=fresh,
-                                   notice=lambda text: out.print(text, markup=False, soft_wrap=True))
+                                   notice=lambda text: say(out, text))
     except KeyboardInterrupt:
-        console(stderr=True).print(
+        say(console(stderr=True),
             f"interrupted: everything finished so far is kept in the study; rerun `opro optimize {config}"
-            + (f" --worker {worker}" if int(worker.split("/")[1]) > 1 else "") + "` to resume where it stopped",
-            markup=False, soft_wrap=True,
-        )
+            + (f" --worker {worker}" if int(worker.split("/")[1]) > 1 else "") + "` to resume where it stopped")
         raise typer.Exit(130) from None
     show_optimization(out, done)
     if done.proposed_nothing:

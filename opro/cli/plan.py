@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from opro.cli._common import _errors
+from opro.cli._common import _errors, console, say
 
 
 @_errors()
@@ -29,12 +29,13 @@ def plan(
         probed = {"probe": done.probe.to_dict()} if done.probe is not None else {}
         typer.echo(json.dumps({**done.plan.as_dict(), **probed}, indent=2))
         return
-    typer.echo("\n".join(done.plan.lines()))
+    out = console()
+    say(out, "\n".join(done.plan.lines()))
     if done.probe is not None:
-        typer.echo("\n".join(done.probe.verdict_lines()))
+        say(out, "\n".join(done.probe.verdict_lines()))
         where = done.probe_files[0]
-        typer.echo(f"(read from {where}: made with these settings)" if done.reused
-                   else f"wrote {where} and {done.probe_files[1]}")
+        say(out, f"(read from {where}: made with these settings)" if done.reused
+            else f"wrote {where} and {done.probe_files[1]}")
 
 
 @_errors()
@@ -54,8 +55,9 @@ def probe_command(
     from opro.workflows.plan import probe_experiment
 
     done = probe_experiment(config, questions=questions, mlflow=mlflow, progress=progress)
-    typer.echo("\n".join(done.result.lines()))
+    out = console()
+    say(out, "\n".join(done.result.lines()))
     for path in done.paths.values():
-        typer.echo(f"wrote {path}")
+        say(out, f"wrote {path}")
     for where in done.recorded:
-        typer.echo(f"recorded: {where.where}")
+        say(out, f"recorded: {where.where}")

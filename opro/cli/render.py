@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opro.cli._common import _listing
+from opro.cli._common import _listing, say
 
 if TYPE_CHECKING:
     from opro.llm import UsageByRole
@@ -29,12 +29,17 @@ def _versus_initial(f: FinalistRecord) -> str:
 
 
 
-def _result_table(result: OptimizationResult, *, title: str) -> tuple[Any, Any]:
+def _result_table(result: OptimizationResult, *, title: str, n_optimization: int) -> tuple[Any, Any]:
     """Initial, finalists and the returned instruction: search score beside validation score, one
-    numbered row each; and the instructions, listed by those numbers (:func:`_listing`)."""
+    numbered row each, the caption saying what each score is measured on; and the instructions, listed
+    by those numbers (:func:`_listing`)."""
     from rich.table import Table
 
-    table = Table(title=title, caption="* returned", caption_justify="left")
+    v = result.validation
+    basis = f"search score: mean on the {n_optimization} optimization questions, which the search selected on"
+    if v is not None:
+        basis += f"; validation score: on {v.n_questions} validation questions it never used"
+    table = Table(title=title, caption=f"* returned. {basis}", caption_justify="left")
     table.add_column("#", no_wrap=True)
     table.add_column("search score\n(in-sample)", justify="right")
     table.add_column("validation score\n[95% CI]", justify="right")
@@ -46,21 +51,21 @@ def _result_table(result: OptimizationResult, *, title: str) -> tuple[Any, Any]:
     def with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
         return fmt(x) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
-    params = {r.instruction: r.params for r in result.history}
+    records = {r.name: r for r in result.history}
     texts: list[tuple[str, str]] = []
 
-    def numbered(what: str, instruction: str, *, returned: bool) -> str:
-        """``#n what`` (``*``: the returned one); the instruction, and with [search.space] open its
-        configuration's values, go to the listing under ``#n``."""
-        values = params.get(instruction) or {}
+    def numbered(what: str, name: str, *, returned: bool) -> str:
+        """``#n what`` (``*``: the returned one); the candidate's instruction, and with [search.space]
+        open its configuration's values, go to the listing under ``#n``."""
+        r = records.get(name)
+        instruction, values = (r.instruction, r.params) if r is not None else (name, {})
         number = f"#{len(texts) + 1}"
         texts.append((number, instruction + (f"\n[{', '.join(f'{k} {v}' for k, v in values.items())}]" if values else "")))
         return f"{number} {what}" + (" *" if returned else "")
 
-    v = result.validation
     if v is None:
         table.add_row(numbered("initial", result.initial_instruction, returned=False), fmt(result.initial_score), "-", "-")
-        table.add_row(numbered("best (search)", result.best_instruction, returned=True), fmt(result.best_search_score),
+        table.add_row(numbered("best (search)", result.best_name, returned=True), fmt(result.best_search_score),
                       "-", "not validated")
         return table, _listing(texts)
     table.add_row(numbered("initial", result.initial_instruction, returned=not result.validated), fmt(result.initial_score),
@@ -70,6 +75,38 @@ def _result_table(result: OptimizationResult, *, title: str) -> tuple[Any, Any]:
         table.add_row(numbered(f"finalist {i}", f.instruction, returned=returned), fmt(f.search_score),
                       with_ci(f.validation_score, f.validation_ci), _versus_initial(f),
                       style="bold" if returned else None)
+    return table, _listing(texts)
+
+
+def _candidates_table(result: OptimizationResult, *, measure: str) -> tuple[Any, Any]:
+    """With ``objective = "cost"``: every candidate with its search score, its cost per answer and how
+    it ended (pruned ones marked, with the questions they were asked; the front and the returned one
+    named), numbered ``c1``...; and their names (instruction and settings), listed by those numbers."""
+    from rich.table import Table
+
+    from opro.search.results import quality_cost_front
+
+    front = {r.trial_number for r in quality_cost_front(result.history)}
+    initial = next((r for r in result.history if r.step == 0 and r.name == result.initial_instruction.strip()), None)
+    base = initial.cost.cost if initial is not None and initial.cost is not None else None
+    table = Table(title="candidates: search score and cost per answer", caption=f"cost: {measure}",
+                  caption_justify="left")
+    for col in ("#", "step", "search score\n(questions)", "cost per\nanswer", "vs initial", "status"):
+        table.add_column(col, justify="left" if col in ("#", "status") else "right", no_wrap=col == "#")
+    texts: list[tuple[str, str]] = []
+    for i, r in enumerate(result.history, start=1):
+        cost = "n/a" if r.cost is None else f"{r.cost.cost:,.3g}" if r.cost.unit == "usd" else f"{r.cost.cost:,.0f}"
+        versus = ("" if r is initial else "n/a" if r.cost is None or not base else f"{r.cost.cost / base - 1:+.0%}")
+        asked = r.n_scored + r.n_invalid + r.n_errors
+        status = (f"pruned after {asked} q" if r.status == "pruned" else r.status
+                  if r.status != "complete" else "initial" if r is initial else "front" if r.trial_number in front
+                  else "complete")
+        if r.name == result.best_name and r.status == "complete":
+            status += ", returned"
+        score = "n/a" if r.score is None else f"{r.score:.2f} ({asked})"
+        table.add_row(f"c{i}", str(r.step), score, cost, versus, status,
+                      style="dim" if r.status == "pruned" else "bold" if r.name == result.best_name else None)
+        texts.append((f"c{i}", r.name))
     return table, _listing(texts)
 
 
@@ -124,21 +161,26 @@ def show_optimization(console: Any, done: OptimizeRun) -> None:
     from rich.markup import escape
 
     result = done.result
-    table, instructions = _result_table(result, title=f"opro optimize: {done.config.experiment.name}")
+    table, instructions = _result_table(result, title=f"opro optimize: {done.config.experiment.name}",
+                                        n_optimization=done.n_optimization)
     console.print(table)
     console.print(instructions)
+    if result.objective == "cost":
+        for part in _candidates_table(result, measure=done.config.cost_model().measure):
+            console.print(part)
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
     console.print(
         f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
         f"{result.wall_s:.0f}s; search scores on {done.n_optimization} optimization questions"
     )
     console.print(escape(result.headline()))
-    console.print(result.judge_noise, markup=False, soft_wrap=True)  # summary.json says it too, beside the gain
+    if result.judge_noise:
+        say(console, result.judge_noise)  # summary.json says it too, beside the gain
     if done.shortfall:
         console.print(f"[yellow]warning:[/] {escape(done.shortfall)}")
     console.print(_usage_table(result.usage))
     if done.plan_check:
-        console.print("\n".join(done.plan_check), markup=False, soft_wrap=True)
+        say(console, "\n".join(done.plan_check))
 
 
 def show_no_proposal(console: Any, done: OptimizeRun) -> None:
@@ -158,7 +200,7 @@ def show_no_proposal(console: Any, done: OptimizeRun) -> None:
 def show_outputs(console: Any, done: OptimizeRun) -> None:
     """Where worker 0's outputs are, where each tracker recorded the run, and its registered prompt."""
     result, cfg = done.result, done.config
-    console.print(f"outputs: {cfg.output_dir}  ({', '.join(done.outputs)})")
-    console.print("\n".join(f"recorded: {r.where}" for r in result.recorded))
+    say(console, f"outputs: {cfg.output_dir}  ({', '.join(done.outputs)})")
+    say(console, "\n".join(f"recorded: {r.where}" for r in result.recorded))
     if cfg.tracking.register_prompt:
-        console.print(f"registered: prompts:/{cfg.prompt_name}@{cfg.tracking.prompt_alias}")
+        say(console, f"registered: prompts:/{cfg.prompt_name}@{cfg.tracking.prompt_alias}")

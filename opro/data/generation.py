@@ -215,8 +215,11 @@ def _ask(selected: Sequence[tuple[int, str]], asker: _Asker, *, seen: NearDuplic
     dropped: list[DroppedQuestion] = []
     kept: list[tuple[int, str, str]] = []  # (chunk index, chunk text, question)
     answer_calls: list[Future[Completion]] = []
+    # The bar's total is planned before the first call: a question call per chunk and an answer call
+    # per question asked; a chunk that gives fewer new questions skips the answer calls it will not need.
+    planned = len(selected) * (1 + asker.questions_per_chunk)
     with (
-        progress_bar("generating golden examples", total=len(selected), enabled=progress) as bar,
+        progress_bar("generating golden examples", total=planned, enabled=progress) as bar,
         ThreadPoolExecutor(max_workers=n_workers) as pool,
     ):
         # Chunk by chunk, in order (the duplicate check compares with earlier chunks' questions): a
@@ -229,7 +232,7 @@ def _ask(selected: Sequence[tuple[int, str]], asker: _Asker, *, seen: NearDuplic
             completions.append(c)
             new, why = _new_questions(c, idx, text, limit=asker.questions_per_chunk, seen=seen)
             dropped.extend(why)
-            bar.add_total(len(new))
+            bar.skip(asker.questions_per_chunk - len(new))
             kept.extend(new)
             answer_calls.extend(pool.submit(asker.answer, item, bar) for item in new)
             if i + n_workers < len(selected):

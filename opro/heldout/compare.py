@@ -37,6 +37,7 @@ from opro.heldout.report import (
 from opro.heldout.sources import ResolvedPrompt, resolve_prompt
 from opro.judges.factory import make_extra_metrics
 from opro.program.cost import CostModel, paired_difference
+from opro.program.dimensions import DIMENSIONS
 from opro.records import CommandRecord, CommandRecorder, Recorded, record_all
 from opro.rundir import RunDir
 from opro.stats.noninferiority import check_margin, holm_noninferiority, noninferiority
@@ -107,6 +108,8 @@ def compare_prompts(
                for p, report in zip(resolved, reports, strict=True)]
     versus = _versus_baseline(results, base, n_questions=len(examples), level=level, alpha=alpha,
                               n_resamples=n_resamples, seed=seed, margin=margin, cost_model=cost_model)
+    same = _same_configuration(resolved, base, defaults={d.name: d.initial(cfg) for d in DIMENSIONS if d.is_setting})
+    versus = [None if v is None else replace(v, identical=same[i]) for i, v in enumerate(versus)]
     return ComparisonReport(
         split=split,
         questions=tuple(e.query for e in examples),
@@ -129,6 +132,7 @@ def compare_prompts(
         wall_s=time.perf_counter() - started,
         judge_noise=judge_noise_note(cfg),
         margin=margin,
+        cost_measure=cost_model.measure,
     )
 
 
@@ -142,6 +146,16 @@ def _resolved(prompts: Sequence[str | ResolvedPrompt], *, baseline: int | str, e
     base = _baseline_index(baseline, resolved)
     _dedupe_labels(resolved)
     return resolved, base
+
+
+def _same_configuration(prompts: Sequence[ResolvedPrompt], base: int, *, defaults: Mapping[str, Any]) -> list[bool]:
+    """Per prompt, whether it is the baseline's configuration: the same template (wording, frame,
+    demonstrations) answered with the same settings (a setting a prompt leaves unset is the config's)."""
+    def configuration(p: ResolvedPrompt) -> tuple[str, dict[str, Any]]:
+        return p.template_text, {**defaults, **p.template.settings}
+
+    baseline = configuration(prompts[base])
+    return [i != base and configuration(p) == baseline for i, p in enumerate(prompts)]
 
 
 def _guard(experiment: Workbench, prompts: Sequence[ResolvedPrompt]) -> tuple[str, dict[str, str]]:

@@ -179,6 +179,9 @@ def check_prompt_source(prompt: ResolvedPrompt, *, dataset: GoldenDataset, own_d
                 "outside the held-out split (opro optimize draws them from the exemplar split)"
             )
     basis = _source_basis(prompt, dataset=dataset, own_dir=own_dir, embed=embed)
+    settings = prompt.provenance.get("settings")
+    if settings:  # named on the command line (or in the spec): chosen by the user, not tuned here
+        basis += "; answered with " + ", ".join(f"{k}={v}" for k, v in settings.items()) + " as named"
     return basis + (f"; its {len(demos)} demonstration(s) are no held-out question" if demos else "")
 
 

@@ -61,7 +61,7 @@ def promote(
     version tagged with its held-out figures (alpha, n, coverage, p, the family), then the alias
     points at it.
 
-    Every attempt is recorded, in the decision ledger beside the dataset (shared by every output
+    Every attempt is recorded, in the user's decision ledger (shared by every output
     folder of that dataset) and in ``promotions.json`` in the output folder. An alias gets one
     attempt per held-out set, across output folders: a later one on the same questions (more than
     :data:`opro.ledger.MAX_SEEN_SHARE` of them) with other prompts, another baseline, alpha or margin
@@ -186,6 +186,10 @@ def _qualified(report: ComparisonReport, *, min_coverage: float
             f"Wilcoxon p={s.p_wilcoxon:.3g}, permutation p={s.p_permutation:.3g}"
             + (f" (Holm, {s.n_comparisons} comparisons)" if s.n_comparisons > 1 else "")
         )
+        if v.identical:  # the baseline itself under another name: there is nothing to promote
+            reasons.append(f"{p.label}: the same configuration as the baseline (the same template and settings): "
+                           "nothing to promote")
+            continue
         source = report.leakage_by_prompt.get(p.label, "")
         if source.startswith("unchecked"):
             reasons.append(f"{p.label}: held-out leakage {source}; only a prompt whose tuning questions are known "

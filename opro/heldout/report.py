@@ -76,9 +76,14 @@ class VersusBaseline:
     cost: CostDifference | None = None
     #: With ``--margin``: the one-sided test of not being worse than the baseline by more than it.
     noninferiority: NonInferiority | None = None
+    #: The same configuration as the baseline (template and settings): nothing to compare.
+    identical: bool = False
 
     @property
     def sentence(self) -> str:
+        if self.identical:
+            return (f"{self.label} vs {self.baseline}: the same configuration (the same template and settings), "
+                    "so the same answers: nothing to compare, no difference in quality or cost")
         said = f"{self.label} vs {self.baseline}: {self.stats.verdict()}"
         if self.noninferiority is None:
             return said
@@ -117,6 +122,9 @@ class ComparisonReport:
     judge_noise: str = ""
     #: The non-inferiority margin in judge points (``--margin``), None without one.
     margin: float | None = None
+    #: What an answer costs, in words (:attr:`opro.program.cost.CostModel.measure`: the measure
+    #: ``opro optimize`` uses): weighted task tokens, or USD with prices.
+    cost_measure: str = ""
 
     @property
     def baseline_prompt(self) -> PromptScores:
@@ -171,6 +179,7 @@ class ComparisonReport:
                     "verdict": v.sentence,
                     "cost_difference": None if v.cost is None else v.cost.as_dict(),
                     "non_inferiority": None if v.noninferiority is None else v.noninferiority.as_dict(),
+                    "identical": v.identical,
                 }
             prompts.append(entry)
         return {
@@ -185,6 +194,7 @@ class ComparisonReport:
             "interval_method": INTERVALS,
             "alpha": self.alpha,
             "margin": self.margin,
+            "cost_measure": self.cost_measure,
             "n_comparisons": self.n_comparisons,
             "multiplicity": self.multiplicity(),
             "n_resamples": self.n_resamples,
@@ -206,8 +216,8 @@ class ComparisonReport:
         return [list(cells.values()) for cells in self._cells()]
 
     def _cells(self) -> list[dict[str, str]]:
-        """Per prompt, its cells by key (``prompt``, ``mean``, ... ``metric:NAME`` ... ``tokens``,
-        ``seconds``, ``d_tokens``, ``d_seconds``, and with a margin ``noninferiority``), in the order
+        """Per prompt, its cells by key (``prompt``, ``mean``, ... ``metric:NAME`` ... ``cost``, ``d_cost``,
+        ``tokens``, ``seconds``, ``d_tokens``, ``d_seconds``, and with a margin ``noninferiority``), in the order
         of :meth:`_columns`: the one source of report.md's table and of the terminal's tables."""
         rows = []
         for p, v in zip(self.prompts, self.versus, strict=True):
@@ -221,6 +231,8 @@ class ComparisonReport:
             }
             if v is None:
                 row |= {"wtl": "", "diff": "", "p_wilcoxon": "", "p_permutation": ""}
+            elif v.identical:
+                row |= {"wtl": "", "diff": "identical", "p_wilcoxon": "", "p_permutation": ""}
             else:
                 s = v.stats
                 d = s.difference
@@ -232,9 +244,10 @@ class ComparisonReport:
                 }
             row |= {f"metric:{m}": _fmt(p.metric_means.get(m)) + (f" ({k} invalid)" if (k := p.metric_invalid.get(m, 0)) else "")
                     for m in self.metric_names}
-            row |= dict(zip(("tokens", "seconds", "d_tokens", "d_seconds"), _cost_cells(p, v), strict=True))
+            row |= dict(zip(("cost", "d_cost", "tokens", "seconds", "d_tokens", "d_seconds"), _cost_cells(p, v),
+                            strict=True))
             if self.margin is not None:
-                row["noninferiority"] = self._margin_cells(v)[0]
+                row["noninferiority"] = "identical" if v is not None and v.identical else self._margin_cells(v)[0]
             rows.append(row)
         return rows
 
@@ -258,6 +271,7 @@ class ComparisonReport:
             "Wilcoxon p" + (" (Holm)" if self.n_comparisons > 1 else ""),
             "perm. p" + (" (Holm)" if self.n_comparisons > 1 else ""),
             *self.metric_names,
+            f"cost/answer ({self.cost_measure or 'cost'})", f"Δ cost [{lvl} CI]",
             "tokens/answer", "s/answer", f"Δ tokens [{lvl} CI]", f"Δ s [{lvl} CI]",
             *([] if self.margin is None else [f"non-inferiority p (margin {self.margin:g})" + (" (Holm)" if self.n_comparisons > 1 else "")]),
         ]
@@ -310,20 +324,23 @@ class ComparisonReport:
         quality = table(f"opro compare: {len(self.questions)} {where} questions, judge {self.judge}",
                         ["#", f"mean\n[{lvl} CI]", f"pass@{self.judge_threshold:g}\n(scored)", "W/T/L",
                          f"Δ mean\n[{lvl} CI]", f"perm. p\n(Wilcoxon){holm}"])
-        cost = table("cost per answer (the task call)",
-                     ["#", "tokens\n(out)", "seconds", f"Δ tokens\n[{lvl} CI]", f"Δ seconds\n[{lvl} CI]",
+        cost = table(f"cost per answer: {self.cost_measure or 'the task call'}",
+                     ["#", "cost", f"Δ cost\n[{lvl} CI]",
                       *([] if self.margin is None else [f"not worse p\n(margin {self.margin:g}){holm}"])])
+        raw = table("tokens and seconds per answer (the task call)",
+                    ["#", "tokens\n(out)", "seconds", f"Δ tokens\n[{lvl} CI]", f"Δ seconds\n[{lvl} CI]"])
         metrics = table("extra metrics", ["#", *self.metric_names])
         for i, (c, v) in enumerate(zip(self._cells(), self.versus, strict=True), start=1):
             number, baseline = f"#{i}", v is None
             quality.add_row(number, _under(c["mean"]), f"{c['pass']}\n({c['scored']})", c["wtl"],
                             "baseline" if baseline else _under(c["diff"]),
                             f"{c['p_permutation']}\n({c['p_wilcoxon']})" if c["p_permutation"] else "")
-            cost.add_row(number, _under(c["tokens"]), c["seconds"],
-                         "baseline" if baseline else _under(c["d_tokens"]), _under(c["d_seconds"]),
+            cost.add_row(number, c["cost"], "baseline" if baseline else _under(c["d_cost"]),
                          *([] if self.margin is None else [c["noninferiority"]]))
+            raw.add_row(number, _under(c["tokens"]), c["seconds"],
+                        "baseline" if baseline else _under(c["d_tokens"]), _under(c["d_seconds"]))
             metrics.add_row(number, *(_under(c[f"metric:{m}"]) for m in self.metric_names))
-        return [quality, cost, *([metrics] if self.metric_names else [])]
+        return [quality, cost, raw, *([metrics] if self.metric_names else [])]
 
     def numbered_prompts(self) -> list[tuple[str, str]]:
         """``(#n, text)`` per prompt, numbered as the rows of :meth:`rich_tables`: its label (a
@@ -401,14 +418,31 @@ class ComparisonReport:
 
 
 def _cost_cells(p: PromptScores, v: VersusBaseline | None) -> list[str]:
-    """Tokens (prompt + completion) and seconds per answer, and the paired differences to the baseline."""
+    """The cost per answer (the search's measure), tokens (prompt + completion) and seconds per answer,
+    and each one's paired difference to the baseline ("identical" for the baseline's configuration)."""
     c, d = p.cost, None if v is None else v.cost
+
+    def diff(text: str) -> str:
+        return "" if v is None else "identical" if v.identical else "n/a" if d is None else text
+
+    usd = c is not None and c.unit == "usd"
     return [
+        "n/a" if c is None else _amount(c.cost, usd=usd),
+        diff("" if d is None else _amount(d.cost.estimate, usd=usd, signed=True) + (
+            "" if d.cost.ci is None else f" [{_amount(d.cost.ci[0], usd=usd, signed=True)}, "
+                                         f"{_amount(d.cost.ci[1], usd=usd, signed=True)}]")),
         "n/a" if c is None else f"{c.prompt_tokens + c.completion_tokens:.0f} ({c.completion_tokens:.0f} out)",
         "n/a" if c is None else f"{c.seconds:.2f}",
-        "" if v is None else "n/a" if d is None else d.tokens.text(0),
-        "" if v is None else "n/a" if d is None else d.seconds.text(2),
+        diff("" if d is None else d.tokens.text(0)),
+        diff("" if d is None else d.seconds.text(2)),
     ]
+
+
+def _amount(x: float, *, usd: bool, signed: bool = False) -> str:
+    """A cost: USD to three significant digits (``$0.000123``), weighted tokens whole (``1,234``)."""
+    if usd:
+        return ("-" if x < 0 else "+" if signed else "") + f"${abs(x):.3g}"
+    return f"{x:+,.0f}" if signed else f"{x:,.0f}"
 
 
 def _under(cell: str) -> str:

@@ -12,6 +12,11 @@
                               and ``{query_str}``) or an exported JSON (``opro export --format json``)
 ``text:...`` or any text      a literal instruction
 ============================  ==================================================================
+
+Any of them may end in settings, ``initial {top_k=1, answer_max_tokens=48}``: the same source answered
+with those settings (:mod:`opro.program.configurations`, the names the search gives its candidates;
+``opro compare --set NAME=VALUE`` adds them to every ``--prompt``). Its kind, provenance and held-out
+check stay its source's, with the settings recorded in its provenance.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import ConfigError, DataError, PromptError
-from opro.program.dimensions import DIMENSIONS
+from opro.program.configurations import settings_text, split_name
+from opro.program.dimensions import DIMENSIONS, Value, dimension
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.redaction import redact_url
 from opro.rundir import RunDir
@@ -291,6 +297,13 @@ def resolve_prompt(
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError("an empty prompt spec; use best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:...")
     s = spec.strip()
+    head, settings = split_name(s, where=f"prompt {s!r}")
+    if settings:
+        if not head.strip():
+            raise ConfigError(f"prompt {s!r} names settings but no prompt: write a source before them, "
+                              "e.g. initial {top_k=1}")
+        return with_settings(resolve_prompt(head.strip(), config=config, tracking_uri=tracking_uri), settings,
+                             spec=s, config=config)
     if s == "best":
         cfg = _need_config(s, config)
         return _from_run(s, cfg.output_dir, cfg, "best")
@@ -334,9 +347,36 @@ def resolve_prompt(
                           provenance={"source": "literal"})
 
 
+def with_settings(prompt: ResolvedPrompt, settings: Mapping[str, Value], *, spec: str | None = None,
+                  config: OproConfig | None = None) -> ResolvedPrompt:
+    """``prompt`` answered with ``settings`` (values of the table's dimensions a template carries, checked
+    there and against ``config``), labelled ``LABEL {name=value, ...}``; its kind and provenance stay
+    its source's (the held-out guard checks it as it checks that source), the settings added to them."""
+    where = f"prompt {spec or prompt.spec!r}"
+    for name, value in settings.items():
+        d = dimension(name)
+        if not d.is_setting:
+            raise ConfigError(
+                f"{where}: {name} cannot be set on a prompt: it is the template's own content (the demonstrations "
+                "are drawn from the exemplar split by `opro optimize`); compare a prompt that has them instead "
+                "(best, run:DIR or an exported JSON)")
+        error = d.requires([value], config) if d.requires is not None and config is not None else None
+        if error:
+            raise ConfigError(f"{where}: {error}")
+    try:
+        template = prompt.template.with_settings(**{**prompt.template.settings, **settings})
+    except PromptError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    shown = settings_text(settings)
+    provenance = {**prompt.provenance, "settings": {**dict(prompt.provenance.get("settings") or {}), **settings}}
+    return ResolvedPrompt(spec=spec or f"{prompt.spec} {{{shown}}}", kind=prompt.kind,
+                          label=f"{prompt.label} {{{shown}}}", template=template, provenance=provenance,
+                          run_dir=prompt.run_dir)
+
+
 def _short(text: str, n: int = 40) -> str:
     one = " ".join(text.split())
     return one if len(one) <= n else one[: n - 1] + "…"
 
 
-__all__ = ["PROMPT_JSON_FORMAT", "ResolvedPrompt", "SourceKind", "resolve_prompt", "run_dir_of"]
+__all__ = ["PROMPT_JSON_FORMAT", "ResolvedPrompt", "SourceKind", "resolve_prompt", "run_dir_of", "with_settings"]

@@ -32,17 +32,42 @@ class ClientFactory:
         cache: CallCache | None = None,
         usage: UsageLedger | None = None,
         seed: int = 0,
+        rates: Path | None = None,
     ) -> None:
         self.pool = pool or ModelPool()
         self.cache = cache
         self.usage = usage or UsageLedger()
         self.seed = seed
+        #: Where each model's measured speed is kept on close (:mod:`opro.llm.rates`); None: not kept.
+        self.rates = rates
+        self._specs: dict[str, ModelSpec] = {}
 
     def client(self, spec: ModelSpec, *, role: str, kind: type[ChatClient] = ChatClient) -> ChatClient:
         """A client of ``spec`` for ``role``; ``kind`` a :class:`ChatClient` subclass (a budgeted one)."""
+        self._specs[role] = spec
         return kind(self.pool.get(spec), role=role, cache=self.cache, usage=self.usage, seed=self.seed)
 
+    def measured(self) -> dict[str, dict[str, float]]:
+        """This factory's calls so far per model (:func:`opro.llm.rates.rate_key`), its roles added up;
+        scripted models, which take no time, left out."""
+        from opro.llm.rates import rate_key
+
+        out: dict[str, dict[str, float]] = {}
+        for role, u in self.usage.snapshot().items():
+            spec = self._specs.get(role)
+            if spec is None or spec.backend == "scripted":
+                continue
+            got = out.setdefault(rate_key(spec.backend, spec.model), dict.fromkeys(
+                ("calls", "prompt_tokens", "completion_tokens", "wall_s"), 0.0))
+            for name in got:
+                got[name] += getattr(u, name)
+        return out
+
     def close(self) -> None:
+        if self.rates is not None:
+            from opro.llm.rates import record_rates
+
+            record_rates(self.measured(), path=self.rates)
         self.pool.close()
         if self.cache is not None:
             self.cache.close()

@@ -131,7 +131,11 @@ class ModelSpec:
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - allowed)
         if unknown:
-            raise ConfigError(f"unknown key(s) {unknown} in [{where}]; allowed: {sorted(allowed)}.")
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0], sorted(allowed), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown key(s) {unknown} in [{where}]{hint}; allowed: {sorted(allowed)}.")
         try:
             return cls(**dict(data))
         except ConfigError as exc:

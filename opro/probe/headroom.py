@@ -52,10 +52,11 @@ if TYPE_CHECKING:
     from opro.data.dataset import Example
     from opro.evaluation.rows import EvaluationReport, Judge, Program
     from opro.experiment import Experiment
-    from opro.probe.plan import Plan
+    from opro.probe.plan import MeasuredNoise, Plan
     from opro.program.cost import CostModel
     from opro.program.prompts import QATemplate
     from opro.search.space import SearchSpace
+    from opro.stats.noninferiority import NonInferiority
 
 #: The probe's calls, at most this share of the plan's search calls (search and expected validation).
 PROBE_SHARE = 0.2
@@ -92,7 +93,7 @@ _ANSWER_FORMATS = {
     "brackets": "Write only the new instruction between square brackets, like [your instruction].",
 }
 
-VerdictKind = Literal["baseline", "moves", "hurts", "inert", "undecided"]
+VerdictKind = Literal["baseline", "moves", "hurts", "inert", "undecided", "identical"]
 
 
 # -- what is contrasted, and its effect -----------------------------------------------------------
@@ -150,11 +151,27 @@ class Effect:
     cost: float | None = None
     cost_unit: str = "tokens"
     verdict: Verdict | None = None
+    #: The same prompt and settings as the initial configuration (nothing to test: no difference shown).
+    identical: bool = False
+    #: Judge replies that could not be read, and calls that failed, on its questions; one reason given.
+    unreadable: int = 0
+    failed: int = 0
+    unreadable_reason: str = ""
+
+    @property
+    def all_tied(self) -> bool:
+        """Every paired difference is 0: the interval around +0.00 is only the test's floor for a
+        difference that never varied, so none is shown."""
+        return self.n > 0 and self.difference == 0 and self.sd in (0, None) and self.win_tie_loss == f"0/{self.n}/0"
 
     @property
     def interval(self) -> str:
+        if self.identical:
+            return "(identical)"
         if self.difference is None or self.low is None or self.high is None:
             return ""
+        if self.all_tied:
+            return f"+0.00, {self.n} of {self.n} tied"
         return f"{_signed(self.difference)} [{_signed(self.low)}, {_signed(self.high)}]"
 
 
@@ -188,11 +205,12 @@ def sentences(text: str) -> int:
 
 
 def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float | None], *,
-            cost: CostModel | None) -> Effect:
+            cost: CostModel | None, identical: bool = False) -> Effect:
     scores = tuple(r.score if r.scored else None for r in report.rows)
     valid = [s for s in scores if s is not None]
     answered = [r for r in report.rows if r.error is None]
     summary = cost.summarize(report.rows) if cost is not None else None
+    unreadable = [r for r in answered if not r.scored]
     t = contrast.template
     out = Effect(
         label=contrast.label, dimension=contrast.dimension, value=contrast.value, instruction=t.instruction,
@@ -201,9 +219,13 @@ def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float |
         answer_words=statistics.fmean(len(r.answer.split()) for r in answered) if answered else None,
         one_sentence=statistics.fmean(sentences(r.answer) <= 1 for r in answered) if answered else None,
         cost=None if summary is None else summary.cost, cost_unit="tokens" if summary is None else summary.unit,
+        unreadable=len(unreadable), failed=len(report.rows) - len(answered),
+        unreadable_reason=next((r.invalid_reason or r.feedback or "no score in the reply" for r in unreadable), "")[:200],
     )
     if contrast.dimension == "initial":
         return out
+    if identical:
+        return dataclasses.replace(out, identical=True)
     pairs = [(a, b) for a, b in zip(scores, base, strict=True) if a is not None and b is not None]
     if not pairs:
         return dataclasses.replace(out, n=0)
@@ -228,14 +250,16 @@ def measure_effects(
 ) -> tuple[Effect, ...]:
     """The initial configuration and each contrast on ``questions``, answered and judged in one stream
     (question-major: a question's prompts are decoded together), each contrast paired with the initial
-    configuration by question. The first effect is the initial configuration's (no difference)."""
+    configuration by question. The first effect is the initial configuration's (no difference); a
+    contrast whose prompt and settings are the initial configuration's is marked ``identical``, untested."""
     from opro.evaluation.batch import evaluate_templates
 
     every = [Contrast("initial", initial, "initial"), *contrasts]
     reports = evaluate_templates(program=program, templates=[c.template for c in every], examples=questions,
                                  judge=judge, progress=progress)
     base = tuple(r.score if r.scored else None for r in reports[0].rows)
-    return tuple(_effect(c, r, base, cost=cost) for c, r in zip(every, reports, strict=True))
+    return tuple(_effect(c, r, base, cost=cost, identical=c.dimension != "initial" and c.template == initial)
+                 for c, r in zip(every, reports, strict=True))
 
 
 def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable: float | None = None,
@@ -243,15 +267,24 @@ def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable
     """What a contrast's interval says (``holm``: its sign-flip p adjusted over the probe's contrasts,
     and how many there are; a ``moves`` or ``hurts`` that does not hold after it says it may be chance):
 
-    - ``moves``: the 95% interval lies above 0 ("moves the score: +0.41 [+0.12, +0.70]");
+    - ``moves``: the 95% interval lies above 0 ("moves the score: +0.41 [+0.12, +0.70]"; where it lies
+      below ``detectable``, the smallest gain the validation stage confirms, it says so);
     - ``hurts``: it lies below 0;
-    - ``inert``: it lies within +-``inert_within`` ("inert here"), or within +-``detectable``, the
-      smallest gain the validation stage confirms (at the pilot's measured noise where there is one; "inert
-      at the search's resolution": a search could not confirm a change of this size even if it found one);
-    - ``undecided``: none of these (the interval is too wide at this many questions).
+    - ``inert``: it lies within the stated band, +-``inert_within`` (0.2, or the margin under the cost
+      objective), on both sides ("inert here");
+    - ``undecided``: none of these (the interval is too wide at this many questions). An interval that
+      reaches below ``-inert_within`` is never inert, however little a search could confirm: a harm the
+      pilot cannot rule out is not "no effect";
+    - ``identical``: the contrast is the initial configuration itself (nothing to test).
+
+    Where every pair is tied the text shows "+0.00, n of n tied", not the interval (its width is only
+    the test's floor for a difference that never varied); the kind still follows that interval.
     """
     if effect.dimension == "initial":
         return Verdict("baseline", "the initial configuration")
+    if effect.identical:
+        return Verdict("identical", "identical to the initial configuration (the same prompt and settings): "
+                                    "nothing to test")
     if effect.difference is None or effect.low is None or effect.high is None or effect.n < 2:
         return Verdict("undecided", f"undecided: {effect.n} scored pair(s)")
     lo, hi, shown = effect.low, effect.high, effect.interval
@@ -266,9 +299,6 @@ def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable
         return Verdict("hurts", f"hurts: {shown}{chance}", holm_p=None if holm is None else holm[0])
     if -inert_within <= lo and hi <= inert_within:
         return Verdict("inert", f"inert here: within ±{inert_within:g} ({shown})")
-    if detectable is not None and -detectable <= lo and hi <= detectable:
-        return Verdict("inert", f"inert at the search's resolution: within ±{detectable:.2f}, the smallest "
-                                f"gain the validation stage confirms ({shown})")
     return Verdict("undecided", f"undecided at {effect.n} questions: {shown}")
 
 
@@ -489,15 +519,19 @@ class Recommendation:
 
 def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float | None, objective: str,
               probed_space: bool, questions: int, noise: tuple[float, str] | None = None,
-              available: int | None = None) -> Recommendation:
+              available: int | None = None, band: float = INERT_WITHIN,
+              margin: float | None = None) -> Recommendation:
     """One recommendation from the verdicts: which dimensions to open, whether a quality gain of the
     plan's detectable size is plausible, and when not, that the cost objective is where the gain is.
     ``noise``: the paired sd (and whose it is) at which to say how many pilot questions an undecided
-    contrast needs; ``available``: how many pilot questions exist."""
+    contrast needs; ``available``: how many pilot questions exist; ``band``: the verdicts' inert band;
+    ``margin``: ``[optimizer].margin``, at which a cheaper contrast must pass a non-inferiority test on
+    the pilot to be named "cheaper and not worse" (None: none is named)."""
     groups: dict[str, list[Effect]] = {}
     for e in effects:
         groups.setdefault("wording" if e.dimension in ("wording", "format") else e.dimension, []).append(e)
-    kinds = {d: {e.verdict.kind for e in es if e.verdict is not None} for d, es in groups.items()}
+    kinds = {d: k for d, es in groups.items()
+             if (k := {e.verdict.kind for e in es if e.verdict is not None and e.verdict.kind != "identical"})}
     opened = tuple(d for d, k in kinds.items() if "moves" in k)
     undecided = tuple(d for d, k in kinds.items() if d not in opened and "undecided" in k)
     closed = tuple(d for d in kinds if d not in opened and d not in undecided)
@@ -524,7 +558,7 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
         lines.append("wording: inert here: a new instruction is unlikely to move the score")
     if undecided:
         lines.append(f"undecided at {questions} questions: {', '.join(undecided)} ("
-                     + _to_decide(noise, within=max(INERT_WITHIN, detectable or 0.0), available=available) + ")")
+                     + _to_decide(noise, within=band, available=available) + ")")
     plausible: bool | None
     base = initial.mean
     if detectable is None:
@@ -546,20 +580,45 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
                          "not plausible: no contrast's interval reaches it")
     cost = plausible is False or (plausible is None and detectable is None)
     if cost and base is not None and initial.cost is not None:
-        cheaper = [e.label for e in effects if e.cost is not None and e.cost < initial.cost and e.verdict is not None
-                   and e.verdict.kind in ("inert", "moves")]
-        already = objective == "cost"
-        lines.append(("cost: the gain is in cost; [optimizer].objective = \"cost\" is set" if already else
-                      "cost: the gain is in cost: set [optimizer].objective = \"cost\"")
-                     + (f" (cheaper and not worse here: {', '.join(cheaper)})" if cheaper else
-                        " and open the dimensions that make an answer cheaper (top_k, answer_max_tokens, demos)"))
+        lines.append(_cost_line(effects, initial=initial, objective=objective, margin=margin))
     return Recommendation(open=opened, closed=closed, undecided=undecided, quality_plausible=plausible,
                           cost_objective=cost, lines=tuple(lines))
 
 
+def cheaper_not_worse(effects: Sequence[Effect], *, initial: Effect,
+                      margin: float) -> list[tuple[Effect, NonInferiority]]:
+    """The contrasts cheaper per answer than the initial configuration, not shown to hurt, whose
+    non-inferiority at ``margin`` holds on the pilot (the paired one-sided test of
+    :func:`opro.stats.noninferiority.noninferiority`, Holm over the cheaper contrasts at :data:`ALPHA`),
+    each with its test. An interval that merely holds 0 is not evidence of "not worse"."""
+    from opro.stats.noninferiority import holm_noninferiority, noninferiority
+    from opro.stats.paired import paired_valid
+
+    if initial.cost is None:
+        return []
+    cheaper = [e for e in effects if e.cost is not None and e.cost < initial.cost
+               and e.verdict is not None and e.verdict.kind != "hurts"]
+    tests = holm_noninferiority([noninferiority(*paired_valid(e.scores, initial.scores), margin=margin, alpha=ALPHA)
+                                 for e in cheaper])
+    return [(e, t) for e, t in zip(cheaper, tests, strict=True) if t.passed]
+
+
+def _cost_line(effects: Sequence[Effect], *, initial: Effect, objective: str, margin: float | None) -> str:
+    """The recommendation's cost line: the cheaper contrasts shown not worse on the pilot, if any."""
+    shown = [] if margin is None else cheaper_not_worse(effects, initial=initial, margin=margin)
+    head = ("cost: the gain is in cost; [optimizer].objective = \"cost\" is set" if objective == "cost" else
+            "cost: the gain is in cost: set [optimizer].objective = \"cost\"")
+    if not shown:
+        return head + " and open the dimensions that make an answer cheaper (top_k, answer_max_tokens, demos)"
+    named = ", ".join(f"{e.label} (p {t.p:.2g})" for e, t in shown)
+    family = f", Holm over {shown[0][1].n_comparisons}" if shown[0][1].n_comparisons > 1 else ""
+    return (f"{head} (cheaper and not worse here: {named}; non-inferiority at margin {margin:g} on the pilot, "
+            f"alpha {ALPHA:g}{family})")
+
+
 def _to_decide(noise: tuple[float, str] | None, *, within: float, available: int | None) -> str:
     """How many pilot questions would decide a contrast whose difference is near 0 (its interval inside
-    +-``within``, the looser of the inert rules), at the paired sd ``noise``."""
+    +-``within``, the inert band), at the paired sd ``noise``."""
     need = None if noise is None else questions_for_half_width(noise[0], within)
     if noise is None or need is None:
         return "`--questions` with more pilot questions can decide"
@@ -622,6 +681,9 @@ class ProbeResult:
     notes: tuple[str, ...] = ()
     created: str = ""
     questions: tuple[str, ...] = field(default_factory=tuple)
+    #: What its paired noise belongs to (:meth:`opro.experiment.Experiment.noise_digest`; empty in a probe
+    #: stored before it was kept: then no plan takes its noise).
+    noise_digest: str = ""
 
     # -- rendering --
     def table(self) -> list[str]:
@@ -734,9 +796,11 @@ def probe_signature(experiment: Experiment) -> str:
     blob = {"fingerprint": experiment.fingerprint(),
             "optimizer": {k: getattr(o, k) for k in ("proposer", "temperature", "max_tokens", "answer_format",
                                                       "max_instruction_chars", "exemplars", "finalists",
-                                                      "validation_extension", "objective")},
-            # The last entry is the verdicts' version (2: a verdict says when it may be chance after Holm).
-            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 2]}
+                                                      "validation_extension", "objective", "margin")},
+            # The last entry is the verdicts' version (2: a verdict says when it may be chance after Holm;
+            # 3: a contrast identical to the initial configuration, and all-tied differences without an
+            # interval; 4: never inert outside the band, "cheaper and not worse" only on a non-inferiority test).
+            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 4]}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
 
 
@@ -793,7 +857,9 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
 
     exp, cfg = experiment, experiment.config
     o = cfg.optimizer
-    plan = make_plan(cfg, documents=lambda: exp.documents)  # its verdicts never read an earlier probe
+    digest = exp.noise_digest()
+    # Its verdicts never read an earlier probe (only a run's noise on this task).
+    plan = make_plan(cfg, documents=lambda: exp.documents, noise_digest=digest)
     pool, n_optimization = pilot_pool(exp)
     _ = exp.search_space  # the demonstration pool (bootstrapped: answered and judged) before counting
     before = exp.usage.as_dict()
@@ -828,23 +894,22 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
                               questions=pilot, cost=cfg.cost_model(),
                               progress=exp.progress if progress is None else progress)
     base = effects[0]
+    if not any(e.n for e in effects[1:]):
+        raise DataError(_no_pairs(effects, questions=n))
     judge = _judge_limits(cfg, plan=plan, effects=effects)
     # The search's resolution at the noise measured here, where the pilot measured it (the plan's
     # figure rests on an assumed sd until a run, a calibration or this probe measures one).
     detectable = judge.detectable_at_pilot_sd or plan.detectable
-    contrasted = effects[1:]
-    p_values = {i: e.p for i, e in enumerate(contrasted) if e.p is not None}
-    # Holm over the contrasts that have a p-value (one alone needs no adjustment).
-    adjusted = dict(zip(p_values, holm(list(p_values.values())), strict=True)) if len(p_values) > 1 else {}
-    judged = tuple(dataclasses.replace(e, verdict=verdict_of(
-        e, detectable=detectable, holm=(adjusted[i], len(p_values)) if i in adjusted else None))
-        for i, e in enumerate(contrasted))
+    # The inert band: +-0.2, or under the cost objective +-margin, the difference the search tolerates.
+    band = o.margin if o.objective == "cost" else INERT_WITHIN
+    judged = _judged(effects[1:], band=band, detectable=detectable)
     # The noise at which to size a pilot that decides: the one measured here where enough questions
     # measured it, else the plan's (measured by a run or a calibration, or assumed: it says which).
     noise = ((judge.pilot_sd, "the pilot's") if judge.pilot_sd is not None and judge.pilot_sd > 0 and n >= MIN_PILOT
              else (judge.plan_sd, f"the plan's: {judge.plan_sd_basis}"))
     rec = recommend(judged, initial=base, detectable=detectable, objective=o.objective,
-                    probed_space=bool(space_contrasts), questions=n, noise=noise, available=len(pool))
+                    probed_space=bool(space_contrasts), questions=n, noise=noise, available=len(pool), band=band,
+                    margin=o.margin)
     after = exp.usage.as_dict()
     calls = {r: c for r, c in _delta(after, before, "calls").items() if c}
     hits = _delta(after, before, "cache_hits")
@@ -861,7 +926,34 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
         recommendation=rec, calls=requests, made=sum(calls.values()),
         wall_s=time.perf_counter() - started, top_k=cfg.rag.top_k, notes=tuple(notes),
         created=datetime.now(UTC).isoformat(timespec="seconds"), questions=tuple(asked_q),
+        noise_digest=exp.noise_digest() or "",
     )
+
+
+def _judged(contrasted: Sequence[Effect], *, band: float, detectable: float | None) -> tuple[Effect, ...]:
+    """Each contrast with its verdict, its sign-flip p Holm-adjusted over the contrasts that have one
+    (one alone needs no adjustment)."""
+    p_values = {i: e.p for i, e in enumerate(contrasted) if e.p is not None}
+    adjusted = dict(zip(p_values, holm(list(p_values.values())), strict=True)) if len(p_values) > 1 else {}
+    return tuple(dataclasses.replace(e, verdict=verdict_of(
+        e, inert_within=band, detectable=detectable, holm=(adjusted[i], len(p_values)) if i in adjusted else None))
+        for i, e in enumerate(contrasted))
+
+
+def _no_pairs(effects: Sequence[Effect], *, questions: int) -> str:
+    """Why a probe that scored no pair stores no verdict: the judge's replies (how many were
+    unreadable, one reason) or the failed calls, and what to do."""
+    answers = sum(len(e.scores) for e in effects)
+    unreadable, failed = sum(e.unreadable for e in effects), sum(e.failed for e in effects)
+    reason = next((e.unreadable_reason for e in effects if e.unreadable_reason), "")
+    if not questions:
+        why = "there are no pilot questions (the optimization split and the unused questions are empty)"
+    else:
+        why = f"the judge's replies were unreadable on {unreadable} of {answers} answers" + (
+            f" (for example: {reason!r})" if reason else "") + (f", and {failed} calls failed" if failed else "")
+    return (f"the probe scored no pair on its {questions} pilot questions: {why}; no verdict is stored. Fix the judge "
+            "([models.judge], [judge].template and score_from; `opro judge calibrate` shows what it replies) and run "
+            "`opro probe` again")
 
 
 def _pilot_size(plan: Plan, *, questions: int | None, contrasts: int, available: int, alpha: float) -> tuple[int, str]:
@@ -977,18 +1069,24 @@ def read_probe(output_dir: Path) -> ProbeResult | None:
     return ProbeResult.from_dict(run.read_json(run.probe), where=str(run.probe))
 
 
-def pilot_noise(config: OproConfig) -> tuple[float, str] | None:
-    """The paired sd the stored probe measured on its pilot (the median over its contrasts) and whose it
-    is, for :func:`opro.probe.plan.make_plan`: where its task model and judge are this config's (the noise is
-    theirs; other settings may differ) and its pilot had at least :data:`MIN_PILOT` questions."""
+def pilot_noise(experiment: Experiment) -> MeasuredNoise | None:
+    """The paired sd the stored probe measured on its pilot (the median over its contrasts), on how many
+    pairs and whose it is, for :func:`opro.probe.plan.make_plan`: only where it measured this task (its
+    noise digest is this experiment's: the same dataset content, split, task and judge models, judge and
+    template; other settings may differ) on at least :data:`MIN_PILOT` questions."""
+    from opro.probe.plan import MeasuredNoise
+
     try:
-        found = read_probe(config.output_dir)
+        found = read_probe(experiment.config.output_dir)
     except DataError:  # an unreadable probe measured nothing a plan can use; `opro probe` rewrites it
         return None
-    if (found is None or (found.task_model, found.judge_model) != (config.models.task.model, config.models.judge.model)
+    if (found is None or not found.noise_digest or found.noise_digest != experiment.noise_digest()
             or found.judge.pilot_sd is None or found.judge.pilot_sd <= 0 or found.pilot.n < MIN_PILOT):
         return None
-    return found.judge.pilot_sd, f"opro probe's pilot ({found.pilot.n} questions, the median over its contrasts)"
+    pairs = [e.n for e in found.effects if e.sd is not None and e.n >= 3]
+    n = int(statistics.median(pairs)) if pairs else found.pilot.n
+    return MeasuredNoise(found.judge.pilot_sd, n,
+                         f"opro probe's pilot ({found.pilot.n} questions, the median over its contrasts)")
 
 
 def stored_probe(experiment: Experiment, *, questions: int | None = None) -> tuple[ProbeResult | None, str | None]:

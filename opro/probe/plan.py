@@ -18,9 +18,12 @@ Three figures a user needs before spending an afternoon of LLM calls:
   ``objective = "cost"`` also the smallest margin the split sizes confirm and the saving the space
   can give.
 - **How long and how much.** Per-call tokens and seconds come from the last run in the same output
-  folder when there is one (``summary.json``'s usage), else from defaults measured on the embedded
-  models (2 idle cores) or assumed for an endpoint; cost where the model has a price (its table's
-  ``price_prompt`` / ``price_completion``, else the usage ledger's built-in table).
+  folder when there is one (``summary.json``'s usage); else the tokens are estimated and the seconds
+  come from the speed the role's model measured on this machine in the last command that used it
+  (:mod:`opro.llm.rates`: the dataset generation, the first thing a first run does, is timed by the
+  generator's measured rate once any command has used that model here), else from defaults measured
+  on the embedded models (2 idle cores) or assumed for an endpoint; cost where the model has a price
+  (its table's ``price_prompt`` / ``price_completion``, else the usage ledger's built-in table).
 
 After a run, :func:`check` puts the estimate beside what happened.
 """
@@ -35,6 +38,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
+from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
+from opro.program.configurations import changed, settings_text
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values
 from opro.rundir import RunDir
 from opro.search.validation import confirmation_looks, split_sizes
@@ -42,6 +47,18 @@ from opro.stats.sequential import design_power, min_questions
 
 if TYPE_CHECKING:
     from llama_index.core.schema import Document
+
+#: Below this many pairs a measured paired sd is too rough to plan by as it is: the plan takes its
+#: one-sided upper confidence bound at :data:`SD_BOUND_LEVEL` instead (:func:`sd_upper_bound`).
+SD_BOUND_BELOW = 12
+#: 90%, not 80%: the chi-square bound assumes normal differences, and judge differences have heavy
+#: tails. In a t(3) world of true sd 0.99 (where 6 pilot questions measure a median 0.71) the point
+#: estimate was below the truth in 76% of pilots, an 80% bound in 46%, a 90% bound in 30%; with
+#: normal differences the 90% bound is 1.4-1.8x the truth on 6-11 pairs, which measuring 12 removes
+#: (experiments/bench_sd_bound.py).
+SD_BOUND_LEVEL = 0.9
+#: The fingerprint entries the paired noise of two prompts depends on (:func:`noise_digest`).
+NOISE_ENTRIES = ("dataset.hash", "split", "models.task.", "models.judge.", "judge.")
 
 #: Paired per-question score difference of two prompts (1-5 judge) when nothing was measured: the
 #: spread bench_selection's judge model gives (question difficulty shared, per-call noise 0.9,
@@ -57,6 +74,44 @@ _ENDPOINT_S = 1.5
 
 
 @dataclass(frozen=True)
+class MeasuredNoise:
+    """A paired sd measured on ``n`` pairs of this task, and whose it is (for :func:`make_plan`)."""
+
+    sd: float
+    n: int
+    basis: str
+
+
+def noise_digest(fingerprint: Mapping[str, str]) -> str:
+    """The digest of the entries of a study fingerprint (:meth:`opro.experiment.Experiment.fingerprint`)
+    that the paired noise depends on: the dataset's content hash, the split, the task and judge models,
+    the judge settings and its template. A probe and a run's ``summary.json`` keep it; a plan takes their
+    noise only where it is this config's."""
+    from opro.ledger import sha
+
+    kept = {k: v for k, v in fingerprint.items() if k.startswith(NOISE_ENTRIES)}
+    return sha(json.dumps(kept, sort_keys=True))
+
+
+def sd_upper_bound(sd: float, n: int, *, level: float = SD_BOUND_LEVEL) -> float:
+    """The one-sided ``level`` upper confidence bound of a standard deviation measured as ``sd`` on ``n``
+    values (chi-square, n - 1 degrees of freedom)."""
+    from scipy.stats import chi2
+
+    return sd * math.sqrt((n - 1) / float(chi2.ppf(1 - level, n - 1)))
+
+
+def _planned_sd(noise: MeasuredNoise) -> tuple[float, str]:
+    """The sd a plan takes from a measurement: as measured from :data:`SD_BOUND_BELOW` pairs on, else its
+    upper bound, said so."""
+    if noise.n >= SD_BOUND_BELOW:
+        return noise.sd, noise.basis
+    bound = sd_upper_bound(noise.sd, noise.n)
+    return bound, (f"{noise.basis}; measured {noise.sd:.2f} on {noise.n} pairs, fewer than {SD_BOUND_BELOW}: its "
+                   f"one-sided {SD_BOUND_LEVEL:.0%} upper bound")
+
+
+@dataclass(frozen=True)
 class RoleEstimate:
     role: str
     search_calls: float
@@ -69,6 +124,10 @@ class RoleEstimate:
     #: Where the per-call figures come from.
     basis: str
     cost_usd: float | None = None
+    #: The most this role can ask in the run: every candidate, every look and extension question, every
+    #: replacement proposal, every generated question (None, in a plan saved before it was kept: see
+    #: :func:`check`).
+    calls_max: float | None = None
 
     @property
     def calls(self) -> float:
@@ -144,7 +203,8 @@ class Plan:
     split: Mapping[str, int]
     selection_questions: int
     confirmation_questions: int
-    #: Questions in no split the confirmation may add as its last look (``validation_extension``).
+    #: Questions in no split the confirmation may add as its last look (``validation_extension``): the
+    #: most it can ask (a bound), and how many it is expected to have (``looks`` are planned with those).
     extension_questions: int
     looks: tuple[int, ...]
     alpha: float
@@ -159,6 +219,11 @@ class Plan:
     #: ``[search.space]``'s open dimensions and their choices (empty: only the wording is searched).
     space: Mapping[str, tuple[Value, ...]] = field(default_factory=dict)
     cost: CostPlan | None = None
+    #: The configurations step 0 adds to the initial one (:func:`first_moves_of`), as their settings.
+    first_moves: tuple[str, ...] = ()
+    #: What the plan says beside its figures (why a measured noise was not used).
+    notes: tuple[str, ...] = ()
+    extension_expected: int = 0
 
     @property
     def calls(self) -> float:
@@ -202,13 +267,18 @@ class Plan:
             f"{self.sd_basis}): validation {det} ({self.selection_questions} selection + "
             f"{self.confirmation_questions} confirmation questions"
             + (f" + up to {self.extension_questions} extension questions" if self.extension_questions else "")
+            + (f" (about {self.extension_expected} expected)"
+               if self.extension_questions > self.extension_expected else "")
             + f", looks at {', '.join(map(str, self.looks)) or '-'}); "
             f"held-out compare {held}",
+            *(f"noise: {n}" for n in self.notes),
         ]
         if self.space:
             notes = [n for k in self.space if (n := dimension(k).plan_note)]
             out.append("search space: the wording, and " + "; ".join(f"{k} {list(v)}" for k, v in self.space.items())
                        + "".join(f" ({n})" for n in notes))
+            if self.first_moves:
+                out.append(f"first moves (step 0, the initial instruction with): {'; '.join(self.first_moves)}")
         if self.cost is not None and (self.space or self.cost.objective == "cost"):
             out += self.cost.lines(power=POWER, alpha=self.alpha)
         for r in self.roles:
@@ -220,10 +290,11 @@ class Plan:
             if r.generation_calls:
                 parts.append(f"dataset {r.generation_calls:.0f}")
             cost = "" if r.cost_usd is None else f", ${r.cost_usd:.2f}"
-            out.append(f"  {r.role}: {r.calls:.0f} calls ({', '.join(parts)}), {r.tokens:,.0f} tokens, "
-                       f"{_duration(r.seconds)}{cost} [{r.basis}]")
+            out.append(f"  {r.role}: {_planned(r.calls, r.calls_max or r.calls)} calls ({', '.join(parts)}), "
+                       f"{r.tokens:,.0f} tokens, {_duration(r.seconds)}{cost} [{r.basis}]")
         cost = "" if self.cost_usd is None else f", ${self.cost_usd:.2f}"
-        out.append(f"total: {self.calls:.0f} calls, {sum(r.tokens for r in self.roles):,.0f} tokens, "
+        most = sum(r.calls_max or r.calls for r in self.roles)
+        out.append(f"total: {_planned(self.calls, most)} calls, {sum(r.tokens for r in self.roles):,.0f} tokens, "
                    f"about {_duration(self.seconds)}{cost} (a warm call cache makes a rerun free)")
         out += [f"warning: {w}" for w in self.warnings]
         return out
@@ -237,25 +308,22 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _difference_sd(config: OproConfig, *, pilot_noise: tuple[float, str] | None = None) -> tuple[float, str]:
-    """The paired per-question score difference's sd: measured on the last run's confirmation pairs
-    (what the test sees), else ``pilot_noise`` (``opro probe``'s pilot: its contrasts against the initial
-    configuration, by the same task model and judge; :func:`opro.probe.headroom.pilot_noise`), else from the
-    judge's calibration (a lower bound), else the default."""
+def _difference_sd(config: OproConfig, *, pilot_noise: MeasuredNoise | None = None,
+                   digest: str | None = None) -> tuple[float, str, str]:
+    """The paired per-question score difference's sd, whose it is, and why the last run's is not used
+    (empty: it is, or there is none): measured on the last run's confirmation pairs (what the test sees)
+    where its ``summary.json`` records this task's noise digest (``digest``), else ``pilot_noise`` (``opro
+    probe``'s pilot on this task; :func:`opro.probe.headroom.pilot_noise`), else from the judge's
+    calibration (a lower bound), else the default. A measurement on fewer than :data:`SD_BOUND_BELOW` pairs
+    is taken at its upper bound (:func:`sd_upper_bound`)."""
     from opro.calibration.calibrate import judge_signature, load_calibration
     from opro.errors import DataError
 
-    v = (_last_summary(config) or {}).get("validation") or {}
-    chosen = next((f for f in v.get("finalists", []) if f.get("chosen")), None)
-    if chosen:
-        pairs = [(a, b) for a, b in zip(chosen.get("scores", []), v.get("initial_scores", []), strict=False)
-                 if a is not None and b is not None]
-        if len(pairs) >= 5:
-            sd = statistics.stdev(a - b for a, b in pairs)
-            if sd > 0:
-                return sd, f"the last run's validation stage ({len(pairs)} pairs)"
+    measured, unused = _last_run_noise(_last_summary(config), digest=digest)
+    if measured is not None:
+        return (*_planned_sd(measured), "")
     if pilot_noise is not None:
-        return pilot_noise
+        return (*_planned_sd(pilot_noise), unused)
     try:
         report = load_calibration(config.output_dir)
     except DataError:
@@ -264,9 +332,28 @@ def _difference_sd(config: OproConfig, *, pilot_noise: tuple[float, str] | None 
             not report.signature or report.signature == judge_signature(config)):
         # Two prompts' scores on a question differ by the judge's noise on each (and by how the prompts
         # differ on it, which a retest cannot see: a lower bound).
-        return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)"
+        return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)", unused
     return DEFAULT_DIFFERENCE_SD, ("default: not measured; `opro probe` measures it (`opro judge calibrate` with "
-                                   "--retest, a lower bound)")
+                                   "--retest, a lower bound)"), unused
+
+
+def _last_run_noise(summary: Mapping[str, Any] | None, *, digest: str | None) -> tuple[MeasuredNoise | None, str]:
+    """The paired noise of the last run's validation stage, or None and why it is not used (empty: there
+    is none to use): only a summary that records this task's noise digest measured this task."""
+    v = (summary or {}).get("validation") or {}
+    chosen = next((f for f in v.get("finalists", []) if f.get("chosen")), None)
+    pairs = [(a, b) for a, b in zip((chosen or {}).get("scores", []), v.get("initial_scores", []), strict=False)
+             if a is not None and b is not None]
+    if len(pairs) < 5 or statistics.stdev(a - b for a, b in pairs) <= 0:
+        return None, ""
+    recorded = (summary or {}).get("noise_digest")
+    if recorded is None or digest is None or recorded != digest:
+        why = ("it records no noise digest (an older opro), so the data it measured is unknown" if recorded is None
+               else "this config's dataset is not prepared yet, so its data cannot be matched" if digest is None
+               else "it was measured on another dataset, split, judge or task model")
+        return None, f"the last run's validation noise ({len(pairs)} pairs in summary.json) is not used: {why}"
+    return MeasuredNoise(statistics.stdev(a - b for a, b in pairs), len(pairs),
+                         f"the last run's validation stage ({len(pairs)} pairs)"), ""
 
 
 def _last_summary(config: OproConfig) -> dict[str, Any] | None:
@@ -301,9 +388,14 @@ def _generation_calls(config: OproConfig, chunks: int) -> float:
     return chunks * (1 + _KEPT * config.data.questions_per_chunk)
 
 
-def _unused_questions(config: OproConfig, chunks: int) -> int:
-    """Questions in no split, which a validation may extend into: counted in the run's dataset once it
-    is made, else in the given dataset, else estimated from the chunks still to be generated."""
+def _unused_questions(config: OproConfig, chunks: int) -> tuple[int, int]:
+    """Questions in no split, which a validation may extend into, as expected and at most: counted in the
+    run's dataset once it is split; before that, expected from the given dataset's size or from the
+    chunks still to be generated (the share of generated questions usually kept) less the split sizes.
+    At most, before the split: every question but the validation split's (a split that comes out
+    smaller than asked, as groups of related questions are kept whole, leaves the rest unused; a
+    validation split that shrinks confirms on fewer questions by as many), of as many questions as the
+    dataset has, or as the generator can keep (``questions_per_chunk`` of every chunk)."""
     from opro.data.dataset import load_dataset
     from opro.errors import OproError
 
@@ -314,17 +406,22 @@ def _unused_questions(config: OproConfig, chunks: int) -> int:
         if run.has_dataset():
             made = load_dataset(run.dataset)
             if made.split is not None:
-                return len(made.unused())
-            return max(0, len(made) - placed)
+                return len(made.unused()), len(made.unused())
+            return max(0, len(made) - placed), max(0, len(made) - s.validation)
         if config.data.dataset:
-            return max(0, len(load_dataset(config.data.dataset)) - placed)
+            n = len(load_dataset(config.data.dataset))
+            return max(0, n - placed), max(0, n - s.validation)
     except (OproError, OSError):  # the run itself says what is wrong with the dataset
-        return 0
-    return max(0, int(chunks * config.data.questions_per_chunk * _KEPT) - placed)
+        return 0, 0
+    generated = chunks * config.data.questions_per_chunk
+    return max(0, int(generated * _KEPT) - placed), max(0, generated - s.validation)
 
 
-def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> tuple[float, float, float, str]:
-    """(prompt tokens, completion tokens, seconds) per call of ``role``, and where they come from."""
+def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None,
+              rates: Mapping[str, MeasuredRate]) -> tuple[float, float, float, str]:
+    """(prompt tokens, completion tokens, seconds) per call of ``role``, and where they come from: the
+    last run in this output folder (this role's own calls), else the tokens estimated and the seconds at
+    the speed its model measured on this machine (:mod:`opro.llm.rates`), else defaults."""
     measured = ((last or {}).get("usage") or {}).get(role) or {}
     if measured.get("calls", 0) >= 3:
         n = measured["calls"]
@@ -347,13 +444,22 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None) -> 
     }[role]
     if spec.backend == "scripted":
         return prompt, completion, 0.0, "scripted: no time"
+    here = rates.get(rate_key(spec.backend, spec.model))
+    when = "" if here is None else f"{here.calls} calls on {here.measured[:10]}"
     if spec.backend == "openai":
         slots = spec.max_concurrency or 4
+        if here is not None:
+            return (prompt, completion, here.latency / slots,
+                    f"measured here: {here.latency:.1f} s per call ({when}) over {slots} slots")
         return prompt, completion, _ENDPOINT_S / slots, f"assumed {_ENDPOINT_S:g} s per call over {slots} slots"
     size = "0.5b" if "0.5b" in spec.model.lower() else "1.5b"
     prefill, decode = _EMBEDDED_SPEED[size]
+    if here is not None:
+        # The default's shape (prefill against decode), at the speed this model measured on this machine.
+        return (prompt, completion, here.seconds_per_call(prompt, completion, prefill=prefill, decode=decode),
+                f"measured here: {when}, {here.factor(prefill=prefill, decode=decode):.1f}x the idle default")
     return (prompt, completion, prompt / prefill + completion / decode,
-            f"default for a {size.upper()} embedded model on 2 idle cores")
+            f"default for a {size.upper()} embedded model on 2 idle cores; nothing measured here yet")
 
 
 def _task_tokens(config: OproConfig, values: Mapping[str, Any]) -> tuple[float, float]:
@@ -368,6 +474,28 @@ def _task_tokens(config: OproConfig, values: Mapping[str, Any]) -> tuple[float, 
         if effect.completion_cap is not None:
             completion = min(effect.completion_cap, completion)
     return prompt, completion
+
+
+def answer_cost(config: OproConfig, values: Mapping[str, Any]) -> float:
+    """What one task answer is expected to cost (:meth:`opro.program.cost.CostModel.of`) with these
+    values of the dimensions (the others: the initial configuration's): the prompt-length estimate of
+    :func:`_task_tokens`. The plan prices each choice with it and the search's first moves
+    (:func:`opro.search.space.first_moves`) order the choices by it: one price for both."""
+    prompt, completion = _task_tokens(config, {**initial_values(config), **values})
+    return config.cost_model().of(prompt_tokens=prompt, completion_tokens=completion)
+
+
+def first_moves_of(config: OproConfig) -> list[dict[str, Value]]:
+    """The configurations the search adds to step 0 under ``config`` (what :class:`SearchSpace` gives
+    with :func:`answer_cost` as its price)."""
+    from opro.search.space import first_moves, space_choices
+
+    initial = initial_values(config)
+    choices = space_choices(config.search.space.dimensions, initial)
+    if not choices:
+        return []
+    return first_moves(choices, {k: dimension(k).coerce(initial[k]) for k in choices},
+                       price=lambda values: answer_cost(config, values), objective=config.optimizer.objective)
 
 
 def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPlan:
@@ -403,22 +531,62 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
                     confirmable_margin=confirmable, heldout_margin=held, saving_range=saving)
 
 
+def _roles(config: OproConfig, *, chunks: int, moves: int, validation: float,
+           validation_max: float) -> list[RoleEstimate]:
+    """Calls per role, with tokens, time and cost: the search's (its maximum: nothing pruned; the
+    optimizer's as usually asked, its replacements for rejected proposals in the most; ``moves``: the
+    first moves step 0 adds to the initial instructions), the validation's (expected and most) and the
+    dataset generation's (expected and most), and the most in all."""
+    o, s = config.optimizer, config.data.split
+    candidates = len(config.rag.initial_instructions) + moves + o.steps * o.candidates_per_step
+    scored = candidates * s.optimization
+    extra = {"random": 0, "failures": o.steps * o.exemplars, "hardest": (o.steps + 1) * s.exemplar}[o.exemplar_strategy]
+    space = config.search.space
+    if "demos" in space.dimensions and space.demo_source == "bootstrapped":
+        extra += s.exemplar  # the exemplar questions answered and judged once, for the demonstration pool
+    k = o.steps * o.candidates_per_step
+    generated = chunks * config.data.questions_per_chunk  # the most the generator keeps, each answered once
+    # (search, its most, validation, its most, generation, its most)
+    calls = {
+        "task": (scored + extra, scored + extra, validation, validation_max, 0.0, 0.0),
+        "judge": (scored + extra, scored + extra, validation, validation_max, 0.0, 0.0),
+        # Between k and 3k samples a step (rejected proposals are replaced); about 1.5k in practice.
+        "optimizer": (1.5 * k, 3.0 * k, 0.0, 0.0, 0.0, 0.0),
+        "generator": (0.0, 0.0, 0.0, 0.0, _generation_calls(config, chunks), float(chunks + generated)),
+    }
+    last = _last_summary(config)
+    rates = load_rates(rates_path(config.call_cache_path))
+    roles = []
+    for role, (search, search_max, v, vmax, gen, gen_max) in calls.items():
+        prompt, completion, seconds, basis = _per_call(config, role, last, rates)
+        price = config.prices().get(getattr(config.models, role).model)
+        n = search + v + gen
+        cost = None if price is None else n * (prompt * price.prompt + completion * price.completion) / 1e6
+        roles.append(RoleEstimate(role=role, search_calls=search, validation_calls=v, validation_calls_max=vmax,
+                                  generation_calls=gen, prompt_tokens_per_call=prompt,
+                                  completion_tokens_per_call=completion, seconds_per_call=seconds, basis=basis,
+                                  cost_usd=cost, calls_max=search_max + max(v, vmax) + max(gen, gen_max)))
+    return roles
+
+
 def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]] | None = None,
-              pilot_noise: tuple[float, str] | None = None) -> Plan:
+              pilot_noise: MeasuredNoise | None = None, noise_digest: str | None = None) -> Plan:
     """The plan of ``opro optimize`` for ``config`` (reads the output folder; makes no LLM call).
     ``documents``: the corpus, read only when the dataset is still to be generated from it (one
     generator call per chunk); without it that count is left out. ``pilot_noise``: the paired sd a
-    probe measured and whose it is (:func:`opro.probe.headroom.pilot_noise`), planned by where no run
-    measured one."""
+    probe measured on this task (:func:`opro.probe.headroom.pilot_noise`), planned by where no run
+    measured one. ``noise_digest``: this config's (:meth:`opro.experiment.Experiment.noise_digest`): the
+    last run's noise is used only where its summary records the same (None: it is not used)."""
     o, s = config.optimizer, config.data.split
-    sd, sd_basis = _difference_sd(config, pilot_noise=pilot_noise)
+    sd, sd_basis, noise_note = _difference_sd(config, pilot_noise=pilot_noise, digest=noise_digest)
     warnings: list[str] = []
     validating = o.finalists > 0 and s.validation > 0
     finalists = min(o.finalists, 1 + o.steps * o.candidates_per_step)
     n_sel, n_conf = split_sizes(o, s.validation, finalists) if validating else (0, 0)
     chunks = _chunks_to_generate(config, documents)
-    unused = _unused_questions(config, chunks) if validating and o.validation_extension else 0
-    sizes = confirmation_looks(o, n_conf, unused)
+    unused, unused_max = _unused_questions(config, chunks) if validating and o.validation_extension else (0, 0)
+    # Planned at the expected extension; what the run can ask, at the most it can extend into.
+    sizes, sizes_max = confirmation_looks(o, n_conf, unused), confirmation_looks(o, n_conf, unused_max)
     detectable, asked = None, 0.0
     if sizes:
         p = design_power(sizes, alpha=o.alpha, sd=sd, futility=o.futility, power=POWER)
@@ -439,37 +607,17 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         z = statistics.NormalDist().inv_cdf
         held = (z(1 - o.alpha / 2) + z(POWER)) * sd / math.sqrt(s.heldout)
 
-    candidates = len(config.rag.initial_instructions) + o.steps * o.candidates_per_step
-    scored = candidates * s.optimization
-    extra = {"random": 0, "failures": o.steps * o.exemplars, "hardest": (o.steps + 1) * s.exemplar}[o.exemplar_strategy]
-    space = config.search.space
-    if "demos" in space.dimensions and space.demo_source == "bootstrapped":
-        extra += s.exemplar  # the exemplar questions answered and judged once, for the demonstration pool
-    conf_max = 2.0 * (sizes[-1] if sizes else 0)
-    val = (finalists * n_sel + 2.0 * asked) if sizes else 0.0
-    val_max = (finalists * n_sel + conf_max) if sizes else 0.0
-    calls = {
-        "task": (scored + extra, val, val_max, 0.0),
-        "judge": (scored + extra, val, val_max, 0.0),
-        # Between k and 3k samples a step (rejected proposals are replaced); about 1.5k in practice.
-        "optimizer": (1.5 * o.steps * o.candidates_per_step, 0.0, 0.0, 0.0),
-        "generator": (0.0, 0.0, 0.0, _generation_calls(config, chunks)),
-    }
-    last = _last_summary(config)
-    roles = []
-    for role, (search, v, vmax, gen) in calls.items():
-        prompt, completion, seconds, basis = _per_call(config, role, last)
-        price = config.prices().get(getattr(config.models, role).model)
-        n = search + v + gen
-        cost = None if price is None else n * (prompt * price.prompt + completion * price.completion) / 1e6
-        roles.append(RoleEstimate(role=role, search_calls=search, validation_calls=v, validation_calls_max=vmax,
-                                  generation_calls=gen, prompt_tokens_per_call=prompt,
-                                  completion_tokens_per_call=completion, seconds_per_call=seconds, basis=basis,
-                                  cost_usd=cost))
+    moves = first_moves_of(config)
+    roles = _roles(config, chunks=chunks, moves=len(moves),
+                   validation=(finalists * n_sel + 2.0 * asked) if sizes else 0.0,
+                   validation_max=(finalists * n_sel + 2.0 * sizes_max[-1]) if sizes_max else 0.0)
     made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
-                extension_questions=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha, difference_sd=sd, sd_basis=sd_basis, detectable=detectable,
-                heldout_detectable=held, roles=tuple(roles), warnings=tuple(warnings), space=space.dimensions,
-                cost=_cost_plan(config, sd=sd, sizes=sizes))
+                extension_questions=(sizes_max[-1] - n_conf) if sizes_max else 0,
+                extension_expected=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha,
+                difference_sd=sd, sd_basis=sd_basis, detectable=detectable, heldout_detectable=held,
+                roles=tuple(roles), warnings=tuple(warnings), space=config.search.space.dimensions,
+                cost=_cost_plan(config, sd=sd, sizes=sizes), notes=(noise_note,) if noise_note else (),
+                first_moves=tuple(settings_text(changed(m, initial_values(config))) for m in moves))
     c = made.cost
     if c is not None and c.objective == "cost" and (c.confirmable_margin is None or c.confirmable_margin > o.margin):
         can = "no margin" if c.confirmable_margin is None else f"only a margin of {c.confirmable_margin:.2f} or more"
@@ -492,7 +640,9 @@ def check(plan: Mapping[str, Any], usage: Mapping[str, Mapping[str, Any]], *, wa
     for r in plan.get("roles", []):
         u = usage.get(r["role"]) or {}
         est = r["search_calls"] + r["validation_calls"] + r["generation_calls"]
-        most = est - r["validation_calls"] + max(r["validation_calls"], r.get("validation_calls_max") or 0.0)
+        # A plan saved before it kept the most a role can ask: its validation's most only.
+        most = r.get("calls_max") or est - r["validation_calls"] + max(r["validation_calls"],
+                                                                        r.get("validation_calls_max") or 0.0)
         got = float(u.get("calls", 0) + u.get("cache_hits", 0))
         total_est, total, total_most = total_est + est, total + got, total_most + most
         if est or got:
@@ -515,4 +665,5 @@ def _rel(got: float, est: float, most: float = 0.0) -> str:
     return f"{(got - est) / est:+.0%}{within}"
 
 
-__all__ = ["DEFAULT_DIFFERENCE_SD", "ChoiceCost", "CostPlan", "Plan", "RoleEstimate", "check", "make_plan"]
+__all__ = ["DEFAULT_DIFFERENCE_SD", "SD_BOUND_BELOW", "SD_BOUND_LEVEL", "ChoiceCost", "CostPlan", "MeasuredNoise", "Plan",
+           "RoleEstimate", "answer_cost", "check", "first_moves_of", "make_plan", "noise_digest", "sd_upper_bound"]

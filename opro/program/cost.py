@@ -72,6 +72,14 @@ class CostModel:
     def unit(self) -> CostUnit:
         return "tokens" if self.price_prompt is None else "usd"
 
+    @property
+    def measure(self) -> str:
+        """The cost measure in words, as a figure or a column names it: ``USD``, or ``weighted task
+        tokens (prompt + 4 x completion)``."""
+        if self.unit == "usd":
+            return "USD"
+        return f"weighted task tokens (prompt + {self.completion_weight:g} x completion)"
+
     def of(self, *, prompt_tokens: float, completion_tokens: float) -> float:
         """One answer's cost: USD with prices, else weighted task tokens."""
         if self.price_prompt is not None and self.price_completion is not None:

@@ -91,7 +91,7 @@ class Search:
         self.recorders = tuple(recorders)
         self.seed = seed
         self.progress = progress
-        #: The decision ledger beside the dataset: the validation decision is checked against and
+        #: The user's decision ledger: the validation decision is checked against and
         #: recorded in it, across output folders and study stores.
         self.ledger = ledger
         #: Task + judge calls a call budget keeps back for the validation stage (set by :meth:`run`).
@@ -190,18 +190,19 @@ class Search:
         self.study.save_proposals(step, proposal.accepted, proposal.rejected, params=params)
         return list(proposal.accepted)
 
-    def _configure(self, step: int, proposals: Sequence[str]) -> None:
+    def _configure(self, step: int, proposals: Sequence[str]) -> list[str]:
         """Tell the scorer the stored values of the step's candidates (step 0: the initial
-        configuration's, written by every worker alike)."""
+        configuration's, then the first moves', written by every worker alike); their names."""
         space = self.scorer.space
         if space is None:
-            return
+            return list(proposals)
         stored = self.study.view().params(step)
         if step == 0 and len(stored) != len(proposals):
-            stored = [dict(space.initial) for _ in proposals]
+            first = space.first_moves()
+            stored = [dict(space.initial) for _ in proposals[: len(proposals) - len(first)]] + first
             self.study.save_params(0, stored)
-        for instruction, params in zip(proposals, stored, strict=False):
-            self.scorer.configure(instruction, params)
+        return [self.scorer.configure(instruction, stored[i] if i < len(stored) else {})
+                for i, instruction in enumerate(proposals)]
 
     def _on_prompt(self, step: int, text: str) -> None:
         for recorder in self.recorders:
@@ -268,7 +269,7 @@ class Search:
         self.study.fail_running(self.workers.index)
         history = self.study.records()
         for r in history:
-            self.scorer.configure(r.instruction, r.params)
+            self.scorer.configure(r.instruction, r.params, name=r.name)
         for recorder in self.recorders:
             recorder.on_search_start(self.study, lead=self.workers.lead)
         return history
@@ -284,8 +285,8 @@ class Search:
                                                  exemplar_pool=exemplar_pool, history=history)
             if proposals is None:
                 return stopped
-            self._configure(step, proposals)
-            self.steps.evaluate(step, proposals, optimization_set)
+            names = self._configure(step, proposals)
+            self.steps.evaluate(step, names, optimization_set)
             history = self.study.records()
             progress.scored(step, history)
             if self.workers.lead:
@@ -298,9 +299,14 @@ class Search:
 
     def _proposals(self, step: int, *, initial: Sequence[str], optimization_set: Sequence[QAExample],
                    exemplar_pool: Sequence[Exemplar], history: Sequence[CandidateRecord]) -> tuple[list[str] | None, str]:
-        """The step's candidate instructions; or None and why the search stops before the step."""
+        """The step's candidate instructions; or None and why the search stops before the step. Step 0:
+        the initial instructions, then the first of them once per first move of the search space
+        (:meth:`opro.search.space.SearchSpace.first_moves`: :meth:`_configure` gives them their values)."""
         if step == 0:
-            return list(dict.fromkeys(i.strip() for i in initial if i.strip())), ""
+            initials = list(dict.fromkeys(i.strip() for i in initial if i.strip()))
+            space = self.scorer.space
+            moves = space.first_moves() if space is not None and initials else []
+            return initials + initials[:1] * len(moves), ""
         if self.workers.lead:
             # Room for the step's optimizer samples (up to 3 per candidate) and its first minibatch.
             k = self.settings.candidates_per_step
@@ -367,7 +373,7 @@ class Search:
                 "evaluated again"
             )
         initial = initial.strip()
-        initial_rec = next((r for r in history if r.step == 0 and r.instruction == initial), None)
+        initial_rec = next((r for r in history if r.step == 0 and r.name == initial), None)
         common = {
             "initial_instruction": initial,
             "initial_score": initial_rec.score if initial_rec else None,
@@ -396,7 +402,7 @@ class Search:
                 best_score=float(best.score),  # type: ignore[arg-type]
                 score_basis="search",
                 best_search_score=best.score,
-                **self._returned(best.instruction), **common,  # type: ignore[arg-type]
+                **self._returned(best.name), **common,  # type: ignore[arg-type]
             )
         w = validation.winner
         instruction = w.instruction if w is not None else initial
@@ -425,12 +431,13 @@ class Search:
             **common,  # type: ignore[arg-type]
         )
 
-    def _returned(self, instruction: str) -> dict[str, Any]:
-        """The returned candidate's fields: its instruction, template and whole configuration."""
-        template = self.scorer.template(instruction)
-        return {"best_instruction": instruction, "best_template": template.template_text,
+    def _returned(self, name: str) -> dict[str, Any]:
+        """The returned candidate's fields (by its name): its instruction, template and whole configuration."""
+        template = self.scorer.template(name)
+        return {"best_instruction": self.scorer.instruction_of(name), "best_name": name,
+                "best_template": template.template_text,
                 "best_configuration": template.to_json() if hasattr(template, "to_json") else {},
-                "best_params": self.scorer.params_of(instruction)}
+                "best_params": self.scorer.params_of(name)}
 
 
 def _shifted(base: float, base_ci: tuple[float, float] | None, gain: float,

@@ -1,8 +1,16 @@
-"""Pruners of the search: stop a candidate early once it is clearly worse than earlier ones.
+"""Pruners of the search: stop a candidate early once it cannot be what the objective looks for.
 
 Each is an Optuna pruner whose decision reads only the candidate and the complete candidates of
 earlier steps (never the same step's, whose finishing order depends on timing and workers), so the
 search decides in-process and Optuna's ``prune`` gives the same answer from the study.
+
+With ``objective = "quality"`` the race stops a candidate confidently worse than the incumbent (the
+best complete candidate of an earlier step). With ``"cost"`` the objective looks for a configuration
+cheaper than the initial one and not worse than it by more than the margin, so being worse than the
+best is no reason to stop: the race stops a candidate only when its quality is confidently more than
+the margin below the initial configuration's, or when a complete candidate at most as dear is
+confidently better (it is dominated: never on the quality-cost front). ``best`` and ``median`` know no
+cost: they prune on quality alone under either objective.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import optuna
 
@@ -20,11 +29,13 @@ from opro.stats.paired import paired_valid
 
 @dataclass(frozen=True)
 class RunningCandidate:
-    """What a pruning decision reads of a candidate being evaluated: its running means by minibatch
-    and its per-question scores so far (None: not validly scored)."""
+    """What a pruning decision reads of a candidate being evaluated: its running means by minibatch,
+    its per-question scores so far (None: not validly scored) and, with ``objective = "cost"``, its
+    per-question costs (None: the call failed)."""
 
     intermediate_values: Mapping[int, float]
     scores: Sequence[float | None]
+    costs: Sequence[float | None] = ()
 
     @property
     def last_step(self) -> int | None:
@@ -33,7 +44,7 @@ class RunningCandidate:
     @classmethod
     def of(cls, trial: optuna.trial.FrozenTrial) -> RunningCandidate:
         c = CandidateTrial.of(trial)
-        return cls(dict(c.intermediate_values), list(c.scores))
+        return cls(dict(c.intermediate_values), list(c.scores), list(c.costs))
 
 
 class EarlierStepsPruner(optuna.pruners.BasePruner):
@@ -98,23 +109,34 @@ class EarlierStepsMedianPruner(EarlierStepsPruner):
 
 
 class RacingPruner(EarlierStepsPruner):
-    """Stop a candidate once it is confidently worse than the incumbent on the same questions.
+    """Stop a candidate once it cannot be what the objective looks for, on the same questions.
 
-    The incumbent is the best complete candidate of an *earlier* step, so a decision never depends
-    on which candidate of the same step (or which worker) finished first. After ``warmup``
-    minibatches and at least ``min_pairs`` paired questions, the candidate is stopped when the
-    one-sided ``confidence`` upper bound of the mean paired difference (Student t, with the spread
-    floored at ``noise_floor`` because a few equal differences would otherwise give zero width) is
-    below zero. The per-question scores are read from the trials' ``scores`` attribute.
+    After ``warmup`` minibatches and at least ``min_pairs`` paired questions, the one-sided
+    ``confidence`` upper bound of a mean paired difference (Student t, with the spread floored at
+    ``noise_floor`` because a few equal differences would otherwise give zero width) decides:
+
+    * ``objective = "quality"``: stopped when its bound against the incumbent (the best complete
+      candidate of an *earlier* step, so a decision never depends on which candidate of the same step,
+      or which worker, finished first) is below zero;
+    * ``objective = "cost"``: stopped when its bound against the initial configuration (candidate 0 of
+      step 0) is below ``-margin`` (it cannot be within the margin), or when a complete candidate of an
+      earlier step is no dearer per answer on the questions both answered and its bound against that
+      one is below zero (dominated). A cheaper candidate that only looks worse goes on to every
+      question, so the validation stage can test it.
+
+    The per-question scores (and costs) are read from the trials' ``scores`` (and ``costs``) attributes.
     """
 
     def __init__(
-        self, *, confidence: float = 0.95, warmup: int = 1, min_pairs: int = 3, noise_floor: float = 0.5
+        self, *, confidence: float = 0.95, warmup: int = 1, min_pairs: int = 3, noise_floor: float = 0.5,
+        objective: Literal["quality", "cost"] = "quality", margin: float = 0.25,
     ) -> None:
         self.confidence = confidence
         self.warmup = warmup
         self.min_pairs = min_pairs
         self.noise_floor = noise_floor
+        self.objective = objective
+        self.margin = margin
 
     def upper_bound(self, differences: Sequence[float]) -> float:
         from scipy.stats import t
@@ -124,17 +146,48 @@ class RacingPruner(EarlierStepsPruner):
         sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1)) if n > 1 else 0.0
         return mean + float(t.ppf(self.confidence, n - 1)) * max(sd, self.noise_floor) / math.sqrt(n)
 
+    def _bound_against(self, candidate: RunningCandidate, other: CandidateTrial) -> float | None:
+        """The upper bound of (candidate - other) on the questions both scored; None below ``min_pairs``."""
+        a, b = paired_valid(candidate.scores, other.scores)
+        if len(a) < max(2, self.min_pairs):
+            return None
+        return self.upper_bound([x - y for x, y in zip(a, b, strict=True)])
+
     def decide(self, candidate: RunningCandidate, earlier: Sequence[CandidateTrial]) -> bool:
         step = candidate.last_step
         if step is None or step + 1 < self.warmup:
             return False
         if not earlier:
             return False
-        incumbent = max(earlier, key=_rank)
-        a, b = paired_valid(candidate.scores, incumbent.scores)
-        if len(a) < max(2, self.min_pairs):
-            return False
-        return self.upper_bound([x - y for x, y in zip(a, b, strict=True)]) < 0.0
+        if self.objective == "cost":
+            return self._cannot_be_cheaper_within_margin(candidate, earlier)
+        bound = self._bound_against(candidate, max(earlier, key=_rank))
+        return bound is not None and bound < 0.0
+
+    def _cannot_be_cheaper_within_margin(self, candidate: RunningCandidate, earlier: Sequence[CandidateTrial]) -> bool:
+        initial = next((t for t in earlier if t.step == 0 and t.index == 0), None)
+        if initial is not None:
+            bound = self._bound_against(candidate, initial)
+            if bound is not None and bound < -self.margin:
+                return True
+        for other in earlier:
+            if _no_cheaper(candidate, other):
+                bound = self._bound_against(candidate, other)
+                if bound is not None and bound < 0.0:
+                    return True
+        return False
+
+
+def _no_cheaper(candidate: RunningCandidate, other: CandidateTrial) -> bool:
+    """Whether ``candidate`` costs at least as much per answer as ``other``: paired on the questions
+    both answered where their per-question costs are known, else its mean so far against other's."""
+    pairs = [(x, y) for x, y in zip(candidate.costs, other.costs, strict=False) if x is not None and y is not None]
+    if pairs:
+        return sum(x - y for x, y in pairs) >= 0.0
+    mine = [x for x in candidate.costs if x is not None]
+    if not mine or other.cost is None:
+        return False  # unknown: never a reason to stop
+    return sum(mine) / len(mine) >= other.cost.cost
 
 
 def make_pruner(settings: OptimizerSection) -> EarlierStepsPruner | optuna.pruners.NopPruner:
@@ -144,7 +197,8 @@ def make_pruner(settings: OptimizerSection) -> EarlierStepsPruner | optuna.prune
         return EarlierStepsMedianPruner(warmup=settings.prune_warmup_minibatches)
     if settings.pruner == "best":
         return BestSoFarPruner(margin=settings.prune_margin, warmup=settings.prune_warmup_minibatches)
-    return RacingPruner(confidence=settings.race_confidence, warmup=settings.prune_warmup_minibatches)
+    return RacingPruner(confidence=settings.race_confidence, warmup=settings.prune_warmup_minibatches,
+                        objective=settings.objective, margin=settings.margin)
 
 
 

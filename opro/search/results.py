@@ -22,7 +22,7 @@ CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"
 
 @dataclass(frozen=True)
 class CandidateRecord:
-    """One evaluated instruction."""
+    """One evaluated candidate: a configuration (its instruction and its values of the open dimensions)."""
 
     step: int
     instruction: str
@@ -40,6 +40,13 @@ class CandidateRecord:
     params: Mapping[str, Value] = field(default_factory=dict)
     #: Means per answered question of its task calls: tokens, seconds, cost (None: nothing answered).
     cost: CostSummary | None = None
+    #: Its name, what the search keys it by (:mod:`opro.program.configurations`): the instruction, then
+    #: in braces the values that differ from the initial configuration's ("" when made: the instruction).
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.instruction)
 
     @property
     def pruned(self) -> bool:
@@ -56,6 +63,9 @@ class FinalistRecord:
     """A finalist of the search in the validation stage. Only the *chosen* one is tested against the
     initial instruction; its scores, difference and p-value are on the confirmation questions."""
 
+    #: The finalist's candidate name (:mod:`opro.program.configurations`): its instruction, and in braces
+    #: its settings where they differ from the initial configuration's (the instruction alone without
+    #: ``[search.space]``).
     instruction: str
     trial_number: int
     search_score: float
@@ -202,6 +212,12 @@ class OptimizationResult:
     best_params: Mapping[str, Value] = field(default_factory=dict)
     #: ``[optimizer].objective``: with "cost" the summary keeps the search's quality-cost front.
     objective: Literal["quality", "cost"] = "quality"
+    #: The returned candidate's name (:attr:`CandidateRecord.name`; "" when made: ``best_instruction``).
+    best_name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.best_name:
+            object.__setattr__(self, "best_name", self.best_instruction)
 
     @property
     def validated(self) -> bool:
@@ -213,9 +229,9 @@ class OptimizationResult:
             return f"validation score ({self.validation.n_questions} questions not used by the search)"
         return "search score (in-sample: the questions the search selected on; optimistic)"
 
-    def cost_of(self, instruction: str) -> CostSummary | None:
-        """A candidate's cost per answer on the search questions (its latest record)."""
-        found = [r.cost for r in self.history if r.instruction == instruction and r.cost is not None]
+    def cost_of(self, name: str) -> CostSummary | None:
+        """A candidate's cost per answer on the search questions (its latest record), by its name."""
+        found = [r.cost for r in self.history if r.name == name and r.cost is not None]
         return found[-1] if found else None
 
     def headline(self) -> str:
@@ -228,6 +244,26 @@ class OptimizationResult:
         if self.validation is None:
             return f"best instruction by search score {score}; no validation stage, so no gain is claimed"
         return f"{self.validation.verdict}; returned instruction: {score}"
+
+    def scores_by_basis(self) -> dict[str, Any]:
+        """The returned and the initial configuration's scores side by side on each basis, so that two
+        numbers of one instruction never look like a contradiction (``best_score`` is a validation score
+        where there is a validation stage, ``initial_score`` always a search score). ``search``: the mean
+        on the optimization questions (in-sample: the search chose by it); ``validation``: on validation
+        questions the search never used (the returned one's is ``best_score``, for a claimed gain adjusted
+        for having been claimed). Where the initial configuration is returned both rows are the same."""
+        v = self.validation
+        returned_is_initial = (v.winner is None) if v is not None else self.best_instruction == self.initial_instruction
+        validation = v.initial_score if v is not None else None
+        return {
+            "returned": {"search": self.best_search_score,
+                         "validation": self.best_score if self.score_basis == "validation" else None},
+            "initial": {"search": self.initial_score, "validation": validation},
+            "returned_is_initial": returned_is_initial,
+            "search": "mean on the optimization questions (in-sample: the search selected on them; optimistic)",
+            "validation": ("mean on the validation questions the search never used"
+                           + (f" ({v.n_questions})" if v is not None else ": no validation stage")),
+        }
 
     def summary(self) -> dict[str, Any]:
         """The result as plain data for summary.json and the study; an interval open below (a claimed
@@ -255,9 +291,10 @@ class OptimizationResult:
             "initial_score": self.initial_score,
             # initial_score is the search's (in-sample); the validation stage's is validation.initial_score.
             "initial_score_basis": "search",
+            "scores_by_basis": self.scores_by_basis(),
             # Means per answered search question of the task calls (tokens, seconds, cost: opro.program.cost).
             "cost": {name: None if c is None else c.as_dict() for name, c in (
-                ("returned", self.cost_of(self.best_instruction)), ("initial", self.cost_of(self.initial_instruction)))},
+                ("returned", self.cost_of(self.best_name)), ("initial", self.cost_of(self.initial_instruction)))},
             "validation": None if v is None else v.summary(),
             **({"pareto_front": [
                 {"instruction": r.instruction, "step": r.step, "index": r.index, "score": r.score,

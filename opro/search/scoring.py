@@ -20,7 +20,7 @@ from opro.program.cost import CostModel
 from opro.program.dimensions import Value, dimension
 from opro.progress import progress_bar
 from opro.search.exemplars import ExemplarOutcome
-from opro.search.metaprompt import Exemplar, normalize_instruction
+from opro.search.metaprompt import Exemplar
 
 if TYPE_CHECKING:
     from opro.search.space import SearchSpace
@@ -55,9 +55,12 @@ class CandidateScorer:
     """Scores candidate configurations. Settings (program, judge, template, slots, search space) here;
     questions in calls.
 
-    A candidate is named by its instruction (unique in a study: the proposers refuse repeats); with
-    a search space open, :meth:`configure` records the candidate's values of the other dimensions
-    (the study's record of them), and :meth:`template` gives the whole configuration.
+    A candidate is named by its configuration (:mod:`opro.program.configurations`): its instruction,
+    and in braces the values of the open dimensions that differ from the initial configuration's, so
+    the initial instruction with other settings is another candidate. :meth:`configure` records a
+    candidate's instruction and values (the study's record of them) under its name; every other
+    method takes the name, and a name never configured is an instruction under the initial
+    configuration's values (the initial configuration, a search without ``[search.space]``).
     """
 
     def __init__(
@@ -73,28 +76,45 @@ class CandidateScorer:
         #: None: the judge backend's max_concurrency (what its endpoint accepts).
         self.judge_slots = None if judge_slots is None else max(1, judge_slots)
         self.space = space if space is not None and space.open else None
-        self._params: dict[str, dict[str, Value]] = {}
+        #: Name -> (instruction, values of the open dimensions).
+        self._configured: dict[str, tuple[str, dict[str, Value]]] = {}
         self._engine: EvaluationEngine | None = None
 
-    def configure(self, instruction: str, params: Mapping[str, Value]) -> None:
-        """The values of the open dimensions ``instruction``'s candidate is scored with."""
-        if self.space is not None:
-            self._params[normalize_instruction(instruction)] = {k: dimension(k).coerce(v) for k, v in params.items()}
+    def name(self, instruction: str, params: Mapping[str, Value]) -> str:
+        """The name of the candidate with ``instruction`` and ``params`` (the instruction alone
+        without a search space, or where the values are the initial configuration's)."""
+        return instruction if self.space is None else self.space.name(instruction, params)
 
-    def params_of(self, instruction: str) -> dict[str, Value]:
+    def configure(self, instruction: str, params: Mapping[str, Value], *, name: str | None = None) -> str:
+        """Record the candidate with ``instruction`` and the values ``params`` of the open dimensions
+        under ``name`` (default: :meth:`name`); returns the name."""
+        name = self.name(instruction, params) if name is None else name
+        values = {k: dimension(k).coerce(v) for k, v in params.items()} if self.space is not None else {}
+        self._configured[name] = (instruction, values)
+        return name
+
+    def _lookup(self, name: str) -> tuple[str, dict[str, Value]]:
+        return self._configured.get(name, (name, {}))
+
+    def instruction_of(self, name: str) -> str:
+        """A candidate's instruction (a name never configured is an instruction)."""
+        return self._lookup(name)[0]
+
+    def params_of(self, name: str) -> dict[str, Value]:
         """A candidate's values of the open dimensions (the initial configuration's when not configured)."""
         if self.space is None:
             return {}
-        return {**self.space.initial, **self._params.get(normalize_instruction(instruction), {})}
+        return {**self.space.initial, **self._lookup(name)[1]}
 
-    def template(self, instruction: str) -> Template:
-        base = self.prototype.with_instruction(instruction)
+    def template(self, name: str) -> Template:
+        """The candidate's whole configuration: its instruction in the template, with its values."""
+        base = self.prototype.with_instruction(self.instruction_of(name))
         if self.space is None:
             return base
-        return self.space.configure(base, self.params_of(instruction))  # type: ignore[arg-type]
+        return self.space.configure(base, self.params_of(name))  # type: ignore[arg-type]
 
-    def template_text(self, instruction: str) -> str:
-        return self.template(instruction).template_text
+    def template_text(self, name: str) -> str:
+        return self.template(name).template_text
 
     @property
     def engine(self) -> EvaluationEngine:
@@ -118,14 +138,14 @@ class CandidateScorer:
             return scored.error
         return scored.score
 
-    def _one(self, instruction: str, query: str, reference: str) -> Scored:
-        pair = Pair(key="exemplar", index=0, template=self.template(instruction),
+    def _one(self, name: str, query: str, reference: str) -> Scored:
+        pair = Pair(key="exemplar", index=0, template=self.template(name),
                     example={"query": query, "reference_answer": reference})
         return answer_then_judge(program=self.program, judge=self.judge, pair=pair)  # permanent errors raise
 
-    def exemplar_outcome(self, instruction: str, exemplar: Exemplar) -> ExemplarOutcome:
-        """An exemplar answered with ``instruction`` and judged, for the feedback-aware strategies."""
-        scored = self._one(instruction, exemplar.query, exemplar.answer)
+    def exemplar_outcome(self, name: str, exemplar: Exemplar) -> ExemplarOutcome:
+        """An exemplar answered by the candidate ``name`` and judged, for the feedback-aware strategies."""
+        scored = self._one(name, exemplar.query, exemplar.answer)
         row = scored.row
         if scored.error is not None:
             logger.warning("exemplar %r: %s", exemplar.query[:60], scored.error)
@@ -134,11 +154,11 @@ class CandidateScorer:
             return ExemplarOutcome(answer=row.answer, score=None, passing=None)
         return ExemplarOutcome(answer=row.answer, score=row.score, passing=row.passing, reason=row.feedback)
 
-    def feedback(self, instruction: str, examples: Sequence[QAExample]) -> list[QuestionFeedback]:
-        """Each question answered under ``instruction`` and judged, with the judge's reason (the calls
-        of a candidate the search scored come from the call cache)."""
+    def feedback(self, name: str, examples: Sequence[QAExample]) -> list[QuestionFeedback]:
+        """Each question answered by the candidate ``name`` and judged, with the judge's reason (the
+        calls of a candidate the search scored come from the call cache)."""
         got: dict[int, Scored] = {}
-        template = self.template(instruction)
+        template = self.template(name)
         pairs = [Pair(key=0, index=i, template=template, example=ex) for i, ex in enumerate(examples)]
         self.engine.run(pairs, on_scored=lambda s: got.__setitem__(s.pair.index, s))
         out = []
@@ -159,7 +179,7 @@ class CandidateScorer:
         on_done: Callable[[int, list[Scored]], None],
         progress: bool = True,
     ) -> None:
-        """Every (label, instruction) on every question; ``on_done(k, scored)`` as soon as prompt
+        """Every (label, candidate name) on every question; ``on_done(k, scored)`` as soon as prompt
         ``k``'s questions are all in, in question order (each with its row: answer, contexts, verdict)."""
         if not prompts:
             return

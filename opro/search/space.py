@@ -5,7 +5,14 @@ each open dimension (``[search.space]``), proposed by Optuna's sampler (TPE, see
 of the candidates before it. The values are drawn once, when worker 0 proposes the step, and stored
 with the step's proposals, so every worker and every rerun evaluates the same configurations; each
 candidate's trial carries them as Optuna parameters (the dashboard and ``trials_dataframe`` show
-them) and the validation stage decides between whole configurations.
+them) and the validation stage decides between whole configurations. A candidate is named by its
+configuration (:mod:`opro.program.configurations`): the initial instruction with other settings is
+another candidate.
+
+Before the sampler takes over, step 0 evaluates the initial instruction with the *first moves*
+(:func:`first_moves`): each open dimension alone at the choice the plan prices lowest (``objective =
+"cost"``) or highest (``"quality"``), and all of them together, so that no direction the objective
+looks for is left to the sampler's luck.
 
 Demonstrations come from the exemplar split only (never optimization, validation or held-out
 questions): its reference answers, or the task model's own answers that the judge passed (DSPy's
@@ -24,6 +31,7 @@ import optuna
 
 from opro.data.withheld import NOT_IN_CONTEXT
 from opro.errors import ConfigError
+from opro.program.configurations import changed, name_of, settings_text
 from opro.program.dimensions import DIMENSIONS as TABLE
 from opro.program.dimensions import SETTINGS, Value, dimension
 from opro.program.prompts import Demo, QATemplate
@@ -35,6 +43,44 @@ logger = logging.getLogger(__name__)
 Params = Mapping[str, Value]
 #: The dimensions' names, in the table's order (:data:`opro.program.dimensions.DIMENSIONS`).
 DIMENSIONS = tuple(d.name for d in TABLE)
+#: What one answer costs under a configuration (the values of every open dimension): the plan's
+#: estimate (:func:`opro.probe.plan.answer_cost`), in the cost objective's unit.
+Price = Callable[[Params], float]
+Objective = Literal["quality", "cost"]
+
+
+def space_choices(dimensions: Mapping[str, Sequence[Value]], initial: Mapping[str, Value | None]) -> dict[str, tuple[Value, ...]]:
+    """Each open dimension's choices, the initial configuration's value among them (it is a point of
+    the space), sorted; a dimension with no values is not open."""
+    out: dict[str, tuple[Value, ...]] = {}
+    for d in TABLE:
+        values = dimensions.get(d.name)
+        if values:
+            out[d.name] = tuple(sorted({*values, d.coerce(initial[d.name])}))  # type: ignore[type-var]
+    return out
+
+
+def first_moves(choices: Mapping[str, Sequence[Value]], initial: Mapping[str, Value], *, price: Price,
+                objective: Objective) -> list[dict[str, Value]]:
+    """The configurations step 0 evaluates with the initial instruction, before the sampler: each open
+    dimension alone at its cheapest choice by ``price`` (``objective = "cost"``: what the objective
+    looks for) or its dearest (``"quality"``: the plan knows what a choice costs, not what it is
+    worth, and the moves that give the model more to work with, more context, more demonstrations,
+    room to answer, are the ones a quality search tries first), then all of those together. A
+    dimension none of whose choices is priced strictly lower (higher) than the initial value's (the
+    retriever kind: the same tokens) has no such move. Deterministic: the same moves on every worker
+    and rerun, in the table's order."""
+    sign = 1.0 if objective == "cost" else -1.0
+    moves: dict[str, Value] = {}
+    for name, values in choices.items():
+        priced = [(sign * price({**initial, name: v}), i, v) for i, v in enumerate(values)]
+        best = min(priced)
+        if best[0] < sign * price(dict(initial)) - 1e-9:
+            moves[name] = best[2]
+    out = [{**initial, name: v} for name, v in moves.items()]
+    if len(moves) > 1:
+        out.append({**initial, **moves})
+    return out
 
 
 def _demo_context(texts: Sequence[str], chars: int) -> str:
@@ -83,17 +129,17 @@ class SearchSpace:
         sampler: str = "tpe",
         seed: int = 0,
         demo_source: str = "references",
-        objective: Literal["quality", "cost"] = "quality",
+        objective: Objective = "quality",
+        price: Price | None = None,
     ) -> None:
         unknown = sorted(set(dimensions) - set(DIMENSIONS))
         if unknown:
             raise ConfigError(f"[search.space] has no dimension {unknown[0]!r}; open: {', '.join(DIMENSIONS)}")
         # The initial configuration is a point of the space: its value is always a choice.
-        self.initial: dict[str, Value] = {name: dimension(name).coerce(initial[name])
-                                          for name, values in dimensions.items() if values}
-        self.choices: dict[str, tuple[Value, ...]] = {
-            name: tuple(sorted({*dimensions[name], value}))  # type: ignore[type-var]
-            for name, value in self.initial.items()}
+        self.choices: dict[str, tuple[Value, ...]] = space_choices(dimensions, initial)
+        self.initial: dict[str, Value] = {name: dimension(name).coerce(initial[name]) for name in self.choices}
+        #: What an answer costs under a configuration (None: no first moves).
+        self.price = price
         self.demos = tuple(demos)
         self.sampler = sampler
         self.seed = seed
@@ -116,10 +162,25 @@ class SearchSpace:
         return {name: optuna.distributions.CategoricalDistribution(values) for name, values in self.choices.items()}
 
     def describe(self) -> dict[str, Any]:
-        """What a score depends on (the study's fingerprint): the choices, the sampler and the demos."""
+        """What a score depends on (the study's fingerprint): the choices, the sampler and the demos;
+        and the first moves step 0 evaluates (also there when none: a study from before candidates
+        were named by their configuration keyed them by their instruction, and is another study)."""
         pool = json.dumps([d.to_json() for d in self.demos], sort_keys=True)
         return {"choices": {k: list(v) for k, v in self.choices.items()}, "sampler": self.sampler,
-                "demo_source": self.demo_source, "demos_sha256": hashlib.sha256(pool.encode()).hexdigest()[:16]}
+                "demo_source": self.demo_source, "demos_sha256": hashlib.sha256(pool.encode()).hexdigest()[:16],
+                "first": [settings_text(changed(m, self.initial)) for m in self.first_moves()]}
+
+    def first_moves(self) -> list[dict[str, Value]]:
+        """The configurations step 0 adds to the initial one (:func:`first_moves`); none without a price."""
+        if self.price is None or not self.open:
+            return []
+        return first_moves(self.choices, self.initial, price=self.price, objective=self.objective)
+
+    def name(self, instruction: str, params: Params) -> str:
+        """A candidate's name: ``instruction``, and in braces the values of ``params`` that differ from
+        the initial configuration's (:func:`opro.program.configurations.name_of`)."""
+        values = {k: dimension(k).coerce(v) for k, v in params.items() if k in self.choices}
+        return name_of(instruction, {**self.initial, **values}, self.initial)
 
     def _make_sampler(self, step: int) -> optuna.samplers.BaseSampler:
         if self.sampler == "random":
@@ -157,4 +218,5 @@ class SearchSpace:
         return out
 
 
-__all__ = ["DIMENSIONS", "Params", "SearchSpace", "bootstrapped_demos", "reference_demos"]
+__all__ = ["DIMENSIONS", "Objective", "Params", "Price", "SearchSpace", "bootstrapped_demos", "first_moves",
+           "reference_demos", "space_choices"]

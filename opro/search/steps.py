@@ -25,7 +25,7 @@ from opro.config import OptimizerSection
 from opro.errors import LLMError, OproError
 from opro.evaluation.batch import QAExample
 from opro.evaluation.engine import Gate, Pair, Scored
-from opro.program.cost import CallUsage
+from opro.program.cost import CallUsage, CostModel
 from opro.progress import ProgressBar, progress_bar
 from opro.search.pruners import EarlierStepsPruner, RunningCandidate
 from opro.search.results import CandidateRecord, CandidateStatus
@@ -76,7 +76,7 @@ class _Part:
 
 @dataclass
 class _Live:
-    """A candidate being evaluated in the current step."""
+    """A candidate being evaluated in the current step (``instruction``: its name)."""
 
     instruction: str
     trial: optuna.trial.Trial
@@ -101,6 +101,12 @@ class _Live:
     def mean(self) -> float | None:
         valid = [s for s in self.scores if s is not None]
         return sum(valid) / len(valid) if valid else None
+
+    def costs(self, model: CostModel) -> list[float | None]:
+        """Each reported question's cost (None: its call failed), in the order of ``scores``."""
+        return [None if (u := self.usage.get(i)) is None else model.of(prompt_tokens=u.prompt_tokens,
+                                                                          completion_tokens=u.completion_tokens)
+                for i in range(len(self.scores))]
 
     def n_valid(self) -> int:
         return sum(1 for s in self.scores if s is not None)
@@ -153,11 +159,12 @@ class StepEvaluator:
 
     def _claim(self, step: int, items: Sequence[tuple[int, str]], *, part: str | None = None) -> list[Claimed]:
         return claim(self.study, step=step, items=items, token=self.coordinator.token, worker=self.worker, part=part,
-                     space=self.scorer.space)
+                     scorer=self.scorer)
 
     def evaluate(self, step: int, proposals: Sequence[str], examples: Sequence[QAExample]) -> list[CandidateRecord]:
-        """Claim and evaluate candidates of ``step`` until every proposal has a result, by this worker
-        or another; claims of stopped workers are taken over. Returns this worker's new records."""
+        """Claim and evaluate the candidates of ``step`` (by name, each configured in the scorer) until
+        every proposal has a result, by this worker or another; claims of stopped workers are taken
+        over. Returns this worker's new records."""
         n = len(proposals)
         mine: list[CandidateRecord] = []
         poll, last_note = 0.05, time.monotonic()
@@ -315,6 +322,8 @@ class _StepRun:
         self.n, self.size = len(examples), owner.settings.minibatch_size
         self.n_batches = max(1, math.ceil(self.n / self.size))
         self.pruning = pruning(self.study, step)
+        #: ``objective = "cost"``: each question's cost is kept beside its score (what that race pairs on).
+        self.by_cost = owner.settings.objective == "cost"
         # With a budget, minibatch b starts only once minibatch b-1 is finished and the budget is
         # checked, as a plain loop would: where a run stops must not depend on timing.
         self.budgeted = owner.budgeted
@@ -405,14 +414,16 @@ class _StepRun:
             # The decision is made here from the candidate's own results and the earlier
             # steps (the pruner's whole input), so nobody waits for the storage write: it
             # runs beside the requests, in order, on the bookkeeping thread.
+            costs = c.costs(self.owner.scorer.cost) if self.by_cost else None
             self.reports.append(self.bookkeeper.submit(
-                self._report, c, mean, b, list(c.scores) if self.pruning is not None else None))
+                self._report, c, mean, b, list(c.scores) if self.pruning is not None else None,
+                costs if self.pruning is not None else None))
             if self.pruning is None or b + 1 >= self.n_batches:
                 continue
             pruner, earlier = self.pruning
-            if pruner.decide(RunningCandidate(dict(c.means), list(c.scores)), earlier):
+            if pruner.decide(RunningCandidate(dict(c.means), list(c.scores), tuple(costs or ())), earlier):
                 c.status = "pruned"
-                self.bar.advance(n - len(c.scores))
+                self.bar.skip(n - len(c.got))  # never asked: off the total, not counted as done
 
     def _claim_part(self) -> list[Pair]:
         """Claim a free part of a split candidate of this step (its own first); its pairs."""
@@ -467,9 +478,10 @@ class _StepRun:
             logger.warning("worker %d: part %d of candidate %d of step %d was taken over by another worker",
                            self.owner.worker, job.part, job.index, self.step)
 
-    def _report(self, c: _Live, mean: float, b: int, scores: list[float | None] | None) -> None:
+    def _report(self, c: _Live, mean: float, b: int, scores: list[float | None] | None,
+                costs: list[float | None] | None = None) -> None:
         try:
-            self.study.report(c.trial, mean, b, scores)
+            self.study.report(c.trial, mean, b, scores, costs)
         except optuna.exceptions.UpdateFinishedTrialError:
             self._lost(c)
 
@@ -546,17 +558,20 @@ class _StepRun:
                 "candidate %r: only %d of %d questions scored validly (%d invalid, %d errors): not complete",
                 c.instruction[:60], n_scored, n_questions, n_invalid, c.n_errors,
             )
-        cost = self.owner.scorer.cost.summarize(c.usage[i] for i in sorted(c.usage))
+        scorer = self.owner.scorer
+        cost = scorer.cost.summarize(c.usage[i] for i in sorted(c.usage))
         try:
             self.study.finish(c.trial, status=status, score=mean, n_scored=n_scored, n_invalid=n_invalid,
-                              n_errors=c.n_errors, scores=c.scores, cost=cost)
+                              n_errors=c.n_errors, scores=c.scores, cost=cost,
+                              costs=c.costs(scorer.cost) if self.by_cost else None)
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             self._lost(c)
             return None
         return CandidateRecord(
-            step=self.step, instruction=c.instruction, score=mean, n_scored=n_scored, n_invalid=n_invalid,
-            n_errors=c.n_errors, status=status, trial_number=c.trial.number, scores=tuple(c.scores), index=c.index,
-            cost=cost,
+            step=self.step, instruction=scorer.instruction_of(c.instruction), score=mean, n_scored=n_scored,
+            n_invalid=n_invalid, n_errors=c.n_errors, status=status, trial_number=c.trial.number,
+            scores=tuple(c.scores), index=c.index, params=scorer.params_of(c.instruction), cost=cost,
+            name=c.instruction,
         )
 
 

@@ -33,9 +33,11 @@ Study attributes::
                               never reads it; each recorder lists its keys (opro.tracking.recorder)
 
 Trial parameters: the candidate's values of the open search dimensions (``demos``, ``top_k``, ...).
-Trial attributes: ``instruction step index worker host claim`` (the claim), ``part`` and ``parts``
+Trial attributes: ``instruction step index worker host claim`` (the claim; ``candidate``: its name where
+that is not its instruction, :mod:`opro.program.configurations`), ``part`` and ``parts``
 (split candidates), ``part_scores`` and ``part_usage`` (a part's task calls: prompt and completion
-tokens, seconds), ``scores`` (per question, as the racing pruner reads them) and the result
+tokens, seconds), ``scores`` (per question, as the racing pruner reads them; ``costs`` beside them with
+``objective = "cost"``: each question's cost, what that race pairs on) and the result
 ``score n_scored n_invalid n_errors status cost`` (``cost``: :class:`opro.program.cost.CostSummary` as a dict,
 means per answered question).
 """
@@ -58,6 +60,7 @@ from opro.errors import ConfigError
 from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest, sha
 from opro.llm.client import UsageByRole
 from opro.locking import lease_alive, waiting_lock
+from opro.program.configurations import settings_text, split_name
 from opro.program.cost import CallUsage, CostSummary
 from opro.program.dimensions import Value
 from opro.redaction import redact_url
@@ -77,6 +80,11 @@ class FingerprintMismatch(ConfigError):
 
 def questions_key(queries: Sequence[str]) -> str:
     return sha("\x1f".join(queries))
+
+
+#: Fingerprint entries that older studies recorded and no fingerprint holds any more (where a model
+#: was served, not which model): ignored when such a study resumes.
+RETIRED_ENTRIES = (".base_url",)
 
 
 class _Key:
@@ -134,14 +142,26 @@ class _Key:
         return f"stopped:{step}"
 
     @staticmethod
-    def validation(instruction: str, queries: Sequence[str]) -> str:
+    def validation(name: str, queries: Sequence[str]) -> str:
         """A prompt's scores on a batch of validation questions: keyed by both, so a question set is
         never mistaken for another."""
-        return f"validation:{sha(normalize_instruction(instruction))}:{questions_key(queries)}"
+        return f"validation:{_prompt_key(name)}:{questions_key(queries)}"
 
     @staticmethod
-    def validation_cost(instruction: str, queries: Sequence[str]) -> str:
-        return f"validation_cost:{sha(normalize_instruction(instruction))}:{questions_key(queries)}"
+    def validation_cost(name: str, queries: Sequence[str]) -> str:
+        return f"validation_cost:{_prompt_key(name)}:{questions_key(queries)}"
+
+
+def _prompt_key(name: str) -> str:
+    """A validated prompt's key: its candidate name's instruction normalized (what it has always been
+    for an instruction alone), then its settings as named, so that no wording can stand for them."""
+    try:
+        instruction, values = split_name(name)
+    except ConfigError:  # braces at the end of an instruction that name no setting: part of the wording
+        instruction, values = name, {}
+    if not values:
+        return sha(normalize_instruction(name))
+    return sha(normalize_instruction(instruction) + "\x1f" + settings_text(values))
 
 
 def _recorder_key(key: str) -> str:
@@ -155,6 +175,7 @@ class _TrialKey:
     """The trial attributes' names (the module docstring lists them)."""
 
     INSTRUCTION: Final = "instruction"
+    CANDIDATE: Final = "candidate"
     STEP: Final = "step"
     INDEX: Final = "index"
     WORKER: Final = "worker"
@@ -165,6 +186,7 @@ class _TrialKey:
     PART_SCORES: Final = "part_scores"
     PART_USAGE: Final = "part_usage"
     SCORES: Final = "scores"
+    COSTS: Final = "costs"
     SCORE: Final = "score"
     N_SCORED: Final = "n_scored"
     N_INVALID: Final = "n_invalid"
@@ -300,6 +322,16 @@ class CandidateTrial:
     params: Mapping[str, Any] = field(default_factory=dict)
     part_usage: tuple[CallUsage | None, ...] = ()
     cost: CostSummary | None = None
+    #: Its name where that is not its instruction (None: the instruction names it).
+    candidate: str | None = None
+    #: Its cost per question so far (``costs``: what the cost objective's race pairs; None: not answered).
+    costs: tuple[float | None, ...] = ()
+
+    @property
+    def name(self) -> str | None:
+        """The candidate's name (:mod:`opro.program.configurations`): its instruction, with its settings
+        where they differ from the initial configuration's."""
+        return self.candidate or self.instruction
 
     @classmethod
     def of(cls, t: optuna.trial.FrozenTrial) -> CandidateTrial:
@@ -316,6 +348,7 @@ class CandidateTrial:
             params=MappingProxyType(dict(t.params)),
             part_usage=tuple(None if u is None else CallUsage.from_list(u) for u in a.get(k.PART_USAGE) or ()),
             cost=CostSummary.from_dict(a[k.COST]) if isinstance(a.get(k.COST), Mapping) else None,
+            candidate=a.get(k.CANDIDATE), costs=tuple(a.get(k.COSTS) or ()),
         )
 
     @property
@@ -327,9 +360,10 @@ class CandidateTrial:
 def claim_template(*, instruction: str, step: int, index: int, worker: int, token: str,
                    part: str | None, params: Mapping[str, Value] | None = None,
                    distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None,
-                   ) -> optuna.trial.FrozenTrial:
+                   name: str | None = None) -> optuna.trial.FrozenTrial:
     """A RUNNING trial that claims candidate ``index`` of ``step`` (or that part of it) for ``worker``,
-    with the candidate's values of the open search dimensions as its parameters."""
+    with the candidate's values of the open search dimensions as its parameters and its ``name``
+    where that is not its instruction."""
     params = dict(params or {})
     return optuna.trial.FrozenTrial(
         number=-1,
@@ -343,6 +377,7 @@ def claim_template(*, instruction: str, step: int, index: int, worker: int, toke
             _TrialKey.INSTRUCTION: instruction, _TrialKey.STEP: step, _TrialKey.INDEX: index,
             _TrialKey.WORKER: worker, _TrialKey.HOST: socket.gethostname(), _TrialKey.CLAIM: token,
             **({} if part is None else {_TrialKey.PART: part}),
+            **({} if name is None or name == instruction else {_TrialKey.CANDIDATE: name}),
         },
         system_attrs={},
         intermediate_values={},
@@ -504,7 +539,9 @@ class SearchStudy:
             self.optuna.set_user_attr(_Key.FINGERPRINT, dict(fingerprint))
             return
         keys = sorted(set(stored) | set(fingerprint))
-        changed = [k for k in keys if stored.get(k) != fingerprint.get(k)]
+        # An entry a fingerprint no longer holds (a server's base_url) is not a change: older studies resume.
+        changed = [k for k in keys if stored.get(k) != fingerprint.get(k) and (k in fingerprint or not k.endswith(
+            RETIRED_ENTRIES))]
         if changed:
             shown = "; ".join(f"{k}: {stored.get(k)!r} -> {fingerprint.get(k)!r}" for k in changed[:8])
             raise FingerprintMismatch(
@@ -568,12 +605,12 @@ class SearchStudy:
             out.append(CandidateRecord(
                 step=t.step, instruction=str(t.instruction), score=t.score, n_scored=t.n_scored,
                 n_invalid=t.n_invalid, n_errors=t.n_errors, status=status, trial_number=t.number,
-                scores=t.scores, index=t.index, params=dict(t.params), cost=t.cost,
+                scores=t.scores, index=t.index, params=dict(t.params), cost=t.cost, name=str(t.name),
             ))
         # A rerun re-evaluates failed and budget-stopped candidates: the latest attempt stands.
         latest: dict[tuple[int, str], CandidateRecord] = {}
         for r in sorted(out, key=lambda r: r.trial_number):
-            latest[(r.step, normalize_instruction(r.instruction))] = r
+            latest[(r.step, normalize_instruction(r.name))] = r
         # By (step, proposal index): the same order whichever worker evaluated what, and after restarts.
         return sorted(latest.values(), key=lambda r: (r.step, r.index, r.trial_number))
 
@@ -585,10 +622,11 @@ class SearchStudy:
 
     def new_claim(self, *, instruction: str, step: int, index: int, worker: int, token: str,
                   part: str | None, params: Mapping[str, Value] | None = None,
-                  distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None) -> NewTrial:
+                  distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None,
+                  name: str | None = None) -> NewTrial:
         """Create a claim's RUNNING trial with its attributes in one transaction (:func:`create_trial`)."""
         template = claim_template(instruction=instruction, step=step, index=index, worker=worker, token=token,
-                                  part=part, params=params, distributions=distributions)
+                                  part=part, params=params, distributions=distributions, name=name)
         return create_trial(self.optuna, template)
 
     def running(self, created: NewTrial) -> optuna.trial.Trial:
@@ -608,19 +646,26 @@ class SearchStudy:
         return int(trial.user_attrs.get(_TrialKey.PARTS) or 0)
 
     @staticmethod
-    def report(trial: optuna.trial.Trial, mean: float, minibatch: int, scores: Sequence[float | None] | None) -> None:
-        """A running mean after ``minibatch``; with ``scores``, the per-question scores the racing pruner reads."""
+    def report(trial: optuna.trial.Trial, mean: float, minibatch: int, scores: Sequence[float | None] | None,
+               costs: Sequence[float | None] | None = None) -> None:
+        """A running mean after ``minibatch``; with ``scores`` (and ``costs``), the per-question scores
+        (and costs) the racing pruner reads."""
         if scores is not None:
             trial.set_user_attr(_TrialKey.SCORES, list(scores))
+        if costs is not None:
+            trial.set_user_attr(_TrialKey.COSTS, list(costs))
         trial.report(mean, minibatch)
 
     def finish(self, trial: optuna.trial.Trial, *, status: CandidateStatus, score: float | None, n_scored: int,
-               n_invalid: int, n_errors: int, scores: Sequence[float | None], cost: CostSummary | None = None) -> None:
-        """A candidate's result: COMPLETE with its mean, PRUNED, or FAIL (failed / incomplete)."""
+               n_invalid: int, n_errors: int, scores: Sequence[float | None], cost: CostSummary | None = None,
+               costs: Sequence[float | None] | None = None) -> None:
+        """A candidate's result: COMPLETE with its mean, PRUNED, or FAIL (failed / incomplete); with
+        ``costs``, its cost per question (what the cost objective's race pairs on)."""
         k = _TrialKey
         for key, v in {k.SCORE: score, k.N_SCORED: n_scored, k.N_INVALID: n_invalid, k.N_ERRORS: n_errors,
                        k.STATUS: status, k.SCORES: list(scores),
-                       **({} if cost is None else {k.COST: cost.as_dict()})}.items():
+                       **({} if cost is None else {k.COST: cost.as_dict()}),
+                       **({} if costs is None else {k.COSTS: list(costs)})}.items():
             trial.set_user_attr(key, v)
         if status == "complete":
             self.optuna.tell(trial, score)

@@ -21,7 +21,7 @@ good): :func:`opro.stats.sequential.conditional_estimate`.
 
 Every look is recorded in the study with the design it was made under, and every decision (its
 design, ``min_coverage`` included, the study's fingerprint, its questions and its verdict) in the
-study and in the decision ledger beside the dataset (:mod:`opro.ledger`). Questions that decided a
+study and in the user's decision ledger (:mod:`opro.ledger`). Questions that decided a
 verdict cannot decide again under another design or other settings, in any study, storage or output
 folder (more than :data:`opro.ledger.MAX_SEEN_SHARE` of them shared is refused), so a rerun cannot
 shop for the alpha, finalists, steps, coverage rule or judge that happen to claim a gain. With
@@ -228,6 +228,8 @@ def refuse_seen(
     With ``seen_validation = "label"`` it warns instead (the decision will be labelled re-decided)."""
     if not settings.finalists or not validation_set:
         return
+    if ledger is not None:  # a ledger deleted or edited since this storage's decisions: seen here, said
+        ledger.restore(study.decisions_in_storage())
     s = settings
     probe = Decision(scope="validation", key="", questions=_question_hashes([e.query for e in validation_set]),
                      design={"alpha": s.alpha, "futility": s.futility, "min_coverage": s.min_coverage},
@@ -246,15 +248,17 @@ def refuse_seen(
 
 def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: float) -> list[CandidateRecord]:
     """Finalists of ``objective = "cost"``, cheapest first: the complete candidates cheaper per answer
-    than the initial configuration and not clearly worse, kept only where no other such candidate is
-    both as cheap and as good and better in one (the search's quality-cost front). Not clearly worse:
-    the upper end of the paired 95% t interval of its search scores minus the initial one's (question
-    by question) is above ``-margin``; with fewer than 2 pairs, its mean is. A handful of search
-    questions cannot show that a cheaper candidate is as good, only that it is clearly worse, so this
-    only chooses what the confirmation tests; it claims nothing."""
+    than the initial configuration (the candidate named ``initial``: the initial instruction with the
+    initial configuration's values; the same instruction with other values is another candidate) and
+    not clearly worse, kept only where no other such candidate is both as cheap and as good and better
+    in one (the search's quality-cost front). Not clearly worse: the upper end of the paired 95% t
+    interval of its search scores minus the initial one's (question by question) is above ``-margin``;
+    with fewer than 2 pairs, its mean is. A handful of search questions cannot show that a cheaper
+    candidate is as good, only that it is clearly worse, so this only chooses what the confirmation
+    tests; it claims nothing."""
     key = normalize_instruction(initial)
     done = [r for r in history if r.status == "complete" and r.score is not None and r.cost is not None]
-    base = next((r for r in done if normalize_instruction(r.instruction) == key), None)
+    base = next((r for r in done if normalize_instruction(r.name) == key), None)
     if base is None:
         return []
 
@@ -265,7 +269,7 @@ def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: 
             return (r.score or 0.0) >= (base.score or 0.0) - margin
         return ci[1] > -margin
 
-    ok = [r for r in done if normalize_instruction(r.instruction) != key
+    ok = [r for r in done if normalize_instruction(r.name) != key
           and r.cost.cost < base.cost.cost and not_clearly_worse(r)]  # type: ignore[union-attr]
     return quality_cost_front(ok)
 
@@ -379,13 +383,13 @@ class _Finding:
 def _choose_finalists(history: Sequence[CandidateRecord], *, initial: str,
                       settings: OptimizerSection) -> list[CandidateRecord]:
     """The candidates the validation stage may choose: the cost front (``objective = "cost"``) or the
-    best complete candidates by search score, the initial instruction left out."""
+    best complete candidates by search score, the initial configuration (by name) left out."""
     if settings.objective == "cost":
         return cost_finalists(history, initial=initial, margin=settings.margin)[: settings.finalists]
     initial_key = normalize_instruction(initial)
     return sorted(
         (r for r in history if r.status == "complete" and r.score is not None
-         and normalize_instruction(r.instruction) != initial_key),
+         and normalize_instruction(r.name) != initial_key),
         key=lambda r: (-(r.score or 0.0), r.step, r.index),
     )[: settings.finalists]
 
@@ -728,8 +732,13 @@ def validate(
     """Choose a finalist on the selection questions, then test it against the initial instruction
     on the confirmation questions, look by look, the last look on up to ``validation_extension`` of
     ``extension_set`` (questions in no split) when the earlier ones did not decide (see the module
-    docstring). ``ledger``: the decision ledger beside the dataset, checked and written with the study."""
+    docstring). ``ledger``: the user's decision ledger, checked and written with the study.
+
+    Every prompt is named by its candidate name (:attr:`CandidateRecord.name`: the instruction, with its
+    settings where they differ from the initial configuration's), which the scorer resolves to its
+    configuration: the stage keys scores, finalists and its design by it."""
     s = settings
+    history = [replace(r, instruction=r.name) for r in history]  # named as the stage keys them
     finalists = _choose_finalists(history, initial=initial, settings=s)
     if not finalists:
         return _nothing_to_validate(s)

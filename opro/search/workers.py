@@ -28,10 +28,10 @@ from opro.llm.client import UsageByRole, UsageLedger
 from opro.locking import lease_alive
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import merge_usage
-from opro.search.study import RETRY_STATUSES, CandidateTrial, SearchStudy, StudyView, sha
+from opro.search.study import RETRY_STATUSES, CandidateTrial, NewTrial, SearchStudy, StudyView, sha
 
 if TYPE_CHECKING:
-    from opro.search.space import SearchSpace
+    from opro.search.scoring import CandidateScorer
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +110,9 @@ class StepState:
 def step_state(
     study: SearchStudy, step: int, proposals: Sequence[str], *, stale_s: float = 300.0, part: str | None = None
 ) -> StepState:
-    """The state of ``step``'s candidates (with ``part``: of that part of each). A candidate is matched
-    by its normalized instruction, so trials written before proposal indices were recorded count too.
+    """The state of ``step``'s candidates, given by name (with ``part``: of that part of each). A
+    candidate is matched by its name (:attr:`CandidateTrial.name`, normalized), so trials written
+    before proposal indices were recorded count too.
 
     A finished candidate whose status says the endpoint failed or the budget ran out stands only
     while the process that evaluated it runs: a new process evaluates it again (resume semantics).
@@ -120,9 +121,9 @@ def step_state(
     live = _live_tokens(study, stale_s=stale_s)
     state = StepState()
     for t in sorted(study.trials(), key=lambda t: t.number):
-        if t.step != step or t.instruction is None or t.part != part:
+        if t.step != step or t.name is None or t.part != part:
             continue
-        i = keys.get(normalize_instruction(t.instruction))
+        i = keys.get(normalize_instruction(t.name))
         if i is None:
             continue
         standing = _standing(t, live)
@@ -165,20 +166,22 @@ def claim(
     worker: int,
     stale_s: float = 300.0,
     part: str | None = None,
-    space: SearchSpace | None = None,
+    scorer: CandidateScorer | None = None,
 ) -> list[tuple[int, str, optuna.trial.Trial]]:
-    """Claim the candidates ``items`` (proposal index, instruction) of ``step`` (with ``part``: that
-    part of each; with ``space``, each claim carries the proposal's values as trial parameters);
-    returns those won."""
-    values = study.view().params(step) if space is not None and space.open and part is None else []
+    """Claim the candidates ``items`` (proposal index, candidate name) of ``step`` (with ``part``: that
+    part of each); returns those won. Each claim's trial carries the candidate's instruction and name
+    and, with a search space, its values as trial parameters: as ``scorer`` was told them
+    (:meth:`CandidateScorer.configure`; without one, a name is an instruction)."""
+    space = scorer.space if scorer is not None else None
     dists = space.distributions() if space is not None else None
-    created = [
-        (index, instruction, study.new_claim(instruction=instruction, step=step, index=index, worker=worker,
-                                             token=token, part=part,
-                                             params=values[index] if index < len(values) else None,
-                                             distributions=dists))
-        for index, instruction in items
-    ]
+
+    def claim_one(index: int, name: str) -> NewTrial:
+        instruction = scorer.instruction_of(name) if scorer is not None else name
+        params = scorer.params_of(name) if scorer is not None and space is not None and part is None else None
+        return study.new_claim(instruction=instruction, step=step, index=index, worker=worker, token=token,
+                               part=part, params=params, distributions=dists, name=name)
+
+    created = [(index, name, claim_one(index, name)) for index, name in items]
     state = step_state(study, step, [ins for _, ins in items], stale_s=stale_s, part=part)
     won: list[tuple[int, str, optuna.trial.Trial]] = []
     for pos, (index, instruction, new) in enumerate(created):
@@ -224,7 +227,7 @@ def part_state(study: SearchStudy, step: int, proposals: Sequence[str], *, stale
     state = PartState()
     trials = []
     for t in sorted(study.trials(), key=lambda t: t.number):
-        i = keys.get(normalize_instruction(t.instruction)) if t.step == step and t.instruction is not None else None
+        i = keys.get(normalize_instruction(t.name)) if t.step == step and t.name is not None else None
         if i is None:
             continue
         if t.part is None:

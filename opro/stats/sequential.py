@@ -345,7 +345,7 @@ def conditional_estimate(
     # Open below where even the lowest simulable gain leaves the observed mean unsurprising among its
     # claims: every gain below it is as compatible, and clamping there was an artefact of the floor.
     # The interval joins those of the observed and the widened spread: widening alone moved some
-    # upper ends down (at +0.5 it covered 0.80 of 148 claims, tests/test_sequential.py).
+    # upper ends down (at +0.5 it covered 0.80 of 148 claims, tests/stats/test_sequential.py).
     low = min(-math.inf if p_above(lowest, r) >= tail else solve(tail, top, r) for r in (plain, widened))
     high = max(solve(1 - tail, top, r) for r in (plain, widened))
     # A claim's selection only inflates: the adjusted gain is never above raw, nor outside the interval.

@@ -12,6 +12,7 @@ import os
 from opro.tracking.mlflow import (
     MlflowTracker,
     check_server,
+    check_writable,
     from_mlflow_template,
     load_registered_prompt,
     load_registered_template,
@@ -27,6 +28,7 @@ offline_environment(os.environ)
 __all__ = [
     "MlflowTracker",
     "check_server",
+    "check_writable",
     "from_mlflow_template",
     "load_registered_prompt",
     "load_registered_template",

@@ -727,7 +727,7 @@ class ValidationTraces(Recorder):
         from opro.judges.metrics import metric_name
 
         report = EvaluationReport(rows=tuple(rows), judge=metric_name(self.experiment.judge))
-        return _validation_prompt(label, self.experiment.template(instruction), instruction, report)
+        return _validation_prompt(label, self.experiment.candidate_template(instruction), instruction, report)
 
     def _rows_file(self, study: SearchStudy, label: str, instruction: str) -> Path:
         key = hashlib.sha256("\0".join((study.name, label, instruction)).encode()).hexdigest()[:16]

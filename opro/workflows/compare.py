@@ -27,6 +27,7 @@ def compare_and_save(
     config: str | Path,
     *,
     prompts: Sequence[str] = ("best",),
+    settings: Sequence[str] = (),
     baseline: str = "initial",
     split: str = "heldout",
     metrics: Sequence[str] = (),
@@ -44,7 +45,8 @@ def compare_and_save(
     notice: Callable[[str], None] = lambda _: None,
 ) -> ComparisonRun:
     """Compare ``prompts`` (and ``baseline``, added first when not among them) under the experiment
-    ``config``; ``notice`` hears the plan's lines for a held-out comparison before it runs. The report
+    ``config``, each of ``prompts`` answered with ``settings`` (``NAME=VALUE``, checked through the
+    table of dimensions: ``--set``); ``notice`` hears the plan's lines for a held-out comparison before it runs. The report
     is saved under ``out`` (or ``<output_dir>/compare/<name>``) and recorded (MLflow unless ``mlflow``
     is off); with ``promote_alias``, the alias moves only on held-out evidence (see
     :func:`opro.heldout.promotion.promote`)."""
@@ -55,7 +57,7 @@ def compare_and_save(
 
     if tracking_uri is not None:
         check_mlflow_uri(tracking_uri, where="--tracking-uri")
-    specs = list(prompts)
+    specs = [_with_set(p, settings) for p in prompts]
     if baseline not in specs:
         specs.insert(0, baseline)
     exp = Experiment.from_file(config, progress=progress)
@@ -63,7 +65,8 @@ def compare_and_save(
         from opro.probe.headroom import pilot_noise
         from opro.probe.plan import make_plan
 
-        notice("\n".join(make_plan(exp.config, pilot_noise=pilot_noise(exp.config)).compare_lines()))
+        notice("\n".join(make_plan(exp.config, pilot_noise=pilot_noise(exp),
+                                    noise_digest=exp.noise_digest()).compare_lines()))
     if mlflow or promote_alias:
         from opro.tracking import check_server
 
@@ -82,3 +85,17 @@ def compare_and_save(
     finally:
         exp.close()
     return ComparisonRun(report=report, saved=saved, decision=decision)
+
+
+def _with_set(spec: str, settings: Sequence[str]) -> str:
+    """``spec`` with the ``--set`` values added to the settings it names (``initial {top_k=1}``); a
+    value given both ways is the ``--set`` one."""
+    from opro.program.configurations import name_of, parse_setting, split_name
+
+    if not settings:
+        return spec
+    head, named = split_name(spec.strip(), where=f"prompt {spec!r}")
+    for text in settings:
+        key, value = parse_setting(text)
+        named[key] = value
+    return name_of(head.strip(), named)

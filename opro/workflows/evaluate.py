@@ -51,6 +51,7 @@ def evaluate_prompt(
     or .csv, or both under ``<output_dir>/evaluate/``) and record it (:func:`evaluation_record`) through
     ``recorders``, by default the config's (MLflow unless ``mlflow`` is off; with ``[tracking].genai``
     also a GenAI evaluation run with a trace per question)."""
+    from opro.config import load_config
     from opro.evaluation.batch import evaluate_examples
     from opro.experiment import Experiment
     from opro.heldout.guard import check_heldout
@@ -60,14 +61,15 @@ def evaluate_prompt(
 
     if split not in SPLIT_NAMES:
         raise ConfigError(f"--split {split!r}: use one of {', '.join(SPLIT_NAMES)}")
-    exp = Experiment.from_file(config, progress=progress)
+    cfg = load_config(config)
+    if recorders is None and mlflow:  # a store that is down or read-only is said before any call or file
+        from opro.tracking import check_writable
+
+        check_writable(cfg.mlflow_uri, where="[tracking].mlflow_uri", off="--no-mlflow")
+    exp = Experiment(cfg, progress=progress)
     try:
         if recorders is None:
             recorders = command_recorders(exp.config, mlflow=mlflow)
-            if mlflow:  # a store that is down is said before the evaluation, not after it
-                from opro.tracking import check_server
-
-                check_server(exp.config.mlflow_uri, where="[tracking].mlflow_uri")
         resolved = resolve_prompt(prompt, config=exp.config)
         if split == "heldout":
             notice(check_heldout(exp.dataset, output_dir=exp.config.output_dir, embed=exp.paraphrase_embed()))

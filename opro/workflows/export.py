@@ -48,10 +48,15 @@ def export_spec(
     # Whether this export writes something a record can point at (a file or a registry version).
     durable = out is not None or format not in STDOUT_FORMATS
     store = tracking_uri or (cfg.mlflow_uri if cfg is not None else None)
+    where = "--tracking-uri" if tracking_uri else "[tracking].mlflow_uri"
     if store and (format == "mlflow" or spec.startswith("prompts:/") or (durable and recorders)):
         from opro.tracking import check_server
 
-        check_server(store, where="--tracking-uri" if tracking_uri else "[tracking].mlflow_uri")
+        check_server(store, where=where)
+    if store and (format == "mlflow" or (durable and recorders)):  # before any file: a store that cannot record
+        from opro.tracking import check_writable
+
+        check_writable(store, where=where, off="--no-mlflow" if format != "mlflow" else "another --format")
     resolved = resolve_prompt(spec, config=cfg, tracking_uri=tracking_uri)
     target = out
     if target is None and format in FILE_ONLY_FORMATS:

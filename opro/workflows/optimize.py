@@ -55,7 +55,8 @@ def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
     from opro.probe.headroom import pilot_noise
     from opro.probe.plan import make_plan
 
-    plan = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp.config))
+    plan = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp),
+                     noise_digest=exp.noise_digest())
     notice("\n".join(plan.lines()))
     exp.run_dir.write_plan(plan.as_dict())
     if exp.run_dir.probe.is_file():
@@ -64,6 +65,17 @@ def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
         probed, why = stored_probe(exp)
         notice("\n".join(probed.verdict_lines() if probed is not None else [f"probe: {why}"]))
     return plan
+
+
+def _plan_check(plan: Any, used: Any, *, wall_s: float, workers: int) -> tuple[str, ...]:
+    """The plan beside this run's calls (:func:`opro.probe.plan.check`); with several workers, said to be
+    worker 0's only."""
+    from opro.probe.plan import check
+
+    lines = check(plan.as_dict(), used, wall_s=wall_s)
+    if workers > 1:
+        lines.append(f"  (worker 0's calls only: the plan is for all {workers} workers, which count their own)")
+    return tuple(lines)
 
 
 def optimize_experiment(
@@ -78,21 +90,24 @@ def optimize_experiment(
     and reads the stored probe (``notice`` hears both). ``fresh`` archives the existing study first."""
     from opro.data.dataset import split_shortfall
     from opro.experiment import Experiment
-    from opro.probe.plan import check
+    from opro.workflows.preflight import check_paths
 
     index, count = parse_worker(worker)
     exp = Experiment.from_file(config, progress=progress)
     try:
+        check_paths(exp.config)  # a missing file is said before the plan, by its key
         plan = _before_the_search(exp, notice) if index == 0 else None
         started = time.perf_counter()
         result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
         taken = time.perf_counter() - started
+        # This run's requests (this process's), not the study's across runs (result.usage).
+        used = exp.usage.as_dict()
     finally:
         exp.close()
     return OptimizeRun(
         result=result, config=exp.config, worker_index=index,
         n_optimization=len(exp.dataset.examples_in("optimization")),
         shortfall=split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None,
-        plan_check=tuple(check(plan.as_dict(), result.usage, wall_s=taken)) if plan is not None else (),
+        plan_check=_plan_check(plan, used, wall_s=taken, workers=count) if plan is not None else (),
         outputs=tuple(p.name for p in exp.run_dir.optimize_outputs()) if index == 0 else (),
     )

@@ -28,16 +28,19 @@ def plan_experiment(config: str | Path, *, probe: bool = False, questions: int |
     from opro.experiment import Experiment
     from opro.probe.headroom import pilot_noise
     from opro.probe.plan import make_plan
+    from opro.workflows.preflight import check_paths
 
     exp = Experiment.from_file(config, progress=None if probe else False)
     try:
+        check_paths(exp.config)
         probed, reused = None, False
         if probe:
             from opro.probe.headroom import probe_or_stored
 
             probed, reused = probe_or_stored(exp, questions=questions)
         # After the probe: planned by the noise it measured.
-        made = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp.config))
+        made = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp),
+                         noise_digest=exp.noise_digest())
     finally:
         exp.close()
     files = (exp.run_dir.probe, exp.run_dir.probe_report) if probed is not None else ()
@@ -50,9 +53,11 @@ def probe_experiment(config: str | Path, *, questions: int | None = None, mlflow
     from opro.experiment import Experiment
     from opro.probe.headroom import run_probe
     from opro.tracking.commands import command_recorders
+    from opro.workflows.preflight import check_paths
 
     exp = Experiment.from_file(config, progress=progress)
     try:
+        check_paths(exp.config)
         return run_probe(exp, recorders=command_recorders(exp.config, mlflow=mlflow), questions=questions)
     finally:
         exp.close()

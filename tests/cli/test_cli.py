@@ -59,6 +59,22 @@ def test_optimize_then_evaluate(scripted_config: Path, tmp_path: Path) -> None:
     assert len(client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")) == 1
 
 
+@pytest.mark.parametrize("command", ["optimize", "plan"])
+@pytest.mark.parametrize(("key", "value"), [("[data].dataset", "no-such-qa.jsonl"), ("[data].docs[0]", "no-such-docs")])
+def test_a_missing_file_is_named_by_its_key_before_the_plan(
+        scripted_config: Path, command: str, key: str, value: str) -> None:
+    """The plan used to be printed whole, then "No such file or directory" without the config key."""
+    line = f'dataset = "{value}"' if key == "[data].dataset" else f'docs = ["{value}"]'
+    text = "\n".join(line if ln.startswith(line.split(" = ")[0] + " = ") else ln
+                     for ln in scripted_config.read_text().splitlines())
+    scripted_config.write_text(text + "\n")
+    result = CliRunner().invoke(app, [command, str(scripted_config)], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"{key} = '{value}': no such file or folder (looked for " in said, said
+    assert "plan for" not in result.output and "calls" not in result.output
+
+
 def test_cli_errors_are_clear(scripted_config: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     bad = tmp_path / "bad.toml"
@@ -207,3 +223,50 @@ def test_the_command_exits_with_its_code_and_all_its_output_after_skipping_teard
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, timeout=120)
     assert proc.returncode == code, proc.stdout + proc.stderr
     assert text in getattr(proc, stream)
+
+
+def test_evaluate_and_export_against_a_store_that_cannot_record_fail_before_any_call_or_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 61: `opro evaluate` and `opro export` against a read-only or unwritable MLflow store did the work
+    (20 calls, files written) and then exited 2, and the message did not name --no-mlflow."""
+    from fakes import judge_reply, optimizer_reply, task_reply
+
+    from opro.llm.pool import ModelPool
+    from opro.llm.scripted import ScriptedLLM
+
+    models = {role: ScriptedLLM(default=reply, model=role) for role, reply in
+              (("task", task_reply), ("judge", judge_reply), ("optimizer", optimizer_reply))}
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: ModelPool(scripted=models))
+    monkeypatch.setenv("COLUMNS", "300")
+    (tmp_path / "afile").write_text("not a folder")
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "mlflow.db").write_bytes(b"")
+    runner = CliRunner()
+    stores = {"unwritable": (f"sqlite:///{tmp_path / 'afile' / 'mlflow.db'}", f"{tmp_path / 'afile'} is not a folder"),
+              "read-only": (f"sqlite:///{tmp_path / 'locked' / 'mlflow.db'}", "mlflow.db is read-only")}
+    for name, (uri, why) in stores.items():
+        config = write_toml(experiment_config(tmp_path, tracking={"prompt_name": "qa-test", "genai": False,
+                                                                  "sidecar": False, "mlflow_uri": uri}),
+                            tmp_path / f"{name}.toml")
+        (tmp_path / "locked" / "mlflow.db").chmod(0o444)  # read-only by its mode: refused for root too
+        (tmp_path / "locked").chmod(0o555)
+        try:
+            evaluated = runner.invoke(app, ["evaluate", str(config), "--prompt", "initial", "--split", "heldout",
+                                            "--no-progress"])
+            exported = runner.invoke(app, ["export", "initial", "--config", str(config), "--format", "llamaindex"])
+        finally:
+            (tmp_path / "locked").chmod(0o755)
+            (tmp_path / "locked" / "mlflow.db").chmod(0o644)
+        for done in (evaluated, exported):
+            said = " ".join(done.output.split())
+            assert done.exit_code == 2, (name, done.output)
+            assert "cannot record" in said and why in said and "--no-mlflow" in said, said
+            assert "nothing was asked or written" in said and "Traceback" not in said
+        assert not any(m.calls for m in models.values())  # not one LLM call
+        assert not (tmp_path / "out" / "evaluate").exists() and not (tmp_path / "out" / "export").exists()
+    # --no-mlflow does the work and records nothing.
+    done = runner.invoke(app, ["evaluate", str(tmp_path / "unwritable.toml"), "--prompt", "initial", "--split",
+                               "heldout", "--no-progress", "--no-mlflow"])
+    assert done.exit_code == 0, done.output
+    assert models["judge"].calls and (tmp_path / "out" / "evaluate" / "heldout-initial.json").is_file()

@@ -70,3 +70,33 @@ def test_judge_calibrate_and_agreement_read_at_80_columns(tmp_path: Path, monkey
                               monkeypatch, min_tables=2)
     assert agreement.exit_code == 0, agreement.output
     assert "exact agreement" in agreement.output
+
+
+def _too_wide(output: str) -> list[str]:
+    """Lines over 80 columns that could have wrapped (a single word, such as a long path, or a
+    `quoted command`, which is kept whole so that it can be copied, cannot)."""
+    import re
+
+    return [line for line in output.splitlines()
+            if len(line) > 80 and len(re.sub(r"`[^`]*`", "command", line).split()) > 1]
+
+
+def test_plan_probe_and_optimize_lines_wrap_at_80_columns_in_a_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 60: nine plan and probe lines ran to 185-423 characters in an 80-column log. Every line of
+    `opro plan`, `opro plan --probe`, `opro probe` and `opro optimize` now wraps at the console's width,
+    a long one continued under its indent; the words stay whole (keys and paths are copyable)."""
+    from fakes import scripted_pool
+
+    monkeypatch.setattr(opro.experiment, "ModelPool", scripted_pool)
+    config = write_toml(experiment_config(tmp_path, questions=40, search={"space": {"demos": [0, 2], "top_k": [1, 3]}},
+                                          optimizer={"validation_extension": 5}), tmp_path / "exp.toml")
+    for args in (["plan", str(config)], ["probe", str(config), "--no-mlflow", "--no-progress"],
+                 ["plan", str(config), "--probe"], ["optimize", str(config), "--no-progress"]):
+        result = invoke_narrow(args, monkeypatch, min_tables=0)
+        assert result.exit_code == 0, result.output
+        assert not _too_wide(result.output), f"opro {args[0]}: lines over 80 columns:\n" + "\n".join(
+            _too_wide(result.output))
+        if args[0] == "plan":
+            assert "plan for" in result.output and "calls" in result.output
+    said = " ".join(result.output.split())
+    assert "search score: mean on the 3 optimization questions, which the search selected on" in said

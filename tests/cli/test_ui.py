@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from fakes import experiment_config, write_toml
 
 
@@ -78,3 +81,68 @@ def test_ui_on_a_port_in_use_fails_with_exit_2_instead_of_a_server_that_exits_0(
         )
     assert proc.returncode == 2, proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "--port" in proc.stderr
+
+
+def _session(sid: int) -> list[str]:
+    """The live processes of session ``sid`` (the test starts `opro ui` as a session of its own), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{stat.parent.name}: {cmd}")
+    return found
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to opro", "SIGHUP to opro", "Ctrl-C (SIGINT to the group)"])
+def test_ui_stops_its_server_on_every_stop_signal_and_leaves_nothing_running(tmp_path: Path, how: str) -> None:
+    """A service manager sends SIGTERM to opro alone, a closed ssh session SIGHUP, a terminal's Ctrl-C
+    SIGINT to the whole foreground group: each time the server goes with opro, its port is free, and
+    Ctrl-C prints one line (no CancelledError traceback)."""
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(b"")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from opro.cli import main; main()", "ui", "--tracking-uri", f"sqlite:///{store}",
+         "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        # opro as a user starts it: SIGINT at its default, whatever the test runner's parent ignores
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in proc.stdout or ()))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        status = None
+        while time.monotonic() < deadline and proc.poll() is None and status != 200:
+            try:
+                status, _ = _get(f"http://127.0.0.1:{port}/health")
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200, f"no answer within 120 s (exit {proc.poll()})"
+        while time.monotonic() < deadline and not any("/health" in line for _, line in lines):
+            time.sleep(0.1)  # the server logs the request after answering it: that line is not the stop's
+        sent = time.monotonic()
+        if how.startswith("Ctrl-C"):
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM if how.startswith("SIGTERM") else signal.SIGHUP)
+        assert proc.wait(timeout=60) == 0
+        reader.join(timeout=10)
+        deadline = time.monotonic() + 5  # what is left would be serving: give the kernel a moment
+        while _session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _session(proc.pid) == [], "processes left behind"
+        with socket.create_server(("127.0.0.1", port)):
+            pass  # the port is free
+        after = [line for at, line in lines if at > sent]
+        assert len(after) == 1 and f"stopped the MLflow UI on http://127.0.0.1:{port}" in after[0], after
+        assert "Traceback" not in "".join(line for _, line in lines)
+    finally:
+        for pid in [int(entry.partition(":")[0]) for entry in _session(proc.pid)]:
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=30)

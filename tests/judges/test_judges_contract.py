@@ -320,9 +320,9 @@ def _judge_classes() -> set[str]:
     for info in pkgutil.iter_modules(opro.judges.__path__):
         module = importlib.import_module(f"opro.judges.{info.name}")
         for obj in vars(module).values():
-            if inspect.isclass(obj) and obj.__module__ == module.__name__ and (
+            if inspect.isclass(obj) and obj.__module__ == module.__name__ and not getattr(obj, "_is_protocol", False) and (
                 obj.__name__.endswith("Judge") or callable(getattr(obj, "measure", None))
-            ):
+            ):  # a Protocol (the Metric interface) is no judge: nothing constructs it
                 names.add(obj.__name__)
     return names
 

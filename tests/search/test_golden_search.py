@@ -76,13 +76,13 @@ def _run(tmp_path: Path) -> Path:
 
 def _records(out: Path) -> dict[str, str]:
     """The search's records, less what measures time or the machine (and the judge-noise note, which
-    names the config's path)."""
+    names the config's path, and the noise digest, which follows the fingerprint's entries)."""
     files = {"history.jsonl": (out / "history.jsonl").read_text(encoding="utf-8"),
              "best_prompt.txt": (out / "best_prompt.txt").read_text(encoding="utf-8")}
     for meta in sorted((out / "metaprompts").iterdir()):
         files[f"metaprompts/{meta.name}"] = meta.read_text(encoding="utf-8")
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    for key in ("wall_s", "usage", "mlflow_run_id", "split_record", "judge_noise"):
+    for key in ("wall_s", "usage", "mlflow_run_id", "split_record", "judge_noise", "noise_digest"):
         summary.pop(key, None)
     files["summary.json"] = json.dumps(summary, indent=2, sort_keys=True) + "\n"
     return files

@@ -344,6 +344,35 @@ def test_summary_and_outputs_label_the_score_and_show_the_optimism(tmp_path: Pat
     assert (tmp_path / "out" / "optimism.png").stat().st_size > 1000
 
 
+def test_the_summary_gives_the_returned_instructions_scores_on_both_bases(tmp_path: Path) -> None:
+    """The initial instruction scores 4 on the search questions and 3 on validation ones and is returned:
+    best_score 3.0 (validation) beside initial_score 4.0 (search) read as a contradiction until the
+    summary puts both instructions' scores side by side, basis by basis."""
+    def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        answer, question = _answer_and_question(messages)
+        if answer.startswith(INITIAL):
+            return "4" if question.startswith("opt") else "3"
+        return "2"
+
+    usage = UsageLedger()
+    opt = SearchRig(
+        optimizer_llm=ChatClient(ScriptedLLM(default=optimizer_reply), role="optimizer", usage=usage),
+        judge=ReplyJudge(ChatClient(ScriptedLLM(default=judge), role="judge", usage=usage)),
+        settings=OptimizerSection(steps=1, candidates_per_step=2, minibatch_size=3, pruner="none", finalists=2),
+        storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="s", usage=usage,
+    )
+    program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: m[-1].content.split("\nQuery:")[0]),
+                                     role="task", usage=usage))
+    result = opt.optimize(program=program, optimization_set=[Ex(f"opt {i}?", "r") for i in range(3)],
+                          validation_set=[Ex(f"val {i}?", "r") for i in range(6)], initial_instructions=[INITIAL])
+    summary = result.summary()
+    assert summary["best_instruction"] == INITIAL and summary["best_score"] == 3.0 and summary["initial_score"] == 4.0
+    by_basis = summary["scores_by_basis"]
+    assert by_basis["returned_is_initial"] is True
+    assert by_basis["returned"] == by_basis["initial"] == {"search": 4.0, "validation": 3.0}
+    assert "in-sample" in by_basis["search"] and "never used" in by_basis["validation"]
+
+
 # -- racing pruner --------------------------------------------------------------------------------
 
 def test_racing_bound_prunes_only_when_confidently_worse() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from fakes import experiment_config, mlflow_client, run_together, write_toml
+from fakes import EMBEDDINGS, HashEmbedder, experiment_config, mlflow_client, run_together, write_toml
 
 from opro.errors import ConfigError, LeakageError
 from opro.experiment import Experiment
@@ -396,8 +396,6 @@ def test_bootstrapped_demonstrations_are_the_task_models_answers_the_judge_passe
 def test_the_retriever_kind_lands_through_the_table_searched_exported_and_planned(tmp_path: Path) -> None:
     """A dimension declared once (opro/program/dimensions.py) and implemented in retrieval.py: [search.space]
     opens it, the sampler proposes it, the template carries it, the exports and the plan show it."""
-    from test_dimensions import EMBEDDINGS, HashEmbedder
-
     from opro.config import load_config
     from opro.export import export_prompt, load_llamaindex_settings, load_prompt_json
     from opro.heldout.sources import resolve_prompt

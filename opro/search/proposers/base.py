@@ -103,6 +103,9 @@ class SamplingProposer:
         """k samples of ``prompt`` at once, then as many more as were rejected, read in index order:
         the same indices and the same accepted candidates as asking one at a time. A few extra
         samples make up for rejected candidates; bounded so a bad optimizer cannot loop."""
+        # A repeat is a wording seen before, whatever the settings it was scored with: a proposer writes
+        # wordings, the sampler the settings beside them (the initial instruction with other settings
+        # is another candidate, the first moves of step 0, never a proposal).
         seen = {normalize_instruction(r.instruction) for r in context.history}
         accepted: list[str] = []
         rejected: list[dict[str, str]] = []

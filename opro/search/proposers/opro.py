@@ -34,7 +34,7 @@ class OproProposer(SamplingProposer):
         ]
         best = context.best()
         exemplars = self.picker.pick(
-            context.exemplars, step=context.step, best_instruction=None if best is None else best.instruction,
+            context.exemplars, step=context.step, best_instruction=None if best is None else best.name,
             scorer=context.scorer.exemplar_outcome,
         )
         meta_prompt = self.builder.render(history=scored, exemplars=exemplars)

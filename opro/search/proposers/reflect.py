@@ -43,9 +43,9 @@ class ReflectiveProposer(SamplingProposer):
                          max_instruction_chars=max_instruction_chars, answer_format=answer_format)
         self.k = max(1, k)
 
-    def failures(self, context: ProposalContext, instruction: str) -> list[QuestionFeedback]:
-        """The exemplar questions ``instruction`` scores lowest (below 5), lowest first, ties by order."""
-        got = context.scorer.feedback(instruction, context.exemplar_examples())
+    def failures(self, context: ProposalContext, name: str) -> list[QuestionFeedback]:
+        """The exemplar questions the candidate ``name`` scores lowest (below 5), lowest first, ties by order."""
+        got = context.scorer.feedback(name, context.exemplar_examples())
         ranked = sorted((f for f in got if f.score is not None and f.score < 5), key=lambda f: f.score or 0.0)
         return ranked[: self.k]
 
@@ -68,7 +68,7 @@ class ReflectiveProposer(SamplingProposer):
         if best is None:
             return Proposal([])
         prompt = self.render(instruction=best.instruction, score=best.score,
-                             failures=self.failures(context, best.instruction))
+                             failures=self.failures(context, best.name))
         context.on_prompt(prompt)
         return self.collect(context, prompt)
 

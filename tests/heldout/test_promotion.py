@@ -41,7 +41,8 @@ def test_promotion_is_refused_without_a_significant_held_out_gain(
     same = CliRunner().invoke(app, ["compare", str(run_config), "--prompt", "text:Answer the question.",
                                     "--promote", "gate-a", "--no-mlflow", "--no-progress"])
     assert same.exit_code == 1, same.output
-    assert "refused to move alias 'gate-a'" in same.output and "difference +0.00" in same.output
+    said = " ".join(same.output.split())
+    assert "refused to move alias 'gate-a'" in said and "the same configuration as the baseline" in said
     # A real gain, but measured on the optimization split: not evidence for promotion.
     opt = CliRunner().invoke(app, ["compare", str(run_config), "--split", "optimization",
                                    "--promote", "gate-a", "--no-mlflow", "--no-progress"])
@@ -206,3 +207,48 @@ def test_a_promotion_retried_from_another_output_folder_on_the_same_held_out_que
     promotions = [r for r in map(json.loads, (tmp_path / LEDGER_FILE).read_text().splitlines())
                   if r["scope"] == "promotion qa-t@prod"]
     assert [r["verdict"] for r in promotions] == [None, "refused"]
+
+
+def test_a_copy_of_the_dataset_in_another_folder_cannot_re_promote_after_a_refused_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 61: the ledger lived beside the dataset, so with a copy of the dataset in another folder
+    `compare --promote production --alpha 0.2` moved the alias after the attempt at alpha 0.05 on the same
+    held-out questions was refused. The user's ledger (beside the call cache) holds the attempt."""
+    from fakes import COMPARE_DOC, experiment_config, write_toml
+
+    from opro.cli import app
+
+    def config(folder: str, out: str) -> Path:
+        split = {"exemplar": 2, "optimization": 3, "validation": 12, "heldout": 10, "seed": 1}
+        cfg = experiment_config(tmp_path, questions=28, doc=COMPARE_DOC,
+                                experiment={"name": out, "output_dir": out, "progress": False,
+                                            "cache_path": "cache/calls.sqlite"},
+                                data={"dataset": f"{folder}/qa.jsonl", "split": split},
+                                models={"task": {"backend": "scripted", "model": "task"}}, optimizer={"steps": 1},
+                                tracking={"prompt_name": "qa-prod", "genai": False, "sidecar": False})
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / "qa.jsonl").write_text((tmp_path / "qa.jsonl").read_text())
+        path = write_toml(cfg, tmp_path / f"{out}.toml")
+        exp = Experiment.from_file(path, pool=scripted_pool(), progress=False)
+        try:
+            assert exp.optimize().validated
+        finally:
+            exp.close()
+        return path
+
+    first, copy = config("a", "out1"), config("b", "out2")
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    monkeypatch.setenv("COLUMNS", "300")
+
+    def attempt(path: Path, alpha: str) -> tuple[int, str]:
+        res = CliRunner().invoke(app, ["compare", str(path), "--promote", "production", "--alpha", alpha,
+                                       "--no-mlflow", "--no-progress"])
+        return res.exit_code, " ".join(res.output.split())
+
+    code, said = attempt(first, "0.001")  # +3 on 10 questions: p = 2/1024 > 0.001
+    assert code == 1 and "not a significant gain at alpha 0.001" in said
+    code, said = attempt(copy, "0.05")
+    assert code == 1 and "already had a promotion attempt on these 10 held-out questions" in said, said
+    assert "at alpha 0.001, refused" in said and str(tmp_path / "out1") in said
+    assert _alias_template(copy, "production") is None

@@ -67,16 +67,27 @@ def test_best_vs_initial_on_heldout(run_config: Path) -> None:
     assert {"report.md", "report.json", "comparison.png"} <= artifacts
 
 
-def test_identical_prompts_are_not_significant(run_config: Path) -> None:
+def test_identical_configurations_are_said_to_be_identical(run_config: Path) -> None:
+    """Issue 57, item 4: the same configuration twice (here the initial instruction as a literal, and
+    as initial with the config's own top_k named) is said to be the same, never "+0.00 [+0.00, +0.00]"
+    or "0% fewer [-0%, -0% fewer]"."""
     exp = Experiment.from_file(run_config, pool=scripted_pool(), progress=False)
     try:
-        report = compare_prompts(experiment=exp, prompts=["initial", "text:Answer the question."], n_resamples=1000)
+        report = compare_prompts(experiment=exp, prompts=["initial", "text:Answer the question.", "initial {top_k=2}",
+                                                          "initial {top_k=1}"], n_resamples=1000, margin=0.25)
     finally:
         exp.close()
-    v = report.versus[1]
-    assert v is not None
-    assert v.stats.wilcoxon.p_value == 1.0 and v.stats.permutation.p_value == 1.0
-    assert "not significant at 0.05" in v.sentence
+    same, named, other = report.versus[1:]
+    assert same is not None and named is not None and other is not None
+    assert same.identical and named.identical and not other.identical
+    assert same.stats.wilcoxon.p_value == 1.0 and same.stats.permutation.p_value == 1.0
+    assert "the same configuration" in same.sentence and "not significant" not in same.sentence
+    cells = report._cells()
+    assert cells[1]["diff"] == cells[1]["d_cost"] == cells[1]["d_tokens"] == cells[1]["noninferiority"] == "identical"
+    for v in (same, named):  # no interval, no share of anything
+        assert "[" not in v.sentence and "%" not in v.sentence and "0.00" not in v.sentence
+    rows = report.to_markdown().split("## Verdict")[1]
+    assert rows.count("the same configuration") == 2
 
 
 def test_prompt_specs_and_their_errors(run_config: Path, tmp_path: Path) -> None:
@@ -142,6 +153,51 @@ def test_cli_compare_defaults_to_best_vs_initial(run_config: Path, monkeypatch: 
     assert "recorded: MLflow run " in result.output  # where the recorder says it recorded
     bad = CliRunner().invoke(app, ["compare", str(run_config), "--prompt", "nothere.txt", "--no-mlflow"])
     assert bad.exit_code == 2 and "no such file" in bad.output
+
+
+def test_compare_names_settings_and_checks_them_like_any_source(run_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 57, item 4: --set answers the --prompt with those settings, validated through the table of
+    dimensions; the held-out guard checks it as it checks its source; the cost is the search's measure."""
+    from narrow import invoke_narrow
+
+    from opro.cli import app
+
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    result = invoke_narrow(["compare", str(run_config), "--prompt", "initial", "--set", "top_k=1", "--set",
+                            "answer_max_tokens=48", "--name", "set", "--no-mlflow", "--no-progress"], monkeypatch,
+                           min_tables=3)
+    assert result.exit_code == 0, result.output
+    report = json.loads((run_config.parent / "out" / "compare" / "set" / "report.json").read_text())
+    initial, configured = report["prompts"]
+    assert (initial["label"], configured["label"]) == ("initial", "initial {top_k=1, answer_max_tokens=48}")
+    assert configured["settings"] == {"top_k": 1, "answer_max_tokens": 48} and configured["kind"] == "initial"
+    guard = report["leakage_by_prompt"][configured["label"]]
+    assert not guard.startswith("unchecked") and "tuned on no question" in guard and "top_k=1" in guard
+    assert report["cost_measure"] == "weighted task tokens (prompt + 4 x completion)"
+    said = " ".join(result.output.split())
+    assert "cost per answer: weighted task tokens (prompt + 4 x completion)" in said
+    assert "tokens and seconds per answer" in said
+    assert configured["versus_baseline"]["cost_difference"]["cost"]["n"] == len(report["questions"])
+    assert not configured["versus_baseline"]["identical"]
+    # Values are checked through the table: each error names the value and what is allowed.
+    for setting, message in (("top_k=abc", "top_k = 'abc' must be an integer >= 1"),
+                             ("top_k=0", "top_k = '0' must be a positive integer"),
+                             ("retriever=sparse", "retriever = 'sparse' must be one of 'bm25', 'dense', 'hybrid'"),
+                             ("rerank=1", "no search dimension 'rerank'; the dimensions: demos, top_k"),
+                             ("top_k", "write NAME=VALUE"),
+                             ("demos=1", "demos cannot be set on a prompt")):
+        bad = CliRunner().invoke(app, ["compare", str(run_config), "--prompt", "initial", "--set", setting,
+                                       "--no-mlflow", "--no-progress"])
+        assert bad.exit_code == 2 and message in " ".join(bad.output.split()), (setting, bad.output)
+    # A prompt source may carry its settings itself.
+    from opro.config import load_config
+
+    cfg = load_config(run_config)
+    best = resolve_prompt("best {top_k=1}", config=cfg)
+    assert best.kind == "run" and best.template.top_k == 1 and best.label == "best {top_k=1}"
+    assert best.provenance["settings"] == {"top_k": 1} and best.run_dir is not None
+    # Braces that name no setting are part of a literal instruction, as they always were.
+    assert resolve_prompt('text:Reply as {"answer": "..."}', config=cfg).template.settings == {}
 
 
 def test_cli_compare_reads_at_80_columns_in_a_log(run_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:

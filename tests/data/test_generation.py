@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -81,6 +82,28 @@ def test_a_chunks_answers_follow_its_questions_so_the_chunk_prefix_is_reused() -
         "Which river is the second-longest in Europe?",
     ]
     assert [d.reason for d in result.dropped] == ["duplicate", "near-duplicate", "not-in-context"]
+
+
+def test_the_generation_bar_plans_its_calls_first_and_its_total_never_grows(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its total is planned before the first call (a question call per chunk, an answer call per
+    question asked) and falls by the answer calls a chunk does not need (duplicates, short replies):
+    never "7/7 (100%)" then "8/9". The last line is the work done, at 100%."""
+    import opro.progress
+
+    monkeypatch.setattr(opro.progress, "LINE_EVERY_S", 0.0)  # a line per call
+    llm = ScriptedLLM(default=_reply, model="strong-model")
+    llm.max_concurrency = 1
+    result = generate_examples(chunks=CHUNKS, llm=ChatClient(llm, role="generator"), questions_per_chunk=2)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("generating golden examples:")]
+    counts = [tuple(map(int, m.groups())) for ln in lines
+              if (m := re.match(r"generating golden examples: (\d+)/(\d+) ", ln))]
+    totals = [total for _, total in counts]
+    assert totals[0] == len(CHUNKS) * (1 + 2)
+    assert all(b <= a for a, b in itertools.pairwise(totals)), totals
+    assert all(done <= total for done, total in counts)
+    assert counts[-1] == (result.calls, result.calls) and "(100%)" in lines[-1]
 
 
 def test_rerun_is_free_with_the_cache(tmp_path: Path) -> None:

@@ -3,33 +3,16 @@ declared once is parsed from [search.space], searched, carried by the template, 
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pytest
-from fakes import experiment_config
+from fakes import EMBEDDINGS, HashEmbedder, experiment_config
 
 from opro.config import config_from_dict
 from opro.errors import ConfigError, PromptError
 from opro.program.dimensions import DIMENSIONS, SETTINGS, dimension
 from opro.program.prompts import QATemplate
-from opro.program.retrieval import Chunk, Embedder, HybridRetriever, build_retriever
-
-EMBEDDINGS = {"model": "fake-embed", "base_url": "http://127.0.0.1:9/v1", "api_key_env": "OPRO_TEST_NO_KEY"}
-
-
-class HashEmbedder(Embedder):
-    """A deterministic vector per distinct text (sha256-seeded): no two texts are paraphrases."""
-
-    @property
-    def identity(self) -> str:
-        return "test:hash"
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        rows = [np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=32) for t in texts]
-        return np.asarray(rows, dtype=np.float32)
+from opro.program.retrieval import Chunk, HybridRetriever, build_retriever
 
 
 def test_a_dimension_is_looked_up_by_name_and_an_unknown_one_names_the_table() -> None:
