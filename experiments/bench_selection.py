@@ -36,7 +36,7 @@ claim and are not sent through it (checked on a sample of them, printed).
     python experiments/bench_selection.py --cost --seeds 200 --optimization 6 --validation 48 --unused 20
     python experiments/bench_selection.py --cost --space --seeds 200 --optimization 6 --validation 48 --unused 20
 
-(f) ``--errors``: the validation stage's test alone (experiments/validation_errors.py), in every world
+(g) ``--errors``: the validation stage's test alone (experiments/validation_errors.py), in every world
 of bench_compare_tests (integer 1-5 scores with ties: ``rounded``, ``realistic``; continuous at paired
 sd 0.66: ``measured``; heavy tails: ``t3``; rare large losses, ``skewed``, or gains, ``skewed-gains``):
 the error rate of the gain test and of non-inferiority at the margin, and their power where the
@@ -558,7 +558,7 @@ def coverage(*, world: Kind, effects: Sequence[float], claims: int, max_runs: in
     interval checked against the true mean-score gain."""
     from bench_compare_tests import paired_scores, truth
 
-    from opro.search.validation import confirmation_looks, split_sizes
+    from opro.search.validation_sizes import confirmation_looks, split_sizes
     from opro.stats.sequential import conditional_estimate
 
     settings = OptimizerSection()
@@ -653,7 +653,7 @@ def print_run(run_dir: Path) -> None:
 
 
 def _errors(args: argparse.Namespace) -> int:
-    """(f): the validation stage's test alone, today's and the new one (experiments/validation_errors.py)."""
+    """(g): the validation stage's test alone, today's and the new one (experiments/validation_errors.py)."""
     from validation_errors import NULLS, POWERS, errors, print_errors
 
     explicit = any(a.startswith("--world") for a in sys.argv[1:])
@@ -680,9 +680,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="questions in no split that the validation may extend into ([optimizer].validation_extension)")
     ap.add_argument("--world", choices=("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains"),
                     default="rounded", help="(c), (e): rounded or realistic; (d): rounded, measured, t3 or skewed; "
-                    "(f): one world only (see the module docstring)")
-    ap.add_argument("--errors", action="store_true", help="(f): the validation stage's test alone in every world")
-    ap.add_argument("--runs", type=int, default=2000, help="(f): runs per row")
+                    "(g): one world only (see the module docstring)")
+    ap.add_argument("--search", choices=("both", "today", "this"), default="both",
+                    help="--cost --space: the searches to run (today's, this one, or both)")
+    ap.add_argument("--errors", action="store_true", help="(g): the validation stage's test alone in every world")
+    ap.add_argument("--runs", type=int, default=2000, help="(g): runs per row")
     ap.add_argument("--paired-sd", type=float, default=float(np.median(MEASURED_SDS)),
                     help="(d), --world measured: the paired differences' sd at equal quality (default: the median measured)")
     ap.add_argument("--coverage", action="store_true", help="(e): the claimed gain's interval at fixed true gains")
@@ -705,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
 
         extra = json.loads(args.design)
         srows = space_power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, n_unused=args.unused,
-                            steps=args.steps, k=args.candidates, design=extra, paired_sd=args.paired_sd)
+                            steps=args.steps, k=args.candidates, design=extra, paired_sd=args.paired_sd,
+                            searches=("today", "this") if args.search == "both" else (args.search,))
         print_space(srows, n_opt=args.optimization, n_val=args.validation, n_unused=args.unused, steps=args.steps,
                     k=args.candidates, design=extra)
         return 0

@@ -57,7 +57,7 @@ POWERS = [("quality", w, GAINS[w]) for w in SYMMETRIC] + [("cost", w, 0.0) for w
 
 def design_sizes() -> tuple[int, ...]:
     """The confirmation looks of the default settings (48 validation questions, 20 unused)."""
-    from opro.search.validation import confirmation_looks, split_sizes
+    from opro.search.validation_sizes import confirmation_looks, split_sizes
 
     settings = OptimizerSection()
     _, n_conf = split_sizes(settings, 48, settings.finalists)
