@@ -26,21 +26,15 @@ from opro.stats.paired import paired_valid
 from opro.stats.sequential import t_interval
 
 
-def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: float) -> list[CandidateRecord]:
-    """Finalists of ``objective = "cost"``, cheapest first: the complete candidates cheaper per answer
-    than the initial configuration (the candidate named ``initial``: the initial instruction with the
-    initial configuration's values; the same instruction with other values is another candidate) and
-    not clearly worse, kept only where no other such candidate is both as cheap and as good and better
-    in one (the search's quality-cost front). Not clearly worse: the upper end of the paired 95% t
-    interval of its search scores minus the initial one's (question by question) is above ``-margin``;
-    with fewer than 2 pairs, its mean is. A handful of search questions cannot show that a cheaper
-    candidate is as good, only that it is clearly worse, so this only chooses what the confirmation
-    tests; it claims nothing."""
+def _cheaper(history: Sequence[CandidateRecord], *, initial: str,
+             margin: float) -> tuple[CandidateRecord | None, list[CandidateRecord]]:
+    """The initial configuration's search record, and the complete candidates cheaper per answer than it
+    and not clearly worse (:func:`cost_finalists`)."""
     key = normalize_instruction(initial)
     done = [r for r in history if r.status == "complete" and r.score is not None and r.cost is not None]
     base = next((r for r in done if normalize_instruction(r.name) == key), None)
     if base is None:
-        return []
+        return None, []
 
     def not_clearly_worse(r: CandidateRecord) -> bool:
         a, b = paired_valid(list(r.scores), list(base.scores))
@@ -49,17 +43,38 @@ def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: 
             return (r.score or 0.0) >= (base.score or 0.0) - margin
         return ci[1] > -margin
 
-    ok = [r for r in done if normalize_instruction(r.name) != key
-          and r.cost.cost < base.cost.cost and not_clearly_worse(r)]  # type: ignore[union-attr]
-    return quality_cost_front(ok)
+    return base, [r for r in done if normalize_instruction(r.name) != key
+                  and r.cost.cost < base.cost.cost and not_clearly_worse(r)]  # type: ignore[union-attr]
 
 
-def choose_finalists(history: Sequence[CandidateRecord], *, initial: str,
-                     settings: OptimizerSection) -> list[CandidateRecord]:
-    """The candidates the validation stage may choose: the cost front (``objective = "cost"``) or the
-    best complete candidates by search score, the initial configuration (by name) left out."""
+def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: float) -> list[CandidateRecord]:
+    """The search's quality-cost front of ``objective = "cost"``, cheapest first: the complete candidates
+    cheaper per answer than the initial configuration (the candidate named ``initial``: the initial
+    instruction with the initial configuration's values; the same instruction with other values is
+    another candidate) and not clearly worse, kept only where no other such candidate is both as cheap
+    and as good and better in one. Not clearly worse: the upper end of the paired 95% t interval of its
+    search scores minus the initial one's (question by question) is above ``-margin``; with fewer than 2
+    pairs, its mean is. A handful of search questions cannot show that a cheaper candidate is as good,
+    only that it is clearly worse, so this only chooses what the confirmation tests; it claims nothing."""
+    return quality_cost_front(_cheaper(history, initial=initial, margin=margin)[1])
+
+
+def choose_finalists(history: Sequence[CandidateRecord], *, initial: str, settings: OptimizerSection,
+                     n_confirmation: int) -> list[CandidateRecord]:
+    """The candidates the validation stage may choose, the initial configuration (by name) left out: by
+    quality the best complete candidates by search score; by cost (cheapest first) the cheaper, not
+    clearly worse candidates (:func:`cost_finalists`) with the largest :func:`expected_saving` at
+    ``n_confirmation`` pairs. The front alone dropped a truly equal setting whenever a cheaper, worse one
+    scored as well on the search's few questions, or one as cheap scored better (8 of 60 runs of
+    ``bench_selection.py --cost --space``); a dominated candidate still ranks below what dominates it."""
     if settings.objective == "cost":
-        return cost_finalists(history, initial=initial, margin=settings.margin)[: settings.finalists]
+        base, cheaper = _cheaper(history, initial=initial, margin=settings.margin)
+        if base is None:
+            return []
+        expected = {id(r): expected_saving(r, base, margin=settings.margin, alpha=settings.alpha,
+                                           n_confirmation=n_confirmation) or 0.0 for r in cheaper}
+        ranked = sorted(cheaper, key=lambda r: (-expected[id(r)], r.cost.cost, r.step, r.index))  # type: ignore[union-attr]
+        return sorted(ranked[: settings.finalists], key=lambda r: (r.cost.cost, r.step, r.index))  # type: ignore[union-attr]
     initial_key = normalize_instruction(initial)
     return sorted(
         (r for r in history if r.status == "complete" and r.score is not None

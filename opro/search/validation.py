@@ -639,7 +639,9 @@ def validate(
     configuration: the stage keys scores, finalists and its design by it."""
     s = settings
     history = [replace(r, instruction=r.name) for r in history]  # named as the stage keys them
-    finalists = choose_finalists(history, initial=initial, settings=s)
+    _, n_conf = split_sizes(s, len(validation_set), s.finalists)  # the planned pairs, to rank by cost
+    finalists = choose_finalists(history, initial=initial, settings=s,
+                                 n_confirmation=n_conf + min(len(extension_set), s.validation_extension))
     if not finalists:
         return _nothing_to_validate(s)
     plan = _plan(s, initial=initial, finalists=finalists, validation_set=validation_set, extension_set=extension_set)

@@ -258,6 +258,35 @@ def test_the_cost_finalist_chosen_is_the_one_likeliest_to_confirm_its_saving_on_
                            settings=settings, history=history) == 0
 
 
+def test_the_cost_finalists_are_those_likeliest_to_confirm_a_saving_not_the_cheapest_on_the_front() -> None:
+    """Two cheaper candidates a little worse on 6 search questions, with a large spread (each truly worse
+    by 0.5 in bench_selection --cost --space), fill the 2 finalist places of the cheapest-first front, and
+    the equal, tighter candidate is never validated; ranked by expected confirmed saving it is a finalist."""
+    from opro.config import OptimizerSection
+    from opro.program.cost import CostSummary
+    from opro.search.finalists import choose_finalists, cost_finalists
+    from opro.search.results import CandidateRecord
+
+    def rec(instruction: str, moves: tuple[float, ...], index: int, cost: float) -> CandidateRecord:
+        scores = tuple(x + d for x, d in zip((3.0, 4.0, 3.0, 4.0, 3.0, 4.0), moves, strict=True))
+        return CandidateRecord(step=index and 1, instruction=instruction, score=sum(scores) / len(scores),
+                               n_scored=len(scores), n_invalid=0, n_errors=0, status="complete", trial_number=index,
+                               index=index, scores=scores,
+                               cost=CostSummary(n=6, prompt_tokens=cost, completion_tokens=0.0, seconds=1.0, cost=cost,
+                                                unit="tokens"))
+
+    history = [rec("initial", (0.0,) * 6, 0, 100.0),
+               rec("cheapest", (-0.7, 0.3, -0.7, 0.3, 0.3, -0.7), 1, 40.0),
+               rec("cheaper", (-0.8, 0.4, -0.6, 0.4, 0.2, -0.5), 2, 45.0),
+               rec("equal", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 3, 70.0)]
+    settings = OptimizerSection(objective="cost", margin=0.25, finalists=2)
+    assert [r.instruction for r in cost_finalists(history, initial="initial", margin=0.25)] == [
+        "cheapest", "cheaper", "equal"]
+    got = choose_finalists(history, initial="initial", settings=settings, n_confirmation=44)
+    assert "equal" in [r.instruction for r in got] and [r.cost.cost for r in got if r.cost] == sorted(
+        r.cost.cost for r in got if r.cost)
+
+
 def test_the_share_saved_in_the_validation_verdict_covers_where_each_question_saves_the_same() -> None:
     """Issue 57, item 5, where the validation stage computes it: costs vary by question, the cut is about
     150 tokens on each; the share's interval used to divide the difference's by the initial mean as if
