@@ -10,9 +10,11 @@ from opro.stats.sequential import look_sizes
 
 def split_sizes(settings: OptimizerSection, n_questions: int, n_finalists: int) -> tuple[int, int]:
     """(selection, confirmation) questions of a validation stage over ``n_questions`` with
-    ``n_finalists`` finalists: selection only when there is a choice to make, and at least 2
-    questions left to confirm on."""
-    n_sel = min(settings.selection_questions, max(0, n_questions - 2)) if n_finalists > 1 else 0
+    ``n_finalists`` finalists: selection only when there is a choice to make by quality, and at least
+    2 questions left to confirm on. Under ``objective = "cost"`` the choice is made on the search
+    questions (:func:`opro.search.finalists.chosen_finalist`), so every question confirms."""
+    choice = n_finalists > 1 and settings.objective != "cost"
+    n_sel = min(settings.selection_questions, max(0, n_questions - 2)) if choice else 0
     return n_sel, n_questions - n_sel
 
 

@@ -84,7 +84,8 @@ def test_a_cost_design_with_an_extension_is_stored_as_before_and_reads_back() ->
     design, validation, extension = made(settings, n_extension=8)
     assert design.objective == "cost" and design.extension == 5 and design.futility_from_look is None
     before: dict[str, Any] = {
-        "alpha": 0.05, "looks": design.looks, "futility": False, "selection_questions": 4,
+        # No selection questions under the cost objective: the finalist is chosen on the search questions.
+        "alpha": 0.05, "looks": design.looks, "futility": False, "selection_questions": 0,
         "finalists": ["Finalist 0.", "Finalist 1."], "initial": "Answer the question.", "n_questions": 12,
         "procedure": design.procedure, "questions": questions_key(validation),
         "extension": 5, "extension_questions": questions_key(extension[:5]), "objective": "cost", "margin": 0.25,
