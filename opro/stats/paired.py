@@ -255,7 +255,7 @@ def t_mean_ci(
     if low > lo and high < hi:
         return ConfidenceInterval(estimate, low, high, level, n)
     if bounds is not None and math.isfinite(lo) and math.isfinite(hi):
-        w_low, w_high = wilson_ci(x, bounds=(lo, hi), level=level)
+        w_low, w_high = wilson_ci(x.tolist(), bounds=(lo, hi), level=level)
         wide_low, wide_high = (min(low, w_low) if high >= hi else low), (max(high, w_high) if low <= lo else high)
         if (wide_low, wide_high) != (low, high):
             return ConfidenceInterval(
