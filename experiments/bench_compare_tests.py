@@ -6,12 +6,21 @@ judge's probability-weighted score), with a per-question level shared by both pr
     python experiments/bench_compare_tests.py --sims 400
 
 ``--coverage``: how often compare's 95% intervals (each prompt's mean, the paired difference) cover
-the truth at 6, 10 and 20 held-out questions, against the percentile bootstrap they replaced, in two
-worlds of integer 1-5 scores: ``rounded`` (the one above) and ``realistic`` (bimodal scores: half the
-questions hard, half easy; 30% of questions answered identically by both prompts, so tied; the
-effect differs per question, helping some and hurting others, with mean ``effect``):
+the truth at 6, 10, 20 and 44 held-out questions, today's beside those before issue 61 (the t interval
+alone; issue 49 measured the percentile bootstrap they replaced), with their mean width, in the
+worlds of :data:`WORLDS` and ``rare`` (scores 5 with a 1 on one question in 10):
 
     python experiments/bench_compare_tests.py --coverage --sims 4000
+
+``--errors``: the error rate and power of compare's gain test (two-sided) and of ``--margin 0.25``
+(one-sided non-inferiority) at 10, 20, 30 and 44 pairs in the worlds of :data:`WORLDS`, today's tests
+(flipping the skew-corrected studentized mean; non-inferiority refused below 29 pairs) beside those
+before issue 61 (flipping the sum), on the same samples:
+
+    python experiments/bench_compare_tests.py --errors --sims 2000
+    python experiments/bench_compare_tests.py --errors --world skewed --sims 2000
+
+``--world`` (repeatable) keeps the named worlds only.
 
 No LLM is called; the tests and intervals are opro.stats.paired' own.
 """
@@ -19,20 +28,21 @@ No LLM is called; the tests and intervals are opro.stats.paired' own.
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
 
 from opro.heldout.report import RESOLUTION, SCALE
-from opro.stats.paired import (
-    bootstrap_mean_ci,
-    paired_t_ci,
-    permutation_test,
-    t_mean_ci,
-    wilcoxon_signed_rank,
-)
+from opro.stats.paired import permutation_test, t_mean_ci, wilcoxon_signed_rank
 
-World = Literal["rounded", "realistic"]
+World = Literal["rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "rare"]
+#: The worlds of issue 61, in which every test and interval is measured: integer 1-5 scores with ties
+#: (``rounded``, ``realistic``), continuous scores at paired sd 0.66 (``measured``), heavy tails
+#: (``t3``), and skewed differences in both directions (``skewed``: rare large losses of the prompt
+#: tested, small gains elsewhere, the way a cost cut fails; ``skewed-gains``: rare large gains).
+WORLDS: tuple[World, ...] = ("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains")
 #: The realistic world (bench_selection's uses the same numbers): a question is hard (level 1.7) or
 #: easy (4.3), so scores are mostly 1-2 or 4-5; judge noise per call; a share of questions where
 #: both prompts give the same answer (the same score); per-question effects of sd SPREAD around the
@@ -41,6 +51,75 @@ HARD_SHARE, HARD_LEVEL, EASY_LEVEL, LEVEL_SD = 0.5, 1.7, 4.3, 0.5
 REAL_NOISE_SD = 0.7
 IDENTICAL_SHARE = 0.3
 SPREAD = 1.0
+
+#: ``measured`` (and bench_selection's ``--world measured``): the judge as measured on the embedded
+#: stack, not assumed. The 11 equal-quality contrasts in docs/benchmarks.md (bench_headroom's 10 on 40
+#: held-out AlexNet questions, both task models, every interval holding 0; the cost finalist's held-out
+#: compare on 20) have paired-difference sds of 0.43 to 0.85, from each 95% interval's half-width h:
+#: sd = h sqrt(n) / t(n-1). Their median is the world's default paired sd; 0.85, the largest, is its
+#: harsh end. Their ties (identical verdicts) are 3-14 of 40, median 15%. Scores are continuous (the
+#: logit judge's expected score) and questions differ by about a point, so the spread of one prompt's
+#: scores stays about 1.1 while the pairing removes most of it.
+MEASURED_SDS = (0.67, 0.44, 0.69, 0.83, 0.63, 0.47, 0.66, 0.70, 0.85, 0.53, 0.43)
+MEASURED_LEVEL, MEASURED_LEVEL_SD, MEASURED_TIES = 3.3, 1.0, 0.15
+PAIRED_SD = float(np.median(MEASURED_SDS))
+#: ``skewed``: on FAIL_SHARE of the questions one prompt's answer fails (FAIL_LOSS points lower: the
+#: passage not retrieved, the answer cut short); elsewhere it gains a little, so that the mean is the
+#: effect; judge noise of paired sd SKEW_NOISE on top (continuous scores). The questions are mostly
+#: answered well (level 3.6 to 4.4), so a failed answer (1.1 to 1.9) stays on the scale. With these
+#: numbers today's sign-flip test claims non-inferiority at a true -0.25 in 0.20 / 0.13 / 0.09 of
+#: samples at 10 / 20 / 44 pairs, as issue 61 measured.
+FAIL_SHARE, FAIL_LOSS, SKEW_NOISE = 0.10, 2.5, 0.4
+SKEW_LEVEL = (3.6, 4.4)
+#: ``rare`` (intervals only): a score of 5, or 1 on RARE_SHARE of the questions, for either prompt.
+RARE_SHARE = 0.1
+
+
+def solve(increasing: Callable[[float], float], target: float, *, lo: float, hi: float, steps: int) -> float:
+    """The x in [lo, hi] where the increasing function reaches ``target`` (bisection)."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if increasing(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def measured_pairs(rng: np.random.Generator, n: int, *, shift: float, noise_sd: float,
+                   tails: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` (initial, other) score pairs of the measured world: a tie share scored identically, the rest
+    with independent judge noise and the other configuration ``shift`` points off (before clipping).
+    ``tails`` > 0: the noise is Student t with that many degrees of freedom, scaled by ``noise_sd``."""
+    def noise() -> np.ndarray:
+        return noise_sd * (rng.standard_t(tails, n) if tails else rng.normal(0, 1, n))
+
+    level = MEASURED_LEVEL + rng.normal(0, MEASURED_LEVEL_SD, n)
+    same = rng.random(n) < MEASURED_TIES
+    a = level + noise()
+    b = np.where(same, a, level + shift + noise())
+    return np.clip(a, 1, 5), np.clip(b, 1, 5)
+
+
+@functools.cache
+def noise_for(paired_sd: float, tails: float = 0.0) -> float:
+    """The per-answer judge noise whose paired differences (at equal quality) have sd ``paired_sd``."""
+    def sd(noise: float) -> float:
+        a, b = measured_pairs(np.random.default_rng(7), 200_000, shift=0.0, noise_sd=noise, tails=tails)
+        return float(np.std(b - a))
+
+    return solve(sd, paired_sd, lo=0.01, hi=3.0, steps=40)
+
+
+def skewed_pairs(rng: np.random.Generator, shape: tuple[int, ...], *, effect: float,
+                 gains: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) scores of the skewed world, a - b with mean about ``effect``: rare large losses of ``a``
+    (``gains``: rare large losses of ``b``, so rare large gains of ``a``) and a small shift elsewhere."""
+    level = rng.uniform(*SKEW_LEVEL, shape)
+    fail = rng.random(shape) < FAIL_SHARE
+    each = SKEW_NOISE / np.sqrt(2)
+    # E[a - b] = effect: the failures move the mean by -/+ FAIL_SHARE * FAIL_LOSS, the rest by the remainder.
+    rest = (effect + (-1 if gains else 1) * FAIL_SHARE * FAIL_LOSS) / (1 - FAIL_SHARE)
+    a = level + np.where(fail, 0.0 if gains else -FAIL_LOSS, rest) + rng.normal(0, each, shape)
+    b = level - np.where(fail, FAIL_LOSS if gains else 0.0, 0.0) + rng.normal(0, each, shape)
+    return np.clip(a, 1, 5), np.clip(b, 1, 5)
 
 
 def scores(rng: np.random.Generator, n: int, effect: float, *, continuous: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -54,13 +133,22 @@ def scores(rng: np.random.Generator, n: int, effect: float, *, continuous: bool)
 
 def paired_scores(rng: np.random.Generator, *, sims: int, n: int, effect: float,
                   world: World) -> tuple[np.ndarray, np.ndarray]:
-    """``sims`` x ``n`` integer 1-5 scores of prompt A (better by ``effect`` judge points before
-    rounding, on average over questions) and prompt B on the same questions."""
+    """``sims`` x ``n`` 1-5 scores of prompt A (better by ``effect`` judge points before rounding or
+    clipping, on average over questions) and prompt B on the same questions (see :data:`WORLDS`)."""
     if world == "rounded":
         level = 3.0 + rng.normal(0, 0.6, (sims, n))
         a = level + effect + rng.normal(0, 0.9, (sims, n))
         b = level + rng.normal(0, 0.9, (sims, n))
         return np.clip(np.round(a), 1, 5), np.clip(np.round(b), 1, 5)
+    if world in ("measured", "t3"):
+        tails = 3.0 if world == "t3" else 0.0
+        b, a = measured_pairs(rng, sims * n, shift=effect, noise_sd=noise_for(PAIRED_SD, tails), tails=tails)
+        return a.reshape(sims, n), b.reshape(sims, n)
+    if world in ("skewed", "skewed-gains"):
+        return skewed_pairs(rng, (sims, n), effect=effect, gains=world == "skewed-gains")
+    if world == "rare":
+        a, b = (np.where(rng.random((sims, n)) < RARE_SHARE, 1.0, 5.0) for _ in range(2))
+        return a, b
     hard = rng.random((sims, n)) < HARD_SHARE
     level = np.where(hard, HARD_LEVEL, EASY_LEVEL) + rng.normal(0, LEVEL_SD, (sims, n))
     same = rng.random((sims, n)) < IDENTICAL_SHARE
@@ -77,46 +165,133 @@ def truth(effect: float, world: World) -> tuple[float, float]:
     return float(a.mean()), float((a - b).mean())
 
 
-def coverage(*, sims: int, sizes: tuple[int, ...] = (6, 10, 20), effects: tuple[float, ...] = (0.0, 0.5, 1.0),
-             worlds: tuple[World, ...] = ("rounded", "realistic"), level: float = 0.95,
-             bootstrap_sims: int = 500, seed: int = 0) -> list[dict[str, Any]]:
-    """Coverage of compare's intervals and of the percentile bootstrap (on the first ``bootstrap_sims``
-    draws, 2,000 resamples) per world, effect and number of questions."""
+@functools.cache
+def effect_for(difference: float, world: World) -> float:
+    """The ``effect`` whose expected difference A - B is ``difference`` (0 where the world is
+    exchangeable at equal quality: every world but the skewed ones)."""
+    if difference == 0.0 and not world.startswith("skewed"):
+        return 0.0
+    return solve(lambda e: truth(e, world)[1], difference, lo=difference - 1.0, hi=difference + 1.0, steps=30)
+
+
+def t_before(values: np.ndarray, *, bounds: tuple[float, float], level: float = 0.95) -> tuple[float, float]:
+    """compare's interval of a mean before issue 61: the spread as if one more value lay a step (1) from
+    the mean, ``(sum of squares + 1) / n`` (narrower than Student's where the variance exceeds 1), and
+    the t interval clipped to ``bounds``, whatever it reached."""
+    from scipy.stats import t as student
+
+    n, m = len(values), float(values.mean())
+    sd = np.sqrt((float(np.sum((values - m) ** 2)) + RESOLUTION**2) / n)
+    h = float(student.ppf(0.5 + level / 2, n - 1)) * sd / np.sqrt(n)
+    return max(m - h, bounds[0]), min(m + h, bounds[1])
+
+
+def coverage(*, sims: int, sizes: tuple[int, ...] = (6, 10, 20, 44), level: float = 0.95,
+             worlds: tuple[World, ...] = (*WORLDS, "rare"), effects: tuple[float, ...] = (0.0, 0.5),
+             seed: int = 0) -> list[dict[str, Any]]:
+    """Coverage and mean width of compare's intervals (a prompt's mean, the paired difference), now and
+    before issue 61, per world, effect (``rare``: 0 only) and number of questions."""
     rng = np.random.default_rng(seed)
+    width = (SCALE[1] - SCALE[0], SCALE[1] - SCALE[0])
     rows = []
     for world in worlds:
-        for effect in effects:
+        for effect in effects if world != "rare" else (0.0,):
             mean_a, diff = truth(effect, world)
             for n in sizes:
                 a, b = paired_scores(rng, sims=sims, n=n, effect=effect, world=world)
-                t_mean = [t_mean_ci(x, level=level, bounds=SCALE, resolution=RESOLUTION).contains(mean_a) for x in a]
-                t_diff = [paired_t_ci(x, y, level=level, scale=SCALE, resolution=RESOLUTION).contains(diff)
-                          for x, y in zip(a, b, strict=True)]
-                k = min(sims, bootstrap_sims)
-                boot_mean = [bootstrap_mean_ci(x, level=level, n_resamples=2000, seed=i).contains(mean_a)
-                             for i, x in enumerate(a[:k])]
-                boot_diff = [bootstrap_mean_ci(x - y, level=level, n_resamples=2000, seed=i).contains(diff)
-                             for i, (x, y) in enumerate(zip(a[:k], b[:k], strict=True))]
-                rows.append({"world": world, "effect": effect, "n": n, "sims": sims, "bootstrap_sims": k,
-                             "true_difference": diff, "ties": float(np.mean(a == b)),
-                             "scores_1_2_or_4_5": float(np.mean((b <= 2) | (b >= 4))),
-                             "t_mean": float(np.mean(t_mean)), "t_difference": float(np.mean(t_diff)),
-                             "bootstrap_mean": float(np.mean(boot_mean)),
-                             "bootstrap_difference": float(np.mean(boot_diff))})
+                row: dict[str, Any] = {"world": world, "effect": effect, "n": n, "sims": sims, "true_mean": mean_a,
+                                       "true_difference": diff, "ties": float(np.mean(a == b))}
+                for what, values, truth_, bounds in (("mean", a, mean_a, SCALE), ("difference", a - b, diff,
+                                                                                   (-width[0], width[1]))):
+                    now = [t_mean_ci(x, level=level, bounds=bounds, resolution=RESOLUTION) for x in values]
+                    before = [t_before(x, bounds=bounds, level=level) for x in values]
+                    row[f"{what} now"] = float(np.mean([c.contains(truth_) for c in now]))
+                    row[f"{what} now width"] = float(np.mean([c.high - c.low for c in now]))
+                    row[f"{what} before"] = float(np.mean([lo <= truth_ <= hi for lo, hi in before]))
+                    row[f"{what} before width"] = float(np.mean([hi - lo for lo, hi in before]))
+                rows.append(row)
     return rows
 
 
 def print_coverage(rows: list[dict[str, Any]]) -> None:
-    print("coverage of 95% intervals (compare's t with the judge's step, clipped; the percentile bootstrap)")
-    print("| world | effect (mean-score gain) | ties | scores 1-2 or 4-5 | n | mean: t | mean: bootstrap "
-          "| difference: t | difference: bootstrap | draws (bootstrap) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("coverage of compare's 95% intervals (mean width), now and before issue 61")
+    print("| world | effect (mean-score gain) | n | ties | mean: before | mean: now | difference: before "
+          "| difference: now | draws |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['world']} | +{r['effect']:.1f} ({r['true_difference']:+.2f}) | {r['ties']:.2f} "
-              f"| {r['scores_1_2_or_4_5']:.2f} | {r['n']} | **{r['t_mean']:.3f}** | {r['bootstrap_mean']:.3f} "
-              f"| **{r['t_difference']:.3f}** | {r['bootstrap_difference']:.3f} | {r['sims']} ({r['bootstrap_sims']}) |")
-    worst = min(min(r["t_mean"], r["t_difference"]) for r in rows)
-    print(f"lowest coverage of compare's intervals: {worst:.3f}")
+        cells = [f"{r[f'{w} {when}']:.3f} ({r[f'{w} {when} width']:.2f})" for w in ("mean", "difference")
+                 for when in ("before", "now")]
+        cells[1], cells[3] = f"**{cells[1]}**", f"**{cells[3]}**"
+        print(f"| {r['world']} | +{r['effect']:.1f} ({r['true_difference']:+.2f}) | {r['n']} | {r['ties']:.2f} | "
+              + " | ".join(cells) + f" | {r['sims']} |")
+    worst = min(r["mean now"] for r in rows if r["n"] >= 10)
+    print(f"lowest coverage of a prompt's mean at 10 questions or more, now: {worst:.3f}")
+
+
+#: compare's worlds of ``--errors``: (test, world, true mean difference); the gain test two-sided at a
+#: null of 0 and non-inferiority at ``MARGIN``, the error rates in every world and the power in the
+#: symmetric ones (gains as the validation stage's power rows: +0.5 before rounding in the integer worlds).
+MARGIN = 0.25
+SYMMETRIC: tuple[World, ...] = ("rounded", "realistic", "measured", "t3")
+GAINS = {"rounded": 0.47, "realistic": 0.35, "measured": 0.25, "t3": 0.25}
+ERROR_ROWS = ([("gain", w, 0.0) for w in WORLDS] + [("margin", w, -MARGIN) for w in WORLDS]
+              + [("gain", w, GAINS[w]) for w in SYMMETRIC] + [("margin", w, 0.0) for w in SYMMETRIC])
+
+
+def sum_flip_p(d: np.ndarray, *, two_sided: bool, n_resamples: int, seed: int) -> float:
+    """The sign-flip p-value of the sum, as compare computed it before issue 61."""
+    n = len(d)
+    if n <= 16:
+        signs = 1.0 - 2.0 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+    else:
+        signs = np.random.default_rng(seed).choice((-1.0, 1.0), size=(n_resamples, n))
+    ref, obs = signs @ np.abs(d), float(d.sum())
+    tol = 1e-12 * max(1.0, float(np.abs(d).max()))
+    hits = int(np.sum(np.abs(ref) >= abs(obs) - tol)) if two_sided else int(np.sum(ref >= obs - tol))
+    return hits / len(ref) if n <= 16 else (1 + hits) / (1 + n_resamples)
+
+
+def compare_errors(*, sims: int, sizes: tuple[int, ...] = (10, 20, 30, 44), alpha: float = 0.05,
+                   n_resamples: int = 2000, seed: int = 0,
+                   worlds: tuple[World, ...] = WORLDS) -> list[dict[str, Any]]:
+    """P(claim) of compare's tests before and after issue 61 on the same samples, per row of
+    :data:`ERROR_ROWS` and number of pairs. Non-inferiority today is claimed only from
+    :func:`opro.stats.skew.min_pairs` pairs; "p < alpha" is shown beside it."""
+    from opro.stats.noninferiority import noninferiority
+
+    rows = []
+    for test, world, difference in (r for r in ERROR_ROWS if r[1] in worlds):
+        for n in sizes:
+            rng = np.random.default_rng([seed, WORLDS.index(world), round(1000 * difference) + 1000, n])
+            a, b = paired_scores(rng, sims=sims, n=n, effect=effect_for(difference, world), world=world)
+            before, p_now, claimed = [], [], []
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                if test == "gain":
+                    before.append(sum_flip_p(x - y, two_sided=True, n_resamples=n_resamples, seed=i) < alpha)
+                    p = permutation_test(x, y, n_resamples=n_resamples, seed=i).p_value
+                    p_now.append(p < alpha)
+                    claimed.append(p < alpha)
+                else:
+                    before.append(sum_flip_p(x - y + MARGIN, two_sided=False, n_resamples=n_resamples, seed=i) < alpha)
+                    ni = noninferiority(list(x), list(y), margin=MARGIN, alpha=alpha, n_resamples=n_resamples, seed=i)
+                    p_now.append(ni.p < alpha)
+                    claimed.append(ni.passed)
+            rows.append({"test": test, "world": world, "difference": difference, "n": n, "sims": sims,
+                         "before": float(np.mean(before)), "p_now": float(np.mean(p_now)),
+                         "now": float(np.mean(claimed))})
+    return rows
+
+
+def print_errors(rows: list[dict[str, Any]], *, alpha: float = 0.05) -> None:
+    print(f"opro compare's tests at alpha {alpha:g}: P(claim) before issue 61 (flipping the sum) and now (flipping "
+          f"the skew-corrected studentized mean; --margin {MARGIN:g} claimed only from 29 pairs: p < alpha "
+          "beside it)")
+    print("| test | world | true mean difference | n | before | now (p < alpha) | samples |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        beside = f" ({r['p_now']:.3f})" if r["test"] == "margin" and r["p_now"] != r["now"] else ""
+        print(f"| {'gain, two-sided' if r['test'] == 'gain' else f'margin {MARGIN:g}'} | {r['world']} "
+              f"| {r['difference']:+.2f} | {r['n']} | {r['before']:.3f} | **{r['now']:.3f}**{beside} | {r['sims']} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,9 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sims", type=int, default=400)
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--coverage", action="store_true", help="the intervals' coverage instead of the tests' power")
+    ap.add_argument("--errors", action="store_true", help="compare's tests in the worlds of issue 61")
+    ap.add_argument("--world", choices=(*WORLDS, "rare"), action="append",
+                    help="--errors, --coverage: this world only (repeatable; default: every world)")
     args = ap.parse_args(argv)
+    worlds: tuple[World, ...] = tuple(args.world or ())
+    if args.errors:
+        if "rare" in worlds:
+            ap.error("--world rare is a world of --coverage (intervals only)")
+        print_errors(compare_errors(sims=args.sims, alpha=args.alpha, worlds=worlds or WORLDS))
+        return 0
     if args.coverage:
-        print_coverage(coverage(sims=args.sims))
+        print_coverage(coverage(sims=args.sims, worlds=worlds or (*WORLDS, "rare")))
         return 0
     rng = np.random.default_rng(0)
     print(f"{args.sims} simulations per cell, two-sided at {args.alpha:g}; P(reject)")

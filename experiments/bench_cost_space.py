@@ -220,12 +220,13 @@ def run_once(world: SpaceWorld, *, search: str, n_opt: int, n_val: int, n_unused
 
 
 def space_power(*, seeds: int, n_opt: int, n_val: int, n_unused: int, steps: int, k: int,
-                design: Mapping[str, Any], paired_sd: float = float(np.median(MEASURED_SDS))) -> list[dict[str, Any]]:
-    """Both searches over ``seeds`` worlds; a row each."""
+                design: Mapping[str, Any], paired_sd: float = float(np.median(MEASURED_SDS)),
+                searches: tuple[str, ...] = ("today", "this")) -> list[dict[str, Any]]:
+    """The searches (``today``, ``this``) over ``seeds`` worlds; a row each."""
     noise, shift = calibrate(paired_sd)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for search in ("today", "this"):
+        for search in searches:
             runs = [run_once(SpaceWorld(s, shift=shift, noise_sd=noise), search=search, n_opt=n_opt, n_val=n_val,
                              n_unused=n_unused, steps=steps, k=k, folder=Path(tmp), design=design) for s in range(seeds)]
 

@@ -36,6 +36,16 @@ claim and are not sent through it (checked on a sample of them, printed).
     python experiments/bench_selection.py --cost --seeds 200 --optimization 6 --validation 48 --unused 20
     python experiments/bench_selection.py --cost --space --seeds 200 --optimization 6 --validation 48 --unused 20
 
+(g) ``--errors``: the validation stage's test alone (experiments/validation_errors.py), in every world
+of bench_compare_tests (integer 1-5 scores with ties: ``rounded``, ``realistic``; continuous at paired
+sd 0.66: ``measured``; heavy tails: ``t3``; rare large losses, ``skewed``, or gains, ``skewed-gains``):
+the error rate of the gain test and of non-inferiority at the margin, and their power where the
+differences are symmetric, today's test (flipping the sum) beside the new one (flipping the
+skew-corrected studentized mean), on the same runs. ``--world`` keeps one world.
+
+    python experiments/bench_selection.py --errors --runs 2000
+    python experiments/bench_selection.py --cost --world skewed --seeds 200 --optimization 6 --validation 48 --unused 20
+
 (d) ``--cost``: ``[optimizer].objective = "cost"`` (margin 0.25). Every proposal's answers are 30%
 shorter than the initial instruction's (its cost per answer about 30% lower), and
 its quality is either truly equal or truly worse by the margin (mean judge score, after rounding).
@@ -58,7 +68,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -66,13 +76,25 @@ from typing import Any, Literal
 import numpy as np
 from bench_compare_tests import (
     EASY_LEVEL,
+    FAIL_LOSS,
+    FAIL_SHARE,
     HARD_LEVEL,
     HARD_SHARE,
     IDENTICAL_SHARE,
     LEVEL_SD,
+    MEASURED_LEVEL,
+    MEASURED_LEVEL_SD,
+    MEASURED_SDS,
+    MEASURED_TIES,
     REAL_NOISE_SD,
+    SKEW_LEVEL,
+    SKEW_NOISE,
     SPREAD,
+    measured_pairs,
+    noise_for,
+    solve,
 )
+from bench_compare_tests import effect_for as world_effect_for
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
@@ -131,45 +153,10 @@ def _score(level: float) -> float:
     return float(min(5, max(1, round(level))))
 
 
-Kind = Literal["rounded", "realistic", "measured"]
+Kind = Literal["rounded", "realistic", "measured", "t3", "skewed"]
 
-#: ``--world measured`` (the cost worlds, (d)): the judge as measured on the embedded stack, not assumed.
-#: The 11 equal-quality contrasts in docs/benchmarks.md (bench_headroom's 10 on 40 held-out AlexNet
-#: questions, both task models, every interval holding 0; the cost finalist's held-out compare on 20) have
-#: paired-difference sds of 0.43 to 0.85, from each 95% interval's half-width h: sd = h sqrt(n) / t(n-1).
-#: Their median is the world's default (``--paired-sd``); 0.85, the largest, is its harsh end. Their
-#: ties (identical verdicts) are 3-14 of 40, median 15%. Scores are continuous (the logit judge's expected
-#: score) and questions differ by about a point, so the spread of one prompt's scores stays about 1.1
-#: while the pairing removes most of it: the rounded world puts 0.9 of it in per-call noise instead.
-MEASURED_SDS = (0.67, 0.44, 0.69, 0.83, 0.63, 0.47, 0.66, 0.70, 0.85, 0.53, 0.43)
-MEASURED_LEVEL, MEASURED_LEVEL_SD, MEASURED_TIES = 3.3, 1.0, 0.15
-
-
-def measured_pairs(rng: np.random.Generator, n: int, *, shift: float, noise_sd: float) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` (initial, other) score pairs of the measured world: a tie share scored identically, the rest
-    with independent judge noise and the other configuration ``shift`` points off (before clipping)."""
-    level = MEASURED_LEVEL + rng.normal(0, MEASURED_LEVEL_SD, n)
-    same = rng.random(n) < MEASURED_TIES
-    a = level + rng.normal(0, noise_sd, n)
-    b = np.where(same, a, level + shift + rng.normal(0, noise_sd, n))
-    return np.clip(a, 1, 5), np.clip(b, 1, 5)
-
-
-def solve(increasing: Callable[[float], float], target: float, *, lo: float, hi: float, steps: int) -> float:
-    """The x in [lo, hi] where the increasing function reaches ``target`` (bisection)."""
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if increasing(mid) < target else (lo, mid)
-    return (lo + hi) / 2
-
-
-def noise_for(paired_sd: float) -> float:
-    """The per-answer judge noise whose paired differences (at equal quality) have sd ``paired_sd``."""
-    def sd(noise: float) -> float:
-        a, b = measured_pairs(np.random.default_rng(7), 200_000, shift=0.0, noise_sd=noise)
-        return float(np.std(b - a))
-
-    return solve(sd, paired_sd, lo=0.01, hi=3.0, steps=40)
+#: ``--world measured`` (the cost worlds, (d)): the judge as measured on the embedded stack, not assumed
+#: (bench_compare_tests.MEASURED_SDS says where its numbers come from).
 
 
 def true_mean(effect: float, n: int = 200_000, *, world: Kind = "rounded", initial: bool = False) -> float:
@@ -279,18 +266,36 @@ class CheaperWorld(World):
     def effect(self, instruction: str) -> float:
         return 0.0 if instruction.startswith(INITIAL) else self.shift
 
+    def _noise(self, *parts: object) -> float:
+        """Judge noise of an answer: normal, or Student t(3) in the ``t3`` world (heavy tails)."""
+        z = _normal(self.seed, "n", *parts)
+        if self.kind == "t3":
+            z /= math.sqrt(sum(_normal(self.seed, "chi", i, *parts) ** 2 for i in range(3)) / 3)
+        return self.noise_sd * z
+
+    def _skewed(self, question: str, answer: str) -> str:
+        """The skewed world (bench_compare_tests.skewed_pairs): a cheaper answer fails (FAIL_LOSS points lower)
+        on FAIL_SHARE of the questions and moves by the rest of the effect elsewhere."""
+        level = SKEW_LEVEL[0] + (SKEW_LEVEL[1] - SKEW_LEVEL[0]) * _uniform(self.seed, "level", question)
+        noise = SKEW_NOISE / math.sqrt(2) * _normal(self.seed, "n", question, answer)
+        if not answer.startswith(INITIAL):
+            fail = _uniform(self.seed, "fail", question) < FAIL_SHARE
+            level += -FAIL_LOSS if fail else (self.shift + FAIL_SHARE * FAIL_LOSS) / (1 - FAIL_SHARE)
+        return f"{min(5.0, max(1.0, level + noise)):.4f}"
+
     def judge(self, messages: tuple[Message, ...], options: GenerationOptions) -> str:
-        if self.kind != "measured":
+        if self.kind not in ("measured", "t3", "skewed"):
             return super().judge(messages, options)
         text = messages[-1].content
         answer = text.split("Answer: ", 1)[1].split("\nReference:")[0]
         question = text.split("Question: ", 1)[1].split("\n")[0]
+        if self.kind == "skewed":
+            return self._skewed(question, answer)
         level = MEASURED_LEVEL + MEASURED_LEVEL_SD * _normal(self.seed, "q", question)
         if _uniform(self.seed, "same", question) < MEASURED_TIES or answer.startswith(INITIAL):
             # A tie: the same verdict as the initial answer's (which this is, or is judged alike).
-            return f"{min(5.0, max(1.0, level + self.noise_sd * _normal(self.seed, 'n', question, INITIAL))):.4f}"
-        noise = self.noise_sd * _normal(self.seed, "n", question, answer)
-        return f"{min(5.0, max(1.0, level + self.effect(answer) + noise)):.4f}"
+            return f"{min(5.0, max(1.0, level + self._noise(question, INITIAL))):.4f}"
+        return f"{min(5.0, max(1.0, level + self.effect(answer) + self._noise(question, answer))):.4f}"
 
 
 def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: int, folder: Path,
@@ -431,6 +436,8 @@ def effect_for(difference: float, *, world: Kind = "rounded", noise_sd: float = 
         a, b = measured_pairs(np.random.default_rng(11), 200_000, shift=shift, noise_sd=noise_sd)
         return float(b.mean() - a.mean())
 
+    if world in ("t3", "skewed"):
+        return world_effect_for(difference, world)
     if world == "measured":
         gap = measured_gap
     else:
@@ -445,7 +452,7 @@ def cost_power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design
     """(d): the cost objective in a world where the cheaper proposals are truly equal, and in one
     where they are truly worse by the margin; ``world`` ``measured``: with paired sd ``paired_sd``."""
     design = {"objective": "cost", "margin": 0.25, **design}
-    noise_sd = noise_for(paired_sd) if world == "measured" else 0.0
+    noise_sd = noise_for(paired_sd, 3.0 if world == "t3" else 0.0) if world in ("measured", "t3") else 0.0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, difference in (("equal", 0.0), ("worse by the margin", -float(design["margin"]))):
@@ -458,7 +465,7 @@ def cost_power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design
             returned = [r["returned"] for r in runs]
             savings = [r["saving"] for r in runs if r["returned"] and r["saving"] is not None]
             rows.append({
-                "world": name, "kind": world, "paired_sd": paired_sd if world == "measured" else None,
+                "world": name, "kind": world, "paired_sd": paired_sd if world in ("measured", "t3") else None,
                 "difference": difference, "shift": shift, "seeds": seeds,
                 "p_returned": float(np.mean(returned)),
                 "p_returned_se": float(np.std(returned, ddof=1) / math.sqrt(len(returned))) if len(returned) > 1 else math.nan,
@@ -472,8 +479,8 @@ def cost_power(*, seeds: int, n_opt: int, n_val: int, steps: int, k: int, design
 def print_cost(rows: list[dict[str, Any]], *, design: dict[str, Any], n_opt: int, n_val: int, steps: int, k: int,
                n_unused: int = 0) -> None:
     world = rows[0]["kind"] if rows else "rounded"
-    judge = (f"measured judge (paired sd {rows[0]['paired_sd']:.2f} at equal quality, {MEASURED_TIES:.0%} ties)"
-             if world == "measured" else f"{world} judge")
+    judge = (f"{world} judge (paired sd {rows[0]['paired_sd']:.2f} at equal quality, {MEASURED_TIES:.0%} ties)"
+             if world in ("measured", "t3") else f"{world} judge")
     print(f"(d) cost objective, {judge}: {steps} steps x {k} candidates, {n_opt} optimization and {n_val} validation "
           f"questions, {n_unused} unused to extend into, design {design}; every proposal's answers are "
           f"{SHORT_ANSWER} filler words instead of {LONG_ANSWER}")
@@ -534,7 +541,7 @@ def _decide_run(d: np.ndarray, sizes: Sequence[int], *, alpha: float, futility: 
     looks: list[Any] = []
     for k, n in enumerate(sizes, start=1):
         look = decide(list(d[:n]), seen=sizes[:k], n_max=sizes[-1], last=k == len(sizes),
-                      earlier=[x.boundary for x in looks], alpha=alpha, futility=futility, seed=seed)
+                      earlier=looks, alpha=alpha, futility=futility, seed=seed)
         looks.append(look)
         if look.decision == "success":
             return n
@@ -551,7 +558,7 @@ def coverage(*, world: Kind, effects: Sequence[float], claims: int, max_runs: in
     interval checked against the true mean-score gain."""
     from bench_compare_tests import paired_scores, truth
 
-    from opro.search.validation import confirmation_looks, split_sizes
+    from opro.search.validation_sizes import confirmation_looks, split_sizes
     from opro.stats.sequential import conditional_estimate
 
     settings = OptimizerSection()
@@ -645,6 +652,16 @@ def print_run(run_dir: Path) -> None:
               f"| {heldout.get(f['instruction'].strip(), 'n/a')} |")
 
 
+def _errors(args: argparse.Namespace) -> int:
+    """(g): the validation stage's test alone, today's and the new one (experiments/validation_errors.py)."""
+    from validation_errors import NULLS, POWERS, errors, print_errors
+
+    explicit = any(a.startswith("--world") for a in sys.argv[1:])
+    rows = [r for r in (*NULLS, *POWERS) if not explicit or r[1] == args.world]
+    print_errors(errors(runs=args.runs, rows=rows))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=200)
@@ -661,8 +678,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
     ap.add_argument("--unused", type=int, default=20,
                     help="questions in no split that the validation may extend into ([optimizer].validation_extension)")
-    ap.add_argument("--world", choices=("rounded", "realistic", "measured"), default="rounded",
-                    help="(c), (e): the judge's world; (d): rounded or measured (see the module docstring)")
+    ap.add_argument("--world", choices=("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains"),
+                    default="rounded", help="(c), (e): rounded or realistic; (d): rounded, measured, t3 or skewed; "
+                    "(g): one world only (see the module docstring)")
+    ap.add_argument("--search", choices=("both", "today", "this"), default="both",
+                    help="--cost --space: the searches to run (today's, this one, or both)")
+    ap.add_argument("--errors", action="store_true", help="(g): the validation stage's test alone in every world")
+    ap.add_argument("--runs", type=int, default=2000, help="(g): runs per row")
     ap.add_argument("--paired-sd", type=float, default=float(np.median(MEASURED_SDS)),
                     help="(d), --world measured: the paired differences' sd at equal quality (default: the median measured)")
     ap.add_argument("--coverage", action="store_true", help="(e): the claimed gain's interval at fixed true gains")
@@ -674,14 +696,19 @@ def main(argv: list[str] | None = None) -> int:
         print_run(args.run_dir)
         return 0
     effects = [float(e) for e in args.effects.split(",")]
-    if args.world == "measured" and not args.cost:
-        ap.error("--world measured is a world of the cost objective: add --cost")
+    if args.errors:
+        return _errors(args)
+    if args.world in ("measured", "t3", "skewed") and not args.cost:
+        ap.error(f"--world {args.world} is a world of the cost objective (or of --errors): add --cost")
+    if args.world == "skewed-gains":
+        ap.error("--world skewed-gains is a world of --errors")
     if args.cost and args.space:
         from bench_cost_space import print_space, space_power
 
         extra = json.loads(args.design)
         srows = space_power(seeds=args.seeds, n_opt=args.optimization, n_val=args.validation, n_unused=args.unused,
-                            steps=args.steps, k=args.candidates, design=extra, paired_sd=args.paired_sd)
+                            steps=args.steps, k=args.candidates, design=extra, paired_sd=args.paired_sd,
+                            searches=("today", "this") if args.search == "both" else (args.search,))
         print_space(srows, n_opt=args.optimization, n_val=args.validation, n_unused=args.unused, steps=args.steps,
                     k=args.candidates, design=extra)
         return 0

@@ -297,6 +297,11 @@ class OptimizerSection:
             raise ConfigError(f"[optimizer].race_confidence must be in [0.5, 1) (e.g. 0.95), got {self.race_confidence}")
         if isinstance(self.margin, bool) or not 0.0 <= self.margin < math.inf:
             raise ConfigError(f"[optimizer].margin must be a number of judge points >= 0 (e.g. 0.25), got {self.margin!r}")
+        if self.objective == "cost" and self.margin <= 0:
+            # As compare --margin: at 0 the test is a superiority test, which "not worse" would misname.
+            raise ConfigError(f"[optimizer].margin must be a positive number of judge points (e.g. 0.25) with "
+                              f"objective = \"cost\", got {self.margin!r}: at 0 the claim would be a gain, which "
+                              "objective = \"quality\" tests")
         if isinstance(self.completion_weight, bool) or not 0.0 <= self.completion_weight < math.inf:
             raise ConfigError(f"[optimizer].completion_weight must be a number >= 0 (e.g. 4), got {self.completion_weight!r}")
 

@@ -302,15 +302,16 @@ It used ReLU activations and dropout. It was trained on two GPUs.
 
 
 def write_config(
-    tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1, genai: bool = False
+    tmp_path: Path, *, name: str = "t", out: str = "out", heldout: int = 10, seed: int = 1, genai: bool = False,
+    questions: int = 28,
 ) -> Path:
-    """A scripted experiment TOML over 28 questions (:func:`experiment_config`, one search step), written
-    as ``tmp_path/<name>.toml``; returns its path. ``genai``: the MLflow GenAI records (tested in
-    test_genai; off elsewhere for speed)."""
+    """A scripted experiment TOML over ``questions`` questions (:func:`experiment_config`, one search
+    step), written as ``tmp_path/<name>.toml``; returns its path. ``genai``: the MLflow GenAI records
+    (tested in test_genai; off elsewhere for speed)."""
     split = {"exemplar": 2, "optimization": 3, "validation": 12, "heldout": heldout, "seed": seed}
     cfg = experiment_config(
         tmp_path,
-        questions=28,
+        questions=questions,
         doc=COMPARE_DOC,
         experiment={"name": name, "output_dir": out, "progress": False},
         data={"dataset": "qa.jsonl", "split": split},

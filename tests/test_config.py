@@ -93,6 +93,9 @@ def test_boundary_values_are_accepted(tmp_path: Path) -> None:
     [
         # NaN passes every range check (each comparison is false): refused by type, for any float key.
         ({"optimizer": {"prune_margin": float("nan")}}, "optimizer.prune_margin must be a number, got nan"),
+        # A non-inferiority claim at margin 0 would be a gain worded as "not worse" (issue 61, as compare --margin).
+        ({"optimizer": {"objective": "cost", "margin": 0}}, '[optimizer].margin must be a positive number of judge '
+                                                            'points (e.g. 0.25) with objective = "cost", got 0'),
         ({"tracking": {"worker_wait_s": float("nan")}}, "tracking.worker_wait_s must be a number, got nan"),
         ({"models": {"task": {"backend": "openai", "model": "m", "timeout_s": float("nan")}}},
          "models.task.timeout_s must be a number, got nan"),

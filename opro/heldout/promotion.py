@@ -206,7 +206,7 @@ def _qualified(report: ComparisonReport, *, min_coverage: float
             ni, c = v.noninferiority, v.cost
             figures += (f", non-inferiority by {report.margin:g} p={ni.p:.3g}" if ni is not None else "")
             figures += "" if c is None else f", cost per answer {c.cost.text(3 if c.baseline_cost < 1 else 0)}"
-            why = ("" if ni is not None and ni.passed else
+            why = ("" if ni is not None and ni.passed else f": {ni.text()}" if ni is not None and ni.too_few else
                    f": not shown to be worse by less than {report.margin:g} at alpha {report.alpha:g}")
             if not why and (c is None or not c.lower):
                 why = ": not worse by more than the margin, but its cost per answer is not lower (interval not below 0)"

@@ -20,6 +20,7 @@ from opro.program.cost import CostDifference, CostSummary
 from opro.program.dimensions import Value
 from opro.stats.noninferiority import NonInferiority
 from opro.stats.paired import ConfidenceInterval, PairedComparison
+from opro.stats.skew import STATISTIC, min_pairs
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -169,6 +170,8 @@ class ComparisonReport:
                     "wilcoxon_exact": s.wilcoxon.exact,
                     "permutation_p": s.permutation.p_value,
                     "permutation_exact": s.permutation.exact,
+                    "permutation_statistic": STATISTIC,
+                    "min_pairs": s.min_pairs,
                     "n_comparisons": s.n_comparisons,
                     "wilcoxon_p_holm": s.p_wilcoxon,
                     "permutation_p_holm": s.p_permutation,
@@ -358,16 +361,20 @@ class ComparisonReport:
             f"{len(self.questions)} {where} questions; judge `{self.judge}` (1-5, pass at {self.judge_threshold:g}); "
             f"dataset `{self.dataset_hash[:12]}`; baseline **{self.baseline_prompt.label}**.",
             f"Intervals: {self.level:.0%} {INTERVALS}; "
-            f"tests two-sided at alpha {self.alpha:g}: the paired sign-flip permutation test decides (exact up to 16 "
-            f"pairs, else {self.n_resamples} random sign flips, seed {self.seed}); the Wilcoxon "
-            "signed-rank p-value is shown beside it. Every answer was decoded alone (never in a batch with "
+            f"tests two-sided at alpha {self.alpha:g}: the paired sign-flip permutation test of {STATISTIC} decides "
+            f"(exact up to 16 pairs, else {self.n_resamples} random sign flips, seed {self.seed}); the Wilcoxon "
+            f"signed-rank p-value is shown beside it. On fewer than {min_pairs(self.alpha)} pairs a rare large loss or "
+            "gain (1 question in 10) goes unseen more often than alpha, and no test holds its error rate for the mean "
+            "there. Every answer was decoded alone (never in a batch with "
             "another prompt's), so no prompt's score depends on the prompts compared beside it.",
             self.multiplicity(),
         ]
         if self.margin is not None:
             lines.append(f"Non-inferiority margin {self.margin:g} judge points: H0 quality(prompt) - quality(baseline) "
                          f"<= -{self.margin:g}, one-sided paired sign-flip permutation test on the differences shifted "
-                         f"by +{self.margin:g}, at alpha {self.alpha:g}; cost differences are paired t intervals.")
+                         f"by +{self.margin:g}, at alpha {self.alpha:g}, claimed only on at least "
+                         f"{min_pairs(self.alpha)} pairs; cost differences are paired t intervals, the share of tokens "
+                         "saved Fieller's interval of a ratio of paired means.")
         if self.split == "heldout":
             lines.append(
                 "Leakage check: "
@@ -458,8 +465,9 @@ SCALE = (SCORE_MIN, SCORE_MAX)
 #: step away (:func:`opro.stats.paired.t_mean_ci`).
 RESOLUTION = 1.0
 #: How compare's intervals are made (the reports say it).
-INTERVALS = ("Student t intervals of means and paired differences (spread estimated with one more score a "
-             "point from the mean), clipped to the judge's 1-5 scale")
+INTERVALS = ("Student t intervals of means and paired differences (the spread never taken below that of one more "
+             "score a point from the mean), within the judge's 1-5 scale; where one reaches an end of the scale, its "
+             "other end is the Wilson bound of a score on that scale")
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:

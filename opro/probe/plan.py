@@ -42,7 +42,7 @@ from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
 from opro.program.configurations import changed, settings_text
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values
 from opro.rundir import RunDir
-from opro.search.validation import confirmation_looks, split_sizes
+from opro.search.validation_sizes import confirmation_looks, split_sizes
 from opro.stats.sequential import design_power, min_questions
 
 if TYPE_CHECKING:

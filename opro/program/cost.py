@@ -136,6 +136,9 @@ class CostDifference:
     baseline_cost: float
     #: The baseline's mean tokens per answer on those questions.
     baseline_tokens: float = math.nan
+    #: The share of the baseline's tokens per answer saved, ``1 - mean(tokens) / mean(baseline's)``: its
+    #: Fieller interval (:func:`opro.stats.ratio.saving_interval`; None below 2 pairs or not estimable).
+    tokens_saving_ci: tuple[float, float] | None = None
 
     @property
     def lower(self) -> bool:
@@ -143,20 +146,22 @@ class CostDifference:
         return self.cost.ci is not None and self.cost.ci[1] < 0
 
     def as_dict(self) -> dict[str, Any]:
+        ci = self.tokens_saving_ci
         return {"tokens": self.tokens.as_dict(), "seconds": self.seconds.as_dict(), "cost": self.cost.as_dict(),
-                "baseline_cost": self.baseline_cost, "baseline_tokens": self.baseline_tokens, "lower": self.lower}
+                "baseline_cost": self.baseline_cost, "baseline_tokens": self.baseline_tokens, "lower": self.lower,
+                "tokens_saving_ci": None if ci is None else list(ci)}
 
     def saving_text(self) -> str:
-        """Tokens per answer as a share of the baseline's (the interval divided by that mean, taken as
-        known: first order, as the validation stage reports it), and seconds per answer."""
+        """Tokens per answer as a share of the baseline's, with the Fieller interval of that share (a ratio
+        of paired means: the baseline's mean is estimated too), and seconds per answer."""
         t, s = self.tokens, self.seconds
         if self.baseline_tokens > 0:
             share = -t.estimate / self.baseline_tokens
             word = "fewer" if share >= 0 else "more"
             tokens = f"{abs(share):.0%} {word} tokens per answer"
-            if t.ci is not None:  # the interval in the estimate's own words ("[1%, 4% more]")
-                lo, hi = (-t.ci[1], -t.ci[0]) if share >= 0 else t.ci
-                tokens += f" [{lo / self.baseline_tokens:.0%}, {hi / self.baseline_tokens:.0%} {word}]"
+            if self.tokens_saving_ci is not None:  # the interval in the estimate's own words ("[1%, 4% more]")
+                lo, hi = self.tokens_saving_ci if share >= 0 else (-self.tokens_saving_ci[1], -self.tokens_saving_ci[0])
+                tokens += f" [{lo:.0%}, {hi:.0%} {word}]"
         else:
             tokens = f"tokens per answer {t.text(0)}"
         return f"{tokens}, seconds per answer {s.text(2)}"
@@ -172,6 +177,8 @@ def paired_difference(rows: Sequence[AnsweredCall], baseline: Sequence[AnsweredC
                       level: float = 0.95) -> CostDifference | None:
     """``rows`` - ``baseline``, question by question (the same questions in the same order), over the
     questions both answered; None when there is no such question."""
+    from opro.stats.ratio import saving_interval
+
     if len(rows) != len(baseline):
         raise ValueError(f"paired rows differ in length: {len(rows)} and {len(baseline)}")
     pairs = [(a, b) for a, b in zip(rows, baseline, strict=True) if a.error is None and b.error is None]
@@ -190,6 +197,7 @@ def paired_difference(rows: Sequence[AnsweredCall], baseline: Sequence[AnsweredC
         cost=_difference([cost(a) - cost(b) for a, b in pairs], level=level),
         baseline_cost=statistics.fmean(cost(b) for _, b in pairs),
         baseline_tokens=statistics.fmean(tokens(b) for _, b in pairs),
+        tokens_saving_ci=saving_interval([tokens(a) for a, _ in pairs], [tokens(b) for _, b in pairs], level=level),
     )
 
 

@@ -142,7 +142,7 @@ class Search:
                 "split is empty: set [data.split].validation (e.g. 8; more questions detect smaller gains), "
                 "or set [optimizer].finalists = 0 to skip validation (then no gain is claimed)"
             )
-        from opro.search.validation import max_calls
+        from opro.search.validation_sizes import max_calls
 
         self.validation_reserve = max_calls(self.settings, len(validation_set), len(extension_set))
         cap = self.settings.max_calls

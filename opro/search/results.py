@@ -105,8 +105,9 @@ class CostSaving:
     #: Mean (finalist - initial) cost per answer and its t interval (None below 2 pairs).
     difference: float
     difference_ci: tuple[float, float] | None
-    #: The share of the initial cost saved, and its interval (the difference's divided by the initial
-    #: mean, taken as known); None where the initial cost is 0.
+    #: The share of the initial cost saved, and its interval (Fieller's, of a ratio of paired means:
+    #: :func:`opro.stats.ratio.saving_interval`); None where the initial cost is 0 (the interval also
+    #: where it is not estimable).
     relative: float | None
     relative_ci: tuple[float, float] | None
     #: The interval is below 0: the finalist is cheaper on these questions.

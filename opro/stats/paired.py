@@ -4,8 +4,9 @@ Judge scores are small discrete numbers (1-5) on a few dozen questions at best, 
 is made for small paired samples: Student t intervals of means and paired differences, clipped to
 what the judge's scale allows (a percentile bootstrap covered 84% of a 95% interval at 6 questions,
 89% at 10: ``experiments/bench_compare_tests.py --coverage``), the Wilcoxon signed-rank
-test (exact up to 50 non-zero differences) and an exact sign-flip permutation test (Monte Carlo
-above ``exact_max_n`` pairs). Results are frozen dataclasses.
+test (exact up to 50 non-zero differences) and an exact sign-flip permutation test of the
+skew-corrected studentized mean (:mod:`opro.stats.skew`; Monte Carlo above ``exact_max_n`` pairs).
+Results are frozen dataclasses.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 from opro.errors import DataError
+from opro.stats.skew import STATISTIC, flip_p_value, min_pairs
 
 # Rows of bootstrap resamples drawn at once: bounds memory at ~8 MB for 1000 questions.
 _BLOCK = 1000
@@ -106,11 +108,18 @@ class PairedComparison:
 
     @property
     def significant(self) -> bool:
-        """The paired sign-flip permutation test below ``alpha`` (Holm-adjusted in a family). It uses the
-        sizes of the differences, which the logit judge's continuous scores carry and the Wilcoxon
-        ranks drop; requiring both tests only cost power (experiments/bench_compare_tests.py), so the
-        Wilcoxon p-value is shown beside it and decides nothing."""
+        """The paired sign-flip permutation test (of the skew-corrected studentized mean) below
+        ``alpha`` (Holm-adjusted in a family). It uses the sizes of the differences, which the logit
+        judge's continuous scores carry and the Wilcoxon ranks drop; requiring both tests only cost
+        power (experiments/bench_compare_tests.py), so the Wilcoxon p-value is shown beside it and
+        decides nothing."""
         return self.p_permutation < self.alpha
+
+    @property
+    def min_pairs(self) -> int:
+        """The fewest pairs on which the test holds its error rate where losses (or gains) are rare and
+        large (:func:`opro.stats.skew.min_pairs`)."""
+        return min_pairs(self.alpha)
 
     def verdict(self) -> str:
         """A plain sentence for a report."""
@@ -123,9 +132,11 @@ class PairedComparison:
         why = f", {d.note}" if d.note else ""
         if self.significant:
             direction = "better" if d.estimate > 0 else "worse"
+            few = (f"; on fewer than {self.min_pairs} pairs a rare large loss or gain can go unseen, and no test "
+                   "holds its error rate for the mean there" if self.n < self.min_pairs else "")
             return (
                 f"{direction} by {abs(d.estimate):.2f} points on average "
-                f"({d.level:.0%} CI {d.low:+.2f} to {d.high:+.2f}{why}; {p}): significant at {self.alpha:g}"
+                f"({d.level:.0%} CI {d.low:+.2f} to {d.high:+.2f}{why}; {p}): significant at {self.alpha:g}{few}"
             )
         return (
             f"difference {d.estimate:+.2f} ({d.level:.0%} CI {d.low:+.2f} to {d.high:+.2f}{why}; {p}): "
@@ -187,20 +198,42 @@ def paired_bootstrap_ci(
     return bootstrap_mean_ci(list(_pairs(a, b)), level=level, n_resamples=n_resamples, seed=seed)
 
 
+def wilson_ci(values: Sequence[float], *, bounds: tuple[float, float], level: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of the mean of values that lie within ``bounds``: rescaled to [0, 1] a
+    value's variance is at most ``mu (1 - mu)`` when its mean is ``mu`` (the most a two-point law at the
+    ends can have), so the score interval with that variance holds whatever the values' law. Wide: it
+    is what is left where the sample cannot show its own spread (:func:`t_mean_ci`)."""
+    from statistics import NormalDist
+
+    lo, hi = bounds
+    x = (_values(values, "sample") - lo) / (hi - lo)
+    n = len(x)
+    m = min(1.0, max(0.0, float(x.mean())))
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    center = (m + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(m * (1 - m) / n + z * z / (4 * n * n))
+    return lo + (hi - lo) * max(0.0, center - half), lo + (hi - lo) * min(1.0, center + half)
+
+
 def t_mean_ci(
     values: Sequence[float], *, level: float = 0.95, bounds: tuple[float, float] | None = None,
     resolution: float = 0.0,
 ) -> ConfidenceInterval:
-    """Student's t interval of the mean, clipped to ``bounds`` (the range the values can take, e.g.
-    the judge's 1-5 scale): a mean never lies outside it, so neither does a bound worth printing.
+    """Student's t interval of the mean, within ``bounds`` (the range the values can take, e.g. the
+    judge's 1-5 scale): a mean never lies outside it, so neither does a bound worth printing.
 
-    ``resolution`` is the scores' step (1 for integer judge scores): the spread is estimated as if
-    one more value had lain one step from the mean, ``(sum of squares + resolution**2) / n``. A few
-    integer scores that happen to agree say little about the spread, and the plain t interval then
-    collapsed and undercovered (at 6 judge-like questions, 0.91 of a 95% interval; with this, 0.93 or
-    more: ``experiments/bench_compare_tests.py --coverage``). Below 2 values there is no interval:
-    it is the whole of ``bounds`` (infinite without them), and ``note`` says so; ``note`` also says
-    when the interval was clipped."""
+    ``resolution`` is the scores' step (1 for integer judge scores): the spread is never taken below
+    what it would be had one more value lain one step from the mean, ``(sum of squares +
+    resolution**2) / n``, so a few integer scores that happen to agree do not collapse the interval
+    (at 6 judge-like questions the plain t interval covered 0.91 of a 95% interval; with this, 0.93
+    or more: ``experiments/bench_compare_tests.py --coverage``). It only ever widens the interval.
+
+    Where the t interval reaches an end of ``bounds``, the values sit at that end and the sample
+    cannot show how far the rare others lie (mostly 5s with a 1 on one question in 10: a sample of 10
+    holds no 1 in 35% of draws, and the t interval covered 0.65): its other end is then taken from
+    :func:`wilson_ci` where that lies farther, which holds whatever the values' law (0.98 or more in
+    that world, ``--coverage``). ``note`` says so, or that the interval was clipped. Below 2 values
+    there is no interval: it is the whole of ``bounds`` (infinite without them), and ``note`` says so."""
     from scipy.stats import t as student
 
     if not 0.0 < level < 1.0:
@@ -216,11 +249,19 @@ def t_mean_ci(
     if n < 2:
         return ConfidenceInterval(estimate, lo, hi, level, n, note="1 question: too few for an interval")
     squares = float(np.sum((x - estimate) ** 2))
-    sd = math.sqrt((squares + resolution**2) / (n - 1 + (resolution > 0)))
+    sd = math.sqrt(max(squares / (n - 1), (squares + resolution**2) / n))
     h = float(student.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
     low, high = estimate - h, estimate + h
-    if low >= lo and high <= hi:
+    if low > lo and high < hi:
         return ConfidenceInterval(estimate, low, high, level, n)
+    if bounds is not None and math.isfinite(lo) and math.isfinite(hi):
+        w_low, w_high = wilson_ci(x.tolist(), bounds=(lo, hi), level=level)
+        wide_low, wide_high = (min(low, w_low) if high >= hi else low), (max(high, w_high) if low <= lo else high)
+        if (wide_low, wide_high) != (low, high):
+            return ConfidenceInterval(
+                estimate, max(wide_low, lo), min(wide_high, hi), level, n,
+                note=(f"{n} questions at the end of [{lo:g}, {hi:g}]: the other end is the Wilson bound, "
+                      "as a rare score far from these may not have been drawn"))
     return ConfidenceInterval(estimate, max(low, lo), min(high, hi), level, n,
                               note=f"{n} questions: the interval reached past [{lo:g}, {hi:g}] and is clipped to it")
 
@@ -326,34 +367,25 @@ def permutation_test(
 ) -> TestResult:
     """Two-sided paired sign-flip permutation test of ``mean(a - b) = 0``.
 
-    Under the null each difference is as likely positive as negative, so the p-value is the share
-    of the ``2**n`` sign assignments whose ``|mean|`` is at least the observed one: enumerated
-    exactly up to ``exact_max_n`` pairs, otherwise estimated from ``n_resamples`` seeded random
-    flips as ``(1 + hits) / (1 + n_resamples)`` (never zero, as Monte Carlo p-values should be).
+    Under the null each difference is as likely positive as negative, so the p-value is twice the
+    smaller share of the ``2**n`` sign assignments whose statistic is at least (at most) the observed
+    one: enumerated exactly up to ``exact_max_n`` pairs, otherwise estimated from ``n_resamples``
+    seeded random flips as ``(1 + hits) / (1 + n_resamples)`` (never zero, as Monte Carlo p-values
+    should be). The statistic is the skew-corrected studentized mean (:mod:`opro.stats.skew`): exact
+    for symmetric differences like any flipped statistic, and holding the error rate for the mean
+    where a few questions move a lot one way and the rest a little the other (the sum did not:
+    ``experiments/bench_compare_tests.py --errors``). ``statistic`` is the absolute mean difference.
     """
     d = _pairs(a, b)
     n = len(d)
     if n == 0 or np.all(d == 0):
         return TestResult("permutation", 0.0, 1.0, n, True, "all differences are zero" if n else "no pairs")
-    observed = abs(float(d.mean()))
-    # Tolerance: sums of the same floats in another order differ in the last bits.
-    tol = 1e-12 * max(1.0, float(np.abs(d).max()))
-    if n <= exact_max_n:
-        # Row k flips the signs of the differences at the set bits of k: all 2**n assignments.
-        signs = 1.0 - 2.0 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
-        stats = np.abs(signs @ d) / n
-        p = float(np.mean(stats >= observed - tol))
-        return TestResult("permutation", observed, p, n, True, f"exact over {2**n} sign flips")
-    if n_resamples < 100:
+    if n > exact_max_n and n_resamples < 100:
         raise DataError(f"n_resamples={n_resamples} is too few for a Monte Carlo p-value; use >= 1000")
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for start in range(0, n_resamples, _BLOCK):
-        rows = min(_BLOCK, n_resamples - start)
-        signs = rng.choice((-1.0, 1.0), size=(rows, n))
-        hits += int(np.sum(np.abs(signs @ d) / n >= observed - tol))
-    p = (1 + hits) / (1 + n_resamples)
-    return TestResult("permutation", observed, p, n, False, f"Monte Carlo, {n_resamples} sign flips, seed {seed}")
+    p, exact = flip_p_value(list(d), alternative="two-sided", n_resamples=n_resamples, seed=seed,
+                            exact_max_n=exact_max_n)
+    how = f"exact over {2**n} sign flips" if exact else f"Monte Carlo, {n_resamples} sign flips, seed {seed}"
+    return TestResult("permutation", abs(float(d.mean())), p, n, exact, f"{how} of {STATISTIC}")
 
 
 def holm_family(comparisons: Sequence[PairedComparison]) -> list[PairedComparison]:
@@ -448,5 +480,6 @@ __all__ = [
     "questions_for_half_width",
     "t_mean_ci",
     "wilcoxon_signed_rank",
+    "wilson_ci",
     "win_tie_loss",
 ]

@@ -11,18 +11,24 @@ rate (five looks at 0.05 reject a true null about 14% of the time), so each look
   planned questions seen. Early looks get almost nothing (they stop only on overwhelming evidence),
   so the last look keeps nearly the whole ``alpha`` and the power of a fixed test of ``n_max``
   questions; the looks are free where the effect is large and cost little where it is not.
-- **A sign-flip (permutation) test of the summed paired differences**, not a normal approximation:
-  judge scores are a few integers per question (or, from the logit judge, continuous), and at 8-30
-  questions the z-boundaries of textbook designs are off. Under the null (the two prompts are
-  exchangeable on each question) every difference's sign is a fair coin given its size, so the
-  boundary of look ``k`` is computed from the distribution of the look-``k`` sum over sign flips of
-  the differences seen so far, among the flips that crossed no earlier boundary: it rejects at most
-  ``alpha(t_k)`` minus what the earlier looks did spend. The earlier boundaries depend only on sizes
-  already conditioned on, so the chance of ever rejecting a true null is at most ``alpha(1) = alpha``. Up to 16 questions every flip is
-  enumerated (exact); above, ``draws`` seeded Monte Carlo flips (error about 0.002 at 20,000).
+- **A sign-flip (permutation) test**, not a normal approximation: judge scores are a few integers
+  per question (or, from the logit judge, continuous), and at 8-30 questions the z-boundaries of
+  textbook designs are off. Under the null (the two prompts are exchangeable on each question)
+  every difference's sign is a fair coin given its size, so the boundary of look ``k`` is computed
+  from the distribution of the look-``k`` statistic over sign flips of the differences seen so far,
+  among the flips that crossed no earlier boundary: it rejects at most ``alpha(t_k)`` minus what the
+  earlier looks did spend. The earlier boundaries depend only on sizes already conditioned on, so the
+  chance of ever rejecting a true null is at most ``alpha(1) = alpha``. Up to 16 questions every flip
+  is enumerated (exact); above, ``draws`` seeded Monte Carlo flips (error about 0.002 at 20,000).
+- **The statistic flipped is the skew-corrected studentized mean** (:mod:`opro.stats.skew`), not
+  the sum (before issue 61). Flips are exact for any statistic where the differences are symmetric;
+  a claim is about the mean, and where one prompt loses a lot on a few questions and gains a little
+  on the rest, flipping the sum claimed non-inferiority at exactly the margin in 0.10 of the
+  validation stage's runs at alpha 0.05. Hall's statistic holds it (``experiments/bench_selection.py
+  --errors``: the table and the candidates measured are in docs/statistics.md).
 - **Futility is non-binding**: the boundaries are computed as if the test never stopped for
   futility, so stopping for it can only lower the error rate. A look before the last stops for it
-  once ``A`` is not ahead (sum <= 0), the first look too: under no gain that ends half the runs
+  once ``A`` is not ahead (mean <= 0), the first look too: under no gain that ends half the runs
   after a third of the questions, which pays for a larger planned maximum (the looks an
   extension adds) at the same expected cost.
 
@@ -33,7 +39,6 @@ sizes opro runs (tens of questions), and the question budget is what a user pays
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,7 +47,9 @@ from typing import Any
 
 import numpy as np
 
-EXACT_MAX_N = 16
+from opro.stats.skew import EXACT_MAX_N, flip_signs, flipped
+from opro.stats.skew import statistic as hall
+
 _EPS = 1e-9
 
 
@@ -76,10 +83,10 @@ class Look:
     #: Paired questions (both prompts scored) at this look, and the planned maximum.
     n: int
     n_max: int
-    #: Sum and mean of the paired differences (A - B).
+    #: The test's statistic (``statistic_of``) and the mean of the paired differences (A - B).
     statistic: float
     mean_difference: float
-    #: The sum at or above which this look rejects (``inf``: it cannot).
+    #: The statistic at or above which this look rejects (``inf``: it cannot).
     boundary: float
     alpha_spent: float
     #: One-sided p-value in the stagewise ordering (an earlier crossing counts as more extreme): at
@@ -88,12 +95,18 @@ class Look:
     #: ``success``: A is better (the null is rejected); ``futility``: stopped, A not ahead;
     #: ``continue``: ask the next batch; ``end``: the last look, not rejected.
     decision: str
+    #: What ``statistic`` and ``boundary`` are: ``hall`` (:mod:`opro.stats.skew`), or ``sum`` (the sum of
+    #: the differences, in a look made before issue 61; such looks keep their stored form).
+    statistic_of: str = "sum"
 
     def as_dict(self) -> dict[str, float | int | str | None]:
-        return {"look": self.look, "n": self.n, "n_max": self.n_max, "statistic": self.statistic,
-                "mean_difference": self.mean_difference,
-                "boundary": None if math.isinf(self.boundary) else self.boundary,
-                "alpha_spent": self.alpha_spent, "p_value": self.p_value, "decision": self.decision}
+        out: dict[str, float | int | str | None] = {
+            "look": self.look, "n": self.n, "n_max": self.n_max, "statistic": self.statistic,
+            "mean_difference": self.mean_difference, "boundary": None if math.isinf(self.boundary) else self.boundary,
+            "alpha_spent": self.alpha_spent, "p_value": self.p_value, "decision": self.decision}
+        if self.statistic_of != "sum":  # absent from a look of the sum, as it was stored
+            out["statistic_of"] = self.statistic_of
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Look:
@@ -102,76 +115,69 @@ class Look:
         boundary = data["boundary"]
         return cls(look=data["look"], n=data["n"], n_max=data["n_max"], statistic=data["statistic"],
                    mean_difference=data["mean_difference"], boundary=math.inf if boundary is None else boundary,
-                   alpha_spent=data["alpha_spent"], p_value=data["p_value"], decision=data["decision"])
+                   alpha_spent=data["alpha_spent"], p_value=data["p_value"], decision=data["decision"],
+                   statistic_of=data.get("statistic_of", "sum"))
 
 
-def _flips(n: int, *, draws: int, seed: int) -> np.ndarray:
-    if n <= EXACT_MAX_N:
-        return np.array(list(itertools.product((1.0, -1.0), repeat=n))) if n else np.ones((1, 0))
-    return np.random.default_rng(seed).choice((1.0, -1.0), size=(draws, n))
-
-
-def _flip_sums(differences: Sequence[float], *, draws: int, seed: int) -> np.ndarray:
-    """Running sums of the differences under every sign flip (or ``draws`` random ones): row per flip."""
-    signs = _flips(len(differences), draws=draws, seed=seed)
-    return (signs * np.abs(np.asarray(differences, dtype=float))).cumsum(axis=1)
-
-
-def _alive(sums: np.ndarray, sizes: Sequence[int], earlier: Sequence[float]) -> np.ndarray:
-    """The flips that crossed none of the earlier looks' boundaries."""
-    alive = np.ones(len(sums), dtype=bool)
-    for size, c in zip(sizes[: len(earlier)], earlier, strict=True):
-        alive &= sums[:, size - 1] < c - _EPS
+def _alive(paths: np.ndarray, earlier: Sequence[float]) -> np.ndarray:
+    """The flips (rows of ``paths``: the statistic at each look) that crossed none of the earlier boundaries."""
+    alive = np.ones(len(paths), dtype=bool)
+    for j, c in enumerate(earlier):
+        alive &= paths[:, j] < c - _EPS
     return alive
 
 
-def _boundary(sums: np.ndarray, sizes: Sequence[int], earlier: Sequence[float], spend: float) -> float:
-    last = sums[_alive(sums, sizes, earlier), sizes[-1] - 1]
-    allowed = math.floor(spend * len(sums) + _EPS)
+def _boundary(paths: np.ndarray, alive: np.ndarray, spend: float) -> float:
+    last = paths[alive, -1]
+    allowed = math.floor(spend * len(paths) + _EPS)
     if allowed < 1 or not len(last):
         return math.inf
     # The smallest tie-free threshold with at most ``allowed`` flips at or above it.
-    values, counts = np.unique(-last, return_counts=True)  # ascending -last: descending sums
+    values, counts = np.unique(-last, return_counts=True)  # ascending -last: descending statistics
     ok = np.nonzero(np.cumsum(counts) <= allowed)[0]
     return math.inf if not len(ok) else float(-values[ok[-1]])
 
 
 def decide(
-    differences: Sequence[float], *, seen: Sequence[int], n_max: int, last: bool, earlier: Sequence[float],
+    differences: Sequence[float], *, seen: Sequence[int], n_max: int, last: bool, earlier: Sequence[Look],
     alpha: float, futility: bool = True, draws: int = 20_000, seed: int = 0,
 ) -> Look:
     """The look after ``seen[-1]`` paired differences (``seen``: the count at every look so far, this
     one included; ``n_max``: the planned count; ``last``: no look follows, so the rest of ``alpha`` is
-    spent), given the boundaries ``earlier`` the previous looks were held to (their :attr:`Look.boundary`)."""
+    spent), given the previous looks (``earlier``: the boundaries they were held to). A look is a
+    function of the differences and ``seed`` only: the same inputs decide the same way anywhere."""
     look = len(seen)
     n = seen[-1] if seen else 0
     if look < 1 or len(earlier) != look - 1 or len(differences) != n or n > n_max:
         raise ValueError(f"look {look}: {n} differences of at most {n_max}, one boundary per earlier look")
+    if any(x.statistic_of != "hall" for x in earlier):
+        raise ValueError("an earlier look flipped another statistic: a decision is never resumed under another test")
     budget = alpha if last else spent(alpha, n / n_max)
     d = list(differences)
-    s = float(sum(d))
+    mean = float(sum(d)) / n if n else 0.0
     if n == 0:
         return Look(look=look, n=0, n_max=n_max, statistic=0.0, mean_difference=0.0, boundary=math.inf,
-                    alpha_spent=budget, p_value=1.0, decision="end" if last else "continue")
-    sums = _flip_sums(d, draws=draws, seed=seed + look)
-    alive = _alive(sums, seen, earlier)
+                    alpha_spent=budget, p_value=1.0, decision="end" if last else "continue", statistic_of="hall")
+    s = hall(d)
+    paths = flipped(d, flip_signs(n, draws=draws, seed=seed + look), seen)
+    alive = _alive(paths, [x.boundary for x in earlier])
     # What the earlier looks really spent (their discrete boundaries spend less than allotted) is
     # recycled: this look may reject up to the cumulative budget minus that.
     crossed = float(np.mean(~alive))
-    c = _boundary(sums, seen, earlier, budget - crossed) if budget > crossed else math.inf
+    c = _boundary(paths, alive, budget - crossed) if budget > crossed else math.inf
     # Stagewise ordering: a crossing at an earlier look is more extreme than any outcome of this one,
     # so p <= the cumulative budget exactly when this look rejects.
-    p = crossed + float(np.mean(alive & (sums[:, n - 1] >= s - _EPS)))
-    if s >= c - _EPS:
+    p = crossed + float(np.mean(alive & (paths[:, -1] >= s - _EPS * max(1.0, abs(s)))))
+    if s >= c - _EPS * max(1.0, abs(c)):
         decision = "success"
     elif last:
         decision = "end"
-    elif futility and s <= 0:
+    elif futility and mean <= 0:
         decision = "futility"
     else:
         decision = "continue"
-    return Look(look=look, n=n, n_max=n_max, statistic=s, mean_difference=s / n, boundary=c,
-                alpha_spent=budget, p_value=min(1.0, p), decision=decision)
+    return Look(look=look, n=n, n_max=n_max, statistic=s, mean_difference=mean, boundary=c,
+                alpha_spent=budget, p_value=min(1.0, p), decision=decision, statistic_of="hall")
 
 
 def t_interval(values: Sequence[float], *, level: float = 0.95) -> tuple[float, float] | None:

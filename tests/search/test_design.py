@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from fakes import Ex
 
 from opro.config import OptimizerSection
@@ -16,8 +17,11 @@ from opro.search.study import questions_key, sha
 from opro.search.validation import _design, _plan
 from opro.stats.sequential import Look
 
-PROCEDURE = ("chosen finalist vs initial: group-sequential one-sided sign-flip test, "
-             "O'Brien-Fleming-type alpha spending, non-binding futility")
+PROCEDURE = ("chosen finalist vs initial: group-sequential one-sided sign-flip test of Hall's skew-corrected "
+             "studentized mean, O'Brien-Fleming-type alpha spending, non-binding futility")
+#: The procedure before issue 61 (the sum of the differences flipped): such designs still load.
+SUM_PROCEDURE = ("chosen finalist vs initial: group-sequential one-sided sign-flip test, "
+                 "O'Brien-Fleming-type alpha spending, non-binding futility")
 
 
 def old_key(design: dict[str, Any]) -> str:
@@ -55,12 +59,33 @@ def test_a_quality_design_is_stored_as_before_and_reads_back() -> None:
     assert design.summary_json() == {k: v for k, v in before.items() if k not in ("finalists", "initial")}
 
 
+def test_a_decision_of_the_sum_loads_but_is_never_resumed_under_the_skew_corrected_test() -> None:
+    """Issue 61 changed the statistic the validation stage flips, and so what a stored decision means: a
+    design recorded before (its procedure flips the sum) reads back and keys as stored, but the design
+    made now on the same questions and settings has another key, so that decision is refused (or, with
+    ``seen_validation = "label"``, re-decided), never resumed; and no look continues a look of the sum."""
+    from opro.stats.sequential import decide
+
+    design, _, _ = made(OptimizerSection(alpha=0.05, finalists=2, selection_questions=4))
+    stored = {**design.to_json(), "procedure": SUM_PROCEDURE}
+    stored["key"] = old_key(stored)
+    earlier = ValidationDesign.from_json(stored)
+    assert earlier.keyed() == earlier and earlier.procedure == SUM_PROCEDURE
+    assert earlier.key != design.key and "Hall's skew-corrected studentized mean" in design.procedure
+    old_look = Look(look=1, n=4, n_max=12, statistic=4.0, mean_difference=1.0, boundary=math.inf, alpha_spent=0.001,
+                    p_value=0.06, decision="continue")
+    assert "statistic_of" not in old_look.as_dict() and Look.from_dict(old_look.as_dict()) == old_look
+    with pytest.raises(ValueError, match="another test"):
+        decide([1.0] * 8, seen=[4, 8], n_max=12, last=False, earlier=[old_look], alpha=0.05)
+
+
 def test_a_cost_design_with_an_extension_is_stored_as_before_and_reads_back() -> None:
     settings = OptimizerSection(objective="cost", margin=0.25, min_coverage=0.8, futility=False, validation_extension=5)
     design, validation, extension = made(settings, n_extension=8)
     assert design.objective == "cost" and design.extension == 5 and design.futility_from_look is None
     before: dict[str, Any] = {
-        "alpha": 0.05, "looks": design.looks, "futility": False, "selection_questions": 4,
+        # No selection questions under the cost objective: the finalist is chosen on the search questions.
+        "alpha": 0.05, "looks": design.looks, "futility": False, "selection_questions": 0,
         "finalists": ["Finalist 0.", "Finalist 1."], "initial": "Answer the question.", "n_questions": 12,
         "procedure": design.procedure, "questions": questions_key(validation),
         "extension": 5, "extension_questions": questions_key(extension[:5]), "objective": "cost", "margin": 0.25,

@@ -1,0 +1,137 @@
+"""Which candidates the validation stage may choose (its finalists), and which one it confirms.
+
+Choosing claims nothing: the confirmation (:mod:`opro.search.validation`) tests the one chosen on
+questions the choice never saw. What the choice decides is how often a saving or a gain that is
+there gets confirmed. Under ``objective = "quality"`` the finalist with the best mean over its search
+and selection questions is chosen. Under ``objective = "cost"`` the finalist with the largest
+*expected confirmed saving*: its share saved times the chance that the confirmation shows it within
+the margin, that chance estimated from its paired differences to the initial configuration on the
+search questions both scored. The rule it replaced, "the cheapest finalist whose mean is within the
+margin of the initial configuration's", compared means over different questions (the finalist's
+search and selection ones against the initial one's search ones, issue 61), and even paired it
+chose a cheaper, truly worse finalist whenever a few questions put it within the margin, which the
+confirmation then refused (``experiments/bench_selection.py --cost --space``, docs/statistics.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from statistics import NormalDist
+
+from opro.config import OptimizerSection
+from opro.search.metaprompt import normalize_instruction
+from opro.search.results import CandidateRecord, quality_cost_front
+from opro.stats.paired import paired_valid
+from opro.stats.sequential import t_interval
+
+
+def _cheaper(history: Sequence[CandidateRecord], *, initial: str,
+             margin: float) -> tuple[CandidateRecord | None, list[CandidateRecord]]:
+    """The initial configuration's search record, and the complete candidates cheaper per answer than it
+    and not clearly worse (:func:`cost_finalists`)."""
+    key = normalize_instruction(initial)
+    done = [r for r in history if r.status == "complete" and r.score is not None and r.cost is not None]
+    base = next((r for r in done if normalize_instruction(r.name) == key), None)
+    if base is None:
+        return None, []
+
+    def not_clearly_worse(r: CandidateRecord) -> bool:
+        a, b = paired_valid(list(r.scores), list(base.scores))
+        ci = t_interval([x - y for x, y in zip(a, b, strict=True)])
+        if ci is None:
+            return (r.score or 0.0) >= (base.score or 0.0) - margin
+        return ci[1] > -margin
+
+    return base, [r for r in done if normalize_instruction(r.name) != key
+                  and r.cost.cost < base.cost.cost and not_clearly_worse(r)]  # type: ignore[union-attr]
+
+
+def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: float) -> list[CandidateRecord]:
+    """The search's quality-cost front of ``objective = "cost"``, cheapest first: the complete candidates
+    cheaper per answer than the initial configuration (the candidate named ``initial``: the initial
+    instruction with the initial configuration's values; the same instruction with other values is
+    another candidate) and not clearly worse, kept only where no other such candidate is both as cheap
+    and as good and better in one. Not clearly worse: the upper end of the paired 95% t interval of its
+    search scores minus the initial one's (question by question) is above ``-margin``; with fewer than 2
+    pairs, its mean is. A handful of search questions cannot show that a cheaper candidate is as good,
+    only that it is clearly worse, so this only chooses what the confirmation tests; it claims nothing."""
+    return quality_cost_front(_cheaper(history, initial=initial, margin=margin)[1])
+
+
+def choose_finalists(history: Sequence[CandidateRecord], *, initial: str, settings: OptimizerSection,
+                     n_confirmation: int) -> list[CandidateRecord]:
+    """The candidates the validation stage may choose, the initial configuration (by name) left out: by
+    quality the best complete candidates by search score; by cost (cheapest first) the cheaper, not
+    clearly worse candidates (:func:`cost_finalists`) with the largest :func:`expected_saving` at
+    ``n_confirmation`` pairs. The front alone dropped a truly equal setting whenever a cheaper, worse one
+    scored as well on the search's few questions, or one as cheap scored better (8 of 60 runs of
+    ``bench_selection.py --cost --space``); a dominated candidate still ranks below what dominates it."""
+    if settings.objective == "cost":
+        base, cheaper = _cheaper(history, initial=initial, margin=settings.margin)
+        if base is None:
+            return []
+        expected = {id(r): expected_saving(r, base, margin=settings.margin, alpha=settings.alpha,
+                                           n_confirmation=n_confirmation) or 0.0 for r in cheaper}
+        ranked = sorted(cheaper, key=lambda r: (-expected[id(r)], r.cost.cost, r.step, r.index))  # type: ignore[union-attr]
+        return sorted(ranked[: settings.finalists], key=lambda r: (r.cost.cost, r.step, r.index))  # type: ignore[union-attr]
+    initial_key = normalize_instruction(initial)
+    return sorted(
+        (r for r in history if r.status == "complete" and r.score is not None
+         and normalize_instruction(r.name) != initial_key),
+        key=lambda r: (-(r.score or 0.0), r.step, r.index),
+    )[: settings.finalists]
+
+
+def chosen_finalist(finalists: Sequence[CandidateRecord], selection_scores: Mapping[str, Sequence[float | None]], *,
+                    initial: str, by_cost: bool, n_confirmation: int, settings: OptimizerSection,
+                    history: Sequence[CandidateRecord]) -> int:
+    """The index of the finalist to confirm. By quality: the best mean over its search and selection
+    questions (ties to the better search rank). By cost (finalists cheapest first): the largest
+    :func:`expected_saving` against the initial configuration's search record (ties to the cheaper);
+    the quality choice where there is no such record or no finalist has one."""
+    def pooled(k: int) -> tuple[float, int]:
+        f = finalists[k]
+        valid = [x for x in selection_scores.get(f.instruction, ()) if x is not None]
+        total = (f.score or 0.0) * f.n_scored + sum(valid)
+        return (total / max(1, f.n_scored + len(valid)), -k)  # ties to the better search rank
+
+    best = max(range(len(finalists)), key=pooled)
+    if not by_cost:
+        return best
+    key = normalize_instruction(initial)
+    base = next((r for r in history if r.status == "complete" and r.cost is not None
+                 and normalize_instruction(r.instruction) == key), None)
+    if base is None or base.cost is None or base.cost.cost <= 0:
+        return best
+    expected = [expected_saving(f, base, margin=settings.margin, alpha=settings.alpha, n_confirmation=n_confirmation)
+                for f in finalists]
+    if all(e is None for e in expected):
+        return best
+    return max(range(len(finalists)), key=lambda k: (expected[k] if expected[k] is not None else -math.inf, -k))
+
+
+def expected_saving(finalist: CandidateRecord, initial: CandidateRecord, *, margin: float, alpha: float,
+                    n_confirmation: int) -> float | None:
+    """The finalist's share saved per answer (its search cost against the initial one's) times the chance
+    that a test of ``n_confirmation`` pairs at ``alpha`` shows it within ``margin``: the one-sided normal
+    power at its mean paired difference to the initial configuration on the search questions both
+    scored, with their sd. None without a cost or a pair. An estimate that only orders the finalists:
+    it claims nothing (the confirmation tests the one chosen on other questions)."""
+    if finalist.cost is None or initial.cost is None or initial.cost.cost <= 0:
+        return None
+    a, b = paired_valid(list(finalist.scores), list(initial.scores))
+    if not a:
+        return None
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else 0.0
+    if sd <= 1e-12:  # every difference the same: shown within the margin or not
+        power = 1.0 if mean + margin > 0 else 0.0
+    else:
+        z = NormalDist()
+        power = z.cdf((mean + margin) * math.sqrt(max(1, n_confirmation)) / sd - z.inv_cdf(1 - alpha))
+    return (1.0 - finalist.cost.cost / initial.cost.cost) * power
+
+
+__all__ = ["choose_finalists", "chosen_finalist", "cost_finalists", "expected_saving"]
