@@ -160,8 +160,13 @@ def with_costs(effects: Sequence[E], *, initial: Measured, margin: float) -> tup
         t = tested.get(id(e))
         if t is not None:
             holm = f", Holm over {t.n_comparisons}" if t.n_comparisons > 1 else ""
-            text += (f"; cheaper and not worse by more than {margin:g} (p {t.p:.2g}{holm})" if t.passed else
-                     f"; not shown within {margin:g} (non-inferiority p {t.p:.2g}{holm})")
+            if t.passed:
+                text += f"; cheaper and not worse by more than {margin:g} (p {t.p:.2g}{holm})"
+            elif t.too_few:  # a pilot this small cannot see a failure on 1 question in 10 (opro.stats.skew)
+                text += (f"; not decided within {margin:g}: {t.n} pilot pairs, the non-inferiority test needs "
+                         f"{t.min_pairs} (p {t.p:.2g}{holm})")
+            else:
+                text += f"; not shown within {margin:g} (non-inferiority p {t.p:.2g}{holm})"
         out.append(dataclasses.replace(e, verdict=dataclasses.replace(v, text=text)))  # type: ignore[type-var]
     return tuple(out)
 
