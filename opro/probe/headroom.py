@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import DataError
 from opro.program.dimensions import Value, dimension
-from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
-from opro.rundir import RunDir
 from opro.stats.paired import compare_paired, holm, questions_for_half_width
+from opro.tracking.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.config import OproConfig

@@ -47,8 +47,8 @@ from opro.errors import LLMError
 from opro.evaluation.batch import QAExample
 from opro.evaluation.engine import Scored
 from opro.evaluation.rows import EvaluationRow
+from opro.heldout.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now, short_hashes
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
-from opro.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now, short_hashes
 from opro.program.cost import CostModel, CostUnit
 from opro.search.design import ValidationDesign
 from opro.search.metaprompt import normalize_instruction

@@ -329,7 +329,7 @@ def test_compare_margin_says_not_worse_and_cheaper_and_promotes_only_then(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fakes import write_config
 
-    from opro.rundir import RunDir
+    from opro.tracking.rundir import RunDir
 
     config = write_config(tmp_path)  # 10 held-out questions
     code, said = _compare_margin(config, monkeypatch, "--margin", "0.25", "--name", "m", "--promote", "cheap")
