@@ -297,6 +297,10 @@ def test_cli_evaluate_records_an_evaluation_run(compared: tuple[Path, Any, Any],
     runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'evaluate'")
     assert len(runs) == 1 and runs[0].data.tags["opro.spec"] == "best"
     assert runs[0].data.metrics["correctness/mean"] == 5.0
+    # The evaluation's own MLflow run names its evaluation run (the GenAI recorder links them).
+    (command,) = [r for r in client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")
+                  if "opro.source" not in r.data.tags]
+    assert command.data.tags["opro.genai_runs"] == runs[0].info.run_id
 
 
 def test_recording_an_evaluation_does_not_import_litellm(tmp_path: Path) -> None:
