@@ -127,8 +127,23 @@ def write_toml(data: dict, path: Path) -> Path:
 
 
 # -- the keyword world: the OPRO loop on scripted models (test_loop, test_workers) ---------------
-# It ships in the package (opro.testing.worlds), where the contract suites run on it.
-from opro.testing.backend_contract import run_together  # noqa: E402,F401
+# It ships in the package (opro.testing.worlds), where the contract suites run on it; the tests import
+# it from here as before (the names are re-exported, hence the aliases).
+from opro.testing.backend_contract import run_together as run_together  # noqa: E402
+from opro.testing.worlds import KEYWORDS as KEYWORDS  # noqa: E402
+from opro.testing.worlds import EchoProgram as EchoProgram  # noqa: E402
+from opro.testing.worlds import Ex as Ex  # noqa: E402
+from opro.testing.worlds import KeywordJudge as KeywordJudge  # noqa: E402
+from opro.testing.worlds import Rig as Rig  # noqa: E402
+from opro.testing.worlds import SearchRig as SearchRig  # noqa: E402
+from opro.testing.worlds import TextTemplate as TextTemplate  # noqa: E402
+from opro.testing.worlds import Verdict as Verdict  # noqa: E402
+from opro.testing.worlds import history_of as history_of  # noqa: E402
+from opro.testing.worlds import keyword_examples as keyword_examples  # noqa: E402
+from opro.testing.worlds import keyword_judge_reply as keyword_judge_reply  # noqa: E402
+from opro.testing.worlds import keyword_optimizer as keyword_optimizer  # noqa: E402
+from opro.testing.worlds import keyword_optimizer_reply as keyword_optimizer_reply  # noqa: E402
+from opro.testing.worlds import keyword_task_reply as keyword_task_reply  # noqa: E402
 
 # -- a scripted experiment on disk (compare, genai, docs) -----------------------------------------------
 COMPARE_DOC = """AlexNet won the ImageNet challenge in 2012. It was designed by Alex Krizhevsky.
