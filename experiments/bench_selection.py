@@ -101,6 +101,7 @@ from opro.errors import ConfigError
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
 from opro.search import CandidateScorer, Search, SearchStudy, make_proposer, make_pruner, open_storage
+from opro.testing.worlds import TextTemplate  # the tests' keyword world shares it
 
 INITIAL = "Answer the question."
 BASE_LEVEL = 3.0
@@ -112,23 +113,6 @@ NOISE_SD = 0.9  # per-call judge noise; with QUESTION_SD the spread of a prompt'
 class Ex:
     query: str
     reference_answer: str
-
-
-@dataclass(frozen=True)
-class TextTemplate:
-    """A QA template that is its instruction (what EchoProgram answers with)."""
-
-    instruction: str
-
-    @property
-    def template_text(self) -> str:
-        return f"{self.instruction}\n{{context_str}}\nQuery: {{query_str}}\nAnswer: "
-
-    def with_instruction(self, instruction: str) -> TextTemplate:
-        return TextTemplate(instruction)
-
-    def __str__(self) -> str:
-        return self.instruction
 
 
 @dataclass(frozen=True)

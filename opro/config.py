@@ -254,7 +254,7 @@ class OptimizerSection:
     #: A candidate counts as complete only if this share of its questions was scored validly.
     min_coverage: float = 0.9
     #: When the validation questions already decided a verdict under another design or other settings
-    #: (:mod:`opro.ledger`): ``refuse`` the run; ``label`` runs it as an exploration, every record
+    #: (:mod:`opro.heldout.ledger`): ``refuse`` the run; ``label`` runs it as an exploration, every record
     #: labelled "re-decided after a seen verdict", the initial instruction returned, never validated.
     seen_validation: Literal["refuse", "label"] = "refuse"
     #: Without prices for the task model, an answer's cost is its task tokens, prompt + this x
@@ -394,7 +394,7 @@ class TrackingSection:
     study_name: str = ""
     register_prompt: bool = True
     #: MLflow 3 GenAI records of finished evaluations: evaluation datasets, evaluation runs with
-    #: per-question traces and judge assessments (opro.tracking.genai). The search's candidates stay metrics.
+    #: per-question traces and judge assessments (the GenAI recorder in opro/tracking/). The search's candidates stay metrics.
     genai: bool = True
     #: The lead's MLflow work during ``optimize`` (imports, store set-up, run, metrics, artifacts,
     #: registry, GenAI records) in a child process, so its CPU never takes the search's GIL; false:

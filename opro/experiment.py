@@ -1,8 +1,7 @@
 """An experiment: everything a config names, built once and shared by optimize / evaluate / compare.
 
-Collaborators are built lazily and passed explicitly (no global settings): the model pool, one
-:class:`ChatClient` per role over a shared call cache and usage ledger, the corpus and retriever,
-the golden dataset with its split, the RAG program and the judge.
+Collaborators are built lazily and passed explicitly (no global settings): the model pool, one :class:`ChatClient`
+per role over a shared call cache and usage ledger, the corpus and retriever, the split dataset, the program, the judge.
 """
 
 from __future__ import annotations
@@ -28,18 +27,18 @@ from opro.llm.rates import rates_path
 from opro.paths import cache_dir
 from opro.program.dimensions import DIMENSIONS, dimension, initial_values
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
-from opro.records import Recorded
-from opro.rundir import RunDir
 from opro.search.recorder import Recorder
 from opro.search.results import OptimizationResult
+from opro.tracking.records import Recorded
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from llama_index.core import Document
 
     from opro.data.dataset import Example, GoldenDataset
     from opro.data.withheld import Withheld
+    from opro.heldout.ledger import DecisionLedger
     from opro.judges import CorrectnessJudge
-    from opro.ledger import DecisionLedger
     from opro.program.rag import RAGProgram
     from opro.program.retrieval import Retriever
     from opro.search import CandidateScorer, Search, SearchStudy, WorkerPlan
@@ -49,15 +48,6 @@ logger = logging.getLogger(__name__)
 
 #: Model settings that never change a score, left out of the study fingerprint (the model's name stays).
 UNSCORED_SPEC_KEYS = ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill", "base_url")
-
-
-def shared_sqlite_warning(storage: str, *, num_workers: int) -> str | None:
-    """What to tell workers that share a study through a SQLite file (None: nothing to tell)."""
-    if num_workers <= 1 or not storage.startswith("sqlite"):
-        return None
-    return (f"{num_workers} workers share the study through a SQLite file: that works only for processes on "
-            "this machine and serializes every write; for workers on several machines use PostgreSQL "
-            "([tracking].optuna_storage = \"postgresql+psycopg2://...\", see the README's Scaling out)")
 
 
 class Experiment:
@@ -290,7 +280,7 @@ class Experiment:
         ``opro_decisions.jsonl`` beside the call cache (by default in :func:`opro.paths.cache_dir`). With
         ``[data].dataset``, a copy beside it (in the file's folder, or the dataset folder) is read and
         written too; one in a folder opro cannot write, or read-only by its mode, is only read."""
-        from opro.ledger import LEDGER_FILE, DecisionLedger
+        from opro.heldout.ledger import LEDGER_FILE, DecisionLedger
 
         user = self.config.call_cache_path.parent
         copies: list[Path] = []
@@ -520,9 +510,9 @@ class Experiment:
                   split_record: dict[str, Any] | None = None) -> list[Recorder]:
         """What the search leaves behind, in order: the run directory's files, ``summary.json`` (which
         says where the trackers after it recorded the run), then the trackers' recorders
-        (:func:`opro.tracking.search.search_recorders`: their artifacts are the run directory's files)."""
-        from opro.recorders import RunDirRecorder
-        from opro.tracking.search import search_recorders
+        (:func:`opro.tracking.factory.search_recorders`: their artifacts are the run directory's files)."""
+        from opro.tracking.factory import search_recorders
+        from opro.tracking.rundir_recorder import RunDirRecorder
 
         trackers = search_recorders(self, run_dir=self.run_dir, params=self.run_params() if worker_index == 0 else None,
                                     worker_index=worker_index, num_workers=num_workers)
@@ -562,6 +552,7 @@ class Experiment:
         """
         from opro.locking import FileLock
         from opro.search import WorkerPlan
+        from opro.search.workers import shared_sqlite_warning
 
         plan = WorkerPlan(index=worker_index, count=num_workers, timeout_s=self.config.tracking.worker_wait_s)
         lock = FileLock(
@@ -660,10 +651,9 @@ class RunResult(OptimizationResult):
 
 
 class _SummaryWriter(Recorder):
-    """The composition root's own recorder: ``summary.json`` (and its copy in the study, for
-    ``opro compare best`` from the stores on any machine), written once, whole, after the run
-    directory's files and before the trackers' recorders (``recorded_by``) log them as artifacts;
-    with where those recorded the run."""
+    """The composition root's own recorder: ``summary.json`` (and its copy in the study, for ``opro compare best``
+    from the stores on any machine), written once, whole, after the run directory's files and before the
+    trackers' recorders (``recorded_by``) log them as artifacts; with where those recorded the run."""
 
     def __init__(self, experiment: Experiment, *, recorded_by: Sequence[Recorder],
                  split_record: dict[str, Any] | None) -> None:

@@ -55,7 +55,7 @@ def extra_buffers_decode(name: str, mode: str) -> None:
     llm.close()
 
 
-# -- the OPRO loop, killed and resumed (test_optimizer) -----------------------------------------------------
+# -- the OPRO loop, killed and resumed (test_loop) -----------------------------------------------------
 
 
 def keyword_search(folder: str, judge_delay_s: str) -> None:

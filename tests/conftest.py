@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
-from opro.llm import LLM
+# The contract suites ship in opro.testing: their asserts explain a failure as the tests' own do.
+pytest.register_assert_rewrite("opro.testing")
+
+from opro.llm import LLM  # noqa: E402  (after the rewrite hook)
 
 
 def _embedded(name: str) -> Iterator[LLM]:

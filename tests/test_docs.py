@@ -203,7 +203,7 @@ def _prompt_kind(spec: str) -> str:
 def _writes(args: list[str]) -> list[tuple[str, frozenset[str]]]:
     """What an `opro` command line writes: (path, the sub-folders of it that other commands write)."""
     from opro.config import load_config
-    from opro.rundir import CALIBRATION_DIR, CALIBRATION_FILE, COMPARE_DIR, EVALUATE_DIR, EXPORT_DIR
+    from opro.tracking.rundir import CALIBRATION_DIR, CALIBRATION_FILE, COMPARE_DIR, EVALUATE_DIR, EXPORT_DIR
 
     written = [(_norm(out), frozenset()) for out in (_option(args, "--out"), _option(args, ">")) if out]
     config = next((a for a in args if a.endswith(".toml") and (ROOT / a).is_file()), None)

@@ -261,7 +261,7 @@ def test_the_mlflow_sidecar_starts_before_the_documents_and_ends_when_they_fail(
 
 
 def test_workers_sharing_a_sqlite_study_are_told_it_is_one_machine_only() -> None:
-    from opro.experiment import shared_sqlite_warning
+    from opro.search.workers import shared_sqlite_warning
 
     said = shared_sqlite_warning("sqlite:///out/optuna.db", num_workers=3)
     assert said is not None and said.startswith("3 workers share the study through a SQLite file")

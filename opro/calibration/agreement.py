@@ -342,9 +342,9 @@ def spec_scores(models: Any, spec: str, rows: Sequence[dict[str, Any]], *, templ
         raise ConfigError(f"{exc} (after mlflow:)" if mlflow_judge else str(exc)) from None
     client = models.client(model, role="judge")
     if mlflow_judge:
-        from opro.tracking import genai
+        from opro.tracking import scorers
 
-        return judge_scores(genai.mlflow_correctness_judge(client), rows)
+        return judge_scores(scorers.mlflow_correctness_judge(client), rows)
     section = JudgeSection(template=template, score_from=score_from)  # type: ignore[arg-type]
     return judge_scores(build_judge(section=section, client=client), rows)
 

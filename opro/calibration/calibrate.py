@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any
 from opro.calibration.nearmiss import NEAR_MISSES, near_misses
 from opro.errors import ConfigError, DataError
 from opro.llm import UsageLedger
-from opro.records import CommandRecord, finite_metrics
-from opro.rundir import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
+from opro.tracking.records import CommandRecord, finite_metrics
+from opro.tracking.rundir import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
     from opro.data.dataset import Example
+    from opro.evaluation.workbench import Workbench
     from opro.judges import CorrectnessJudge
-    from opro.workbench import Workbench
 
 #: The conditions judged since the first calibrations (the retest repeats answers of these).
 BASE_CONDITIONS: tuple[str, ...] = ("reference", "wrong", "task")
@@ -599,7 +599,7 @@ def write_calibration(
 
 def plot_calibration(verdicts: Sequence[CalibrationVerdict], *, path: Path, title: str) -> Path:
     """Histogram of the judge's scores per condition (first verdicts only, not the retests)."""
-    from opro.plots import plot_score_histograms
+    from opro.tracking.plots import plot_score_histograms
 
     groups = {
         c: [v.score for v in verdicts if v.repeat == 0 and v.item.condition == c and v.score is not None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from opro.cli import dataset, evaluate, export, judge, models, optimize, plan, ui
+from opro.cli import compare, dataset, doctor, evaluate, export, judge, models, optimize, plan, probe, ui
 
 app = typer.Typer(
     name="opro",
@@ -16,14 +16,14 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(models.models_app, name="models")
-app.command()(models.doctor)
+app.command()(doctor.doctor)
 app.add_typer(dataset.dataset_app, name="dataset")
 app.add_typer(judge.judge_app, name="judge")
 app.command()(plan.plan)
-app.command("probe")(plan.probe_command)
+app.command()(probe.probe)
 app.command()(optimize.optimize)
 app.command()(evaluate.evaluate)
-app.command()(evaluate.compare)
+app.command()(compare.compare)
 app.command()(export.export)
 app.command()(ui.ui)
 

@@ -144,3 +144,8 @@ def console(*, stderr: bool = False) -> Any:
 def split_list(text: str) -> list[str]:
     """A comma-separated option (``--metrics a,b``) as its non-blank items."""
     return [m for m in text.split(",") if m.strip()]
+
+
+def no_progress_option() -> Any:
+    """The ``--no-progress`` flag, worded once for every command that shows progress bars."""
+    return typer.Option(False, "--no-progress", help="Hide progress bars.")

@@ -1,4 +1,4 @@
-"""`opro plan` and `opro probe`: what a run will cost and detect, and where the headroom is, before it."""
+"""`opro plan`: what a run will cost and detect before it (with --probe, where the headroom is)."""
 
 from __future__ import annotations
 
@@ -36,28 +36,3 @@ def plan(
         where = done.probe_files[0]
         say(out, f"(read from {where}: made with these settings)" if done.reused
             else f"wrote {where} and {done.probe_files[1]}")
-
-
-@_errors()
-def probe_command(
-    config: Path = typer.Argument(..., help="Experiment TOML file (see experiments/)."),
-    questions: int | None = typer.Option(
-        None, "--questions", min=1,
-        help="Pilot questions [default: as many as keep the probe within a fifth of the search's calls]."),
-    mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the probe as an MLflow run (opro.kind = probe)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
-) -> None:
-    """Before a search: which dimensions move the score on a pilot (optimization and unreserved unused
-    questions, never validation or held-out), what limits the task, the judge and the optimizer, and a verdict.
-
-    Writes <output_dir>/probe.json (read by `opro plan --probe` and `opro optimize`) and probe.md.
-    """
-    from opro.workflows.plan import probe_experiment
-
-    done = probe_experiment(config, questions=questions, mlflow=mlflow, progress=progress)
-    out = console()
-    say(out, "\n".join(done.result.lines()))
-    for path in done.paths.values():
-        say(out, f"wrote {path}")
-    for where in done.recorded:
-        say(out, f"recorded: {where.where}")

@@ -10,7 +10,6 @@ The rows, the report and the protocols of what is evaluated live in :mod:`opro.e
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -128,11 +127,6 @@ def evaluate_templates(
     return reports
 
 
-def mean_or_nan(report: EvaluationReport) -> float:
-    """The report mean, NaN when nothing was scored (for optimizers that need a float)."""
-    return report.mean if report.mean is not None else math.nan
-
-
 __all__ = [
     "EvaluationReport",
     "EvaluationRow",
@@ -142,5 +136,4 @@ __all__ = [
     "QAExample",
     "evaluate_examples",
     "evaluate_templates",
-    "mean_or_nan",
 ]

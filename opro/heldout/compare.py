@@ -38,16 +38,16 @@ from opro.heldout.sources import ResolvedPrompt, resolve_prompt
 from opro.judges.factory import make_extra_metrics
 from opro.program.cost import CostModel, paired_difference
 from opro.program.dimensions import DIMENSIONS
-from opro.records import CommandRecord, CommandRecorder, Recorded, record_all
-from opro.rundir import RunDir
 from opro.stats.noninferiority import check_margin, holm_noninferiority, noninferiority
 from opro.stats.paired import compare_paired, holm_family, t_mean_ci
+from opro.tracking.records import CommandRecord, CommandRecorder, EvaluatedPrompt, Recorded, record_all
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
 
     from opro.data.dataset import Example
     from opro.evaluation.batch import EvaluationReport
-    from opro.workbench import Workbench
+    from opro.evaluation.workbench import Workbench
 
 logger = logging.getLogger(__name__)
 
@@ -277,29 +277,26 @@ def save_comparison(
     recorders: Sequence[CommandRecorder] | None = None,
 ) -> SavedComparison:
     """Write the report files and record them (:func:`comparison_record`) through ``recorders``, by
-    default the config's (:func:`opro.tracking.commands.command_recorders`: an MLflow run tagged
+    default the config's (:func:`opro.tracking.factory.command_recorders`: an MLflow run tagged
     ``opro.kind=comparison`` in ``tracking_uri`` or the config's store, unless ``mlflow`` is off).
 
     With ``[tracking].genai`` each prompt's evaluation also becomes an MLflow evaluation run
-    (per-question traces with the judge's verdict), see :mod:`opro.tracking.genai`.
+    (per-question traces with the judge's verdict): the config's recorders include MLflow's GenAI
+    evaluations (:class:`opro.tracking.evaluations.GenAIEvaluationRecorder`).
     """
     out = Path(directory) if directory is not None else default_compare_dir(experiment, name)
     report.write(out)
     plot_survival(report, summary_path=RunDir(experiment.config.output_dir).summary, path=out / "optimism.png")
     if recorders is None:
-        from opro.tracking.commands import command_recorders
+        from opro.tracking.factory import command_recorders
 
-        recorders = command_recorders(experiment.config, mlflow=mlflow, tracking_uri=tracking_uri)
+        recorders = command_recorders(experiment.config, mlflow=mlflow, tracking_uri=tracking_uri, evaluated=experiment)
+    from opro.tracking.evaluations import GenAIEvaluationRecorder, evaluation_runs_of
+
     params = {k: v for k, v in experiment.run_params().items() if not k.startswith("optimizer.")}
     recorded = record_all(recorders, comparison_record(report, out, params=params))
-    evaluation_run_ids: tuple[str, ...] = ()
-    if mlflow and experiment.config.tracking.genai:
-        from opro.tracking.genai import log_comparison_evaluations
-
-        genai = log_comparison_evaluations(report, experiment=experiment, name=out.name, tracking_uri=tracking_uri,
-                                           recorded=recorded)
-        evaluation_run_ids = genai.run_ids
-    return SavedComparison(directory=out, recorded=recorded, evaluation_run_ids=evaluation_run_ids)
+    return SavedComparison(directory=out, recorded=tuple(r for r in recorded if r.recorder != GenAIEvaluationRecorder.name),
+                           evaluation_run_ids=evaluation_runs_of(recorded))
 
 
 def comparison_record(report: ComparisonReport, directory: Path, *, params: Mapping[str, Any] | None = None
@@ -352,7 +349,19 @@ def comparison_record(report: ComparisonReport, directory: Path, *, params: Mapp
     return CommandRecord(
         kind="comparison", name=f"compare {directory.name}", params=all_params, metrics=metrics,
         tags={"opro.split": report.split, "opro.baseline": report.baseline_prompt.label[:250]},
-        files={directory: None},
+        files={directory: None}, evaluations=_evaluated(report), split=report.split,
+    )
+
+
+def _evaluated(report: ComparisonReport) -> tuple[EvaluatedPrompt, ...]:
+    """Each compared prompt's evaluation, question by question, as the recorders that keep every
+    question take it (the baseline's tagged ``opro.role = baseline``)."""
+    from opro.program.prompts import QATemplate
+
+    return tuple(
+        EvaluatedPrompt(label=p.label, template=QATemplate.from_template_text(p.template_text), report=p.evaluation,
+                        tags={"opro.spec": p.spec, "opro.role": "baseline" if i == report.baseline else "compared"})
+        for i, p in enumerate(report.prompts)
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import DataError, LeakageError
-from opro.rundir import RunDir
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.data.dataset import Embed, GoldenDataset

@@ -480,7 +480,7 @@ def _pct(x: float | None) -> str:
 
 def plot_comparison(report: ComparisonReport, path: Path) -> Path:
     """Left: each prompt's scores (jittered) with mean and CI. Right: paired differences vs baseline."""
-    from opro.plots import plot_paired_scores
+    from opro.tracking.plots import plot_paired_scores
 
     def ci(c: ConfidenceInterval | None) -> tuple[float, float, float] | None:
         return None if c is None else (c.estimate, c.low, c.high)
@@ -510,7 +510,7 @@ def plot_survival(report: ComparisonReport, *, summary_path: Path, path: Path) -
     """
     if report.split != "heldout" or not summary_path.exists():
         return None
-    from opro.plots import plot_optimism
+    from opro.tracking.plots import plot_optimism
 
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
     validation = summary.get("validation")

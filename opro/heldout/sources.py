@@ -33,7 +33,7 @@ from opro.program.configurations import settings_text, split_name
 from opro.program.dimensions import DIMENSIONS, Value, dimension
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.redaction import redact_url
-from opro.rundir import RunDir
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.config import OproConfig

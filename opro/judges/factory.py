@@ -80,7 +80,7 @@ def build_metric(name: str, *, client: ChatClient) -> Metric:
 
 def build_mlflow_correctness(client: ChatClient, *, prompt: CorrectnessPrompt) -> MlflowCorrectnessJudge:
     """MLflow's correctness judge on ``client``, asking with ``prompt`` (MLflow's own prompt writer,
-    which :func:`opro.tracking.genai.mlflow_correctness_judge` passes: only tracking imports MLflow)."""
+    which :func:`opro.tracking.scorers.mlflow_correctness_judge` passes: only tracking imports MLflow)."""
     return MlflowCorrectnessJudge(client, prompt=prompt)
 
 

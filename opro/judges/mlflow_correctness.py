@@ -2,7 +2,7 @@
 
 The judge is MLflow's prompt and its yes / no verdict, asked through an opro client. The prompt text
 is MLflow's own: whoever builds the judge hands over the function that writes it
-(:func:`opro.tracking.genai.mlflow_correctness_judge` passes the installed MLflow's), so this module
+(:func:`opro.tracking.scorers.mlflow_correctness_judge` passes the installed MLflow's), so this module
 never imports MLflow.
 """
 

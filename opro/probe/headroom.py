@@ -44,7 +44,7 @@ from opro.probe.savings import with_costs
 from opro.probe.store import probe_signature, stored_probe, write_probe
 from opro.probe.task_limits import FORMAT_INSTRUCTION, task_limits
 from opro.probe.verdicts import INERT_WITHIN, verdict_of, with_verdicts
-from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
+from opro.tracking.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
 
 if TYPE_CHECKING:
     from opro.experiment import Experiment

@@ -41,9 +41,9 @@ from opro.config import OproConfig
 from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
 from opro.program.configurations import changed, settings_text
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values
-from opro.rundir import RunDir
 from opro.search.validation_sizes import confirmation_looks, split_sizes
 from opro.stats.sequential import design_power, min_questions
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from llama_index.core.schema import Document
@@ -87,7 +87,7 @@ def noise_digest(fingerprint: Mapping[str, str]) -> str:
     that the paired noise depends on: the dataset's content hash, the split, the task and judge models,
     the judge settings and its template. A probe and a run's ``summary.json`` keep it; a plan takes their
     noise only where it is this config's."""
-    from opro.ledger import sha
+    from opro.heldout.ledger import sha
 
     kept = {k: v for k, v in fingerprint.items() if k.startswith(NOISE_ENTRIES)}
     return sha(json.dumps(kept, sort_keys=True))

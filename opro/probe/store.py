@@ -17,7 +17,7 @@ from opro.probe.proposer import CONTRAST_PROMPT, N_PROPOSALS
 from opro.probe.report import ProbeResult
 from opro.probe.task_limits import FORMAT_INSTRUCTION
 from opro.probe.verdicts import INERT_WITHIN
-from opro.rundir import RunDir
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.experiment import Experiment

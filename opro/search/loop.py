@@ -24,8 +24,8 @@ from opro.config import OptimizerSection
 from opro.errors import ConfigError, OproError
 from opro.evaluation.batch import QAExample
 from opro.evaluation.rows import EvaluationRow
+from opro.heldout.ledger import DecisionLedger
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
-from opro.ledger import DecisionLedger
 from opro.llm.client import UsageLedger
 from opro.locking import StudyLease
 from opro.search.metaprompt import Exemplar

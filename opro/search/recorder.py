@@ -10,7 +10,7 @@ is worker 0, which proposes and records), ``on_search_end`` and, when the search
 ``on_validation_end`` and ``on_result``. A recorder keeps what it needs to resume (which steps it logged, whether it recorded
 the result) in the study, under its own keys (:meth:`~opro.search.study.SearchStudy.recorder_state`):
 the search's schema knows none of them. Each recorder says where it recorded (:meth:`Recorder.recorded`,
-an :class:`opro.records.Recorded` as every command's recorders do), so the composition root reports
+an :class:`opro.tracking.records.Recorded` as every command's recorders do), so the composition root reports
 it without knowing which recorders there are.
 """
 
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from opro.evaluation.rows import EvaluationRow
-    from opro.records import Recorded
     from opro.search.results import CandidateRecord, OptimizationResult
     from opro.search.study import SearchStudy
+    from opro.tracking.records import Recorded
 
 
 class Recorder(Protocol):

@@ -57,7 +57,7 @@ from typing import Any, Final
 import optuna
 
 from opro.errors import ConfigError
-from opro.ledger import MAX_SEEN_SHARE, Decision, conflict, latest, sha
+from opro.heldout.ledger import MAX_SEEN_SHARE, Decision, conflict, latest, sha
 from opro.llm.client import UsageByRole
 from opro.locking import lease_alive, waiting_lock
 from opro.program.configurations import settings_text, split_name
@@ -398,7 +398,7 @@ def create_trial(study: optuna.Study, template: optuna.trial.FrozenTrial) -> New
     """Create ``template`` (a RUNNING claim with its attributes) in ``study`` in one storage transaction.
 
     The one use of Optuna's private API in opro (``Study._storage``, ``Study._study_id``), kept here and
-    checked against the installed Optuna by tests/search/test_claims.py. Why it is needed: a claim must appear
+    checked against the installed Optuna by tests/search/test_workers.py. Why it is needed: a claim must appear
     with its attributes at once, or another worker reading the trials in between takes it for a
     claim that lost (a RUNNING trial without a token), and two workers can both win the candidate.
     The public ``Study.ask()`` creates a bare trial and sets attributes one write at a time;
@@ -766,7 +766,7 @@ class SearchStudy:
     def begin_validation(self, design: ValidationDesign, decision: Decision) -> None:
         """Record the design of the validation decision about to be made (and its ledger record),
         refusing a second decision on the same validation questions (more than
-        :data:`opro.ledger.MAX_SEEN_SHARE` of them) under another design or fingerprint, in this study
+        :data:`opro.heldout.ledger.MAX_SEEN_SHARE` of them) under another design or fingerprint, in this study
         or any other of its storage: a rerun that changed alpha, the finalists, the looks,
         min_coverage or the judge would otherwise test again on questions whose verdict it has seen."""
         self.refuse_seen_validation(decision, design)

@@ -447,6 +447,15 @@ class Coordinator:
             poll = min(MAX_POLL_S, poll * 1.5)
 
 
+def shared_sqlite_warning(storage: str, *, num_workers: int) -> str | None:
+    """What to tell workers that share a study through a SQLite file (None: nothing to tell)."""
+    if num_workers <= 1 or not storage.startswith("sqlite"):
+        return None
+    return (f"{num_workers} workers share the study through a SQLite file: that works only for processes on "
+            "this machine and serializes every write; for workers on several machines use PostgreSQL "
+            "([tracking].optuna_storage = \"postgresql+psycopg2://...\", see the README's Scaling out)")
+
+
 __all__ = [
     "Coordinator",
     "PartState",
@@ -460,5 +469,6 @@ __all__ = [
     "part_key",
     "part_state",
     "release_stale",
+    "shared_sqlite_warning",
     "step_state",
 ]

@@ -1,10 +1,14 @@
-"""Everything opro records in MLflow, and the one part of opro that imports it.
+"""Everything opro records, where it records it, and the one part of opro that imports MLflow.
 
-:mod:`~opro.tracking.mlflow` (runs, params, metrics, artifacts, the prompt registry), :mod:`~opro.tracking.genai`
-(evaluation datasets, per-question traces and judge assessments for the GenAI UI) and
-:mod:`~opro.tracking.sidecar` (the child process that does MLflow's CPU work off the search's GIL).
-The tracker's names are re-exported so ``from opro.tracking import MlflowTracker`` reads as before; the
-other modules are imported by their own names (each imports MLflow only when called).
+The run directory: :mod:`~opro.tracking.rundir` (its layout, the one module that knows it),
+:mod:`~opro.tracking.rundir_recorder` (what a search leaves there) and :mod:`~opro.tracking.plots`.
+The seam every command records through: :mod:`~opro.tracking.records` (a command's record, its recorders
+and where each recorded it). MLflow: :mod:`~opro.tracking.mlflow` (runs, params, metrics, artifacts, the
+prompt registry), :mod:`~opro.tracking.genai` (evaluation datasets, per-question traces and judge
+assessments for the GenAI UI) and :mod:`~opro.tracking.sidecar` (the child process that does MLflow's CPU
+work off the search's GIL). The tracker's names are re-exported so ``from opro.tracking import
+MlflowTracker`` reads as before; the other modules are imported by their own names (each imports MLflow
+only when called).
 """
 
 import os

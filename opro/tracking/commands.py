@@ -1,16 +1,12 @@
-"""MLflow as a :class:`opro.records.CommandRecorder`: one run per command record."""
+"""MLflow as a :class:`opro.tracking.records.CommandRecorder`: one run per command record."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from opro.records import CommandRecord, CommandRecorder, Recorded
 from opro.redaction import redact_url
 from opro.tracking.mlflow import MlflowTracker
-
-if TYPE_CHECKING:
-    from opro.config import OproConfig
+from opro.tracking.records import CommandRecord, Recorded
 
 
 class MlflowCommandRecorder:
@@ -41,20 +37,10 @@ class MlflowCommandRecorder:
                         where=f"MLflow run {run_id} in {redact_url(self.tracking_uri)}")
 
 
-def command_recorders(config: OproConfig, *, mlflow: bool = True, tracking_uri: str | None = None
-                      ) -> list[CommandRecorder]:
-    """The recorders a command records through under ``config``: MLflow unless ``mlflow`` is off, in
-    ``tracking_uri`` (a command's ``--tracking-uri``) or else the config's store."""
-    if not mlflow:
-        return []
-    return [MlflowCommandRecorder(tracking_uri=tracking_uri or config.mlflow_uri,
-                                  experiment_name=config.tracking.mlflow_experiment or config.experiment.name)]
-
-
 def mlflow_run_of(recorded: Sequence[Recorded]) -> str | None:
     """The MLflow run a record (a command's or a search's) went to, among where it was recorded (None:
     not recorded in MLflow)."""
     return next((r.ref for r in recorded if r.recorder == MlflowCommandRecorder.name), None)
 
 
-__all__ = ["MlflowCommandRecorder", "command_recorders", "mlflow_run_of"]
+__all__ = ["MlflowCommandRecorder", "mlflow_run_of"]

@@ -18,6 +18,11 @@ gave. Re-scoring would be a new judge call (or, with opro's call cache, a lookup
 number. The search's candidates stay numeric metrics of the optimization run: only finished
 evaluations are traced, so the search loop is never slowed (see experiments/bench_genai_logging.py).
 
+The three places opro records evaluations call :class:`GenAILogger`: ``opro compare`` and ``opro
+evaluate`` through the command recorder of :mod:`opro.tracking.evaluations`, the validation stage
+through :class:`opro.tracking.validation_traces.ValidationTraces`; :mod:`opro.tracking.scorers` turns
+judges into MLflow scorers and back.
+
 ``mlflow.genai.evaluate`` and the tracing API read MLflow's process-wide tracking URI and active
 experiment; :func:`_use_store` sets both for the duration of one call under a lock and restores
 them, so the rest of opro keeps its explicit per-store clients.
@@ -25,48 +30,33 @@ them, so the rest of opro keeps its explicit per-store clients.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import functools
 import hashlib
-import json
 import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from io import StringIO
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from opro.errors import OproError
-from opro.records import Recorded
 from opro.redaction import redact_text, redact_url
-from opro.search.recorder import Recorder
-from opro.tracking.commands import mlflow_run_of
-from opro.tracking.recorder import MlflowRecorder
+from opro.tracking.records import Recorded
+
+# The judges both ways live in their own module; imported here by the names the README shows.
+from opro.tracking.scorers import EXPECTED_RESPONSE, judge_scorer, mlflow_correctness_judge
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
     from opro.data.dataset import Example, GoldenDataset
     from opro.evaluation.batch import EvaluationReport, EvaluationRow
-    from opro.judges.metrics import Metric
-    from opro.judges.mlflow_correctness import MlflowCorrectnessJudge
-    from opro.llm import ChatClient
     from opro.program.prompts import QATemplate
-    from opro.records import Recorded
-    from opro.search.results import OptimizationResult
-    from opro.search.study import SearchStudy
-    from opro.tracking.sidecar import Sidecar
-    from opro.workbench import Workbench
+    from opro.tracking.records import Recorded
 
 logger = logging.getLogger(__name__)
 
-#: The expectation key MLflow's built-in Correctness judge reads the reference answer from.
-EXPECTED_RESPONSE = "expected_response"
 REFERENCE_CONTEXTS = "reference_contexts"
 #: Feedback names on each trace.
 CORRECTNESS = "correctness"
@@ -197,7 +187,7 @@ class GenAIRecord:
         return tuple(r.run_id for r in self.runs)
 
     def recorded(self, tracking_uri: str) -> tuple[Recorded, ...]:
-        """Where each evaluation run went, as every recorder says it (:class:`opro.records.Recorded`)."""
+        """Where each evaluation run went, as every recorder says it (:class:`opro.tracking.records.Recorded`)."""
         return tuple(Recorded(recorder="mlflow", ref=r.run_id, where=f"MLflow evaluation run {r.run_id} "
                               f"({len(r.trace_ids)} traces) in {redact_url(tracking_uri)}") for r in self.runs)
 
@@ -483,409 +473,6 @@ class GenAILogger:
         )
 
 
-# -- judges both ways: opro's as MLflow scorers, MLflow's correctness judge as opro's ------------
-
-
-def _feedback(result: Any, *, name: str, source_id: str) -> Any:
-    from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType, Feedback
-
-    source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE, source_id=redact_text(source_id) or "opro")
-    if result.invalid or result.score is None:
-        return Feedback(name=name, source=source, rationale=redact_text(result.feedback) or None,
-                        error=AssessmentError(error_code="INVALID_JUDGE_REPLY",
-                                              error_message=redact_text(result.invalid_reason or "no score")))
-    return Feedback(name=name, value=float(result.score), rationale=redact_text(result.feedback) or None,
-                    source=source)
-
-
-def _first_text(value: Any, keys: Sequence[str]) -> str:
-    if isinstance(value, Mapping):
-        for k in keys:
-            if value.get(k) is not None:
-                return str(value[k])
-        texts = [v for v in value.values() if isinstance(v, str)]
-        return texts[0] if len(texts) == 1 else json.dumps(value, default=str)
-    return "" if value is None else str(value)
-
-
-def _retrieved(trace: Any) -> list[str]:
-    """The chunks of a trace's retriever spans (MLflow's Document dicts), in order."""
-    out: list[str] = []
-    for span in getattr(getattr(trace, "data", None), "spans", None) or []:
-        if span.span_type == "RETRIEVER" and isinstance(span.outputs, list):
-            out.extend(str(d.get("page_content", "")) for d in span.outputs if isinstance(d, Mapping))
-    return out
-
-
-def judge_scorer(judge: Metric, *, name: str | None = None) -> Any:
-    """An opro :class:`~opro.judges.metrics.Metric` (judge or not) as an MLflow scorer:
-    ``mlflow.genai.evaluate(data, scorers=[judge_scorer(judge)])``.
-
-    Works with :class:`~opro.judges.CorrectnessJudge` (question, answer, ``expected_response``) and
-    with the context judges (:class:`~opro.judges.FaithfulnessJudge`, :class:`~opro.judges.RelevancyJudge`),
-    which read the retrieved chunks from the trace's retriever spans. The judge keeps its own client, so
-    calls go through opro's call cache: scoring answers opro already judged makes no new LLM call.
-    The question is read from ``inputs`` (``question`` or ``query``), the reference from
-    ``expectations`` (``expected_response``).
-    """
-    from mlflow.genai.scorers import scorer
-
-    label = name or str(getattr(judge, "name", type(judge).__name__))
-    model = str(getattr(getattr(judge, "llm", None), "model", "") or "")
-
-    def score(inputs: dict[str, Any], outputs: Any, expectations: dict[str, Any] | None = None,
-              trace: Any = None) -> Any:
-        query = _first_text(inputs, ("question", "query"))
-        answer = _first_text(outputs, ("answer", "response", "content"))
-        reference = _first_text(expectations or {}, (EXPECTED_RESPONSE, "reference", "reference_answer"))
-        result = judge.measure(query=query, answer=answer, reference=reference or None, contexts=_retrieved(trace))
-        return _feedback(result, name=label, source_id=model)
-
-    return scorer(score, name=label)
-
-
-def mlflow_correctness_judge(client: ChatClient) -> MlflowCorrectnessJudge:
-    """MLflow's built-in correctness judge (:class:`opro.judges.MlflowCorrectnessJudge`) on ``client``,
-    asking with the installed MLflow's own prompt text."""
-    from opro.judges.factory import build_mlflow_correctness
-
-    return build_mlflow_correctness(client, prompt=_mlflow_correctness_prompt)
-
-
-def _mlflow_correctness_prompt(*, request: str, response: str, expected_response: str) -> str:
-    from mlflow.genai.judges.prompts.correctness import get_prompt
-
-    return str(get_prompt(request=request, response=response, expected_response=expected_response))
-
-
-# -- the three places opro records evaluations -------------------------------------------------
-
-
-def genai_logger(experiment: Workbench, *, tracking_uri: str | None = None) -> GenAILogger:
-    """A logger on the experiment's MLflow store (or ``tracking_uri``), experiment and prompt name."""
-    return GenAILogger(**_logger_settings(experiment, tracking_uri=tracking_uri))
-
-
-def _logger_settings(experiment: Workbench, *, tracking_uri: str | None = None) -> dict[str, Any]:
-    """:func:`genai_logger`'s arguments: plain values, so a logger can be built in another process."""
-    from opro.program.rag import CONTEXT_SEPARATOR
-
-    cfg = experiment.config
-    return dict(
-        tracking_uri=tracking_uri or cfg.mlflow_uri,
-        experiment_name=cfg.tracking.mlflow_experiment or cfg.experiment.name,
-        dataset_prefix=cfg.experiment.name,
-        prompt_name=cfg.prompt_name,
-        task_model=experiment.spec("task").model,
-        judge_name=f"{CORRECTNESS} ({cfg.judge.template})",
-        judge_model=experiment.spec("judge").model,
-        judge_threshold=cfg.judge.threshold,
-        context_separator=CONTEXT_SEPARATOR,
-    )
-
-
-class ComparedPrompt(Protocol):
-    """One prompt of a comparison, as :func:`log_comparison_evaluations` reads it."""
-
-    @property
-    def label(self) -> str: ...
-    @property
-    def spec(self) -> str: ...
-    @property
-    def template_text(self) -> str: ...
-    @property
-    def evaluation(self) -> EvaluationReport: ...
-
-
-class Comparison(Protocol):
-    """What :func:`log_comparison_evaluations` reads from a :class:`opro.heldout.report.ComparisonReport`. Named
-    here, not imported: compare calls this module to record its report, so the import goes one way."""
-
-    @property
-    def split(self) -> str: ...
-    @property
-    def prompts(self) -> Sequence[ComparedPrompt]: ...
-    @property
-    def baseline(self) -> int: ...
-
-
-def log_comparison_evaluations(
-    report: Comparison,
-    *,
-    experiment: Workbench,
-    name: str,
-    tracking_uri: str | None = None,
-    recorded: Sequence[Recorded] = (),
-) -> GenAIRecord:
-    """One evaluation run per compared prompt, so MLflow's evaluation-run comparison pairs them by question;
-    each is tagged with the comparison's own MLflow run, where ``recorded`` has one."""
-    from opro.program.prompts import QATemplate
-
-    evaluations = [
-        PromptEvaluation(
-            label=p.label,
-            template=QATemplate.from_template_text(p.template_text),
-            report=p.evaluation,
-            tags={"opro.spec": p.spec, "opro.role": "baseline" if i == report.baseline else "compared"},
-        )
-        for i, p in enumerate(report.prompts)
-    ]
-    tags = {"opro.comparison": name}
-    if comparison_run_id := mlflow_run_of(recorded):
-        tags["opro.comparison_run_id"] = comparison_run_id
-    return genai_logger(experiment, tracking_uri=tracking_uri).log_evaluations(
-        evaluations, dataset=experiment.dataset, split=report.split, source="compare",
-        run_name_prefix=f"compare {name}: ", tags=tags,
-    )
-
-
-class ValidationTraces(Recorder):
-    """The recorder that logs the validation stage of the search as evaluation runs, one per prompt
-    (the initial instruction and each finalist). Goes after ``tracking``, whose run it links to.
-
-    With ``tracking``'s sidecar process (:attr:`MlflowRecorder.sidecar`) the MLflow part (about 0.1 s
-    of CPU per trace in its SQLAlchemy store, plus seconds of imports) runs there, so it never takes
-    this process's GIL from the search: when the search starts the sidecar imports MLflow's
-    evaluation harness and registers the dataset splits while the search waits on its models. Each
-    prompt is sent as soon as the validation stage has scored it (:meth:`on_validated`), with the
-    answers and verdicts the scoring produced (nothing is asked again), on ``tracking``'s background
-    thread (in order with the run it links to), and written while the later prompts are still being
-    asked. Without a sidecar the same work runs on that thread. A prompt a rerun found already scored
-    was recorded by the run that scored it; nothing is asked again to record it.
-    """
-
-    def __init__(self, experiment: Workbench, *, tracking: MlflowRecorder) -> None:
-        self.experiment = experiment
-        self.tracking = tracking
-        self._log: Any = None
-        self._sidecar: Sidecar | None = None
-        self._prewarmed: Future[None] | None = None
-        #: Label -> the queued record of that prompt's evaluation run (None: already recorded before).
-        self._logged: dict[str, Future[GenAIRecord | None]] = {}
-
-    def on_search_start(self, study: SearchStudy, *, lead: bool) -> None:
-        self._sidecar = self.tracking.sidecar
-        if self._sidecar is not None:
-            self._sidecar.retain()
-            self._sidecar.host("genai", functools.partial(GenAILogger, **_logger_settings(self.experiment)))
-            self._log = self._sidecar.proxy("genai")
-        self._prewarmed = self.tracking.in_background(self._prewarm)
-
-    def _logger(self) -> Any:
-        """The GenAILogger, or its stand-in for the one in the sidecar: built on the tracking thread."""
-        if self._log is None:
-            self._log = genai_logger(self.experiment)
-        return self._log
-
-    def _prewarm(self) -> None:
-        self._logger().prewarm(self.experiment.dataset)
-
-    def on_search_end(self, study: SearchStudy) -> None:
-        if self._sidecar is None:
-            # In this process: waited for before it imports anything else (the plots import matplotlib,
-            # which imports IPython when installed, as MLflow's harness does): two threads importing one
-            # package at once can meet it partially initialised.
-            self._wait_for_prewarm()
-
-    def _wait_for_prewarm(self) -> None:
-        if self._prewarmed is None:  # not started by on_search_start: queue it now
-            self._prewarmed = self.tracking.in_background(self._prewarm)
-        self._prewarmed.result()  # it registered the dataset splits (a done future answers at once)
-
-    def on_validation_end(self, study: SearchStudy) -> None:
-        if self._sidecar is None:
-            # In this process the records finish before any recorder's on_result runs (the plots import
-            # matplotlib; see on_search_end). A sidecar writes them while the plots are drawn.
-            for job in self._logged.values():
-                job.exception()
-
-    def on_validation_batch(
-        self, study: SearchStudy, *, label: str, instruction: str, rows: Sequence[EvaluationRow]
-    ) -> None:
-        # Each scored batch joins the prompt's batches kept so far: a run killed between two batches
-        # leaves the first on disk, and its rerun, which finds them scored and asks them no more,
-        # scores the rest here, so the prompt is recorded whole from the two runs' rows (_recover).
-        part = self._part_file(study, label, instruction)
-        earlier = _kept_rows(part) or ()
-        asked = {r.query for r in rows}
-        _keep_rows(part, [*(r for r in earlier if r.query not in asked), *rows])
-
-    def on_validated(
-        self, study: SearchStudy, *, label: str, instruction: str, rows: Sequence[EvaluationRow]
-    ) -> None:
-        # Kept on disk first: a run killed before MLflow has them is recorded from them by the rerun,
-        # which finds the scores in the study and asks nothing again.
-        kept = self._rows_file(study, label, instruction)
-        _keep_rows(kept, rows)
-        _drop_rows(self._part_file(study, label, instruction))  # whole now
-        evaluation = self._evaluation(label, instruction, rows)
-        self._logged[label] = self.tracking.in_background(
-            self._record, evaluation, study.name, self.tracking.run_id, kept)
-
-    def _evaluation(self, label: str, instruction: str, rows: Sequence[EvaluationRow]) -> PromptEvaluation:
-        from opro.evaluation.rows import EvaluationReport
-        from opro.judges.metrics import metric_name
-
-        report = EvaluationReport(rows=tuple(rows), judge=metric_name(self.experiment.judge))
-        return _validation_prompt(label, self.experiment.candidate_template(instruction), instruction, report)
-
-    def _rows_file(self, study: SearchStudy, label: str, instruction: str) -> Path:
-        key = hashlib.sha256("\0".join((study.name, label, instruction)).encode()).hexdigest()[:16]
-        return self._rows_dir / f"{key}.json"
-
-    def _part_file(self, study: SearchStudy, label: str, instruction: str) -> Path:
-        full = self._rows_file(study, label, instruction)
-        return full.with_name(full.stem + ".part.json")
-
-    @property
-    def _rows_dir(self) -> Path:
-        from opro.rundir import RunDir
-
-        return RunDir(self.experiment.config.output_dir).validation_rows
-
-    def _recover(self, study: SearchStudy, result: OptimizationResult,
-                 recorded: dict[str, GenAIRecord | None]) -> None:
-        """The validation prompts an earlier, killed run scored but MLflow lacks: written again from the
-        answers kept on disk, and the ones whose answers were not kept named (their scores are in the
-        study and summary.json)."""
-        v, run_id = result.validation, self.tracking.run_id
-        if v is None or run_id is None:
-            return
-        from opro.search.validation import validation_prompts
-
-        answered = {label: ins for (label, ins), f in zip(
-            validation_prompts(result.initial_instruction, [f.instruction for f in v.finalists])[1:], v.finalists,
-            strict=True) if f.chosen or v.selection_questions}
-        # How many questions each prompt answered in all: its rows are whole when the batches kept on
-        # disk by the runs that scored them add up to it.
-        asked = {label: v.selection_questions + (len(f.scores) if f.chosen else 0)
-                 for label, f in zip([f"finalist {i}" for i in range(1, len(v.finalists) + 1)], v.finalists,
-                                     strict=True)}
-        if v.initial_scores:
-            answered["initial"] = result.initial_instruction.strip()  # as the validation stage names it
-            asked["initial"] = len(v.initial_scores)
-        log = self._logger()
-        rewritten, lost = [], []
-        for label, ins in answered.items():
-            if label in recorded:
-                continue
-            kept = self._rows_file(study, label, ins)
-            if log.validation_recorded(label=label, optimization_run_id=run_id):
-                _drop_rows(kept)  # written after all (the killed run's sidecar finished it)
-                continue
-            rows = _kept_rows(kept)
-            if rows is None:
-                rows = _kept_rows(self._part_file(study, label, ins))
-                if rows is None or len(rows) < asked[label]:
-                    lost.append(label)
-                    continue
-                _keep_rows(kept, rows)  # whole: recorded like a prompt one run scored
-                _drop_rows(self._part_file(study, label, ins))
-            recorded[label] = self._record(self._evaluation(label, ins, rows), study.name, run_id, kept)
-            rewritten.append(label)
-        if rewritten:
-            logger.warning("MLflow lacked the validation evaluation run(s) of %s (an earlier run was stopped "
-                           "before writing them): written again from the answers kept in %s",
-                           ", ".join(rewritten), self._rows_dir)
-        if lost:
-            logger.warning("MLflow has no validation evaluation run for %s: an earlier run scored them and did not "
-                           "record them (stopped first, or [tracking].genai was off) and their answers were not kept; "
-                           "their scores are in the study and summary.json, without per-question traces",
-                           ", ".join(lost))
-
-    def _record(self, evaluation: PromptEvaluation, study_name: str, run_id: str | None,
-                kept: Path | None = None) -> GenAIRecord | None:
-        record: GenAIRecord | None = self._logger().log_validation(
-            evaluation, dataset=self.experiment.dataset, study_name=study_name, optimization_run_id=run_id)
-        if kept is not None:  # MLflow has them now
-            _drop_rows(kept)
-        return record
-
-    def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
-        try:
-            self._wait_for_prewarm()
-            recorded = {label: job.result() for label, job in self._logged.items()}
-            self._recover(study, result, recorded)
-            log_validation_evaluations(result, recorded=recorded, log=self._logger())
-        finally:
-            self._release()
-
-    def on_search_failed(self, study: SearchStudy, error: BaseException, *, abandoned: bool) -> None:
-        # After ``tracking``'s, which drains the queued records first: what was sent is written.
-        self._release()
-
-    def _release(self) -> None:
-        if self._sidecar is not None:
-            self._sidecar.release()
-            self._sidecar = None
-
-
-def _keep_rows(path: Path, rows: Sequence[EvaluationRow]) -> None:
-    """``rows`` as JSON at ``path`` (redacted, as every record is), written whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = [{k: redact_text(v) if isinstance(v, str) else v for k, v in dataclasses.asdict(r).items()} for r in rows]
-    for row in data:
-        row["contexts"] = [redact_text(c) for c in row["contexts"]]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _drop_rows(path: Path) -> None:
-    """Delete the rows kept at ``path``, and their folder once it is empty."""
-    path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        path.parent.rmdir()
-
-
-def _kept_rows(path: Path) -> tuple[EvaluationRow, ...] | None:
-    """The rows :func:`_keep_rows` wrote at ``path`` (None: none kept, or unreadable)."""
-    from opro.evaluation.rows import EvaluationRow
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return tuple(EvaluationRow(**{**r, "contexts": tuple(r["contexts"])}) for r in data)
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _validation_prompt(label: str, template: QATemplate, instruction: str, report: EvaluationReport) -> PromptEvaluation:
-    role = "initial" if label == "initial" else "finalist"
-    return PromptEvaluation(label=label, template=template, report=report,
-                            tags={"opro.role": role, "opro.instruction": instruction[:5000]})
-
-
-def log_validation_evaluations(
-    result: OptimizationResult,
-    *,
-    recorded: Mapping[str, GenAIRecord | None],
-    log: GenAILogger,
-) -> GenAIRecord | None:
-    """The validation stage's evaluation runs, recorded while it ran (``recorded``, by label), with
-    the returned finalist tagged ``opro.role = returned finalist``; one record over all of them.
-
-    A prompt is recorded from the rows its scoring made, never by asking again: one whose questions
-    a rerun found already scored was recorded by the run that scored them (or, if that run died
-    first, is not recorded; its scores are in the study)."""
-    v = result.validation
-    if v is None:
-        return None
-    from opro.search.validation import validation_prompts
-
-    records = []
-    for label, instruction in validation_prompts(result.initial_instruction, [f.instruction for f in v.finalists]):
-        record = recorded.get(label)
-        if record is None:
-            continue
-        if v.winner is not None and instruction == v.winner.instruction:
-            log.set_run_tag(record.runs[0].run_id, "opro.role", "returned finalist")
-        records.append(record)
-    if not records:
-        return None
-    # Every prompt's run is on the same dataset (the validation split): its name and id come with them.
-    return dataclasses.replace(records[0], runs=tuple(run for r in records for run in r.runs))
-
-
 def _record_count(ds: Any) -> int:
     try:
         return len(ds.to_df())
@@ -1025,11 +612,7 @@ __all__ = [
     "GenAILogger",
     "GenAIRecord",
     "PromptEvaluation",
-    "ValidationTraces",
     "dataset_name",
-    "genai_logger",
     "judge_scorer",
-    "log_comparison_evaluations",
-    "log_validation_evaluations",
     "mlflow_correctness_judge",
 ]

@@ -22,10 +22,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from opro.program.dimensions import SETTINGS
-from opro.records import Recorded
 from opro.redaction import redact_url
-from opro.rundir import RunDir
 from opro.search.recorder import Recorder
+from opro.tracking.records import Recorded
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.search.results import CandidateRecord, OptimizationResult
@@ -66,7 +66,7 @@ class MlflowRecorder(Recorder):
     search; without it, on the thread of this process (cheaper where MLflow is already imported).
     """
 
-    #: Where it records, as :class:`opro.records.Recorded` names it (the command recorder's name too).
+    #: Where it records, as :class:`opro.tracking.records.Recorded` names it (the command recorder's name too).
     name = "mlflow"
 
     def __init__(

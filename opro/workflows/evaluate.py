@@ -9,12 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from opro.data.dataset import SPLIT_NAMES
 from opro.errors import ConfigError
-from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
+from opro.tracking.records import (
+    CommandRecord,
+    CommandRecorder,
+    EvaluatedPrompt,
+    Recorded,
+    finite_metrics,
+    record_all,
+)
 
 if TYPE_CHECKING:
     from opro.evaluation.rows import EvaluationReport
     from opro.heldout.sources import ResolvedPrompt
-    from opro.tracking.genai import GenAIRecord
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,6 @@ class PromptEvaluated:
     split: str
     report: EvaluationReport
     written: tuple[Path, ...]
-    genai: GenAIRecord | None
     tracking_uri: str
     recorded: tuple[Recorded, ...] = ()
 
@@ -57,7 +62,7 @@ def evaluate_prompt(
     from opro.heldout.guard import check_heldout
     from opro.heldout.sources import resolve_prompt
     from opro.judges import make_extra_metrics
-    from opro.tracking.commands import command_recorders
+    from opro.tracking.factory import command_recorders
 
     if split not in SPLIT_NAMES:
         raise ConfigError(f"--split {split!r}: use one of {', '.join(SPLIT_NAMES)}")
@@ -69,7 +74,7 @@ def evaluate_prompt(
     exp = Experiment(cfg, progress=progress)
     try:
         if recorders is None:
-            recorders = command_recorders(exp.config, mlflow=mlflow)
+            recorders = command_recorders(exp.config, mlflow=mlflow, evaluated=exp)
         resolved = resolve_prompt(prompt, config=exp.config)
         if split == "heldout":
             notice(check_heldout(exp.dataset, output_dir=exp.config.output_dir, embed=exp.paraphrase_embed()))
@@ -82,15 +87,6 @@ def evaluate_prompt(
             max_errors=max_errors,
             progress=exp.progress,
         )
-        genai = None
-        if mlflow and exp.config.tracking.genai:
-            from opro.tracking.genai import PromptEvaluation, genai_logger
-
-            genai = genai_logger(exp).log_evaluations(
-                [PromptEvaluation(label=resolved.label, template=resolved.template, report=report,
-                                  tags={"opro.spec": resolved.spec})],
-                dataset=exp.dataset, split=split, source="evaluate", run_name_prefix="evaluate: ",
-            )
         params = {k: v for k, v in exp.run_params().items() if not k.startswith("optimizer.")}
     finally:
         exp.close()
@@ -99,20 +95,18 @@ def evaluate_prompt(
     else:
         stem = exp.run_dir.evaluate / f"{split}-{resolved.kind}"
         written = [report.to_csv(stem.with_suffix(".csv")), report.to_json(stem.with_suffix(".json"))]
-    record = evaluation_record(report, prompt=resolved, split=split, files=written, params=params,
-                               genai_runs=() if genai is None else genai.run_ids)
-    recorded = record_all(recorders, record)
-    return PromptEvaluated(prompt=resolved, split=split, report=report, written=tuple(written), genai=genai,
-                           tracking_uri=exp.config.mlflow_uri,
-                           recorded=recorded + (() if genai is None else genai.recorded(exp.config.mlflow_uri)))
+    record = evaluation_record(report, prompt=resolved, split=split, files=written, params=params)
+    return PromptEvaluated(prompt=resolved, split=split, report=report, written=tuple(written),
+                           tracking_uri=exp.config.mlflow_uri, recorded=record_all(recorders, record))
 
 
 def evaluation_record(report: EvaluationReport, *, prompt: ResolvedPrompt, split: str, files: Sequence[Path],
                       params: Mapping[str, Any] | None = None, genai_runs: Sequence[str] = ()) -> CommandRecord:
     """One prompt's evaluation as one command record (``opro.kind = evaluation``, named ``evaluate
     <split>: <label>``): ``params`` and the prompt and split, the judge's figures (on that split's
-    questions) and the extra metrics' means as metrics, the per-question tables as files; the GenAI
-    evaluation runs made beside it are tagged (``opro.genai_runs``)."""
+    questions) and the extra metrics' means as metrics, the per-question tables as files, and the
+    prompt's evaluation question by question (what MLflow's GenAI evaluation runs keep, which tag the
+    record's MLflow run ``opro.genai_runs``; ``genai_runs``: runs made before it, tagged here)."""
     all_params: dict[str, Any] = dict(params or {})
     all_params.update({"evaluate.split": split, "evaluate.n_questions": report.n, "evaluate.prompt": prompt.spec,
                        "evaluate.instruction": prompt.template.instruction[:500]})
@@ -124,5 +118,8 @@ def evaluation_record(report: EvaluationReport, *, prompt: ResolvedPrompt, split
     tags = {"opro.spec": prompt.spec, "opro.split": split}
     if genai_runs:
         tags["opro.genai_runs"] = ",".join(genai_runs)
+    evaluated = EvaluatedPrompt(label=prompt.label, template=prompt.template, report=report,
+                                tags={"opro.spec": prompt.spec})
     return CommandRecord(kind="evaluation", name=f"evaluate {split}: {prompt.label}", params=all_params,
-                         metrics=metrics, tags=tags, files={path: "evaluate" for path in files})
+                         metrics=metrics, tags=tags, files={path: "evaluate" for path in files},
+                         evaluations=(evaluated,), split=split)

@@ -53,7 +53,7 @@ def probe_experiment(config: str | Path, *, questions: int | None = None, mlflow
     """``opro probe``: probe the experiment ``config``, write probe.json and probe.md, record it."""
     from opro.experiment import Experiment
     from opro.probe.headroom import run_probe
-    from opro.tracking.commands import command_recorders
+    from opro.tracking.factory import command_recorders
     from opro.workflows.preflight import check_paths
 
     exp = Experiment.from_file(config, progress=progress)

@@ -225,7 +225,7 @@ def test_a_comparison_records_through_the_recorders_it_is_given(run_config: Path
     """The recording seam: a comparison is one CommandRecord (what MLflow gets), recorded by whatever
     recorders it is handed; none given and --no-mlflow: recorded nowhere, the files still written."""
     from opro.heldout.compare import comparison_record
-    from opro.records import CommandRecord, Recorded
+    from opro.tracking.records import CommandRecord, Recorded
 
     class Keep:
         name = "keep"

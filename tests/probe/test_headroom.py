@@ -36,7 +36,7 @@ from opro.probe.proposer import check_proposal
 from opro.probe.recommendation import recommend
 from opro.probe.store import read_probe, stored_probe
 from opro.probe.verdicts import verdict_of
-from opro.records import CommandRecord, Recorded
+from opro.testing import MemoryRecorder
 
 Reply = Callable[[tuple[Message, ...], GenerationOptions], str]
 
@@ -279,20 +279,9 @@ def test_the_judge_section_shows_the_stored_calibration_or_how_long_it_takes(tmp
             "mean drop 0.86") in text and "not calibrated" not in text
 
 
-class ListRecorder:
-    name = "list"
-
-    def __init__(self) -> None:
-        self.records: list[CommandRecord] = []
-
-    def record(self, record: CommandRecord) -> Recorded:
-        self.records.append(record)
-        return Recorded(recorder=self.name, ref=str(len(self.records)), where="in memory")
-
-
 def test_the_probe_is_written_read_back_and_recorded_as_kind_probe(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
-    recorder = ListRecorder()
+    recorder = MemoryRecorder()
     exp = Experiment(cfg, pool=_pool(demos_help), progress=False)
     try:
         done = run_probe(exp, recorders=[recorder], questions=15)
@@ -307,7 +296,7 @@ def test_the_probe_is_written_read_back_and_recorded_as_kind_probe(tmp_path: Pat
     (record,) = recorder.records
     assert record.kind == "probe" and record.metrics["effect.demos_2"] == 3.0
     assert record.tags["opro.probe.demos_2"] == "moves" and record.tags["opro.probe.open"] == "demos"
-    assert set(record.files) == set(done.paths.values()) and done.recorded[0].where == "in memory"
+    assert set(record.files) == set(done.paths.values()) and done.recorded[0].where == "record 1 in memory"
     # Another initial instruction is another probe: the stored one is not this config's.
     other = _config(tmp_path, rag={"chunk_size": 64, "chunk_overlap": 0, "initial_instructions": ["Be exact."]})
     exp = Experiment(other, pool=_pool(demos_help), progress=False)

@@ -422,7 +422,7 @@ def test_compare_margin_says_not_worse_and_cheaper_and_promotes_only_then(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fakes import write_config
 
-    from opro.rundir import RunDir
+    from opro.tracking.rundir import RunDir
 
     config = write_config(tmp_path, heldout=30, questions=48)  # at least 29 pairs: see the next test
     code, said = _compare_margin(config, monkeypatch, "--margin", "0.25", "--name", "m", "--promote", "cheap")

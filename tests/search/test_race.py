@@ -146,17 +146,17 @@ def test_pareto_and_the_candidates_table_show_every_candidate_the_pruned_ones_ma
 
     from rich.console import Console
 
-    import opro.plots
+    import opro.tracking.plots
     from opro.cli.render import _candidates_table
 
     drawn: list[dict] = []
-    real = opro.plots.plot_pareto
+    real = opro.tracking.plots.plot_pareto
 
     def spy(points: list, **kw: object) -> Path:
         drawn.append({"points": list(points), **kw})
         return real(points, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(opro.plots, "plot_pareto", spy)
+    monkeypatch.setattr(opro.tracking.plots, "plot_pareto", spy)
     result = _unlucky_world(tmp_path, wrong=True)
     wrong = next(r for r in result.history if "wrongly" in r.instruction)
     assert wrong.status == "pruned" and len(wrong.scores) == 4  # confidently more than 0.25 worse

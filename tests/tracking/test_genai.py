@@ -165,7 +165,9 @@ def test_opro_judges_are_mlflow_scorers(tmp_path: Path) -> None:
     from opro.llm import ChatClient
     from opro.llm.scripted import ScriptedLLM
     from opro.tracking import MlflowTracker
-    from opro.tracking.genai import _use_store, genai_logger, judge_scorer  # noqa: F401
+    from opro.tracking.evaluations import genai_logger  # noqa: F401
+    from opro.tracking.genai import _use_store
+    from opro.tracking.scorers import judge_scorer
 
     judge_llm = ScriptedLLM(rules=[
         (r"Paris", json.dumps({"score": 5, "reasoning": "names the capital"})),
@@ -199,7 +201,7 @@ def test_mlflow_correctness_judge_as_opro_judge() -> None:
     from opro.judges import MlflowCorrectnessJudge, parse_yes_no_verdict
     from opro.llm import ChatClient
     from opro.llm.scripted import ScriptedLLM
-    from opro.tracking.genai import mlflow_correctness_judge
+    from opro.tracking.scorers import mlflow_correctness_judge
 
     llm = ScriptedLLM(rules=[
         (r"Paris", json.dumps({"rationale": "Let's think step by step. Supported.", "result": "yes"})),
@@ -295,6 +297,10 @@ def test_cli_evaluate_records_an_evaluation_run(compared: tuple[Path, Any, Any],
     runs = client.search_runs([exp_id], filter_string="tags.`opro.source` = 'evaluate'")
     assert len(runs) == 1 and runs[0].data.tags["opro.spec"] == "best"
     assert runs[0].data.metrics["correctness/mean"] == 5.0
+    # The evaluation's own MLflow run names its evaluation run (the GenAI recorder links them).
+    (command,) = [r for r in client.search_runs([exp_id], filter_string="tags.`opro.kind` = 'evaluation'")
+                  if "opro.source" not in r.data.tags]
+    assert command.data.tags["opro.genai_runs"] == runs[0].info.run_id
 
 
 def test_recording_an_evaluation_does_not_import_litellm(tmp_path: Path) -> None:
@@ -318,16 +324,16 @@ def test_the_records_start_in_a_sidecar_with_the_search_and_its_failure_stops_th
     # not a database) reaches whoever drains that thread, as a failed tracking call does.
     from types import SimpleNamespace
 
-    import opro.tracking.genai
+    import opro.tracking.validation_traces
     from opro.errors import OproError
     from opro.search.study import SearchStudy, open_storage
     from opro.tracking import MlflowTracker
-    from opro.tracking.genai import ValidationTraces
     from opro.tracking.recorder import MlflowRecorder
+    from opro.tracking.validation_traces import ValidationTraces
 
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not a database" * 100)
-    monkeypatch.setattr(opro.tracking.genai, "_logger_settings", lambda experiment, tracking_uri=None: {
+    monkeypatch.setattr(opro.tracking.validation_traces, "_logger_settings", lambda experiment, tracking_uri=None: {
         "tracking_uri": f"sqlite:///{garbage}", "experiment_name": "e", "dataset_prefix": "e"})
     tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"),
                               sidecar=True)

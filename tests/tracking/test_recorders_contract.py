@@ -1,75 +1,22 @@
-"""The contract every search recorder (:class:`opro.search.recorder.Recorder`) must keep, run against each
-implementation as Optuna's storage suite is run against every storage: the run directory's, MLflow's
-(over a SQLite store) and a minimal one written here (what a new tracker needs to do, and no more).
-
-A recorder takes the whole event sequence of a scripted search (meta-prompts, steps, the validation
-stage's batches and prompts, the result), records nothing twice when the finished study is run
-again by a fresh recorder (a resume), says where it recorded (:meth:`Recorder.recorded`, the same
-place after the resume), and survives a failed search (ending twice is safe).
-"""
+"""The search recorder contract (:mod:`opro.testing.recorder_contract`), run against each implementation
+as Optuna's storage suite is run against every storage: the run directory's, MLflow's (over a SQLite
+store) and the in-memory one of :mod:`opro.testing` (what a new tracker needs to do, and no more)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import Ex, keyword_examples, keyword_optimizer
 
-from opro.recorders import RunDirRecorder
-from opro.records import Recorded
-from opro.rundir import RunDir
 from opro.search.recorder import Recorder
-from opro.search.results import CandidateRecord, OptimizationResult
-from opro.search.study import SearchStudy
-
-INITIAL = "Answer the question."
-
-
-class MemoryRecorder(Recorder):
-    """The smallest recorder that keeps the contract: records in ``store`` (a list that outlives the
-    recorder, as a tracker's server does), and what it recorded in the study (its own keys), so a
-    resume records nothing twice."""
-
-    name = "memory"
-
-    def __init__(self, store: list[tuple[str, Any]]) -> None:
-        self.store = store
-        self._study: str | None = None
-
-    def on_search_start(self, study: SearchStudy, *, lead: bool) -> None:
-        self._study = study.name
-
-    def on_step(self, study: SearchStudy, *, step: int, history: Sequence[CandidateRecord], best_score: float) -> None:
-        logged = list(study.recorder_state("memory_logged") or [])
-        if step not in logged:
-            self.store.extend(("candidate", (r.step, r.instruction, r.score)) for r in history if r.step == step)
-            study.set_recorder_state("memory_logged", [*logged, step])
-
-    def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
-        digest = hashlib.sha256(json.dumps(result.best_instruction).encode()).hexdigest()
-        if study.recorder_state("memory_result") != digest:
-            self.store.append(("result", result.best_instruction))
-            study.set_recorder_state("memory_result", digest)
-
-    def recorded(self) -> Recorded | None:
-        if self._study is None:
-            return None
-        return Recorded(recorder=self.name, ref=self._study, where=f"memory store of study {self._study}")
-
-
-@dataclass
-class Kind:
-    """One implementation: how to make a fresh instance over the same store, and what it has stored."""
-
-    make: Callable[[], Recorder]
-    stored: Callable[[], Any]
-    check_where: Callable[[Recorded], None] = lambda r: None
-    store: list[Any] = field(default_factory=list)
+from opro.testing import MemoryRecorder
+from opro.testing.recorder_contract import *  # noqa: F403
+from opro.testing.recorder_contract import Kind
+from opro.tracking.records import Recorded
+from opro.tracking.rundir import RunDir
+from opro.tracking.rundir_recorder import RunDirRecorder
 
 
 def _run_dir(tmp_path: Path) -> Kind:
@@ -129,78 +76,3 @@ KINDS: dict[str, Callable[[Path], Kind]] = {"run_dir": _run_dir, "mlflow": _mlfl
 @pytest.fixture(params=sorted(KINDS))
 def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Kind:
     return KINDS[request.param](tmp_path)
-
-
-class Events(Recorder):
-    """Which hooks the search called, in order (placed after the recorder under test)."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def __getattribute__(self, name: str) -> Any:
-        attr = object.__getattribute__(self, name)
-        if name.startswith("on_") and callable(attr):
-            object.__getattribute__(self, "seen").append(name)
-        return attr
-
-
-def _search(tmp_path: Path, *recorders: Recorder) -> OptimizationResult:
-    opt, _, program = keyword_optimizer(tmp_path, steps=2, candidates_per_step=3, minibatch_size=3, finalists=2)
-    opt.recorders = tuple(recorders)
-    return opt.optimize(program=program, optimization_set=keyword_examples(6), exemplar_set=[Ex("exemplar?", "yes")],
-                        validation_set=[Ex(f"validation {i}?", f"ref{i}") for i in range(8)],
-                        initial_instructions=[INITIAL])
-
-
-def test_a_recorder_takes_every_event_of_a_search_and_says_where_it_recorded(kind: Kind, tmp_path: Path) -> None:
-    recorder, events = kind.make(), Events()
-    for r in (recorder, events):
-        r.prepare(lead=True)
-    result = _search(tmp_path, recorder, events)
-    assert {"on_search_start", "on_meta_prompt", "on_step", "on_search_end", "on_validation_batch", "on_validated",
-            "on_validation_end", "on_result"} <= set(events.seen), events.seen
-    assert events.seen.index("on_result") == len(events.seen) - 1
-    assert result.history and kind.stored()
-    where = recorder.recorded()
-    assert isinstance(where, Recorded) and where.recorder and where.ref and where.where
-    kind.check_where(where)
-
-
-def test_a_resumed_recorder_records_nothing_twice_and_the_same_place(kind: Kind, tmp_path: Path) -> None:
-    first = kind.make()
-    first.prepare(lead=True)
-    result = _search(tmp_path, first)
-    before, where = kind.stored(), first.recorded()
-
-    again = kind.make()  # a rerun of the finished study: a fresh recorder over the same stores
-    again.prepare(lead=True)
-    rerun = _search(tmp_path, again)
-    assert rerun.best_instruction == result.best_instruction
-    assert kind.stored() == before
-    assert again.recorded() == where
-
-
-@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("the endpoint broke")])
-def test_a_recorder_survives_a_failed_search_and_a_second_discard(
-    kind: Kind, tmp_path: Path, error: BaseException
-) -> None:
-    from opro.search.study import open_storage
-
-    study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'failed.db'}"), name="failed")
-    recorder = kind.make()
-    recorder.prepare(lead=True)
-    recorder.on_search_start(study, lead=True)
-    recorder.on_search_failed(study, error, abandoned=False)
-    recorder.discard()
-    recorder.discard()
-
-
-def test_a_recorder_may_not_store_under_the_searchs_own_keys(tmp_path: Path) -> None:
-    from opro.search.study import open_storage
-
-    study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'keys.db'}"), name="keys")
-    for key in ("fingerprint", "summary", "proposals:3", "holder:w0", "validation:ab:cd"):
-        with pytest.raises(ValueError, match="search"):
-            study.set_recorder_state(key, 1)
-    study.set_recorder_state("memory_logged", [1, 2])
-    assert study.recorder_state("memory_logged") == [1, 2] and study.recorder_state("unset") is None

@@ -12,7 +12,7 @@ import pytest
 from fakes import experiment_config, scripted_pool, write_toml
 
 from opro.experiment import Experiment
-from opro.ledger import LEDGER_FILE
+from opro.heldout.ledger import LEDGER_FILE
 from opro.search.study import ValidationReuse
 from opro.tracking.commands import mlflow_run_of
 
@@ -58,7 +58,7 @@ def test_a_new_output_folder_or_split_seed_cannot_re_decide_the_validation_quest
 def test_the_ledger_counts_shared_questions_keeps_the_latest_verdict_and_survives_a_torn_line(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from opro.ledger import Decision, DecisionLedger
+    from opro.heldout.ledger import Decision, DecisionLedger
 
     ledger = DecisionLedger(tmp_path / LEDGER_FILE, origin="output folder x")
     first = Decision(scope="validation", key="a", questions=tuple(f"q{i}" for i in range(10)), design={"alpha": 0.05})
@@ -223,7 +223,7 @@ def test_a_deleted_ledger_is_reported_as_a_re_decision_where_a_study_saw_the_los
         ledger.unlink(missing_ok=True)
     again = _in_folder(tmp_path, "a", out="out2", alpha=0.2)  # nothing knows: made
     assert again.validation is not None and again.validation.looks
-    with caplog.at_level(logging.WARNING, logger="opro.ledger"):
+    with caplog.at_level(logging.WARNING, logger="opro.heldout.ledger"):
         resumed = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
     assert resumed.summary()["validation"] == first.summary()["validation"]
     said = " ".join(r.getMessage() for r in caplog.records)

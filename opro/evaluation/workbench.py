@@ -2,7 +2,7 @@
 
 :class:`opro.experiment.Experiment` is the composition root (it builds everything and imports the
 modules that run on it), so :mod:`opro.heldout.compare`, :mod:`opro.calibration.calibrate` and
-:mod:`opro.tracking.genai` are typed against this protocol instead of importing it back.
+:mod:`opro.tracking.evaluations` are typed against this protocol instead of importing it back.
 ``Experiment`` satisfies it as it is; a test may hand over any object with these members.
 """
 
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from opro.config import OproConfig
     from opro.data.dataset import Embed, GoldenDataset
+    from opro.heldout.ledger import DecisionLedger
     from opro.judges.correctness import CorrectnessJudge
-    from opro.ledger import DecisionLedger
     from opro.llm.cache import CallCache
     from opro.llm.client import ChatClient, UsageLedger
     from opro.llm.pool import ModelSpec

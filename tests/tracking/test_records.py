@@ -8,28 +8,16 @@ from typing import Any
 
 import pytest
 
-from opro.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
+from opro.testing import MemoryRecorder
 from opro.tracking.commands import MlflowCommandRecorder
-
-
-class ListRecorder:
-    """The smallest recorder: keeps what it is given (what a notebook or a test may pass)."""
-
-    name = "list"
-
-    def __init__(self) -> None:
-        self.records: list[CommandRecord] = []
-
-    def record(self, record: CommandRecord) -> Recorded:
-        self.records.append(record)
-        return Recorded(recorder=self.name, ref=str(len(self.records)), where=f"record {len(self.records)} in memory")
+from opro.tracking.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
 
 
 def _mlflow(tmp_path: Path) -> MlflowCommandRecorder:
     return MlflowCommandRecorder(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="records")
 
 
-RECORDERS: dict[str, Callable[[Path], CommandRecorder]] = {"list": lambda _: ListRecorder(), "mlflow": _mlflow}
+RECORDERS: dict[str, Callable[[Path], CommandRecorder]] = {"list": lambda _: MemoryRecorder(), "mlflow": _mlflow}
 
 
 @pytest.mark.parametrize("make", RECORDERS.values(), ids=list(RECORDERS))
@@ -107,3 +95,20 @@ def test_a_recorder_that_fails_marks_its_run_failed_and_never_shows_a_secret(mon
     monkeypatch.setattr(Tracker, "log_metrics", lambda self, metrics, *, step: None)
     done = recorder.record(CommandRecord(kind="probe", name="probe", metrics={"x": 1.0}))
     assert "hunter2" not in done.where and "mlflow.example" in done.where
+
+
+def test_each_recorder_hears_where_the_ones_before_it_recorded() -> None:
+    """What lets a recorder link to another's record (an evaluation run to its command's MLflow run);
+    a recorder with nothing of the record to keep says None and is left out."""
+
+    class Nothing:
+        name = "nothing"
+
+        def record(self, record: CommandRecord) -> Recorded | None:
+            return None
+
+    first, second = MemoryRecorder(), MemoryRecorder()
+    record = CommandRecord(kind="probe", name="probe")
+    recorded = record_all([first, Nothing(), second], record)
+    assert [r.ref for r in recorded] == ["1", "1"] and len(recorded) == 2
+    assert first.records == [record] and second.records[0].earlier == (recorded[0],)

@@ -1,5 +1,6 @@
-"""The trackers a search records through, as :func:`opro.tracking.commands.command_recorders` is for
-the other commands: the composition root asks here and never names a tracker."""
+"""The one place that chooses where a command records: :func:`command_recorders` for every command's
+record (evaluate, compare, judge calibrate, probe, export), :func:`search_recorders` for the trackers
+of a search (optimize). Commands and the composition root ask here and never name a tracker."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from opro.search.recorder import Recorder
+from opro.tracking.commands import MlflowCommandRecorder
 from opro.tracking.mlflow import MlflowTracker
 from opro.tracking.recorder import MlflowRecorder
+from opro.tracking.records import CommandRecorder
 
 if TYPE_CHECKING:
-    from opro.rundir import RunDir
-    from opro.workbench import Workbench
+    from opro.config import OproConfig
+    from opro.evaluation.workbench import Workbench
+    from opro.tracking.rundir import RunDir
 
 
 def search_recorders(experiment: Workbench, *, run_dir: RunDir, params: Mapping[str, Any] | None = None,
@@ -24,7 +28,7 @@ def search_recorders(experiment: Workbench, *, run_dir: RunDir, params: Mapping[
     Prompt Registry version when ``[tracking].register_prompt``. Every worker of a shared study gets it:
     worker 0 records the run, another one ends it FAILED when it gives up on a worker 0 that is gone.
     Then, on worker 0 with ``[tracking].genai`` and validation questions, the validation stage's
-    evaluation runs (:class:`opro.tracking.genai.ValidationTraces`), linked to that run. Without a
+    evaluation runs (:class:`opro.tracking.validation_traces.ValidationTraces`), linked to that run. Without a
     validation stage there is nothing to trace, and their fixed costs (seconds of MLflow imports)
     would only compete with the search.
     """
@@ -40,10 +44,29 @@ def search_recorders(experiment: Workbench, *, run_dir: RunDir, params: Mapping[
     )
     recorders: list[Recorder] = [tracking]
     if worker_index == 0 and cfg.tracking.genai and experiment.dataset.examples_in("validation"):
-        from opro.tracking.genai import ValidationTraces
+        from opro.tracking.validation_traces import ValidationTraces
 
         recorders.append(ValidationTraces(experiment, tracking=tracking))
     return recorders
 
 
-__all__ = ["search_recorders"]
+def command_recorders(config: OproConfig, *, mlflow: bool = True, tracking_uri: str | None = None,
+                      evaluated: Workbench | None = None) -> list[CommandRecorder]:
+    """The recorders a command records through under ``config``, in the order they record: MLflow
+    unless ``mlflow`` is off, in ``tracking_uri`` (a command's ``--tracking-uri``) or else the config's
+    store; then, for a command that evaluated prompts on the experiment ``evaluated`` and with
+    ``[tracking].genai``, MLflow's GenAI evaluation runs
+    (:class:`opro.tracking.evaluations.GenAIEvaluationRecorder`, linked to the first one's run)."""
+    if not mlflow:
+        return []
+    recorders: list[CommandRecorder] = [MlflowCommandRecorder(
+        tracking_uri=tracking_uri or config.mlflow_uri,
+        experiment_name=config.tracking.mlflow_experiment or config.experiment.name)]
+    if evaluated is not None and config.tracking.genai:
+        from opro.tracking.evaluations import GenAIEvaluationRecorder
+
+        recorders.append(GenAIEvaluationRecorder(evaluated, tracking_uri=tracking_uri))
+    return recorders
+
+
+__all__ = ["command_recorders", "search_recorders"]

@@ -1,4 +1,4 @@
-"""Export a tuned prompt for use elsewhere, and load the exports back.
+"""Export a tuned prompt for use elsewhere (:mod:`opro.export.load` reads the exports back).
 
 Formats:
 
@@ -28,19 +28,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from opro.errors import ConfigError, DataError, PromptError
+from opro.errors import ConfigError, PromptError
 from opro.heldout.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
 from opro.llm import ROLES
 from opro.program.dimensions import DIMENSIONS, Value, dimension
 from opro.program.prompts import TEMPLATE_VARIABLES, QATemplate
-from opro.records import CommandRecord, Recorded
 from opro.redaction import redact
-from opro.rundir import RunDir
+from opro.tracking.records import CommandRecord, Recorded
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
-    import dspy
-    from llama_index.core.prompts import PromptTemplate
-
     from opro.config import OproConfig
 
 #: The names of :data:`EXPORTERS`, for type checkers (a test keeps the two the same).
@@ -432,67 +429,6 @@ SNIPPET_FORMATS: tuple[str, ...] = tuple(
 REGISTRY_FORMATS: tuple[str, ...] = tuple(k for k, e in EXPORTERS.items() if isinstance(e, RegistryExporter))
 
 
-# -- loading exports back ---------------------------------------------------------------------------
-
-
-def _read(path: str | Path, expected: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{p}: no such file")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{p}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != expected:
-        raise DataError(f"{p}: not an opro export of format {expected!r}; create it with `opro export`")
-    return data
-
-
-def load_prompt_json(path: str | Path) -> QATemplate:
-    """An ``opro export --format json`` file -> :class:`QATemplate` (with its demonstrations and settings)."""
-    data = _read(path, PROMPT_JSON_FORMAT)
-    return QATemplate.from_json(data, where=str(path))
-
-
-def load_llamaindex_prompt(path: str | Path) -> PromptTemplate:
-    """An ``opro export --format llamaindex`` JSON -> a LlamaIndex QA ``PromptTemplate``."""
-    from llama_index.core.prompts import PromptTemplate
-    from llama_index.core.prompts.prompt_type import PromptType
-
-    data = _read(path, LLAMAINDEX_FORMAT)
-    return PromptTemplate(str(data["template"]), prompt_type=PromptType.QUESTION_ANSWER)
-
-
-def load_llamaindex_settings(path: str | Path) -> dict[str, Value]:
-    """The settings an ``opro export --format llamaindex`` prompt was scored with, under LlamaIndex's
-    names: ``similarity_top_k`` (for ``index.as_query_engine`` or a retriever), ``max_tokens`` (the
-    LLM's) and ``chunk_size`` (a ``SentenceSplitter``'s); empty when the prompt keeps the engine's own."""
-    data = _read(path, LLAMAINDEX_FORMAT)
-    return {name: d.coerce(data[name]) for d in DIMENSIONS if d.is_setting
-            and data.get(name := d.export_name("llamaindex")) is not None}
-
-
-def load_dspy_program(path: str | Path) -> dspy.Predict:
-    """An ``opro export --format dspy`` JSON -> a ``dspy.Predict`` with the tuned instruction and its
-    demonstrations in DSPy's own demo fields (``context``, ``question``, ``answer``)."""
-    data = _read(path, DSPY_FORMAT)
-    import dspy
-
-    predict = dspy.Predict(load_dspy_signature(path))
-    predict.demos = [dspy.Example(context=str(d["context"]), question=str(d["question"]), answer=str(d["answer"]))
-                     for d in data.get("demos") or ()]
-    return predict
-
-
-def load_dspy_signature(path: str | Path) -> type[dspy.Signature]:
-    """An ``opro export --format dspy`` JSON -> a DSPy signature class with the tuned instruction."""
-    data = _read(path, DSPY_FORMAT)
-    import dspy  # slow to import: only here
-
-    signature: type[dspy.Signature] = dspy.Signature(str(data["signature"]), instructions=str(data["instructions"]))
-    return signature
-
-
 __all__ = [
     "DSPY_SIGNATURE",
     "EXPORTERS",
@@ -507,11 +443,6 @@ __all__ = [
     "FileExporter",
     "RegistryExporter",
     "export_prompt",
-    "load_dspy_program",
-    "load_dspy_signature",
-    "load_llamaindex_prompt",
-    "load_llamaindex_settings",
-    "load_prompt_json",
     "prompt_json",
     "provenance",
 ]

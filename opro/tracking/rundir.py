@@ -19,7 +19,7 @@ the saved dataset, the newest comparison reports) are read here::
                                                         counts those it found in the call cache)
       promotions.json                                   this folder's `compare --promote` attempts (the
                                                         budget is kept in the user's decision ledger:
-                                                        opro.ledger)
+                                                        opro.heldout.ledger)
       validation_rows/                                  each validation prompt's answers, until MLflow has them
       .opro.lock  .opro-worker-I.lock                   one process per folder (and worker)
 """

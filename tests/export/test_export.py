@@ -254,13 +254,14 @@ def test_a_new_format_is_one_function_and_one_table_entry(
     from types import MappingProxyType
 
     from opro import export
+    from opro.export import formats
     from opro.heldout.sources import ResolvedPrompt
 
     def render_yaml(prompt: ResolvedPrompt, config: object) -> str:
         return f"instruction: {prompt.instruction!r}\n"
 
     table = {**export.EXPORTERS, "yaml": export.FileExporter(render=render_yaml, file_name="prompt.yaml")}
-    monkeypatch.setattr(export, "EXPORTERS", MappingProxyType(table))
+    monkeypatch.setattr(formats, "EXPORTERS", MappingProxyType(table))
     prompt = resolve_prompt(f"run:{run_dir}")
     result = export_prompt(prompt, format="yaml", out=tmp_path / "out")  # type: ignore[arg-type]
     assert result.paths == (tmp_path / "out" / "prompt.yaml",)

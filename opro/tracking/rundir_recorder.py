@@ -3,7 +3,7 @@
 :class:`RunDirRecorder` writes every meta-prompt as it is sent, then ``best_prompt.txt``,
 ``history.jsonl`` and the plots. ``summary.json`` is the composition root's
 (:class:`opro.experiment.Experiment`), which asks the other recorders where they recorded the run; the
-trackers' recorders (:func:`opro.tracking.recorder.search_recorders`) go after both, so their
+trackers' recorders (:func:`opro.tracking.factory.search_recorders`) go after both, so their
 artifacts are the finished files.
 """
 
@@ -13,9 +13,9 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from opro.program.cost import CostModel
-from opro.records import Recorded
-from opro.rundir import RunDir
 from opro.search.recorder import Recorder
+from opro.tracking.records import Recorded
+from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.search.results import CandidateRecord, OptimizationResult
@@ -39,8 +39,8 @@ class RunDirRecorder(Recorder):
         self.run_dir.write_metaprompt(step, text)
 
     def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
-        from opro.plots import plot_optimism, plot_trajectory
         from opro.search.results import optimism_points
+        from opro.tracking.plots import plot_optimism, plot_trajectory
 
         out = self.run_dir
         out.write_result(
@@ -62,8 +62,8 @@ class RunDirRecorder(Recorder):
     def _pareto(self, result: OptimizationResult) -> None:
         """pareto.png: every candidate with a score and a cost, the pruned ones faded at their running
         means, the front joined; the axis names the cost measure."""
-        from opro.plots import plot_pareto
         from opro.search.results import quality_cost_front
+        from opro.tracking.plots import plot_pareto
 
         front = {r.trial_number for r in quality_cost_front(result.history)}
         shown = [r for r in result.history if r.status in ("complete", "pruned") and r.score is not None
