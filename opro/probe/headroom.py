@@ -713,7 +713,7 @@ class ProbeResult:
 
     def sections(self) -> list[tuple[str, list[str]]]:
         """The report as (title, lines), the effects' grid first; long text outside the grid."""
-        unit = "USD" if self.initial.cost_unit == "usd" else "weighted task tokens"
+        unit = {"usd": "USD", "seconds": "task seconds"}.get(self.initial.cost_unit, "weighted task tokens")
         wording = [f"{e.label}: {e.instruction or '(none)'}" for e in self.effects if e.dimension in ("wording", "format")]
         if any("answer_max_tokens" in e.label for e in self.effects):
             wording.append("max_tokens in the grid: [search.space].answer_max_tokens")
