@@ -375,9 +375,10 @@ def test_compare_margin_refuses_a_cheaper_prompt_worse_by_more_than_the_margin(
 def test_compare_margin_refuses_a_prompt_as_good_but_not_cheaper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fakes import write_config
 
-    # The same instruction as the baseline: not worse (p = 1/1024), but not cheaper either.
+    # Another instruction of as many words (the scripted LLM counts words as tokens) with the same one-word
+    # answers: not worse (p = 1/1024), but not cheaper. (The identical instruction is refused earlier.)
     code, said = _compare_margin(write_config(tmp_path), monkeypatch, "--margin", "0.25", "--promote", "same",
-                                 baseline="text:Answer the question.")
+                                 baseline="text:Answer the question.Briefly")
     assert code == 1, said
     assert "not worse by more than 0.25 (p = 0.00098)" in said
     assert "its cost per answer is not lower (interval not below 0)" in said
