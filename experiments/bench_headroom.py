@@ -26,7 +26,7 @@ was seen by a search, chose a demo or was an exemplar. Each change is paired wit
 configuration by question: mean difference with its 95% interval (Student t on the 1-5 scale, as
 ``opro compare`` and ``opro probe`` make it), win/tie/loss and the two-sided sign-flip permutation
 p-value (the test ``opro compare`` decides by). The measurement is ``opro probe``'s own
-(:func:`opro.probe.headroom.measure_effects`); this script chooses the questions (held-out, not the probe's
+(:func:`opro.probe.effects.measure_effects`); this script chooses the questions (held-out, not the probe's
 pilot) and the changes.
 
     python experiments/bench_headroom.py experiments/history_of_alexnet.toml --heldout 40
@@ -53,7 +53,8 @@ from opro.data.dataset import Example, GoldenDataset
 from opro.data.withheld import NOT_IN_CONTEXT
 from opro.experiment import Experiment
 from opro.llm.pool import ModelPool
-from opro.probe.headroom import Contrast, measure_effects
+from opro.probe.contrasts import Contrast
+from opro.probe.effects import measure_effects
 from opro.program.prompts import Demo, QATemplate
 from opro.program.retrieval import Retriever
 from opro.search.space import reference_demos

@@ -5,8 +5,8 @@ Seeded pilots of a cheaper contrast truly worse than the initial configuration b
 plus a difference of -2, -1, 0 or +1 (probabilities 0.1, 0.3, 0.5, 0.1: mean -0.4, paired sd 0.8, on
 the scale without clipping; ``--true`` shifts the weights of -1 and 0 to reach another mean). Each
 pilot goes through opro's own code: the difference's interval as the probe makes it
-(:func:`opro.stats.paired.compare_paired`), :func:`opro.probe.headroom.verdict_of` at the band and
-:func:`opro.probe.headroom.recommend` at the margin, with a validation stage that confirms only
+(:func:`opro.stats.paired.compare_paired`), :func:`opro.probe.verdicts.verdict_of` at the band and
+:func:`opro.probe.recommendation.recommend` at the margin, with a validation stage that confirms only
 ``--detectable`` (the case where "inert at the search's resolution", removed by issue 61, accepted
 an interval inside the confirmable gain).
 
@@ -29,7 +29,9 @@ import inspect
 import random
 import statistics
 
-from opro.probe.headroom import RESOLUTION, SCALE, Effect, recommend, verdict_of
+from opro.probe.effects import RESOLUTION, SCALE, Effect
+from opro.probe.recommendation import recommend
+from opro.probe.verdicts import verdict_of
 from opro.stats.paired import compare_paired
 
 

@@ -15,6 +15,8 @@ the saved dataset, the newest comparison reports) are read here::
       judge_calibration.json  judge_calibration/        `opro judge calibrate`
       probe.json  probe.md                              `opro probe` (read back by `opro plan --probe`
                                                         and `opro optimize`)
+      probe_calls.json                                  the keys of the calls it made (`opro optimize`
+                                                        counts those it found in the call cache)
       promotions.json                                   this folder's `compare --promote` attempts (the
                                                         budget is kept in the user's decision ledger:
                                                         opro.ledger)
@@ -54,6 +56,7 @@ PROMOTIONS_FILE = "promotions.json"
 TASK_RATES_FILE = "task_rates.json"
 PROBE_FILE = "probe.json"
 PROBE_REPORT = "probe.md"
+PROBE_CALLS = "probe_calls.json"
 VALIDATION_ROWS_DIR = "validation_rows"
 
 #: What `opro optimize` writes at the top of the folder, in the order it is listed and logged.
@@ -145,6 +148,10 @@ class RunDir:
     @property
     def probe_report(self) -> Path:
         return self.root / PROBE_REPORT
+
+    @property
+    def probe_calls(self) -> Path:
+        return self.root / PROBE_CALLS
 
     @property
     def validation_rows(self) -> Path:
@@ -260,6 +267,7 @@ __all__ = [
     "CALIBRATION_DIR",
     "CALIBRATION_FILE",
     "OPTIMIZE_OUTPUTS",
+    "PROBE_CALLS",
     "PROBE_FILE",
     "PROBE_REPORT",
     "PROMOTIONS_FILE",

@@ -133,6 +133,10 @@ FLOORS: dict[str, int] = {
                      "opro.export", "opro.calibration.calibrate", "opro.heldout.sources", "opro.integrations", "opro.calibration.agreement",
                      "opro.probe.plan"), 4),
     **dict.fromkeys(("opro.experiment", "opro.probe.headroom", "opro.workflows"), 5),
+    # The probe's modules (opro/probe/): they run on an Experiment's program and judge, beside headroom.
+    **dict.fromkeys(tuple(f"opro.probe.{m}" for m in (
+        "contrasts", "effects", "verdicts", "savings", "recommendation", "proposer", "task_limits", "judge_limits",
+        "pilot", "report", "store", "reuse")), 5),
     "opro.cli": 6,
 }
 #: ``opro/__init__.py`` is the public facade: it re-exports from every floor and nothing imports it.

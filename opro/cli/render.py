@@ -181,6 +181,8 @@ def show_optimization(console: Any, done: OptimizeRun) -> None:
     console.print(_usage_table(result.usage))
     if done.plan_check:
         say(console, "\n".join(done.plan_check))
+    if done.probe_saving is not None:
+        say(console, done.probe_saving.line())
 
 
 def show_no_proposal(console: Any, done: OptimizeRun) -> None:

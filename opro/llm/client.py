@@ -212,6 +212,23 @@ DEFAULT_PRICES: dict[str, Price] = {
 }
 
 
+class CallLog:
+    """Which calls were asked while it listened (:meth:`UsageLedger.listen`), by role and call key
+    (:func:`cache_key`): those sent to the model, and those answered from the call cache. Counts by
+    key, not estimates: what one command's calls saved another is the keys they share."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, set[str]] = {}
+        self.cached: dict[str, set[str]] = {}
+
+    def add(self, role: str, key: str, *, cached: bool) -> None:
+        (self.cached if cached else self.made).setdefault(role, set()).add(key)
+
+    def asked(self, role: str) -> set[str]:
+        """Every key of ``role`` asked, made or answered from the cache."""
+        return self.made.get(role, set()) | self.cached.get(role, set())
+
+
 class UsageLedger:
     """Thread-safe usage accounting per role. ``calls`` counts real (uncached) calls."""
 
@@ -221,9 +238,24 @@ class UsageLedger:
         self._by_role: dict[str, RoleUsage] = {}
         # The same by role and model: a role several models serve (the task models of a search).
         self._by_model: dict[tuple[str, str], RoleUsage] = {}
+        self._logs: list[CallLog] = []
 
-    def record(self, role: str, completion: Completion) -> None:
+    @contextmanager
+    def listen(self, log: CallLog) -> Iterator[CallLog]:
+        """Tell ``log`` the key of every call recorded until the block ends."""
         with self._lock:
+            self._logs.append(log)
+        try:
+            yield log
+        finally:
+            with self._lock:
+                self._logs.remove(log)
+
+    def record(self, role: str, completion: Completion, *, key: str | None = None) -> None:
+        with self._lock:
+            if key is not None:
+                for log in self._logs:
+                    log.add(role, key, cached=completion.cached)
             for usage in (self._by_role.setdefault(role, RoleUsage()),
                           self._by_model.setdefault((role, completion.model), RoleUsage())):
                 self._add(usage, completion)
@@ -405,7 +437,7 @@ class ChatClient:
     def _lookup(self, key: str) -> Completion | None:
         hit = self.cache.get(key) if self.cache is not None else None
         if hit is not None:
-            self.usage.record(self.role, hit)
+            self.usage.record(self.role, hit, key=key)
         return hit
 
     def _store(self, key: str, result: Completion, started: float) -> Completion:
@@ -413,7 +445,7 @@ class ChatClient:
             result = replace(result, latency_s=time.perf_counter() - started)
         if self.cache is not None:
             self.cache.put(key, result)
-        self.usage.record(self.role, result)
+        self.usage.record(self.role, result, key=key)
         return result
 
     def forget(self, messages: MessagesLike, **options: Any) -> None:
@@ -479,7 +511,7 @@ class ChatClient:
                     got = out[first[prepared[i][2]]]
                     if isinstance(got, Completion):
                         got = replace(got, cached=True)
-                        self.usage.record(self.role, got)
+                        self.usage.record(self.role, got, key=prepared[i][2])
                     out[i] = got
         return [r for r in out if r is not None]
 
@@ -560,6 +592,7 @@ class ChatClient:
 __all__ = [
     "LLM",
     "ROLES",
+    "CallLog",
     "ChatClient",
     "Completion",
     "CompletionCache",

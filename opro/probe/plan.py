@@ -317,7 +317,7 @@ def _difference_sd(config: OproConfig, *, pilot_noise: MeasuredNoise | None = No
     """The paired per-question score difference's sd, whose it is, and why the last run's is not used
     (empty: it is, or there is none): measured on the last run's confirmation pairs (what the test sees)
     where its ``summary.json`` records this task's noise digest (``digest``), else ``pilot_noise`` (``opro
-    probe``'s pilot on this task; :func:`opro.probe.headroom.pilot_noise`), else from the judge's
+    probe``'s pilot on this task; :func:`opro.probe.store.pilot_noise`), else from the judge's
     calibration (a lower bound), else the default. A measurement on fewer than :data:`SD_BOUND_BELOW` pairs
     is taken at its upper bound (:func:`sd_upper_bound`)."""
     from opro.calibration.calibrate import judge_signature, load_calibration
@@ -591,7 +591,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     """The plan of ``opro optimize`` for ``config`` (reads the output folder; makes no LLM call).
     ``documents``: the corpus, read only when the dataset is still to be generated from it (one
     generator call per chunk); without it that count is left out. ``pilot_noise``: the paired sd a
-    probe measured on this task (:func:`opro.probe.headroom.pilot_noise`), planned by where no run
+    probe measured on this task (:func:`opro.probe.store.pilot_noise`), planned by where no run
     measured one. ``noise_digest``: this config's (:meth:`opro.experiment.Experiment.noise_digest`): the
     last run's noise is used only where its summary records the same (None: it is not used)."""
     o, s = config.optimizer, config.data.split

@@ -62,8 +62,8 @@ def compare_and_save(
         specs.insert(0, baseline)
     exp = Experiment.from_file(config, progress=progress)
     if split == "heldout":
-        from opro.probe.headroom import pilot_noise
         from opro.probe.plan import make_plan
+        from opro.probe.store import pilot_noise
 
         notice("\n".join(make_plan(exp.config, pilot_noise=pilot_noise(exp),
                                     noise_digest=exp.noise_digest()).compare_lines()))

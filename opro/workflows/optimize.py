@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opro.errors import ConfigError
+from opro.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
     from opro.experiment import RunResult
+    from opro.probe.reuse import ProbeSaving
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class OptimizeRun:
     plan_check: tuple[str, ...]
     #: Files of the output folder an optimize writes (worker 0 only; empty otherwise).
     outputs: tuple[str, ...]
+    #: The calls a stored probe's answers saved this run, counted by key (None: no probe kept its calls).
+    probe_saving: ProbeSaving | None = None
 
     @property
     def proposed_nothing(self) -> bool:
@@ -52,15 +55,15 @@ def parse_worker(text: str) -> tuple[int, int]:
 
 def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
     """Worker 0 says (and keeps) the plan, and the stored probe's verdict (never a new probe)."""
-    from opro.probe.headroom import pilot_noise
     from opro.probe.plan import make_plan
+    from opro.probe.store import pilot_noise
 
     plan = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp),
                      noise_digest=exp.noise_digest())
     notice("\n".join(plan.lines()))
     exp.run_dir.write_plan(plan.as_dict())
     if exp.run_dir.probe.is_file():
-        from opro.probe.headroom import stored_probe
+        from opro.probe.store import stored_probe
 
         probed, why = stored_probe(exp)
         notice("\n".join(probed.verdict_lines() if probed is not None else [f"probe: {why}"]))
@@ -90,6 +93,8 @@ def optimize_experiment(
     and reads the stored probe (``notice`` hears both). ``fresh`` archives the existing study first."""
     from opro.data.dataset import split_shortfall
     from opro.experiment import Experiment
+    from opro.llm.client import CallLog
+    from opro.probe.reuse import probe_saving, read_probe_calls
     from opro.workflows.preflight import check_paths
 
     index, count = parse_worker(worker)
@@ -97,8 +102,15 @@ def optimize_experiment(
     try:
         check_paths(exp.config)  # a missing file is said before the plan, by its key
         plan = _before_the_search(exp, notice) if index == 0 else None
+        try:
+            probed = read_probe_calls(exp.config.output_dir)
+        except DataError as exc:  # bookkeeping: the run goes on without the count
+            notice(f"probe: {exc}")
+            probed = None
         started = time.perf_counter()
-        result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
+        # Every call's key, so the calls a probe's answers saved are counted, not estimated.
+        with exp.usage.listen(CallLog()) as calls:
+            result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
         taken = time.perf_counter() - started
         # This run's requests (this process's), not the study's across runs (result.usage).
         used = exp.usage.as_dict()
@@ -110,4 +122,5 @@ def optimize_experiment(
         shortfall=split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None,
         plan_check=_plan_check(plan, used, wall_s=taken, workers=count) if plan is not None else (),
         outputs=tuple(p.name for p in exp.run_dir.optimize_outputs()) if index == 0 else (),
+        probe_saving=None if probed is None else probe_saving(probed, calls),
     )

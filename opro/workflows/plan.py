@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from opro.probe.headroom import ProbeResult, ProbeRun
+    from opro.probe.headroom import ProbeRun
     from opro.probe.plan import Plan
+    from opro.probe.report import ProbeResult
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,8 @@ def plan_experiment(config: str | Path, *, probe: bool = False, questions: int |
     """The plan of ``opro optimize config`` (no LLM call); with ``probe``, first the stored probe made with
     these settings, else a new one (``questions``: its pilot), so the plan takes the noise it measured."""
     from opro.experiment import Experiment
-    from opro.probe.headroom import pilot_noise
     from opro.probe.plan import make_plan
+    from opro.probe.store import pilot_noise
     from opro.workflows.preflight import check_paths
 
     exp = Experiment.from_file(config, progress=None if probe else False)

@@ -22,6 +22,7 @@ from opro.llm import (
     cache_key,
 )
 from opro.llm.cache import CallCache
+from opro.llm.client import CallLog
 from opro.llm.scripted import ScriptedLLM
 
 
@@ -121,6 +122,25 @@ def test_usage_ledger_per_role(cache: CallCache) -> None:
     assert snap["judge"].calls == 1 and snap["judge"].cost_usd == pytest.approx((3 * 1.0 + 1 * 2.0) / 1e6)
     assert usage.total_calls() == 2 and usage.total_tokens() == 2 + 3 + 3 + 1
     assert json.dumps(usage.as_dict())
+
+
+def test_a_call_log_hears_the_key_of_every_call_made_or_answered_from_the_cache(cache: CallCache) -> None:
+    """What `opro optimize` counts the calls a probe saved it by: the keys, by role, not an estimate."""
+    usage = UsageLedger()
+    task = ChatClient(ScriptedLLM(default="x"), role="task", cache=cache, usage=usage)
+    judge = ChatClient(ScriptedLLM(default="y"), role="judge", cache=cache, usage=usage)
+    task.complete("before")
+    with usage.listen(CallLog()) as log:
+        task.complete("a")
+        task.complete("a")  # from the cache
+        task.complete("before")  # asked before the log listened: from the cache
+        judge.complete_many([("b", {}), ("b", {}), ("c", {})])  # the copy of "b" is answered from the first
+    task.complete("after")
+    key = {text: cache_key(task.llm.identity, as_messages(text), GenerationOptions(seed=0), 0)
+           for text in ("a", "b", "c", "before", "after")}
+    assert log.made == {"task": {key["a"]}, "judge": {key["b"], key["c"]}}
+    assert log.cached == {"task": {key["a"], key["before"]}, "judge": {key["b"]}}
+    assert log.asked("task") == {key["a"], key["before"]} and log.asked("optimizer") == set()
 
 
 def test_json_schema_and_logprobs_only_sent_when_supported() -> None:

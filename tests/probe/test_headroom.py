@@ -28,19 +28,14 @@ from opro.experiment import Experiment
 from opro.llm import GenerationOptions, Message
 from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
-from opro.probe.headroom import (
-    Contrast,
-    Effect,
-    check_proposal,
-    measure_effects,
-    pilot_pool,
-    probe,
-    read_probe,
-    recommend,
-    run_probe,
-    stored_probe,
-    verdict_of,
-)
+from opro.probe.contrasts import Contrast
+from opro.probe.effects import Effect, measure_effects
+from opro.probe.headroom import probe, probe_record, run_probe
+from opro.probe.pilot import pilot_pool
+from opro.probe.proposer import check_proposal
+from opro.probe.recommendation import recommend
+from opro.probe.store import read_probe, stored_probe
+from opro.probe.verdicts import verdict_of
 from opro.records import CommandRecord, Recorded
 
 Reply = Callable[[tuple[Message, ...], GenerationOptions], str]
@@ -100,8 +95,10 @@ def test_the_verdict_names_the_one_dimension_that_moves_the_score_and_calls_the_
     result = _probe(cfg, _pool(task), questions=15)
     verdicts = {e.label: e.verdict.kind for e in result.effects if e.verdict is not None}
     assert set(verdicts) == {"no instruction", "contrast", "one sentence", "demos 2", "top_k 1", "top_k 3",
-                             "answer_max_tokens 32", "answer_max_tokens 128"}
+                             "answer_max_tokens 32", "answer_max_tokens 128", "dearest together"}
     assert verdicts.pop(mover) == kind
+    # The search's step-0 move of every dimension at its dearest choice at once (demos 2 among them).
+    assert verdicts.pop("dearest together") == ("moves" if mover == "demos 2" else "inert")
     assert set(verdicts.values()) == {"inert"}, verdicts
     moved = next(e for e in result.effects if e.label == mover)
     assert abs(moved.difference) == 3.0 and moved.p < 0.001 and moved.win_tie_loss in ("15/0/0", "0/0/15")
@@ -369,6 +366,7 @@ def test_the_commands_probe_fold_the_verdict_into_the_plan_and_optimize_prints_i
     assert optimized.exit_code == 0, optimized.output
     said = optimized.output
     assert said.index("probe (8 pilot questions") < said.index("opro optimize: t")  # at the start, before the run
+    assert "probe: saved this run " in said  # the probe's answers the search found in the call cache
     # Other settings: `plan --probe` probes again; optimize says the stored one is not this config's.
     data["rag"]["initial_instructions"] = ["Answer from the context."]
     write_toml(data, config)
@@ -464,7 +462,7 @@ def _pilot_effect(label: str, scores: list[float], base: list[float], *, cost: f
     """A contrast as the probe measures it (:func:`opro.stats.paired.compare_paired` on the pairs)."""
     import statistics
 
-    from opro.probe.headroom import RESOLUTION, SCALE
+    from opro.probe.effects import RESOLUTION, SCALE
     from opro.stats.paired import compare_paired
 
     c = compare_paired(scores, base, scale=SCALE, resolution=RESOLUTION)
@@ -533,3 +531,52 @@ def test_a_probe_whose_judge_replies_are_all_unreadable_fails_and_stores_no_verd
     assert not (tmp_path / "out" / "probe.json").exists() and not (tmp_path / "out" / "probe.md").exists()
     planned = CliRunner().invoke(app, ["plan", str(config)])
     assert planned.exit_code == 0 and "probe (" not in planned.output
+
+
+# -- issue 57, item 3: under objective "cost" the verdicts and the recommendation are about cost -------------
+
+
+def test_under_the_cost_objective_each_verdict_carries_its_saving_and_only_a_passed_test_names_it_not_worse(
+        tmp_path: Path) -> None:
+    """top_k 1 changes no answer (every pair tied) and sends less context: cheaper, and not worse by more than
+    the margin on the pilot's non-inferiority test. answer_max_tokens 32 is cheaper too but cuts the answer
+    before its citation: it hurts, and is never named "cheaper and not worse"."""
+    space = {"space": {"top_k": [1, 3], "answer_max_tokens": [32, 96, 128]}}
+    # Passages every question's words find: top_k 1 sends one, the initial top_k 2 sends two.
+    doc = "\n\n".join(f"A fact about AlexNet: {p}" for p in PARAGRAPHS) + "\n"
+    rag = {"chunk_size": 32, "chunk_overlap": 0, "initial_instructions": ["Answer the question."], "answer_max_tokens": 96}
+
+    def config(where: Path, **optimizer: Any) -> OproConfig:
+        data = experiment_config(where, questions=40, doc=doc, search=space, rag=rag,
+                                 optimizer={"validation_extension": 5, **optimizer},
+                                 data={"split": {"exemplar": 3, "optimization": 3, "validation": 6, "heldout": 8,
+                                                 "seed": 1}})
+        return config_from_dict(data, base_dir=where, source="t.toml")
+
+    cost = _probe(config(tmp_path / "cost", objective="cost", margin=0.25), _pool(short_answers_hurt), questions=15)
+    by = {e.label: e for e in cost.effects}
+    top1, short = by["top_k 1"], by["answer_max_tokens 32"]
+    assert top1.saving is not None and top1.saving.lower and top1.saving.relative is not None
+    assert top1.saving.relative < 0 and top1.saving.n == 15 and top1.step0
+    assert top1.verdict is not None and top1.verdict.text.startswith(
+        f"inert here: within ±0.25 (+0.00, 15 of 15 tied); cost {top1.saving.relative:+.0%} per answer (")
+    assert "; cheaper and not worse by more than 0.25 (p " in top1.verdict.text
+    assert short.verdict is not None and short.verdict.kind == "hurts" and "; cost -" in short.verdict.text
+    assert "not worse" not in short.verdict.text and "not shown within" not in short.verdict.text
+    together = by["cheapest together"]
+    assert together.step0 and together.verdict is not None and together.verdict.kind == "hurts"
+    lines = cost.recommendation.lines
+    (head,) = [x for x in lines if x.startswith('cost (objective "cost", margin 0.25; per answer, in ')]
+    assert f"top_k 1 {top1.saving.text()}" in head and "answer_max_tokens 32 " in head
+    (named,) = [x for x in lines if x.startswith("cheaper and not worse here: ")]
+    assert "top_k 1 (p " in named and "answer_max_tokens" not in named and "together" not in named
+    assert "non-inferiority at margin 0.25 on the pilot, alpha 0.05" in named
+    assert any(x.startswith("keep open for cost: top_k ") for x in lines)
+    assert any(x.startswith("the search: step 0 tries ") and "top_k 1" in x for x in lines)
+    assert "keep closed: top_k" not in "\n".join(lines)
+    recorded = probe_record(cost, {}).metrics  # MLflow keeps each saving beside the effect
+    assert recorded["effect.top_k_1.cost_change"] == pytest.approx(top1.saving.difference)
+    # Under the quality objective the same world's verdicts say nothing about cost.
+    quality = _probe(config(tmp_path / "quality"), _pool(short_answers_hurt), questions=15)
+    assert all("; cost " not in e.verdict.text for e in quality.effects if e.verdict is not None)
+    assert not any(x.startswith("cost (objective") for x in quality.recommendation.lines)

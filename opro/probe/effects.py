@@ -1,0 +1,187 @@
+"""The probe's measurement: the initial configuration and each contrast answered and judged on the same
+pilot questions in one stream (:func:`measure_effects`, shared with ``experiments/bench_headroom.py``),
+each contrast paired with the initial configuration by question: its paired difference with a 95%
+interval (Student t, clipped to the 1-5 scale, as ``opro compare`` makes them), win/tie/loss, the
+sign-flip p-value, the answers' length and cost per answer, and with a cost model its saving
+(:mod:`opro.probe.savings`). What a contrast's figures mean is :mod:`opro.probe.verdicts`'s concern.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from opro.probe.contrasts import Contrast
+from opro.probe.savings import Saving
+from opro.program.dimensions import Value
+from opro.stats.paired import compare_paired
+
+if TYPE_CHECKING:
+    from opro.evaluation.rows import EvaluationReport, EvaluationRow, Judge, Program
+    from opro.program.cost import CostModel
+    from opro.program.prompts import QATemplate
+
+
+#: The level of the contrasts' tests (their intervals are 95%).
+ALPHA = 0.05
+#: The judge's scale and step, as ``opro compare`` makes its intervals.
+SCALE = (1.0, 5.0)
+RESOLUTION = 1.0
+VerdictKind = Literal["baseline", "moves", "hurts", "inert", "undecided", "identical"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: VerdictKind
+    text: str
+    #: For ``moves`` and ``hurts`` among several contrasts: the sign-flip p adjusted by Holm over them
+    #: (each interval is 95% on its own, so one of several may exclude 0 by chance).
+    holm_p: float | None = None
+
+    @property
+    def may_be_chance(self) -> bool:
+        return self.holm_p is not None and self.holm_p > ALPHA
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A configuration's scores on the questions, and against the initial configuration (``None`` for
+    the initial configuration itself): paired difference with its 95% interval, W/T/L, sign-flip p."""
+
+    label: str
+    dimension: str
+    value: Value | None
+    instruction: str
+    demos: int
+    settings: Mapping[str, Value]
+    n: int
+    mean: float | None
+    scores: tuple[float | None, ...]
+    difference: float | None = None
+    low: float | None = None
+    high: float | None = None
+    p: float | None = None
+    win_tie_loss: str | None = None
+    #: Standard deviation of the per-question differences (None below 2 pairs).
+    sd: float | None = None
+    #: Mean words per answer, and the share of answers that are one sentence.
+    answer_words: float | None = None
+    one_sentence: float | None = None
+    #: Mean cost per answered question (:meth:`opro.program.cost.CostModel.summarize`) and its unit.
+    cost: float | None = None
+    cost_unit: str = "tokens"
+    verdict: Verdict | None = None
+    #: The same prompt and settings as the initial configuration (nothing to test: no difference shown).
+    identical: bool = False
+    #: Judge replies that could not be read, and calls that failed, on its questions; one reason given.
+    unreadable: int = 0
+    failed: int = 0
+    unreadable_reason: str = ""
+    #: Its cost per answer against the initial configuration's, paired (:mod:`opro.probe.savings`).
+    saving: Saving | None = None
+    #: The configuration is one the search's step 0 evaluates (a first move: :mod:`opro.probe.contrasts`).
+    step0: bool = False
+
+    @property
+    def all_tied(self) -> bool:
+        """Every paired difference is 0: the interval around +0.00 is only the test's floor for a
+        difference that never varied, so none is shown."""
+        return self.n > 0 and self.difference == 0 and self.sd in (0, None) and self.win_tie_loss == f"0/{self.n}/0"
+
+    @property
+    def interval(self) -> str:
+        if self.identical:
+            return "(identical)"
+        if self.difference is None or self.low is None or self.high is None:
+            return ""
+        if self.all_tied:
+            return f"+0.00, {self.n} of {self.n} tied"
+        return f"{_signed(self.difference)} [{_signed(self.low)}, {_signed(self.high)}]"
+
+
+def _signed(x: float) -> str:
+    """``+0.41``; a value that rounds to zero is ``+0.00``, never ``-0.00``."""
+    return f"{round(x, 2) + 0.0:+.2f}"
+
+
+_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
+
+
+def sentences(text: str) -> int:
+    """Sentences in an answer (ends of sentence, at least one for a non-empty answer)."""
+    stripped = text.strip()
+    return max(1, len(_SENTENCE_END.findall(stripped))) if stripped else 0
+
+
+def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float | None], *,
+            cost: CostModel | None, identical: bool = False, base_rows: Sequence[EvaluationRow] = ()) -> Effect:
+    scores = tuple(r.score if r.scored else None for r in report.rows)
+    valid = [s for s in scores if s is not None]
+    answered = [r for r in report.rows if r.error is None]
+    summary = cost.summarize(report.rows) if cost is not None else None
+    unreadable = [r for r in answered if not r.scored]
+    t = contrast.template
+    out = Effect(
+        label=contrast.label, dimension=contrast.dimension, value=contrast.value, instruction=t.instruction,
+        demos=len(t.demos), settings=t.settings, n=len(valid), mean=statistics.fmean(valid) if valid else None,
+        scores=scores,
+        answer_words=statistics.fmean(len(r.answer.split()) for r in answered) if answered else None,
+        one_sentence=statistics.fmean(sentences(r.answer) <= 1 for r in answered) if answered else None,
+        cost=None if summary is None else summary.cost, cost_unit="tokens" if summary is None else summary.unit,
+        unreadable=len(unreadable), failed=len(report.rows) - len(answered),
+        unreadable_reason=next((r.invalid_reason or r.feedback or "no score in the reply" for r in unreadable), "")[:200],
+        step0=contrast.step0,
+    )
+    if contrast.dimension == "initial":
+        return out
+    if identical:
+        return dataclasses.replace(out, identical=True)
+    if cost is not None and base_rows:
+        from opro.probe.savings import saving_of
+
+        out = dataclasses.replace(out, saving=saving_of(report.rows, base_rows, model=cost))
+    pairs = [(a, b) for a, b in zip(scores, base, strict=True) if a is not None and b is not None]
+    if not pairs:
+        return dataclasses.replace(out, n=0)
+    c = compare_paired([a for a, _ in pairs], [b for _, b in pairs], scale=SCALE, resolution=RESOLUTION)
+    diffs = [a - b for a, b in pairs]
+    return dataclasses.replace(
+        out, n=len(pairs), difference=c.difference.estimate, low=c.difference.low, high=c.difference.high,
+        p=c.permutation.p_value, win_tie_loss=str(c.win_tie_loss),
+        sd=statistics.stdev(diffs) if len(diffs) >= 2 else None,
+    )
+
+
+def measure_effects(
+    *,
+    program: Program,
+    judge: Judge,
+    initial: QATemplate,
+    contrasts: Sequence[Contrast],
+    questions: Sequence[Any],
+    cost: CostModel | None = None,
+    progress: bool = True,
+) -> tuple[Effect, ...]:
+    """The initial configuration and each contrast on ``questions``, answered and judged in one stream
+    (question-major: a question's prompts are decoded together), each contrast paired with the initial
+    configuration by question. The first effect is the initial configuration's (no difference); a
+    contrast whose prompt and settings are the initial configuration's is marked ``identical``, untested."""
+    from opro.evaluation.batch import evaluate_templates
+
+    every = [Contrast("initial", initial, "initial"), *contrasts]
+    reports = evaluate_templates(program=program, templates=[c.template for c in every], examples=questions,
+                                 judge=judge, progress=progress)
+    base = tuple(r.score if r.scored else None for r in reports[0].rows)
+    return tuple(_effect(c, r, base, cost=cost, identical=c.dimension != "initial" and c.template == initial,
+                         base_rows=reports[0].rows) for c, r in zip(every, reports, strict=True))
+
+
+def num(x: float | None, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+__all__ = ["ALPHA", "RESOLUTION", "SCALE", "Effect", "Verdict", "VerdictKind", "measure_effects", "num", "sentences"]
