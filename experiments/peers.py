@@ -166,9 +166,9 @@ class PeersReport:
 class BudgetedExperiment(Experiment):
     """An :class:`Experiment` whose task and judge clients charge a swappable :class:`CallBudget`."""
 
-    def client(self, role: str) -> ChatClient:
-        if role not in BUDGETED_ROLES:
-            return super().client(role)
+    def client(self, role: str, *, task_model: str | None = None) -> ChatClient:
+        if role not in BUDGETED_ROLES or task_model is not None:  # the peers' bench searches no task model
+            return super().client(role, task_model=task_model)
         if role not in self._clients:
             self._clients[role] = self.models.client(self.spec(role), role=role, kind=BudgetedChatClient)
         return self._clients[role]

@@ -11,7 +11,6 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     from opro.data.withheld import Withheld
     from opro.heldout.ledger import DecisionLedger
     from opro.judges import CorrectnessJudge
+    from opro.program.cost import CostModel
     from opro.program.rag import RAGProgram
     from opro.program.retrieval import Retriever
     from opro.search import CandidateScorer, Search, SearchStudy, WorkerPlan
@@ -79,16 +79,29 @@ class Experiment:
 
     # -- models ------------------------------------------------------------------------------
     def spec(self, role: str) -> ModelSpec:
-        spec: ModelSpec = getattr(self.config.models, role)
-        return spec
+        return getattr(self.config.models, role)  # type: ignore[no-any-return]
 
-    def client(self, role: str) -> ChatClient:
-        if role not in self._clients:
+    def client(self, role: str, *, task_model: str | None = None) -> ChatClient:
+        """``role``'s client; with ``task_model``, that task model's (:func:`opro.llm.choices.task_spec`)."""
+        from opro.llm.choices import model_key, task_spec
+
+        spec = self.spec(role) if task_model is None else task_spec(self.config, task_model)
+        key = role if spec == self.spec(role) else f"{role}:{task_model}"
+        if key not in self._clients:
             try:
-                self._clients[role] = self.models.client(self.spec(role), role=role)
+                self._clients[key] = self.models.client(spec, role=role)
             except ModelPackError as exc:  # say which table names the model
-                raise ModelPackError(f"[models.{role}].model: {exc}") from None
-        return self._clients[role]
+                where = model_key(self.config, task_model) if task_model else f"[models.{role}]"
+                raise ModelPackError(f"{where}.model: {exc}") from None
+        return self._clients[key]
+
+    def cost_model(self, names: Sequence[str] = ()) -> CostModel:
+        """What an answer costs with the task models in play and ``names``, at rates measured here where
+        seconds price them (:func:`opro.llm.choices.rates_here`)."""
+        from opro.llm.choices import rates_here
+
+        return self.config.cost_model(names, rates=rates_here(self.config, names, backend=self.pool.get,
+                                                              notice=logger.warning))
 
     # -- documents, retrieval, program -------------------------------------------------------
     @functools.cached_property
@@ -257,8 +270,7 @@ class Experiment:
 
         return RAGProgram(
             retriever=self.retriever, llm=self.client("task"), max_tokens=self.config.rag.answer_max_tokens,
-            chunked=self.retriever_at,
-        )
+            chunked=self.retriever_at, models=lambda name: self.client("task", task_model=name))
 
     def _judge_template(self) -> str | Path:
         """``[judge].template``: a built-in template's name, or its file resolved against the config."""
@@ -276,24 +288,12 @@ class Experiment:
     # -- dataset -----------------------------------------------------------------------------
     @functools.cached_property
     def decisions(self) -> DecisionLedger:
-        """The user's decision ledger, shared by every output folder, study store and copy of a dataset:
-        ``opro_decisions.jsonl`` beside the call cache (by default in :func:`opro.paths.cache_dir`). With
-        ``[data].dataset``, a copy beside it (in the file's folder, or the dataset folder) is read and
-        written too; one in a folder opro cannot write, or read-only by its mode, is only read."""
-        from opro.heldout.ledger import LEDGER_FILE, DecisionLedger
+        """The user's decision ledger, shared by every output folder, study store and copy of a dataset
+        (:meth:`opro.heldout.ledger.DecisionLedger.of_user`)."""
 
-        user = self.config.call_cache_path.parent
-        copies: list[Path] = []
-        also_read: list[Path] = []
-        if self.config.data.dataset:
-            data = self.config.resolve(self.config.data.dataset)
-            folder = data if data.is_dir() else data.parent
-            # Its mode, not only access: root may write anywhere, but a folder whose owner took its write
-            # bits away (a shared, read-only data set) is not opro's to add files to.
-            writable = os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
-            (copies if writable else also_read).append(folder / LEDGER_FILE)
-        return DecisionLedger(user / LEDGER_FILE, origin=f"output folder {self.run_dir.root}", copies=copies,
-                              also_read=also_read)
+        data = self.config.data.dataset
+        return DecisionLedger.of_user(self.config.call_cache_path.parent, origin=f"output folder {self.run_dir.root}",
+                                      dataset=self.config.resolve(data) if data else None)
 
     @property
     def dataset_dir(self) -> Path:
@@ -448,10 +448,10 @@ class Experiment:
 
     def _score_settings(self) -> dict[str, str]:
         """The fingerprint but the search space (which bootstrapping its demonstrations would answer)."""
+        from opro.llm.choices import in_play
         from opro.redaction import redact
 
-        cfg = self.config
-        ds = self.dataset
+        cfg, ds = self.config, self.dataset
         assert ds.split is not None
         out: dict[str, str] = {
             "dataset.hash": ds.content_hash,
@@ -465,6 +465,9 @@ class Experiment:
                 # served, not which model: the same model on another port or host resumes.
                 if k not in UNSCORED_SPEC_KEYS:
                     out[f"models.{role}.{k}"] = str(v)
+        out.update({f"models.task_model.{n}": json.dumps({k: v for k, v in redact(s.safe_dict()).items() if k not in
+                    UNSCORED_SPEC_KEYS}, sort_keys=True, default=str)  # the searched task models' tables, one each
+                    for n, s in in_play(cfg).items() if s != self.spec("task")})
         for section in ("rag", "judge"):
             for k, v in vars(getattr(cfg, section)).items():
                 out[f"{section}.{k}"] = str(redact(v) if not hasattr(v, "__dataclass_fields__") else redact(vars(v)))
@@ -487,7 +490,6 @@ class Experiment:
 
     def _study_exists(self) -> bool:
         from opro.search.study import SearchStudy
-
         return SearchStudy.load(self._storage(), name=self.config.study_name) is not None
 
     def archive_study(self) -> str | None:
@@ -517,7 +519,7 @@ class Experiment:
         trackers = search_recorders(self, run_dir=self.run_dir, params=self.run_params() if worker_index == 0 else None,
                                     worker_index=worker_index, num_workers=num_workers)
         summary = _SummaryWriter(self, recorded_by=trackers, split_record=split_record)
-        return [RunDirRecorder(self.run_dir, cost=self.config.cost_model()), summary, *trackers]
+        return [RunDirRecorder(self.run_dir, cost=self.cost_model()), summary, *trackers]
 
     def open_study(self) -> SearchStudy:
         """The config's study (created on the first run), refused when it was scored under other settings."""
@@ -537,7 +539,7 @@ class Experiment:
         cfg = self.config
         scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
                                  task_slots=self.client("task").llm.max_concurrency, space=self.search_space,
-                                 cost=cfg.cost_model())
+                                 cost=self.cost_model())
         self._scorer = scorer  # what candidate_template resolves names with (the validation traces)
         proposer = make_proposer(settings=cfg.optimizer, llm=self.client("optimizer"),
                                  template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)
@@ -609,22 +611,8 @@ class Experiment:
         from opro.data.dataset import split_record
 
         record = split_record(self.dataset, extension=self.extension_set())
-        path = self.run_dir.split_record
-        if path.is_file() and self._study_exists():
-            # The study's record stands: a changed split is refused by the fingerprint check, and
-            # overwriting the record first would let compare's guard accept the new split.
-            kept: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-            # A record kept from before the validation could extend (or with a smaller pool) gains the
-            # questions this run may ask: the guard only ever learns more, never less.
-            for part in ("questions", "normalized"):
-                have = list((kept.get(part) or {}).get("extension") or [])
-                more = [x for x in (record.get(part) or {}).get("extension") or [] if x not in have]
-                if more:
-                    kept.setdefault(part, {})["extension"] = have + more
-            self.run_dir.write_split_record(kept)
-            return kept
-        self.run_dir.write_split_record(record)
-        return record
+        return self.run_dir.keep_split_record(record, kept_stands=self.run_dir.split_record.is_file()
+                                              and self._study_exists())
 
     def close(self) -> None:
         self.models.close()

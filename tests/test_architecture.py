@@ -322,13 +322,13 @@ def test_the_split_names_are_listed_once() -> None:
     from opro.heldout.report import SPLITS
 
     assert tuple(reversed(SPLIT_NAMES)) == SPLITS
-    assert _copies("split names", SPLIT_NAMES, "opro/config.py") == []
+    assert _copies("split names", SPLIT_NAMES, "opro/config/__init__.py") == []
 
 
 def test_the_score_sources_are_listed_once() -> None:
     from opro.judges import SCORE_SOURCES
 
-    assert _copies("score sources", SCORE_SOURCES, "opro/config.py") == []
+    assert _copies("score sources", SCORE_SOURCES, "opro/config/__init__.py") == []
 
 
 def test_the_extra_metrics_are_named_by_the_metrics_themselves() -> None:
@@ -375,7 +375,7 @@ def test_usage_records_name_the_fields_of_role_usage() -> None:
 
 def test_the_list_scan_finds_a_copy() -> None:
     """The scans above can fail: a retyped list is found where it stands."""
-    assert any(items == frozenset({"reply", "logits", "auto"}) and where.startswith("opro/config.py")
+    assert any(items == frozenset({"reply", "logits", "auto"}) and where.startswith("opro/config/__init__.py")
                for where, items in _string_lists())
     assert _copies("score sources", ("reply", "logits", "auto"), "opro/judges/parsing.py")
 

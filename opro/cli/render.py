@@ -95,7 +95,7 @@ def _candidates_table(result: OptimizationResult, *, measure: str) -> tuple[Any,
         table.add_column(col, justify="left" if col in ("#", "status") else "right", no_wrap=col == "#")
     texts: list[tuple[str, str]] = []
     for i, r in enumerate(result.history, start=1):
-        cost = "n/a" if r.cost is None else f"{r.cost.cost:,.3g}" if r.cost.unit == "usd" else f"{r.cost.cost:,.0f}"
+        cost = "n/a" if r.cost is None else f"{r.cost.cost:,.3g}" if r.cost.unit != "tokens" else f"{r.cost.cost:,.0f}"
         versus = ("" if r is initial else "n/a" if r.cost is None or not base else f"{r.cost.cost / base - 1:+.0%}")
         asked = r.n_scored + r.n_invalid + r.n_errors
         status = (f"pruned after {asked} q" if r.status == "pruned" else r.status

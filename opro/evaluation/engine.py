@@ -142,6 +142,7 @@ def judge_answer(judge: Any, metrics: Sequence[Any], answered: Answered) -> Eval
         prompt_tokens=int(getattr(completion, "prompt_tokens", 0) or 0),
         completion_tokens=int(getattr(completion, "completion_tokens", 0) or 0),
         latency_s=float(getattr(completion, "latency_s", 0.0) or 0.0),
+        model=getattr(completion, "model", None) or None,
     )
 
 

@@ -65,6 +65,9 @@ class EvaluationRow:
     completion_tokens: int = 0
     latency_s: float = 0.0
     error: str | None = None
+    #: The task model that answered (its name as the backend gives it): what prices the answer
+    #: (:mod:`opro.program.cost`) where several models answer.
+    model: str | None = None
 
     @property
     def scored(self) -> bool:

@@ -8,6 +8,7 @@ modules that run on it), so :mod:`opro.heldout.compare`, :mod:`opro.calibration.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from opro.llm.cache import CallCache
     from opro.llm.client import ChatClient, UsageLedger
     from opro.llm.pool import ModelSpec
+    from opro.program.cost import CostModel
     from opro.program.prompts import QATemplate
     from opro.program.rag import RAGProgram
 
@@ -52,8 +54,13 @@ class Workbench(Protocol):
         attempts, shared by every output folder and copy of that dataset."""
         ...
 
-    def client(self, role: str) -> ChatClient:
-        """The chat client of ``role`` ("task", "judge", ...), over the shared cache and ledger."""
+    def client(self, role: str, *, task_model: str | None = None) -> ChatClient:
+        """The chat client of ``role`` ("task", "judge", ...), over the shared cache and ledger; with
+        ``task_model``, the client of the task model the config calls so."""
+        ...
+
+    def cost_model(self, names: Sequence[str] = ()) -> CostModel:
+        """What an answer costs when the task models in play and ``names`` may answer."""
         ...
 
     def spec(self, role: str) -> ModelSpec: ...

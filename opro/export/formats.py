@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from opro.errors import ConfigError, PromptError
 from opro.heldout.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
 from opro.llm import ROLES
-from opro.program.dimensions import DIMENSIONS, Value, dimension
+from opro.program.configurations import settings_text
+from opro.program.dimensions import DIMENSIONS, Value, dimension, model_of
 from opro.program.prompts import TEMPLATE_VARIABLES, QATemplate
 from opro.redaction import redact
 from opro.tracking.records import CommandRecord, Recorded
@@ -77,11 +78,15 @@ def export_record(prompt: ResolvedPrompt, result: ExportResult) -> CommandRecord
                          files={path: "export" for path in result.paths})
 
 
-def _models_from_config(config: OproConfig) -> dict[str, dict[str, Any]]:
+def _models_from_config(config: OproConfig, *, task_model: str | None = None) -> dict[str, dict[str, Any]]:
+    """Each role's model; the task's is the one the prompt was scored with (its ``task_model``, by name)."""
     out = {}
     for role in ROLES:
-        spec = getattr(config.models, role).safe_dict()
+        table = config.task_models().get(task_model) if role == "task" and task_model else None
+        spec = (table or getattr(config.models, role)).safe_dict()
         out[role] = {k: spec[k] for k in ("backend", "model", "base_url") if spec.get(k) is not None}
+        if table is not None:
+            out[role]["name"] = task_model
     return out
 
 
@@ -141,7 +146,7 @@ def provenance(prompt: ResolvedPrompt, *, config: OproConfig | None = None) -> d
     info: dict[str, Any] = {k: v for k, v in prompt.provenance.items() if v is not None or k == "gain"}
     info["kind"] = prompt.kind
     if config is not None:
-        info["models"] = _models_from_config(config)
+        info["models"] = _models_from_config(config, task_model=model_of(prompt.template.setting))
         info["config"] = config.source
     elif prompt.run_dir is not None and info.get("mlflow_run_id"):
         models = _models_from_run(prompt.run_dir, str(info["mlflow_run_id"]))
@@ -300,6 +305,8 @@ def _dspy_snippet(prompt: ResolvedPrompt) -> str:
         f"OproQA = dspy.Signature(\n    {DSPY_SIGNATURE!r},\n    instructions={prompt.instruction!r},\n)\n\n"
         "qa = dspy.Predict(OproQA)\n"
         + (f"qa.demos = [dspy.Example(**d) for d in {demos!r}]\n" if demos else "")
+        # The settings it was scored with, the task model among them: what to build the program with.
+        + (f"# scored with: {settings_text(prompt.template.settings)}\n" if prompt.template.settings else "")
         + "# qa(context=..., question=...).answer\n"
     )
 

@@ -37,7 +37,7 @@ from opro.heldout.report import (
 from opro.heldout.sources import ResolvedPrompt, resolve_prompt
 from opro.judges.factory import make_extra_metrics
 from opro.program.cost import CostModel, paired_difference
-from opro.program.dimensions import DIMENSIONS
+from opro.program.dimensions import DIMENSIONS, model_of
 from opro.stats.noninferiority import check_margin, holm_noninferiority, noninferiority
 from opro.stats.paired import compare_paired, holm_family, t_mean_ci
 from opro.tracking.records import CommandRecord, CommandRecorder, EvaluatedPrompt, Recorded, record_all
@@ -96,7 +96,7 @@ def compare_prompts(
     metrics = [m for m in extra_metrics if not isinstance(m, str)]
     metrics += make_extra_metrics([m for m in extra_metrics if isinstance(m, str)],
                                   judge_client=lambda: experiment.client("judge"))
-    cost_model: CostModel = cfg.cost_model()
+    cost_model = experiment.cost_model([m for p in resolved if (m := model_of(p.template.setting))])
     logger.info("evaluating %d prompts on %d %s questions", len(resolved), len(examples), split)
     # All prompts in one stream: the endpoints stay busy instead of draining between prompts. No answer
     # is decoded in a batch with another prompt's: a prompt's score must not depend on what it is

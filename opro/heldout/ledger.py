@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -156,6 +157,21 @@ class DecisionLedger:
         self.origin = origin
         self.copies = tuple(Path(c) for c in copies if Path(c) != self.path)
         self.also_read = tuple(Path(c) for c in also_read if Path(c) not in (self.path, *self.copies))
+
+    @classmethod
+    def of_user(cls, folder: Path, *, dataset: Path | None, origin: str) -> DecisionLedger:
+        """The user's ledger in ``folder`` (beside the call cache), with a copy beside ``dataset`` (in the
+        file's folder, or the dataset folder) that is read and written too; one in a folder opro cannot
+        write, or read-only by its mode, is only read."""
+        copies: list[Path] = []
+        also_read: list[Path] = []
+        if dataset is not None:
+            where = dataset if dataset.is_dir() else dataset.parent
+            # Its mode, not only access: root may write anywhere, but a folder whose owner took its write
+            # bits away (a shared, read-only data set) is not opro's to add files to.
+            writable = os.access(where, os.W_OK) and bool(where.stat().st_mode & 0o222)
+            (copies if writable else also_read).append(where / LEDGER_FILE)
+        return cls(folder / LEDGER_FILE, origin=origin, copies=copies, also_read=also_read)
 
     @property
     def files(self) -> tuple[Path, ...]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.config import SPLIT_NAMES, SplitName
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
-from opro.program.cost import CostDifference, CostSummary
+from opro.program.cost import CostDifference, CostSummary, amount
 from opro.program.dimensions import Value
 from opro.stats.noninferiority import NonInferiority
 from opro.stats.paired import ConfidenceInterval, PairedComparison
@@ -425,24 +425,17 @@ def _cost_cells(p: PromptScores, v: VersusBaseline | None) -> list[str]:
     def diff(text: str) -> str:
         return "" if v is None else "identical" if v.identical else "n/a" if d is None else text
 
-    usd = c is not None and c.unit == "usd"
+    unit = "tokens" if c is None else c.unit
     return [
-        "n/a" if c is None else _amount(c.cost, usd=usd),
-        diff("" if d is None else _amount(d.cost.estimate, usd=usd, signed=True) + (
-            "" if d.cost.ci is None else f" [{_amount(d.cost.ci[0], usd=usd, signed=True)}, "
-                                         f"{_amount(d.cost.ci[1], usd=usd, signed=True)}]")),
+        "n/a" if c is None else amount(c.cost, unit),
+        diff("" if d is None else amount(d.cost.estimate, unit, signed=True) + (
+            "" if d.cost.ci is None else f" [{amount(d.cost.ci[0], unit, signed=True)}, "
+                                         f"{amount(d.cost.ci[1], unit, signed=True)}]")),
         "n/a" if c is None else f"{c.prompt_tokens + c.completion_tokens:.0f} ({c.completion_tokens:.0f} out)",
         "n/a" if c is None else f"{c.seconds:.2f}",
         diff("" if d is None else d.tokens.text(0)),
         diff("" if d is None else d.seconds.text(2)),
     ]
-
-
-def _amount(x: float, *, usd: bool, signed: bool = False) -> str:
-    """A cost: USD to three significant digits (``$0.000123``), weighted tokens whole (``1,234``)."""
-    if usd:
-        return ("-" if x < 0 else "+" if signed else "") + f"${abs(x):.3g}"
-    return f"{x:+,.0f}" if signed else f"{x:,.0f}"
 
 
 def _under(cell: str) -> str:

@@ -328,7 +328,7 @@ class OproRAG(dspy.Module):  # type: ignore[misc]
         self._template = template
         # The same options as RAGProgram.answer, so both ask the task model the same call (one cache entry).
         max_tokens = template.answer_max_tokens or program.max_tokens
-        self.generate.set_lm(lm or OproLM(program.llm, temperature=program.temperature, max_tokens=max_tokens))
+        self.generate.set_lm(lm or OproLM(program.client_for(template), temperature=program.temperature, max_tokens=max_tokens))
 
     @property
     def instruction(self) -> str:

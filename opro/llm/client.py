@@ -236,6 +236,8 @@ class UsageLedger:
         self._prices = dict(DEFAULT_PRICES if prices is None else prices)
         self._lock = threading.Lock()
         self._by_role: dict[str, RoleUsage] = {}
+        # The same by role and model: a role several models serve (the task models of a search).
+        self._by_model: dict[tuple[str, str], RoleUsage] = {}
         self._logs: list[CallLog] = []
 
     @contextmanager
@@ -254,22 +256,31 @@ class UsageLedger:
             if key is not None:
                 for log in self._logs:
                     log.add(role, key, cached=completion.cached)
-            usage = self._by_role.setdefault(role, RoleUsage())
-            if completion.cached:
-                usage.cache_hits += 1
-                return
-            usage.calls += 1
-            usage.prompt_tokens += completion.prompt_tokens
-            usage.completion_tokens += completion.completion_tokens
-            usage.wall_s += completion.latency_s
-            price = self._prices.get(completion.model)
-            if price is not None:
-                cost = (completion.prompt_tokens * price.prompt + completion.completion_tokens * price.completion) / 1e6
-                usage.cost_usd = (usage.cost_usd or 0.0) + cost
+            for usage in (self._by_role.setdefault(role, RoleUsage()),
+                          self._by_model.setdefault((role, completion.model), RoleUsage())):
+                self._add(usage, completion)
+
+    def _add(self, usage: RoleUsage, completion: Completion) -> None:
+        if completion.cached:
+            usage.cache_hits += 1
+            return
+        usage.calls += 1
+        usage.prompt_tokens += completion.prompt_tokens
+        usage.completion_tokens += completion.completion_tokens
+        usage.wall_s += completion.latency_s
+        price = self._prices.get(completion.model)
+        if price is not None:
+            cost = (completion.prompt_tokens * price.prompt + completion.completion_tokens * price.completion) / 1e6
+            usage.cost_usd = (usage.cost_usd or 0.0) + cost
 
     def snapshot(self) -> dict[str, RoleUsage]:
         with self._lock:
             return {role: replace(u) for role, u in self._by_role.items()}
+
+    def by_model(self) -> dict[tuple[str, str], RoleUsage]:
+        """Usage by (role, model name as the answers carry it)."""
+        with self._lock:
+            return {key: replace(u) for key, u in self._by_model.items()}
 
     def total_calls(self) -> int:
         with self._lock:
@@ -369,7 +380,15 @@ class ChatClient:
     usage: UsageLedger = field(default_factory=UsageLedger)
     #: Base seed; a call's seed is ``seed + sample_index`` so k samples differ but reproduce.
     seed: int = 0
+    #: The limit this client's calls count against (None: its backend's, :attr:`LLM.slots`): the
+    #: models of one role on one endpoint share one (:class:`opro.llm.factory.ClientFactory`).
+    limit: threading.BoundedSemaphore | None = field(default=None, repr=False, compare=False)
     _inflight: _InFlight = field(default_factory=_InFlight, repr=False, compare=False)
+
+    @property
+    def slots(self) -> threading.BoundedSemaphore:
+        """What a call of this client holds while the backend answers it."""
+        return self.limit if self.limit is not None else self.llm.slots
 
     def _options(
         self,
@@ -453,7 +472,7 @@ class ChatClient:
     def _ask(self, msgs: tuple[Message, ...], opts: GenerationOptions, key: str) -> Completion:
         started = time.perf_counter()
         try:
-            with self.llm.slots:
+            with self.slots:
                 result = self.llm.generate(msgs, opts)
             return self._store(key, result, started)
         except LLMError as exc:
@@ -479,7 +498,7 @@ class ChatClient:
         missing = list(first.values())
         if missing:
             started = time.perf_counter()
-            with self.llm.slots:
+            with self.slots:
                 results = self.llm.generate_many([prepared[i][:2] for i in missing])
             for i, result in zip(missing, results, strict=True):
                 if isinstance(result, LLMError):
@@ -502,7 +521,7 @@ class ChatClient:
         if hit is not None:
             return hit
         started = time.perf_counter()
-        slots = self.llm.slots
+        slots = self.slots
         # Never block the event loop on the backend's limit: poll for a free slot.
         while not slots.acquire(blocking=False):
             await asyncio.sleep(0.002)
@@ -533,7 +552,7 @@ class ChatClient:
     def _ask_choice(self, msgs: tuple[Message, ...], key: str, *, prefix: str, choices: tuple[str, ...]) -> Completion:
         started = time.perf_counter()
         try:
-            with self.llm.slots:
+            with self.slots:
                 result = self.llm.choice_logprobs(msgs, prefix=prefix, choices=choices)
             return self._store(key, result, started)
         except LLMError as exc:

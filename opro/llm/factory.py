@@ -6,6 +6,7 @@ name their models on the command line (``opro dataset generate``, ``opro judge a
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from opro.llm.cache import CallCache
@@ -40,12 +41,21 @@ class ClientFactory:
         self.seed = seed
         #: Where each model's measured speed is kept on close (:mod:`opro.llm.rates`); None: not kept.
         self.rates = rates
-        self._specs: dict[str, ModelSpec] = {}
+        # Each client's spec by role and the model name its answers carry (a role may have several models).
+        self._specs: dict[tuple[str, str], ModelSpec] = {}
+        # The limit each role's calls to an endpoint count against: its first model's there.
+        self._limits: dict[tuple[str, str], threading.BoundedSemaphore] = {}
 
     def client(self, spec: ModelSpec, *, role: str, kind: type[ChatClient] = ChatClient) -> ChatClient:
-        """A client of ``spec`` for ``role``; ``kind`` a :class:`ChatClient` subclass (a budgeted one)."""
-        self._specs[role] = spec
-        return kind(self.pool.get(spec), role=role, cache=self.cache, usage=self.usage, seed=self.seed)
+        """A client of ``spec`` for ``role``; ``kind`` a :class:`ChatClient` subclass (a budgeted one).
+
+        The models of one role on one server (the task models a search chooses among) share the
+        concurrency limit of that role's first model there: two models on one endpoint do not double
+        what it is sent."""
+        llm = self.pool.get(spec)
+        self._specs[(role, llm.model)] = spec
+        limit = self._limits.setdefault((role, str(spec.base_url)), llm.slots) if spec.backend == "openai" else None
+        return kind(llm, role=role, cache=self.cache, usage=self.usage, seed=self.seed, limit=limit)
 
     def measured(self) -> dict[str, dict[str, float]]:
         """This factory's calls so far per model (:func:`opro.llm.rates.rate_key`), its roles added up;
@@ -53,8 +63,8 @@ class ClientFactory:
         from opro.llm.rates import rate_key
 
         out: dict[str, dict[str, float]] = {}
-        for role, u in self.usage.snapshot().items():
-            spec = self._specs.get(role)
+        for (role, model), u in self.usage.by_model().items():
+            spec = self._specs.get((role, model))
             if spec is None or spec.backend == "scripted":
                 continue
             got = out.setdefault(rate_key(spec.backend, spec.model), dict.fromkeys(

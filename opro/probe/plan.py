@@ -38,9 +38,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
+from opro.llm.choices import in_play
+from opro.llm.pool import ModelSpec
 from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
 from opro.program.configurations import changed, settings_text
-from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values
+from opro.program.cost import amount
+from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values, model_of
 from opro.search.validation_sizes import confirmation_looks, split_sizes
 from opro.stats.sequential import design_power, min_questions
 from opro.tracking.rundir import RunDir
@@ -174,10 +177,11 @@ class CostPlan:
 
     def lines(self, *, power: float, alpha: float) -> list[str]:
         def fmt(c: ChoiceCost) -> str:
-            cost = f"${c.cost:.3g}" if self.unit == "usd" else f"weighted {c.cost:,.0f}"
+            cost = amount(c.cost, self.unit) if self.unit != "tokens" else f"weighted {c.cost:,.0f}"
             return f"{c.prompt_tokens + c.completion_tokens:,.0f} tokens ({cost})"
 
-        what = "USD" if self.unit == "usd" else f"task tokens, completion x{self.completion_weight:g}"
+        what = {"usd": "USD", "seconds": "task seconds at each model's seconds per token"}.get(
+            self.unit, f"task tokens, completion x{self.completion_weight:g}")
         out = [f"cost per answer (estimated from prompt lengths, {what}): initial configuration {fmt(self.initial)}"]
         dims = dict.fromkeys(c.dimension for c in self.choices)
         for d in dims:
@@ -442,23 +446,34 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None,
         "optimizer": (250 + 25 * min(config.optimizer.max_history, 6) + 40 * config.optimizer.exemplars, 75.0),
         "generator": (80 + 0.8 * rag.chunk_size, 20.0 * config.data.questions_per_chunk + 15),
     }[role]
+    specs = dict(in_play(config)) if role == "task" else {role: spec}
+    if len(specs) == 1:
+        return (prompt, completion, *_call_seconds(spec, prompt, completion, rates))
+    # Several task models answer (the sampler spreads the candidates over them): their mean, each one's said.
+    per = {name: _call_seconds(s, prompt, completion, rates) for name, s in specs.items()}
+    return (prompt, completion, statistics.fmean(t for t, _ in per.values()),
+            "; ".join(f"{name}: {t:.1f} s ({said})" for name, (t, said) in per.items()))
+
+
+def _call_seconds(spec: ModelSpec, prompt: float, completion: float,
+                  rates: Mapping[str, MeasuredRate]) -> tuple[float, str]:
+    """Seconds of one call of ``spec``'s model with these tokens, and where they come from."""
     if spec.backend == "scripted":
-        return prompt, completion, 0.0, "scripted: no time"
+        return 0.0, "scripted: no time"
     here = rates.get(rate_key(spec.backend, spec.model))
     when = "" if here is None else f"{here.calls} calls on {here.measured[:10]}"
     if spec.backend == "openai":
         slots = spec.max_concurrency or 4
         if here is not None:
-            return (prompt, completion, here.latency / slots,
-                    f"measured here: {here.latency:.1f} s per call ({when}) over {slots} slots")
-        return prompt, completion, _ENDPOINT_S / slots, f"assumed {_ENDPOINT_S:g} s per call over {slots} slots"
+            return here.latency / slots, f"measured here: {here.latency:.1f} s per call ({when}) over {slots} slots"
+        return _ENDPOINT_S / slots, f"assumed {_ENDPOINT_S:g} s per call over {slots} slots"
     size = "0.5b" if "0.5b" in spec.model.lower() else "1.5b"
     prefill, decode = _EMBEDDED_SPEED[size]
     if here is not None:
         # The default's shape (prefill against decode), at the speed this model measured on this machine.
-        return (prompt, completion, here.seconds_per_call(prompt, completion, prefill=prefill, decode=decode),
+        return (here.seconds_per_call(prompt, completion, prefill=prefill, decode=decode),
                 f"measured here: {when}, {here.factor(prefill=prefill, decode=decode):.1f}x the idle default")
-    return (prompt, completion, prompt / prefill + completion / decode,
+    return (prompt / prefill + completion / decode,
             f"default for a {size.upper()} embedded model on 2 idle cores; nothing measured here yet")
 
 
@@ -481,8 +496,9 @@ def answer_cost(config: OproConfig, values: Mapping[str, Any]) -> float:
     values of the dimensions (the others: the initial configuration's): the prompt-length estimate of
     :func:`_task_tokens`. The plan prices each choice with it and the search's first moves
     (:func:`opro.search.space.first_moves`) order the choices by it: one price for both."""
-    prompt, completion = _task_tokens(config, {**initial_values(config), **values})
-    return config.cost_model().of(prompt_tokens=prompt, completion_tokens=completion)
+    full = {**initial_values(config), **values}
+    prompt, completion = _task_tokens(config, full)
+    return config.cost_model().of(prompt_tokens=prompt, completion_tokens=completion, model=model_of(full.get))
 
 
 def first_moves_of(config: OproConfig) -> list[dict[str, Value]]:
@@ -504,7 +520,8 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
 
     def at(values: Mapping[str, Any], dimension: str = "initial", value: Value = 0) -> ChoiceCost:
         prompt, completion = _task_tokens(config, values)
-        return ChoiceCost(dimension, value, prompt, completion, model.of(prompt_tokens=prompt, completion_tokens=completion))
+        return ChoiceCost(dimension, value, prompt, completion,
+                          model.of(prompt_tokens=prompt, completion_tokens=completion, model=model_of(values.get)))
 
     space = config.search.space.dimensions
     base = at(initial)

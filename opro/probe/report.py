@@ -81,7 +81,7 @@ class ProbeResult:
 
     def sections(self) -> list[tuple[str, list[str]]]:
         """The report as (title, lines), the effects' grid first; long text outside the grid."""
-        unit = "USD" if self.initial.cost_unit == "usd" else "weighted task tokens"
+        unit = {"usd": "USD", "seconds": "task seconds"}.get(self.initial.cost_unit, "weighted task tokens")
         wording = [f"{e.label}: {e.instruction or '(none)'}" for e in self.effects if e.dimension in ("wording", "format")]
         wording += [f"{e.label}: {e.value} (the search's step-0 combination of its first moves)"
                     for e in self.effects if e.dimension == TOGETHER]

@@ -66,7 +66,7 @@ class Saving:
 
 
 def _amount(x: float, unit: str) -> str:
-    return f"{x:+.3g}" if unit == "usd" else f"{round(x) + 0:+d}"
+    return f"{x:+.3g}" if unit in ("usd", "seconds") else f"{round(x) + 0:+d}"
 
 
 def saving_of(rows: Sequence[EvaluationRow], base: Sequence[EvaluationRow], *, model: CostModel) -> Saving | None:

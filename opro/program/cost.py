@@ -6,6 +6,13 @@ ledger's built-in table), otherwise *task tokens*, prompt + ``completion_weight`
 because decoding a token is slower and dearer than reading one (``[optimizer].completion_weight``).
 Only answered questions count: a failed call has no answer, so it has no cost per answer either;
 an answer the judge could not read was still paid for, so it counts.
+
+Where several task models answer (``[search.space].task_model``, ``opro compare --set task_model=...``),
+tokens alone would call a 0.5B and a 1.5B model equally cheap: each answer is priced by the model that
+gave it (its name is on the answer), in USD where every one of them has prices, else in *task seconds*:
+its prompt and completion tokens at that model's own seconds per prompt and per completion token,
+measured on this machine back to back with the others (:mod:`opro.llm.speed`). The wall seconds of an
+answer are no measure (a cached answer keeps the seconds of the load it was first made under).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-CostUnit = Literal["usd", "tokens"]
+CostUnit = Literal["usd", "tokens", "seconds"]
 
 
 class AnsweredCall(Protocol):
@@ -30,6 +37,28 @@ class AnsweredCall(Protocol):
     def latency_s(self) -> float: ...
     @property
     def error(self) -> str | None: ...
+
+
+def _model_of(row: AnsweredCall) -> str | None:
+    """The model that answered ``row`` (rows from before answers named it: None, the default model)."""
+    model = getattr(row, "model", None)
+    return model if isinstance(model, str) and model else None
+
+
+def amount(value: float, unit: str, *, signed: bool = False) -> str:
+    """A cost as a figure or a table shows it: USD to three significant digits (``$0.000123``), task
+    seconds to three (``0.412 s``), weighted tokens whole (``1,234``)."""
+    sign = "-" if value < 0 else "+" if signed else ""
+    if unit == "usd":
+        return f"{sign}${abs(value):.3g}"
+    if unit == "seconds":
+        return f"{sign}{abs(value):.3g} s"
+    return f"{value:+,.0f}" if signed else f"{value:,.0f}"
+
+
+def parse_unit(text: Any) -> CostUnit:
+    """A unit as stored (``summary.json``, the study): unknown ones, from before units were named, are tokens."""
+    return "usd" if text == "usd" else "seconds" if text == "seconds" else "tokens"
 
 
 @dataclass(frozen=True)
@@ -51,16 +80,41 @@ class CostSummary:
     def from_dict(cls, data: Mapping[str, Any]) -> CostSummary:
         return cls(n=int(data["n"]), prompt_tokens=float(data["prompt_tokens"]),
                    completion_tokens=float(data["completion_tokens"]), seconds=float(data["seconds"]),
-                   cost=float(data["cost"]), unit="usd" if data.get("unit") == "usd" else "tokens")
+                   cost=float(data["cost"]), unit=parse_unit(data.get("unit")))
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one task model's tokens cost, in its :class:`CostModel`'s unit: USD, or seconds measured here."""
+
+    #: The model's name as its answers carry it (:attr:`opro.llm.client.Completion.model`).
+    model: str
+    prompt: float
+    completion: float
+    #: Where the figures come from ("prices", "calibrated here on DATE", "default: ...").
+    basis: str = ""
+    #: The name the config gives it (``task``, ``0.5b``, a ``[models.task_choices]`` table's).
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.prompt) and math.isfinite(self.completion)) or min(self.prompt, self.completion) < 0:
+            raise ValueError(f"{self.model}: a cost per token must be a number >= 0, got {self.prompt!r}, "
+                             f"{self.completion!r}")
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """How tokens become a cost. Prices in USD per million tokens (both or neither)."""
+    """How tokens become a cost. Prices in USD per million tokens (both or neither): one task model's.
+
+    With ``models`` (several task models), each answer is priced by the model that gave it, per token in
+    ``models_unit`` (USD, or seconds measured here); the first is the initial configuration's, which
+    also prices an answer that names no model."""
 
     price_prompt: float | None = None
     price_completion: float | None = None
     completion_weight: float = 4.0
+    models: tuple[ModelCost, ...] = ()
+    models_unit: Literal["usd", "seconds"] = "seconds"
 
     def __post_init__(self) -> None:
         if (self.price_prompt is None) != (self.price_completion is None):
@@ -70,26 +124,56 @@ class CostModel:
 
     @property
     def unit(self) -> CostUnit:
+        if self.models:
+            return self.models_unit
         return "tokens" if self.price_prompt is None else "usd"
 
     @property
     def measure(self) -> str:
-        """The cost measure in words, as a figure or a column names it: ``USD``, or ``weighted task
-        tokens (prompt + 4 x completion)``."""
+        """The cost measure in words, as a figure or a column names it: ``USD``, ``weighted task
+        tokens (prompt + 4 x completion)`` or ``task seconds (each model's tokens at its seconds per
+        token measured here)``."""
         if self.unit == "usd":
             return "USD"
+        if self.unit == "seconds":
+            return "task seconds (each model's tokens at its seconds per token measured here)"
         return f"weighted task tokens (prompt + {self.completion_weight:g} x completion)"
 
-    def of(self, *, prompt_tokens: float, completion_tokens: float) -> float:
-        """One answer's cost: USD with prices, else weighted task tokens."""
+    @property
+    def short(self) -> str:
+        """The unit in a few words, for a line of text: ``USD``, ``task tokens, completion x4``, ``task seconds``."""
+        return {"usd": "USD", "seconds": "task seconds at measured rates"}.get(
+            self.unit, f"task tokens, completion x{self.completion_weight:g}")
+
+    def model_cost(self, model: str | None) -> ModelCost | None:
+        """``model``'s figures (its answers' name, or the name the config gives it); the first model's for
+        None or a model not listed; None with one model."""
+        if not self.models:
+            return None
+        return next((m for m in self.models if model in (m.model, m.name)), self.models[0])
+
+    def of(self, *, prompt_tokens: float, completion_tokens: float, model: str | None = None) -> float:
+        """One answer's cost: USD with prices, else weighted task tokens; with several models, at the
+        figures of ``model`` (the one that answered)."""
+        per = self.model_cost(model)
+        if per is not None:
+            return prompt_tokens * per.prompt + completion_tokens * per.completion
         if self.price_prompt is not None and self.price_completion is not None:
             return (prompt_tokens * self.price_prompt + completion_tokens * self.price_completion) / 1e6
         return prompt_tokens + self.completion_weight * completion_tokens
 
+    def of_call(self, row: AnsweredCall) -> float:
+        """What the answered call ``row`` cost (at the figures of the model that gave it)."""
+        return self.of(prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens, model=_model_of(row))
+
     def per_answer(self, rows: Iterable[AnsweredCall]) -> list[float | None]:
         """Each row's cost, None where the call failed (no answer): what paired differences read."""
-        return [None if r.error is not None else self.of(prompt_tokens=r.prompt_tokens,
-                                                         completion_tokens=r.completion_tokens) for r in rows]
+        return [None if r.error is not None else self.of_call(r) for r in rows]
+
+    def describe(self) -> dict[str, Any]:
+        """The unit and each model's figures (what a study's costs were measured in: its fingerprint)."""
+        return {"unit": self.unit, "models": [[m.name or m.model, m.model, float(f"{m.prompt:.6g}"),
+                                               float(f"{m.completion:.6g}")] for m in self.models]}
 
     def summarize(self, rows: Iterable[AnsweredCall]) -> CostSummary | None:
         """Means over the answered rows; None when none was answered."""
@@ -101,8 +185,10 @@ class CostModel:
         return CostSummary(
             n=len(answered), prompt_tokens=prompt, completion_tokens=completion,
             seconds=statistics.fmean(r.latency_s for r in answered),
-            # The cost is linear in the tokens, so the cost of the means is the mean of the costs.
-            cost=self.of(prompt_tokens=prompt, completion_tokens=completion), unit=self.unit,
+            # The cost is linear in the tokens, so with one model the cost of the means is the mean of
+            # the costs; with several, each answer is priced at its own model's figures.
+            cost=statistics.fmean(self.of_call(r) for r in answered) if self.models
+            else self.of(prompt_tokens=prompt, completion_tokens=completion), unit=self.unit,
         )
 
 
@@ -188,9 +274,7 @@ def paired_difference(rows: Sequence[AnsweredCall], baseline: Sequence[AnsweredC
     def tokens(r: AnsweredCall) -> float:
         return float(r.prompt_tokens + r.completion_tokens)
 
-    def cost(r: AnsweredCall) -> float:
-        return model.of(prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens)
-
+    cost = model.of_call
     return CostDifference(
         tokens=_difference([tokens(a) - tokens(b) for a, b in pairs], level=level),
         seconds=_difference([a.latency_s - b.latency_s for a, b in pairs], level=level),
@@ -203,25 +287,27 @@ def paired_difference(rows: Sequence[AnsweredCall], baseline: Sequence[AnsweredC
 
 @dataclass(frozen=True)
 class CallUsage:
-    """An answered call's usage on its own (what the search keeps per question)."""
+    """An answered call's usage on its own (what the search keeps per question), and the model that
+    answered it (None: the default one)."""
 
     prompt_tokens: int
     completion_tokens: int
     latency_s: float
     error: str | None = None
+    model: str | None = None
 
     @classmethod
     def of(cls, row: AnsweredCall) -> CallUsage:
-        return cls(int(row.prompt_tokens), int(row.completion_tokens), float(row.latency_s), row.error)
+        return cls(int(row.prompt_tokens), int(row.completion_tokens), float(row.latency_s), row.error, _model_of(row))
 
-    def as_list(self) -> list[float]:
-        return [self.prompt_tokens, self.completion_tokens, self.latency_s]
+    def as_list(self) -> list[Any]:
+        return [self.prompt_tokens, self.completion_tokens, self.latency_s, *([self.model] if self.model else [])]
 
     @classmethod
     def from_list(cls, value: Any) -> CallUsage:
-        prompt, completion, seconds = value
-        return cls(int(prompt), int(completion), float(seconds))
+        prompt, completion, seconds, *model = value
+        return cls(int(prompt), int(completion), float(seconds), model=str(model[0]) if model else None)
 
 
 __all__ = ["AnsweredCall", "CallUsage", "CostDifference", "CostModel", "CostSummary", "CostUnit", "Difference",
-           "paired_difference"]
+           "ModelCost", "amount", "paired_difference", "parse_unit"]

@@ -4,9 +4,11 @@ As ``optuna/distributions.py`` is the one place that knows every kind of paramet
 one place that knows every dimension: its name, its kind (``int``, ``float`` or a ``choice`` of
 strings), its floor, its initial value (a ``[rag]`` key, else a default), where it applies (the
 template's content, or a setting the template carries for generation, for retrieval, or for the index
-it is retrieved from), its names in the export formats and its effect on an answer's tokens for the
-plan. The config, the search space, the experiment, the RAG program, the exports and the plan read
-it; none of them names a dimension in a list of its own.
+it is retrieved from, or the model that answers), its names in the export formats and its effect on an
+answer's tokens for the plan. A ``choice`` dimension's choices are fixed strings (the retriever kinds)
+or the names a config gives (the task models: ``choices_from``). The config, the search space, the
+experiment, the RAG program, the exports and the plan read it; none of them names a dimension in a
+list of its own.
 
 Adding a dimension is one :class:`Dimension` in :data:`DIMENSIONS`, then the behaviour in the module
 that implements it (an ``index`` dimension is a keyword of :func:`opro.program.retrieval.build_retriever`).
@@ -15,6 +17,7 @@ that implements it (an ``index`` dimension is a keyword of :func:`opro.program.r
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -26,8 +29,12 @@ Value = int | float | str
 Kind = Literal["int", "float", "choice"]
 #: ``template``: the template's own content (the demonstrations); ``generation``: the task model's
 #: call; ``retrieval``: a query's retrieval; ``index``: the index the corpus is retrieved from (each
-#: value its own index, built once: a keyword of :func:`opro.program.retrieval.build_retriever`).
-Applies = Literal["template", "generation", "retrieval", "index"]
+#: value its own index, built once: a keyword of :func:`opro.program.retrieval.build_retriever`);
+#: ``model``: the task model that answers (each value a model the config names, one client each).
+Applies = Literal["template", "generation", "retrieval", "index", "model"]
+#: What a name a config gives may look like (``small``, ``0.5b``, ``gpt-4o-mini``): it is written in a
+#: configuration's name (``{task_model=0.5b}``) and a TOML table's name, so no braces, commas, ``=`` or spaces.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
 @dataclass(frozen=True)
@@ -51,10 +58,15 @@ class Dimension:
     floor: float = 0
     #: The values a ``choice`` dimension takes.
     choices: tuple[str, ...] = ()
+    #: A ``choice`` dimension whose values are names the config gives: config -> those names (a template
+    #: may carry any name of :data:`NAME_PATTERN`; ``requires`` checks it against the config).
+    choices_from: Callable[[Any], Sequence[str]] | None = None
     #: The ``[rag]`` key that holds the initial configuration's value; None: :attr:`default`.
     rag_key: str | None = None
     #: The initial value where no ``[rag]`` key holds it (None: the program's own).
     default: Value | None = None
+    #: The initial value read from the config where neither a ``[rag]`` key nor a default holds it.
+    initial_from: Callable[[Any], Value] | None = None
     #: The keyword the behaviour takes the value by (``build_retriever(kind=...)``); None: the name.
     argument: str | None = None
     #: Its name in each export format (``{"llamaindex": "similarity_top_k"}``); absent: the name.
@@ -84,6 +96,8 @@ class Dimension:
     @property
     def expects(self) -> str:
         """The kind as an error names it."""
+        if self.choices_from is not None:
+            return "a name (letters, digits, '.', '_' or '-')"
         if self.kind == "choice":
             return "one of " + ", ".join(repr(c) for c in self.choices)
         what = "an integer" if self.kind == "int" else "a number"
@@ -106,13 +120,21 @@ class Dimension:
         return self.argument or self.name
 
     def initial(self, config: Any) -> Value | None:
-        """The initial configuration's value under ``config`` (its ``[rag]`` key, else the default)."""
-        return getattr(config.rag, self.rag_key) if self.rag_key else self.default
+        """The initial configuration's value under ``config`` (its ``[rag]`` key, else the default, else
+        what the config says)."""
+        if self.rag_key:
+            return getattr(config.rag, self.rag_key)  # type: ignore[no-any-return]
+        return self.initial_from(config) if self.initial_from is not None else self.default
+
+    def _known(self, value: Any) -> bool:
+        if self.choices_from is not None:  # a name the config gives: checked against it by ``requires``
+            return isinstance(value, str) and NAME_PATTERN.match(value) is not None
+        return value in self.choices
 
     def value_error(self, value: Any) -> str | None:
         """Why ``value`` is not one of this dimension's values, or None."""
         if self.kind == "choice":
-            return None if isinstance(value, str) and value in self.choices else f"must be {self.expects}"
+            return None if isinstance(value, str) and self._known(value) else f"must be {self.expects}"
         if isinstance(value, bool) or not isinstance(value, int | float) or (
                 self.kind == "int" and not isinstance(value, int)):
             return f"must be {'an integer' if self.kind == 'int' else 'a number'} ({self.name} is {self.kind_said})"
@@ -131,7 +153,7 @@ class Dimension:
         if self.kind == "float":
             ok = not isinstance(value, bool) and isinstance(value, int | float) and value > 0
             return None if ok else f"{self.name} must be a positive number or unset, got {value!r}"
-        return None if value in self.choices else f"{self.name} must be {self.expects} or unset, got {value!r}"
+        return None if self._known(value) else f"{self.name} must be {self.expects} or unset, got {value!r}"
 
     def coerce(self, value: Any) -> Value:
         """A stored value (Optuna's, a study's JSON) as this dimension's type."""
@@ -179,6 +201,28 @@ def _needs_embeddings(values: Sequence[Any], config: Any) -> str | None:
     return None
 
 
+def unknown_model(name: str, config: Any, *, where: str) -> str:
+    """Why ``name`` (at ``where``) names no task model of ``config``: what the choices are, by config key."""
+    models = config.task_models()
+    declared = [n for n, _ in config.models.task_choices]
+    builtin = [n for n in models if n != "task" and n not in declared]
+    return (f"{where} = {name!r} names no task model: use 'task' ([models.task]), a [models.task_choices.NAME] "
+            "table's name" + (f" ({', '.join(declared)})" if declared else "")
+            + f" or an embedded model's ({', '.join(builtin)})")
+
+
+def _known_models(values: Sequence[Any], config: Any) -> str | None:
+    models = config.task_models()
+    unknown = [v for v in values if v not in models]
+    if unknown:
+        return unknown_model(unknown[0], config, where="[search.space].task_model")
+    same = [(a, b) for i, a in enumerate(values) for b in values[i + 1:] if models[a] == models[b]]
+    if same:
+        return (f"[search.space].task_model lists {same[0][0]!r} and {same[0][1]!r}, which are the same model table: "
+                "list one of them")
+    return None
+
+
 #: Every dimension, in order (the order of the search space, of a prompt's settings and of the plan).
 DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("demos", "int", "worked examples from the exemplar split shown before the question (0: none)",
@@ -202,6 +246,15 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "hybrid (QueryFusionRetriever over both, mode='reciprocal_rerank')",
               cost_note="the same tokens for every kind: it changes which chunks are retrieved, not how many",
               plan_note="each retriever kind is indexed once, then kept", requires=_needs_embeddings),
+    Dimension("task_model", "choice", "the task model that answers: 'task' ([models.task]), a "
+              "[models.task_choices.NAME] table, or an embedded model by name with no table (0.5b, 1.5b)",
+              applies="model", choices_from=lambda config: tuple(config.task_models()),
+              initial_from=lambda config: config.initial_task_model(),
+              export_note="the task model it was scored with (opro's name for it; the model itself: the metadata's "
+              "provenance.models.task)",
+              cost_note="each model's tokens at its own prices, or at its own measured seconds per token",
+              plan_note="each model is loaded or reached once; without prices each one's speed is calibrated here",
+              requires=_known_models),
 )
 
 #: The dimensions a template carries as settings (beside its text), by name, in order.
@@ -221,10 +274,16 @@ def names() -> tuple[str, ...]:
     return tuple(_BY_NAME)
 
 
+def model_of(setting: Callable[[str], Any]) -> str | None:
+    """The task model a configuration is answered by: the value ``setting(name)`` gives the ``model``
+    dimension (a template's ``setting``, a dict's ``get``); None: the initial configuration's."""
+    return next((str(v) for d in DIMENSIONS if d.applies == "model" and (v := setting(d.name)) is not None), None)
+
+
 def initial_values(config: Any) -> dict[str, Value | None]:
     """Every dimension's initial value under ``config``."""
     return {d.name: d.initial(config) for d in DIMENSIONS}
 
 
 __all__ = ["DIMENSIONS", "SETTINGS", "Applies", "Dimension", "Kind", "Tokens", "Value", "dimension",
-           "initial_values", "names"]
+           "initial_values", "model_of", "names", "unknown_model"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from opro.errors import ConfigError, LLMError, PromptError
 from opro.llm import ChatClient, Completion, Message
-from opro.program.dimensions import DIMENSIONS
+from opro.program.dimensions import DIMENSIONS, model_of
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.program.retrieval import RetrievedContext, Retriever, retrieve_top
 from opro.progress import progress_bar
@@ -77,10 +77,13 @@ class RAGProgram:
         template: QATemplate | None = None,
         context_separator: str = CONTEXT_SEPARATOR,
         chunked: Callable[..., Retriever] | None = None,
+        models: Callable[[str], ChatClient] | None = None,
     ) -> None:
         """``chunked(**index)`` gives the retriever over the corpus indexed with these values of the
         ``index`` dimensions, the chunk size first (``chunked(256)``: chunked at that size; built once, kept): what
-        answers a template that sets one. Without it, such a template is refused."""
+        answers a template that sets one. Without it, such a template is refused. ``models(name)`` gives
+        the client of the task model a template names (its ``task_model`` setting); without it, such a
+        template is refused too."""
         if max_tokens <= 0:
             raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
         self.retriever = retriever
@@ -91,6 +94,7 @@ class RAGProgram:
         self.template = template or QATemplate()
         self.context_separator = context_separator
         self.chunked = chunked
+        self.models = models
 
     def retriever_for(self, template: QATemplate) -> Retriever:
         """The retriever over ``template``'s index (its chunking, ...: searched settings), else the program's."""
@@ -105,6 +109,16 @@ class RAGProgram:
             )
         size = index.pop("chunk_size", None)  # positional: a ``chunked(size)`` of one index dimension keeps working
         return self.chunked(**index) if size is None else self.chunked(size, **index)
+
+    def client_for(self, template: QATemplate) -> ChatClient:
+        """The client of the task model ``template`` is answered by (a searched setting), else the program's."""
+        name = model_of(template.setting)
+        if name is None:
+            return self.llm
+        if self.models is None:
+            raise PromptError(f"this prompt is answered by the task model {name!r}, but the program has one model: "
+                              "build it with models= (an experiment's program has it), or remove the prompt's model")
+        return self.models(name)
 
     def retrieve(self, query: str, *, template: QATemplate | None = None) -> tuple[RetrievedContext, ...]:
         """The contexts ``template`` is answered with: its own chunking and top_k over the program's."""
@@ -122,7 +136,7 @@ class RAGProgram:
 
     def answer(self, query: str, *, template: QATemplate | None = None) -> Answer:
         prompt, contexts = self.build_prompt(query, template=template)
-        completion = self.llm.complete(
+        completion = self.client_for(template or self.template).complete(
             [Message("user", prompt)], temperature=self.temperature,
             max_tokens=self._max_tokens(template or self.template),
         )
@@ -134,7 +148,7 @@ class RAGProgram:
         together over their shared prefix. Each call is cached on its own; a failed call gives its
         :class:`LLMError` in its place."""
         found: dict[tuple[Any, ...], tuple[RetrievedContext, ...]] = {}  # once per retrieval setting
-        calls, contexts = [], []
+        calls, contexts, clients = [], [], []
         for t in templates:
             key = tuple(t.setting(d.name) for d in DIMENSIONS if d.applies in ("index", "retrieval"))
             if key not in found:
@@ -143,9 +157,16 @@ class RAGProgram:
             context_str = self.context_separator.join(c.text for c in found[key])
             options = {"temperature": self.temperature, "max_tokens": self._max_tokens(t)}
             calls.append(([Message("user", t.format(context_str=context_str, query_str=query))], options))
+            clients.append(self.client_for(t))
+        # One batch per task model (each its own backend), the results back in the templates' order.
+        results: list[Completion | LLMError | None] = [None] * len(calls)
+        for client in {id(c): c for c in clients}.values():
+            mine = [i for i, c in enumerate(clients) if c is client]
+            for i, r in zip(mine, client.complete_many([calls[i] for i in mine]), strict=True):
+                results[i] = r
         return [
             r if isinstance(r, LLMError) else Answer(query=query, text=r.text.strip(), contexts=c, completion=r)
-            for r, c in zip(self.llm.complete_many(calls), contexts, strict=True)
+            for r, c in zip(results, contexts, strict=True) if r is not None
         ]
 
     def answer_many(
@@ -187,7 +208,8 @@ class RAGProgram:
 
         return RetrieverQueryEngine.from_args(
             retriever=as_llama_index_retriever(self.retriever_for(self.template), top_k=self.template.top_k),
-            llm=chat_client_llm(self.llm, max_tokens=self._max_tokens(self.template), temperature=self.temperature),
+            llm=chat_client_llm(self.client_for(self.template), max_tokens=self._max_tokens(self.template),
+                                temperature=self.temperature),
             text_qa_template=self.template.to_llama_index(),
             **kwargs,
         )

@@ -104,9 +104,7 @@ class _Live:
 
     def costs(self, model: CostModel) -> list[float | None]:
         """Each reported question's cost (None: its call failed), in the order of ``scores``."""
-        return [None if (u := self.usage.get(i)) is None else model.of(prompt_tokens=u.prompt_tokens,
-                                                                          completion_tokens=u.completion_tokens)
-                for i in range(len(self.scores))]
+        return [None if (u := self.usage.get(i)) is None else model.of_call(u) for i in range(len(self.scores))]
 
     def n_valid(self) -> int:
         return sum(1 for s in self.scores if s is not None)

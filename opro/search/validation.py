@@ -544,7 +544,7 @@ def _cost_texts(settings: OptimizerSection, *, conf: _Confirmation, finding: _Fi
                 why: str) -> tuple[str, str, str]:
     """(quality, saved, why) of a verdict with ``objective = "cost"``."""
     s, final, saving = settings, conf.final, finding.saving
-    unit = "USD" if cost.unit == "usd" else f"task tokens, completion x{cost.completion_weight:g}"
+    unit = cost.short
     shown = "n/a" if finding.difference is None else f"{finding.difference:+.2f}"
     lo, hi = finding.difference_ci or (math.nan, math.nan)
     # The plain t interval: a non-inferiority claim is not a gain, so it is not adjusted for having been

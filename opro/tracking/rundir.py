@@ -21,6 +21,7 @@ the saved dataset, the newest comparison reports) are read here::
                                                         budget is kept in the user's decision ledger:
                                                         opro.heldout.ledger)
       validation_rows/                                  each validation prompt's answers, until MLflow has them
+      task_rates.json                                   the task models' seconds per token (several models)
       .opro.lock  .opro-worker-I.lock                   one process per folder (and worker)
 """
 
@@ -51,6 +52,8 @@ CORPUS_DIR = "corpus"
 CALIBRATION_FILE = "judge_calibration.json"
 CALIBRATION_DIR = "judge_calibration"
 PROMOTIONS_FILE = "promotions.json"
+#: Each task model's seconds per token, as this folder's first command measured them (opro.llm.speed).
+TASK_RATES_FILE = "task_rates.json"
 PROBE_FILE = "probe.json"
 PROBE_REPORT = "probe.md"
 PROBE_CALLS = "probe_calls.json"
@@ -105,6 +108,10 @@ class RunDir:
     @property
     def split_record(self) -> Path:
         return self.root / SPLIT_RECORD_FILE
+
+    @property
+    def task_rates(self) -> Path:
+        return self.root / TASK_RATES_FILE
 
     @property
     def dataset(self) -> Path:
@@ -204,6 +211,25 @@ class RunDir:
     def write_split_record(self, record: Mapping[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.split_record.write_text(json.dumps(record, indent=2), encoding="utf-8")
+
+    def keep_split_record(self, record: Mapping[str, Any], *, kept_stands: bool) -> dict[str, Any]:
+        """Write ``record`` (what this optimization sees) and return it; where ``kept_stands`` (a study
+        was scored on the kept one) and one is kept, the kept one instead."""
+        if not (kept_stands and self.split_record.is_file()):
+            self.write_split_record(record)
+            return dict(record)
+        # The study's record stands: a changed split is refused by the fingerprint check, and
+        # overwriting the record first would let compare's guard accept the new split.
+        kept: dict[str, Any] = json.loads(self.split_record.read_text(encoding="utf-8"))
+        # A record kept from before the validation could extend (or with a smaller pool) gains the
+        # questions this run may ask: the guard only ever learns more, never less.
+        for part in ("questions", "normalized"):
+            have = list((kept.get(part) or {}).get("extension") or [])
+            more = [x for x in (record.get(part) or {}).get("extension") or [] if x not in have]
+            if more:
+                kept.setdefault(part, {})["extension"] = have + more
+        self.write_split_record(kept)
+        return kept
 
     # -- reads -------------------------------------------------------------------------------
     def read_json(self, path: Path) -> Any:

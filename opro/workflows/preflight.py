@@ -33,13 +33,15 @@ def named_paths(config: OproConfig) -> list[tuple[str, str, Path, str]]:
     if config.judge.template.endswith(TEMPLATE_FILE_SUFFIXES):
         out.append(("[judge].template", config.judge.template, config.resolve(config.judge.template),
                     "name a template file, or a built-in template"))
-    for role in (f.name for f in dataclasses.fields(config.models)):
-        spec = getattr(config.models, role)
+    tables = {f"[models.{f.name}]": getattr(config.models, f.name) for f in dataclasses.fields(config.models)
+              if f.name != "task_choices"}
+    tables.update({f"[models.task_choices.{name}]": spec for name, spec in config.models.task_choices})
+    for where, spec in tables.items():
         looks_like_a_path = spec.model.endswith(".gguf") or "/" in spec.model
         if spec.backend == "llamacpp" and spec.model not in EMBEDDED_MODELS and looks_like_a_path:
             # The model pool opens a GGUF path as given (relative to the working folder); a bare name
             # that is no embedded model is the pool's to refuse ("unknown model", with the names).
-            out.append((f"[models.{role}].model", spec.model, Path(spec.model).expanduser(),
+            out.append((f"{where}.model", spec.model, Path(spec.model).expanduser(),
                         f"name a GGUF file or an embedded model ({', '.join(EMBEDDED_MODELS)})"))
     return out
 

@@ -12,14 +12,24 @@ import math
 import tomllib
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from opro.config.checks import check_mlflow_uri, check_optuna_storage, check_ranges
 from opro.errors import ConfigError, PromptError
+from opro.llm.choices import (
+    check_name,
+    check_served,
+    config_cost_model,
+    initial_name,
+    searched_models,
+    task_models,
+)
 from opro.llm.client import DEFAULT_PRICES, ROLES, Price
 from opro.llm.pool import ModelSpec, check_endpoint
+from opro.llm.speed import TokenRate
 from opro.program.cost import CostModel
 from opro.program.dimensions import DIMENSIONS, Value, dimension
 from opro.program.dimensions import names as dimension_names
@@ -41,7 +51,7 @@ class ExperimentSection:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if not self.output_dir.strip():
             raise ConfigError('[experiment].output_dir is empty: name a folder for the run (for example "runs/opro")')
 
@@ -64,7 +74,7 @@ class SplitSection:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         for name in SPLIT_NAMES:
             if getattr(self, name) < 0:
                 raise ConfigError(f"[data.split].{name} must be >= 0, got {getattr(self, name)}")
@@ -92,7 +102,7 @@ class DataSection:
     split: SplitSection = field(default_factory=SplitSection)
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if not self.docs:
             raise ConfigError("[data].docs is required: the documents (PDF, .txt, .md, directories) to retrieve from")
         for i, entry in enumerate(self.docs):
@@ -137,7 +147,7 @@ class RAGSection:
     embeddings: EmbeddingsSection | None = None
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if self.chunk_size < 32:
             raise ConfigError(f"[rag].chunk_size must be >= 32 tokens, got {self.chunk_size}")
         if not 0 <= self.chunk_overlap < self.chunk_size:
@@ -163,6 +173,9 @@ class ModelsSection:
     judge: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("judge"))
     optimizer: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("optimizer"))
     generator: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("generator"))
+    #: ``[models.task_choices.NAME]``: other task models by name (:mod:`opro.llm.choices`), each a full model
+    #: table, for ``[search.space].task_model`` and ``opro compare --set task_model=NAME``.
+    task_choices: tuple[tuple[str, ModelSpec], ...] = ()
 
 
 #: Where the correctness judge reads its score (``[judge].score_from``, ``--score-from``): the one list;
@@ -195,7 +208,7 @@ class JudgeSection:
     score_from: ScoreFrom = "auto"
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if not 1.0 <= self.threshold <= 5.0:
             raise ConfigError(f"[judge].threshold must be within 1..5, got {self.threshold}")
         check_score_from(self.score_from, where="[judge].score_from")
@@ -270,7 +283,7 @@ class OptimizerSection:
     max_tokens_budget: int = 0
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if self.score_scale == "1-5" and self.min_history_score > 5:
             raise ConfigError(f"[optimizer].min_history_score must be within 0..5 with score_scale '1-5', got {self.min_history_score}")
         if self.steps < 0:
@@ -324,7 +337,7 @@ class SpaceSection:
     choices: tuple[tuple[str, tuple[Value, ...]], ...] = field(default=(), metadata={"toml": False})
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         given = dict(self.choices.items() if isinstance(self.choices, dict) else self.choices)
         for name in given:
             dimension(name)  # an unknown one: a ConfigError naming the dimensions
@@ -407,51 +420,11 @@ class TrackingSection:
     worker_wait_s: float = 600.0
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if self.mlflow_uri:
             check_mlflow_uri(self.mlflow_uri, where="[tracking].mlflow_uri")
         if self.optuna_storage:
             check_optuna_storage(self.optuna_storage, where="[tracking].optuna_storage")
-
-
-#: Where MLflow keeps runs and its registry (a ``+driver`` may follow the database ones).
-_MLFLOW_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
-#: The databases Optuna's RDB storage (SQLAlchemy) works with.
-_OPTUNA_DIALECTS = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
-
-
-def _scheme(uri: str) -> str | None:
-    """The scheme of ``uri`` without its ``+driver`` (None for a plain path)."""
-    head, sep, _ = uri.partition("://")
-    return head.split("+", 1)[0].lower() if sep else None
-
-
-def check_mlflow_uri(uri: str, *, where: str) -> str:
-    """``uri`` if MLflow can keep runs there (a local folder, or a scheme MLflow knows); a clear
-    :class:`ConfigError` naming ``where`` otherwise, before any MLflow import."""
-    scheme = _scheme(uri)
-    if scheme is not None and scheme not in _MLFLOW_SCHEMES:
-        from opro.redaction import redact_url
-
-        raise ConfigError(
-            f"{where} = {redact_url(uri)!r}: MLflow cannot keep runs at a {scheme}:// URI; use sqlite:///PATH/mlflow.db, "
-            f"http(s)://HOST:PORT of an MLflow tracking server, a database URL ({', '.join(_MLFLOW_SCHEMES[1:5])}) or "
-            "a local folder"
-        )
-    return uri
-
-
-def check_optuna_storage(url: str, *, where: str) -> str:
-    """``url`` if it is a database URL Optuna can keep a study in; a clear :class:`ConfigError` otherwise."""
-    scheme = _scheme(url)
-    if scheme not in _OPTUNA_DIALECTS:
-        from opro.redaction import redact_url
-
-        raise ConfigError(
-            f"{where} = {redact_url(url)!r} is not a database URL Optuna can use: write sqlite:///PATH/optuna.db, or "
-            "postgresql+psycopg2://... to share a study between workers (README: Scaling out)"
-        )
-    return url
 
 
 @dataclass(frozen=True)
@@ -474,24 +447,31 @@ class OproConfig:
             error = d.requires(values, self) if values and d.requires is not None else None
             if error:
                 raise ConfigError(error)
+        check_served(self.task_models(), prices=self.prices(), where=f"{self.source}: [models.task_choices]")
 
     def prices(self) -> dict[str, Price]:
         """USD per million tokens by model name: the usage ledger's table, overridden by the prices the
-        model tables give (``price_prompt``, ``price_completion``)."""
+        model tables give (``price_prompt``, ``price_completion``; the task choices' too)."""
         table = dict(DEFAULT_PRICES)
-        for role in ROLES:
-            spec = getattr(self.models, role)
+        for spec in [*(getattr(self.models, role) for role in ROLES), *dict(self.models.task_choices).values()]:
             if spec.price_prompt is not None and spec.price_completion is not None:
                 table[spec.model] = Price(float(spec.price_prompt), float(spec.price_completion))
         return table
 
-    def cost_model(self) -> CostModel:
+    def task_models(self) -> dict[str, ModelSpec]:
+        """Every task model this config can answer with, by name (:mod:`opro.llm.choices`)."""
+        return task_models(self.models.task, dict(self.models.task_choices))
+
+    def initial_task_model(self) -> str:
+        """``[models.task]``'s name among them (:func:`opro.llm.choices.initial_name`)."""
+        return initial_name(self.task_models(), prefer=[str(v) for v in searched_models(self)])
+
+    def cost_model(self, names: Sequence[str] = (), *, rates: Mapping[str, TokenRate] | None = None) -> CostModel:
         """What an answer costs (:mod:`opro.program.cost`): the task model's prices where known, else its
-        tokens weighted by ``[optimizer].completion_weight``."""
-        price = self.prices().get(self.models.task.model)
-        return CostModel(price_prompt=None if price is None else price.prompt,
-                         price_completion=None if price is None else price.completion,
-                         completion_weight=float(self.optimizer.completion_weight))
+        tokens weighted by ``[optimizer].completion_weight``; where several task models may answer (the
+        searched ones and ``names``), each answer at its own model's prices, or at its seconds per token
+        (``rates``, else those measured here: :func:`opro.llm.choices.config_cost_model`)."""
+        return config_cost_model(self, names, rates=rates)
 
     # -- derived locations -------------------------------------------------------------------
     def resolve(self, path: str) -> Path:
@@ -524,46 +504,6 @@ class OproConfig:
     @property
     def prompt_name(self) -> str:
         return self.tracking.prompt_name or f"{self.experiment.name}-qa"
-
-
-# -- numeric ranges ------------------------------------------------------------------------------
-
-#: Allowed range of every numeric key without a dedicated check: (table, {key: (low, high, why)}),
-#: inclusive, None for unbounded. One table so a new key is one line, and each error names the key.
-_RANGES: dict[str, tuple[str, dict[str, tuple[float | None, float | None, str]]]] = {
-    "ExperimentSection": ("experiment", {"seed": (0, None, "")}),
-    "SplitSection": ("data.split", {"seed": (0, None, "")}),
-    "DataSection": ("data", {"max_chunks": (0, None, "0 uses every chunk"),
-                             "not_in_context": (0, 0.5, "the share of questions whose context is withheld")}),
-    "RAGSection": ("rag", {"answer_max_tokens": (1, None, "the task model's answer length")}),
-    "JudgeSection": ("judge", {"max_tokens": (1, None, "the judge's reply length")}),
-    "SpaceSection": ("search.space", {"demo_chars": (50, None, "a demonstration's context length")}),
-    "TrackingSection": ("tracking", {"worker_wait_s": (1, 86400, "seconds a worker waits for a missing one")}),
-    "OptimizerSection": (
-        "optimizer",
-        {
-            "exemplars": (0, None, ""),
-            "min_history_score": (0, 100, "on the score scale of the meta-prompt"),
-            "max_instruction_chars": (1, None, "longer candidates are rejected"),
-            "max_tokens": (1, None, "the optimizer's reply length"),
-            "prune_margin": (0, None, ""),
-            "prune_warmup_minibatches": (0, None, ""),
-            "patience": (0, None, "0 turns early stopping off"),
-            "max_calls": (0, None, "0 means no limit"),
-            "validation_extension": (0, None, "0: the validation split only"),
-            "max_tokens_budget": (0, None, "0 means no limit"),
-        },
-    ),
-}
-
-
-def _check_ranges(section: object) -> None:
-    table, keys = _RANGES[type(section).__name__]
-    for key, (low, high, why) in keys.items():
-        value = getattr(section, key)
-        if (low is not None and value < low) or (high is not None and value > high):
-            allowed = f">= {low:g}" if high is None else f"within {low:g}..{high:g}"
-            raise ConfigError(f"[{table}].{key} must be {allowed}, got {value}" + (f" ({why})" if why else ""))
 
 
 # -- generic validated construction ------------------------------------------------------------
@@ -654,35 +594,46 @@ def _build(cls: type[Any], table: dict[str, Any], where: str, source: str, **giv
         raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
 
+def _model_table(base: dict[str, Any], override: Any, where: str, source: str) -> ModelSpec:
+    """``[where]`` over ``base``: the checks every model table passes."""
+    if not isinstance(override, dict):
+        raise ConfigError(f"{source}: [{where}] must be a table")
+    if override.get("backend", "llamacpp") != "llamacpp" and "model" not in override:
+        raise ConfigError(f"{source}: [{where}] sets backend = {override['backend']!r} but no `model`")
+    return _build(ModelSpec, {**base, **override}, where, source)  # type: ignore[no-any-return]
+
+
 def _default_models(table: dict[str, Any], source: str) -> ModelsSection:
-    """Each role starts from its embedded default, so ``[models.judge] model = ...`` is enough."""
+    """Each role starts from its embedded default, so ``[models.judge] model = ...`` is enough; each
+    ``[models.task_choices.NAME]`` from the model table's defaults (the embedded 0.5B on llama.cpp)."""
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: models must be a table ([models.task], [models.judge], ...), got {table!r}")
     defaults = ModelsSection()
-    roles = {f.name for f in dataclasses.fields(ModelsSection)}
-    unknown = sorted(set(table) - roles)
+    roles = {f.name for f in dataclasses.fields(ModelsSection)} - {"task_choices"}
+    unknown = sorted(set(table) - roles - {"task_choices"})
     if unknown:
         raise ConfigError(f"{source}: unknown key [models].{unknown[0]}"
                           f"{_did_you_mean(unknown[0], sorted(roles), prefix='[models.', suffix=']')}; "
-                          f"allowed roles: {', '.join(sorted(roles))}")
-    built = {}
+                          f"allowed: the roles {', '.join(sorted(roles))}, and task_choices")
+    built: dict[str, Any] = {}
     for role in roles:
         base = {k: v for k, v in dataclasses.asdict(getattr(defaults, role)).items() if v is not None}
-        override = table.get(role, {})
-        if not isinstance(override, dict):
-            raise ConfigError(f"{source}: [models.{role}] must be a table")
-        if override.get("backend", "llamacpp") != "llamacpp" and "model" not in override:
-            raise ConfigError(f"{source}: [models.{role}] sets backend = {override['backend']!r} but no `model`")
-        base.update(override)
-        built[role] = _build(ModelSpec, base, f"models.{role}", source)
+        built[role] = _model_table(base, table.get(role, {}), f"models.{role}", source)
+    choices = table.get("task_choices", {})
+    if not isinstance(choices, dict):
+        raise ConfigError(f"{source}: [models.task_choices] must hold tables, [models.task_choices.NAME]")
+    built["task_choices"] = tuple(
+        (check_name(name, where=f"{source}: [models.task_choices.{name}]"),
+         _model_table({}, spec, f"models.task_choices.{name}", source)) for name, spec in choices.items())
     return ModelsSection(**built)
 
 
 def config_from_dict(data: dict[str, Any], *, base_dir: Path | None = None, source: str = "<dict>") -> OproConfig:
     data = dict(data)
     models = _default_models(data.pop("models", {}), source)
-    cfg = _build(OproConfig, data, "", source)
-    return dataclasses.replace(cfg, models=models, base_dir=(base_dir or Path.cwd()).resolve(), source=source)
+    # With its models: the search space's task models are checked against them.
+    cfg = _build(OproConfig, data, "", source, models=models)
+    return dataclasses.replace(cfg, base_dir=(base_dir or Path.cwd()).resolve(), source=source)
 
 
 def load_config(path: str | Path) -> OproConfig:
