@@ -17,7 +17,7 @@ its retriever's top_k) and each change alone:
 * ``chunk_size-N``: the initial instruction over the corpus chunked at N tokens (indexed once, kept);
 * ``instruction-N``: the N-th ``--instruction`` in place of the initial one.
 
-With ``[data].not_in_context`` (:mod:`opro.data.withheld`) a share of the questions cannot be answered
+With ``[data].not_in_context`` (:mod:`opro.judges.withheld`) a share of the questions cannot be answered
 from the corpus: their reference says so and the judge scores them by that requirement's rule.
 
 Held-out questions: the config's held-out split, then the questions in no split that a validation
@@ -50,8 +50,8 @@ from typing import Any
 
 from opro.config import OproConfig, load_config
 from opro.data.dataset import Example, GoldenDataset
-from opro.data.withheld import NOT_IN_CONTEXT
 from opro.experiment import Experiment
+from opro.judges.withheld import NOT_IN_CONTEXT
 from opro.llm.pool import ModelPool
 from opro.probe.contrasts import Contrast
 from opro.probe.effects import measure_effects

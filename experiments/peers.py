@@ -1,6 +1,6 @@
 """opro against its peers (DSPy's COPRO, MIPROv2, GEPA) on the same data, models and call budget.
 
-Every method optimizes the same instruction of the same RAG program (:class:`~opro.integrations.dspy.OproRAG`
+Every method optimizes the same instruction of the same RAG program (:class:`~opro.program.dspy.OproRAG`
 is opro's program as a DSPy module), with the same task, judge and proposer models, and the same
 budget of task + judge calls, charged by :class:`~opro.llm.budget.BudgetedChatClient` whichever method
 asks (a cache hit is charged too, so a warm rerun stops at the same point). A method that reaches
@@ -241,7 +241,7 @@ def run_dspy(
     """One DSPy optimizer on :class:`OproRAG` until it ends or the budget is spent."""
     import dspy
 
-    from opro.integrations.dspy import OproLM, OproRAG, ScoreLog, judge_metric, to_dspy_examples
+    from opro.program.dspy import OproLM, OproRAG, ScoreLog, judge_metric, to_dspy_examples
 
     cfg = exp.config
     ds = exp.dataset

@@ -35,9 +35,9 @@ if TYPE_CHECKING:
     from llama_index.core import Document
 
     from opro.data.dataset import Example, GoldenDataset
-    from opro.data.withheld import Withheld
     from opro.heldout.ledger import DecisionLedger
     from opro.judges import CorrectnessJudge
+    from opro.judges.withheld import Withheld
     from opro.program.cost import CostModel
     from opro.program.rag import RAGProgram
     from opro.program.retrieval import Retriever
@@ -151,7 +151,7 @@ class Experiment:
         """What ``[data].not_in_context`` took out of the corpus (recorded with the dataset), or None."""
         if not self.config.data.not_in_context:
             return None
-        from opro.data.withheld import Withheld
+        from opro.judges.withheld import Withheld
 
         _ = self.dataset  # prepared (and the record written) first
         path = self.dataset_dir / "withheld.json"
@@ -188,7 +188,7 @@ class Experiment:
         if withheld is not None:  # the chunks that held the withheld questions' answers are not searched
             gone = set(withheld.chunk_ids)
             if chunk_size != rag.chunk_size:  # the same text taken out of another chunking
-                from opro.data.withheld import withheld_at
+                from opro.judges.withheld import withheld_at
 
                 lost = set(withheld.queries)
                 gone = set(withheld_at(
@@ -290,6 +290,7 @@ class Experiment:
     def decisions(self) -> DecisionLedger:
         """The user's decision ledger, shared by every output folder, study store and copy of a dataset
         (:meth:`opro.heldout.ledger.DecisionLedger.of_user`)."""
+        from opro.heldout.ledger import DecisionLedger
 
         data = self.config.data.dataset
         return DecisionLedger.of_user(self.config.call_cache_path.parent, origin=f"output folder {self.run_dir.root}",
@@ -360,7 +361,7 @@ class Experiment:
             )
         withheld = None
         if d.not_in_context:
-            from opro.data.withheld import apply_withheld, withhold
+            from opro.judges.withheld import apply_withheld, withhold
 
             withheld = withhold(raw.examples, self._chunks, fraction=d.not_in_context, seed=d.split.seed)
             raw = apply_withheld(raw, withheld)

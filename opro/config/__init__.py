@@ -97,7 +97,7 @@ class DataSection:
     max_chunks: int = 0
     skip_bad: bool = False
     #: Share of the questions made unanswerable: their reference contexts are taken out of the corpus
-    #: and their reference answer says so (:mod:`opro.data.withheld`); 0: the corpus as it is.
+    #: and their reference answer says so (:mod:`opro.judges.withheld`); 0: the corpus as it is.
     not_in_context: float = 0.0
     split: SplitSection = field(default_factory=SplitSection)
 

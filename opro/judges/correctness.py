@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from opro.config import SCORE_SOURCES, ScoreFrom, check_score_from
-from opro.data.withheld import NOT_IN_CONTEXT, requirement_score
 from opro.errors import ConfigError
 from opro.judges.metrics import MetricResult
 from opro.judges.parsing import (
@@ -23,6 +22,7 @@ from opro.judges.parsing import (
     score_distribution,
 )
 from opro.judges.templates import JudgeTemplate, get_template
+from opro.judges.withheld import NOT_IN_CONTEXT, requirement_score
 from opro.llm import ChatClient, Completion, Message
 
 # --- correctness judge -----------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def correctness_schema(*, reasoning_first: bool) -> dict[str, Any]:
 
 
 def _not_in_context(reference: str | None) -> bool:
-    """A question the corpus cannot answer (:mod:`opro.data.withheld`): scored by its rule, not by a judge
+    """A question the corpus cannot answer (:mod:`opro.judges.withheld`): scored by its rule, not by a judge
     call (a small judge cannot be trusted to tell "says so" from "answers anyway")."""
     return reference is not None and reference.strip() == NOT_IN_CONTEXT
 

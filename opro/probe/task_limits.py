@@ -60,7 +60,7 @@ class TaskLimits:
 
 def task_limits(exp: Experiment, *, pilot: Sequence[Example], base: Effect, effects: Sequence[Effect]) -> TaskLimits:
     """The initial configuration's score distribution, retrieval recall@k and instruction following."""
-    from opro.data.withheld import NOT_IN_CONTEXT
+    from opro.judges.withheld import NOT_IN_CONTEXT
 
     cfg = exp.config
     valid = [s for s in base.scores if s is not None]

@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 import optuna
 
-from opro.data.withheld import NOT_IN_CONTEXT
 from opro.errors import ConfigError
+from opro.judges.withheld import NOT_IN_CONTEXT
 from opro.program.configurations import changed, name_of, settings_text
 from opro.program.dimensions import DIMENSIONS as TABLE
 from opro.program.dimensions import SETTINGS, Value, dimension
@@ -90,7 +90,7 @@ def _demo_context(texts: Sequence[str], chars: int) -> str:
 def reference_demos(examples: Sequence[Any], *, retrieve: Callable[[str], Sequence[str]], chars: int) -> tuple[Demo, ...]:
     """Demonstrations from exemplar questions with a reference answer: the question, its reference
     context (else what the retriever finds for it) cut to ``chars``, and its reference answer. A
-    question the corpus cannot answer (:data:`opro.data.withheld.NOT_IN_CONTEXT`) shows what the retriever
+    question the corpus cannot answer (:data:`opro.judges.withheld.NOT_IN_CONTEXT`) shows what the retriever
     finds, as the model will see it."""
     out = []
     for e in examples:

@@ -159,7 +159,7 @@ def test_the_returned_configuration_exports_and_reloads_answering_the_same(
         load_prompt_json,
     )
     from opro.heldout.sources import resolve_prompt
-    from opro.integrations.dspy import OproRAG
+    from opro.program.dspy import OproRAG
     from opro.program.rag import RAGProgram, as_llama_index_retriever, chat_client_llm
 
     path, _ = searched
@@ -255,8 +255,8 @@ def test_on_the_embedded_model_the_exports_answer_as_opro_does(tmp_path: Path, e
 
     from opro.export import export_prompt, load_dspy_program, load_llamaindex_prompt, load_llamaindex_settings
     from opro.heldout.sources import ResolvedPrompt
-    from opro.integrations.dspy import OproRAG
     from opro.llm import ChatClient, UsageLedger
+    from opro.program.dspy import OproRAG
     from opro.program.rag import RAGProgram, as_llama_index_retriever, chat_client_llm
     from opro.program.retrieval import RetrievedContext
 

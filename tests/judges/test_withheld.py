@@ -10,10 +10,10 @@ import pytest
 from fakes import experiment_config, scripted_pool, write_toml
 
 from opro.config import config_from_dict
-from opro.data.withheld import NOT_IN_CONTEXT, requirement_score, says_not_in_context, withhold
 from opro.errors import ConfigError
 from opro.experiment import Experiment
 from opro.judges import CorrectnessJudge
+from opro.judges.withheld import NOT_IN_CONTEXT, requirement_score, says_not_in_context, withhold
 from opro.llm import ChatClient, UsageLedger
 from opro.llm.scripted import ScriptedLLM
 from opro.program.retrieval import Chunk

@@ -13,12 +13,12 @@ from fakes import Ex
 dspy = pytest.importorskip("dspy")
 
 from opro.errors import ConfigError  # noqa: E402
-from opro.integrations.dspy import OproLM, OproRAG, ScoreLog, judge_metric, to_dspy_examples  # noqa: E402
 from opro.judges import CorrectnessJudge  # noqa: E402
 from opro.judges.metrics import MetricResult  # noqa: E402
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger  # noqa: E402
 from opro.llm.cache import CallCache  # noqa: E402
 from opro.llm.scripted import ScriptedLLM  # noqa: E402
+from opro.program.dspy import OproLM, OproRAG, ScoreLog, judge_metric, to_dspy_examples  # noqa: E402
 from opro.program.prompts import Demo, QATemplate  # noqa: E402
 from opro.program.rag import RAGProgram  # noqa: E402
 from opro.program.retrieval import RetrievedContext  # noqa: E402
