@@ -291,9 +291,8 @@ def test_the_share_saved_in_the_validation_verdict_covers_where_each_question_sa
     """Issue 57, item 5, where the validation stage computes it: costs vary by question, the cut is about
     150 tokens on each; the share's interval used to divide the difference's by the initial mean as if
     known (covering about a third of samples) and is now Fieller's."""
-    from bench_saving import costs, true_saving
-
     from opro.search.validation import _saving
+    from opro.testing.cost_worlds import costs, true_saving
 
     rng = np.random.default_rng(61)
     new, old = costs(rng, sims=300, n=20, cut="constant")

@@ -72,7 +72,7 @@ def test_compare_intervals_cover_judge_like_scores_at_6_10_and_20_questions() ->
     """Integer 1-5 scores with ties (a per-question level both prompts share, judge noise, rounded):
     each prompt's mean and the paired difference are covered by compare's 95% intervals at least 93%
     of the time at the held-out sizes opro runs, where the percentile bootstrap covered 84% at 6."""
-    from bench_compare_tests import paired_scores, truth
+    from opro.testing.score_worlds import paired_scores, truth
 
     rng = np.random.default_rng(49)
     for effect in (0.0, 1.0):
@@ -275,9 +275,8 @@ def test_the_share_saved_is_covered_where_every_question_saves_the_same_tokens()
     each. The difference hardly varies but the initial mean cost does: dividing the difference's
     interval by that mean, as if known, covered the true share (25%) in about a third of samples;
     Fieller's interval of the ratio of the paired means covers it."""
-    from bench_saving import costs, first_order, true_saving
-
     from opro.stats.ratio import ratio_interval, saving_interval
+    from opro.testing.cost_worlds import costs, first_order, true_saving
 
     rng = np.random.default_rng(57)
     for cut in ("constant", "proportional"):

@@ -181,7 +181,7 @@ def test_rare_large_losses_do_not_fool_the_non_inferiority_claim() -> None:
     differences claimed non-inferiority in 0.085 of these 400 runs (looks at 15 and 44 pairs, alpha
     0.05; ``experiments/validation_errors.sum_look`` is that test); flipping the skew-corrected
     studentized mean, in 0.0475."""
-    from bench_compare_tests import skewed_pairs
+    from opro.testing.score_worlds import skewed_pairs
 
     sizes, margin, runs = (15, 44), 0.25, 400
     a, b = skewed_pairs(np.random.default_rng(61), (runs, sizes[-1]), effect=-margin)
