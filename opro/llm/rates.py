@@ -85,14 +85,19 @@ def record_rates(usage: Mapping[str, Mapping[str, Any]], *, path: Path, now: dat
              for k, u in usage.items() if int(u.get("calls", 0)) >= MIN_CALLS and float(u.get("wall_s", 0.0)) > 0}
     if not fresh:
         return
-    kept = {**load_rates(path), **fresh}
+    keep_records({**load_rates(path), **fresh}, path, what="measured rates")
+
+
+def keep_records(records: Mapping[str, Any], path: Path, *, what: str) -> None:
+    """``records`` (dataclasses by key) written whole and atomically at ``path``; a folder that cannot be
+    written costs the record, never the command (logged at debug as ``what`` not kept)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({k: asdict(v) for k, v in sorted(kept.items())}, indent=1), encoding="utf-8")
+        tmp.write_text(json.dumps({k: asdict(v) for k, v in sorted(records.items())}, indent=1), encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
-        logger.debug("measured rates not kept in %s: %s", path, exc)
+        logger.debug("%s not kept in %s: %s", what, path, exc)
 
 
 __all__ = ["MIN_CALLS", "RATES_FILE", "MeasuredRate", "load_rates", "rate_key", "rates_path", "record_rates"]

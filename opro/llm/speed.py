@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -80,14 +79,9 @@ def load_token_rates(path: Path) -> dict[str, TokenRate]:
 def save_token_rates(rates: Mapping[str, TokenRate], path: Path, *, merge: bool = True) -> None:
     """Keep ``rates`` at ``path`` (with the ones there, replaced by key, unless ``merge`` is off), written
     whole and atomically; a folder that cannot be written costs the record, never the command."""
-    kept = {**(load_token_rates(path) if merge else {}), **rates}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({k: asdict(v) for k, v in sorted(kept.items())}, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        logger.debug("token rates not kept in %s: %s", path, exc)
+    from opro.llm.rates import keep_records
+
+    keep_records({**(load_token_rates(path) if merge else {}), **rates}, path, what="token rates")
 
 
 def together(rates: Mapping[str, TokenRate], keys: Sequence[str]) -> dict[str, TokenRate] | None:
