@@ -34,33 +34,12 @@ import numpy as np
 
 from opro.heldout.report import RESOLUTION, SCALE
 from opro.stats.paired import permutation_test, t_mean_ci, wilcoxon_signed_rank
-from opro.testing.score_worlds import (  # noqa: F401  (re-exported: bench_selection and validation_errors read them here)
-    EASY_LEVEL,
-    FAIL_LOSS,
-    FAIL_SHARE,
-    HARD_LEVEL,
-    HARD_SHARE,
-    IDENTICAL_SHARE,
-    LEVEL_SD,
-    MEASURED_LEVEL,
-    MEASURED_LEVEL_SD,
-    MEASURED_SDS,
-    MEASURED_TIES,
-    PAIRED_SD,
-    RARE_SHARE,
-    REAL_NOISE_SD,
-    SKEW_LEVEL,
-    SKEW_NOISE,
-    SPREAD,
+from opro.testing.score_worlds import (
     WORLDS,
     World,
     effect_for,
-    measured_pairs,
-    noise_for,
     paired_scores,
     scores,
-    skewed_pairs,
-    solve,
     truth,
 )
 

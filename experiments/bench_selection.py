@@ -74,7 +74,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from bench_compare_tests import (
+
+from opro.config import OptimizerSection
+from opro.errors import ConfigError
+from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
+from opro.llm.scripted import ScriptedLLM
+from opro.search import CandidateScorer, Search, SearchStudy, make_proposer, make_pruner, open_storage
+from opro.testing.score_worlds import (
     EASY_LEVEL,
     FAIL_LOSS,
     FAIL_SHARE,
@@ -94,13 +100,7 @@ from bench_compare_tests import (
     noise_for,
     solve,
 )
-from bench_compare_tests import effect_for as world_effect_for
-
-from opro.config import OptimizerSection
-from opro.errors import ConfigError
-from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
-from opro.llm.scripted import ScriptedLLM
-from opro.search import CandidateScorer, Search, SearchStudy, make_proposer, make_pruner, open_storage
+from opro.testing.score_worlds import effect_for as world_effect_for
 from opro.testing.worlds import TextTemplate  # the tests' keyword world shares it
 
 INITIAL = "Answer the question."
@@ -540,10 +540,9 @@ def coverage(*, world: Kind, effects: Sequence[float], claims: int, max_runs: in
     judge points before rounding) against the initial instruction on the confirmation questions, in
     batches of 2,000 runs until ``claims`` claims or ``max_runs`` runs; each claim's conditional
     interval checked against the true mean-score gain."""
-    from bench_compare_tests import paired_scores, truth
-
     from opro.search.validation_sizes import confirmation_looks, split_sizes
     from opro.stats.sequential import conditional_estimate
+    from opro.testing.score_worlds import paired_scores, truth
 
     settings = OptimizerSection()
     _, n_conf = split_sizes(settings, n_val, settings.finalists)

@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from bench_compare_tests import WORLDS, World, effect_for, paired_scores
 
 import opro.stats.sequential
 from opro.config import OptimizerSection
 from opro.stats.sequential import Look, decide, spent
 from opro.stats.skew import flip_signs as draw_signs
+from opro.testing.score_worlds import WORLDS, World, effect_for, paired_scores
 
 _SIGNS: dict[tuple[int, int, int, int], np.ndarray] = {}
 
