@@ -61,6 +61,7 @@ from opro.search import (
     open_storage,
 )
 from opro.search.space import SearchSpace
+from opro.workflows.settings import proposer_settings, pruner_settings, search_settings
 
 SPACE = {"top_k": [1, 3, 5], "answer_max_tokens": [48, 128, 256]}
 INITIAL_SETTINGS = {"top_k": 3, "answer_max_tokens": 128}
@@ -187,7 +188,7 @@ def run_once(world: SpaceWorld, *, search: str, n_opt: int, n_val: int, n_unused
                                    "objective": "cost", "margin": 0.25, **design})
     # Today's race knew no objective: the quality race, whatever the objective; and no first moves.
     pruner = (RacingPruner(confidence=settings.race_confidence, warmup=settings.prune_warmup_minibatches)
-              if search == "today" else make_pruner(settings))
+              if search == "today" else make_pruner(pruner_settings(settings)))
     space = SearchSpace(dimensions=SPACE, initial=INITIAL_SETTINGS, objective="cost", seed=world.seed,
                         price=None if search == "today" else price)
     program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: answer_to(m[-1].content)), role="task",
@@ -196,11 +197,11 @@ def run_once(world: SpaceWorld, *, search: str, n_opt: int, n_val: int, n_unused
                              pruner=pruner)
     started = time.perf_counter()
     result = Search(
-        make_proposer(settings=settings, seed=world.seed, template_text=SettingsTemplate("<INS>").template_text,
+        make_proposer(settings=proposer_settings(settings), seed=world.seed, template_text=SettingsTemplate("<INS>").template_text,
                       llm=ChatClient(ScriptedLLM(default=world.propose), role="optimizer", usage=usage, seed=world.seed)),
         CandidateScorer(program=program, template=SettingsTemplate(""), space=space,
                         judge=ReplyJudge(ChatClient(ScriptedLLM(default=world.judge), role="judge", usage=usage))),
-        study, settings, usage=usage, seed=world.seed, progress=False,
+        study, search_settings(settings), usage=usage, seed=world.seed, progress=False,
     ).run(
         optimization_set=[Ex(f"opt {world.seed}-{i}?", "r") for i in range(n_opt)],
         validation_set=[Ex(f"val {world.seed}-{i}?", "r") for i in range(n_val)],

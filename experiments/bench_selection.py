@@ -102,6 +102,7 @@ from opro.testing.score_worlds import (
 )
 from opro.testing.score_worlds import effect_for as world_effect_for
 from opro.testing.worlds import TextTemplate  # the tests' keyword world shares it
+from opro.workflows.settings import proposer_settings, pruner_settings, search_settings, validation_settings
 
 INITIAL = "Answer the question."
 BASE_LEVEL = 3.0
@@ -295,13 +296,13 @@ def run_once(world: World, *, rule: str, n_opt: int, n_val: int, steps: int, k: 
     program = EchoProgram(ChatClient(ScriptedLLM(default=lambda m, o: pad(m[-1].content.split("\nQuery:")[0])),
                                      role="task", usage=usage))
     study = SearchStudy.open(open_storage(f"sqlite:///{folder / f'{rule}-{world.seed}.db'}"), name="bench",
-                             pruner=make_pruner(settings))
+                             pruner=make_pruner(pruner_settings(settings)))
     search = Search(
-        make_proposer(settings=settings, seed=world.seed, template_text=TextTemplate("<INS>").template_text,
+        make_proposer(settings=proposer_settings(settings), seed=world.seed, template_text=TextTemplate("<INS>").template_text,
                       llm=ChatClient(ScriptedLLM(default=world.propose), role="optimizer", usage=usage, seed=world.seed)),
         CandidateScorer(program=program, template=TextTemplate(""),
                         judge=ReplyJudge(ChatClient(ScriptedLLM(default=world.judge), role="judge", usage=usage))),
-        study, settings, usage=usage, seed=world.seed, progress=False,
+        study, search_settings(settings), usage=usage, seed=world.seed, progress=False,
     )
     result = search.run(
         optimization_set=[Ex(f"opt {world.seed}-{i}?", "r") for i in range(n_opt)],
@@ -544,7 +545,7 @@ def coverage(*, world: Kind, effects: Sequence[float], claims: int, max_runs: in
     from opro.stats.sequential import conditional_estimate
     from opro.testing.score_worlds import paired_scores, truth
 
-    settings = OptimizerSection()
+    settings = validation_settings(OptimizerSection())
     _, n_conf = split_sizes(settings, n_val, settings.finalists)
     sizes = confirmation_looks(settings, n_conf, n_unused)
     alpha, futility = settings.alpha, settings.futility

@@ -197,6 +197,7 @@ def run_opro(
     """opro's search on the optimization split (exemplars from the exemplar split) until the budget
     is spent. Returns (instruction, search score, questions, stopped)."""
     from opro.search import CandidateScorer, Search, SearchStudy, make_proposer, make_pruner, open_storage
+    from opro.workflows.settings import proposer_settings, pruner_settings, search_settings
 
     cfg = exp.config
     ds = exp.dataset
@@ -207,13 +208,13 @@ def run_opro(
     )
     db = out_dir / f"{name}.optuna.db"
     db.unlink(missing_ok=True)  # a fresh search each run: the call cache makes a rerun free anyway
-    study = SearchStudy.open(open_storage(f"sqlite:///{db}"), name=name, pruner=make_pruner(opt_settings))
+    study = SearchStudy.open(open_storage(f"sqlite:///{db}"), name=name, pruner=make_pruner(pruner_settings(opt_settings)))
     search = Search(
-        make_proposer(settings=opt_settings, llm=exp.client("optimizer"),
+        make_proposer(settings=proposer_settings(opt_settings), llm=exp.client("optimizer"),
                       template_text=exp.template("<INS>").template_text, seed=cfg.experiment.seed),
         CandidateScorer(program=exp.program, judge=exp.judge, template=exp.template(""),
                         task_slots=exp.client("task").llm.max_concurrency),
-        study, opt_settings, usage=exp.usage, seed=cfg.experiment.seed, progress=False,
+        study, search_settings(opt_settings), usage=exp.usage, seed=cfg.experiment.seed, progress=False,
     )
     initial = cfg.rag.initial_instructions[0]
     stopped = "budget"

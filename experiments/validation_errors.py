@@ -30,6 +30,7 @@ from opro.config import OptimizerSection
 from opro.stats.sequential import Look, decide, spent
 from opro.stats.skew import flip_signs as draw_signs
 from opro.testing.score_worlds import WORLDS, World, effect_for, paired_scores
+from opro.workflows.settings import validation_settings
 
 _SIGNS: dict[tuple[int, int, int, int], np.ndarray] = {}
 
@@ -59,7 +60,7 @@ def design_sizes() -> tuple[int, ...]:
     """The confirmation looks of the default settings (48 validation questions, 20 unused)."""
     from opro.search.validation_sizes import confirmation_looks, split_sizes
 
-    settings = OptimizerSection()
+    settings = validation_settings(OptimizerSection())
     _, n_conf = split_sizes(settings, 48, settings.finalists)
     return confirmation_looks(settings, n_conf, 20)
 

@@ -525,8 +525,9 @@ class Experiment:
     def open_study(self) -> SearchStudy:
         """The config's study (created on the first run), refused when it was scored under other settings."""
         from opro.search import SearchStudy, make_pruner
+        from opro.workflows.settings import pruner_settings
 
-        study = SearchStudy.open(self._storage(), name=self.config.study_name, pruner=make_pruner(self.config.optimizer))
+        study = SearchStudy.open(self._storage(), name=self.config.study_name, pruner=make_pruner(pruner_settings(self.config.optimizer)))
         study.check_fingerprint(self.fingerprint())
         return study
 
@@ -536,15 +537,16 @@ class Experiment:
         """The search over ``study``: the configured proposer, the scorer over this experiment's program
         and judge, the recorders."""
         from opro.search import CandidateScorer, Search, make_proposer
+        from opro.workflows.settings import proposer_settings, search_settings
 
         cfg = self.config
         scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
                                  task_slots=self.client("task").llm.max_concurrency, space=self.search_space,
                                  cost=self.cost_model())
         self._scorer = scorer  # what candidate_template resolves names with (the validation traces)
-        proposer = make_proposer(settings=cfg.optimizer, llm=self.client("optimizer"),
+        proposer = make_proposer(settings=proposer_settings(cfg.optimizer), llm=self.client("optimizer"),
                                  template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)
-        return Search(proposer, scorer, study, cfg.optimizer, usage=self.usage, workers=workers,
+        return Search(proposer, scorer, study, search_settings(cfg.optimizer), usage=self.usage, workers=workers,
                       recorders=recorders, seed=cfg.experiment.seed, progress=self.progress, ledger=self.decisions)
 
     def optimize(self, *, worker_index: int = 0, num_workers: int = 1, fresh: bool = False) -> RunResult:

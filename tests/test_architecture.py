@@ -152,16 +152,15 @@ def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
 FLOORS: dict[str, int] = {
     **dict.fromkeys(("opro.errors", "opro.program.dimensions", "opro.program.configurations", "opro.program.prompts", "opro.paths", "opro.redaction", "opro.progress",
                      "opro.locking", "opro.tracking.plots", "opro.tracking.rundir", "opro.stats.paired", "opro.stats.sequential",
-                     "opro.heldout.ledger", "opro.program.cost", "opro.stats.noninferiority", "opro.stats.skew", "opro.stats.ratio", "opro.tracking.records", "opro.calibration.nearmiss"), 0),
+                     "opro.heldout.ledger", "opro.program.cost", "opro.stats.noninferiority", "opro.stats.skew", "opro.stats.ratio", "opro.stats.claim", "opro.tracking.records", "opro.calibration.nearmiss"), 0),
     **dict.fromkeys(("opro.llm", "opro.config", "opro.llm.budget"), 1),
     **dict.fromkeys(("opro.program.rag", "opro.program.retrieval", "opro.data.documents", "opro.data.dataset", "opro.data.generation",
                      "opro.data.corpus", "opro.data.questions", "opro.judges", "opro.judges.metrics", "opro.judges.withheld"), 2),
     **dict.fromkeys(("opro.evaluation.engine", "opro.evaluation.rows", "opro.evaluation.workbench", "opro.program.dspy"), 3),
     **dict.fromkeys(("opro.search", "opro.evaluation.batch"), 3.5),
     **dict.fromkeys(("opro.tracking.rundir_recorder", "opro.tracking", "opro.heldout.compare", "opro.heldout.report", "opro.heldout.guard", "opro.heldout.promotion",
-                     "opro.export", "opro.calibration.calibrate", "opro.heldout.sources", "opro.calibration.agreement",
-                     "opro.probe.plan"), 4),
-    **dict.fromkeys(("opro.experiment", "opro.probe.headroom", "opro.workflows", "opro.testing"), 5),
+                     "opro.export", "opro.calibration.calibrate", "opro.heldout.sources", "opro.calibration.agreement"), 4),
+    **dict.fromkeys(("opro.experiment", "opro.probe.headroom", "opro.workflows", "opro.testing", "opro.probe.plan"), 5),
     # The probe's modules (opro/probe/): they run on an Experiment's program and judge, beside headroom.
     **dict.fromkeys(tuple(f"opro.probe.{m}" for m in (
         "contrasts", "effects", "verdicts", "savings", "recommendation", "proposer", "task_limits", "judge_limits",

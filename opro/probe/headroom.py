@@ -45,6 +45,7 @@ from opro.probe.store import probe_signature, stored_probe, write_probe
 from opro.probe.task_limits import FORMAT_INSTRUCTION, task_limits
 from opro.probe.verdicts import INERT_WITHIN, verdict_of, with_verdicts
 from opro.tracking.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
+from opro.workflows.settings import claim, proposer_settings
 
 if TYPE_CHECKING:
     from opro.experiment import Experiment
@@ -78,17 +79,18 @@ def _measure(exp: Experiment, *, plan: Plan, pool: Sequence[Any], questions: int
 
     cfg = exp.config
     o = cfg.optimizer
+    rule = claim(o)
     initial_text = cfg.rag.initial_instructions[0]
     initial = exp.template(initial_text)
     contrasts = [Contrast("no instruction", initial.with_instruction(""), "wording", "")]
     space_contrasts = search_contrasts(initial, exp.search_space)
     n, note = pilot_size(plan, questions=questions, contrasts=3 + len(space_contrasts), available=len(pool),
-                          alpha=o.alpha)
+                          alpha=rule.alpha)
     pilot = tuple(pool[:n])
     asked_q = [e.query for e in pilot]
     shown_q = [e.query for e in exp.dataset.examples_in("exemplar")]
     template_text = exp.template("<INS>").template_text
-    proposer = build_opro(llm=exp.client("optimizer"), settings=o, template_text=template_text, seed=cfg.experiment.seed)
+    proposer = build_opro(llm=exp.client("optimizer"), settings=proposer_settings(o), template_text=template_text, seed=cfg.experiment.seed)
 
     def check(reply: str) -> ProposalCheck:
         return check_proposal(reply, initial=initial_text, questions=[*shown_q, *asked_q], template_text=template_text,
@@ -122,6 +124,7 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
 
     exp, cfg = experiment, experiment.config
     o = cfg.optimizer
+    rule = claim(o)
     # Its verdicts never read an earlier probe (only a run's noise on this task).
     plan = make_plan(cfg, documents=lambda: exp.documents, noise_digest=exp.noise_digest())
     pool, n_optimization = pilot_pool(exp)
@@ -138,17 +141,17 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     # figure rests on an assumed sd until a run, a calibration or this probe measures one).
     detectable = judge.detectable_at_pilot_sd or plan.detectable
     # The inert band: +-0.2, or under the cost objective +-margin, the difference the search tolerates.
-    band = o.margin if o.objective == "cost" else INERT_WITHIN
+    band = rule.margin if rule.objective == "cost" else INERT_WITHIN
     judged = with_verdicts(m.effects[1:], band=band, detectable=detectable)
-    if o.objective == "cost":  # each verdict with its saving and its non-inferiority test
-        judged = with_costs(judged, initial=base, margin=o.margin)
+    if rule.objective == "cost":  # each verdict with its saving and its non-inferiority test
+        judged = with_costs(judged, initial=base, margin=rule.margin)
     # The noise at which to size a pilot that decides: the one measured here where enough questions
     # measured it, else the plan's (measured by a run or a calibration, or assumed: it says which).
     noise = ((judge.pilot_sd, "the pilot's") if judge.pilot_sd is not None and judge.pilot_sd > 0 and n >= MIN_PILOT
              else (judge.plan_sd, f"the plan's: {judge.plan_sd_basis}"))
-    rec = recommend(judged, initial=base, detectable=detectable, objective=o.objective,
+    rec = recommend(judged, initial=base, detectable=detectable, objective=rule.objective,
                     probed_space=any(c.dimension not in ("wording", "format") for c in m.contrasts), questions=n,
-                    noise=noise, available=len(pool), band=band, margin=o.margin, measure=cfg.cost_model().measure)
+                    noise=noise, available=len(pool), band=band, margin=rule.margin, measure=cfg.cost_model().measure)
     after = exp.usage.as_dict()
     made = {r: c for r, c in _delta(after, before, "calls").items() if c}
     hits = _delta(after, before, "cache_hits")

@@ -80,13 +80,15 @@ def judge_limits(cfg: OproConfig, *, plan: Plan, effects: Sequence[Effect]) -> J
     """The stored calibration, the pilot's paired noise and what the plan can detect at it."""
     from opro.probe.plan import POWER
     from opro.stats.sequential import design_power
+    from opro.workflows.settings import claim
 
     o = cfg.optimizer
+    rule = claim(o)
     sds = [e.sd for e in effects[1:] if e.sd is not None and e.n >= 3]
     pilot_sd = statistics.median(sds) if sds else None
     at_pilot = None
     if pilot_sd is not None and pilot_sd > 0 and plan.looks:
-        at_pilot = design_power(plan.looks, alpha=o.alpha, sd=pilot_sd, futility=o.futility, power=POWER).detectable
+        at_pilot = design_power(plan.looks, alpha=rule.alpha, sd=pilot_sd, futility=o.futility, power=POWER).detectable
     seconds = {r.role: r.seconds_per_call for r in plan.roles}
     calibrated, calibration = calibration_lines(cfg, judge_seconds=seconds.get("judge", 0.0),
                                                 task_seconds=seconds.get("task", 0.0))

@@ -47,6 +47,7 @@ from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, ini
 from opro.search.validation_sizes import confirmation_looks, split_sizes
 from opro.stats.sequential import design_power, min_questions
 from opro.tracking.rundir import RunDir
+from opro.workflows.settings import claim, validation_settings
 
 if TYPE_CHECKING:
     from llama_index.core.schema import Document
@@ -511,11 +512,12 @@ def first_moves_of(config: OproConfig) -> list[dict[str, Value]]:
     if not choices:
         return []
     return first_moves(choices, {k: dimension(k).coerce(initial[k]) for k in choices},
-                       price=lambda values: answer_cost(config, values), objective=config.optimizer.objective)
+                       price=lambda values: answer_cost(config, values), objective=claim(config.optimizer).objective)
 
 
 def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPlan:
     o, model = config.optimizer, config.cost_model()
+    rule = claim(o)
     initial = initial_values(config)
 
     def at(values: Mapping[str, Any], dimension: str = "initial", value: Value = 0) -> ChoiceCost:
@@ -529,22 +531,22 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
                     for v in sorted({*values, dimension(d).coerce(initial[d])}))  # type: ignore[type-var]
     confirmable = held = None
     saving = None
-    if o.objective == "cost":
+    if rule.objective == "cost":
         if sizes:
             # Non-inferiority is the same test on differences shifted by the margin: a truly equal
             # configuration is confirmed at the margin that equals the smallest detectable gain.
-            confirmable = design_power(sizes, alpha=o.alpha, sd=sd, futility=o.futility, power=POWER).detectable
+            confirmable = design_power(sizes, alpha=rule.alpha, sd=sd, futility=o.futility, power=POWER).detectable
         n = config.data.split.heldout
-        if n >= min_questions(o.alpha, sides=1):
+        if n >= min_questions(rule.alpha, sides=1):
             z = statistics.NormalDist().inv_cdf
-            held = (z(1 - o.alpha) + z(POWER)) * sd / math.sqrt(n)
+            held = (z(1 - rule.alpha) + z(POWER)) * sd / math.sqrt(n)
         if space and base.cost > 0:
             # Every setting lengthens the prompt or the answer, so the extremes are the cheapest and
             # the dearest choices of each dimension together.
             ends = [at({**initial, **{d: f(set(v) | {initial[d]}) for d, v in space.items()  # type: ignore[type-var]
                                       if dimension(d).numeric}}).cost for f in (max, min)]
             saving = (1 - ends[0] / base.cost, 1 - ends[1] / base.cost)
-    return CostPlan(unit=model.unit, completion_weight=model.completion_weight, initial=base, choices=choices, objective=o.objective, margin=o.margin,
+    return CostPlan(unit=model.unit, completion_weight=model.completion_weight, initial=base, choices=choices, objective=rule.objective, margin=rule.margin,
                     confirmable_margin=confirmable, heldout_margin=held, saving_range=saving)
 
 
@@ -595,24 +597,26 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     measured one. ``noise_digest``: this config's (:meth:`opro.experiment.Experiment.noise_digest`): the
     last run's noise is used only where its summary records the same (None: it is not used)."""
     o, s = config.optimizer, config.data.split
+    design = validation_settings(o)
+    rule = design.claim
     sd, sd_basis, noise_note = _difference_sd(config, pilot_noise=pilot_noise, digest=noise_digest)
     warnings: list[str] = []
     validating = o.finalists > 0 and s.validation > 0
     finalists = min(o.finalists, 1 + o.steps * o.candidates_per_step)
-    n_sel, n_conf = split_sizes(o, s.validation, finalists) if validating else (0, 0)
+    n_sel, n_conf = split_sizes(design, s.validation, finalists) if validating else (0, 0)
     chunks = _chunks_to_generate(config, documents)
     unused, unused_max = _unused_questions(config, chunks) if validating and o.validation_extension else (0, 0)
     # Planned at the expected extension; what the run can ask, at the most it can extend into.
-    sizes, sizes_max = confirmation_looks(o, n_conf, unused), confirmation_looks(o, n_conf, unused_max)
+    sizes, sizes_max = confirmation_looks(design, n_conf, unused), confirmation_looks(design, n_conf, unused_max)
     detectable, asked = None, 0.0
     if sizes:
-        p = design_power(sizes, alpha=o.alpha, sd=sd, futility=o.futility, power=POWER)
+        p = design_power(sizes, alpha=rule.alpha, sd=sd, futility=design.futility, power=POWER)
         detectable, asked = p.detectable, p.questions_null
-        if sizes[-1] < min_questions(o.alpha):
+        if sizes[-1] < min_questions(rule.alpha):
             warnings.append(
                 f"the validation stage cannot claim a gain: {sizes[-1]} confirmation questions give a smallest "
-                f"p-value of {0.5 ** sizes[-1]:.3g} > alpha {o.alpha:g}; give [data.split].validation at least "
-                f"{min_questions(o.alpha) + n_sel} (better: enough for the gain you look for)")
+                f"p-value of {0.5 ** sizes[-1]:.3g} > alpha {rule.alpha:g}; give [data.split].validation at least "
+                f"{min_questions(rule.alpha) + n_sel} (better: enough for the gain you look for)")
         elif detectable is not None and detectable > 1.0:
             warnings.append(f"only a gain above {detectable:.1f} points is likely to be confirmed: raise "
                             "[data.split].validation to detect smaller ones")
@@ -620,9 +624,9 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         warnings.append("no validation stage ([optimizer].finalists = 0): the returned score is in-sample and no "
                         "gain is claimed")
     held = None
-    if s.heldout >= min_questions(o.alpha, sides=2):
+    if s.heldout >= min_questions(rule.alpha, sides=2):
         z = statistics.NormalDist().inv_cdf
-        held = (z(1 - o.alpha / 2) + z(POWER)) * sd / math.sqrt(s.heldout)
+        held = (z(1 - rule.alpha / 2) + z(POWER)) * sd / math.sqrt(s.heldout)
 
     moves = first_moves_of(config)
     roles = _roles(config, chunks=chunks, moves=len(moves),
@@ -630,16 +634,16 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
                    validation_max=(finalists * n_sel + 2.0 * sizes_max[-1]) if sizes_max else 0.0)
     made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
                 extension_questions=(sizes_max[-1] - n_conf) if sizes_max else 0,
-                extension_expected=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=o.alpha,
+                extension_expected=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=rule.alpha,
                 difference_sd=sd, sd_basis=sd_basis, detectable=detectable, heldout_detectable=held,
                 roles=tuple(roles), warnings=tuple(warnings), space=config.search.space.dimensions,
                 cost=_cost_plan(config, sd=sd, sizes=sizes), notes=(noise_note,) if noise_note else (),
                 first_moves=tuple(settings_text(changed(m, initial_values(config))) for m in moves))
     c = made.cost
-    if c is not None and c.objective == "cost" and (c.confirmable_margin is None or c.confirmable_margin > o.margin):
+    if c is not None and c.objective == "cost" and (c.confirmable_margin is None or c.confirmable_margin > rule.margin):
         can = "no margin" if c.confirmable_margin is None else f"only a margin of {c.confirmable_margin:.2f} or more"
         made = replace(made, warnings=(*made.warnings, (
-            f"[optimizer].margin {o.margin:g}: the validation stage confirms {can} for a truly equal, cheaper "
+            f"[optimizer].margin {rule.margin:g}: the validation stage confirms {can} for a truly equal, cheaper "
             f"configuration in {POWER:.0%} of runs; raise [data.split].validation or the margin")))
     if held is None:
         return replace(made, warnings=(*made.warnings, made.compare_lines()[0].removeprefix("warning: ")))

@@ -19,9 +19,9 @@ import math
 from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 
-from opro.config import OptimizerSection
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, quality_cost_front
+from opro.search.settings import ValidationSettings
 from opro.stats.paired import paired_valid
 from opro.stats.sequential import t_interval
 
@@ -59,7 +59,7 @@ def cost_finalists(history: Sequence[CandidateRecord], *, initial: str, margin: 
     return quality_cost_front(_cheaper(history, initial=initial, margin=margin)[1])
 
 
-def choose_finalists(history: Sequence[CandidateRecord], *, initial: str, settings: OptimizerSection,
+def choose_finalists(history: Sequence[CandidateRecord], *, initial: str, settings: ValidationSettings,
                      n_confirmation: int) -> list[CandidateRecord]:
     """The candidates the validation stage may choose, the initial configuration (by name) left out: by
     quality the best complete candidates by search score; by cost (cheapest first) the cheaper, not
@@ -84,7 +84,7 @@ def choose_finalists(history: Sequence[CandidateRecord], *, initial: str, settin
 
 
 def chosen_finalist(finalists: Sequence[CandidateRecord], selection_scores: Mapping[str, Sequence[float | None]], *,
-                    initial: str, by_cost: bool, n_confirmation: int, settings: OptimizerSection,
+                    initial: str, by_cost: bool, n_confirmation: int, settings: ValidationSettings,
                     history: Sequence[CandidateRecord]) -> int:
     """The index of the finalist to confirm. By quality: the best mean over its search and selection
     questions (ties to the better search rank). By cost (finalists cheapest first): the largest

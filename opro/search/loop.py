@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opro.config import OptimizerSection
 from opro.errors import ConfigError, OproError
 from opro.evaluation.batch import QAExample
 from opro.evaluation.rows import EvaluationRow
@@ -33,6 +32,7 @@ from opro.search.proposers.base import ProposalContext, Proposer
 from opro.search.recorder import Recorder
 from opro.search.results import CandidateRecord, OptimizationResult, ValidationResult
 from opro.search.scoring import CandidateScorer
+from opro.search.settings import SearchSettings
 from opro.search.steps import StepEvaluator
 from opro.search.study import SearchStudy
 from opro.search.validation import on_scale, validate
@@ -73,7 +73,7 @@ class Search:
         proposer: Proposer,
         scorer: CandidateScorer,
         study: SearchStudy,
-        settings: OptimizerSection | None = None,
+        settings: SearchSettings,
         *,
         usage: UsageLedger,
         workers: WorkerPlan | None = None,
@@ -85,7 +85,7 @@ class Search:
         self.proposer = proposer
         self.scorer = scorer
         self.study = study
-        self.settings = settings or OptimizerSection()
+        self.settings = settings
         self.workers = workers or WorkerPlan.solo()
         #: What the search leaves behind (run directory, MLflow, ...), called in this order.
         self.recorders = tuple(recorders)
@@ -136,29 +136,29 @@ class Search:
             raise OproError("the optimization split is empty: give the dataset an optimization split")
         if not initial:
             raise OproError("give at least one initial instruction")
-        if self.settings.finalists > 0 and not validation_set:
+        if self.settings.validation.finalists > 0 and not validation_set:
             raise ConfigError(
-                f"[optimizer].finalists = {self.settings.finalists} needs validation questions, but the validation "
+                f"[optimizer].finalists = {self.settings.validation.finalists} needs validation questions, but the validation "
                 "split is empty: set [data.split].validation (e.g. 8; more questions detect smaller gains), "
                 "or set [optimizer].finalists = 0 to skip validation (then no gain is claimed)"
             )
         from opro.search.validation_sizes import max_calls
 
-        self.validation_reserve = max_calls(self.settings, len(validation_set), len(extension_set))
+        self.validation_reserve = max_calls(self.settings.validation, len(validation_set), len(extension_set))
         cap = self.settings.max_calls
         if cap and cap < self.validation_reserve + 2 * len(initial):
             raise ConfigError(
                 f"[optimizer].max_calls = {cap} covers the whole run, and the validation stage can take "
                 f"{self.validation_reserve} task + judge calls ({len(validation_set)} questions"
-                + (f" and up to {min(len(extension_set), self.settings.validation_extension)} extension questions"
-                   if extension_set and self.settings.validation_extension else "")
-                + f", {self.settings.finalists} finalist(s)): raise max_calls above {self.validation_reserve} "
+                + (f" and up to {min(len(extension_set), self.settings.validation.validation_extension)} extension questions"
+                   if extension_set and self.settings.validation.validation_extension else "")
+                + f", {self.settings.validation.finalists} finalist(s)): raise max_calls above {self.validation_reserve} "
                 "(`opro plan` shows the split), or lower [data.split].validation "
                 "or [optimizer].validation_extension")
         if self.workers.lead:
             from opro.search.validation import refuse_seen
 
-            refuse_seen(study=self.study, settings=self.settings, validation_set=validation_set, ledger=self.ledger)
+            refuse_seen(study=self.study, settings=self.settings.validation, validation_set=validation_set, ledger=self.ledger)
         started = time.perf_counter()
         plan = self.workers
         # One process per (study, worker index), wherever it runs: a second one would mark the
@@ -237,9 +237,9 @@ class Search:
             for recorder in self.recorders:
                 recorder.on_search_end(study)
             validation = None
-            if lead and self.settings.finalists > 0:
+            if lead and self.settings.validation.finalists > 0:
                 validation = validate(
-                    study=study, scorer=self.scorer, settings=self.settings, validation_set=validation_set,
+                    study=study, scorer=self.scorer, settings=self.settings.validation, validation_set=validation_set,
                     history=history, initial=initial[0].strip(), extension_set=extension_set, seed=self.seed,
                     progress=self.progress, ledger=self.ledger,
                     on_validated=self._on_validated, on_batch=self._on_validation_batch,
@@ -384,7 +384,7 @@ class Search:
             "wall_s": wall_s,
             "validation": validation,
             "rejected": self.study.rejections(),
-            "objective": self.settings.objective,
+            "objective": self.settings.claim.objective,
         }
         if validation is not None and not validation.finalists and initial_rec is not None:
             # Nothing to validate: the initial instruction, on the search score it has (validation

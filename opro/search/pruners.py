@@ -22,7 +22,7 @@ from typing import Literal
 
 import optuna
 
-from opro.config import OptimizerSection
+from opro.search.settings import PrunerSettings
 from opro.search.study import CandidateTrial, complete_before
 from opro.stats.paired import paired_valid
 
@@ -190,7 +190,7 @@ def _no_cheaper(candidate: RunningCandidate, other: CandidateTrial) -> bool:
     return sum(mine) / len(mine) >= other.cost.cost
 
 
-def make_pruner(settings: OptimizerSection) -> EarlierStepsPruner | optuna.pruners.NopPruner:
+def make_pruner(settings: PrunerSettings) -> EarlierStepsPruner | optuna.pruners.NopPruner:
     if settings.pruner == "none":
         return optuna.pruners.NopPruner()
     if settings.pruner == "median":
@@ -198,7 +198,7 @@ def make_pruner(settings: OptimizerSection) -> EarlierStepsPruner | optuna.prune
     if settings.pruner == "best":
         return BestSoFarPruner(margin=settings.prune_margin, warmup=settings.prune_warmup_minibatches)
     return RacingPruner(confidence=settings.race_confidence, warmup=settings.prune_warmup_minibatches,
-                        objective=settings.objective, margin=settings.margin)
+                        objective=settings.claim.objective, margin=settings.claim.margin)
 
 
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import optuna
 
-from opro.config import OptimizerSection
 from opro.errors import LLMError, OproError
 from opro.evaluation.batch import QAExample
 from opro.evaluation.engine import Gate, Pair, Scored
@@ -30,6 +29,7 @@ from opro.progress import ProgressBar, progress_bar
 from opro.search.pruners import EarlierStepsPruner, RunningCandidate
 from opro.search.results import CandidateRecord, CandidateStatus
 from opro.search.scoring import CandidateScorer, Outcome, Template
+from opro.search.settings import SearchSettings
 from opro.search.study import CandidateTrial, SearchStudy, complete_before
 from opro.search.workers import (
     MAX_POLL_S,
@@ -132,7 +132,7 @@ class StepEvaluator:
         *,
         study: SearchStudy,
         scorer: CandidateScorer,
-        settings: OptimizerSection,
+        settings: SearchSettings,
         coordinator: Coordinator,
         usage: UsageBook,
         budget_left: Callable[[int], bool],
@@ -321,7 +321,7 @@ class _StepRun:
         self.n_batches = max(1, math.ceil(self.n / self.size))
         self.pruning = pruning(self.study, step)
         #: ``objective = "cost"``: each question's cost is kept beside its score (what that race pairs on).
-        self.by_cost = owner.settings.objective == "cost"
+        self.by_cost = owner.settings.claim.by_cost
         # With a budget, minibatch b starts only once minibatch b-1 is finished and the budget is
         # checked, as a plain loop would: where a run stops must not depend on timing.
         self.budgeted = owner.budgeted

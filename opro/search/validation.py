@@ -43,7 +43,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from opro.config import OptimizerSection
 from opro.errors import LLMError
 from opro.evaluation.batch import QAExample
 from opro.evaluation.engine import Scored
@@ -60,6 +59,7 @@ from opro.search.results import (
     ValidationResult,
 )
 from opro.search.scoring import CandidateScorer
+from opro.search.settings import ValidationSettings
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
 from opro.search.validation_sizes import confirmation_looks, split_sizes
 from opro.stats.paired import paired_valid
@@ -189,7 +189,7 @@ def _label_warning(reuse: ValidationReuse) -> None:
 
 
 def refuse_seen(
-    *, study: SearchStudy, settings: OptimizerSection, validation_set: Sequence[QAExample],
+    *, study: SearchStudy, settings: ValidationSettings, validation_set: Sequence[QAExample],
     ledger: DecisionLedger | None = None,
 ) -> None:
     """Before the search: raise :class:`ValidationReuse` at once when the validation decision it would
@@ -323,7 +323,7 @@ class _Finding:
     cheaper: bool
 
 
-def _nothing_to_validate(settings: OptimizerSection) -> ValidationResult:
+def _nothing_to_validate(settings: ValidationSettings) -> ValidationResult:
     by_cost = settings.objective == "cost"
     return ValidationResult(
         n_questions=0, alpha=settings.alpha, initial_score=None, initial_ci=None, initial_scores=(), finalists=(),
@@ -335,7 +335,7 @@ def _nothing_to_validate(settings: OptimizerSection) -> ValidationResult:
     )
 
 
-def _plan(settings: OptimizerSection, *, initial: str, finalists: Sequence[CandidateRecord],
+def _plan(settings: ValidationSettings, *, initial: str, finalists: Sequence[CandidateRecord],
           validation_set: Sequence[QAExample], extension_set: Sequence[QAExample]) -> _Plan:
     n_sel, _ = split_sizes(settings, len(validation_set), len(finalists))
     confirmation = tuple(validation_set[n_sel:])
@@ -350,7 +350,7 @@ def _plan(settings: OptimizerSection, *, initial: str, finalists: Sequence[Candi
     )
 
 
-def _design(settings: OptimizerSection, plan: _Plan) -> ValidationDesign:
+def _design(settings: ValidationSettings, plan: _Plan) -> ValidationDesign:
     """The decision's design, keyed: what a decision is resumed under, and refused under another."""
     s = settings
     # The test is part of the key: a decision recorded under the sign flips alone is never resumed under
@@ -377,7 +377,7 @@ def _design(settings: OptimizerSection, plan: _Plan) -> ValidationDesign:
     ).keyed()
 
 
-def _open_decision(study: SearchStudy, *, plan: _Plan, settings: OptimizerSection,
+def _open_decision(study: SearchStudy, *, plan: _Plan, settings: ValidationSettings,
                    ledger: DecisionLedger | None) -> _Opened:
     """Begin the decision in the study and the ledger, refused (:class:`ValidationReuse`) where its
     questions already decided a verdict under another design, or labelled re-decided with
@@ -405,7 +405,7 @@ def _open_decision(study: SearchStudy, *, plan: _Plan, settings: OptimizerSectio
     return _Opened(design=design, decision=decision, reuse=reuse)
 
 
-def _select(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, settings: OptimizerSection,
+def _select(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, settings: ValidationSettings,
             history: Sequence[CandidateRecord], rows: _Rows, collect: OnValidated,
             progress: bool) -> tuple[int, dict[str, list[float | None]]]:
     """1. Selection (:func:`opro.search.finalists.chosen_finalist`): the chosen finalist's index and each
@@ -421,7 +421,7 @@ def _select(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, setting
                            n_confirmation=len(plan.confirmation), settings=settings, history=history), scores
 
 
-def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen: int, settings: OptimizerSection,
+def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen: int, settings: ValidationSettings,
              seed: int, rows: _Rows, collect: OnValidated, progress: bool) -> _Confirmation:
     """2. Confirmation: the chosen finalist and the initial instruction, batch by batch, a look after
     each (kept in the study), until a look decides."""
@@ -468,7 +468,7 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
     )
 
 
-def _find(conf: _Confirmation, *, plan: _Plan, settings: OptimizerSection, reuse: ValidationReuse | None,
+def _find(conf: _Confirmation, *, plan: _Plan, settings: ValidationSettings, reuse: ValidationReuse | None,
           unit: CostUnit, seed: int) -> _Finding:
     """The gain (or saving) the confirmation shows, and whether it is claimed."""
     s = settings
@@ -530,7 +530,7 @@ def _how(plan: _Plan, *, chosen: int, conf: _Confirmation) -> str:
             + (f", {extended} of them from the extension" if extended else ""))
 
 
-def _why(settings: OptimizerSection, *, conf: _Confirmation, finding: _Finding) -> str:
+def _why(settings: ValidationSettings, *, conf: _Confirmation, finding: _Finding) -> str:
     """Why the sequential test decided as it did (quality objective)."""
     final, s = conf.final, settings
     if final.decision == "success":
@@ -540,7 +540,7 @@ def _why(settings: OptimizerSection, *, conf: _Confirmation, finding: _Finding) 
             "end": f"sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}"}.get(final.decision, final.decision)
 
 
-def _cost_texts(settings: OptimizerSection, *, conf: _Confirmation, finding: _Finding, cost: CostModel,
+def _cost_texts(settings: ValidationSettings, *, conf: _Confirmation, finding: _Finding, cost: CostModel,
                 why: str) -> tuple[str, str, str]:
     """(quality, saved, why) of a verdict with ``objective = "cost"``."""
     s, final, saving = settings, conf.final, finding.saving
@@ -566,7 +566,7 @@ def _cost_texts(settings: OptimizerSection, *, conf: _Confirmation, finding: _Fi
     return quality, saved, why
 
 
-def _verdict(settings: OptimizerSection, *, plan: _Plan, chosen: int, conf: _Confirmation, finding: _Finding,
+def _verdict(settings: ValidationSettings, *, plan: _Plan, chosen: int, conf: _Confirmation, finding: _Finding,
              reuse: ValidationReuse | None, cost: CostModel) -> str:
     """The validation's verdict, in words: what was claimed (or why not), on which questions."""
     s, final = settings, conf.final
@@ -601,7 +601,7 @@ def _verdict(settings: OptimizerSection, *, plan: _Plan, chosen: int, conf: _Con
 
 
 def _settle(study: SearchStudy, ledger: DecisionLedger | None, *, opened: _Opened, conf: _Confirmation,
-            plan: _Plan, settings: OptimizerSection, validated: bool) -> None:
+            plan: _Plan, settings: ValidationSettings, validated: bool) -> None:
     """The decision's verdict, recorded in the study and the ledger."""
     final = conf.final
     outcome = f"{RE_DECIDED}, not validated" if opened.reuse is not None else "validated" if validated else "no gain"
@@ -618,7 +618,7 @@ def validate(
     *,
     study: SearchStudy,
     scorer: CandidateScorer,
-    settings: OptimizerSection,
+    settings: ValidationSettings,
     validation_set: Sequence[QAExample],
     history: Sequence[CandidateRecord],
     initial: str,

@@ -4,11 +4,11 @@ budget count before the stage runs; :mod:`opro.search.validation` asks them)."""
 
 from __future__ import annotations
 
-from opro.config import OptimizerSection
+from opro.search.settings import ValidationSettings
 from opro.stats.sequential import look_sizes
 
 
-def split_sizes(settings: OptimizerSection, n_questions: int, n_finalists: int) -> tuple[int, int]:
+def split_sizes(settings: ValidationSettings, n_questions: int, n_finalists: int) -> tuple[int, int]:
     """(selection, confirmation) questions of a validation stage over ``n_questions`` with
     ``n_finalists`` finalists: selection only when there is a choice to make by quality, and at least
     2 questions left to confirm on. Under ``objective = "cost"`` the choice is made on the search
@@ -18,7 +18,7 @@ def split_sizes(settings: OptimizerSection, n_questions: int, n_finalists: int) 
     return n_sel, n_questions - n_sel
 
 
-def confirmation_looks(settings: OptimizerSection, n_confirmation: int, n_extension: int = 0) -> tuple[int, ...]:
+def confirmation_looks(settings: ValidationSettings, n_confirmation: int, n_extension: int = 0) -> tuple[int, ...]:
     """Paired questions seen at each look of a confirmation: ``validation_looks`` near-even batches
     of the ``n_confirmation`` questions of the validation split, then one look after up to
     ``n_extension`` more (``validation_extension`` caps them)."""
@@ -29,7 +29,7 @@ def confirmation_looks(settings: OptimizerSection, n_confirmation: int, n_extens
     return (*sizes, n_confirmation + extra) if extra else sizes
 
 
-def max_calls(settings: OptimizerSection, n_questions: int, n_extension: int = 0) -> int:
+def max_calls(settings: ValidationSettings, n_questions: int, n_extension: int = 0) -> int:
     """The most task + judge calls a validation stage over ``n_questions`` (and up to ``n_extension``
     extension questions) can make (every finalist on the selection questions, both prompts on every
     confirmation question): what a call budget keeps back for it."""

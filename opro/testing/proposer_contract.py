@@ -26,6 +26,7 @@ from opro.testing.worlds import (
     keyword_judge_reply,
     keyword_task_reply,
 )
+from opro.workflows.settings import proposer_settings
 
 INITIAL = "Answer the question."
 MAX_CHARS = 200
@@ -57,7 +58,7 @@ def _history() -> list[CandidateRecord]:
 def propose(name: str, *, seed: int = 0, k: int = 4) -> tuple[Proposal, list[str], Any]:
     settings = OptimizerSection(proposer=name, exemplars=2, max_instruction_chars=MAX_CHARS)
     optimizer = ScriptedLLM(default=optimizer_reply)
-    proposer = make_proposer(settings=settings, llm=ChatClient(optimizer, role="optimizer", seed=seed),
+    proposer = make_proposer(settings=proposer_settings(settings), llm=ChatClient(optimizer, role="optimizer", seed=seed),
                              template_text="<INS>\nQuery: {query_str}", seed=seed)
     # The keyword world's judge is a double with what the scorer reads of a verdict (score, invalid).
     judge = KeywordJudge(ChatClient(ScriptedLLM(default=keyword_judge_reply), role="judge"))

@@ -135,22 +135,24 @@ class SearchRig:
 
     def study(self) -> SearchStudy:
         from opro.search import SearchStudy, make_pruner, open_storage
+        from opro.workflows.settings import pruner_settings
 
-        return SearchStudy.open(open_storage(self.storage), name=self.study_name, pruner=make_pruner(self.settings))
+        return SearchStudy.open(open_storage(self.storage), name=self.study_name, pruner=make_pruner(pruner_settings(self.settings)))
 
     def _study(self) -> Any:
         return self.study().optuna
 
     def search(self, program: Any) -> Search:
         from opro.search import CandidateScorer, Search, WorkerPlan, make_proposer
+        from opro.workflows.settings import proposer_settings, search_settings
 
         study = self.study()
         study.check_fingerprint(self.fingerprint)
         scorer = CandidateScorer(program=program, judge=self.judge, template=self.template,
                                  task_slots=self.task_workers, judge_slots=self.judge_workers)
-        proposer = make_proposer(settings=self.settings, llm=self.optimizer_llm,
+        proposer = make_proposer(settings=proposer_settings(self.settings), llm=self.optimizer_llm,
                                  template_text=self.template.with_instruction("<INS>").template_text, seed=self.seed)
-        self.last = Search(proposer, scorer, study, self.settings, usage=self.usage,
+        self.last = Search(proposer, scorer, study, search_settings(self.settings), usage=self.usage,
                            workers=WorkerPlan(index=self.worker_index, count=self.num_workers,
                                               timeout_s=self.worker_timeout_s),
                            recorders=self.recorders, seed=self.seed, progress=False, ledger=self.ledger)

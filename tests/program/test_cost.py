@@ -17,6 +17,7 @@ from opro.evaluation.batch import EvaluationRow
 from opro.experiment import Experiment, RunResult
 from opro.program.cost import CostModel
 from opro.tracking.commands import mlflow_run_of
+from opro.workflows.settings import validation_settings
 
 
 def _row(prompt: int, completion: int, seconds: float, error: str | None = None) -> EvaluationRow:
@@ -239,7 +240,7 @@ def test_the_cost_finalist_chosen_is_the_one_likeliest_to_confirm_its_saving_on_
     # Mean -0.2 (within the margin of 0.25), spread 0.55; mean 0, spread 0.27.
     cheapest = rec("cheapest", tuple(x + d for x, d in zip(base, (-0.7, 0.3, -0.7, 0.3, 0.3, -0.7), strict=True)), 1, 50.0)
     equal = rec("cheaper", tuple(x + d for x, d in zip(base, (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), strict=True)), 2, 70.0)
-    settings = OptimizerSection(objective="cost", margin=0.25)
+    settings = validation_settings(OptimizerSection(objective="cost", margin=0.25))
     history = [initial, cheapest, equal]
     # The selection scores (questions the initial configuration never answered) decide nothing under cost.
     easy = {"cheapest": [5.0] * 4, "cheaper": [1.0] * 4}
@@ -279,7 +280,7 @@ def test_the_cost_finalists_are_those_likeliest_to_confirm_a_saving_not_the_chea
                rec("cheapest", (-0.7, 0.3, -0.7, 0.3, 0.3, -0.7), 1, 40.0),
                rec("cheaper", (-0.8, 0.4, -0.6, 0.4, 0.2, -0.5), 2, 45.0),
                rec("equal", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 3, 70.0)]
-    settings = OptimizerSection(objective="cost", margin=0.25, finalists=2)
+    settings = validation_settings(OptimizerSection(objective="cost", margin=0.25, finalists=2))
     assert [r.instruction for r in cost_finalists(history, initial="initial", margin=0.25)] == [
         "cheapest", "cheaper", "equal"]
     got = choose_finalists(history, initial="initial", settings=settings, n_confirmation=44)

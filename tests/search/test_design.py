@@ -16,6 +16,7 @@ from opro.search.results import CandidateRecord, CostSaving
 from opro.search.study import questions_key, sha
 from opro.search.validation import _design, _plan
 from opro.stats.sequential import Look
+from opro.workflows.settings import validation_settings
 
 PROCEDURE = ("chosen finalist vs initial: group-sequential one-sided sign-flip test of Hall's skew-corrected "
              "studentized mean, O'Brien-Fleming-type alpha spending, non-binding futility")
@@ -39,9 +40,10 @@ def made(settings: OptimizerSection, *, n_extension: int = 0) -> tuple[Validatio
                                  n_errors=0, status="complete", trial_number=i) for i in range(2)]
     validation = [f"val question {i}?" for i in range(12)]
     extension = [f"unused question {i}?" for i in range(n_extension)]
-    plan = _plan(settings, initial="Answer the question.", finalists=finalists,
+    design = validation_settings(settings)
+    plan = _plan(design, initial="Answer the question.", finalists=finalists,
                  validation_set=[Ex(q, "a") for q in validation], extension_set=[Ex(q, "a") for q in extension])
-    return _design(settings, plan), validation, extension
+    return _design(design, plan), validation, extension
 
 
 def test_a_quality_design_is_stored_as_before_and_reads_back() -> None:

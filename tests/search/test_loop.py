@@ -21,6 +21,7 @@ from fakes import keyword_optimizer as _optimizer
 
 from opro.llm.cache import CallCache
 from opro.search import make_pruner
+from opro.workflows.settings import pruner_settings
 
 
 def test_loop_finds_the_best_and_keeps_complete_history(tmp_path: Path) -> None:
@@ -113,7 +114,7 @@ def test_pruning_decisions_do_not_wait_for_the_study(tmp_path: Path, monkeypatch
     assert writers and all(name.startswith("opro-study") for name in writers), sorted(set(writers))
     # The study holds what the decisions read: Optuna's own prune() agrees with the in-process one.
     study = optuna.load_study(study_name="test", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-    pruner = make_pruner(opt.settings)
+    pruner = make_pruner(pruner_settings(opt.settings))
     pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
     assert pruned and all(pruner.prune(study, t) for t in pruned)
 

@@ -15,16 +15,17 @@ from opro.llm import ChatClient
 from opro.llm.scripted import ScriptedLLM
 from opro.search import PROPOSERS, make_proposer
 from opro.search.proposers import OproProposer, ReflectiveProposer
+from opro.workflows.settings import proposer_settings
 
 
 def test_the_registry_builds_each_proposer_by_its_name_and_refuses_others() -> None:
     llm = ChatClient(ScriptedLLM(), role="optimizer")
-    assert isinstance(make_proposer(settings=OptimizerSection(), llm=llm, template_text="<INS>"), OproProposer)
-    built = make_proposer(settings=OptimizerSection(proposer="reflect"), llm=llm, template_text="<INS>")
+    assert isinstance(make_proposer(settings=proposer_settings(OptimizerSection()), llm=llm, template_text="<INS>"), OproProposer)
+    built = make_proposer(settings=proposer_settings(OptimizerSection(proposer="reflect")), llm=llm, template_text="<INS>")
     assert isinstance(built, ReflectiveProposer)
     assert set(PROPOSERS) >= {"opro", "reflect"}
     with pytest.raises(ConfigError, match=r"\[optimizer\].proposer = 'gepa' is not a proposer; choose one of"):
-        make_proposer(settings=OptimizerSection(proposer="gepa"), llm=llm, template_text="<INS>")
+        make_proposer(settings=proposer_settings(OptimizerSection(proposer="gepa")), llm=llm, template_text="<INS>")
 
 
 def test_the_reflective_proposer_shows_the_failing_exemplars_with_the_judge_s_reasons(tmp_path: Path) -> None:

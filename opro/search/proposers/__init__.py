@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opro.config import OptimizerSection
 from opro.errors import ConfigError
 from opro.llm.client import ChatClient
 from opro.search.proposers import opro, reflect
 from opro.search.proposers.base import Proposal, ProposalContext, Proposer, Sample, SamplingProposer
 from opro.search.proposers.opro import OproProposer
 from opro.search.proposers.reflect import ReflectiveProposer
+from opro.search.settings import ProposerSettings
 
 #: name -> build(*, llm, settings, template_text, seed)
 PROPOSERS: dict[str, Callable[..., Proposer]] = {
@@ -23,7 +23,7 @@ PROPOSERS: dict[str, Callable[..., Proposer]] = {
 }
 
 
-def make_proposer(*, settings: OptimizerSection, llm: ChatClient, template_text: str, seed: int = 0) -> Proposer:
+def make_proposer(*, settings: ProposerSettings, llm: ChatClient, template_text: str, seed: int = 0) -> Proposer:
     """The proposer ``settings.proposer`` names, over the optimizer LLM ``llm``. ``template_text``:
     the QA template with ``<INS>`` where the instruction goes."""
     build = PROPOSERS.get(settings.proposer)

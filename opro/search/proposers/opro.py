@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from opro.config import OptimizerSection
 from opro.llm.client import ChatClient
 from opro.search.exemplars import ExemplarPicker, ExemplarStrategy
 from opro.search.metaprompt import MetaPromptBuilder, ScoredInstruction
 from opro.search.proposers.base import Proposal, ProposalContext, SamplingProposer
+from opro.search.settings import ProposerSettings
 
 
 class OproProposer(SamplingProposer):
@@ -42,13 +42,13 @@ class OproProposer(SamplingProposer):
         return self.collect(context, meta_prompt)
 
 
-def build(*, llm: ChatClient, settings: OptimizerSection, template_text: str, seed: int) -> OproProposer:
+def build(*, llm: ChatClient, settings: ProposerSettings, template_text: str, seed: int) -> OproProposer:
     strategy: ExemplarStrategy = settings.exemplar_strategy
     return OproProposer(
         llm=llm,
         builder=MetaPromptBuilder(template_text=template_text, max_history=settings.max_history,
                                   min_score=settings.min_history_score, score_scale=settings.score_scale,
-                                  answer_format=settings.answer_format, show_length=settings.objective == "cost"),
+                                  answer_format=settings.answer_format, show_length=settings.show_length),
         picker=ExemplarPicker(strategy=strategy, k=settings.exemplars, seed=seed),
         temperature=settings.temperature, max_tokens=settings.max_tokens,
         max_instruction_chars=settings.max_instruction_chars, answer_format=settings.answer_format,

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from opro.config import OptimizerSection
 from opro.llm.client import ChatClient
 from opro.search.proposers.base import Proposal, ProposalContext, SamplingProposer
 from opro.search.scoring import QuestionFeedback
+from opro.search.settings import ProposerSettings
 
 PROMPT = """You improve the instruction that a question-answering assistant follows when it answers a
 question from retrieved context. Its answers are graded from 1 (wrong) to 5 (fully correct) against
@@ -73,7 +73,7 @@ class ReflectiveProposer(SamplingProposer):
         return self.collect(context, prompt)
 
 
-def build(*, llm: ChatClient, settings: OptimizerSection, template_text: str, seed: int) -> ReflectiveProposer:
+def build(*, llm: ChatClient, settings: ProposerSettings, template_text: str, seed: int) -> ReflectiveProposer:
     return ReflectiveProposer(llm=llm, k=settings.exemplars, temperature=settings.temperature,
                               max_tokens=settings.max_tokens, max_instruction_chars=settings.max_instruction_chars,
                               answer_format=settings.answer_format)
