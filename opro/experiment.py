@@ -484,7 +484,7 @@ class Experiment:
     def _storage(self) -> Any:
         """The config's Optuna study store, opened once (a clear error when it cannot be)."""
         if self._study_storage is None:
-            from opro.search.study import open_storage
+            from opro.search.storage import open_storage
 
             self._study_storage = open_storage(self.config.optuna_storage)
         return self._study_storage

@@ -22,7 +22,8 @@ from opro.search.results import (
     optimism_points,
 )
 from opro.search.scoring import CandidateScorer, QuestionFeedback, Template
-from opro.search.study import FingerprintMismatch, SearchStudy, open_storage
+from opro.search.storage import open_storage
+from opro.search.study import FingerprintMismatch, SearchStudy
 from opro.search.validation import validation_prompts
 from opro.search.workers import WorkerPlan, WorkerSpecError, check_worker_spec
 

@@ -23,7 +23,7 @@ from typing import Literal
 import optuna
 
 from opro.search.settings import PrunerSettings
-from opro.search.study import CandidateTrial, complete_before
+from opro.search.trials import CandidateTrial, complete_before
 from opro.stats.paired import paired_valid
 
 

@@ -30,7 +30,8 @@ from opro.search.pruners import EarlierStepsPruner, RunningCandidate
 from opro.search.results import CandidateRecord, CandidateStatus
 from opro.search.scoring import CandidateScorer, Outcome, Template
 from opro.search.settings import SearchSettings
-from opro.search.study import CandidateTrial, SearchStudy, complete_before
+from opro.search.study import SearchStudy
+from opro.search.trials import CandidateTrial, complete_before
 from opro.search.workers import (
     MAX_POLL_S,
     Coordinator,

@@ -1,10 +1,11 @@
-"""The search's Optuna study, typed: the one module that names a user-attribute key.
+"""The search's Optuna study, typed: the one module that names a study attribute's key
+(:mod:`opro.search.trials` names the trials').
 
 Every candidate is an Optuna trial (its instruction, step and proposal index as attributes, its mean
 judge score as the value); the study's own attributes hold what workers share and what a rerun
 resumes from (proposals, samples, usage, leases, validation scores, the fingerprint, the result and
 what each recorder keeps to resume, under its own keys). Everything else reads and writes them through :class:`SearchStudy` and
-:class:`CandidateTrial`, so the schema lives here and nowhere else.
+:class:`~opro.search.trials.CandidateTrial`, so the schema lives in these two modules and nowhere else.
 
 Study attributes::
 
@@ -32,26 +33,15 @@ Study attributes::
     (any other key)           a recorder's own state (:meth:`SearchStudy.recorder_state`): the search
                               never reads it; each recorder lists its keys (opro.tracking.recorder)
 
-Trial parameters: the candidate's values of the open search dimensions (``demos``, ``top_k``, ...).
-Trial attributes: ``instruction step index worker host claim`` (the claim; ``candidate``: its name where
-that is not its instruction, :mod:`opro.program.configurations`), ``part`` and ``parts``
-(split candidates), ``part_scores`` and ``part_usage`` (a part's task calls: prompt and completion
-tokens, seconds), ``scores`` (per question, as the racing pruner reads them; ``costs`` beside them with
-``objective = "cost"``: each question's cost, what that race pairs on) and the result
-``score n_scored n_invalid n_errors status cost`` (``cost``: :class:`opro.program.cost.CostSummary` as a dict,
-means per answered question).
+The trials' attributes are :mod:`opro.search.trials`'; the store is opened by
+:mod:`opro.search.storage`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any, Final
 
 import optuna
@@ -59,14 +49,14 @@ import optuna
 from opro.errors import ConfigError
 from opro.heldout.ledger import MAX_SEEN_SHARE, Decision, conflict, latest, sha
 from opro.llm.client import UsageByRole
-from opro.locking import lease_alive, waiting_lock
+from opro.locking import lease_alive
 from opro.program.configurations import settings_text, split_name
 from opro.program.cost import CallUsage, CostSummary
 from opro.program.dimensions import Value
-from opro.redaction import redact_url
 from opro.search.design import EarlierDecision, ValidationDesign
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, CandidateStatus
+from opro.search.trials import CandidateTrial, NewTrial, TrialKey, claim_template, create_trial
 from opro.stats.sequential import Look
 
 #: Statuses a new process evaluates again: the endpoint failed, the budget ran out or the judge's
@@ -171,30 +161,6 @@ def _recorder_key(key: str) -> str:
     return key
 
 
-class _TrialKey:
-    """The trial attributes' names (the module docstring lists them)."""
-
-    INSTRUCTION: Final = "instruction"
-    CANDIDATE: Final = "candidate"
-    STEP: Final = "step"
-    INDEX: Final = "index"
-    WORKER: Final = "worker"
-    HOST: Final = "host"
-    CLAIM: Final = "claim"
-    PART: Final = "part"
-    PARTS: Final = "parts"
-    PART_SCORES: Final = "part_scores"
-    PART_USAGE: Final = "part_usage"
-    SCORES: Final = "scores"
-    COSTS: Final = "costs"
-    SCORE: Final = "score"
-    N_SCORED: Final = "n_scored"
-    N_INVALID: Final = "n_invalid"
-    N_ERRORS: Final = "n_errors"
-    STATUS: Final = "status"
-    COST: Final = "cost"
-
-
 class ValidationReuse(ConfigError):
     """The validation questions already decided a verdict under another design or other settings."""
 
@@ -222,205 +188,6 @@ class ValidationReuse(ConfigError):
             "measures any prompt without deciding here; [optimizer].seen_validation = \"label\" runs it as an "
             "exploration that returns the initial instruction and claims no gain"
         )
-
-
-def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optuna.storages.BaseStorage:
-    """The Optuna study store at ``url``; a :class:`ConfigError` naming ``where`` (URL redacted) when it
-    cannot be opened: a missing driver, a database that does not answer, a file that is not SQLite.
-
-    SQLite runs in WAL mode with ``synchronous=NORMAL``: the search writes a few attributes per
-    candidate and minibatch, and a full fsync each (tens of ms) would stall the requests. A commit
-    still survives a killed process; only a power cut can lose the last ones."""
-    from sqlalchemy import event
-    from sqlalchemy.exc import (
-        ArgumentError,
-        DatabaseError,
-        IntegrityError,
-        NoSuchModuleError,
-        OperationalError,
-        ProgrammingError,
-    )
-
-    sqlite = url.startswith("sqlite:///")
-    if sqlite:
-        path = Path(url.removeprefix("sqlite:///"))
-        if path.is_dir():
-            raise ConfigError(f"{where} = {url!r} names a folder: name a database file in it (.../optuna.db)")
-        path.parent.mkdir(parents=True, exist_ok=True)  # an OSError names the path in the CLI
-    for attempt in range(5):
-        try:
-            # Schema creation of a SQLite file happens under a file lock (as the MLflow store's), so
-            # processes and threads starting together do not race on it; a server retries below.
-            with waiting_lock(path.with_name(path.name + ".lock")) if sqlite else contextlib.nullcontext():
-                storage = optuna.storages.RDBStorage(
-                    url, engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else None
-                )
-            break
-        except (OperationalError, IntegrityError, ProgrammingError) as exc:
-            # Workers starting together race to create the schema: the loser sees a table that now
-            # exists (SQLite: OperationalError; PostgreSQL: ProgrammingError, DuplicateTable), a locked
-            # database, or the winner's alembic_version row or table type (IntegrityError: a unique
-            # violation), and retries against the finished schema. A database that does not answer
-            # fails the same way every time; any other ProgrammingError (a missing privilege) at once.
-            why = str(exc.orig or exc).strip().splitlines()[0]
-            denied = isinstance(exc, ProgrammingError) and "already exists" not in why
-            if attempt < 4 and not denied:
-                time.sleep(0.5 * (attempt + 1))
-                continue
-            if denied:
-                hint = "check that the URL's user may create tables in that database"
-            elif isinstance(exc, OperationalError):
-                hint = "check that the database server is up and the URL's host, port, user and database"
-            else:
-                hint = "another process kept changing its schema; run again once it has started"
-        except (ImportError, ArgumentError, NoSuchModuleError) as exc:
-            why, hint = str(exc), (
-                "for PostgreSQL install the driver (pip install 'opro[postgres]') and name it in the URL "
-                "(postgresql+psycopg2://...)"
-            )
-        except (DatabaseError, RuntimeError) as exc:  # not a database; or a schema of another Optuna
-            why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-            hint = "point it at a new file, or move that file away (`optuna storage upgrade` for an older study)"
-        raise ConfigError(f"cannot open the Optuna study store {redact_url(url)} ({where}): {why}; {hint}") from None
-    if sqlite:
-
-        def pragmas(conn: Any, _record: Any) -> None:
-            cursor = conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
-        event.listen(storage.engine, "connect", pragmas)
-        storage.engine.dispose()  # connections opened while creating the schema get the pragmas too
-    return storage
-
-
-@dataclass(frozen=True)
-class CandidateTrial:
-    """What the search stored on one trial, typed (a claim, a part, or a finished candidate)."""
-
-    number: int
-    state: optuna.trial.TrialState
-    value: float | None
-    intermediate_values: Mapping[int, float]
-    instruction: str | None
-    step: int
-    index: int
-    worker: int
-    claim: str | None
-    #: ``"<part>/<size>"`` on a part's trial (None on a candidate's).
-    part: str | None
-    #: Questions per part, on a candidate's claim when the candidate is split among the workers.
-    parts: int
-    part_scores: tuple[Any, ...]
-    status: str | None
-    score: float | None
-    n_scored: int
-    n_invalid: int
-    n_errors: int
-    scores: tuple[float | None, ...]
-    params: Mapping[str, Any] = field(default_factory=dict)
-    part_usage: tuple[CallUsage | None, ...] = ()
-    cost: CostSummary | None = None
-    #: Its name where that is not its instruction (None: the instruction names it).
-    candidate: str | None = None
-    #: Its cost per question so far (``costs``: what the cost objective's race pairs; None: not answered).
-    costs: tuple[float | None, ...] = ()
-
-    @property
-    def name(self) -> str | None:
-        """The candidate's name (:mod:`opro.program.configurations`): its instruction, with its settings
-        where they differ from the initial configuration's."""
-        return self.candidate or self.instruction
-
-    @classmethod
-    def of(cls, t: optuna.trial.FrozenTrial) -> CandidateTrial:
-        a, k = t.user_attrs, _TrialKey
-        return cls(
-            number=t.number, state=t.state, value=t.value,
-            intermediate_values=t.intermediate_values,
-            instruction=a.get(k.INSTRUCTION), step=int(a.get(k.STEP, 0)), index=int(a.get(k.INDEX, 0)),
-            worker=int(a.get(k.WORKER, -1)), claim=a.get(k.CLAIM),
-            part=None if a.get(k.PART) is None else str(a[k.PART]), parts=int(a.get(k.PARTS) or 0),
-            part_scores=tuple(a.get(k.PART_SCORES) or ()), status=a.get(k.STATUS), score=a.get(k.SCORE),
-            n_scored=int(a.get(k.N_SCORED, 0)), n_invalid=int(a.get(k.N_INVALID, 0)),
-            n_errors=int(a.get(k.N_ERRORS, 0)), scores=tuple(a.get(k.SCORES) or ()),
-            params=MappingProxyType(dict(t.params)),
-            part_usage=tuple(None if u is None else CallUsage.from_list(u) for u in a.get(k.PART_USAGE) or ()),
-            cost=CostSummary.from_dict(a[k.COST]) if isinstance(a.get(k.COST), Mapping) else None,
-            candidate=a.get(k.CANDIDATE), costs=tuple(a.get(k.COSTS) or ()),
-        )
-
-    @property
-    def is_candidate(self) -> bool:
-        """A candidate's own trial (not a part of a split candidate, not a foreign trial)."""
-        return self.instruction is not None and self.part is None
-
-
-def claim_template(*, instruction: str, step: int, index: int, worker: int, token: str,
-                   part: str | None, params: Mapping[str, Value] | None = None,
-                   distributions: Mapping[str, optuna.distributions.BaseDistribution] | None = None,
-                   name: str | None = None) -> optuna.trial.FrozenTrial:
-    """A RUNNING trial that claims candidate ``index`` of ``step`` (or that part of it) for ``worker``,
-    with the candidate's values of the open search dimensions as its parameters and its ``name``
-    where that is not its instruction."""
-    params = dict(params or {})
-    return optuna.trial.FrozenTrial(
-        number=-1,
-        state=optuna.trial.TrialState.RUNNING,
-        value=None,
-        datetime_start=datetime.datetime.now(),
-        datetime_complete=None,
-        params=params,
-        distributions={k: v for k, v in (distributions or {}).items() if k in params},
-        user_attrs={
-            _TrialKey.INSTRUCTION: instruction, _TrialKey.STEP: step, _TrialKey.INDEX: index,
-            _TrialKey.WORKER: worker, _TrialKey.HOST: socket.gethostname(), _TrialKey.CLAIM: token,
-            **({} if part is None else {_TrialKey.PART: part}),
-            **({} if name is None or name == instruction else {_TrialKey.CANDIDATE: name}),
-        },
-        system_attrs={},
-        intermediate_values={},
-        trial_id=-1,
-    )
-
-
-@dataclass(frozen=True)
-class NewTrial:
-    """A trial just created: its storage id (what :class:`optuna.trial.Trial` opens) and its number
-    in the study (what :class:`CandidateTrial` and ``Study.tell`` know it by)."""
-
-    trial_id: int
-    number: int
-
-
-def create_trial(study: optuna.Study, template: optuna.trial.FrozenTrial) -> NewTrial:
-    """Create ``template`` (a RUNNING claim with its attributes) in ``study`` in one storage transaction.
-
-    The one use of Optuna's private API in opro (``Study._storage``, ``Study._study_id``), kept here and
-    checked against the installed Optuna by tests/search/test_workers.py. Why it is needed: a claim must appear
-    with its attributes at once, or another worker reading the trials in between takes it for a
-    claim that lost (a RUNNING trial without a token), and two workers can both win the candidate.
-    The public ``Study.ask()`` creates a bare trial and sets attributes one write at a time;
-    ``Study.add_trial()`` writes it in one transaction but returns nothing to know the trial by
-    (the claim compares its own trial with the first claim standing, and fails it when it lost)."""
-    storage = study._storage
-    trial_id = storage.create_new_trial(study._study_id, template_trial=template)
-    return NewTrial(trial_id=trial_id, number=storage.get_trial(trial_id).number)
-
-
-def complete_before(study: optuna.Study, step: int) -> list[CandidateTrial]:
-    """Complete candidates of the steps before ``step``: what a pruning decision may compare with.
-
-    Candidates of the same step are left out: which of them finished first depends on timing and on
-    how many workers share the step, and a decision must not.
-    """
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        c = CandidateTrial.of(t)
-        if t.value is not None and c.step < step:
-            out.append(c)
-    return out
 
 
 @dataclass(frozen=True)
@@ -638,12 +405,12 @@ class SearchStudy:
 
     @staticmethod
     def mark_split(trial: optuna.trial.Trial, part_size: int) -> None:
-        trial.set_user_attr(_TrialKey.PARTS, part_size)
+        trial.set_user_attr(TrialKey.PARTS, part_size)
 
     @staticmethod
     def split_size(trial: optuna.trial.Trial) -> int:
         """Questions per part of a claimed candidate split among the workers (0: not split)."""
-        return int(trial.user_attrs.get(_TrialKey.PARTS) or 0)
+        return int(trial.user_attrs.get(TrialKey.PARTS) or 0)
 
     @staticmethod
     def report(trial: optuna.trial.Trial, mean: float, minibatch: int, scores: Sequence[float | None] | None,
@@ -651,9 +418,9 @@ class SearchStudy:
         """A running mean after ``minibatch``; with ``scores`` (and ``costs``), the per-question scores
         (and costs) the racing pruner reads."""
         if scores is not None:
-            trial.set_user_attr(_TrialKey.SCORES, list(scores))
+            trial.set_user_attr(TrialKey.SCORES, list(scores))
         if costs is not None:
-            trial.set_user_attr(_TrialKey.COSTS, list(costs))
+            trial.set_user_attr(TrialKey.COSTS, list(costs))
         trial.report(mean, minibatch)
 
     def finish(self, trial: optuna.trial.Trial, *, status: CandidateStatus, score: float | None, n_scored: int,
@@ -661,7 +428,7 @@ class SearchStudy:
                costs: Sequence[float | None] | None = None) -> None:
         """A candidate's result: COMPLETE with its mean, PRUNED, or FAIL (failed / incomplete); with
         ``costs``, its cost per question (what the cost objective's race pairs on)."""
-        k = _TrialKey
+        k = TrialKey
         for key, v in {k.SCORE: score, k.N_SCORED: n_scored, k.N_INVALID: n_invalid, k.N_ERRORS: n_errors,
                        k.STATUS: status, k.SCORES: list(scores),
                        **({} if cost is None else {k.COST: cost.as_dict()}),
@@ -678,9 +445,9 @@ class SearchStudy:
                     part_usage: Sequence[CallUsage | None] = ()) -> None:
         """A part's outcomes, for the candidate's owner to add up. A part is never a result of its own
         (FAIL); "failed" stands only while its worker runs: a rerun asks the part's questions again."""
-        trial.set_user_attr(_TrialKey.PART_SCORES, list(part_scores))
-        trial.set_user_attr(_TrialKey.PART_USAGE, [None if u is None else u.as_list() for u in part_usage])
-        trial.set_user_attr(_TrialKey.STATUS, "failed" if failed else "complete")
+        trial.set_user_attr(TrialKey.PART_SCORES, list(part_scores))
+        trial.set_user_attr(TrialKey.PART_USAGE, [None if u is None else u.as_list() for u in part_usage])
+        trial.set_user_attr(TrialKey.STATUS, "failed" if failed else "complete")
         self.optuna.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     # -- validation and the result --------------------------------------------------------------
@@ -816,18 +583,14 @@ class SearchStudy:
         """Store ``value`` (JSON: numbers, strings, lists, dicts) under the recorder's ``key``."""
         self.optuna.set_user_attr(_recorder_key(key), value)
 
+
 __all__ = [
     "RETRY_STATUSES",
-    "CandidateTrial",
     "FingerprintMismatch",
     "LeaseSlot",
-    "NewTrial",
     "SearchStudy",
     "StudyView",
     "ValidationReuse",
-    "complete_before",
-    "create_trial",
-    "open_storage",
     "questions_key",
     "sha",
 ]

@@ -28,7 +28,8 @@ from opro.llm.client import UsageByRole, UsageLedger
 from opro.locking import lease_alive
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import merge_usage
-from opro.search.study import RETRY_STATUSES, CandidateTrial, NewTrial, SearchStudy, StudyView, sha
+from opro.search.study import RETRY_STATUSES, SearchStudy, StudyView, sha
+from opro.search.trials import CandidateTrial, NewTrial
 
 if TYPE_CHECKING:
     from opro.search.scoring import CandidateScorer

@@ -98,7 +98,7 @@ def test_a_resumed_recorder_records_nothing_twice_and_the_same_place(kind: Kind,
 def test_a_recorder_survives_a_failed_search_and_a_second_discard(
     kind: Kind, tmp_path: Path, error: BaseException
 ) -> None:
-    from opro.search.study import open_storage
+    from opro.search.storage import open_storage
 
     study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'failed.db'}"), name="failed")
     recorder = kind.make()
@@ -110,7 +110,7 @@ def test_a_recorder_survives_a_failed_search_and_a_second_discard(
 
 
 def test_a_recorder_may_not_store_under_the_searchs_own_keys(tmp_path: Path) -> None:
-    from opro.search.study import open_storage
+    from opro.search.storage import open_storage
 
     study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'keys.db'}"), name="keys")
     for key in ("fingerprint", "summary", "proposals:3", "holder:w0", "validation:ab:cd"):

@@ -200,7 +200,8 @@ def test_two_folders_on_one_study_one_is_refused_at_once(tmp_path: Path) -> None
 
 def test_a_dead_holder_s_study_lease_is_taken_over(tmp_path: Path) -> None:
     from opro.locking import LockedError, StudyLease
-    from opro.search.study import SearchStudy, open_storage
+    from opro.search.storage import open_storage
+    from opro.search.study import SearchStudy
 
     study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 's.db'}"), name="s")
     slot = study.lease_slot(0)

@@ -75,7 +75,7 @@ def test_every_candidate_keeps_its_cost_per_answer_in_history_study_mlflow_and_s
         assert c["n"] == r["n_scored"] + r["n_invalid"] and c["prompt_tokens"] > 0 and c["seconds"] > 0
     # The study holds the same figures (what a resume and `opro compare best` read).
     from opro.search import SearchStudy
-    from opro.search.study import open_storage
+    from opro.search.storage import open_storage
 
     study = SearchStudy.open(open_storage(exp.config.optuna_storage), name=result.study_name)
     assert [r.cost.as_dict() if r.cost else None for r in study.records()] == [r["cost"] for r in history]
@@ -199,7 +199,7 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
     assert [p["instruction"] for p in front] == [result.best_instruction] and front[0]["cost"] < returned_cost(summary)
     assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
     from opro.search import SearchStudy
-    from opro.search.study import open_storage
+    from opro.search.storage import open_storage
 
     stored = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'out' / 'optuna.db'}"), name=result.study_name).summary()
     assert stored is not None and stored["pareto_front"] == front

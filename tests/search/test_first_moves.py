@@ -119,7 +119,7 @@ def _equal_cheap_pool() -> object:
 
 def test_the_initial_instruction_with_other_settings_is_another_candidate_everywhere(tmp_path: Path) -> None:
     from opro.search import SearchStudy
-    from opro.search.study import open_storage
+    from opro.search.storage import open_storage
 
     cfg = _config(tmp_path, objective="cost", space={"top_k": [1, 2]}, steps=1, candidates_per_step=1)
     result = _optimize(tmp_path, cfg, _equal_cheap_pool())

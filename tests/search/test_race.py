@@ -15,7 +15,7 @@ from opro.experiment import Experiment, RunResult
 from opro.program.cost import CostSummary
 from opro.search import RacingPruner, make_pruner
 from opro.search.pruners import RunningCandidate
-from opro.search.study import CandidateTrial
+from opro.search.trials import CandidateTrial
 from opro.workflows.settings import pruner_settings
 
 INITIAL = "Answer the question."

@@ -187,10 +187,10 @@ def test_a_claim_is_won_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])
 def test_the_one_private_optuna_call_creates_a_claim_whole_on_the_installed_optuna(tmp_path: Path, backend: str) -> None:
-    """:func:`opro.search.study.create_trial` (Optuna's private ``Study._storage``/``_study_id``) on
+    """:func:`opro.search.trials.create_trial` (Optuna's private ``Study._storage``/``_study_id``) on
     the Optuna installed: the claim appears at once with its attributes, parameters and RUNNING
     state, its number is the study's, and the public ``Trial`` opens it by its id."""
-    from opro.search.study import CandidateTrial, claim_template, create_trial
+    from opro.search.trials import CandidateTrial, claim_template, create_trial
 
     storage = None if backend == "memory" else f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")

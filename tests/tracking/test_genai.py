@@ -326,7 +326,8 @@ def test_the_records_start_in_a_sidecar_with_the_search_and_its_failure_stops_th
 
     import opro.tracking.validation_traces
     from opro.errors import OproError
-    from opro.search.study import SearchStudy, open_storage
+    from opro.search.storage import open_storage
+    from opro.search.study import SearchStudy
     from opro.tracking import MlflowTracker
     from opro.tracking.recorder import MlflowRecorder
     from opro.tracking.validation_traces import ValidationTraces

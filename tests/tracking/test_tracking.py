@@ -40,7 +40,8 @@ def test_a_failed_search_still_ends_when_the_mlflow_sidecar_is_gone(
 
     tracking = MlflowRecorder(MlflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="e"),
                               sidecar=True)
-    from opro.search.study import SearchStudy, open_storage
+    from opro.search.storage import open_storage
+    from opro.search.study import SearchStudy
 
     study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"), name="s")
     tracking.on_search_start(study, lead=True)  # type: ignore[arg-type]
