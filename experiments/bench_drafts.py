@@ -34,7 +34,8 @@ from opro.config import load_config
 from opro.data.dataset import load_dataset
 from opro.experiment import Experiment
 from opro.llm import ChatClient
-from opro.llm.llamacpp import LlamaCppLLM, _put
+from opro.llm.llamacpp import LlamaCppLLM
+from opro.llm.llamacpp_batch import put_token as _put
 from opro.llm.packs import model_path
 from opro.program.rag import RAGProgram
 

@@ -25,7 +25,8 @@ import statistics
 import time
 from typing import Any
 
-from opro.llm.llamacpp import LlamaCppLLM, _put
+from opro.llm.llamacpp import LlamaCppLLM
+from opro.llm.llamacpp_batch import put_token as _put
 
 CONTEXT = 700
 TEXTS = (

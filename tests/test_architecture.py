@@ -249,6 +249,13 @@ def test_the_graph_reader_sees_a_loop() -> None:
     assert _floor("opro.search.steps") < _floor("opro.tracking.genai") < _floor("opro.experiment")
 
 
+def test_no_module_is_over_700_lines() -> None:
+    """A module a reader can hold as one concept: at most 700 lines, every module, no exception."""
+    long = {str(path.relative_to(PACKAGE.parent)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 700}
+    assert not long, long
+
+
 def test_no_function_is_over_80_lines() -> None:
     """A function a reader can hold at once: at most 80 lines from ``def`` to its last line
     (decorators not counted); longer work is split into named steps."""

@@ -20,20 +20,10 @@
   ``create_chat_completion`` (end-of-generation token, stop strings, ``max_tokens``), so the text is
   the one-at-a-time text on short answers (tested; long ones can part at some token, as a batch's
   floating-point sums differ). Sampled, grammar-constrained or logprob calls run one at a time.
-- Drafted tokens (``draft_fill``): on a CPU, llama.cpp multiplies the weights by 4 token columns at a
-  time and by fewer one column at a time, so a decode step of 3 tokens costs about what one of 4 costs
-  (80 and 76 ms for the 0.5B model on 2 cores, ``experiments/bench_drafts.py``) and one of 2 twice one
-  of 1. Steps with 2 or 3 live answers are filled to 4 tokens (generally: to a multiple of
-  ``draft_fill``) with guesses from each answer's own prompt and text (prompt lookup decoding); greedy
-  verification keeps a guess only where it is the arg-max, so the stop rules are applied token by
-  token and the text is greedy decoding's (up to a batch's floating-point sums, as above).
-- Saved prefixes (``prefix_cache_mb``): the KV state of a prefix that several prompts share (the
-  common prefix of a batch; where a judge prompt leaves the previous one) is copied out
-  (``llama_state_seq_get_data``) and kept in memory, one per prompt family, least recently used out
-  first. A later prompt that shares more with a saved state than with what the context holds starts
-  from it (``llama_state_seq_set_data``, cut to the shared length): a question's retrieved context
-  (instruction after it), or the judge's template with the question and reference, is prefilled once
-  per run instead of once per step.
+- Drafted tokens (``draft_fill``) fill a batch's decode steps with guesses greedy decoding keeps
+  or drops (:mod:`opro.llm.llamacpp_batch`, which says why).
+- Saved prefixes (``prefix_cache_mb``): a shared prefix's KV state is kept and restored
+  (:mod:`opro.llm.llamacpp_prefixes`, which says when).
 - The model loads lazily on the first call, so a run whose calls all hit the cache never loads it.
   Before the first load on a machine, a child process loads it and decodes a few tokens
   (:mod:`opro.llm.probe`): llama.cpp's extra buffer types (AMX, repacked weights) crash some builds on
@@ -54,15 +44,25 @@ import os
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opro.errors import ConfigError, LLMBadRequestError, LLMError, ModelPackError
+from opro.errors import LLMBadRequestError, LLMError, ModelPackError
 from opro.llm.client import LLM, Completion, GenerationOptions, Message
 from opro.llm.cpu import CpuShare
+from opro.llm.llamacpp_batch import (
+    Seq,
+    common_prefix,
+    decode,
+    draft_tokens,
+    fill_batch,
+    groups,
+    put_token,
+    take_token,
+)
+from opro.llm.llamacpp_loading import check_settings, extra_buffers, import_llama
+from opro.llm.llamacpp_prefixes import SavedPrefixes
 from opro.llm.packs import EMBEDDED_MODELS, gguf_sha256
 from opro.llm.packs import model_path as resolve_model_path
 
@@ -72,92 +72,6 @@ if TYPE_CHECKING:
     from opro.llm.probe import ProbeResult
 
 _OVERFLOW = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
-
-
-def _import_llama() -> Any:
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        raise ConfigError(
-            "the llamacpp backend needs llama-cpp-python: pip install llama-cpp-python "
-            "(or use backend 'openai' with any OpenAI-compatible server)."
-        ) from exc
-    return llama_cpp
-
-
-@dataclass
-class _Seq:
-    """One sequence of a batched generation: its prompt, the tokens so far and how it ended."""
-
-    index: int
-    prompt: list[int]
-    max_tokens: int
-    stops: list[bytes]
-    tokens: list[int] = field(default_factory=list)
-    text: bytes = b""
-    finish: str | None = None
-    multibyte_fix: int = 0
-
-
-class _SavedPrefixes:
-    """KV states of sequence 0 by the tokens they hold, within ``capacity`` bytes, least recently
-    used out first. One state per prompt family: saving tokens that agree with a saved state up to
-    (nearly) the end of the shorter of the two replaces it (the same question a step later)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._states: OrderedDict[tuple[int, ...], bytearray] = OrderedDict()
-        self._bytes = 0
-        self.hits = 0
-        self.restored_tokens = 0  # prefill avoided by restoring, in tokens
-
-    def best(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], bytearray, int] | None:
-        """The saved state sharing the longest prefix with ``tokens``: (its tokens, state, shared)."""
-        from llama_cpp import Llama
-
-        found: tuple[tuple[int, ...], bytearray, int] | None = None
-        for key, state in self._states.items():
-            n = Llama.longest_token_prefix(key, tokens)
-            if n and (found is None or n > found[2]):
-                found = (key, state, n)
-        if found is not None:
-            self._states.move_to_end(found[0])
-        return found
-
-    def put(self, tokens: Sequence[int], state: bytearray) -> None:
-        from llama_cpp import Llama
-
-        key = tuple(tokens)
-        for old in [k for k in self._states if Llama.longest_token_prefix(k, key) >= min(len(k), len(key)) - 16]:
-            self._bytes -= len(self._states.pop(old))
-        if len(state) > self.capacity:
-            return
-        self._states[key] = state
-        self._bytes += len(state)
-        while self._bytes > self.capacity:
-            _, dropped = self._states.popitem(last=False)
-            self._bytes -= len(dropped)
-
-
-def _check_settings(*, n_ctx: int, n_batch: int, batch_width: int, n_threads: int | None, extra_buffers: str,
-                    prefix_cache_mb: int, draft_fill: int) -> None:
-    """Refuse a :class:`LlamaCppLLM` setting out of range, before the model is resolved or loaded."""
-    if n_ctx < 256:
-        raise ConfigError(f"n_ctx must be >= 256, got {n_ctx}")
-    if n_batch < 1:
-        raise ConfigError(f"n_batch must be >= 1, got {n_batch}")
-    if batch_width < 1:
-        raise ConfigError(f"batch_width must be >= 1, got {batch_width}")
-    if n_threads is not None and n_threads < 1:
-        raise ConfigError(f"n_threads must be >= 1 or None (the free usable cores), got {n_threads}")
-    from opro.llm.probe import EXTRA_BUFFERS
-
-    if extra_buffers not in EXTRA_BUFFERS:
-        raise ConfigError(f"extra_buffers must be one of {', '.join(EXTRA_BUFFERS)}, got {extra_buffers!r}")
-    if prefix_cache_mb < 0:
-        raise ConfigError(f"prefix_cache_mb must be >= 0 (0: off), got {prefix_cache_mb}")
-    if draft_fill < 0:
-        raise ConfigError(f"draft_fill must be >= 0 (0 or 1: off), got {draft_fill}")
 
 
 class LlamaCppLLM(LLM):
@@ -204,7 +118,7 @@ class LlamaCppLLM(LLM):
         28 KB for the 1.5B one), so a 700-token context takes 8 to 20 MB.
 
         ``draft_fill``: a batched decode step of 2 or more answers is filled up to a multiple of this
-        many tokens with drafted tokens that greedy decoding then keeps or drops (:meth:`_drafts`);
+        many tokens with drafted tokens that greedy decoding then keeps or drops (:func:`~opro.llm.llamacpp_batch.draft_tokens`);
         0 or 1 turns drafting off.
 
         ``n_threads``: llama.cpp's threads (prefill and decode); None takes, at every call, the cores
@@ -216,7 +130,7 @@ class LlamaCppLLM(LLM):
         crash; "on" / "off" force either (probed too). ``probe=False`` loads without the probe (the
         probe's own child does).
         """
-        _check_settings(n_ctx=n_ctx, n_batch=n_batch, batch_width=batch_width, n_threads=n_threads,
+        check_settings(n_ctx=n_ctx, n_batch=n_batch, batch_width=batch_width, n_threads=n_threads,
                         extra_buffers=extra_buffers, prefix_cache_mb=prefix_cache_mb, draft_fill=draft_fill)
         name = os.fspath(model_path)
         self.path: Path = resolve_model_path(name)
@@ -239,7 +153,7 @@ class LlamaCppLLM(LLM):
         self.draft_fill = draft_fill
         self.drafted = 0  # drafted tokens fed to batched steps, and those greedy decoding kept
         self.draft_hits = 0
-        self._saved = _SavedPrefixes(prefix_cache_mb * 2**20)
+        self._saved = SavedPrefixes(prefix_cache_mb * 2**20)
         self._lock = threading.Lock()
         self._llama: Llama | None = None
         self._formatter: Any = None
@@ -282,7 +196,7 @@ class LlamaCppLLM(LLM):
 
     def _load_locked(self) -> Llama:
         if self._llama is None:
-            llama_cpp = _import_llama()
+            llama_cpp = import_llama()
             mode = self.extra_buffers
             if self.probe:
                 from opro.llm.probe import choose_extra_buffers
@@ -292,7 +206,7 @@ class LlamaCppLLM(LLM):
             started = time.perf_counter()
             threads = self.n_threads or self.cpu.choose().n_threads
             try:
-                with _extra_buffers(llama_cpp, mode):
+                with extra_buffers(llama_cpp, mode):
                     self._llama = llama_cpp.Llama(
                         model_path=str(self.path),
                         n_ctx=self.n_ctx,
@@ -544,7 +458,7 @@ class LlamaCppLLM(LLM):
     ) -> list[Completion | LLMError]:
         results: list[Completion | LLMError | None] = [None] * len(calls)
         with self._computing() as llama:
-            seqs: list[_Seq] = []
+            seqs: list[Seq] = []
             for i, (messages, options) in enumerate(calls):
                 try:
                     tokens = self._prompt_tokens_locked(llama, messages)
@@ -561,8 +475,8 @@ class LlamaCppLLM(LLM):
                 max_tokens = options.max_tokens if options.max_tokens > 0 else self.n_ctx - len(tokens)
                 max_tokens = min(max_tokens, self.n_ctx - len(tokens))
                 stops = [s.encode("utf-8") for s in (*options.stop, *self._template_stops(llama))]
-                seqs.append(_Seq(index=i, prompt=tokens, max_tokens=max_tokens, stops=stops))
-            for group in self._groups(seqs):
+                seqs.append(Seq(index=i, prompt=tokens, max_tokens=max_tokens, stops=stops))
+            for group in groups(seqs, width=self.batch_width, n_ctx=self.n_ctx, fill=self.draft_fill):
                 started = time.perf_counter()
                 try:
                     self._decode_group(llama, group)
@@ -664,24 +578,7 @@ class LlamaCppLLM(LLM):
         stop = self._formatter(messages=[{"role": "user", "content": ""}]).stop
         return [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
 
-    def _groups(self, seqs: list[_Seq]) -> list[list[_Seq]]:
-        """At most ``batch_width`` sequences whose prompts and replies fit the KV cache together."""
-        groups: list[list[_Seq]] = []
-        current: list[_Seq] = []
-        for seq in seqs:
-            trial = [*current, seq]
-            prefix = _common_prefix([s.prompt for s in trial])
-            # A sequence's drafted tokens take cells past its answer for one step.
-            need = prefix + sum(len(s.prompt) - prefix + s.max_tokens + self.draft_fill for s in trial)
-            if current and (len(trial) > self.batch_width or need > self.n_ctx):
-                groups.append(current)
-                trial = [seq]
-            current = trial
-        if current:
-            groups.append(current)
-        return groups
-
-    def _decode_group(self, llama: Llama, group: list[_Seq]) -> None:
+    def _decode_group(self, llama: Llama, group: list[Seq]) -> None:
         """Greedy decoding of ``group`` with a shared prefix, the stop rules of ``create_completion``."""
         import llama_cpp
 
@@ -695,7 +592,7 @@ class LlamaCppLLM(LLM):
             live = self._decode_tails(llama, batch, group, prefix=prefix, capacity=capacity, vocab=vocab,
                                       n_vocab=n_vocab)
             # Then one step per decode: each live sequence's last token, plus drafted tokens when the
-            # step would hold fewer than a multiple of ``draft_fill`` tokens (see _drafts).
+            # step would hold fewer than a multiple of ``draft_fill`` tokens (see llamacpp_batch.draft_tokens).
             while live:
                 live = self._decode_step(llama, batch, group, live, mem=mem, vocab=vocab, n_vocab=n_vocab)
         finally:
@@ -707,13 +604,13 @@ class LlamaCppLLM(LLM):
         llama.input_ids[:prefix] = group[0].prompt[:prefix]
         llama.n_tokens = prefix
 
-    def _share_prefix(self, llama: Llama, group: list[_Seq], mem: Any) -> int:
+    def _share_prefix(self, llama: Llama, group: list[Seq], mem: Any) -> int:
         """Sequence 0 holds the prefix the group's prompts share (what the context kept of it, a saved
         state, then prefill), and sequence j + 1 a copy of it for answer j; returns the prefix's
         length (the shortest prompt's last token left out: its logits start that answer)."""
         import llama_cpp
 
-        prefix = min(_common_prefix([s.prompt for s in group]), min(len(s.prompt) for s in group) - 1)
+        prefix = min(common_prefix([s.prompt for s in group]), min(len(s.prompt) for s in group) - 1)
         # Sequence 0 keeps what the previous call left that this prefix shares (KV-prefix reuse).
         keep = min(llama.longest_token_prefix(llama._input_ids[: llama.n_tokens].tolist(), group[0].prompt), prefix)
         for seq_id in range(1, self.batch_width + 1):
@@ -730,7 +627,7 @@ class LlamaCppLLM(LLM):
             llama_cpp.llama_memory_seq_cp(mem, 0, j + 1, -1, -1)
         return prefix
 
-    def _decode_tails(self, llama: Llama, batch: Any, group: list[_Seq], *, prefix: int, capacity: int,
+    def _decode_tails(self, llama: Llama, batch: Any, group: list[Seq], *, prefix: int, capacity: int,
                       vocab: Any, n_vocab: int) -> list[int]:
         """The prompts' tails after the prefix, as many per decode as the batch holds; the logits at each
         sequence's last token give its first answer token. Returns the positions in ``group`` of the
@@ -740,18 +637,18 @@ class LlamaCppLLM(LLM):
         pending = [(j, s.prompt[prefix:], prefix) for j, s in enumerate(group)]
         live: list[int] = []
         while pending:
-            rows = _fill(batch, pending, capacity)  # what did not fit stays in pending
-            self._decode(llama, batch)
+            rows = fill_batch(batch, pending, capacity)  # what did not fit stays in pending
+            decode(llama, batch)
             for j, row in rows:
                 seq = group[j]
                 logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row), shape=(n_vocab,))
-                if self._step(llama, vocab, seq, int(np.argmax(logits))):
+                if take_token(llama, vocab, seq, int(np.argmax(logits))):
                     live.append(j)
         return live
 
-    def _decode_step(self, llama: Llama, batch: Any, group: list[_Seq], live: list[int], *, mem: Any,
+    def _decode_step(self, llama: Llama, batch: Any, group: list[Seq], live: list[int], *, mem: Any,
                      vocab: Any, n_vocab: int) -> list[int]:
-        """One decode of each live answer's last token and its drafts (:meth:`_drafts`), the drafts
+        """One decode of each live answer's last token and its drafts (:func:`~opro.llm.llamacpp_batch.draft_tokens`), the drafts
         checked greedily; returns the positions in ``group`` of the answers still going."""
         import llama_cpp
         import numpy as np
@@ -759,15 +656,15 @@ class LlamaCppLLM(LLM):
         # (sequence, position of its last token, drafts after it)
         runs = [
             (j, len(group[j].prompt) + len(group[j].tokens) - 1, drafts)
-            for j, drafts in zip(live, self._drafts([group[j] for j in live]), strict=True)
+            for j, drafts in zip(live, draft_tokens([group[j] for j in live], fill=self.draft_fill, n_batch=self.n_batch), strict=True)
         ]
         n = 0
         for j, pos, drafts in runs:
             for k, token in enumerate([group[j].tokens[-1], *drafts]):
-                _put(batch, n, token=token, pos=pos + k, seq_id=j + 1, logits=True)
+                put_token(batch, n, token=token, pos=pos + k, seq_id=j + 1, logits=True)
                 n += 1
         batch.n_tokens = n
-        self._decode(llama, batch)
+        decode(llama, batch)
         row = 0
         still: list[int] = []
         for j, pos, drafts in runs:
@@ -778,7 +675,7 @@ class LlamaCppLLM(LLM):
             while True:
                 logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row + accepted), shape=(n_vocab,))
                 token = int(np.argmax(logits))
-                going = self._step(llama, vocab, seq, token)
+                going = take_token(llama, vocab, seq, token)
                 if not going or accepted == len(drafts) or drafts[accepted] != token:
                     break
                 accepted += 1
@@ -791,170 +688,12 @@ class LlamaCppLLM(LLM):
             row += 1 + len(drafts)
         return still
 
-    @staticmethod
-    def _decode(llama: Llama, batch: Any) -> None:
-        import llama_cpp
-
-        if llama_cpp.llama_decode(llama._ctx.ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed (the KV cache may be full: lower batch_width or raise n_ctx)")
-
-    def _drafts(self, live: list[_Seq]) -> list[list[int]]:
-        """Tokens to try after each live sequence's last one this step (prompt lookup decoding).
-
-        On a CPU llama.cpp multiplies the weights by 4 token columns at a time (and by fewer one column
-        at a time), so a step of 3 tokens costs about what one of 4 costs, and one of 2 twice one of 1.
-        Such steps are filled up to a multiple of ``draft_fill`` tokens with guesses: what followed the
-        latest earlier occurrence of the sequence's last 3 (else 2, else 1) tokens in its prompt and
-        answer. A guess costs nearly nothing and is kept only where greedy decoding would have chosen
-        it. A sequence decoding alone is not filled: one token is the cheapest step there is.
-        """
-        drafts: list[list[int]] = [[] for _ in live]
-        if self.draft_fill < 2 or len(live) < 2:
-            return drafts
-        # At most what one llama_decode takes (n_batch tokens).
-        need = max(0, min(-len(live) % self.draft_fill, self.n_batch - len(live)))
-        guesses = [_lookup(seq.prompt + seq.tokens, need) for seq in live]
-        while need:
-            grown = False
-            for guess, draft in zip(guesses, drafts, strict=True):
-                if need and len(draft) < len(guess):
-                    draft.append(guess[len(draft)])
-                    need -= 1
-                    grown = True
-            if not grown:
-                break
-        return drafts
-
-    @staticmethod
-    def _step(llama: Llama, vocab: Any, seq: _Seq, token: int) -> bool:
-        """Take ``token`` as create_completion does; False once the sequence is finished."""
-        import llama_cpp
-
-        if llama_cpp.llama_vocab_is_eog(vocab, token):
-            seq.text = llama.detokenize(seq.tokens, prev_tokens=seq.prompt)
-            seq.finish = "stop"
-            return False
-        seq.tokens.append(token)
-        all_text = llama.detokenize(seq.tokens, prev_tokens=seq.prompt)
-        # An incomplete UTF-8 character is neither a stop nor the end (create_completion's rule).
-        for k, char in enumerate(all_text[-3:]):
-            k = 3 - k
-            for num, pattern in ((2, 192), (3, 224), (4, 240)):
-                if num > k and pattern & char == pattern:
-                    seq.multibyte_fix = num - k
-        if seq.multibyte_fix > 0:
-            seq.multibyte_fix -= 1
-            return True
-        hits = [s for s in seq.stops if s in all_text]
-        if hits:
-            seq.text = all_text[: all_text.index(hits[0])]
-            seq.finish = "stop"
-            return False
-        if len(seq.tokens) >= seq.max_tokens:
-            seq.text = all_text
-            seq.finish = "length"
-            return False
-        return True
-
     def close(self) -> None:
         with self._lock:
             if self._llama is not None:
                 self._llama.close()
                 self._llama = None
                 self._formatter = None
-
-
-#: llama-cpp-python's ``Llama`` builds its model parameters inside its constructor and ignores keywords it
-#: does not know, so ``use_extra_bufts`` is set on the parameters as they reach the model's loader.
-_LOADER_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _extra_buffers(llama_cpp: Any, mode: str) -> Iterator[None]:
-    """While a ``Llama`` is constructed in this block, its model loads with extra buffers ``mode``
-    ("on" / "off"; "auto" leaves llama.cpp's default). The parameters keep the value, so
-    ``llama.model_params.use_extra_bufts`` reads it back."""
-    from opro.llm.probe import supports_extra_buffers_switch
-
-    if mode == "auto" or not supports_extra_buffers_switch():
-        if mode == "off":
-            raise ModelPackError(
-                f"llama-cpp-python {llama_cpp.__version__} has no switch for extra buffer types "
-                "(model parameter use_extra_bufts); upgrade it, or set extra_buffers = \"auto\""
-            )
-        yield
-        return
-    internals = llama_cpp._internals
-    with _LOADER_LOCK:
-        real = internals.LlamaModel
-
-        def loader(*args: Any, **kwargs: Any) -> Any:
-            params = kwargs["params"] if "params" in kwargs else args[1]
-            params.use_extra_bufts = mode == "on"
-            return real(*args, **kwargs)
-
-        internals.LlamaModel = loader
-        try:
-            yield
-        finally:
-            internals.LlamaModel = real
-
-
-def _fill(batch: Any, pending: list[tuple[int, list[int], int]], capacity: int) -> list[tuple[int, int]]:
-    """Put the pending (sequence, tokens, first position) runs into ``batch``, up to ``capacity``
-    tokens; what does not fit stays in ``pending`` for the next decode. Returns (sequence, batch
-    row) of each run that ended in this batch: its last token's logits are computed."""
-    n = 0
-    rows: list[tuple[int, int]] = []
-    rest: list[tuple[int, list[int], int]] = []
-    for j, tokens, pos in pending:
-        take = tokens[: capacity - n]
-        for k, token in enumerate(take):
-            _put(batch, n, token=token, pos=pos + k, seq_id=j + 1, logits=False)
-            n += 1
-        if len(take) < len(tokens):
-            rest.append((j, tokens[len(take) :], pos + len(take)))
-        else:
-            batch.logits[n - 1] = True
-            rows.append((j, n - 1))
-    batch.n_tokens = n
-    pending[:] = rest
-    return rows
-
-
-def _put(batch: Any, row: int, *, token: int, pos: int, seq_id: int, logits: bool) -> None:
-    """Row ``row`` of a llama_batch: ``token`` at ``pos`` of one sequence, logits computed or not."""
-    batch.token[row] = token
-    batch.pos[row] = pos
-    batch.n_seq_id[row] = 1
-    batch.seq_id[row][0] = seq_id
-    batch.logits[row] = logits
-
-
-def _lookup(tokens: Sequence[int], size: int) -> list[int]:
-    """Up to ``size`` tokens that followed the latest earlier occurrence of the last 3 (else 2, else 1)
-    of ``tokens``: an answer that quotes its context continues as the context did."""
-    for n in (3, 2, 1):
-        if len(tokens) <= n:
-            continue
-        tail = list(tokens[-n:])
-        for i in range(len(tokens) - n - 1, -1, -1):
-            if tokens[i] == tail[0] and list(tokens[i : i + n]) == tail:
-                return list(tokens[i + n : i + n + size])
-    return []
-
-
-def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    """Length of the longest token prefix all ``prompts`` share."""
-    if not prompts:
-        return 0
-    first = prompts[0]
-    n = min(len(p) for p in prompts)
-    for i in range(n):
-        token = first[i]
-        if any(p[i] != token for p in prompts[1:]):
-            return i
-    return n
 
 
 __all__ = ["LlamaCppLLM"]

@@ -238,19 +238,23 @@ def test_drafted_tokens_are_kept_only_where_greedy_decoding_agrees(embedded_task
 
 
 def test_drafts_fill_a_step_to_a_multiple_of_draft_fill_from_the_latest_match(embedded_task_llm: LLM) -> None:
-    from opro.llm.llamacpp import _lookup, _Seq
+    from opro.llm.llamacpp_batch import Seq, draft_tokens, lookup
 
     # The last 3 tokens (7, 8, 9) occurred twice: the latest occurrence's continuation is drafted.
-    assert _lookup([7, 8, 9, 1, 2, 7, 8, 9, 3, 4, 5, 7, 8, 9], 2) == [3, 4]
-    assert _lookup([1, 2, 3, 9, 2, 3], 3) == [9, 2, 3]  # no 3-gram match: the 2-gram (2, 3)
-    assert _lookup([5, 6, 5], 4) == [6, 5]  # then one token; at most what follows the match
-    assert _lookup([1, 2, 3], 2) == []
+    assert lookup([7, 8, 9, 1, 2, 7, 8, 9, 3, 4, 5, 7, 8, 9], 2) == [3, 4]
+    assert lookup([1, 2, 3, 9, 2, 3], 3) == [9, 2, 3]  # no 3-gram match: the 2-gram (2, 3)
+    assert lookup([5, 6, 5], 4) == [6, 5]  # then one token; at most what follows the match
+    assert lookup([1, 2, 3], 2) == []
 
-    def seq(*tokens: int) -> _Seq:
-        return _Seq(index=0, prompt=[1, 2, 3, 4, 5, 6], max_tokens=10, stops=[], tokens=list(tokens))
+    def seq(*tokens: int) -> Seq:
+        return Seq(index=0, prompt=[1, 2, 3, 4, 5, 6], max_tokens=10, stops=[], tokens=list(tokens))
 
     assert embedded_task_llm.draft_fill == 4  # type: ignore[attr-defined]  # the default
-    drafts = embedded_task_llm._drafts  # type: ignore[attr-defined]
+    fill, n_batch = embedded_task_llm.draft_fill, embedded_task_llm.n_batch  # type: ignore[attr-defined]
+
+    def drafts(live: list[Seq]) -> list[list[int]]:
+        return draft_tokens(live, fill=fill, n_batch=n_batch)
+
     assert drafts([seq(3), seq(4), seq(9)]) == [[4], [], []]  # 3 live: 1 draft fills the step to 4
     assert drafts([seq(3), seq(4)]) == [[4], [5]]  # 2 live: 2 drafts, shared out in turn
     assert drafts([seq(9), seq(5)]) == [[], [6, 5]]  # one with no match: the other takes both
