@@ -142,6 +142,15 @@ def test_the_search_imports_nothing_that_records_or_composes_it() -> None:
     assert "opro.tracking.records" in edges["opro.search.recorder"]
 
 
+def test_the_search_reads_its_own_settings_never_the_config() -> None:
+    """opro/search/ takes its small settings types (:mod:`opro.search.settings`), built from the config
+    once by :mod:`opro.workflows.settings`; no search module imports the config."""
+    edges = _graph()
+    reading = sorted(m for m, targets in edges.items() if m.startswith("opro.search")
+                     for t in targets if t == "opro.config" or t.startswith("opro.config."))
+    assert not reading, reading
+
+
 def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
     found = [where for where, node in _nodes(skip=(PACKAGE / "search" / "study.py", PACKAGE / "search" / "trials.py"))
              if isinstance(node, ast.Attribute) and node.attr in ("user_attrs", "set_user_attr")]
