@@ -22,6 +22,7 @@ from opro.search.results import (
     optimism_points,
 )
 from opro.search.scoring import CandidateScorer, QuestionFeedback, Template
+from opro.search.settings import ProposerSettings, PrunerSettings, SearchSettings, ValidationSettings
 from opro.search.storage import open_storage
 from opro.search.study import FingerprintMismatch, SearchStudy
 from opro.search.validation import validation_prompts
@@ -40,14 +41,18 @@ __all__ = [
     "Proposal",
     "ProposalContext",
     "Proposer",
+    "ProposerSettings",
+    "PrunerSettings",
     "QuestionFeedback",
     "RacingPruner",
     "Recorder",
     "RunningCandidate",
     "Search",
+    "SearchSettings",
     "SearchStudy",
     "Template",
     "ValidationResult",
+    "ValidationSettings",
     "WorkerPlan",
     "WorkerSpecError",
     "check_worker_spec",
