@@ -44,7 +44,7 @@ from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
 from opro.program.configurations import changed, settings_text
 from opro.program.cost import amount
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values, model_of
-from opro.search.validation_sizes import confirmation_looks, split_sizes
+from opro.search.validation_sizes import confirmation_looks, futility_confidence, split_sizes
 from opro.stats.sequential import design_power, min_questions
 from opro.tracking.rundir import RunDir
 
@@ -533,7 +533,9 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
         if sizes:
             # Non-inferiority is the same test on differences shifted by the margin: a truly equal
             # configuration is confirmed at the margin that equals the smallest detectable gain.
-            confirmable = design_power(sizes, alpha=o.alpha, sd=sd, futility=o.futility, power=POWER).detectable
+            confirmable = design_power(sizes, alpha=o.alpha, sd=sd, futility=o.futility, power=POWER,
+                                       futility_confidence=futility_confidence(objective="cost", alpha=o.alpha)
+                                       ).detectable
         n = config.data.split.heldout
         if n >= min_questions(o.alpha, sides=1):
             z = statistics.NormalDist().inv_cdf

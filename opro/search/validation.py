@@ -61,7 +61,7 @@ from opro.search.results import (
 )
 from opro.search.scoring import CandidateScorer
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
-from opro.search.validation_sizes import confirmation_looks, split_sizes
+from opro.search.validation_sizes import confirmation_looks, futility_confidence, split_sizes
 from opro.stats.paired import paired_valid
 from opro.stats.ratio import saving_interval
 from opro.stats.sequential import Look, conditional_estimate, decide, interval_text, t_interval
@@ -360,7 +360,8 @@ def _design(settings: OptimizerSection, plan: _Plan) -> ValidationDesign:
     procedure = f"chosen finalist vs initial: {test}"
     if plan.by_cost:
         procedure = (
-            f"chosen finalist vs initial: non-inferiority by the margin (differences shifted by it), {test}; and a "
+            f"chosen finalist vs initial: non-inferiority by the margin (differences shifted by it), {test} once "
+            f"clearly worse (one-sided {1 - s.alpha:.0%} t upper bound below the margin); and a "
             "lower cost per answer on the same questions (paired t interval below 0)")
     return ValidationDesign(
         alpha=s.alpha, looks=len(plan.sizes), futility=s.futility, selection_questions=len(plan.selection),
@@ -455,7 +456,9 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
         seen.append(len(a))
         look = decide([x - y + shift for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(plan.confirmation),
                       last=k == len(plan.sizes), earlier=looks, alpha=settings.alpha,
-                      futility=settings.futility, seed=seed)
+                      futility=settings.futility, seed=seed,
+                      futility_confidence=futility_confidence(objective="cost" if plan.by_cost else "quality",
+                                                              alpha=settings.alpha))
         looks.append(look)
         study.save_validation_look(look)
         logger.info("validation look %d/%d: %d pairs, mean difference %+.2f, p=%.3g: %s",
@@ -558,7 +561,8 @@ def _cost_texts(settings: OptimizerSection, *, conf: _Confirmation, finding: _Fi
     else:
         r_lo, r_hi = saving.relative_ci
         saved = f"{saving.relative:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
-    why = {"futility": f"stopped for futility: not above -{s.margin:g}",
+    why = {"futility": f"stopped for futility: clearly worse by more than {s.margin:g} (one-sided {1 - s.alpha:.0%} "
+                       "upper bound below it)",
            "end": f"non-inferiority not shown: sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",
            }.get(final.decision, why)
     if finding.tested and not finding.cheaper:

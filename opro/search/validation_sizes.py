@@ -29,6 +29,14 @@ def confirmation_looks(settings: OptimizerSection, n_confirmation: int, n_extens
     return (*sizes, n_confirmation + extra) if extra else sizes
 
 
+def futility_confidence(*, objective: str, alpha: float) -> float | None:
+    """The validation stage's futility rule (:func:`opro.stats.sequential.futile`): under ``objective =
+    "cost"`` a look stops only once the finalist is clearly worse than the initial configuration by
+    more than the margin (the one-sided ``1 - alpha`` upper bound of the shifted differences' mean <=
+    0), as the cost race prunes; under ``"quality"`` once it is not ahead (None)."""
+    return 1.0 - alpha if objective == "cost" else None
+
+
 def max_calls(settings: OptimizerSection, n_questions: int, n_extension: int = 0) -> int:
     """The most task + judge calls a validation stage over ``n_questions`` (and up to ``n_extension``
     extension questions) can make (every finalist on the selection questions, both prompts on every
@@ -40,4 +48,4 @@ def max_calls(settings: OptimizerSection, n_questions: int, n_extension: int = 0
     return 2 * (settings.finalists * n_sel + 2 * (sizes[-1] if sizes else 0))
 
 
-__all__ = ["confirmation_looks", "max_calls", "split_sizes"]
+__all__ = ["confirmation_looks", "futility_confidence", "max_calls", "split_sizes"]
