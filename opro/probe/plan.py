@@ -535,7 +535,8 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
         if sizes:
             # Non-inferiority is the same test on differences shifted by the margin: a truly equal
             # configuration is confirmed at the margin that equals the smallest detectable gain.
-            confirmable = design_power(sizes, alpha=rule.alpha, sd=sd, futility=o.futility, power=POWER).detectable
+            confirmable = design_power(sizes, alpha=rule.alpha, sd=sd, futility=o.futility, power=POWER,
+                                       futility_confidence=rule.futility_confidence).detectable
         n = config.data.split.heldout
         if n >= min_questions(rule.alpha, sides=1):
             z = statistics.NormalDist().inv_cdf

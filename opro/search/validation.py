@@ -360,7 +360,8 @@ def _design(settings: ValidationSettings, plan: _Plan) -> ValidationDesign:
     procedure = f"chosen finalist vs initial: {test}"
     if plan.by_cost:
         procedure = (
-            f"chosen finalist vs initial: non-inferiority by the margin (differences shifted by it), {test}; and a "
+            f"chosen finalist vs initial: non-inferiority by the margin (differences shifted by it), {test} once "
+            f"clearly worse (one-sided {1 - s.alpha:.0%} t upper bound below the margin); and a "
             "lower cost per answer on the same questions (paired t interval below 0)")
     return ValidationDesign(
         alpha=s.alpha, looks=len(plan.sizes), futility=s.futility, selection_questions=len(plan.selection),
@@ -455,7 +456,8 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
         seen.append(len(a))
         look = decide([x - y + shift for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(plan.confirmation),
                       last=k == len(plan.sizes), earlier=looks, alpha=settings.alpha,
-                      futility=settings.futility, seed=seed)
+                      futility=settings.futility, seed=seed,
+                      futility_confidence=settings.claim.futility_confidence if plan.by_cost else None)
         looks.append(look)
         study.save_validation_look(look)
         logger.info("validation look %d/%d: %d pairs, mean difference %+.2f, p=%.3g: %s",
@@ -558,7 +560,8 @@ def _cost_texts(settings: ValidationSettings, *, conf: _Confirmation, finding: _
     else:
         r_lo, r_hi = saving.relative_ci
         saved = f"{saving.relative:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
-    why = {"futility": f"stopped for futility: not above -{s.margin:g}",
+    why = {"futility": f"stopped for futility: clearly worse by more than {s.margin:g} (one-sided {1 - s.alpha:.0%} "
+                       "upper bound below it)",
            "end": f"non-inferiority not shown: sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",
            }.get(final.decision, why)
     if finding.tested and not finding.cheaper:

@@ -28,5 +28,13 @@ class Claim:
         """Whether the winner is chosen by cost (non-inferiority) rather than by quality."""
         return self.objective == "cost"
 
+    @property
+    def futility_confidence(self) -> float | None:
+        """The validation's futility rule (:func:`opro.stats.sequential.futile`): by cost a look stops
+        only once the finalist is clearly worse by more than the margin (the one-sided ``1 - alpha``
+        upper bound of the shifted differences' mean <= 0), as the cost race prunes; by quality once
+        it is not ahead (None)."""
+        return 1.0 - self.alpha if self.by_cost else None
+
 
 __all__ = ["Claim"]

@@ -30,7 +30,10 @@ rate (five looks at 0.05 reject a true null about 14% of the time), so each look
   futility, so stopping for it can only lower the error rate. A look before the last stops for it
   once ``A`` is not ahead (mean <= 0), the first look too: under no gain that ends half the runs
   after a third of the questions, which pays for a larger planned maximum (the looks an
-  extension adds) at the same expected cost.
+  extension adds) at the same expected cost. A non-inferiority test (``futility_confidence``) stops
+  only once ``A`` is *clearly* behind (the one-sided upper confidence bound of the mean <= 0), as the
+  cost race prunes: "not ahead" of the margin ended 6.5% of the runs of a truly equal, cheaper
+  configuration at the first look, a third of the power it lacked.
 
 Why not an anytime-valid e-process: it allows looking after every question and extending without a
 plan, but for the same error rate it needs roughly 1.5-2x the questions of a planned design at the
@@ -119,6 +122,20 @@ class Look:
                    statistic_of=data.get("statistic_of", "sum"))
 
 
+def futile(x: np.ndarray, *, confidence: float | None) -> np.ndarray:
+    """Per row of paired differences ``x`` (rows x questions, or one row): whether a look stops for
+    futility. ``confidence`` None: the mean is not ahead (<= 0); a level: the one-sided Student t
+    upper bound of the mean at that level is <= 0 (clearly behind)."""
+    x = np.atleast_2d(np.asarray(x, dtype=float))
+    mean = x.mean(1)
+    if confidence is None or x.shape[1] < 2:
+        return mean <= 0
+    from scipy.stats import t as student
+
+    n = x.shape[1]
+    return mean + float(student.ppf(confidence, n - 1)) * x.std(1, ddof=1) / math.sqrt(n) <= 0
+
+
 def _alive(paths: np.ndarray, earlier: Sequence[float]) -> np.ndarray:
     """The flips (rows of ``paths``: the statistic at each look) that crossed none of the earlier boundaries."""
     alive = np.ones(len(paths), dtype=bool)
@@ -140,12 +157,14 @@ def _boundary(paths: np.ndarray, alive: np.ndarray, spend: float) -> float:
 
 def decide(
     differences: Sequence[float], *, seen: Sequence[int], n_max: int, last: bool, earlier: Sequence[Look],
-    alpha: float, futility: bool = True, draws: int = 20_000, seed: int = 0,
+    alpha: float, futility: bool = True, futility_confidence: float | None = None, draws: int = 20_000,
+    seed: int = 0,
 ) -> Look:
     """The look after ``seen[-1]`` paired differences (``seen``: the count at every look so far, this
     one included; ``n_max``: the planned count; ``last``: no look follows, so the rest of ``alpha`` is
     spent), given the previous looks (``earlier``: the boundaries they were held to). A look is a
-    function of the differences and ``seed`` only: the same inputs decide the same way anywhere."""
+    function of the differences and ``seed`` only: the same inputs decide the same way anywhere.
+    ``futility_confidence``: see :func:`futile` (None: stop once not ahead)."""
     look = len(seen)
     n = seen[-1] if seen else 0
     if look < 1 or len(earlier) != look - 1 or len(differences) != n or n > n_max:
@@ -172,7 +191,7 @@ def decide(
         decision = "success"
     elif last:
         decision = "end"
-    elif futility and mean <= 0:
+    elif futility and bool(futile(np.asarray(d), confidence=futility_confidence)[0]):
         decision = "futility"
     else:
         decision = "continue"
@@ -228,8 +247,8 @@ def z_boundaries(sizes: Sequence[int], *, alpha: float, draws: int = 200_000, se
     return np.asarray(out)
 
 
-def _stopped(d: np.ndarray, sizes: Sequence[int], z: np.ndarray,
-             futility: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _stopped(d: np.ndarray, sizes: Sequence[int], z: np.ndarray, futility: bool,
+             futility_confidence: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Run the design on each row of paired differences: (claimed, mean at the stopping look,
     questions asked by then)."""
     rows = len(d)
@@ -244,7 +263,7 @@ def _stopped(d: np.ndarray, sizes: Sequence[int], z: np.ndarray,
         claimed |= hit
         stop = hit | (~done & (k == len(sizes) - 1))
         if futility and k < len(sizes) - 1:
-            stop |= ~done & (s <= 0)
+            stop |= ~done & futile(x, confidence=futility_confidence)
         mean[stop & ~done] = s[stop & ~done] / n
         asked[stop & ~done] = n
         done |= stop
@@ -279,7 +298,7 @@ def _resampled_residuals(d: np.ndarray, *, draws: int, n_max: int, seed: int) ->
 
 def conditional_estimate(
     differences: Sequence[float], *, sizes: Sequence[int], alpha: float, futility: bool = True,
-    level: float = 0.95, draws: int = 4000, seed: int = 0,
+    futility_confidence: float | None = None, level: float = 0.95, draws: int = 4000, seed: int = 0,
 ) -> Estimate:
     """The gain of a claim made by :func:`decide` after ``differences`` (the pairs seen at the look
     that succeeded; ``sizes``: the design's planned look sizes), adjusted for having been claimed.
@@ -314,7 +333,7 @@ def conditional_estimate(
     floor = max(50, draws // 100)  # claims needed before a conditional tail is trusted
 
     def claims(theta: float, residuals: np.ndarray = widened) -> np.ndarray:
-        claimed, mean, _ = _stopped(residuals + theta, sizes, z, futility)
+        claimed, mean, _ = _stopped(residuals + theta, sizes, z, futility, futility_confidence)
         return mean[claimed]
 
     span = 8 * se
@@ -373,8 +392,8 @@ class Power:
 
 
 def design_power(
-    sizes: Sequence[int], *, alpha: float, sd: float, futility: bool = True, power: float = 0.8,
-    draws: int = 4000, seed: int = 0,
+    sizes: Sequence[int], *, alpha: float, sd: float, futility: bool = True,
+    futility_confidence: float | None = None, power: float = 0.8, draws: int = 4000, seed: int = 0,
 ) -> Power:
     """The minimum detectable gain of the group-sequential design with looks at ``sizes``, by
     simulating normal paired differences through it (studentized boundaries, as
@@ -384,7 +403,7 @@ def design_power(
     z = z_boundaries(sizes, alpha=alpha, seed=seed)
 
     def run(theta: float) -> tuple[float, float]:
-        claimed, _, asked = _stopped(noise + theta, sizes, z, futility)
+        claimed, _, asked = _stopped(noise + theta, sizes, z, futility, futility_confidence)
         return float(claimed.mean()), float(asked.mean())
 
     _, asked_null = run(0.0)
@@ -402,6 +421,7 @@ __all__ = [
     "conditional_estimate",
     "decide",
     "design_power",
+    "futile",
     "interval_text",
     "look_sizes",
     "min_questions",

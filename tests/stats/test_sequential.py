@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -196,3 +197,27 @@ def test_rare_large_losses_do_not_fool_the_non_inferiority_claim() -> None:
         claims += looks[-1].decision == "success"
     assert abs(float(np.mean(a - b)) + margin) < 0.02  # the world is at the margin
     assert claims / runs <= 0.065
+
+
+def test_a_non_inferiority_look_stops_for_futility_only_once_clearly_behind() -> None:
+    """Issue 57: a truly equal, cheaper configuration's shifted differences are behind (mean <= 0) at
+    the first look of 16 pairs in about 6.5% of runs, and "not ahead" stopped them there; the cost
+    objective's rule stops only once the one-sided 95% upper bound is below 0 (as its race prunes),
+    so it confirms a smaller margin at the same power."""
+    from opro.stats.claim import Claim
+    from opro.stats.sequential import futile
+
+    assert Claim(objective="cost", alpha=0.05).futility_confidence == 0.95
+    assert Claim(objective="quality").futility_confidence is None
+    level = [0.25, -0.75, 0.25, 1.25, -0.75, 0.25, 0.25, -0.75, 0.25, 1.25, -0.75, -0.75, 0.25, 0.25, -0.75, 0.25]
+    assert -0.1 < float(np.mean(level)) <= 0
+    kw: dict[str, Any] = {"seen": [16], "n_max": 48, "last": False, "earlier": [], "alpha": 0.05, "draws": 2000}
+    assert decide(level, **kw).decision == "futility"
+    assert decide(level, **kw, futility_confidence=0.95).decision == "continue"
+    behind = [x - 1.0 for x in level]
+    assert decide(behind, **kw, futility_confidence=0.95).decision == "futility"
+    assert list(futile(np.array([level, behind]), confidence=0.95)) == [False, True]
+    sizes = (16, 32, 48, 68)
+    old = design_power(sizes, alpha=0.05, sd=0.66).detectable
+    new = design_power(sizes, alpha=0.05, sd=0.66, futility_confidence=0.95).detectable
+    assert old is not None and new is not None and new < old - 0.01
