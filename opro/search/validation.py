@@ -457,7 +457,7 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
         look = decide([x - y + shift for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(plan.confirmation),
                       last=k == len(plan.sizes), earlier=looks, alpha=settings.alpha,
                       futility=settings.futility, seed=seed,
-                      futility_confidence=settings.claim.futility_confidence if plan.by_cost else None)
+                      futility_confidence=settings.claim.futility_confidence)
         looks.append(look)
         study.save_validation_look(look)
         logger.info("validation look %d/%d: %d pairs, mean difference %+.2f, p=%.3g: %s",
