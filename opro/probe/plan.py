@@ -44,7 +44,7 @@ from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
 from opro.program.configurations import changed, settings_text
 from opro.program.cost import amount
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values, model_of
-from opro.search.validation_sizes import confirmation_looks, split_sizes
+from opro.search.validation_sizes import confirmation_looks, selection_prompts, split_sizes
 from opro.stats.sequential import design_power, min_questions
 from opro.tracking.rundir import RunDir
 from opro.workflows.settings import claim, validation_settings
@@ -516,8 +516,8 @@ def first_moves_of(config: OproConfig) -> list[dict[str, Value]]:
 
 
 def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPlan:
-    o, model = config.optimizer, config.cost_model()
-    rule = claim(o)
+    model, design = config.cost_model(), validation_settings(config.optimizer)
+    rule = design.claim
     initial = initial_values(config)
 
     def at(values: Mapping[str, Any], dimension: str = "initial", value: Value = 0) -> ChoiceCost:
@@ -535,7 +535,7 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
         if sizes:
             # Non-inferiority is the same test on differences shifted by the margin: a truly equal
             # configuration is confirmed at the margin that equals the smallest detectable gain.
-            confirmable = design_power(sizes, alpha=rule.alpha, sd=sd, futility=o.futility, power=POWER,
+            confirmable = design_power(sizes, alpha=rule.alpha, sd=sd, futility=design.futility, power=POWER,
                                        futility_confidence=rule.futility_confidence).detectable
         n = config.data.split.heldout
         if n >= min_questions(rule.alpha, sides=1):
@@ -630,9 +630,10 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         held = (z(1 - rule.alpha / 2) + z(POWER)) * sd / math.sqrt(s.heldout)
 
     moves = first_moves_of(config)
+    choosing = selection_prompts(design, finalists) * n_sel
     roles = _roles(config, chunks=chunks, moves=len(moves),
-                   validation=(finalists * n_sel + 2.0 * asked) if sizes else 0.0,
-                   validation_max=(finalists * n_sel + 2.0 * sizes_max[-1]) if sizes_max else 0.0)
+                   validation=(choosing + 2.0 * asked) if sizes else 0.0,
+                   validation_max=(choosing + 2.0 * sizes_max[-1]) if sizes_max else 0.0)
     made = Plan(source=str(config.source), split=asdict(s), selection_questions=n_sel, confirmation_questions=n_conf,
                 extension_questions=(sizes_max[-1] - n_conf) if sizes_max else 0,
                 extension_expected=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=rule.alpha,

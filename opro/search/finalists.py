@@ -6,7 +6,8 @@ there gets confirmed. Under ``objective = "quality"`` the finalist with the best
 and selection questions is chosen. Under ``objective = "cost"`` the finalist with the largest
 *expected confirmed saving*: its share saved times the chance that the confirmation shows it within
 the margin, that chance estimated from its paired differences to the initial configuration on the
-search questions both scored. The rule it replaced, "the cheapest finalist whose mean is within the
+search questions and the selection questions (which the initial configuration answers too under
+cost), one finalist per setting. The rule it replaced, "the cheapest finalist whose mean is within the
 margin of the initial configuration's", compared means over different questions (the finalist's
 search and selection ones against the initial one's search ones, issue 61), and even paired it
 chose a cheaper, truly worse finalist whenever a few questions put it within the margin, which the
@@ -64,9 +65,10 @@ def choose_finalists(history: Sequence[CandidateRecord], *, initial: str, settin
     """The candidates the validation stage may choose, the initial configuration (by name) left out: by
     quality the best complete candidates by search score; by cost (cheapest first) the cheaper, not
     clearly worse candidates (:func:`cost_finalists`) with the largest :func:`expected_saving` at
-    ``n_confirmation`` pairs. The front alone dropped a truly equal setting whenever a cheaper, worse one
-    scored as well on the search's few questions, or one as cheap scored better (8 of 60 runs of
-    ``bench_selection.py --cost --space``); a dominated candidate still ranks below what dominates it."""
+    ``n_confirmation`` pairs, one per setting (its values of the open dimensions). The front alone
+    dropped a truly equal setting whenever a cheaper, worse one scored as well on the search's few
+    questions, or one as cheap scored better (8 of 60 runs of ``bench_selection.py --cost --space``); a
+    dominated candidate still ranks below what dominates it."""
     if settings.objective == "cost":
         base, cheaper = _cheaper(history, initial=initial, margin=settings.margin)
         if base is None:
@@ -74,7 +76,15 @@ def choose_finalists(history: Sequence[CandidateRecord], *, initial: str, settin
         expected = {id(r): expected_saving(r, base, margin=settings.margin, alpha=settings.alpha,
                                            n_confirmation=n_confirmation) or 0.0 for r in cheaper}
         ranked = sorted(cheaper, key=lambda r: (-expected[id(r)], r.cost.cost, r.step, r.index))  # type: ignore[union-attr]
-        return sorted(ranked[: settings.finalists], key=lambda r: (r.cost.cost, r.step, r.index))  # type: ignore[union-attr]
+        # One finalist per setting: a setting's cost is what the choice weighs, and its wordings have competed
+        # in the search already. Two wordings of one cheaper, worse setting that 6 search questions put level
+        # took both places and left the equal setting out (5 of 60 runs of bench_selection.py --cost --space).
+        # (Without a settings space every candidate is its own: wordings are all there is to choose.)
+        distinct: dict[object, CandidateRecord] = {}
+        for r in ranked:
+            distinct.setdefault(tuple(sorted((k, repr(v)) for k, v in r.params.items())) if r.params else id(r), r)
+        finalists = list(distinct.values())[: settings.finalists]
+        return sorted(finalists, key=lambda r: (r.cost.cost, r.step, r.index))  # type: ignore[union-attr]
     initial_key = normalize_instruction(initial)
     return sorted(
         (r for r in history if r.status == "complete" and r.score is not None
@@ -88,7 +98,9 @@ def chosen_finalist(finalists: Sequence[CandidateRecord], selection_scores: Mapp
                     history: Sequence[CandidateRecord]) -> int:
     """The index of the finalist to confirm. By quality: the best mean over its search and selection
     questions (ties to the better search rank). By cost (finalists cheapest first): the largest
-    :func:`expected_saving` against the initial configuration's search record (ties to the cheaper);
+    :func:`expected_saving` against the initial configuration on the search questions and the selection
+    questions (``selection_scores`` of the initial instruction too: pairs only where both answered;
+    ties to the cheaper);
     the quality choice where there is no such record or no finalist has one."""
     def pooled(k: int) -> tuple[float, int]:
         f = finalists[k]
@@ -104,7 +116,9 @@ def chosen_finalist(finalists: Sequence[CandidateRecord], selection_scores: Mapp
                  and normalize_instruction(r.instruction) == key), None)
     if base is None or base.cost is None or base.cost.cost <= 0:
         return best
-    expected = [expected_saving(f, base, margin=settings.margin, alpha=settings.alpha, n_confirmation=n_confirmation)
+    initial_selection = list(selection_scores.get(initial, ()))  # keyed as the stage asked it
+    expected = [expected_saving(f, base, margin=settings.margin, alpha=settings.alpha, n_confirmation=n_confirmation,
+                                selection=(list(selection_scores.get(f.instruction, ())), initial_selection))
                 for f in finalists]
     if all(e is None for e in expected):
         return best
@@ -112,18 +126,21 @@ def chosen_finalist(finalists: Sequence[CandidateRecord], selection_scores: Mapp
 
 
 def expected_saving(finalist: CandidateRecord, initial: CandidateRecord, *, margin: float, alpha: float,
-                    n_confirmation: int) -> float | None:
+                    n_confirmation: int,
+                    selection: tuple[Sequence[float | None], Sequence[float | None]] = ((), ())) -> float | None:
     """The finalist's share saved per answer (its search cost against the initial one's) times the chance
     that a test of ``n_confirmation`` pairs at ``alpha`` shows it within ``margin``: the one-sided normal
     power at its mean paired difference to the initial configuration on the search questions both
-    scored, with their sd. None without a cost or a pair. An estimate that only orders the finalists:
-    it claims nothing (the confirmation tests the one chosen on other questions)."""
+    scored and on the selection questions (``selection``: the finalist's scores and the initial
+    configuration's, position by position), with their sd. None without a cost or a pair. An estimate
+    that only orders the finalists: it claims nothing (the confirmation tests the one chosen on other
+    questions)."""
     if finalist.cost is None or initial.cost is None or initial.cost.cost <= 0:
         return None
-    a, b = paired_valid(list(finalist.scores), list(initial.scores))
-    if not a:
+    d = [x - y for pair in ((finalist.scores, initial.scores), selection)
+         for x, y in zip(*paired_valid(list(pair[0]), list(pair[1])), strict=True)]
+    if not d:
         return None
-    d = [x - y for x, y in zip(a, b, strict=True)]
     mean = sum(d) / len(d)
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else 0.0
     if sd <= 1e-12:  # every difference the same: shown within the margin or not

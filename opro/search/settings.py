@@ -21,7 +21,8 @@ class ValidationSettings:
     claim: Claim = field(default_factory=Claim)
     #: Finalists (best by search score) taken to the stage; 0 turns it off.
     finalists: int = 2
-    #: Validation questions that choose among several finalists (by quality only).
+    #: Validation questions that choose among several finalists (under cost the initial configuration
+    #: answers them too: the choice is paired).
     selection_questions: int = 4
     #: Looks of the group-sequential confirmation, and whether it stops for futility.
     validation_looks: int = 3

@@ -414,9 +414,11 @@ def _select(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, setting
     if not plan.selection:
         return chosen_finalist(plan.finalists, {}, initial=plan.initial, by_cost=plan.by_cost,
                                n_confirmation=len(plan.confirmation), settings=settings, history=history), {}
-    for label, ins in plan.labels[1:]:
+    # Under cost the initial configuration answers them too: the choice pairs each finalist with it.
+    prompts = plan.labels if plan.by_cost else plan.labels[1:]
+    for label, ins in prompts:
         rows.expect(label, ins)
-    scores = score_on(study, scorer, plan.labels[1:], plan.selection, on_validated=collect,
+    scores = score_on(study, scorer, prompts, plan.selection, on_validated=collect,
                       min_coverage=settings.min_coverage, progress=progress)
     return chosen_finalist(plan.finalists, scores, initial=plan.initial, by_cost=plan.by_cost,
                            n_confirmation=len(plan.confirmation), settings=settings, history=history), scores

@@ -10,12 +10,19 @@ from opro.stats.sequential import look_sizes
 
 def split_sizes(settings: ValidationSettings, n_questions: int, n_finalists: int) -> tuple[int, int]:
     """(selection, confirmation) questions of a validation stage over ``n_questions`` with
-    ``n_finalists`` finalists: selection only when there is a choice to make by quality, and at least
-    2 questions left to confirm on. Under ``objective = "cost"`` the choice is made on the search
-    questions (:func:`opro.search.finalists.chosen_finalist`), so every question confirms."""
-    choice = n_finalists > 1 and settings.objective != "cost"
+    ``n_finalists`` finalists: selection only when there is a choice to make, and at least 2 questions
+    left to confirm on. Under ``objective = "cost"`` the initial configuration answers the selection
+    questions too, so that the choice pairs each finalist with it on the search and selection questions
+    (:func:`opro.search.finalists.chosen_finalist`)."""
+    choice = n_finalists > 1
     n_sel = min(settings.selection_questions, max(0, n_questions - 2)) if choice else 0
     return n_sel, n_questions - n_sel
+
+
+def selection_prompts(settings: ValidationSettings, n_finalists: int) -> int:
+    """The prompts that answer the selection questions: the finalists, and under ``objective = "cost"``
+    the initial configuration too (the choice pairs each finalist with it)."""
+    return n_finalists + (1 if settings.objective == "cost" else 0)
 
 
 def confirmation_looks(settings: ValidationSettings, n_confirmation: int, n_extension: int = 0) -> tuple[int, ...]:
@@ -37,7 +44,7 @@ def max_calls(settings: ValidationSettings, n_questions: int, n_extension: int =
         return 0
     n_sel, n_conf = split_sizes(settings, n_questions, settings.finalists)
     sizes = confirmation_looks(settings, n_conf, n_extension)
-    return 2 * (settings.finalists * n_sel + 2 * (sizes[-1] if sizes else 0))
+    return 2 * (selection_prompts(settings, settings.finalists) * n_sel + 2 * (sizes[-1] if sizes else 0))
 
 
-__all__ = ["confirmation_looks", "max_calls", "split_sizes"]
+__all__ = ["confirmation_looks", "max_calls", "selection_prompts", "split_sizes"]

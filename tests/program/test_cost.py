@@ -133,7 +133,7 @@ def test_compare_shows_each_prompts_tokens_and_seconds_per_answer_and_the_paired
 LONG = "Using the context, the answer is yes, as the passage plainly says."
 
 
-def _cost_world(tmp_path: Path, *, worse: bool, cheaper: bool = True) -> RunResult:
+def _cost_world(tmp_path: Path, *, worse: bool, cheaper: bool = True, candidates: int = 3) -> RunResult:
     """"briefly" in the instruction makes answers one word instead of twelve. The judge scores a
     question the same under any instruction; with ``worse``, a one-word answer loses a point on every
     question the search does not score (so the search still finds it within the margin, and only the
@@ -166,7 +166,7 @@ def _cost_world(tmp_path: Path, *, worse: bool, cheaper: bool = True) -> RunResu
     pool = ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
                                "judge": ScriptedLLM(default=judge, model="judge"),
                                "optimizer": ScriptedLLM(default=optimizer, model="optimizer")})
-    cfg = experiment_config(tmp_path, optimizer={"steps": 1, "candidates_per_step": 3, "minibatch_size": 3,
+    cfg = experiment_config(tmp_path, optimizer={"steps": 1, "candidates_per_step": candidates, "minibatch_size": 3,
                                                  "objective": "cost", "margin": 0.25})
     exp = Experiment(config_from_dict(cfg, base_dir=tmp_path, source="test.toml"), pool=pool, progress=False)
     try:
@@ -288,6 +288,78 @@ def test_the_cost_finalists_are_those_likeliest_to_confirm_a_saving_not_the_chea
         r.cost.cost for r in got if r.cost)
 
 
+def test_the_cost_choice_pairs_each_finalist_with_the_initial_configuration_on_the_selection_questions() -> None:
+    """Issue 57: on 6 search questions a cheaper, truly worse setting looked as good as the equal one in
+    about one run in eight (bench_selection --cost --space), and selection questions the initial
+    configuration never answered could not tell them apart (other questions, other difficulty). Under
+    cost the initial configuration now answers the selection questions too, and the choice weighs each
+    finalist's paired differences on the search and selection questions together."""
+    from opro.config import OptimizerSection
+    from opro.program.cost import CostSummary
+    from opro.search.finalists import chosen_finalist, expected_saving
+    from opro.search.results import CandidateRecord
+
+    def rec(instruction: str, moves: tuple[float, ...], index: int, cost: float) -> CandidateRecord:
+        scores = tuple(x + d for x, d in zip((3.0, 4.0, 3.0, 4.0, 3.0, 4.0), moves, strict=True))
+        return CandidateRecord(step=index and 1, instruction=instruction, score=sum(scores) / len(scores),
+                               n_scored=6, n_invalid=0, n_errors=0, status="complete", trial_number=index, index=index,
+                               scores=scores, cost=CostSummary(n=6, prompt_tokens=cost, completion_tokens=0.0,
+                                                               seconds=1.0, cost=cost, unit="tokens"))
+
+    initial = rec("initial", (0.0,) * 6, 0, 100.0)
+    # On the search questions both look level with the initial configuration (the cheaper one more so).
+    cheaper = rec("cheaper", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 1, 50.0)
+    equal = rec("equal", (0.4, -0.4, 0.3, -0.3, 0.0, 0.0), 2, 70.0)
+    settings = validation_settings(OptimizerSection(objective="cost", margin=0.25))
+    history = [initial, cheaper, equal]
+    assert chosen_finalist((cheaper, equal), {}, initial="initial", by_cost=True, n_confirmation=60,
+                           settings=settings, history=history) == 0
+    # The selection questions, answered by all three: the cheaper one loses a point on each.
+    base = [3.0, 4.0, 2.0, 5.0]
+    selection = {"initial": base, "cheaper": [x - 1.0 for x in base], "equal": list(base)}
+    assert chosen_finalist((cheaper, equal), selection, initial="initial", by_cost=True, n_confirmation=60,
+                           settings=settings, history=history) == 1
+    paired = expected_saving(cheaper, initial, margin=0.25, alpha=0.05, n_confirmation=60,
+                             selection=(selection["cheaper"], selection["initial"]))
+    alone = expected_saving(cheaper, initial, margin=0.25, alpha=0.05, n_confirmation=60)
+    assert paired is not None and alone is not None and paired < 0.1 < 0.4 < alone
+    # A finalist's selection scores without the initial configuration's pair with nothing.
+    assert expected_saving(cheaper, initial, margin=0.25, alpha=0.05, n_confirmation=60,
+                           selection=(selection["cheaper"], [])) == alone
+
+
+def test_the_cost_finalists_are_one_per_setting() -> None:
+    """Issue 57: two wordings of one cheaper, truly worse setting that the search questions put level took
+    both finalist places and left the equal setting unvalidated (5 of 60 runs of bench_selection --cost
+    --space); each setting now has one place, its wording with the largest expected saving. Without a
+    settings space every candidate is its own."""
+    from opro.config import OptimizerSection
+    from opro.program.cost import CostSummary
+    from opro.search.finalists import choose_finalists
+    from opro.search.results import CandidateRecord
+
+    def rec(instruction: str, moves: tuple[float, ...], index: int, cost: float,
+            params: dict[str, int]) -> CandidateRecord:
+        scores = tuple(x + d for x, d in zip((3.0, 4.0, 3.0, 4.0, 3.0, 4.0), moves, strict=True))
+        return CandidateRecord(step=index and 1, instruction=instruction, score=sum(scores) / len(scores),
+                               n_scored=6, n_invalid=0, n_errors=0, status="complete", trial_number=index, index=index,
+                               scores=scores, params=params,
+                               cost=CostSummary(n=6, prompt_tokens=cost, completion_tokens=0.0, seconds=1.0, cost=cost,
+                                                unit="tokens"))
+
+    short = {"top_k": 1, "answer_max_tokens": 48}
+    history = [rec("initial", (0.0,) * 6, 0, 100.0, {"top_k": 3, "answer_max_tokens": 128}),
+               rec("short a", (0.1, -0.1, 0.1, -0.1, 0.0, 0.0), 1, 40.0, short),
+               rec("short b", (0.2, -0.2, 0.1, -0.1, 0.0, 0.0), 2, 40.0, short),
+               rec("equal", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 3, 70.0, {"top_k": 1, "answer_max_tokens": 128})]
+    settings = validation_settings(OptimizerSection(objective="cost", margin=0.25, finalists=2))
+    assert [r.instruction for r in choose_finalists(history, initial="initial", settings=settings,
+                                                    n_confirmation=44)] == ["short a", "equal"]
+    wordings = [replace(r, params={}) for r in history]
+    assert [r.instruction for r in choose_finalists(wordings, initial="initial", settings=settings,
+                                                    n_confirmation=44)] == ["short a", "short b"]
+
+
 def test_the_share_saved_in_the_validation_verdict_covers_where_each_question_saves_the_same() -> None:
     """Issue 57, item 5, where the validation stage computes it: costs vary by question, the cut is about
     150 tokens on each; the share's interval used to divide the difference's by the initial mean as if
@@ -320,6 +392,33 @@ def test_shorter_answers_worse_by_more_than_the_margin_return_the_initial_config
     assert v.saving is not None and v.saving.lower
     assert "no finalist was shown cheaper and not worse than the initial configuration by more than 0.25" in v.verdict
     assert "the initial configuration is returned" in result.headline()
+
+
+def test_under_cost_the_initial_configuration_answers_the_selection_questions(tmp_path: Path) -> None:
+    """Issue 57: two cheaper wordings reach the validation stage; the one confirmed is chosen on the search
+    and selection questions paired with the initial configuration, which answered them too (kept in the
+    study, so a rerun asks nothing), and a worse one is still refused by the confirmation."""
+    from opro.search import SearchStudy
+    from opro.search.storage import open_storage
+
+    result = _cost_world(tmp_path, worse=True, candidates=4)
+    v = result.validation
+    assert v is not None and v.design is not None and not result.validated
+    assert v.design.selection_questions == 4 and len(v.finalists) == 2
+    assert all("briefly" in f.instruction for f in v.finalists)
+    study = SearchStudy.open(open_storage(f"sqlite:///{tmp_path / 'out' / 'optuna.db'}"), name=result.study_name)
+    cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="test.toml")
+    exp = Experiment(cfg, pool=scripted_pool(), progress=False)
+    try:
+        validation = [e.query for e in exp.dataset.examples_in("validation")]
+    finally:
+        exp.close()
+    initial = study.validation_scores(result.initial_instruction, validation[:4])
+    chosen = next(f for f in v.finalists if f.chosen)
+    assert initial is not None and len(initial) == 4
+    # The finalists lost a point on each selection question against the initial configuration's answers.
+    assert [round(x - y, 6) for x, y in zip(study.validation_scores(chosen.instruction, validation[:4]) or [],
+                                             initial, strict=True)] == [-1.0] * 4
 
 
 def test_cost_finalists_are_the_cheapest_on_the_front_that_are_not_clearly_worse() -> None:

@@ -86,8 +86,9 @@ def test_a_cost_design_with_an_extension_is_stored_as_before_and_reads_back() ->
     design, validation, extension = made(settings, n_extension=8)
     assert design.objective == "cost" and design.extension == 5 and design.futility_from_look is None
     before: dict[str, Any] = {
-        # No selection questions under the cost objective: the finalist is chosen on the search questions.
-        "alpha": 0.05, "looks": design.looks, "futility": False, "selection_questions": 0,
+        # Under cost the finalist is chosen on the search and selection questions paired with the initial
+        # configuration (issue 57); a design recorded before, without selection questions, has another key.
+        "alpha": 0.05, "looks": design.looks, "futility": False, "selection_questions": 4,
         "finalists": ["Finalist 0.", "Finalist 1."], "initial": "Answer the question.", "n_questions": 12,
         "procedure": design.procedure, "questions": questions_key(validation),
         "extension": 5, "extension_questions": questions_key(extension[:5]), "objective": "cost", "margin": 0.25,
@@ -146,3 +147,18 @@ def test_a_cost_saving_is_shown_as_before() -> None:
         "relative": 0.25, "relative_ci": [0.15, 0.35], "lower": True,
     }
     assert replace(saving, difference_ci=None, relative_ci=None).as_dict()["relative_ci"] is None
+
+
+def test_under_cost_the_selection_questions_are_asked_of_the_initial_configuration_too() -> None:
+    """Issue 57: the cost choice is paired on the selection questions, so the initial configuration answers
+    them beside the finalists, and the call budget and the plan count its answers."""
+    from opro.search.validation_sizes import max_calls, selection_prompts, split_sizes
+
+    quality = validation_settings(OptimizerSection(finalists=2))
+    cost = validation_settings(OptimizerSection(finalists=2, objective="cost", margin=0.25))
+    assert split_sizes(quality, 52, 2) == split_sizes(cost, 52, 2) == (4, 48)
+    assert split_sizes(cost, 52, 1) == (0, 52)  # one finalist: nothing to choose
+    assert (selection_prompts(quality, 2), selection_prompts(cost, 2)) == (2, 3)
+    # 3 looks over 48 confirmation questions and up to 20 more: 68 pairs at most, 2 calls an answer.
+    assert max_calls(quality, 52, 20) == 2 * (2 * 4 + 2 * 68)
+    assert max_calls(cost, 52, 20) == 2 * (3 * 4 + 2 * 68)
