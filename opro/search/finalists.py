@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 
+from opro.program.configurations import settings_text
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, quality_cost_front
 from opro.search.settings import ValidationSettings
@@ -82,7 +83,7 @@ def choose_finalists(history: Sequence[CandidateRecord], *, initial: str, settin
         # (Without a settings space every candidate is its own: wordings are all there is to choose.)
         distinct: dict[object, CandidateRecord] = {}
         for r in ranked:
-            distinct.setdefault(tuple(sorted((k, repr(v)) for k, v in r.params.items())) if r.params else id(r), r)
+            distinct.setdefault(settings_text(r.params) if r.params else id(r), r)
         finalists = list(distinct.values())[: settings.finalists]
         return sorted(finalists, key=lambda r: (r.cost.cost, r.step, r.index))  # type: ignore[union-attr]
     initial_key = normalize_instruction(initial)

@@ -22,7 +22,7 @@ def split_sizes(settings: ValidationSettings, n_questions: int, n_finalists: int
 def selection_prompts(settings: ValidationSettings, n_finalists: int) -> int:
     """The prompts that answer the selection questions: the finalists, and under ``objective = "cost"``
     the initial configuration too (the choice pairs each finalist with it)."""
-    return n_finalists + (1 if settings.objective == "cost" else 0)
+    return n_finalists + (1 if settings.claim.by_cost else 0)
 
 
 def confirmation_looks(settings: ValidationSettings, n_confirmation: int, n_extension: int = 0) -> tuple[int, ...]:

@@ -14,8 +14,8 @@ class Claim:
     """The decision rule of a validation stage."""
 
     #: ``quality``: a finalist wins only by beating the initial configuration (a superiority test).
-    #: ``cost``: the cheapest finalist not worse than the initial one by more than :attr:`margin`
-    #: judge points (a non-inferiority test) and cheaper per answer.
+    #: ``cost``: a finalist cheaper per answer and not worse than the initial one by more than
+    #: :attr:`margin` judge points (a non-inferiority test).
     objective: Literal["quality", "cost"] = "quality"
     #: Significance level of the decision (one-sided, over all the looks of a confirmation).
     alpha: float = 0.05

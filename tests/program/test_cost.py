@@ -16,6 +16,7 @@ from opro.errors import ConfigError
 from opro.evaluation.batch import EvaluationRow
 from opro.experiment import Experiment, RunResult
 from opro.program.cost import CostModel
+from opro.search.results import CandidateRecord
 from opro.tracking.commands import mlflow_run_of
 from opro.workflows.settings import validation_settings
 
@@ -215,6 +216,19 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
     assert "score:\n4.00\nanswer length:\n12 tokens" in meta and "shorter answers cost less" in meta
 
 
+def _moved(instruction: str, moves: tuple[float, ...], index: int, cost: float,
+           params: dict[str, int] | None = None) -> CandidateRecord:
+    """A complete candidate scored on 6 search questions: the initial configuration's scores (3, 4, 3, 4,
+    3, 4) moved by ``moves``, at ``cost`` weighted tokens per answer."""
+    from opro.program.cost import CostSummary
+
+    scores = tuple(x + d for x, d in zip((3.0, 4.0, 3.0, 4.0, 3.0, 4.0), moves, strict=True))
+    return CandidateRecord(step=index and 1, instruction=instruction, score=sum(scores) / len(scores), n_scored=6,
+                           n_invalid=0, n_errors=0, status="complete", trial_number=index, index=index, scores=scores,
+                           params=params or {}, cost=CostSummary(n=6, prompt_tokens=cost, completion_tokens=0.0,
+                                                                 seconds=1.0, cost=cost, unit="tokens"))
+
+
 def test_the_cost_finalist_chosen_is_the_one_likeliest_to_confirm_its_saving_on_the_same_questions() -> None:
     """Issues 61 and 57: the cheapest finalist within the margin of the initial configuration was chosen,
     its search-plus-selection mean set against the initial one's search mean (other questions); and even
@@ -264,22 +278,12 @@ def test_the_cost_finalists_are_those_likeliest_to_confirm_a_saving_not_the_chea
     by 0.5 in bench_selection --cost --space), fill the 2 finalist places of the cheapest-first front, and
     the equal, tighter candidate is never validated; ranked by expected confirmed saving it is a finalist."""
     from opro.config import OptimizerSection
-    from opro.program.cost import CostSummary
     from opro.search.finalists import choose_finalists, cost_finalists
-    from opro.search.results import CandidateRecord
 
-    def rec(instruction: str, moves: tuple[float, ...], index: int, cost: float) -> CandidateRecord:
-        scores = tuple(x + d for x, d in zip((3.0, 4.0, 3.0, 4.0, 3.0, 4.0), moves, strict=True))
-        return CandidateRecord(step=index and 1, instruction=instruction, score=sum(scores) / len(scores),
-                               n_scored=len(scores), n_invalid=0, n_errors=0, status="complete", trial_number=index,
-                               index=index, scores=scores,
-                               cost=CostSummary(n=6, prompt_tokens=cost, completion_tokens=0.0, seconds=1.0, cost=cost,
-                                                unit="tokens"))
-
-    history = [rec("initial", (0.0,) * 6, 0, 100.0),
-               rec("cheapest", (-0.7, 0.3, -0.7, 0.3, 0.3, -0.7), 1, 40.0),
-               rec("cheaper", (-0.8, 0.4, -0.6, 0.4, 0.2, -0.5), 2, 45.0),
-               rec("equal", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 3, 70.0)]
+    history = [_moved("initial", (0.0,) * 6, 0, 100.0),
+               _moved("cheapest", (-0.7, 0.3, -0.7, 0.3, 0.3, -0.7), 1, 40.0),
+               _moved("cheaper", (-0.8, 0.4, -0.6, 0.4, 0.2, -0.5), 2, 45.0),
+               _moved("equal", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 3, 70.0)]
     settings = validation_settings(OptimizerSection(objective="cost", margin=0.25, finalists=2))
     assert [r.instruction for r in cost_finalists(history, initial="initial", margin=0.25)] == [
         "cheapest", "cheaper", "equal"]
@@ -295,21 +299,12 @@ def test_the_cost_choice_pairs_each_finalist_with_the_initial_configuration_on_t
     cost the initial configuration now answers the selection questions too, and the choice weighs each
     finalist's paired differences on the search and selection questions together."""
     from opro.config import OptimizerSection
-    from opro.program.cost import CostSummary
     from opro.search.finalists import chosen_finalist, expected_saving
-    from opro.search.results import CandidateRecord
 
-    def rec(instruction: str, moves: tuple[float, ...], index: int, cost: float) -> CandidateRecord:
-        scores = tuple(x + d for x, d in zip((3.0, 4.0, 3.0, 4.0, 3.0, 4.0), moves, strict=True))
-        return CandidateRecord(step=index and 1, instruction=instruction, score=sum(scores) / len(scores),
-                               n_scored=6, n_invalid=0, n_errors=0, status="complete", trial_number=index, index=index,
-                               scores=scores, cost=CostSummary(n=6, prompt_tokens=cost, completion_tokens=0.0,
-                                                               seconds=1.0, cost=cost, unit="tokens"))
-
-    initial = rec("initial", (0.0,) * 6, 0, 100.0)
+    initial = _moved("initial", (0.0,) * 6, 0, 100.0)
     # On the search questions both look level with the initial configuration (the cheaper one more so).
-    cheaper = rec("cheaper", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 1, 50.0)
-    equal = rec("equal", (0.4, -0.4, 0.3, -0.3, 0.0, 0.0), 2, 70.0)
+    cheaper = _moved("cheaper", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 1, 50.0)
+    equal = _moved("equal", (0.4, -0.4, 0.3, -0.3, 0.0, 0.0), 2, 70.0)
     settings = validation_settings(OptimizerSection(objective="cost", margin=0.25))
     history = [initial, cheaper, equal]
     assert chosen_finalist((cheaper, equal), {}, initial="initial", by_cost=True, n_confirmation=60,
@@ -334,24 +329,13 @@ def test_the_cost_finalists_are_one_per_setting() -> None:
     --space); each setting now has one place, its wording with the largest expected saving. Without a
     settings space every candidate is its own."""
     from opro.config import OptimizerSection
-    from opro.program.cost import CostSummary
     from opro.search.finalists import choose_finalists
-    from opro.search.results import CandidateRecord
-
-    def rec(instruction: str, moves: tuple[float, ...], index: int, cost: float,
-            params: dict[str, int]) -> CandidateRecord:
-        scores = tuple(x + d for x, d in zip((3.0, 4.0, 3.0, 4.0, 3.0, 4.0), moves, strict=True))
-        return CandidateRecord(step=index and 1, instruction=instruction, score=sum(scores) / len(scores),
-                               n_scored=6, n_invalid=0, n_errors=0, status="complete", trial_number=index, index=index,
-                               scores=scores, params=params,
-                               cost=CostSummary(n=6, prompt_tokens=cost, completion_tokens=0.0, seconds=1.0, cost=cost,
-                                                unit="tokens"))
 
     short = {"top_k": 1, "answer_max_tokens": 48}
-    history = [rec("initial", (0.0,) * 6, 0, 100.0, {"top_k": 3, "answer_max_tokens": 128}),
-               rec("short a", (0.1, -0.1, 0.1, -0.1, 0.0, 0.0), 1, 40.0, short),
-               rec("short b", (0.2, -0.2, 0.1, -0.1, 0.0, 0.0), 2, 40.0, short),
-               rec("equal", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 3, 70.0, {"top_k": 1, "answer_max_tokens": 128})]
+    history = [_moved("initial", (0.0,) * 6, 0, 100.0, {"top_k": 3, "answer_max_tokens": 128}),
+               _moved("short a", (0.1, -0.1, 0.1, -0.1, 0.0, 0.0), 1, 40.0, short),
+               _moved("short b", (0.2, -0.2, 0.1, -0.1, 0.0, 0.0), 2, 40.0, short),
+               _moved("equal", (0.3, -0.3, 0.3, -0.3, 0.0, 0.0), 3, 70.0, {"top_k": 1, "answer_max_tokens": 128})]
     settings = validation_settings(OptimizerSection(objective="cost", margin=0.25, finalists=2))
     assert [r.instruction for r in choose_finalists(history, initial="initial", settings=settings,
                                                     n_confirmation=44)] == ["short a", "equal"]
