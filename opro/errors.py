@@ -3,7 +3,8 @@
     OproError
     ├── ConfigError            a config file, key or value is wrong (names the key and what is allowed)
     ├── DataError              a document, dataset file or field is unusable (names the file / field)
-    │   └── LeakageError       held-out questions were seen by an optimization: a held-out claim is refused
+    │   ├── LeakageError       held-out questions were seen by an optimization: a held-out claim is refused
+    │   └── LedgerError        a decision ledger file is damaged (names the file and the line)
     ├── ModelPackError         an embedded model pack is missing or corrupt (names the package to install)
     ├── PromptError            a template or instruction is malformed
     └── LLMError               a call to a language model failed (carries model and provider)
@@ -35,6 +36,11 @@ class DataError(OproError):
 class LeakageError(DataError):
     """Questions to be called held-out were seen by an optimization (or its split changed since):
     every command refuses it the same way (exit 2)."""
+
+
+class LedgerError(DataError):
+    """A decision ledger file holds a line no crash can leave (bytes that are not text, a record of the
+    wrong shape): until it is mended, no decision can be trusted to be refused or resumed."""
 
 
 class ModelPackError(OproError):
@@ -117,6 +123,7 @@ __all__ = [
     "LLMRateLimitError",
     "LLMServerError",
     "LLMTimeoutError",
+    "LedgerError",
     "ModelPackError",
     "OproError",
     "PromptError",

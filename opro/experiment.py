@@ -23,7 +23,7 @@ from opro.llm import ROLES, ChatClient, UsageLedger
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
 from opro.llm.rates import rates_path
-from opro.paths import cache_dir
+from opro.paths import cache_dir, data_dir
 from opro.program.dimensions import DIMENSIONS, dimension, initial_values
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.search.recorder import Recorder
@@ -288,13 +288,21 @@ class Experiment:
     # -- dataset -----------------------------------------------------------------------------
     @functools.cached_property
     def decisions(self) -> DecisionLedger:
-        """The user's decision ledger, shared by every output folder, study store and copy of a dataset
-        (:meth:`opro.heldout.ledger.DecisionLedger.of_user`)."""
-        from opro.heldout.ledger import DecisionLedger
+        """The user's decision ledger, shared by every output folder, study store, cache folder and copy of
+        a dataset (:meth:`opro.heldout.ledger.DecisionLedger.of_user`), reconciled with its copies on first
+        use: a decision one file holds and another lacks is written back."""
+        from opro.data.dataset import normalize_question, question_hash
+        from opro.heldout.ledger import DecisionLedger, short_hashes
 
         data = self.config.data.dataset
-        return DecisionLedger.of_user(self.config.call_cache_path.parent, origin=f"output folder {self.run_dir.root}",
-                                      dataset=self.config.resolve(data) if data else None)
+        ledger = DecisionLedger.of_user(data_dir(), origin=f"output folder {self.run_dir.root}",
+                                        dataset=self.config.resolve(data) if data else None,
+                                        # where opro kept it before it had a home of its own
+                                        earlier_homes=(self.config.call_cache_path.parent,))
+        questions = (short_hashes([question_hash(normalize_question(e.query)) for e in self.dataset.examples])
+                     if ledger.copies else None)
+        ledger.reconcile(questions=questions)
+        return ledger
 
     @property
     def dataset_dir(self) -> Path:
@@ -568,6 +576,7 @@ class Experiment:
         )
         with lock:
             ds = self.dataset
+            _ = self.decisions  # the ledger reconciled, or a damaged one refused, before anything is recorded
             if not ds.examples_in("optimization") and ds.split is not None:
                 from opro.data.dataset import split_shortfall
 

@@ -2,10 +2,14 @@
 
 Build role clients from them in tests: ``ChatClient(embedded_task_llm, role="task")``. They skip
 (with the reason) when llama-cpp-python or the model packs are not installed.
+
+The suite runs in a home of its own (:func:`_own_home`): nothing it does reaches the user's cache or
+decision ledger, where a test's decision could refuse or resume the user's own runs on the same questions.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,38 @@ import pytest
 
 # The contract suites ship in opro.testing: their asserts explain a failure as the tests' own do.
 pytest.register_assert_rewrite("opro.testing")
+
+
+def _own_home() -> Path:
+    """Point HOME, the XDG folders and opro's own variables at a temporary home for this run (children
+    inherit it), and return the user's real home (also in ``$OPRO_TESTS_USER_HOME``). The assembled embedded models (1.6 GB, minutes to
+    assemble) are the one thing shared with the user: the temporary cache's models/ links to the user's."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from opro.llm.packs import models_dir
+
+    real_home, models = Path.home(), models_dir()
+    os.environ["OPRO_TESTS_USER_HOME"] = str(real_home)  # for tests/test_isolation.py (children see it too)
+    root = Path(tempfile.mkdtemp(prefix="opro-tests-home-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    for name in ("OPRO_CACHE_DIR", "OPRO_DATA_DIR", "XDG_CONFIG_HOME", "DSPY_CACHEDIR", "MPLCONFIGDIR"):
+        os.environ.pop(name, None)
+    os.environ.update(HOME=str(root), XDG_CACHE_HOME=str(root / ".cache"), XDG_DATA_HOME=str(root / ".local" / "share"))
+    models.mkdir(parents=True, exist_ok=True)
+    (root / ".cache" / "opro").mkdir(parents=True)
+    (root / ".cache" / "opro" / "models").symlink_to(models, target_is_directory=True)
+    return real_home
+
+
+_own_home()
+
+
+@pytest.fixture(autouse=True)
+def _own_decision_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test is a user of its own: a decision one test makes never refuses another's."""
+    monkeypatch.setenv("OPRO_DATA_DIR", str(tmp_path_factory.mktemp("user-data")))
 
 from opro.llm import LLM  # noqa: E402  (after the rewrite hook)
 

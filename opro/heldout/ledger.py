@@ -4,20 +4,23 @@ A validation decision (does the finalist beat the initial instruction?) and a pr
 (``compare --promote``) each spend an error budget on their questions. Once a verdict on those
 questions has been seen, deciding again on them under another design (alpha, looks, finalists,
 ``min_coverage``, ...) or other settings (judge, task model, template, retrieval: the study's
-fingerprint) is a fresh chance at a false claim. Output folders, study stores and copies of a dataset
-come and go, so the ledger is the user's: one file beside the call cache, which every run of the same
-user reads whatever folder the dataset sits in (``Experiment`` chooses it; see docs/configuration.md),
-with a second copy beside the dataset that travels with it. Decisions are matched by the content
-hashes of their questions, never by where the dataset lies.
+fingerprint) is a fresh chance at a false claim. Output folders, study stores, caches and copies of a
+dataset come and go, so the ledger is the user's: one file in the user data folder
+(:func:`opro.paths.data_dir`, never the cache folder users delete to free space), which every run of
+the same user reads whatever folder the dataset sits in, with a second copy beside the dataset that
+travels with it. Decisions are matched by the content hashes of their questions, never by where the
+dataset lies.
 
 One JSON record a line, appended under a file lock. A decision is identified by its ``key`` (its
 design and fingerprint): the same key is the same decision, which a rerun resumes (its later
 records, with the verdict, supersede the earlier ones). Questions are kept as short hashes of the
 normalized question, so overlap between any two decisions can be measured.
 
-Deleting or editing a ledger file stays possible. Where it is seen (a study that recorded a decision
-whose record is in no copy of the ledger: :meth:`DecisionLedger.restore`), the lost record is written
-back and every decision made since on its questions is recorded as :data:`RE_DECIDED`.
+Deleting or editing a ledger file stays possible. On every start the files (and the decisions a study
+recorded) are reconciled (:meth:`DecisionLedger.reconcile`): what one holds and another lacks is
+written back, and a decision made on the questions of an earlier one it could not see (the ledger that
+held it was gone) is recorded as :data:`RE_DECIDED`. A line no crash can leave (bytes that are not
+text, a record of the wrong shape) stops the run, named (:class:`~opro.errors.LedgerError`).
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from opro.errors import LedgerError
 from opro.locking import waiting_lock
 
 logger = logging.getLogger(__name__)
@@ -100,11 +104,29 @@ class Decision:
                 **({"re_decided": True} if self.re_decided else {})}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Decision:
-        return cls(scope=str(data["scope"]), key=str(data["key"]), questions=tuple(data.get("questions") or ()),
+    def from_json(cls, data: Any) -> Decision:
+        """The record ``data`` (a parsed JSON line); ValueError naming what is wrong where it is no record."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a JSON {type(data).__name__}, not a record")
+        for name, kind in (("scope", str), ("key", str), ("questions", list), ("design", dict),
+                           ("fingerprint", dict), ("verdict", str), ("where", str), ("at", str), ("re_decided", bool)):
+            value = data.get(name)
+            if (value is None and name not in ("scope", "key")) or isinstance(value, kind):
+                continue
+            raise ValueError(f"{name!r} is {'missing' if value is None else type(value).__name__ + ' ' + repr(value)[:40]}"
+                             f", not {kind.__name__}")
+        if not all(isinstance(q, str) for q in data.get("questions") or ()):
+            raise ValueError("'questions' holds something other than question hashes")
+        return cls(scope=data["scope"], key=data["key"], questions=tuple(data.get("questions") or ()),
                    design=dict(data.get("design") or {}), fingerprint=dict(data.get("fingerprint") or {}),
-                   verdict=data.get("verdict"), where=str(data.get("where", "")), at=str(data.get("at", "")),
+                   verdict=data.get("verdict"), where=data.get("where") or "", at=data.get("at") or "",
                    re_decided=bool(data.get("re_decided", False)))
+
+    @property
+    def _rank(self) -> tuple[bool, bool]:
+        """How far a decision's record has come: begun < decided < labelled re-decided (a later stage is
+        never undone, so of two files' records of one decision the higher is the one to keep)."""
+        return self.re_decided, self.verdict is not None
 
 
 def conflict(new: Decision, earlier: Iterable[Decision]) -> Decision | None:
@@ -159,12 +181,14 @@ class DecisionLedger:
         self.also_read = tuple(Path(c) for c in also_read if Path(c) not in (self.path, *self.copies))
 
     @classmethod
-    def of_user(cls, folder: Path, *, dataset: Path | None, origin: str) -> DecisionLedger:
-        """The user's ledger in ``folder`` (beside the call cache), with a copy beside ``dataset`` (in the
+    def of_user(cls, folder: Path, *, dataset: Path | None, origin: str,
+                earlier_homes: Sequence[Path] = ()) -> DecisionLedger:
+        """The user's ledger in ``folder`` (the user data folder), with a copy beside ``dataset`` (in the
         file's folder, or the dataset folder) that is read and written too; one in a folder opro cannot
-        write, or read-only by its mode, is only read."""
+        write, or read-only by its mode, is only read. ``earlier_homes``: folders an earlier opro kept the
+        user's ledger in (beside the call cache), read so that :meth:`reconcile` brings their decisions home."""
         copies: list[Path] = []
-        also_read: list[Path] = []
+        also_read: list[Path] = [h / LEDGER_FILE for h in earlier_homes]
         if dataset is not None:
             where = dataset if dataset.is_dir() else dataset.parent
             # Its mode, not only access: root may write anywhere, but a folder whose owner took its write
@@ -184,17 +208,30 @@ class DecisionLedger:
 
     @staticmethod
     def _read(path: Path) -> list[Decision]:
+        """The records of ``path``. A line cut short by a crash mid-append (the start of a record) is said
+        and skipped; a line no crash can leave raises :class:`LedgerError` naming the file and the line."""
         if not path.is_file():
             return []
         out = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
+        for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+            if not raw.strip():
                 continue
             try:
-                out.append(Decision.from_json(json.loads(line)))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                # A line torn by a crash mid-append holds no finished record; it is said, not fatal.
-                logger.warning("%s: line %d is not a decision record and is ignored (%s)", path, n, exc)
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _damaged(path, n, "bytes that are not UTF-8 text") from None
+            try:
+                data = json.loads(line)
+            except ValueError as exc:
+                if not line.lstrip().startswith("{"):
+                    raise _damaged(path, n, "not a JSON record") from None
+                logger.warning("%s: line %d is a record cut short (a crash while it was written) and is ignored (%s)",
+                               path, n, exc)
+                continue
+            try:
+                out.append(Decision.from_json(data))
+            except ValueError as exc:
+                raise _damaged(path, n, f"not a decision record: {exc}") from None
         return out
 
     def decisions(self) -> list[Decision]:
@@ -224,45 +261,90 @@ class DecisionLedger:
                 return
             self._append_everywhere(decision)
 
-    def restore(self, recorded: Iterable[tuple[str, Decision]]) -> list[str]:
-        """Write back the decisions a study recorded (``(where, decision)``) that no file of the ledger
-        holds (it was deleted or edited), and record as :data:`RE_DECIDED` every decision the ledger
-        holds that was made later on too many of a restored one's questions (it was made while the
-        ledger had lost that verdict). Returns what was done, one line each (empty: nothing was lost)."""
+    def reconcile(self, *, questions: Collection[str] | None = None,
+                  recorded: Iterable[tuple[str, Decision]] = ()) -> list[str]:
+        """Bring the files into agreement; run on every start. (1) The user's file gets every decision a
+        copy, an earlier home or a study (``recorded``: ``(where, decision)``) holds and it lacks, (2) each
+        writable copy the user's decisions on ``questions`` (hashes of its dataset's questions; None: all)
+        that it lacks, and (3) a decision made on more than :data:`MAX_SEEN_SHARE` of an earlier one's
+        questions (another key: it could not have been made had the earlier one been seen; the ledger that
+        held it was gone) is recorded as :data:`RE_DECIDED`. Returns what was done, one line each, also
+        logged as warnings (empty: the files agreed)."""
         said: list[str] = []
         with self._lock():
-            known = self.decisions()
-            keys = {(d.scope, d.key) for d in known}
-            lost = [(w, d) for w, d in recorded
-                    if (d.scope, d.key) not in keys and d.verdict is not None and not d.re_decided]
-            for where, d in lost:
-                self._append_everywhere(d)
-                said.append(f"the decision ledger ({self.path}) lacked the decision recorded in {where} ({d.verdict}): "
-                            "it was deleted or edited (or the decision was made with another ledger); written back")
-                for later in known:
-                    if (later.scope != d.scope or later.key == d.key or later.re_decided or later.at <= d.at
-                            or later.seen_share(d)[1] <= MAX_SEEN_SHARE):
-                        continue
-                    self._append_everywhere(here=False, decision=replace(later, re_decided=True, verdict=(
-                        f"{RE_DECIDED} (made while the ledger had lost the verdict recorded in {where} at {d.at}): "
-                        f"{later.verdict or 'not finished'}")))
-                    said.append(f"the decision made at {later.at} on the same questions ({later.where}) is now recorded "
-                                f"as {RE_DECIDED}: it claims nothing and refuses nothing")
+            held = {path: {(d.scope, d.key): d for d in _merged(self._read(path))} for path in self.files}
+            mine = held[self.path]
+            # A study's record is in this run's store: this output folder is where it was made.
+            sources = [(str(path), d, False) for path in self.files[1:] for d in held[path].values()]
+            sources += [(where, d, True) for where, d in recorded if d.verdict is not None and not d.re_decided]
+            for where, d, here in sources:
+                had = mine.get((d.scope, d.key))
+                if had is not None and had._rank >= d._rank:
+                    continue
+                self._append(self.path, d, here=here)
+                mine[(d.scope, d.key)] = d
+                said.append(f"the decision ledger ({self.path}) lacked a decision that {where} holds "
+                            f"({d.verdict or 'not finished'}; made in {d.where or 'an unnamed place'} at {d.at}): "
+                            "written back")
+            for copy in self.copies:
+                behind = [d for k, d in mine.items()
+                          if (k not in held[copy] or held[copy][k]._rank < d._rank)
+                          and (questions is None or not set(d.questions).isdisjoint(questions))]
+                if behind and self._append_to_copy(copy, behind):
+                    said.append(f"the copy of the decision ledger beside the dataset ({copy}) lacked "
+                                f"{len(behind)} decision(s) on its questions that {self.path} holds: written")
+            said += self._label_unseen(list(mine.values()), questions=questions)
         for line in said:
             logger.warning("%s", line)
         return said
+
+    def _label_unseen(self, decisions: Sequence[Decision], *, questions: Collection[str] | None) -> list[str]:
+        """Record as :data:`RE_DECIDED` each decision made later than an earlier one (another key, the
+        same scope) on more than :data:`MAX_SEEN_SHARE` of its questions, both unlabelled: such a pair
+        cannot come from one ledger (:meth:`begin` refuses the second), so the later one was made
+        where the earlier was not seen."""
+        said = []
+        labelled: set[tuple[str, str]] = set()
+        order = sorted((d for d in decisions if not d.re_decided), key=lambda d: (d.at, d.key))
+        for i, later in enumerate(order):
+            for earlier in order[:i]:
+                if (earlier.scope != later.scope or earlier.at >= later.at or (earlier.scope, earlier.key) in labelled
+                        or later.seen_share(earlier)[1] <= MAX_SEEN_SHARE):
+                    continue
+                labelled.add((later.scope, later.key))
+                label = replace(later, re_decided=True, verdict=(
+                    f"{RE_DECIDED} (made where the verdict made in {earlier.where or 'an unnamed place'} at "
+                    f"{earlier.at} was not seen): {later.verdict or 'not finished'}"))
+                self._append(self.path, label, here=False)
+                for copy in self.copies:
+                    if questions is None or not set(later.questions).isdisjoint(questions):
+                        self._append_to_copy(copy, [label])
+                said.append(f"the decision made at {later.at} on the same questions ({later.where}) is now recorded "
+                            f"as {RE_DECIDED}: it claims nothing and refuses nothing (an earlier verdict, "
+                            f"{earlier.verdict or 'not finished'}, made in {earlier.where or 'an unnamed place'} at {earlier.at}, "
+                            "was not in the ledger it read)")
+                break
+        return said
+
+    def _append_to_copy(self, copy: Path, decisions: Sequence[Decision], *, here: bool = False) -> bool:
+        """Append ``decisions`` to ``copy``; False (said) where it cannot be written (the user's file holds
+        the records)."""
+        try:
+            with self._lock(copy):
+                for d in decisions:
+                    self._append(copy, d, here=here)
+        except OSError as exc:
+            logger.warning("the copy of the decision ledger at %s cannot be written (%s): the record is kept in %s",
+                           copy, exc, self.path)
+            return False
+        return True
 
     def _append_everywhere(self, decision: Decision, *, here: bool = True) -> None:
         """Append to the user's file and to each copy (a copy that cannot be written is said, and
         skipped: the user's file holds the record)."""
         self._append(self.path, decision, here=here)
         for copy in self.copies:
-            try:
-                with self._lock(copy):
-                    self._append(copy, decision, here=here)
-            except OSError as exc:
-                logger.warning("the copy of the decision ledger at %s cannot be written (%s): the record is kept in %s",
-                               copy, exc, self.path)
+            self._append_to_copy(copy, [decision], here=here)
 
     def _append(self, path: Path, decision: Decision, *, here: bool = True) -> None:
         # ``here``: made by this process, whose output folder is named (a record of another's is kept as it is).
@@ -274,6 +356,13 @@ class DecisionLedger:
             torn = fh.tell() > 0 and (fh.seek(-1, 2), fh.read(1))[1] != b"\n"
             # After a torn last line, a new line: the record must not be glued to the fragment.
             fh.write(("\n" if torn else "").encode() + (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def _damaged(path: Path, line: int, why: str) -> LedgerError:
+    return LedgerError(
+        f"{path}: line {line} of the decision ledger is damaged ({why}); while it is, no decision on its "
+        f"questions can be trusted to be refused or resumed: restore the file from a backup or delete line {line} "
+        "(the decision it held is then forgotten, and its questions could decide again)")
 
 
 def sha(text: str) -> str:

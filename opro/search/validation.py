@@ -200,7 +200,8 @@ def refuse_seen(
     if not settings.finalists or not validation_set:
         return
     if ledger is not None:  # a ledger deleted or edited since this storage's decisions: seen here, said
-        ledger.restore(study.decisions_in_storage())
+        ledger.reconcile(recorded=study.decisions_in_storage(),
+                         questions=_question_hashes([e.query for e in validation_set]))
     s = settings
     probe = Decision(scope="validation", key="", questions=_question_hashes([e.query for e in validation_set]),
                      design={"alpha": s.alpha, "futility": s.futility, "min_coverage": s.min_coverage},

@@ -1,5 +1,5 @@
-"""The decision ledger beside the dataset (issue 49): a validation decision cannot be re-bought by a new
-output folder (a new study store) or a new split seed that reuses the questions whose verdict was seen."""
+"""The decision ledger: a validation decision cannot be re-bought by a new output folder (a new study store),
+a new split seed that reuses the questions whose verdict was seen, a copy of the dataset or a new cache folder."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_the_ledger_counts_shared_questions_keeps_the_latest_verdict_and_survive
     assert len(ledger.path.read_text().splitlines()) == 5
 
 
-def test_the_ledger_is_the_users_beside_the_call_cache_with_a_copy_beside_the_dataset(
+def test_the_ledger_is_the_users_in_the_data_folder_with_a_copy_beside_the_dataset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from opro.config import config_from_dict
@@ -91,30 +91,66 @@ def test_the_ledger_is_the_users_beside_the_call_cache_with_a_copy_beside_the_da
         finally:
             exp.close()
 
+    monkeypatch.setenv("OPRO_DATA_DIR", str(tmp_path / "user-data"))
+    experiment_config(tmp_path)  # writes qa.jsonl
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "qa.jsonl").touch()  # only where it lies matters here
-    user = tmp_path / "cfg" / LEDGER_FILE  # beside calls.sqlite, the config's call cache: every run of this user
+    (tmp_path / "data" / "qa.jsonl").write_text((tmp_path / "qa.jsonl").read_text())
+    user = tmp_path / "user-data" / LEDGER_FILE  # whatever the call cache, output folder or dataset folder
+    before = tmp_path / "cfg" / LEDGER_FILE  # beside calls.sqlite, the config's call cache: where it was kept before
     ledger = ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl"))
-    assert (ledger.path, ledger.copies, ledger.also_read) == (user, (tmp_path / "data" / LEDGER_FILE,), ())
-    assert ledger_of(dataset=str(tmp_path / "data")).copies == (tmp_path / "data" / LEDGER_FILE,)  # a dataset folder: in it
+    assert (ledger.path, ledger.copies, ledger.also_read) == (user, (tmp_path / "data" / LEDGER_FILE,), (before,))
+    from opro.heldout.ledger import DecisionLedger
+
+    in_folder = DecisionLedger.of_user(tmp_path / "user-data", dataset=tmp_path / "data", origin="")
+    assert in_folder.copies == (tmp_path / "data" / LEDGER_FILE,)  # an opro dataset folder: in it
     assert (ledger_of(dataset="").path, ledger_of(dataset="").copies) == (user, ())  # a generated dataset: the user's only
     # A read-only data folder (shared/'s data sets): its copy is read, never written, even by root, who could.
     (tmp_path / "data").chmod(0o555)
     try:
         ledger = ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl"))
-        assert (ledger.path, ledger.copies, ledger.also_read) == (user, (), (tmp_path / "data" / LEDGER_FILE,))
+        assert (ledger.path, ledger.copies, ledger.also_read) == (user, (), (before, tmp_path / "data" / LEDGER_FILE))
     finally:
         (tmp_path / "data").chmod(0o755)
-    # Without [experiment].cache_path: the per-user folder, which OPRO_CACHE_DIR moves.
+    # Without OPRO_DATA_DIR: the platform's user data folder (XDG_DATA_HOME), never the cache folder.
+    monkeypatch.delenv("OPRO_DATA_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
     monkeypatch.setenv("OPRO_CACHE_DIR", str(tmp_path / "home-cache"))
-    cfg = experiment_config(tmp_path, data={"dataset": ""})
-    cfg["experiment"].pop("cache_path")
-    exp = Experiment(config_from_dict(cfg, base_dir=tmp_path / "cfg", source="t.toml"), pool=scripted_pool(),
-                     progress=False)
-    try:
-        assert exp.decisions.path == tmp_path / "home-cache" / LEDGER_FILE
-    finally:
-        exp.close()
+    assert ledger_of(dataset="").path == tmp_path / "xdg-data" / "opro" / LEDGER_FILE
+
+
+def test_a_damaged_ledger_stops_the_run_naming_the_file_and_the_line(tmp_path: Path) -> None:
+    """Bytes that are not text, or a record of the wrong shape, cannot come from a crash mid-append: they refuse
+    the run with one line naming the file and the line (a traceback before). A line cut short by a crash is
+    said and skipped, as before."""
+    from opro.errors import LedgerError
+    from opro.heldout.ledger import Decision, DecisionLedger
+
+    path = tmp_path / LEDGER_FILE
+    ledger = DecisionLedger(path)
+    ledger.begin(Decision(scope="validation", key="a", questions=("q1",)))
+    good = path.read_bytes()
+    for damage, why in ((bytes(range(128, 256)), "bytes that are not UTF-8 text"),
+                        (b'["scope", "validation"]', "not a decision record: a JSON list, not a record"),
+                        (b'{"scope": "validation", "key": "b", "questions": 7}', "not a decision record: 'questions' is int 7, not list"),
+                        (b"garbage", "not a JSON record")):
+        path.write_bytes(good + damage + b"\n")
+        with pytest.raises(LedgerError, match=rf"^{re.escape(str(path))}: line 2 of the decision ledger is damaged "
+                                              rf"\({re.escape(why)}.*delete line 2") as info:
+            ledger.decisions()
+        assert "\n" not in str(info.value)
+    path.write_bytes(good + b'{"at": "2026-11-28T10:00:00", "desi')  # a crash mid-append: the record is lost, said
+    assert [d.key for d in ledger.decisions()] == ["a"]
+
+
+def test_a_damaged_ledger_refuses_optimize_before_any_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opro.errors import LedgerError
+    from opro.paths import data_dir
+
+    data_dir().mkdir(parents=True, exist_ok=True)
+    (data_dir() / LEDGER_FILE).write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    with pytest.raises(LedgerError, match=rf"{re.escape(str(data_dir() / LEDGER_FILE))}: line 1 of the decision ledger"):
+        _optimize(tmp_path, out="out1")
+    assert not (tmp_path / "out1" / "metaprompts").exists()
 
 
 def test_seen_validation_label_re_decides_as_an_exploration_that_never_claims_a_gain(
@@ -172,13 +208,13 @@ def test_seen_validation_label_re_decides_as_an_exploration_that_never_claims_a_
     assert "out2" not in str(info.value) and 'seen_validation = "label"' in str(info.value)
 
 
-# -- issue 61, item 5: one ledger per user, keyed by the questions' content ----------------------------------------
+# -- one ledger per user, keyed by the questions' content, outliving the cache ---------------------------------------
 
 
 def _in_folder(tmp_path: Path, folder: str, *, out: str, alpha: float, cache: str = "cache/calls.sqlite",
                **optimizer: Any) -> Any:
     """The scripted experiment over ``tmp_path/<folder>/qa.jsonl`` (the same 28 questions in each folder), its
-    call cache (and so the user's ledger) at ``cache``, into ``out``."""
+    call cache at ``cache``, into ``out``."""
     split = {"exemplar": 2, "optimization": 3, "validation": 12, "heldout": 10, "seed": 1}
     cfg = experiment_config(tmp_path, questions=28, experiment={"name": "t", "output_dir": out, "progress": False,
                                                                 "cache_path": cache},
@@ -194,19 +230,55 @@ def _in_folder(tmp_path: Path, folder: str, *, out: str, alpha: float, cache: st
 
 
 def test_a_copy_of_the_dataset_in_another_folder_cannot_re_decide_its_validation_questions(tmp_path: Path) -> None:
-    """Issue 61: the ledger lived beside the dataset, so a copy in another folder started with an empty one and
-    decided again at another alpha on the same questions. The user's ledger, beside the call cache, is read
-    whatever folder the dataset sits in; the copy beside each dataset is written too."""
+    """The user's ledger is read whatever folder the dataset sits in; the copy beside each dataset is written
+    too. The same decision from the copy is the same decision: allowed, the same verdict."""
     first = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
     assert first.validated
     with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.2") as info:
         _in_folder(tmp_path, "b", out="out2", alpha=0.2)
     assert "(validated: success at look" in str(info.value) and "out1" in str(info.value)
-    assert (tmp_path / "cache" / LEDGER_FILE).is_file() and (tmp_path / "a" / LEDGER_FILE).is_file()
+    assert _user_ledger().is_file() and (tmp_path / "a" / LEDGER_FILE).is_file()
     assert not (tmp_path / "out2" / "metaprompts").exists()  # refused before the search
-    # The same decision from the copy is the same decision: allowed, the same verdict.
     same = _in_folder(tmp_path, "b", out="out3", alpha=0.05)
     assert same.validated and same.summary()["validation"] == first.summary()["validation"]
+
+
+def _user_ledger() -> Path:
+    from opro.paths import data_dir
+
+    return data_dir() / LEDGER_FILE
+
+
+def test_deleting_the_cache_folder_loses_answers_never_decisions(tmp_path: Path) -> None:
+    """The ledger lived beside the call cache: deleting the cache folder lost it, a copy of the dataset in another
+    folder then decided again at alpha 0.2, and the first decision's own rerun was refused by the later one. It
+    lives in the user data folder now: the copy is refused whatever cache folder it names, and the original
+    resumes."""
+    import shutil
+
+    first = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
+    assert first.validated
+    shutil.rmtree(tmp_path / "cache")
+    with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.2"):
+        _in_folder(tmp_path, "b", out="out2", alpha=0.2)
+    with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.2"):  # another cache folder: the same user
+        _in_folder(tmp_path, "b", out="out3", alpha=0.2, cache="elsewhere/calls.sqlite")
+    assert not (tmp_path / "out2" / "metaprompts").exists() and not (tmp_path / "out3" / "metaprompts").exists()
+    resumed = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
+    assert resumed.summary()["validation"] == first.summary()["validation"]
+
+
+def test_a_ledger_kept_beside_the_call_cache_by_an_earlier_opro_is_brought_home(tmp_path: Path) -> None:
+    import shutil
+
+    first = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
+    (tmp_path / "cache").mkdir(exist_ok=True)
+    shutil.move(_user_ledger(), tmp_path / "cache" / LEDGER_FILE)  # where opro kept it before
+    (tmp_path / "a" / LEDGER_FILE).unlink()
+    with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.2"):
+        _in_folder(tmp_path, "b", out="out2", alpha=0.2)
+    assert '"verdict": "validated: success at look' in _user_ledger().read_text()
+    assert _in_folder(tmp_path, "a", out="out1", alpha=0.05).summary()["validation"] == first.summary()["validation"]
 
 
 def test_a_deleted_ledger_is_reported_as_a_re_decision_where_a_study_saw_the_lost_verdict(
@@ -219,7 +291,7 @@ def test_a_deleted_ledger_is_reported_as_a_re_decision_where_a_study_saw_the_los
 
     first = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
     assert first.validated
-    for ledger in (tmp_path / "cache" / LEDGER_FILE, tmp_path / "a" / LEDGER_FILE):
+    for ledger in (_user_ledger(), tmp_path / "a" / LEDGER_FILE):
         ledger.unlink(missing_ok=True)
     again = _in_folder(tmp_path, "a", out="out2", alpha=0.2)  # nothing knows: made
     assert again.validation is not None and again.validation.looks
@@ -227,16 +299,41 @@ def test_a_deleted_ledger_is_reported_as_a_re_decision_where_a_study_saw_the_los
         resumed = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
     assert resumed.summary()["validation"] == first.summary()["validation"]
     said = " ".join(r.getMessage() for r in caplog.records)
-    assert "lacked the decision recorded in study 't' (validated: success at look" in said
-    assert "it was deleted or edited (or the decision was made with another ledger); written back" in said
+    assert "lacked a decision that study 't' holds (validated: success at look" in said
     assert "out2) is now recorded as re-decided after a seen verdict: it claims nothing" in said
-    records = [json.loads(line) for line in (tmp_path / "cache" / LEDGER_FILE).read_text().splitlines()]
+    records = [json.loads(line) for line in _user_ledger().read_text().splitlines()]
     marked = [r for r in records if r.get("re_decided")]
     assert len(marked) == 1 and "out2" in marked[0]["where"] and "out1" not in marked[0]["where"]
-    assert marked[0]["verdict"].startswith("re-decided after a seen verdict (made while the ledger had lost the verdict")
+    assert marked[0]["verdict"].startswith("re-decided after a seen verdict (made where the verdict made in")
     with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.2") as info:
         _in_folder(tmp_path, "a", out="out2", alpha=0.2)
     assert "out1" in str(info.value)
+
+
+def test_the_copy_beside_the_dataset_brings_back_a_lost_user_ledger_and_puts_decisions_back_in_order(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The user ledger lost (another machine, a deleted data folder): a copy of the dataset elsewhere decides at
+    alpha 0.2 on the same questions. The first decision's dataset-side copy still holds it: on the next start
+    it is written back, the later decision is recorded as re-decided, the first resumes, and the later one
+    is refused from then on (it had been the one standing, refusing the first)."""
+    import logging
+
+    first = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
+    _user_ledger().unlink()
+    later = _in_folder(tmp_path, "b", out="out2", alpha=0.2)  # nothing it reads knows the first: made
+    assert later.validation is not None and not later.validation.re_decided
+    with caplog.at_level(logging.WARNING, logger="opro.heldout.ledger"):
+        resumed = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
+    assert resumed.summary()["validation"] == first.summary()["validation"]
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"lacked a decision that {tmp_path / 'a' / LEDGER_FILE} holds (validated: success at look" in said
+    assert "is now recorded as re-decided after a seen verdict" in said
+    with pytest.raises(ValidationReuse, match=r"alpha 0\.05 -> 0\.2"):
+        _in_folder(tmp_path, "b", out="out2", alpha=0.2)
+    for ledger in (_user_ledger(), tmp_path / "b" / LEDGER_FILE):  # b's copy learns it on b's next start
+        marked = [json.loads(line) for line in ledger.read_text().splitlines() if '"re_decided": true' in line]
+        assert len(marked) == 1 and "out2" in marked[0]["where"], ledger
 
 
 def test_the_same_model_on_another_port_resumes_the_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
