@@ -216,7 +216,11 @@ class OpenAILLM(LLM):
 
     @property
     def identity(self) -> str:
-        return f"openai:{redact_url(self.base_url)}:{self._model}"
+        """The model and what shapes its replies beyond a call's options, never where it is served: the
+        same model on another port or host answers from the call cache, as the decision ledger takes it
+        for the same model (a server that serves another model under this name shares its answers)."""
+        shaped = ("" if self.supports_json_schema else ":no-json-schema") + ("" if self.supports_logprobs else ":no-logprobs")
+        return f"openai:{self._model}{shaped}"
 
     def describe(self) -> dict[str, str]:
         return {
