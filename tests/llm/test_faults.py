@@ -158,6 +158,26 @@ def test_ctrl_c_says_how_to_resume(tmp_path: Path) -> None:
     assert "interrupted" in out and f"opro optimize {config}" in out and "Traceback" not in out
 
 
+def test_sigterm_says_how_to_resume_as_ctrl_c_does_and_the_rerun_resumes(tmp_path: Path) -> None:
+    """Issue 66: SIGTERM (kill, a scheduler's stop) ended the run with 143 and not a word."""
+    with FaultServer(key=KEY, latency_s=0.2) as server:
+        config = _fault_config(tmp_path, server)
+        proc = _opro("optimize", str(config), "--no-progress")
+        deadline = time.monotonic() + 60
+        while server.counts["judge"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, out  # the shell's convention, as 130 after Ctrl-C
+        said = " ".join(out.split())
+        assert "interrupted by SIGTERM" in said and f"rerun `opro optimize {config}` to resume" in said, out
+        assert "Traceback" not in out
+        server.latency_s = 0.0
+        again = _opro("optimize", str(config), "--no-progress")
+        out, _ = again.communicate(timeout=240)
+    assert again.returncode == 0, out
+
+
 def test_the_same_model_on_another_port_answers_from_the_call_cache(tmp_path: Path) -> None:
     """Issue 66: the call cache was keyed by the server's URL, so the same model served on another port
     asked every call again; it is keyed by the model (its name and the request), as the ledger is."""
