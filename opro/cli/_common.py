@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 import typer
@@ -74,6 +75,44 @@ def _errors(*, code: int | None = None) -> Callable[[_Command], _Command]:
 
     return decorate
 
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises :class:`KeyboardInterrupt`, so a command stopped by ``kill`` (a
+    scheduler, a container's stop) unwinds, keeps what it finished and says how to resume as after Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Inside, SIGTERM raises :class:`Terminated` (in the main thread, as SIGINT does); the previous
+    handler comes back after. A library caller's thread cannot take signals: then nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_exit(exc: KeyboardInterrupt) -> int:
+    """The exit code of a command stopped by ``exc``: 128 plus the signal's number, as a shell reports a
+    process the signal ended (130 after Ctrl-C, 143 after SIGTERM)."""
+    import signal
+
+    return 128 + (exc.signum if isinstance(exc, Terminated) else int(signal.SIGINT))
 
 
 def _listing(texts: list[tuple[str, str]]) -> Any:

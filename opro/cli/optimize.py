@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
 
-from opro.cli._common import _errors, console, say
+from opro.cli._common import Terminated, _errors, console, interrupted_exit, interruptible, say
 from opro.cli.render import show_no_proposal, show_optimization, show_outputs
 
 
@@ -24,13 +25,15 @@ def optimize(
 
     out = console()
     try:
-        done = optimize_experiment(config, worker=worker, progress=False if no_progress else None, fresh=fresh,
-                                   notice=lambda text: say(out, text))
-    except KeyboardInterrupt:
+        with interruptible():  # SIGTERM (kill, a scheduler) ends it as Ctrl-C does
+            done = optimize_experiment(config, worker=worker, progress=False if no_progress else None, fresh=fresh,
+                                       notice=lambda text: say(out, text))
+    except KeyboardInterrupt as exc:
+        by = f" by {signal.Signals(exc.signum).name}" if isinstance(exc, Terminated) else ""
         say(console(stderr=True),
-            f"interrupted: everything finished so far is kept in the study; rerun `opro optimize {config}"
+            f"interrupted{by}: everything finished so far is kept in the study; rerun `opro optimize {config}"
             + (f" --worker {worker}" if int(worker.split("/")[1]) > 1 else "") + "` to resume where it stopped")
-        raise typer.Exit(130) from None
+        raise typer.Exit(interrupted_exit(exc)) from None
     show_optimization(out, done)
     if done.proposed_nothing:
         show_no_proposal(out, done)

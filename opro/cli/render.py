@@ -3,13 +3,14 @@ and usage by role, and the lines of evaluate and compare."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from opro.cli._common import _listing, say
 
 if TYPE_CHECKING:
     from opro.llm import UsageByRole
-    from opro.search import FinalistRecord, OptimizationResult
+    from opro.search import CandidateRecord, FinalistRecord, OptimizationResult
     from opro.workflows.compare import ComparisonRun
     from opro.workflows.evaluate import PromptEvaluated
     from opro.workflows.optimize import OptimizeRun
@@ -169,10 +170,13 @@ def show_optimization(console: Any, done: OptimizeRun) -> None:
         for part in _candidates_table(result, measure=done.config.cost_model().measure):
             console.print(part)
     n_pruned = sum(1 for r in result.history if r.status == "pruned")
+    n_failed = sum(1 for r in result.history if r.status == "failed")
     console.print(
-        f"{len(result.history)} candidates ({n_pruned} pruned), stopped by {result.stopped_reason}, "
-        f"{result.wall_s:.0f}s; search scores on {done.n_optimization} optimization questions"
+        f"{len(result.history)} candidates ({n_pruned} pruned{f', {n_failed} failed' if n_failed else ''}), stopped by "
+        f"{result.stopped_reason}, {result.wall_s:.0f}s; search scores on {done.n_optimization} optimization questions"
     )
+    if n_failed:
+        say(console, f"warning: {failed_line(result.history)}")
     console.print(escape(result.headline()))
     if result.judge_noise:
         say(console, result.judge_noise)  # summary.json says it too, beside the gain
@@ -183,6 +187,21 @@ def show_optimization(console: Any, done: OptimizeRun) -> None:
         say(console, "\n".join(done.plan_check))
     if done.probe_saving is not None:
         say(console, done.probe_saving.line())
+
+
+def failed_line(history: Sequence[CandidateRecord]) -> str:
+    """What the failed candidates of ``history`` say: how many, the searched values every one of whose
+    candidates failed (a model that stopped answering mid-run, never a value dropped unsaid), and that a
+    rerun asks them again."""
+    failed = [r for r in history if r.status == "failed"]
+    outcomes: dict[tuple[str, Any], list[bool]] = {}
+    for r in history:
+        for name, value in r.params.items():
+            outcomes.setdefault((name, value), []).append(r.status == "failed")
+    dead = [f"{name}={value}" for (name, value), failed_too in outcomes.items() if all(failed_too)]
+    where = f": every candidate with {', '.join(dead)} failed (see the warnings above)" if dead else " (see the warnings above)"
+    return (f"{len(failed)} of {len(history)} candidates failed{where}; they are not in the search's choice, and "
+            "a rerun of the same command asks them again")
 
 
 def show_no_proposal(console: Any, done: OptimizeRun) -> None:

@@ -444,7 +444,7 @@ class OproConfig:
     def __post_init__(self) -> None:
         for d in DIMENSIONS:  # what a dimension's values need of the rest of the config
             values = self.search.space.dimensions.get(d.name)
-            error = d.requires(values, self) if values and d.requires is not None else None
+            error = d.check(values, self) if values else None
             if error:
                 raise ConfigError(error)
         check_served(self.task_models(), prices=self.prices(), where=f"{self.source}: [models.task_choices]")

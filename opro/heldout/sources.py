@@ -21,6 +21,7 @@ check stay its source's, with the settings recorded in its provenance.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -360,7 +361,8 @@ def with_settings(prompt: ResolvedPrompt, settings: Mapping[str, Value], *, spec
                 f"{where}: {name} cannot be set on a prompt: it is the template's own content (the demonstrations "
                 "are drawn from the exemplar split by `opro optimize`); compare a prompt that has them instead "
                 "(best, run:DIR or an exported JSON)")
-        error = d.requires([value], config) if d.requires is not None and config is not None else None
+        # The value as the prompt's own settings give it (not a [search.space] entry).
+        error = d.check([value], config, said=functools.partial("{} = {!r}".format, name)) if config is not None else None
         if error:
             raise ConfigError(f"{where}: {error}")
     try:

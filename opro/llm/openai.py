@@ -216,7 +216,11 @@ class OpenAILLM(LLM):
 
     @property
     def identity(self) -> str:
-        return f"openai:{redact_url(self.base_url)}:{self._model}"
+        """The model and what shapes its replies beyond a call's options, never where it is served: the
+        same model on another port or host answers from the call cache, as the decision ledger takes it
+        for the same model (a server that serves another model under this name shares its answers)."""
+        shaped = ("" if self.supports_json_schema else ":no-json-schema") + ("" if self.supports_logprobs else ":no-logprobs")
+        return f"openai:{self._model}{shaped}"
 
     def describe(self) -> dict[str, str]:
         return {
@@ -312,16 +316,7 @@ class OpenAILLM(LLM):
         try:
             response = self._http.request("POST", self._post_url, body=body, headers=self._headers)
         except urllib3.exceptions.HTTPError as exc:
-            import openai
-
-            # A failed connect comes wrapped (MaxRetryError, whose text holds the URL and its query).
-            cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason else exc
-            request = _sdk_http().Request("POST", self._url)
-            # urllib3 counts a refused connection as a timeout (NewConnectionError subclasses it).
-            refused = isinstance(cause, urllib3.exceptions.NewConnectionError)
-            if isinstance(cause, urllib3.exceptions.TimeoutError) and not refused:
-                raise openai.APITimeoutError(request=request) from exc
-            raise openai.APIConnectionError(message=redact_text(str(cause)), request=request) from exc
+            raise _transport_error(exc, "POST", self._url) from exc
         if response.status >= 400:
             import openai
 
@@ -336,6 +331,29 @@ class OpenAILLM(LLM):
                 err_body = reply.text or None
             raise openai.APIStatusError(f"Error code: {response.status} - {err_body}", response=reply, body=err_body)
         return json.loads(response.data)
+
+    def reach(self, *, timeout_s: float = 10.0) -> LLMError | None:
+        """Whether the server can be reached, by one GET of its model list (``/models``: no tokens, no
+        answer paid for) through the calls' own connection pool, proxy and TLS: None when it answered,
+        whatever the status (a gateway without that route was still reached; a bad key or model is the
+        first call's to say), else the error a call would raise (``cannot reach URL: ...``), not retried."""
+        import urllib3
+
+        try:
+            self._http.request("GET", self.models_url, headers=self._headers,
+                               timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s))
+        except urllib3.exceptions.HTTPError as exc:
+            request = _transport_error(exc, "GET", self._url.removesuffix("/chat/completions") + "/models")
+            return convert_openai_error(request, model=self._model, provider=self.provider, base_url=self.base_url,
+                                        timeout_s=timeout_s, api_key_env=self.api_key_env)
+        return None
+
+    @property
+    def models_url(self) -> str:
+        """The server's model list, what :meth:`reach` asks (with the base URL's query: secrets there, so
+        shown only through :func:`opro.redaction.redact_url`)."""
+        query = self._post_url.partition("?")[2]
+        return self._url.removesuffix("/chat/completions") + "/models" + ("?" + query if query else "")
 
     def convert_error(self, exc: BaseException) -> LLMError:
         """Map an ``openai`` SDK exception to the opro error tree (with model, provider, status)."""
@@ -423,6 +441,21 @@ class OpenAILLM(LLM):
         self._http.clear()
         # Async clients are closed with their loops; dropping references is enough here.
         self._async_clients.clear()
+
+
+def _transport_error(exc: Exception, method: str, url: str) -> Exception:
+    """A urllib3 failure to connect or read as the SDK's exception (:func:`convert_openai_error` maps it)."""
+    import openai
+    import urllib3
+
+    # A failed connect comes wrapped (MaxRetryError, whose text holds the URL and its query).
+    cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason else exc
+    request = _sdk_http().Request(method, url)
+    # urllib3 counts a refused connection as a timeout (NewConnectionError subclasses it).
+    refused = isinstance(cause, urllib3.exceptions.NewConnectionError)
+    if isinstance(cause, urllib3.exceptions.TimeoutError) and not refused:
+        return openai.APITimeoutError(request=request)
+    return openai.APIConnectionError(message=redact_text(str(cause)), request=request)
 
 
 @functools.cache  # the installed SDK does not change while the process runs

@@ -81,8 +81,17 @@ class Dimension:
     plan_note: str = ""
     #: How a ``template`` dimension changes a template: (template, value, the demonstration pool) -> template.
     change: Callable[[Any, Any, Sequence[Any]], Any] | None = None
-    #: A check of its ``[search.space]`` values against the whole config: the error, or None.
-    requires: Callable[[Sequence[Any], Any], str | None] | None = None
+    #: A check of its values against the whole config: (values, config, how a value was given) -> the
+    #: error, or None (:meth:`check`).
+    requires: Callable[[Sequence[Any], Any, Callable[[Any], str]], str | None] | None = None
+
+    def check(self, values: Sequence[Any], config: Any, *, said: Callable[[Any], str] | None = None) -> str | None:
+        """What its values need of the rest of ``config`` (:attr:`requires`): the error, or None. ``said``
+        shows a value as the user gave it (``--set task_model=ghost``); by default as a ``[search.space]``
+        entry, so an error names where the value came from."""
+        if self.requires is None or not values:
+            return None
+        return self.requires(values, config, said or (lambda v: f"[search.space].{self.name} = {v!r}"))
 
     @property
     def is_setting(self) -> bool:
@@ -185,37 +194,38 @@ def _answer_tokens(value: Any, values: Mapping[str, Any], config: Any) -> Tokens
     return Tokens(completion_cap=value)
 
 
-def _above_overlap(values: Sequence[Any], config: Any) -> str | None:
+def _above_overlap(values: Sequence[Any], config: Any, said: Callable[[Any], str]) -> str | None:
     small = [v for v in values if v <= config.rag.chunk_overlap]
     if small:
-        return (f"[search.space].chunk_size = {small[0]} is not above [rag].chunk_overlap ({config.rag.chunk_overlap}): "
+        return (f"{said(small[0])} is not above [rag].chunk_overlap ({config.rag.chunk_overlap}): "
                 "every chunk size must be larger than the overlap")
     return None
 
 
-def _needs_embeddings(values: Sequence[Any], config: Any) -> str | None:
+def _needs_embeddings(values: Sequence[Any], config: Any, said: Callable[[Any], str]) -> str | None:
     embedded = [v for v in values if v != "bm25"]
     if embedded and config.rag.embeddings is None:
-        return (f"[search.space].retriever = {embedded[0]!r} needs a [rag.embeddings] table (base_url + model, or "
+        return (f"{said(embedded[0])} needs a [rag.embeddings] table (base_url + model, or "
                 "local_path): dense and hybrid retrieval embed the chunks")
     return None
 
 
-def unknown_model(name: str, config: Any, *, where: str) -> str:
-    """Why ``name`` (at ``where``) names no task model of ``config``: what the choices are, by config key."""
+def unknown_model(name: str, config: Any, *, where: str = "", said: str = "") -> str:
+    """Why ``name`` (at the key ``where``, or as ``said``: ``--set task_model=ghost``) names no task model
+    of ``config``: what the choices are, by config key."""
     models = config.task_models()
     declared = [n for n, _ in config.models.task_choices]
     builtin = [n for n in models if n != "task" and n not in declared]
-    return (f"{where} = {name!r} names no task model: use 'task' ([models.task]), a [models.task_choices.NAME] "
+    return (f"{said or f'{where} = {name!r}'} names no task model: use 'task' ([models.task]), a [models.task_choices.NAME] "
             "table's name" + (f" ({', '.join(declared)})" if declared else "")
             + f" or an embedded model's ({', '.join(builtin)})")
 
 
-def _known_models(values: Sequence[Any], config: Any) -> str | None:
+def _known_models(values: Sequence[Any], config: Any, said: Callable[[Any], str]) -> str | None:
     models = config.task_models()
     unknown = [v for v in values if v not in models]
     if unknown:
-        return unknown_model(unknown[0], config, where="[search.space].task_model")
+        return unknown_model(unknown[0], config, said=said(unknown[0]))
     same = [(a, b) for i, a in enumerate(values) for b in values[i + 1:] if models[a] == models[b]]
     if same:
         return (f"[search.space].task_model lists {same[0][0]!r} and {same[0][1]!r}, which are the same model table: "

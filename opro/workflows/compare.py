@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from opro.config import OproConfig
     from opro.heldout.compare import SavedComparison
     from opro.heldout.promotion import PromotionDecision
     from opro.heldout.report import ComparisonReport
@@ -61,6 +62,7 @@ def compare_and_save(
     if baseline not in specs:
         specs.insert(0, baseline)
     exp = Experiment.from_file(config, progress=progress)
+    _check_set(settings, exp.config)
     if split == "heldout":
         from opro.probe.plan import make_plan
         from opro.probe.store import pilot_noise
@@ -85,6 +87,22 @@ def compare_and_save(
     finally:
         exp.close()
     return ComparisonRun(report=report, saved=saved, decision=decision)
+
+
+def _check_set(settings: Sequence[str], config: OproConfig) -> None:
+    """Refuse a ``--set`` value the config cannot give (a task model it names no table for), saying it
+    came from ``--set``: once merged into each prompt's settings, it reads as the prompt's own."""
+    import functools
+
+    from opro.errors import ConfigError
+    from opro.program.configurations import parse_setting
+    from opro.program.dimensions import dimension
+
+    for text in settings:
+        key, value = parse_setting(text)
+        error = dimension(key).check([value], config, said=functools.partial("--set {}={}".format, key))
+        if error:
+            raise ConfigError(error)
 
 
 def _with_set(spec: str, settings: Sequence[str]) -> str:

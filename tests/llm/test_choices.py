@@ -317,8 +317,38 @@ def test_compare_set_task_model_answers_the_prompts_on_that_model_and_refuses_an
     assert code == 0, out
     assert "{task_model=small}" in out and "USD" in out
     code, out = compare("large")
-    assert code != 0 and "task_model = 'large' names no task model" in out and "(small)" in out
-    assert "Traceback" not in out
+    # Said as the user gave it (issue 66): from --set, not as a [search.space] entry the config lacks.
+    assert code == 2 and "--set task_model=large names no task model" in out and "(small)" in out, out
+    assert "[search.space]" not in out and "Traceback" not in out
+
+
+def test_a_task_model_that_stops_answering_mid_run_is_said_not_dropped_in_silence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 66: the candidates of a model whose every call failed were marked failed and the summary said
+    only "N candidates (0 pruned)"."""
+    from fakes import write_toml
+    from typer.testing import CliRunner
+
+    from opro.cli import app
+    from opro.errors import LLMConnectionError
+
+    def down(messages: tuple, options: object) -> str:
+        raise LLMConnectionError("cannot reach http://127.0.0.1:9/v1: connection refused", model="small")
+
+    pool = _pool()
+    pool._scripted["small"] = ScriptedLLM(default=down, model="small")
+    cfg = _config(tmp_path, steps=1, candidates_per_step=2)  # under cost, the first moves try the small model
+    cfg["experiment"]["progress"] = False
+    path = write_toml(cfg, tmp_path / "models.toml")
+    monkeypatch.setattr("opro.experiment.ModelPool", lambda *a, **k: pool)
+    monkeypatch.setenv("COLUMNS", "400")
+    res = CliRunner().invoke(app, ["optimize", str(path), "--no-progress"])
+    out = " ".join(res.output.split())
+    history = [json.loads(line) for line in (tmp_path / "out" / "history.jsonl").read_text().splitlines()]
+    failed = [r for r in history if r["status"] == "failed"]
+    assert failed and all(r["params"]["task_model"] == "small" for r in failed), history
+    assert f"{len(failed)} failed)" in out and "every candidate with task_model=small failed" in out, out
+    assert "a rerun of the same command asks them again" in out
 
 
 def test_the_plan_prices_the_embedded_models_in_seconds_each_at_its_own_speed(tmp_path: Path) -> None:

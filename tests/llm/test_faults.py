@@ -158,6 +158,49 @@ def test_ctrl_c_says_how_to_resume(tmp_path: Path) -> None:
     assert "interrupted" in out and f"opro optimize {config}" in out and "Traceback" not in out
 
 
+def test_sigterm_says_how_to_resume_as_ctrl_c_does_and_the_rerun_resumes(tmp_path: Path) -> None:
+    """Issue 66: SIGTERM (kill, a scheduler's stop) ended the run with 143 and not a word."""
+    with FaultServer(key=KEY, latency_s=0.2) as server:
+        config = _fault_config(tmp_path, server)
+        proc = _opro("optimize", str(config), "--no-progress")
+        deadline = time.monotonic() + 60
+        while server.counts["judge"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, out  # the shell's convention, as 130 after Ctrl-C
+        said = " ".join(out.split())
+        assert "interrupted by SIGTERM" in said and f"rerun `opro optimize {config}` to resume" in said, out
+        assert "Traceback" not in out
+        server.latency_s = 0.0
+        again = _opro("optimize", str(config), "--no-progress")
+        out, _ = again.communicate(timeout=240)
+    assert again.returncode == 0, out
+
+
+def test_the_same_model_on_another_port_answers_from_the_call_cache(tmp_path: Path) -> None:
+    """Issue 66: the call cache was keyed by the server's URL, so the same model served on another port
+    asked every call again; it is keyed by the model (its name and the request), as the ledger is."""
+    with FaultServer(key=KEY) as first:
+        config = _fault_config(tmp_path / "a", first)
+        proc = _opro("optimize", str(config), "--no-progress")
+        out, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out
+        assert first.counts["task"] > 0
+    cache = tmp_path / "a" / "calls.sqlite"
+    with FaultServer(key=KEY) as second:
+        assert second.base_url != first.base_url
+        # Another output folder and copy of the dataset, on the first run's call cache.
+        moved = _fault_config(tmp_path / "b", second, experiment={"name": "t", "output_dir": "out",
+                                                                  "cache_path": str(cache), "progress": False})
+        proc = _opro("optimize", str(moved), "--no-progress")
+        out, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out
+        assert second.counts["task"] == 0 and sum(second.counts.values()) == 0, second.counts
+    a, b = (json.loads((tmp_path / run / "out" / "summary.json").read_text()) for run in ("a", "b"))
+    assert b["best_score"] == a["best_score"] and b["best_instruction"] == a["best_instruction"]
+
+
 def test_concurrent_mlflow_store_creation_leaves_a_usable_store(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     procs = [subprocess.Popen(argv("mlflow_run", uri, f"e{i}"), stderr=subprocess.PIPE, text=True) for i in range(3)]

@@ -427,7 +427,7 @@ def test_key_never_exposed(server: FakeServer, llm: OpenAILLM) -> None:
     assert SECRET not in repr(llm)
     assert SECRET not in json.dumps(llm.describe())
     assert SECRET not in llm.identity
-    assert llm.identity == f"openai:{server.url}:fake-model"
+    assert llm.identity == "openai:fake-model"  # the model, not where it is served (issue 66)
     assert llm.describe()["api_key_env"] == "OPRO_TEST_KEY"
 
 
