@@ -1,17 +1,23 @@
-"""What a command checks before it says or spends anything: every file the config names exists.
+"""What a command checks before it says or spends anything: every file the config names exists, and the
+input files a run reads are read (:func:`check_inputs`).
 
 Without it, ``opro optimize`` printed its whole plan and then failed with "No such file or directory"
 naming a path but not the key that named it. Here the first missing path is refused with its key, the
-value as written, where it was looked for and what to do.
+value as written, where it was looked for and what to do; a dataset of garbled bytes or with a broken
+line is refused the same way (exit 2) before a plan is printed or a file written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig
-from opro.errors import ConfigError
+from opro.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from opro.experiment import Experiment
 
 
 def named_paths(config: OproConfig) -> list[tuple[str, str, Path, str]]:
@@ -53,3 +59,34 @@ def check_paths(config: OproConfig) -> None:
         if not path.exists():
             where = "" if str(path) == value else f" (looked for {path})"
             raise ConfigError(f"{config.source}: {key} = {value!r}: no such file or folder{where}; {todo}")
+
+
+def check_inputs(experiment: Experiment) -> None:
+    """:func:`check_paths`, then read what the run reads of its own input files, writing nothing: the
+    dataset parsed as the run parses it (and the split sizes it must hold), a judge template file. Each
+    failure is one :class:`ConfigError` (exit 2) naming the key, the file and, where it applies, the line.
+
+    The documents are left to the run (PyMuPDF parses them when the corpus is first chunked, and the
+    chunks are kept, so a resumed run parses none): a broken one is named there, refused or skipped by
+    ``[data].skip_bad``."""
+    config = experiment.config
+    check_paths(config)
+    d = config.data
+    try:
+        raw = experiment.source_dataset
+    except DataError as exc:
+        raise ConfigError(f"{config.source}: [data].dataset = {d.dataset!r}: {exc}; fix the file, or point "
+                          "[data].dataset at another") from None
+    if raw is not None:
+        from opro.data.dataset import check_split_fits
+
+        try:
+            check_split_fits(raw, d.split, where=config.source)
+        except DataError as exc:
+            raise ConfigError(str(exc)) from None
+    from opro.judges.factory import TEMPLATE_FILE_SUFFIXES
+
+    if config.judge.template.endswith(TEMPLATE_FILE_SUFFIXES):
+        from opro.judges.templates import JudgeTemplate
+
+        JudgeTemplate.from_file(config.resolve(config.judge.template))  # a ConfigError names the file
