@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, SPLIT_NAMES, OproConfig, load_config
 from opro.errors import ConfigError, DataError, ModelPackError
+from opro.heldout.ledger import DecisionLedger
 from opro.llm import ROLES, ChatClient, UsageLedger
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from llama_index.core import Document
 
     from opro.data.dataset import Example, GoldenDataset
-    from opro.heldout.ledger import DecisionLedger
     from opro.judges import CorrectnessJudge
     from opro.judges.withheld import Withheld
     from opro.program.cost import CostModel
@@ -106,13 +106,15 @@ class Experiment:
     # -- documents, retrieval, program -------------------------------------------------------
     @functools.cached_property
     def document_paths(self) -> list[Path]:
-        """``[data].docs`` as paths (the built-in corpus written to the run directory)."""
+        """``[data].docs`` as paths (the built-in corpus rendered into the cache folder)."""
         paths: list[Path] = []
         for entry in self.config.data.docs:
             if entry == BUILTIN_PYTHON_REFERENCE:
                 from opro.data.corpus import write_quickstart_corpus
 
-                paths.append(write_quickstart_corpus(self.run_dir.corpus))
+                # Not into the output folder: `opro plan` only prints, and a run that fails its inputs
+                # leaves that folder as it was. Rendered anew each time (it follows this Python's pydoc).
+                paths.append(write_quickstart_corpus(cache_dir() / "corpus"))
             else:
                 paths.append(self.config.resolve(entry))
         return paths
@@ -288,20 +290,15 @@ class Experiment:
     # -- dataset -----------------------------------------------------------------------------
     @functools.cached_property
     def decisions(self) -> DecisionLedger:
-        """The user's decision ledger, shared by every output folder, study store, cache folder and copy of
-        a dataset (:meth:`opro.heldout.ledger.DecisionLedger.of_user`), reconciled with its copies on first
-        use: a decision one file holds and another lacks is written back."""
-        from opro.data.dataset import normalize_question, question_hash
-        from opro.heldout.ledger import DecisionLedger, short_hashes
+        """The user's decision ledger (:meth:`opro.heldout.ledger.DecisionLedger.of_user`), reconciled with
+        its copies (and the home an earlier opro kept it in, beside the call cache) on first use."""
+        from opro.data.dataset import question_hashes
 
         data = self.config.data.dataset
         ledger = DecisionLedger.of_user(data_dir(), origin=f"output folder {self.run_dir.root}",
                                         dataset=self.config.resolve(data) if data else None,
-                                        # where opro kept it before it had a home of its own
                                         earlier_homes=(self.config.call_cache_path.parent,))
-        questions = (short_hashes([question_hash(normalize_question(e.query)) for e in self.dataset.examples])
-                     if ledger.copies else None)
-        ledger.reconcile(questions=questions)
+        ledger.reconcile(questions=question_hashes(e.query for e in self.dataset.examples) if ledger.copies else None)
         return ledger
 
     @property
@@ -330,19 +327,30 @@ class Experiment:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @functools.cached_property
+    def source_dataset(self) -> GoldenDataset | None:
+        """``[data].dataset`` as read from the user's file or folder (nothing written; None: the dataset is
+        generated from ``[data].docs``). Read once: the preflight parses it before anything is planned."""
+        from opro.data.dataset import load_dataset
+
+        d = self.config.data
+        if not d.dataset:
+            return None
+        # Only the fields the user named: the others are detected, as `opro dataset import` does.
+        names = {"query_field": d.query_field, "answer_field": d.answer_field, "contexts_field": d.contexts_field}
+        return load_dataset(self.config.resolve(d.dataset), **{k: v for k, v in names.items() if v})
+
+    @functools.cached_property
     def dataset(self) -> GoldenDataset:
         """The split golden dataset, saved in ``<output_dir>/dataset`` so every command sees one split."""
-        from opro.data.dataset import load_dataset, split_shortfall
+        from opro.data.dataset import check_split_fits, load_dataset, split_shortfall
 
         marker = self.dataset_dir / "opro_settings.txt"
         fingerprint = self._dataset_fingerprint()
         if marker.exists() and marker.read_text().strip() == fingerprint:
             return load_dataset(self.dataset_dir)
         d = self.config.data
-        if d.dataset:
-            # Only the fields the user named: the others are detected, as `opro dataset import` does.
-            names = {"query_field": d.query_field, "answer_field": d.answer_field, "contexts_field": d.contexts_field}
-            raw = load_dataset(self.config.resolve(d.dataset), **{k: v for k, v in names.items() if v})
+        if self.source_dataset is not None:
+            raw = self.source_dataset
             if raw.split is not None:  # an opro dataset folder: its own split.json wins over [data.split]
                 if d.not_in_context:
                     raise ConfigError(
@@ -375,15 +383,9 @@ class Experiment:
             raw = apply_withheld(raw, withheld)
             logger.info("%d of %d questions are now unanswerable from the corpus (%d chunks withheld)",
                         len(withheld.queries), len(raw), len(withheld.chunk_ids))
+        check_split_fits(raw, d.split, where=self.config.source,
+                         more="" if d.dataset else " or raise [data].max_chunks / questions_per_chunk")
         s = d.split
-        wanted = s.exemplar + s.optimization + s.validation + s.heldout
-        if wanted > len(raw):
-            raise DataError(
-                f"{self.config.source}: [data.split] asks for {wanted} examples ({s.exemplar} exemplar + "
-                f"{s.optimization} optimization + {s.validation} validation + {s.heldout} held-out) but the dataset "
-                f"has {len(raw)}; lower the split sizes"
-                + ("" if d.dataset else " or raise [data].max_chunks / questions_per_chunk")
-            )
         # With withheld questions, every split gets its share of them (the search must see some).
         lost: set[str] = set() if withheld is None else set(withheld.queries)
         stratify = None if withheld is None else (lambda e: "withheld" if e.query in lost else "kept")
@@ -558,11 +560,9 @@ class Experiment:
                       recorders=recorders, seed=cfg.experiment.seed, progress=self.progress, ledger=self.decisions)
 
     def optimize(self, *, worker_index: int = 0, num_workers: int = 1, fresh: bool = False) -> RunResult:
-        """Run (or resume) the optimization; ``fresh`` archives an existing study first.
-
-        One process per output folder and worker index: a second one is refused at once, naming the
-        holder, instead of racing the first on the stores and evaluating everything twice.
-        """
+        """Run (or resume) the optimization; ``fresh`` archives an existing study first. One process per
+        output folder and worker index: a second one is refused at once, naming the holder, instead of
+        racing the first on the stores and evaluating everything twice."""
         from opro.locking import FileLock
         from opro.search import WorkerPlan
         from opro.search.workers import shared_sqlite_warning

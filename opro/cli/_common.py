@@ -15,15 +15,15 @@ from opro.redaction import redact_text
 def _fail(exc: Exception, *, code: int | None = None) -> typer.Exit:
     """Print an error for people (no traceback) and return the exit to raise.
 
-    Exit 2 for a usage or configuration error and for a refused held-out claim (whichever command
-    refuses it), 1 for a failure while working.
+    Exit 2 for a usage or configuration error, a refused held-out claim and a damaged decision ledger
+    (whichever command meets them), 1 for a failure while working.
     """
     from rich.console import Console
     from rich.markup import escape
 
-    from opro.errors import ConfigError, LeakageError
+    from opro.errors import ConfigError, LeakageError, LedgerError
 
-    if isinstance(exc, LeakageError):
+    if isinstance(exc, LeakageError | LedgerError):
         code = 2
     elif code is None:
         code = 2 if isinstance(exc, ConfigError | ValueError) else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import sys
 import urllib.error
@@ -113,7 +114,7 @@ def write_quickstart_corpus(out_dir: str | Path, *, topics: Sequence[str] = QUIC
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / QUICKSTART_FILE
-    tmp = out / f".{QUICKSTART_FILE}.tmp"
+    tmp = out / f".{QUICKSTART_FILE}.{os.getpid()}.tmp"  # one per process: runs share the cache folder
     story = pymupdf.Story(html=page_html, user_css=css)
     writer = pymupdf.DocumentWriter(str(tmp))
     mediabox = pymupdf.paper_rect("a4")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import difflib
 import hashlib
+import io
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from opro.config import SPLIT_NAMES, SplitName
+from opro.config import SPLIT_NAMES, SplitName, SplitSection
 from opro.data.questions import (
     NearDuplicates,
     QuestionKey,
@@ -306,6 +307,16 @@ def split_shortfall(split: Split) -> str | None:
     )
 
 
+def check_split_fits(dataset: GoldenDataset, split: SplitSection, *, where: str, more: str = "") -> None:
+    """Refuse ``[data.split]`` sizes that ask for more questions than ``dataset`` holds (one the split is
+    made from, not a folder with its own split.json); ``more``: what else the user may do."""
+    sizes = {name: getattr(split, name) for name in SPLIT_NAMES}
+    if dataset.split is None and sum(sizes.values()) > len(dataset):
+        asked = " + ".join(f"{n} {name.replace('heldout', 'held-out')}" for name, n in sizes.items())
+        raise DataError(f"{where}: [data.split] asks for {sum(sizes.values())} examples ({asked}) but the dataset has "
+                        f"{len(dataset)}; lower the split sizes{more}")
+
+
 def split_record(dataset: GoldenDataset, *, extension: Sequence[Example] = ()) -> dict[str, Any]:
     """What an optimization saw: sha256 of each normalized question per split, and of the split;
     ``extension``: the questions outside the split its validation may extend into (kept as their own
@@ -340,6 +351,13 @@ def split_record(dataset: GoldenDataset, *, extension: Sequence[Example] = ()) -
 
 def question_hash(normalized: str) -> str:
     return hashlib.sha256(normalized.encode("utf-8")).hexdigest()
+
+
+def question_hashes(queries: Iterable[str]) -> tuple[str, ...]:
+    """The decision ledger's hashes of ``queries`` (normalized, each once, in order)."""
+    from opro.heldout.ledger import short_hashes
+
+    return short_hashes([question_hash(normalize_question(q)) for q in dict.fromkeys(queries)])
 
 
 def split_hash(split: Split) -> str:
@@ -440,13 +458,22 @@ def _write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+def _unreadable(path: Path, exc: OSError | UnicodeDecodeError) -> DataError:
+    """Why ``path`` cannot be read; bytes that are not UTF-8 are named by their line, as a parse error is."""
+    if isinstance(exc, UnicodeDecodeError):
+        line = exc.object[: exc.start].count(b"\n") + 1
+        return DataError(f"{path}: line {line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save the file "
+                         "as UTF-8")
+    return DataError(f"{path}: cannot be read ({exc})")
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot be read ({exc})") from exc
+        raise _unreadable(path, exc) from exc
 
 
 def load_labelled_rag_dataset(path: str | Path) -> GoldenDataset:
@@ -520,7 +547,7 @@ def read_records(
         try:
             lines = p.read_text(encoding="utf-8-sig").splitlines()  # -sig: read past a byte-order mark
         except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"{p}: cannot be read ({exc})") from exc
+            raise _unreadable(p, exc) from exc
         for n, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -533,10 +560,13 @@ def read_records(
             out.append((f"{p}: line {n}", rec))
     elif suffix == ".csv":
         try:
-            with p.open(encoding="utf-8-sig", newline="") as fh:
-                for n, row in enumerate(csv.DictReader(fh), start=2):  # row 1 is the header
-                    out.append((f"{p}: row {n}", row))
-        except (OSError, UnicodeDecodeError, csv.Error) as exc:
+            text = p.read_text(encoding="utf-8-sig")  # whole, so that bytes which are not UTF-8 are placed
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _unreadable(p, exc) from exc
+        try:
+            for n, row in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=2):  # row 1: the header
+                out.append((f"{p}: row {n}", row))
+        except csv.Error as exc:
             raise DataError(f"{p}: cannot be read as CSV ({exc})") from exc
     elif suffix == ".json":
         data = _read_json(p)
@@ -623,6 +653,7 @@ __all__ = [
     "QuestionKey",
     "Split",
     "SplitName",
+    "check_split_fits",
     "content_hash",
     "import_qa",
     "is_near_duplicate",
@@ -632,6 +663,7 @@ __all__ = [
     "normalize_question",
     "paraphrase_pairs",
     "question_hash",
+    "question_hashes",
     "read_records",
     "related_groups",
     "same_question",

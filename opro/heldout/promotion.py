@@ -84,12 +84,12 @@ def promote(
         return _refused_again(alias, shared=len(report.questions), n=len(report.questions), where="this output folder",
                               at=last.get("at"), prompts=last.get("prompts", []), alpha=last.get("alpha"),
                               verdict="granted" if last.get("granted") else "refused")
-    from opro.data.dataset import normalize_question, question_hash
-    from opro.heldout.ledger import Decision, short_hashes
+    from opro.data.dataset import question_hashes
+    from opro.heldout.ledger import Decision
 
     entry = Decision(
         scope=f"promotion {attempt['registry']}@{alias}", key=attempt["family"],
-        questions=short_hashes([question_hash(normalize_question(q)) for q in dict.fromkeys(report.questions)]),
+        questions=question_hashes(report.questions),
         design={k: attempt[k] for k in ("prompts", "baseline", "alpha", "min_coverage", "margin") if k in attempt},
         at=attempt["at"],
     )

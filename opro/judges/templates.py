@@ -149,7 +149,7 @@ class JudgeTemplate:
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:  # a file of other bytes than UTF-8 text too
             raise ConfigError(f"cannot read judge template file {p}: {exc}") from exc
         if p.suffix.lower() == ".toml":
             try:

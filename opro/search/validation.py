@@ -43,11 +43,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from opro.data.dataset import question_hashes
 from opro.errors import LLMError
 from opro.evaluation.batch import QAExample
 from opro.evaluation.engine import Scored
 from opro.evaluation.rows import EvaluationRow
-from opro.heldout.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now, short_hashes
+from opro.heldout.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.program.cost import CostModel, CostUnit
 from opro.search.design import ValidationDesign
@@ -152,12 +153,6 @@ class _Rows:
                 on_validated(label, instruction, tuple(self.rows[label]))
 
 
-def _question_hashes(queries: Sequence[str]) -> tuple[str, ...]:
-    from opro.data.dataset import normalize_question, question_hash
-
-    return short_hashes([question_hash(normalize_question(q)) for q in dict.fromkeys(queries)])
-
-
 def _fingerprint(study: SearchStudy) -> dict[str, str]:
     return {k: sha(v) for k, v in sorted(study.fingerprint().items())}
 
@@ -178,7 +173,7 @@ def _decision(study: SearchStudy, design: ValidationDesign, queries: Sequence[st
     shown["validation questions"] = d.questions
     return Decision(
         scope="validation", key=sha(repr((d.key, sorted(fingerprint.items())))),
-        questions=_question_hashes(queries), design=shown, fingerprint=fingerprint, where=f"study {study.name!r}",
+        questions=question_hashes(queries), design=shown, fingerprint=fingerprint, where=f"study {study.name!r}",
         at=now(),
     )
 
@@ -201,9 +196,9 @@ def refuse_seen(
         return
     if ledger is not None:  # a ledger deleted or edited since this storage's decisions: seen here, said
         ledger.reconcile(recorded=study.decisions_in_storage(),
-                         questions=_question_hashes([e.query for e in validation_set]))
+                         questions=question_hashes([e.query for e in validation_set]))
     s = settings
-    probe = Decision(scope="validation", key="", questions=_question_hashes([e.query for e in validation_set]),
+    probe = Decision(scope="validation", key="", questions=question_hashes([e.query for e in validation_set]),
                      design={"alpha": s.alpha, "futility": s.futility, "min_coverage": s.min_coverage},
                      fingerprint=_fingerprint(study))
     earlier = [*study.decisions_in_storage(), *(("", d) for d in (ledger.decisions() if ledger else ()))]

@@ -7,7 +7,6 @@ optimizations, tests or notebooks in one process never write into each other's s
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -72,46 +71,21 @@ def check_server(tracking_uri: str, *, where: str = "[tracking].mlflow_uri", tim
         ) from None
 
 
-def _writable(path: Path) -> bool:
-    """Whether opro may write ``path``: this user may (``os.access``), and its mode grants some write bit
-    (root may write anywhere, but a store whose owner took its write bits away is not opro's to change)."""
-    return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
-
-
-def _unwritable(path: Path, *, folder: bool) -> str | None:
-    """Why a store at ``path`` (a folder, or else a file) cannot be written or created; None: it can."""
-    if path.exists():
-        if folder and not path.is_dir():
-            return f"{path} is not a folder"
-        if not folder and not path.is_file():
-            return f"{path} is not a file"
-        if not _writable(path):
-            return f"{path} is read-only"
-        if not folder and not _writable(path.parent):  # SQLite writes its journal beside the file
-            return f"{path.parent} is read-only"
-        return None
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{parent} is not a folder"
-    return None if _writable(parent) else f"{path} cannot be created: {parent} is read-only"
-
-
 def check_writable(tracking_uri: str, *, where: str = "[tracking].mlflow_uri", off: str = "--no-mlflow") -> None:
     """Fail at once, before any call or file, when the MLflow store at ``tracking_uri`` cannot record:
     a server that does not answer (:func:`check_server`), or a SQLite file or store folder that cannot be
     written or created. The error names ``where`` and ``off``, the option that records nothing. Other
     stores (a database server) are left to MLflow."""
     from opro.redaction import redact_url
+    from opro.tracking.rundir import unwritable
 
     if tracking_uri.startswith(("http://", "https://")):
         check_server(tracking_uri, where=where)
         return
     if tracking_uri.startswith("sqlite:///"):
-        why = _unwritable(Path(tracking_uri.removeprefix("sqlite:///")), folder=False)
+        why = unwritable(Path(tracking_uri.removeprefix("sqlite:///")), folder=False)
     elif tracking_uri.startswith("file:") or "://" not in tracking_uri:
-        why = _unwritable(Path(tracking_uri.removeprefix("file://").removeprefix("file:")), folder=True)
+        why = unwritable(Path(tracking_uri.removeprefix("file://").removeprefix("file:")), folder=True)
     else:
         return
     if why is not None:

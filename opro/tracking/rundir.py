@@ -11,7 +11,7 @@ the saved dataset, the newest comparison reports) are read here::
       metaprompts/step_NNN.txt                          every meta-prompt sent to the optimizer
       split_record.json                                 the split the search saw (held-out guard)
       dataset/                                          the split golden dataset every command uses
-      compare/NAME/   evaluate/   export/   corpus/      later commands' outputs
+      compare/NAME/   evaluate/   export/              later commands' outputs
       judge_calibration.json  judge_calibration/        `opro judge calibrate`
       probe.json  probe.md                              `opro probe` (read back by `opro plan --probe`
                                                         and `opro optimize`)
@@ -28,6 +28,7 @@ the saved dataset, the newest comparison reports) are read here::
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,6 @@ DATASET_DIR = "dataset"
 COMPARE_DIR = "compare"
 EVALUATE_DIR = "evaluate"
 EXPORT_DIR = "export"
-CORPUS_DIR = "corpus"
 CALIBRATION_FILE = "judge_calibration.json"
 CALIBRATION_DIR = "judge_calibration"
 PROMOTIONS_FILE = "promotions.json"
@@ -61,6 +61,33 @@ VALIDATION_ROWS_DIR = "validation_rows"
 
 #: What `opro optimize` writes at the top of the folder, in the order it is listed and logged.
 OPTIMIZE_OUTPUTS = (BEST_PROMPT_FILE, HISTORY_FILE, SUMMARY_FILE, TRAJECTORY_PLOT, OPTIMISM_PLOT, PARETO_PLOT)
+
+
+def _writable(path: Path) -> bool:
+    """Whether opro may write ``path``: this user may (``os.access``), and its mode grants some write bit
+    (root may write anywhere, but a folder whose owner took its write bits away is not opro's to change)."""
+    return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
+
+
+def unwritable(path: Path, *, folder: bool) -> str | None:
+    """Why ``path`` (a folder, or else a file) cannot be written or created; None: it can. The one check
+    a command makes before any call or file: an output folder (``--out``), an MLflow store."""
+    if path.exists():
+        if folder and not path.is_dir():
+            return f"{path} is not a folder"
+        if not folder and not path.is_file():
+            return f"{path} is not a file"
+        if not _writable(path):
+            return f"{path} is read-only"
+        if not folder and not _writable(path.parent):  # SQLite writes its journal beside the file
+            return f"{path.parent} is read-only"
+        return None
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a folder"
+    return None if _writable(parent) else f"{path} cannot be created: {parent} is read-only"
 
 
 @dataclass(frozen=True)
@@ -128,10 +155,6 @@ class RunDir:
     @property
     def export(self) -> Path:
         return self.root / EXPORT_DIR
-
-    @property
-    def corpus(self) -> Path:
-        return self.root / CORPUS_DIR
 
     @property
     def calibration(self) -> Path:
@@ -274,4 +297,5 @@ __all__ = [
     "SPLIT_RECORD_FILE",
     "SUMMARY_FILE",
     "RunDir",
+    "unwritable",
 ]

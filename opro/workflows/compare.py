@@ -53,8 +53,10 @@ def compare_and_save(
     :func:`opro.heldout.promotion.promote`)."""
     from opro.config import check_mlflow_uri
     from opro.experiment import Experiment
-    from opro.heldout.compare import compare_prompts, save_comparison
+    from opro.heldout.compare import compare_prompts, default_compare_dir, save_comparison
     from opro.heldout.promotion import promote
+    from opro.heldout.sources import resolve_prompt
+    from opro.workflows.preflight import check_inputs
 
     if tracking_uri is not None:
         check_mlflow_uri(tracking_uri, where="--tracking-uri")
@@ -62,25 +64,32 @@ def compare_and_save(
     if baseline not in specs:
         specs.insert(0, baseline)
     exp = Experiment.from_file(config, progress=progress)
-    _check_set(settings, exp.config)
-    if split == "heldout":
-        from opro.probe.plan import make_plan
-        from opro.probe.store import pilot_noise
-
-        notice("\n".join(make_plan(exp.config, pilot_noise=pilot_noise(exp),
-                                    noise_digest=exp.noise_digest()).compare_lines()))
-    if mlflow or promote_alias:
-        from opro.tracking import check_server
-
-        check_server(tracking_uri or exp.config.mlflow_uri,
-                     where="--tracking-uri" if tracking_uri else "[tracking].mlflow_uri")
     decision = None
     try:
+        # Every argument, input and place to write is checked before the plan is said or a call made.
+        check_inputs(exp)
+        _check_set(settings, exp.config)
+        resolved = [resolve_prompt(s, config=exp.config, tracking_uri=tracking_uri) for s in specs]
+        target = out if out is not None else default_compare_dir(exp, name)
+        _check_report_folder(target, given=out is not None)
+        if mlflow or promote_alias:
+            from opro.tracking import check_writable
+
+            check_writable(tracking_uri or exp.config.mlflow_uri,
+                           where="--tracking-uri" if tracking_uri else "[tracking].mlflow_uri",
+                           off="--no-mlflow" if not promote_alias else "--no-mlflow and without --promote")
+        if split == "heldout":
+            from opro.probe.plan import make_plan
+            from opro.probe.store import pilot_noise
+
+            notice("\n".join(make_plan(exp.config, pilot_noise=pilot_noise(exp),
+                                        noise_digest=exp.noise_digest()).compare_lines()))
         report = compare_prompts(
-            experiment=exp, prompts=specs, baseline=baseline, split=split, extra_metrics=list(metrics),
-            tracking_uri=tracking_uri, alpha=alpha, n_resamples=resamples, seed=seed, margin=margin,
+            experiment=exp, prompts=resolved, baseline=specs.index(baseline), split=split,
+            extra_metrics=list(metrics), tracking_uri=tracking_uri, alpha=alpha, n_resamples=resamples, seed=seed,
+            margin=margin,
         )
-        saved = save_comparison(report, experiment=exp, directory=out, name=name, mlflow=mlflow, tracking_uri=tracking_uri)
+        saved = save_comparison(report, experiment=exp, directory=target, mlflow=mlflow, tracking_uri=tracking_uri)
         if promote_alias is not None:
             decision = promote(report, experiment=exp, alias=promote_alias, tracking_uri=tracking_uri,
                                min_coverage=min_coverage)
@@ -103,6 +112,19 @@ def _check_set(settings: Sequence[str], config: OproConfig) -> None:
         error = dimension(key).check([value], config, said=functools.partial("--set {}={}".format, key))
         if error:
             raise ConfigError(error)
+
+
+def _check_report_folder(target: Path, *, given: bool) -> None:
+    """Refuse a report folder that cannot be written (:func:`opro.tracking.rundir.unwritable`), naming
+    ``--out``, before any call: the comparison's answers would be paid for and then lost."""
+    from opro.errors import ConfigError
+    from opro.tracking.rundir import unwritable
+
+    why = unwritable(target, folder=True)
+    if why is not None:
+        where = "--out" if given else "the report folder under [experiment].output_dir"
+        raise ConfigError(f"{where} {target} cannot be written: {why}. Make it writable or give --out a folder this "
+                          "user may write; nothing was asked or written")
 
 
 def _with_set(spec: str, settings: Sequence[str]) -> str:

@@ -63,6 +63,7 @@ def evaluate_prompt(
     from opro.heldout.sources import resolve_prompt
     from opro.judges import make_extra_metrics
     from opro.tracking.factory import command_recorders
+    from opro.workflows.preflight import check_inputs
 
     if split not in SPLIT_NAMES:
         raise ConfigError(f"--split {split!r}: use one of {', '.join(SPLIT_NAMES)}")
@@ -73,6 +74,7 @@ def evaluate_prompt(
         check_writable(cfg.mlflow_uri, where="[tracking].mlflow_uri", off="--no-mlflow")
     exp = Experiment(cfg, progress=progress)
     try:
+        check_inputs(exp)  # a garbled dataset is said before any call or line (exit 2)
         if recorders is None:
             recorders = command_recorders(exp.config, mlflow=mlflow, evaluated=exp)
         resolved = resolve_prompt(prompt, config=exp.config)

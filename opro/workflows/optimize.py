@@ -95,12 +95,12 @@ def optimize_experiment(
     from opro.experiment import Experiment
     from opro.llm.client import CallLog
     from opro.probe.reuse import probe_saving, read_probe_calls
-    from opro.workflows.preflight import check_paths, check_task_models
+    from opro.workflows.preflight import check_inputs, check_task_models
 
     index, count = parse_worker(worker)
     exp = Experiment.from_file(config, progress=progress)
     try:
-        check_paths(exp.config)  # a missing file is said before the plan, by its key
+        check_inputs(exp)  # a missing or unreadable input is said before the plan, by its key
         check_task_models(exp.config, backend=exp.pool.get)  # and a task model that cannot answer, by its table
         plan = _before_the_search(exp, notice) if index == 0 else None
         try:

@@ -29,11 +29,11 @@ def plan_experiment(config: str | Path, *, probe: bool = False, questions: int |
     from opro.experiment import Experiment
     from opro.probe.plan import make_plan
     from opro.probe.store import pilot_noise
-    from opro.workflows.preflight import check_paths
+    from opro.workflows.preflight import check_inputs
 
     exp = Experiment.from_file(config, progress=None if probe else False)
     try:
-        check_paths(exp.config)
+        check_inputs(exp)
         probed, reused = None, False
         if probe:
             from opro.probe.headroom import probe_or_stored
@@ -54,11 +54,11 @@ def probe_experiment(config: str | Path, *, questions: int | None = None, mlflow
     from opro.experiment import Experiment
     from opro.probe.headroom import run_probe
     from opro.tracking.factory import command_recorders
-    from opro.workflows.preflight import check_paths
+    from opro.workflows.preflight import check_inputs
 
     exp = Experiment.from_file(config, progress=progress)
     try:
-        check_paths(exp.config)
+        check_inputs(exp)
         return run_probe(exp, recorders=command_recorders(exp.config, mlflow=mlflow), questions=questions)
     finally:
         exp.close()

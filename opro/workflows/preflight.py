@@ -1,9 +1,11 @@
-"""What a command checks before it says or spends anything: every file the config names exists, and
-every task model the run answers with can answer here.
+"""What a command checks before it says or spends anything: every file the config names exists, the
+input files a run reads are read (:func:`check_inputs`), and every task model the run answers with can
+answer here (:func:`check_task_models`).
 
 Without it, ``opro optimize`` printed its whole plan and then failed with "No such file or directory"
 naming a path but not the key that named it. Here the first missing path is refused with its key, the
-value as written, where it was looked for and what to do.
+value as written, where it was looked for and what to do; a dataset of garbled bytes or with a broken
+line is refused the same way (exit 2) before a plan is printed or a file written.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig
-from opro.errors import ConfigError
+from opro.errors import ConfigError, DataError
 from opro.llm.client import LLM
 from opro.llm.pool import ModelSpec
+
+if TYPE_CHECKING:
+    from opro.experiment import Experiment
 
 #: Seconds a server has to answer the one request that tells it can be reached.
 REACH_TIMEOUT_S = 10.0
@@ -102,3 +108,34 @@ def check_task_models(config: OproConfig, *, backend: Callable[[ModelSpec], LLM]
                                 f"once, {REACH_TIMEOUT_S:g} s timeout); start its server or fix its base_url{unless(name)}")
     if problems:
         raise ConfigError(f"{config.source}: a task model cannot answer, before the search: {'; '.join(problems)}")
+
+
+def check_inputs(experiment: Experiment) -> None:
+    """:func:`check_paths`, then read what the run reads of its own input files, writing nothing: the
+    dataset parsed as the run parses it (and the split sizes it must hold), a judge template file. Each
+    failure is one :class:`ConfigError` (exit 2) naming the key, the file and, where it applies, the line.
+
+    The documents are left to the run (PyMuPDF parses them when the corpus is first chunked, and the
+    chunks are kept, so a resumed run parses none): a broken one is named there, refused or skipped by
+    ``[data].skip_bad``."""
+    config = experiment.config
+    check_paths(config)
+    d = config.data
+    try:
+        raw = experiment.source_dataset
+    except DataError as exc:
+        raise ConfigError(f"{config.source}: [data].dataset = {d.dataset!r}: {exc}; fix the file, or point "
+                          "[data].dataset at another") from None
+    if raw is not None:
+        from opro.data.dataset import check_split_fits
+
+        try:
+            check_split_fits(raw, d.split, where=config.source)
+        except DataError as exc:
+            raise ConfigError(str(exc)) from None
+    from opro.judges.factory import TEMPLATE_FILE_SUFFIXES
+
+    if config.judge.template.endswith(TEMPLATE_FILE_SUFFIXES):
+        from opro.judges.templates import JudgeTemplate
+
+        JudgeTemplate.from_file(config.resolve(config.judge.template))  # a ConfigError names the file

@@ -153,6 +153,20 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
         load_dataset(tmp_path / "emptydir")
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".json"])
+def test_bytes_that_are_not_utf8_are_named_by_their_line(tmp_path: Path, suffix: str) -> None:
+    """Issue 66, item 5: a file saved in Latin-1 was "cannot be read ('utf-8' codec can't decode byte 0xe9 in
+    position 61 ...)": where in the file, and what to do, were left to the user."""
+    lines = {".jsonl": ['{"question": "Q1?", "answer": "A1."}', '{"question": "Q2?", "answer": "A2."}',
+                        '{"question": "Caf\u00e9?", "answer": "Yes."}'],
+             ".csv": ["question,answer", "Q1?,A1.", "Caf\u00e9?,Yes."],
+             ".json": ["[", '{"question": "Q1?", "answer": "A1."},', '{"question": "Caf\u00e9?", "answer": "Yes."}]']}
+    path = tmp_path / f"latin1{suffix}"
+    path.write_bytes("\n".join(lines[suffix]).encode("latin-1"))
+    with pytest.raises(DataError, match=rf"latin1\{suffix}: line 3: not UTF-8 text \(byte 0xe9\); save the file as UTF-8"):
+        load_dataset(path)
+
+
 def test_cli_import_split_show(tmp_path: Path) -> None:
     src = tmp_path / "qa.jsonl"
     src.write_text("".join(json.dumps({"question": f"Q{i}?", "answer": f"A{i}"}) + "\n" for i in range(12)))
