@@ -102,6 +102,7 @@ def optimize_experiment(
     try:
         check_inputs(exp)  # a missing or unreadable input is said before the plan, by its key
         check_task_models(exp.config, backend=exp.pool.get)  # and a task model that cannot answer, by its table
+        _ = exp.decisions  # the decision ledger reconciled, or a damaged one refused by its file and line
         plan = _before_the_search(exp, notice) if index == 0 else None
         try:
             probed = read_probe_calls(exp.config.output_dir)

@@ -139,3 +139,19 @@ def test_plan_refuses_a_judge_template_that_is_not_text(tmp_path: Path, models: 
     done = CliRunner().invoke(app, ["plan", str(config)])
     _refused(done, f"cannot read judge template file {tmp_path / 'judge.txt'}")
     assert not (tmp_path / "out").exists()
+
+
+def test_optimize_refuses_a_damaged_decision_ledger_before_the_plan(
+    tmp_path: Path, models: dict[str, ScriptedLLM]
+) -> None:
+    """A ledger line of bytes no crash can leave was a UnicodeDecodeError traceback; now one line naming the file
+    and the line, exit 2, before the plan or any call."""
+    from opro.heldout.ledger import LEDGER_FILE
+    from opro.paths import data_dir
+
+    config = write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
+    data_dir().mkdir(parents=True, exist_ok=True)
+    (data_dir() / LEDGER_FILE).write_bytes(b"\x89PNG\r\x1a\x00\xff\xfe")
+    result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"])
+    _refused(result, f"{data_dir() / LEDGER_FILE}: line 1 of the decision ledger is damaged")
+    assert not any(m.calls for m in models.values())
