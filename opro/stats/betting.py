@@ -64,9 +64,9 @@ def _bets(y: np.ndarray, *, alpha: float, planned: int | None) -> np.ndarray:
     n = y.shape[-1]
     t = np.arange(1, n + 1, dtype=float)
     mean = (0.5 + np.cumsum(y, axis=-1)) / (t + 1)  # shrunk toward 1/2 by one pseudo-observation
-    prev_mean = np.concatenate([np.full(y.shape[:-1] + (1,), 0.5), mean[..., :-1]], axis=-1)
+    prev_mean = np.concatenate([np.full((*y.shape[:-1], 1), 0.5), mean[..., :-1]], axis=-1)
     s2 = (0.25 + np.cumsum((y - prev_mean) ** 2, axis=-1)) / (t + 1)
-    s2_before = np.concatenate([np.full(y.shape[:-1] + (1,), 0.25), s2[..., :-1]], axis=-1)
+    s2_before = np.concatenate([np.full((*y.shape[:-1], 1), 0.25), s2[..., :-1]], axis=-1)
     horizon = t * np.log1p(t) if planned is None else np.full(n, float(max(planned, 1)))
     return np.sqrt(2 * math.log(1 / alpha) / (np.maximum(s2_before, 1e-12) * horizon))
 
@@ -113,6 +113,9 @@ class Bound:
 
     n: int
     mean: float
+    #: Two-sided p-value of "the mean is 0": twice the smaller of ``1 / `` the capitals' peaks betting
+    #: on either side (at most ``alpha`` exactly when the interval excludes 0).
+    p: float
     #: The two-sided ``1 - alpha`` interval of the mean difference (``alpha / 2`` on each side): valid
     #: at every look, whatever the differences' shape, within the scale's width.
     low: float
@@ -129,10 +132,23 @@ def bound(differences: Sequence[float], *, scale: tuple[float, float], alpha: fl
     w = width(scale)
     d = np.asarray(differences, dtype=float)
     if not len(d):
-        return Bound(n=0, mean=math.nan, low=-w, high=w, alpha=alpha)
+        return Bound(n=0, mean=math.nan, p=1.0, low=-w, high=w, alpha=alpha)
     low = float(lower_bounds(d, scale=scale, alpha=alpha / 2, planned=planned)[0])
     high = float(upper_bounds(d, scale=scale, alpha=alpha / 2, planned=planned)[0])
-    return Bound(n=len(d), mean=float(d.mean()), low=low, high=high, alpha=alpha)
+    peak = max(float(log_capital(side * d, scale=scale, alpha=alpha / 2, planned=planned)[0]) for side in (1, -1))
+    return Bound(n=len(d), mean=float(d.mean()), p=min(1.0, 2 * math.exp(-peak)), low=low, high=high, alpha=alpha)
+
+
+def log_capital(differences: np.ndarray, *, scale: tuple[float, float], alpha: float, above: float = 0.0,
+                planned: int | None = None) -> np.ndarray:
+    """Per row: the largest log capital reached so far betting against "mean difference <= ``above``"
+    (bets sized for level ``alpha``). ``exp(-it)`` is an anytime-valid p-value of that null."""
+    w = width(scale)
+    y = np.atleast_2d(_unit(differences, w))
+    if y.shape[-1] == 0:
+        return np.zeros(y.shape[:-1])
+    m = np.full(y.shape[:-1], (above + w) / (2 * w))
+    return _log_peak(y, _bets(y, alpha=alpha, planned=planned), m)
 
 
 def claims(differences: np.ndarray, *, scale: tuple[float, float], alpha: float, above: float = 0.0,
@@ -140,12 +156,7 @@ def claims(differences: np.ndarray, *, scale: tuple[float, float], alpha: float,
     """Per row: whether "mean difference > ``above``" is shown at level ``alpha`` (``above = 0``: a gain;
     ``-margin``: not worse by more than the margin). The capital is evaluated at ``above`` directly,
     so a decision never depends on the bisection's precision."""
-    w = width(scale)
-    y = np.atleast_2d(_unit(differences, w))
-    if y.shape[-1] == 0:
-        return np.zeros(y.shape[:-1], dtype=bool)
-    m = np.full(y.shape[:-1], (above + w) / (2 * w))
-    return _log_peak(y, _bets(y, alpha=alpha, planned=planned), m) >= math.log(1 / alpha)
+    return log_capital(differences, scale=scale, alpha=alpha, above=above, planned=planned) >= math.log(1 / alpha)
 
 
 def claimed(differences: Sequence[float], *, scale: tuple[float, float], alpha: float, above: float = 0.0,
@@ -167,5 +178,5 @@ def min_pairs(*, alpha: float, scale: tuple[float, float], above: float = 0.0, p
     return None
 
 
-__all__ = ["METHOD", "TRUNCATION", "Bound", "bound", "claimed", "claims", "lower_bounds", "lower_unit",
+__all__ = ["METHOD", "TRUNCATION", "Bound", "bound", "claimed", "claims", "log_capital", "lower_bounds", "lower_unit",
            "min_pairs", "upper_bounds", "width"]
