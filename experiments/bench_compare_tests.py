@@ -157,17 +157,17 @@ def compare_errors(*, sims: int, sizes: tuple[int, ...] = (6, 10, 20, 30, 44), a
 
 def print_errors(rows: list[dict[str, Any]], *, alpha: float = 0.05) -> None:
     print(f"opro compare's tests at alpha {alpha:g}: P(claim) before (flipping Hall's statistic; --margin {MARGIN:g} "
-          f"claimed only from {hall_min_pairs(alpha)} pairs, p < alpha beside it) and now (the betting test), ± the "
-          "binomial standard error of the larger of the two")
+          f"claimed only from {hall_min_pairs(alpha)} pairs, p < alpha beside it) and now (the betting test), each ± its "
+          "binomial standard error")
     print("| test | world | true mean difference | n | before (p < alpha) | now | samples (before) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         beside = f" ({r['p_before']:.3f})" if r["test"] == "margin" and r["p_before"] != r["before"] else ""
-        p = max(r["now"], r["before"] if r["before_sims"] else 0.0)
-        se = math.sqrt(max(p * (1 - p), 1e-12) / (r["before_sims"] or r["sims"]))
+        se = [math.sqrt(max(p * (1 - p), 1e-12) / max(k, 1)) for p, k in ((r["before"], r["before_sims"]),
+                                                                         (r["now"], r["sims"]))]
         print(f"| {'gain, two-sided' if r['test'] == 'gain' else f'margin {MARGIN:g}'} | {r['world']} "
-              f"| {r['difference']:+.2f} | {r['n']} | {r['before']:.3f}{beside} | **{r['now']:.3f}** ± {se:.3f} "
-              f"| {r['sims']} ({r['before_sims']}) |")
+              f"| {r['difference']:+.2f} | {r['n']} | {r['before']:.3f} ± {se[0]:.3f}{beside} "
+              f"| **{r['now']:.3f}** ± {se[1]:.3f} | {r['sims']} ({r['before_sims']}) |")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,7 +62,7 @@ def judged(seed: int, *, n: int, true: float, band: float, margin: float, detect
            world: str = "steps") -> tuple[str, bool]:
     """One pilot's verdict of the contrast, and whether the recommendation named it cheaper and not worse."""
     base, worse = (tied_pilot if world == "tied" else pilot)(seed, n=n, true=true)
-    c = bound([x - y for x, y in zip(worse, base, strict=True)], scale=SCALE, alpha=ALPHA)
+    c = bound([x - y for x, y in zip(worse, base, strict=True)], scale=SCALE, alpha=ALPHA, planned=n)
     e = Effect(label="cheaper", dimension="top_k", value=1, instruction="", demos=0, settings={}, n=n,
                mean=statistics.fmean(worse), scores=tuple(worse), difference=c.mean,
                low=c.low, high=c.high, p=c.p, cost=60.0)

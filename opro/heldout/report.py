@@ -361,17 +361,17 @@ class ComparisonReport:
             f"dataset `{self.dataset_hash[:12]}`; baseline **{self.baseline_prompt.label}**.",
             f"Intervals: {self.level:.0%} {INTERVALS}; "
             f"tests two-sided at alpha {self.alpha:g}: the {betting.METHOD} decides, its interval is the difference's, "
-            f"both valid whatever the differences' shape on the judge's {SCALE[0]:g}-{SCALE[1]:g} scale (on fewer than "
-            f"{betting.min_pairs(alpha=self.alpha / 2, scale=SCALE) or 0} pairs no difference can be significant); the "
+            f"both valid whatever the differences' shape on the judge's {SCALE[0]:g}-{SCALE[1]:g} scale (on too few "
+            "pairs no difference can be significant: report.json gives min_pairs); the "
             "Wilcoxon signed-rank p-value is shown beside it. Every answer was decoded alone (never in a batch with "
             "another prompt's), so no prompt's score depends on the prompts compared beside it.",
             self.multiplicity(),
         ]
         if self.margin is not None:
             lines.append(f"Non-inferiority margin {self.margin:g} judge points: H0 quality(prompt) - quality(baseline) "
-                         f"<= -{self.margin:g}, the one-sided {betting.METHOD}, at alpha {self.alpha:g} (no sample of "
-                         f"fewer than {betting.min_pairs(alpha=self.alpha, scale=SCALE, above=-self.margin) or 0} "
-                         "pairs can show it); cost differences are paired t intervals, the share of tokens "
+                         f"<= -{self.margin:g}, the one-sided {betting.METHOD}, at alpha {self.alpha:g} (on too few "
+                         "pairs no sample can show it: report.json gives min_pairs); cost differences are paired t "
+                         "intervals, the share of tokens "
                          "saved Fieller's interval of a ratio of paired means.")
         if self.split == "heldout":
             lines.append(

@@ -151,7 +151,7 @@ def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float |
     if not pairs:
         return dataclasses.replace(out, n=0)
     diffs = [a - b for a, b in pairs]
-    c = betting.bound(diffs, scale=SCALE, alpha=ALPHA)
+    c = betting.bound(diffs, scale=SCALE, alpha=ALPHA, planned=len(diffs))  # as opro compare makes it
     return dataclasses.replace(
         out, n=len(pairs), difference=c.mean, low=c.low, high=c.high,
         p=c.p, win_tie_loss=str(win_tie_loss([a for a, _ in pairs], [b for _, b in pairs])),
