@@ -34,6 +34,18 @@ _BLOCK = 1000
 STATISTIC = "Hall's skew-corrected studentized mean"
 
 
+def spent(alpha: float, t: float) -> float:
+    """The O'Brien-Fleming-type alpha spent by information fraction ``t`` (0 at 0, ``alpha`` at 1): how the
+    flips' looks shared alpha (the betting test spends none)."""
+    from statistics import NormalDist
+
+    if t <= 0:
+        return 0.0
+    t = min(t, 1.0)
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    return 2 * (1 - NormalDist().cdf(z / math.sqrt(t)))
+
+
 def min_pairs(alpha: float, *, failure_rate: float = FAILURE_RATE) -> int:
     """The fewest pairs with which a claim about the mean holds its error rate where the losses are
     rare and large: a sample of ``n`` misses every failure of ``failure_rate`` with probability
@@ -122,5 +134,6 @@ __all__ = [
     "flipped",
     "hall_statistic",
     "min_pairs",
+    "spent",
     "statistic",
 ]

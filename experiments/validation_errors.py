@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 from hall_flips import flip_signs as draw_signs
-from hall_flips import flipped, statistic
+from hall_flips import flipped, spent, statistic
 
 from opro.config import OptimizerSection
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.stats.betting import claims
-from opro.stats.sequential import futile, spent
+from opro.stats.sequential import futile
 from opro.testing.score_worlds import WORLDS, World, effect_for, paired_scores
 from opro.workflows.settings import validation_settings
 

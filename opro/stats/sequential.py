@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -49,15 +48,6 @@ def look_sizes(n_max: int, looks: int) -> tuple[int, ...]:
     if n_max < 1 or looks < 1:
         raise ValueError(f"n_max ({n_max}) and looks ({looks}) must be >= 1")
     return tuple(sorted({max(1, math.ceil(n_max * k / looks)) for k in range(1, looks + 1)}))
-
-
-def spent(alpha: float, t: float) -> float:
-    """The O'Brien-Fleming-type alpha spent by information fraction ``t`` (0 at 0, ``alpha`` at 1)."""
-    if t <= 0:
-        return 0.0
-    t = min(t, 1.0)
-    z = NormalDist().inv_cdf(1 - alpha / 2)
-    return 2 * (1 - NormalDist().cdf(z / math.sqrt(t)))
 
 
 @dataclass(frozen=True)
@@ -184,48 +174,6 @@ class Estimate:
     ci: tuple[float, float]
     #: The plain mean of the differences, biased upward among claims.
     raw: float
-
-
-def z_boundaries(sizes: Sequence[int], *, alpha: float, draws: int = 200_000, seed: int = 0) -> np.ndarray:
-    """The design's boundaries on the studentized scale ``sum / sqrt(sum of squares)`` (which the
-    sign-flip boundaries approximate), for Brownian paths observed at ``sizes``: look ``k`` rejects
-    with the O'Brien-Fleming-type alpha spent by it, less what earlier looks did spend."""
-    n = np.asarray(sizes, dtype=float)
-    paths = (np.random.default_rng(seed).normal(size=(draws, len(n))) * np.sqrt(np.diff(n, prepend=0.0))).cumsum(1)
-    z = paths / np.sqrt(n)
-    alive = np.ones(draws, dtype=bool)
-    out = []
-    for k in range(len(n)):
-        budget = alpha if k == len(n) - 1 else spent(alpha, n[k] / n[-1])
-        allowed = int((budget - float(np.mean(~alive))) * draws)
-        ranked = np.sort(z[alive, k])[::-1]
-        c = float(ranked[allowed]) if 0 <= allowed < len(ranked) else math.inf
-        out.append(c)
-        alive &= z[:, k] < c
-    return np.asarray(out)
-
-
-def _stopped(d: np.ndarray, sizes: Sequence[int], z: np.ndarray, futility: bool,
-             futility_confidence: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run the design on each row of paired differences: (claimed, mean at the stopping look,
-    questions asked by then)."""
-    rows = len(d)
-    claimed = np.zeros(rows, dtype=bool)
-    done = np.zeros(rows, dtype=bool)
-    mean = np.zeros(rows)
-    asked = np.zeros(rows)
-    for k, n in enumerate(sizes):
-        x = d[:, :n]
-        s = x.sum(1)
-        hit = ~done & (s >= z[k] * np.sqrt((x * x).sum(1)) - _EPS) & (s > 0)
-        claimed |= hit
-        stop = hit | (~done & (k == len(sizes) - 1))
-        if futility and k < len(sizes) - 1:
-            stop |= ~done & futile(x, confidence=futility_confidence)
-        mean[stop & ~done] = s[stop & ~done] / n
-        asked[stop & ~done] = n
-        done |= stop
-    return claimed, mean, asked
 
 
 def _betting_stopped(d: np.ndarray, sizes: Sequence[int], *, alpha: float, scale: tuple[float, float],
@@ -410,7 +358,5 @@ __all__ = [
     "interval_text",
     "look_sizes",
     "min_questions",
-    "spent",
     "t_interval",
-    "z_boundaries",
 ]
