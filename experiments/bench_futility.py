@@ -20,6 +20,7 @@ import numpy as np
 from bench_cost_space import SPREAD, _pairs, calibrate
 from bench_selection import MEASURED_SDS
 
+from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.stats.sequential import decide
 from opro.testing.score_worlds import skewed_pairs
 
@@ -32,7 +33,8 @@ def run(d: np.ndarray, confidence: float | None, seed: int, *, draws: int) -> tu
     looks: list = []
     for k, n in enumerate(SIZES, start=1):
         look = decide(list(d[:n]), seen=SIZES[:k], n_max=SIZES[-1], last=k == len(SIZES), earlier=looks,
-                      alpha=0.05, futility=True, futility_confidence=confidence, seed=seed, draws=draws)
+                      alpha=0.05, scale=(SCORE_MIN, SCORE_MAX), shift=MARGIN, futility=True,
+                      futility_confidence=confidence, seed=seed)
         looks.append(look)
         if look.decision != "continue":
             return look.decision == "success", n

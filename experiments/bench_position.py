@@ -29,6 +29,7 @@ from typing import Any
 from opro.config import load_config
 from opro.experiment import Experiment
 from opro.heldout.compare import compare_prompts
+from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.stats.paired import compare_paired
 
 SECOND = "text:Answer the question using only the context above. Be brief and factual."
@@ -87,7 +88,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     for label, specs in [*[(spec, [spec]) for spec in scores["before"]], ("pooled", list(scores["before"]))]:
         a, b = paired(specs)
-        c = compare_paired(a, b, seed=0)
+        c = compare_paired(a, b, scale=(SCORE_MIN, SCORE_MAX))
         d, wtl = c.difference, c.win_tie_loss
         rows.append({"prompt": label, "pairs": c.n, "before": c.mean_b, "after": c.mean_a, "difference": d.estimate,
                      "ci": [d.low, d.high], "p": c.wilcoxon.p_value, "wtl": [wtl.wins, wtl.ties, wtl.losses]})

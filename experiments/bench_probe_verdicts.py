@@ -4,14 +4,18 @@ Seeded pilots of a cheaper contrast truly worse than the initial configuration b
 -0.4) on integer judge scores: the initial configuration scores 3 or 4 per question, the contrast that
 plus a difference of -2, -1, 0 or +1 (probabilities 0.1, 0.3, 0.5, 0.1: mean -0.4, paired sd 0.8, on
 the scale without clipping; ``--true`` shifts the weights of -1 and 0 to reach another mean). Each
-pilot goes through opro's own code: the difference's interval as the probe makes it
-(:func:`opro.stats.paired.compare_paired`), :func:`opro.probe.verdicts.verdict_of` at the band and
+pilot goes through opro's own code: the difference's interval as the probe makes it (the betting
+interval, :func:`opro.stats.betting.bound`), :func:`opro.probe.verdicts.verdict_of` at the band and
 :func:`opro.probe.recommendation.recommend` at the margin, with a validation stage that confirms only
 ``--detectable`` (the case where "inert at the search's resolution", removed by issue 61, accepted
 an interval inside the confirmable gain).
 
     python experiments/bench_probe_verdicts.py --pilots 500
     python experiments/bench_probe_verdicts.py --pilots 500 --true -0.25
+    python experiments/bench_probe_verdicts.py --pilots 2000 --true -0.25 --questions 12 --world tied
+
+``--world tied``: the pilots of :mod:`opro.testing.score_worlds`'s tied world instead (identical scores
+on most questions, 2-3 points lower on a share of them so that the mean is ``--true``).
 
 On the code before issue 61 (``git checkout a16dfea -- opro``, this script kept) it measures the
 earlier rules: inert within the confirmable gain, and "cheaper and not worse" for any cheaper contrast
@@ -29,10 +33,13 @@ import inspect
 import random
 import statistics
 
-from opro.probe.effects import RESOLUTION, SCALE, Effect
+import numpy as np
+
+from opro.probe.effects import ALPHA, SCALE, Effect
 from opro.probe.recommendation import recommend
 from opro.probe.verdicts import verdict_of
-from opro.stats.paired import compare_paired
+from opro.stats.betting import bound
+from opro.testing.score_worlds import tied_pairs
 
 
 def pilot(seed: int, *, n: int, true: float) -> tuple[list[float], list[float]]:
@@ -45,13 +52,20 @@ def pilot(seed: int, *, n: int, true: float) -> tuple[list[float], list[float]]:
     return base, [b + x for b, x in zip(base, d, strict=True)]
 
 
-def judged(seed: int, *, n: int, true: float, band: float, margin: float, detectable: float) -> tuple[str, bool]:
+def tied_pilot(seed: int, *, n: int, true: float) -> tuple[list[float], list[float]]:
+    """A pilot of the tied world: (the initial configuration's scores, the contrast's)."""
+    worse, base = tied_pairs(np.random.default_rng(seed), (n,), effect=true)
+    return base.tolist(), worse.tolist()
+
+
+def judged(seed: int, *, n: int, true: float, band: float, margin: float, detectable: float,
+           world: str = "steps") -> tuple[str, bool]:
     """One pilot's verdict of the contrast, and whether the recommendation named it cheaper and not worse."""
-    base, worse = pilot(seed, n=n, true=true)
-    c = compare_paired(worse, base, scale=SCALE, resolution=RESOLUTION)
+    base, worse = (tied_pilot if world == "tied" else pilot)(seed, n=n, true=true)
+    c = bound([x - y for x, y in zip(worse, base, strict=True)], scale=SCALE, alpha=ALPHA, planned=n)
     e = Effect(label="cheaper", dimension="top_k", value=1, instruction="", demos=0, settings={}, n=n,
-               mean=statistics.fmean(worse), scores=tuple(worse), difference=c.difference.estimate,
-               low=c.difference.low, high=c.difference.high, p=c.permutation.p_value, cost=60.0)
+               mean=statistics.fmean(worse), scores=tuple(worse), difference=c.mean,
+               low=c.low, high=c.high, p=c.p, cost=60.0)
     e = dataclasses.replace(e, verdict=verdict_of(e, inert_within=band, detectable=detectable))
     initial = Effect(label="initial", dimension="initial", value=None, instruction="", demos=0, settings={}, n=n,
                      mean=statistics.fmean(base), scores=tuple(base), cost=100.0)
@@ -69,16 +83,18 @@ def main() -> None:
     parser.add_argument("--true", type=float, default=-0.4)
     parser.add_argument("--margin", type=float, default=0.25, help="the inert band and the non-inferiority margin")
     parser.add_argument("--detectable", type=float, default=0.6, help="the gain the validation stage confirms")
+    parser.add_argument("--world", choices=("steps", "tied"), default="steps",
+                        help="steps: differences of -2, -1, 0, +1 (above); tied: the tied world")
     args = parser.parse_args()
     kinds: dict[str, int] = {}
     named = 0
     for seed in range(args.pilots):
         kind, cheaper = judged(seed, n=args.questions, true=args.true, band=args.margin, margin=args.margin,
-                               detectable=args.detectable)
+                               detectable=args.detectable, world=args.world)
         kinds[kind] = kinds.get(kind, 0) + 1
         named += cheaper
     shown = ", ".join(f"{k} {v} ({v / args.pilots:.3f})" for k, v in sorted(kinds.items()))
-    print(f"{args.pilots} pilots of {args.questions} questions, true difference {args.true:+.2f}, band and margin "
+    print(f"{args.pilots} pilots of {args.questions} questions ({args.world} world), true difference {args.true:+.2f}, band and margin "
           f"{args.margin:g}, detectable {args.detectable:+.2f}: {shown}; named cheaper and not worse in {named} "
           f"({named / args.pilots:.3f})")
 

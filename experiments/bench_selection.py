@@ -38,12 +38,12 @@ claim and are not sent through it (checked on a sample of them, printed).
 
 (g) ``--errors``: the validation stage's test alone (experiments/validation_errors.py), in every world
 of bench_compare_tests (integer 1-5 scores with ties: ``rounded``, ``realistic``; continuous at paired
-sd 0.66: ``measured``; heavy tails: ``t3``; rare large losses, ``skewed``, or gains, ``skewed-gains``):
-the error rate of the gain test and of non-inferiority at the margin, and their power where the
-differences are symmetric, today's test (flipping the sum) beside the new one (flipping the
-skew-corrected studentized mean), on the same runs. ``--world`` keeps one world.
+sd 0.66: ``measured``; heavy tails: ``t3``; rare large losses, ``skewed``, or gains, ``skewed-gains``;
+mostly identical scores with 2-3 point losses on a share, ``tied``): the error rate of the gain test
+and of non-inferiority at the margin, and their power, the test before (flipping Hall's statistic)
+beside the betting test opro runs, on the same runs. ``--world`` keeps one world.
 
-    python experiments/bench_selection.py --errors --runs 2000
+    python experiments/bench_selection.py --errors --runs 2000 --today-runs 500
     python experiments/bench_selection.py --cost --world skewed --seeds 200 --optimization 6 --validation 48 --unused 20
 
 (d) ``--cost``: ``[optimizer].objective = "cost"`` (margin 0.25). Every proposal's answers are 30%
@@ -77,6 +77,7 @@ import numpy as np
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
+from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
 from opro.search import CandidateScorer, Search, SearchStudy, make_proposer, make_pruner, open_storage
@@ -525,8 +526,8 @@ def _decide_run(d: np.ndarray, sizes: Sequence[int], *, alpha: float, futility: 
 
     looks: list[Any] = []
     for k, n in enumerate(sizes, start=1):
-        look = decide(list(d[:n]), seen=sizes[:k], n_max=sizes[-1], last=k == len(sizes),
-                      earlier=looks, alpha=alpha, futility=futility, seed=seed)
+        look = decide(list(np.clip(d[:n], -4.0, 4.0)), seen=sizes[:k], n_max=sizes[-1], last=k == len(sizes),
+                      earlier=looks, alpha=alpha, scale=(SCORE_MIN, SCORE_MAX), futility=futility, seed=seed)
         looks.append(look)
         if look.decision == "success":
             return n
@@ -570,7 +571,8 @@ def coverage(*, world: Kind, effects: Sequence[float], claims: int, max_runs: in
                     continue
                 n = _decide_run(d[i], sizes, alpha=alpha, futility=futility, seed=runs)
                 if n:
-                    est = conditional_estimate(list(d[i, :n]), sizes=sizes, alpha=alpha, futility=futility, seed=runs)
+                    est = conditional_estimate(list(d[i, :n]), sizes=sizes, alpha=alpha, scale=(SCORE_MIN, SCORE_MAX),
+                                               futility=futility, seed=runs)
                     found.append((est.ci[0], est.ci[1], est.gain, est.raw))
                     if len(found) == claims:
                         break
@@ -637,12 +639,12 @@ def print_run(run_dir: Path) -> None:
 
 
 def _errors(args: argparse.Namespace) -> int:
-    """(g): the validation stage's test alone, today's and the new one (experiments/validation_errors.py)."""
+    """(g): the validation stage's test alone, before and now (experiments/validation_errors.py)."""
     from validation_errors import NULLS, POWERS, errors, print_errors
 
     explicit = any(a.startswith("--world") for a in sys.argv[1:])
     rows = [r for r in (*NULLS, *POWERS) if not explicit or r[1] == args.world]
-    print_errors(errors(runs=args.runs, rows=rows))
+    print_errors(errors(runs=args.runs, rows=rows, today_runs=args.today_runs))
     return 0
 
 
@@ -662,11 +664,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
     ap.add_argument("--unused", type=int, default=20,
                     help="questions in no split that the validation may extend into ([optimizer].validation_extension)")
-    ap.add_argument("--world", choices=("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains"),
+    ap.add_argument("--world", choices=("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "tied"),
                     default="rounded", help="(c), (e): rounded or realistic; (d): rounded, measured, t3 or skewed; "
                     "(g): one world only (see the module docstring)")
     ap.add_argument("--search", choices=("both", "today", "this"), default="both",
                     help="--cost --space: the searches to run (today's, this one, or both)")
+    ap.add_argument("--today-runs", type=int, help="--errors: run the flips of Hall's statistic (the test before) "
+                    "on this many of the runs only (they take seconds per hundred runs; default: all)")
     ap.add_argument("--errors", action="store_true", help="(g): the validation stage's test alone in every world")
     ap.add_argument("--runs", type=int, default=2000, help="(g): runs per row")
     ap.add_argument("--paired-sd", type=float, default=float(np.median(MEASURED_SDS)),
@@ -682,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     effects = [float(e) for e in args.effects.split(",")]
     if args.errors:
         return _errors(args)
+    if args.world == "tied":
+        ap.error("--world tied is a world of --errors (the validation stage's test alone)")
     if args.world in ("measured", "t3", "skewed") and not args.cost:
         ap.error(f"--world {args.world} is a world of the cost objective (or of --errors): add --cost")
     if args.world == "skewed-gains":

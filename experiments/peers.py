@@ -123,7 +123,7 @@ class PeersReport:
                 "n_scored": p.n_scored,
                 "difference": None if stats is None else stats.difference.estimate,
                 "difference_ci": None if stats is None else (stats.difference.low, stats.difference.high),
-                "p": None if stats is None else max(stats.p_wilcoxon, stats.p_permutation),
+                "p": None if stats is None else max(stats.p_wilcoxon, stats.p_test),
                 "wall_s": None if r is None else r.wall_s,
                 "instruction": p.instruction,
             })

@@ -1,10 +1,11 @@
 """Compare prompts on the held-out split: same answer model, retrieval and judge; paired statistics.
 
 Every prompt answers the same questions with the experiment's RAG program and is scored by the
-same judge, so scores pair up by question. Each prompt's mean gets a Student t interval, and against
-the baseline the report gives win / tie / loss, the mean difference with a paired t interval (both
-clipped to what the judge's scale allows), and Wilcoxon signed-rank and sign-flip permutation
-p-values, and says in words whether the difference is significant.
+same judge, so scores pair up by question. Each prompt's mean gets a Student t interval (clipped to
+what the judge's scale allows), and against the baseline the report gives win / tie / loss, the mean
+difference with the betting confidence sequence's interval and its two-sided test (valid whatever the
+differences' shape on the judge's scale: :mod:`opro.stats.betting`), the Wilcoxon signed-rank p-value
+beside it, and says in words whether the difference is significant.
 
 A comparison on ``heldout`` refuses to run when a held-out question (normalized) also appears in
 the exemplar or optimization split, of this experiment or of any run whose prompt is compared
@@ -206,11 +207,10 @@ def _versus_baseline(
             continue
         pairs = [(x, y) for x, y in zip(r.scores, b.scores, strict=True) if x is not None and y is not None]
         stats = compare_paired(
-            [x for x, _ in pairs], [y for _, y in pairs], level=level, n_resamples=n_resamples, seed=seed, alpha=alpha,
-            scale=SCALE, resolution=RESOLUTION,
+            [x for x, _ in pairs], [y for _, y in pairs], level=level, alpha=alpha, scale=SCALE,
         )
         ni = None if margin is None else noninferiority([x for x, _ in pairs], [y for _, y in pairs], margin=margin,
-                                                         alpha=alpha, n_resamples=n_resamples, seed=seed)
+                                                         alpha=alpha, scale=SCALE)
         versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=n_questions - len(pairs), stats=stats,
                                      cost=paired_difference(r.evaluation.rows, b.evaluation.rows, model=cost_model,
                                                             level=level), noninferiority=ni))
@@ -342,7 +342,7 @@ def comparison_record(report: ComparisonReport, directory: Path, *, params: Mapp
                 f"prompt_{i}.ties": s.win_tie_loss.ties,
                 f"prompt_{i}.losses": s.win_tie_loss.losses,
                 f"prompt_{i}.wilcoxon_p": s.wilcoxon.p_value,
-                f"prompt_{i}.permutation_p": s.permutation.p_value,
+                f"prompt_{i}.betting_p": s.test.p_value,
             })
         if v is not None and v.noninferiority is not None:
             metrics[f"prompt_{i}.noninferiority_p"] = v.noninferiority.p_value

@@ -53,7 +53,7 @@ def promote(
 
     Required: a held-out comparison whose leakage check passed, valid scores of both prompts on at
     least ``min_coverage`` of the held-out questions (pairs are dropped where either judgment is
-    invalid), and a positive mean difference that the paired sign-flip permutation test calls
+    invalid), and a positive mean difference that the two-sided betting test calls
     significant at the report's alpha (Holm-adjusted when several prompts were compared); under a
     margin (``compare_prompts(margin=...)``) instead its non-inferiority test (Holm) and a cost per
     answer whose paired interval lies below 0. Among prompts that qualify, the one with the highest
@@ -183,7 +183,7 @@ def _qualified(report: ComparisonReport, *, min_coverage: float
         d = s.difference
         figures = (
             f"{p.label}: difference {d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}] over {s.n} held-out questions, "
-            f"Wilcoxon p={s.p_wilcoxon:.3g}, permutation p={s.p_permutation:.3g}"
+            f"betting test p={s.p_test:.3g}, Wilcoxon p={s.p_wilcoxon:.3g}"
             + (f" (Holm, {s.n_comparisons} comparisons)" if s.n_comparisons > 1 else "")
         )
         if v.identical:  # the baseline itself under another name: there is nothing to promote
@@ -231,14 +231,14 @@ def _heldout_tags(report: ComparisonReport, best: PromptScores, v: VersusBaselin
         "opro.heldout_questions": str(len(report.questions)),
         "opro.heldout_coverage": f"{v.stats.n / len(report.questions):.4f}",
         "opro.heldout_alpha": f"{report.alpha:g}",
-        "opro.heldout_test": "two-sided paired sign-flip permutation",
+        "opro.heldout_test": "two-sided betting confidence sequence",
         "opro.heldout_family": str(v.stats.n_comparisons),
         "opro.heldout_p_wilcoxon": f"{v.stats.p_wilcoxon:.4g}",
-        "opro.heldout_p_permutation": f"{v.stats.p_permutation:.4g}",
+        "opro.heldout_p_betting": f"{v.stats.p_test:.4g}",
         "opro.heldout_baseline": v.baseline[:250],
         **({} if report.margin is None or v.noninferiority is None else {
             "opro.heldout_margin": f"{report.margin:g}",
-            "opro.heldout_test": "one-sided paired sign-flip permutation, non-inferiority by the margin",
+            "opro.heldout_test": "one-sided betting confidence sequence, non-inferiority by the margin",
             "opro.heldout_p_noninferiority": f"{v.noninferiority.p:.4g}",
         }),
         # Its cost per answer on these held-out questions, and the paired differences to the baseline.

@@ -18,9 +18,9 @@ from opro.config import SPLIT_NAMES, SplitName
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.program.cost import CostDifference, CostSummary, amount
 from opro.program.dimensions import Value
+from opro.stats import betting
 from opro.stats.noninferiority import NonInferiority
 from opro.stats.paired import ConfidenceInterval, PairedComparison
-from opro.stats.skew import STATISTIC, min_pairs
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -168,13 +168,12 @@ class ComparisonReport:
                     "mean_difference": ci(s.difference),
                     "wilcoxon_p": s.wilcoxon.p_value,
                     "wilcoxon_exact": s.wilcoxon.exact,
-                    "permutation_p": s.permutation.p_value,
-                    "permutation_exact": s.permutation.exact,
-                    "permutation_statistic": STATISTIC,
+                    "betting_p": s.test.p_value,
+                    "test": betting.METHOD,
                     "min_pairs": s.min_pairs,
                     "n_comparisons": s.n_comparisons,
                     "wilcoxon_p_holm": s.p_wilcoxon,
-                    "permutation_p_holm": s.p_permutation,
+                    "betting_p_holm": s.p_test,
                     "significant": s.significant,
                     "verdict": v.sentence,
                     "cost_difference": None if v.cost is None else v.cost.as_dict(),
@@ -230,9 +229,9 @@ class ComparisonReport:
                 "invalid": str(p.n_invalid + p.n_errors),
             }
             if v is None:
-                row |= {"wtl": "", "diff": "", "p_wilcoxon": "", "p_permutation": ""}
+                row |= {"wtl": "", "diff": "", "p_wilcoxon": "", "p_test": ""}
             elif v.identical:
-                row |= {"wtl": "", "diff": "identical", "p_wilcoxon": "", "p_permutation": ""}
+                row |= {"wtl": "", "diff": "identical", "p_wilcoxon": "", "p_test": ""}
             else:
                 s = v.stats
                 d = s.difference
@@ -240,7 +239,7 @@ class ComparisonReport:
                     "wtl": str(s.win_tie_loss),
                     "diff": "n/a" if s.n == 0 else f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]" + _mark(d),
                     "p_wilcoxon": f"{s.p_wilcoxon:.3g}",
-                    "p_permutation": f"{s.p_permutation:.3g}",
+                    "p_test": f"{s.p_test:.3g}",
                 }
             row |= {f"metric:{m}": _fmt(p.metric_means.get(m)) + (f" ({k} invalid)" if (k := p.metric_invalid.get(m, 0)) else "")
                     for m in self.metric_names}
@@ -269,7 +268,7 @@ class ComparisonReport:
             "W/T/L",
             f"Δ mean [{lvl} CI]",
             "Wilcoxon p" + (" (Holm)" if self.n_comparisons > 1 else ""),
-            "perm. p" + (" (Holm)" if self.n_comparisons > 1 else ""),
+            "betting p" + (" (Holm)" if self.n_comparisons > 1 else ""),
             *self.metric_names,
             f"cost/answer ({self.cost_measure or 'cost'})", f"Δ cost [{lvl} CI]",
             "tokens/answer", "s/answer", f"Δ tokens [{lvl} CI]", f"Δ s [{lvl} CI]",
@@ -323,7 +322,7 @@ class ComparisonReport:
 
         quality = table(f"opro compare: {len(self.questions)} {where} questions, judge {self.judge}",
                         ["#", f"mean\n[{lvl} CI]", f"pass@{self.judge_threshold:g}\n(scored)", "W/T/L",
-                         f"Δ mean\n[{lvl} CI]", f"perm. p\n(Wilcoxon){holm}"])
+                         f"Δ mean\n[{lvl} CI]", f"betting p\n(Wilcoxon){holm}"])
         cost = table(f"cost per answer: {self.cost_measure or 'the task call'}",
                      ["#", "cost", f"Δ cost\n[{lvl} CI]",
                       *([] if self.margin is None else [f"not worse p\n(margin {self.margin:g}){holm}"])])
@@ -334,7 +333,7 @@ class ComparisonReport:
             number, baseline = f"#{i}", v is None
             quality.add_row(number, _under(c["mean"]), f"{c['pass']}\n({c['scored']})", c["wtl"],
                             "baseline" if baseline else _under(c["diff"]),
-                            f"{c['p_permutation']}\n({c['p_wilcoxon']})" if c["p_permutation"] else "")
+                            f"{c['p_test']}\n({c['p_wilcoxon']})" if c["p_test"] else "")
             cost.add_row(number, c["cost"], "baseline" if baseline else _under(c["d_cost"]),
                          *([] if self.margin is None else [c["noninferiority"]]))
             raw.add_row(number, _under(c["tokens"]), c["seconds"],
@@ -361,19 +360,18 @@ class ComparisonReport:
             f"{len(self.questions)} {where} questions; judge `{self.judge}` (1-5, pass at {self.judge_threshold:g}); "
             f"dataset `{self.dataset_hash[:12]}`; baseline **{self.baseline_prompt.label}**.",
             f"Intervals: {self.level:.0%} {INTERVALS}; "
-            f"tests two-sided at alpha {self.alpha:g}: the paired sign-flip permutation test of {STATISTIC} decides "
-            f"(exact up to 16 pairs, else {self.n_resamples} random sign flips, seed {self.seed}); the Wilcoxon "
-            f"signed-rank p-value is shown beside it. On fewer than {min_pairs(self.alpha)} pairs a rare large loss or "
-            "gain (1 question in 10) goes unseen more often than alpha, and no test holds its error rate for the mean "
-            "there. Every answer was decoded alone (never in a batch with "
+            f"tests two-sided at alpha {self.alpha:g}: the {betting.METHOD} decides, its interval is the difference's, "
+            f"both valid whatever the differences' shape on the judge's {SCALE[0]:g}-{SCALE[1]:g} scale (on too few "
+            "pairs no difference can be significant: report.json gives min_pairs); the "
+            "Wilcoxon signed-rank p-value is shown beside it. Every answer was decoded alone (never in a batch with "
             "another prompt's), so no prompt's score depends on the prompts compared beside it.",
             self.multiplicity(),
         ]
         if self.margin is not None:
             lines.append(f"Non-inferiority margin {self.margin:g} judge points: H0 quality(prompt) - quality(baseline) "
-                         f"<= -{self.margin:g}, one-sided paired sign-flip permutation test on the differences shifted "
-                         f"by +{self.margin:g}, at alpha {self.alpha:g}, claimed only on at least "
-                         f"{min_pairs(self.alpha)} pairs; cost differences are paired t intervals, the share of tokens "
+                         f"<= -{self.margin:g}, the one-sided {betting.METHOD}, at alpha {self.alpha:g} (on too few "
+                         "pairs no sample can show it: report.json gives min_pairs); cost differences are paired t "
+                         "intervals, the share of tokens "
                          "saved Fieller's interval of a ratio of paired means.")
         if self.split == "heldout":
             lines.append(
@@ -458,9 +456,9 @@ SCALE = (SCORE_MIN, SCORE_MAX)
 #: step away (:func:`opro.stats.paired.t_mean_ci`).
 RESOLUTION = 1.0
 #: How compare's intervals are made (the reports say it).
-INTERVALS = ("Student t intervals of means and paired differences (the spread never taken below that of one more "
-             "score a point from the mean), within the judge's 1-5 scale; where one reaches an end of the scale, its "
-             "other end is the Wilson bound of a score on that scale")
+INTERVALS = ("Student t intervals of means (the spread never taken below that of one more score a point from the "
+             "mean), within the judge's 1-5 scale, where one reaches an end of the scale its other end the Wilson bound "
+             "of a score on that scale; paired differences: the betting confidence sequence's interval")
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:

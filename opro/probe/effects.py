@@ -1,8 +1,9 @@
 """The probe's measurement: the initial configuration and each contrast answered and judged on the same
 pilot questions in one stream (:func:`measure_effects`, shared with ``experiments/bench_headroom.py``),
 each contrast paired with the initial configuration by question: its paired difference with a 95%
-interval (Student t, clipped to the 1-5 scale, as ``opro compare`` makes them), win/tie/loss, the
-sign-flip p-value, the answers' length and cost per answer, and with a cost model its saving
+interval of the betting confidence sequence (:mod:`opro.stats.betting`: valid whatever the differences'
+shape on the judge's scale, so a pilot of tied pairs is not "inert" by a narrow interval), win/tie/loss,
+its p-value, the answers' length and cost per answer, and with a cost model its saving
 (:mod:`opro.probe.savings`). What a contrast's figures mean is :mod:`opro.probe.verdicts`'s concern.
 """
 
@@ -15,10 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.probe.contrasts import Contrast
 from opro.probe.savings import Saving
 from opro.program.dimensions import Value
-from opro.stats.paired import compare_paired
+from opro.stats import betting
+from opro.stats.paired import win_tie_loss
 
 if TYPE_CHECKING:
     from opro.evaluation.rows import EvaluationReport, EvaluationRow, Judge, Program
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
 #: The level of the contrasts' tests (their intervals are 95%).
 ALPHA = 0.05
 #: The judge's scale and step, as ``opro compare`` makes its intervals.
-SCALE = (1.0, 5.0)
+SCALE = (SCORE_MIN, SCORE_MAX)
 RESOLUTION = 1.0
 VerdictKind = Literal["baseline", "moves", "hurts", "inert", "undecided", "identical"]
 
@@ -147,11 +150,11 @@ def _effect(contrast: Contrast, report: EvaluationReport, base: Sequence[float |
     pairs = [(a, b) for a, b in zip(scores, base, strict=True) if a is not None and b is not None]
     if not pairs:
         return dataclasses.replace(out, n=0)
-    c = compare_paired([a for a, _ in pairs], [b for _, b in pairs], scale=SCALE, resolution=RESOLUTION)
     diffs = [a - b for a, b in pairs]
+    c = betting.bound(diffs, scale=SCALE, alpha=ALPHA, planned=len(diffs))  # as opro compare makes it
     return dataclasses.replace(
-        out, n=len(pairs), difference=c.difference.estimate, low=c.difference.low, high=c.difference.high,
-        p=c.permutation.p_value, win_tie_loss=str(c.win_tie_loss),
+        out, n=len(pairs), difference=c.mean, low=c.low, high=c.high,
+        p=c.p, win_tie_loss=str(win_tie_loss([a for a, _ in pairs], [b for _, b in pairs])),
         sd=statistics.stdev(diffs) if len(diffs) >= 2 else None,
     )
 

@@ -78,6 +78,7 @@ def calibration_lines(config: Any, *, judge_seconds: float, task_seconds: float)
 
 def judge_limits(cfg: OproConfig, *, plan: Plan, effects: Sequence[Effect]) -> JudgeLimits:
     """The stored calibration, the pilot's paired noise and what the plan can detect at it."""
+    from opro.judges.parsing import SCORE_MAX, SCORE_MIN
     from opro.probe.plan import POWER
     from opro.stats.sequential import design_power
     from opro.workflows.settings import claim
@@ -88,7 +89,8 @@ def judge_limits(cfg: OproConfig, *, plan: Plan, effects: Sequence[Effect]) -> J
     pilot_sd = statistics.median(sds) if sds else None
     at_pilot = None
     if pilot_sd is not None and pilot_sd > 0 and plan.looks:
-        at_pilot = design_power(plan.looks, alpha=rule.alpha, sd=pilot_sd, futility=o.futility, power=POWER).detectable
+        at_pilot = design_power(plan.looks, alpha=rule.alpha, sd=pilot_sd, scale=(SCORE_MIN, SCORE_MAX),
+                                futility=o.futility, power=POWER).detectable
     seconds = {r.role: r.seconds_per_call for r in plan.roles}
     calibrated, calibration = calibration_lines(cfg, judge_seconds=seconds.get("judge", 0.0),
                                                 task_seconds=seconds.get("task", 0.0))

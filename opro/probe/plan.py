@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
+from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.llm.choices import in_play
 from opro.llm.pool import ModelSpec
 from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
@@ -45,6 +46,7 @@ from opro.program.configurations import changed, settings_text
 from opro.program.cost import amount
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values, model_of
 from opro.search.validation_sizes import confirmation_looks, selection_prompts, split_sizes
+from opro.stats import betting
 from opro.stats.sequential import design_power, min_questions
 from opro.tracking.rundir import RunDir
 from opro.workflows.settings import claim, validation_settings
@@ -535,7 +537,8 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
         if sizes:
             # Non-inferiority is the same test on differences shifted by the margin: a truly equal
             # configuration is confirmed at the margin that equals the smallest detectable gain.
-            confirmable = design_power(sizes, alpha=rule.alpha, sd=sd, futility=design.futility, power=POWER,
+            confirmable = design_power(sizes, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX),
+                                       futility=design.futility, power=POWER,
                                        futility_confidence=rule.futility_confidence).detectable
         n = config.data.split.heldout
         if n >= min_questions(rule.alpha, sides=1):
@@ -611,13 +614,17 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     sizes, sizes_max = confirmation_looks(design, n_conf, unused), confirmation_looks(design, n_conf, unused_max)
     detectable, asked = None, 0.0
     if sizes:
-        p = design_power(sizes, alpha=rule.alpha, sd=sd, futility=design.futility, power=POWER)
+        p = design_power(sizes, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX), futility=design.futility,
+                         power=POWER)
         detectable, asked = p.detectable, p.questions_null
-        if sizes[-1] < min_questions(rule.alpha):
+        # The fewest pairs with which even the widest possible gains reach a claim (alpha, scale, margin).
+        least = betting.min_pairs(alpha=rule.alpha, scale=(SCORE_MIN, SCORE_MAX), planned=sizes[-1],
+                                  above=-rule.margin if rule.objective == "cost" else 0.0) or sizes[-1] + 1
+        if sizes[-1] < least:
             warnings.append(
-                f"the validation stage cannot claim a gain: {sizes[-1]} confirmation questions give a smallest "
-                f"p-value of {0.5 ** sizes[-1]:.3g} > alpha {rule.alpha:g}; give [data.split].validation at least "
-                f"{min_questions(rule.alpha) + n_sel} (better: enough for the gain you look for)")
+                f"the validation stage cannot claim a gain: on {sizes[-1]} confirmation questions no sample of "
+                f"1-5 scores reaches alpha {rule.alpha:g}; give [data.split].validation at least "
+                f"{least + n_sel} (better: enough for the gain you look for)")
         elif detectable is not None and detectable > 1.0:
             warnings.append(f"only a gain above {detectable:.1f} points is likely to be confirmed: raise "
                             "[data.split].validation to detect smaller ones")

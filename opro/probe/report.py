@@ -59,7 +59,7 @@ class ProbeResult:
         rows = [self.initial, *self.effects]
         width = max(14, *(len(short_label(e.label)) for e in rows))
         head = (f"{'contrast':<{width}} {'mean':>4}  {'vs initial [95% CI]':<20} {'W/T/L':>8} {'p':>5} {'words':>5} "
-                f"{'cost':>5}  verdict")
+                f"{'cost':>5} verdict")
         out = [head, "-" * len(head)]
         base_cost = self.initial.cost
         for e in rows:
@@ -67,7 +67,7 @@ class ProbeResult:
             kind = "" if e.verdict is None or e.verdict.kind == "baseline" else e.verdict.kind
             p = "" if e.p is None else "<.001" if e.p < 0.001 else f"{e.p:.3f}"
             out.append(f"{short_label(e.label):<{width}} {num(e.mean):>4}  {(e.interval or '(baseline)'):<20} "
-                       f"{e.win_tie_loss or '':>8} {p:>5} {num(e.answer_words, '.0f'):>5} {cost:>5}  {kind}".rstrip())
+                       f"{e.win_tie_loss or '':>8} {p:>5} {num(e.answer_words, '.0f'):>5} {cost:>5} {kind}".rstrip())
         return out
 
     def verdict_lines(self) -> list[str]:

@@ -131,12 +131,13 @@ def noninferiority_tests(effects: Sequence[E], *, initial: Measured, margin: flo
     """Each cheaper contrast (:func:`cheaper`) with its non-inferiority test at ``margin`` on the pilot
     (:func:`opro.stats.noninferiority.noninferiority`, paired on the questions both scored, Holm over
     the cheaper contrasts, alpha :data:`ALPHA`)."""
+    from opro.judges.parsing import SCORE_MAX, SCORE_MIN
     from opro.stats.noninferiority import holm_noninferiority, noninferiority
     from opro.stats.paired import paired_valid
 
     found = [e for e in effects if cheaper(e, initial=initial)]
     tests = holm_noninferiority([noninferiority(*paired_valid(list(e.scores), list(initial.scores)), margin=margin,
-                                                alpha=ALPHA) for e in found])
+                                                alpha=ALPHA, scale=(SCORE_MIN, SCORE_MAX)) for e in found])
     return list(zip(found, tests, strict=True))
 
 
@@ -161,12 +162,12 @@ def with_costs(effects: Sequence[E], *, initial: Measured, margin: float) -> tup
         if t is not None:
             holm = f", Holm over {t.n_comparisons}" if t.n_comparisons > 1 else ""
             if t.passed:
-                text += f"; cheaper and not worse by more than {margin:g} (p {t.p:.2g}{holm})"
-            elif t.too_few:  # a pilot this small cannot see a failure on 1 question in 10 (opro.stats.skew)
-                text += (f"; not decided within {margin:g}: {t.n} pilot pairs, the non-inferiority test needs "
+                text += f"; cheaper and not worse by more than {margin:g} (betting test on {t.n} pairs, p {t.p:.2g}{holm})"
+            elif t.too_few:  # no sample of this few pairs can show it (opro.stats.betting.min_pairs)
+                text += (f"; not decided within {margin:g}: {t.n} pilot pairs, the betting test needs at least "
                          f"{t.min_pairs} (p {t.p:.2g}{holm})")
             else:
-                text += f"; not shown within {margin:g} (non-inferiority p {t.p:.2g}{holm})"
+                text += f"; not shown within {margin:g} (betting test on {t.n} pairs, p {t.p:.2g}{holm})"
         out.append(dataclasses.replace(e, verdict=dataclasses.replace(v, text=text)))  # type: ignore[type-var]
     return tuple(out)
 

@@ -1,6 +1,6 @@
 """What one contrast's interval says (:func:`verdict_of`): it moves the score, hurts, is inert within a
 stated band, is undecided at this many questions, or is the initial configuration itself; and every
-contrast's verdict with its sign-flip p Holm-adjusted over the probe's contrasts (:func:`with_verdicts`).
+contrast's verdict with its betting p Holm-adjusted over the probe's contrasts (:func:`with_verdicts`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ INERT_WITHIN = 0.2
 
 def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable: float | None = None,
                holm: tuple[float, int] | None = None) -> Verdict:
-    """What a contrast's interval says (``holm``: its sign-flip p adjusted over the probe's contrasts,
+    """What a contrast's interval says (``holm``: its betting p adjusted over the probe's contrasts,
     and how many there are; a ``moves`` or ``hurts`` that does not hold after it says it may be chance):
 
     - ``moves``: the 95% interval lies above 0 ("moves the score: +0.41 [+0.12, +0.70]"; where it lies
@@ -56,7 +56,7 @@ def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable
 
 
 def with_verdicts(contrasted: Sequence[Effect], *, band: float, detectable: float | None) -> tuple[Effect, ...]:
-    """Each contrast with its verdict, its sign-flip p Holm-adjusted over the contrasts that have one
+    """Each contrast with its verdict, its betting p Holm-adjusted over the contrasts that have one
     (one alone needs no adjustment)."""
     p_values = {i: e.p for i, e in enumerate(contrasted) if e.p is not None}
     adjusted = dict(zip(p_values, holm(list(p_values.values())), strict=True)) if len(p_values) > 1 else {}

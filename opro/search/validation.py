@@ -7,8 +7,9 @@ On questions the search never saw, in two parts that never share a question:
    questions and these is *chosen* (under ``objective = "cost"``, the largest expected confirmed
    saving: :mod:`opro.search.finalists`). These questions only choose; they test nothing.
 2. **Confirmation**: the chosen finalist and the initial instruction answer the other validation
-   questions in ``validation_looks`` batches, and after each batch a group-sequential one-sided
-   sign-flip test (:mod:`opro.stats.sequential`) decides: success, futility, or the next batch. One
+   questions in ``validation_looks`` batches, and after each batch a one-sided betting test of the
+   mean difference (:mod:`opro.stats.sequential`, :mod:`opro.stats.betting`: valid at every look
+   whatever the differences' shape) decides: success, futility, or the next batch. One
    hypothesis is tested, so no multiplicity correction is needed, and a clear effect stops early.
    When the split's looks did not decide, one more look asks up to ``validation_extension``
    questions that are in no split (never held-out): planned with the other looks before the first
@@ -63,10 +64,10 @@ from opro.search.scoring import CandidateScorer
 from opro.search.settings import ValidationSettings
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
 from opro.search.validation_sizes import confirmation_looks, split_sizes
+from opro.stats import betting
 from opro.stats.paired import paired_valid
 from opro.stats.ratio import saving_interval
 from opro.stats.sequential import Look, conditional_estimate, decide, interval_text, t_interval
-from opro.stats.skew import STATISTIC
 
 logger = logging.getLogger(__name__)
 
@@ -351,8 +352,8 @@ def _design(settings: ValidationSettings, plan: _Plan) -> ValidationDesign:
     s = settings
     # The test is part of the key: a decision recorded under the sign flips alone is never resumed under
     # this one (nor the other way round).
-    test = (f"group-sequential one-sided sign-flip test of {STATISTIC}, O'Brien-Fleming-type alpha spending, "
-            "non-binding futility")
+    test = (f"sequential one-sided {betting.METHOD} on the judge's {SCORE_MIN:g}-{SCORE_MAX:g} scale, valid at "
+            "every look, non-binding futility")
     procedure = f"chosen finalist vs initial: {test}"
     if plan.by_cost:
         procedure = (
@@ -429,10 +430,9 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
     scores: dict[str, list[float | None]] = {plan.initial: [], pick: []}
     costs: dict[str, list[float | None]] = {plan.initial: [], pick: []}
     # Non-inferiority tests H0: mean(finalist - initial) <= -margin on the differences shifted by
-    # +margin. The sign flips are exact where the shifted differences are symmetric about their mean;
-    # the statistic they flip, skew-corrected, holds the error rate where they are not (rare large
-    # losses): measured over all looks, in both kinds of world, in experiments/bench_selection.py
-    # --errors, not assumed.
+    # +margin. The betting test holds its error rate at every look whatever the differences' shape
+    # (ties, rare large losses), since the judge's scale bounds them: measured over all looks in every
+    # world of experiments/bench_selection.py --errors, not assumed.
     shift = settings.margin if plan.by_cost else 0.0
     looks: list[Look] = []
     seen: list[int] = []
@@ -454,7 +454,7 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
         seen.append(len(a))
         look = decide([x - y + shift for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(plan.confirmation),
                       last=k == len(plan.sizes), earlier=looks, alpha=settings.alpha,
-                      futility=settings.futility, seed=seed,
+                      scale=(SCORE_MIN, SCORE_MAX), shift=shift, futility=settings.futility, seed=seed,
                       futility_confidence=settings.claim.futility_confidence)
         looks.append(look)
         study.save_validation_look(look)
@@ -484,10 +484,16 @@ def _find(conf: _Confirmation, *, plan: _Plan, settings: ValidationSettings, reu
     claimed = tested and reuse is None and (cheaper or not plan.by_cost)
     raw = sum(diffs) / len(diffs) if diffs else None
     difference, difference_ci = raw, t_interval(diffs)
+    if plan.by_cost and diffs:
+        # The interval of the test that decides: one-sided alpha on each side, so its lower end is above
+        # -margin exactly where non-inferiority was shown (the same bets, tuned to the planned maximum).
+        ci = betting.bound(diffs, scale=(SCORE_MIN, SCORE_MAX), alpha=2 * s.alpha, planned=len(plan.confirmation))
+        difference_ci = (ci.low, ci.high)
     if claimed and len(diffs) >= 2 and not plan.by_cost:
         # Among claims the plain mean is inflated (a claim is made when the sample looked good):
         # report the gain adjusted for having been claimed, with its conditional interval.
-        est = conditional_estimate(diffs, sizes=plan.sizes, alpha=s.alpha, futility=s.futility, seed=seed)
+        est = conditional_estimate(diffs, sizes=plan.sizes, alpha=s.alpha, scale=(SCORE_MIN, SCORE_MAX),
+                                   futility=s.futility, seed=seed)
         difference, difference_ci = est.gain, est.ci
     return _Finding(
         diffs=tuple(diffs), raw=raw, difference=difference,
@@ -534,10 +540,10 @@ def _why(settings: ValidationSettings, *, conf: _Confirmation, finding: _Finding
     """Why the sequential test decided as it did (quality objective)."""
     final, s = conf.final, settings
     if final.decision == "success":
-        return (f"sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}" if finding.tested  # (re-decided: not claimed)
+        return (f"betting one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}" if finding.tested  # (re-decided: not claimed)
                 else f"only {len(finding.diffs)} of {conf.asked} questions scored validly (min_coverage {s.min_coverage:g})")
     return {"futility": "stopped for futility: it was not ahead",
-            "end": f"sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}"}.get(final.decision, final.decision)
+            "end": f"betting one-sided p={final.p_value:.3g} > alpha {s.alpha:g}"}.get(final.decision, final.decision)
 
 
 def _cost_texts(settings: ValidationSettings, *, conf: _Confirmation, finding: _Finding, cost: CostModel,
@@ -547,10 +553,9 @@ def _cost_texts(settings: ValidationSettings, *, conf: _Confirmation, finding: _
     unit = cost.short
     shown = "n/a" if finding.difference is None else f"{finding.difference:+.2f}"
     lo, hi = finding.difference_ci or (math.nan, math.nan)
-    # The plain t interval: a non-inferiority claim is not a gain, so it is not adjusted for having been
-    # claimed, and among claims made at the margin it covers the truth less often than 95%: said beside it.
-    quality = f"quality {shown}" + (f" [{lo:+.2f}, {hi:+.2f}] (t interval, not adjusted for the claim)"
-                                    if finding.difference_ci else "")
+    # The betting test's own interval (one-sided alpha each side): valid at every look whatever the shape.
+    quality = f"quality {shown}" + (f" [{lo:+.2f}, {hi:+.2f}] ({1 - 2 * s.alpha:.0%} betting interval, "
+                                    f"{len(finding.diffs)} pairs)" if finding.difference_ci else "")
     if saving is None:
         saved = "cost per answer not measured on these questions"
     elif saving.relative is None or saving.relative_ci is None:
@@ -560,7 +565,7 @@ def _cost_texts(settings: ValidationSettings, *, conf: _Confirmation, finding: _
         saved = f"{saving.relative:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
     why = {"futility": f"stopped for futility: clearly worse by more than {s.margin:g} (one-sided {1 - s.alpha:.0%} "
                        "upper bound below it)",
-           "end": f"non-inferiority not shown: sequential one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",
+           "end": f"non-inferiority not shown: betting one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",
            }.get(final.decision, why)
     if finding.tested and not finding.cheaper:
         why = "not worse by more than the margin, but its cost per answer was not lower on the same questions"
@@ -578,7 +583,7 @@ def _verdict(settings: ValidationSettings, *, plan: _Plan, chosen: int, conf: _C
     if plan.by_cost:
         quality, saved, why = _cost_texts(s, conf=conf, finding=finding, cost=cost, why=why)
     if plan.by_cost and finding.claimed:
-        verdict = (f"{saved}; {quality}, not worse by more than {s.margin:g} (p = {final.p_value:.2g}): a cheaper "
+        verdict = (f"{saved}; {quality}, not worse by more than {s.margin:g} (betting p = {final.p_value:.2g}): a cheaper "
                    f"finalist on validation questions that did not choose it ({how})")
     elif plan.by_cost and reuse is None:
         verdict = (f"no finalist was shown cheaper and not worse than the initial configuration by more than "
@@ -586,7 +591,7 @@ def _verdict(settings: ValidationSettings, *, plan: _Plan, chosen: int, conf: _C
                    "saving is claimed")
     elif finding.claimed:
         verdict = (f"a finalist beat the initial instruction on validation questions that did not choose it "
-                   f"({how}; sequential one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}); its gain, adjusted "
+                   f"({how}; betting one-sided p={final.p_value:.3g} <= alpha {s.alpha:g}); its gain, adjusted "
                    f"for having been claimed: {d:+.2f} (95% CI {interval_text(lo, hi)}; unadjusted {raw:+.2f})")
     elif reuse is not None:
         verdict = (f"{RE_DECIDED}: {reuse.seen}; the initial instruction is returned and no gain is claimed; "

@@ -1,12 +1,13 @@
 """Statistics for comparing prompts on the same questions.
 
 Judge scores are small discrete numbers (1-5) on a few dozen questions at best, so everything here
-is made for small paired samples: Student t intervals of means and paired differences, clipped to
-what the judge's scale allows (a percentile bootstrap covered 84% of a 95% interval at 6 questions,
-89% at 10: ``experiments/bench_compare_tests.py --coverage``), the Wilcoxon signed-rank
-test (exact up to 50 non-zero differences) and an exact sign-flip permutation test of the
-skew-corrected studentized mean (:mod:`opro.stats.skew`; Monte Carlo above ``exact_max_n`` pairs).
-Results are frozen dataclasses.
+is made for small paired samples: Student t intervals of means, clipped to what the judge's scale
+allows (a percentile bootstrap covered 84% of a 95% interval at 6 questions, 89% at 10:
+``experiments/bench_compare_tests.py --coverage``); for a paired difference, the interval and the
+two-sided test of the betting confidence sequence (:mod:`opro.stats.betting`), which hold whatever the
+differences' shape on the judge's scale (ties, a prompt that fails rarely near the ceiling); and the
+Wilcoxon signed-rank test (exact up to 50 non-zero differences), shown beside it. Results are frozen
+dataclasses.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Literal
 import numpy as np
 
 from opro.errors import DataError
-from opro.stats.skew import STATISTIC, flip_p_value, min_pairs
+from opro.stats import betting
 
 # Rows of bootstrap resamples drawn at once: bounds memory at ~8 MB for 1000 questions.
 _BLOCK = 1000
@@ -38,7 +39,7 @@ class ConfidenceInterval:
     #: The bootstrap's resamples and seed (0 for a t interval, which draws nothing).
     n_resamples: int = 0
     seed: int = 0
-    method: Literal["t", "percentile bootstrap"] = "t"
+    method: Literal["t", "percentile bootstrap", "betting"] = "t"
     #: Why the interval is as wide as it is where the data cannot say more (too few values, or
     #: clipped to the scale); empty otherwise.
     note: str = ""
@@ -90,41 +91,36 @@ class PairedComparison:
     difference: ConfidenceInterval
     win_tie_loss: WinTieLoss
     wilcoxon: TestResult
-    permutation: TestResult
+    #: The two-sided betting test of ``mean(a - b) = 0`` (:func:`betting_test`): it decides.
+    test: TestResult
     alpha: float
+    #: The fewest pairs on which any sample can be significant (:func:`opro.stats.betting.min_pairs`, from
+    #: alpha and the scale); None: none within 10,000.
+    min_pairs: int | None = None
     #: Comparisons in the family (several prompts against one baseline); the p-values below are
     #: Holm-adjusted over it. 1: no adjustment.
     n_comparisons: int = 1
     wilcoxon_adjusted: float | None = None
-    permutation_adjusted: float | None = None
+    test_adjusted: float | None = None
 
     @property
     def p_wilcoxon(self) -> float:
         return self.wilcoxon.p_value if self.wilcoxon_adjusted is None else self.wilcoxon_adjusted
 
     @property
-    def p_permutation(self) -> float:
-        return self.permutation.p_value if self.permutation_adjusted is None else self.permutation_adjusted
+    def p_test(self) -> float:
+        return self.test.p_value if self.test_adjusted is None else self.test_adjusted
 
     @property
     def significant(self) -> bool:
-        """The paired sign-flip permutation test (of the skew-corrected studentized mean) below
-        ``alpha`` (Holm-adjusted in a family). It uses the sizes of the differences, which the logit
-        judge's continuous scores carry and the Wilcoxon ranks drop; requiring both tests only cost
-        power (experiments/bench_compare_tests.py), so the Wilcoxon p-value is shown beside it and
-        decides nothing."""
-        return self.p_permutation < self.alpha
-
-    @property
-    def min_pairs(self) -> int:
-        """The fewest pairs on which the test holds its error rate where losses (or gains) are rare and
-        large (:func:`opro.stats.skew.min_pairs`)."""
-        return min_pairs(self.alpha)
+        """The two-sided betting test at ``alpha`` (Holm-adjusted in a family): valid whatever the
+        differences' shape, so the Wilcoxon p-value is shown beside it and decides nothing."""
+        return self.p_test <= self.alpha
 
     def verdict(self) -> str:
         """A plain sentence for a report."""
         d = self.difference
-        p = f"Wilcoxon p={self.p_wilcoxon:.3g}, permutation p={self.p_permutation:.3g}"
+        p = f"betting test p={self.p_test:.3g}, Wilcoxon p={self.p_wilcoxon:.3g}"
         if self.n_comparisons > 1:
             p += f", Holm-adjusted over {self.n_comparisons} comparisons"
         if self.n == 0:
@@ -132,16 +128,16 @@ class PairedComparison:
         why = f", {d.note}" if d.note else ""
         if self.significant:
             direction = "better" if d.estimate > 0 else "worse"
-            few = (f"; on fewer than {self.min_pairs} pairs a rare large loss or gain can go unseen, and no test "
-                   "holds its error rate for the mean there" if self.n < self.min_pairs else "")
             return (
                 f"{direction} by {abs(d.estimate):.2f} points on average "
-                f"({d.level:.0%} CI {d.low:+.2f} to {d.high:+.2f}{why}; {p}): significant at {self.alpha:g}{few}"
+                f"({d.level:.0%} CI {d.low:+.2f} to {d.high:+.2f}{why}; {p}): significant at {self.alpha:g}"
             )
+        few = self.min_pairs is None or self.n < self.min_pairs
         return (
             f"difference {d.estimate:+.2f} ({d.level:.0%} CI {d.low:+.2f} to {d.high:+.2f}{why}; {p}): "
             f"not significant at {self.alpha:g}"
-            + (f"; too few paired questions ({self.n}) to detect small differences" if self.n < 20 else "")
+            + (f"; no {self.n} paired questions can be: the test needs at least {self.min_pairs}" if few else
+               f"; too few paired questions ({self.n}) to detect small differences" if self.n < 20 else "")
         )
 
 
@@ -357,35 +353,32 @@ def wilcoxon_signed_rank(a: Sequence[float], b: Sequence[float], *, exact_max_n:
                       "; ".join(x for x in (note, "normal approximation") if x))
 
 
-def permutation_test(
-    a: Sequence[float],
-    b: Sequence[float],
-    *,
-    n_resamples: int = 10_000,
-    seed: int = 0,
-    exact_max_n: int = 16,
-) -> TestResult:
-    """Two-sided paired sign-flip permutation test of ``mean(a - b) = 0``.
-
-    Under the null each difference is as likely positive as negative, so the p-value is twice the
-    smaller share of the ``2**n`` sign assignments whose statistic is at least (at most) the observed
-    one: enumerated exactly up to ``exact_max_n`` pairs, otherwise estimated from ``n_resamples``
-    seeded random flips as ``(1 + hits) / (1 + n_resamples)`` (never zero, as Monte Carlo p-values
-    should be). The statistic is the skew-corrected studentized mean (:mod:`opro.stats.skew`): exact
-    for symmetric differences like any flipped statistic, and holding the error rate for the mean
-    where a few questions move a lot one way and the rest a little the other (the sum did not:
-    ``experiments/bench_compare_tests.py --errors``). ``statistic`` is the absolute mean difference.
-    """
+def betting_test(a: Sequence[float], b: Sequence[float], *, scale: tuple[float, float],
+                 alpha: float = 0.05) -> TestResult:
+    """Two-sided test of ``mean(a - b) = 0`` for scores on the judge's ``scale``: the betting confidence
+    sequence (:func:`opro.stats.betting.bound`, bets tuned to the number of pairs), significant at
+    ``alpha`` exactly when its ``1 - alpha`` interval excludes 0. Valid on any number of pairs whatever
+    the differences' shape; on few pairs it cannot be significant at all. ``statistic`` is the absolute
+    mean difference."""
     d = _pairs(a, b)
-    n = len(d)
-    if n == 0 or np.all(d == 0):
-        return TestResult("permutation", 0.0, 1.0, n, True, "all differences are zero" if n else "no pairs")
-    if n > exact_max_n and n_resamples < 100:
-        raise DataError(f"n_resamples={n_resamples} is too few for a Monte Carlo p-value; use >= 1000")
-    p, exact = flip_p_value(list(d), alternative="two-sided", n_resamples=n_resamples, seed=seed,
-                            exact_max_n=exact_max_n)
-    how = f"exact over {2**n} sign flips" if exact else f"Monte Carlo, {n_resamples} sign flips, seed {seed}"
-    return TestResult("permutation", abs(float(d.mean())), p, n, exact, f"{how} of {STATISTIC}")
+    if not len(d):
+        return TestResult("betting", 0.0, 1.0, 0, True, "no pairs")
+    c = betting.bound(d.tolist(), scale=scale, alpha=alpha, planned=len(d))
+    return TestResult("betting", abs(c.mean), c.p, len(d), True, betting.METHOD)
+
+
+def paired_betting_ci(a: Sequence[float], b: Sequence[float], *, scale: tuple[float, float],
+                      level: float = 0.95) -> ConfidenceInterval:
+    """The betting confidence sequence's ``level`` interval of ``mean(a - b)`` on the judge's ``scale``
+    (:func:`opro.stats.betting.bound`): it covers the mean whatever the differences' shape, near the
+    ceiling too (a prompt that fails rarely: the t interval, and its Wilson fallback for means only,
+    covered 0.70 there at 20 pairs)."""
+    if not 0.0 < level < 1.0:
+        raise DataError(f"confidence level must be between 0 and 1 (e.g. 0.95), got {level}")
+    d = _pairs(a, b)
+    c = betting.bound(d.tolist(), scale=scale, alpha=1 - level, planned=max(len(d), 1))
+    note = "" if len(d) >= 2 else f"{len(d)} question(s): the interval is the scale's whole width"
+    return ConfidenceInterval(c.mean, c.low, c.high, level, len(d), method="betting", note=note)
 
 
 def holm_family(comparisons: Sequence[PairedComparison]) -> list[PairedComparison]:
@@ -394,9 +387,9 @@ def holm_family(comparisons: Sequence[PairedComparison]) -> list[PairedCompariso
 
     k = len(comparisons)
     w = holm([c.wilcoxon.p_value for c in comparisons])
-    p = holm([c.permutation.p_value for c in comparisons])
+    p = holm([c.test.p_value for c in comparisons])
     return [
-        replace(c, n_comparisons=k, wilcoxon_adjusted=wa, permutation_adjusted=pa)
+        replace(c, n_comparisons=k, wilcoxon_adjusted=wa, test_adjusted=pa)
         for c, wa, pa in zip(comparisons, w, p, strict=True)
     ]
 
@@ -425,36 +418,35 @@ def compare_paired(
     a: Sequence[float],
     b: Sequence[float],
     *,
+    scale: tuple[float, float],
     level: float = 0.95,
-    n_resamples: int = 10_000,
-    seed: int = 0,
     alpha: float = 0.05,
-    exact_max_n: int = 16,
-    scale: tuple[float, float] | None = None,
-    resolution: float = 0.0,
 ) -> PairedComparison:
-    """Everything a report says about ``a`` against ``b`` on the same questions; ``scale`` (the
-    scores' (min, max)) and ``resolution`` (their step) go to the difference's :func:`paired_t_ci`."""
+    """Everything a report says about ``a`` against ``b`` on the same questions, scores on the judge's
+    ``scale`` (min, max): the betting interval of the difference and the betting test that decides
+    (:func:`paired_betting_ci`, :func:`betting_test`), the Wilcoxon test beside it."""
     if not 0.0 < alpha < 1.0:
         raise DataError(f"alpha must be between 0 and 1 (e.g. 0.05), got {alpha}")
     d = _pairs(a, b)
     n = len(d)
+    least = betting.min_pairs(alpha=alpha / 2, scale=scale, planned=max(n, 1))
     if n == 0:
         nan_ci = ConfidenceInterval(math.nan, math.nan, math.nan, level, 0, note="no pairs")
         none = TestResult("wilcoxon", 0.0, 1.0, 0, True, "no pairs")
         return PairedComparison(
             0, math.nan, math.nan, nan_ci, WinTieLoss(0, 0, 0), none,
-            TestResult("permutation", 0.0, 1.0, 0, True, "no pairs"), alpha,
+            TestResult("betting", 0.0, 1.0, 0, True, "no pairs"), alpha, least,
         )
     return PairedComparison(
         n=n,
         mean_a=float(np.mean(a)),
         mean_b=float(np.mean(b)),
-        difference=paired_t_ci(a, b, level=level, scale=scale, resolution=resolution),
+        difference=paired_betting_ci(a, b, scale=scale, level=level),
         win_tie_loss=win_tie_loss(a, b),
         wilcoxon=wilcoxon_signed_rank(a, b),
-        permutation=permutation_test(a, b, n_resamples=n_resamples, seed=seed, exact_max_n=exact_max_n),
+        test=betting_test(a, b, scale=scale, alpha=alpha),
         alpha=alpha,
+        min_pairs=least,
     )
 
 
@@ -469,14 +461,15 @@ __all__ = [
     "PairedComparison",
     "TestResult",
     "WinTieLoss",
+    "betting_test",
     "bootstrap_mean_ci",
     "compare_paired",
     "holm",
     "holm_family",
+    "paired_betting_ci",
     "paired_bootstrap_ci",
     "paired_t_ci",
     "paired_valid",
-    "permutation_test",
     "questions_for_half_width",
     "t_mean_ci",
     "wilcoxon_signed_rank",

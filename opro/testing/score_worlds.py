@@ -1,4 +1,4 @@
-"""Simulated worlds of paired judge scores, with a known truth (issue 61): the worlds in which every
+"""Simulated worlds of paired judge scores, with a known truth: the worlds in which every
 paired test and interval of :mod:`opro.stats` is measured, by ``experiments/bench_compare_tests.py``,
 ``experiments/bench_selection.py`` and the package's tests (one definition for both).
 
@@ -13,12 +13,14 @@ from typing import Literal
 
 import numpy as np
 
-World = Literal["rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "rare"]
+World = Literal["rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "tied", "rare"]
 #: The worlds of issue 61, in which every test and interval is measured: integer 1-5 scores with ties
 #: (``rounded``, ``realistic``), continuous scores at paired sd 0.66 (``measured``), heavy tails
 #: (``t3``), and skewed differences in both directions (``skewed``: rare large losses of the prompt
-#: tested, small gains elsewhere, the way a cost cut fails; ``skewed-gains``: rare large gains).
-WORLDS: tuple[World, ...] = ("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains")
+#: tested, small gains elsewhere, the way a cost cut fails; ``skewed-gains``: rare large gains); and
+#: ``tied``: the prompt tested scores exactly the same on most questions and loses (or gains) 2-3
+#: points on a share of them, so that a sample of a few pairs is often all ties.
+WORLDS: tuple[World, ...] = ("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "tied")
 #: The realistic world (bench_selection's uses the same numbers): a question is hard (level 1.7) or
 #: easy (4.3), so scores are mostly 1-2 or 4-5; judge noise per call; a share of questions where
 #: both prompts give the same answer (the same score); per-question effects of sd SPREAD around the
@@ -47,6 +49,12 @@ PAIRED_SD = float(np.median(MEASURED_SDS))
 #: samples at 10 / 20 / 44 pairs, as issue 61 measured.
 FAIL_SHARE, FAIL_LOSS, SKEW_NOISE = 0.10, 2.5, 0.4
 SKEW_LEVEL = (3.6, 4.4)
+#: ``tied``: the way a cost cut usually fails (top_k 1 answers exactly as top_k 2 until the one passage
+#: it needs is the second): integer scores, identical on most questions; on a share ``|effect| /
+#: TIE_MOVE`` of them the prompt tested moves by 2 or 3 points (down for a negative effect, up for a
+#: positive one), so the mean difference is ``effect`` exactly (-0.25: 1 question in 10; -0.4: 4 in 25).
+TIE_MOVES = (2.0, 3.0)
+TIE_MOVE = sum(TIE_MOVES) / len(TIE_MOVES)
 #: ``rare`` (intervals only): a score of 5, or 1 on RARE_SHARE of the questions, for either prompt.
 RARE_SHARE = 0.1
 
@@ -98,6 +106,20 @@ def skewed_pairs(rng: np.random.Generator, shape: tuple[int, ...], *, effect: fl
     return np.clip(a, 1, 5), np.clip(b, 1, 5)
 
 
+def tied_pairs(rng: np.random.Generator, shape: tuple[int, ...], *, effect: float) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) integer scores of the tied world, a - b with mean exactly ``effect`` (|effect| <= TIE_MOVE)."""
+    share = abs(effect) / TIE_MOVE
+    if share > 1:
+        raise ValueError(f"the tied world moves at most {TIE_MOVE:g} points on average, got {effect!r}")
+    moved = rng.random(shape) < share
+    move = rng.choice(TIE_MOVES, size=shape)
+    # A moved question starts where the move stays on the scale: a loss from 4-5, a gain from 1-2.
+    start = np.where(effect < 0, rng.integers(4, 6, shape), rng.integers(1, 3, shape)).astype(float)
+    b = np.where(moved, start, rng.integers(1, 6, shape).astype(float))
+    a = np.where(moved, start + np.sign(effect) * move, b)
+    return a, b
+
+
 def scores(rng: np.random.Generator, n: int, effect: float, *, continuous: bool) -> tuple[np.ndarray, np.ndarray]:
     level = 3.0 + rng.normal(0, 0.6, n)
     a = level + effect + rng.normal(0, 0.9, n)
@@ -122,6 +144,8 @@ def paired_scores(rng: np.random.Generator, *, sims: int, n: int, effect: float,
         return a.reshape(sims, n), b.reshape(sims, n)
     if world in ("skewed", "skewed-gains"):
         return skewed_pairs(rng, (sims, n), effect=effect, gains=world == "skewed-gains")
+    if world == "tied":
+        return tied_pairs(rng, (sims, n), effect=effect)
     if world == "rare":
         a, b = (np.where(rng.random((sims, n)) < RARE_SHARE, 1.0, 5.0) for _ in range(2))
         return a, b
@@ -145,6 +169,8 @@ def truth(effect: float, world: World) -> tuple[float, float]:
 def effect_for(difference: float, world: World) -> float:
     """The ``effect`` whose expected difference A - B is ``difference`` (0 where the world is
     exchangeable at equal quality: every world but the skewed ones)."""
+    if world == "tied":  # its mean difference is its effect, exactly
+        return difference
     if difference == 0.0 and not world.startswith("skewed"):
         return 0.0
     return solve(lambda e: truth(e, world)[1], difference, lo=difference - 1.0, hi=difference + 1.0, steps=30)

@@ -68,18 +68,26 @@ def test_promotion_is_granted_for_a_significant_held_out_gain(
     assert template is not None and "context" in template.lower()
 
 
-def test_promotion_can_pass_on_six_held_out_questions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The quickstart's held-out size: 6 questions, every one 3 points better, give a two-sided
-    sign-flip p of 2/64 = 0.031 < 0.05, so a real gain can be promoted (at 5 it could never be)."""
+def test_promotion_needs_the_held_out_questions_the_betting_test_needs(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quickstart's held-out size, 6 questions each 3 points better: the two-sided betting test's p
+    is 0.091 (6 pairs of +3 are also what a prompt that fails on 1 question in 7 shows), so nothing is
+    promoted; 8 such questions give p = 0.032 < 0.05, and a real gain is promoted."""
     from opro.cli import app
 
-    config = optimized(tmp_path, heldout=6)
     monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
     monkeypatch.setenv("COLUMNS", "240")
-    result = CliRunner().invoke(app, ["compare", str(config), "--promote", "six", "--no-mlflow", "--no-progress"])
+    (tmp_path / "six").mkdir()
+    (tmp_path / "eight").mkdir()
+    six = optimized(tmp_path / "six", heldout=6)
+    refused = CliRunner().invoke(app, ["compare", str(six), "--promote", "six", "--no-mlflow", "--no-progress"])
+    assert refused.exit_code == 1 and "betting test p=0.0906" in refused.output, refused.output
+    assert _alias_template(six, "six") is None
+    config = optimized(tmp_path / "eight", heldout=8)
+    result = CliRunner().invoke(app, ["compare", str(config), "--promote", "eight", "--no-mlflow", "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert "promoted best to alias 'six'" in result.output and "permutation p=0.0312" in result.output
-    assert _alias_template(config, "six") is not None
+    assert "promoted best to alias 'eight'" in result.output and "betting test p=0.0323" in result.output
+    assert _alias_template(config, "eight") is not None
 
 
 def test_promotion_is_refused_when_too_few_held_out_questions_were_scored_validly(
@@ -103,7 +111,7 @@ def test_promotion_is_refused_when_too_few_held_out_questions_were_scored_validl
         held = [e.query for e in exp.dataset.examples_in("heldout")]
     finally:
         exp.close()
-    unreadable = set(held[:3])
+    unreadable = set(held[:2])
 
     def judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
         text = messages[-1].content
@@ -118,17 +126,17 @@ def test_promotion_is_refused_when_too_few_held_out_questions_were_scored_validl
 
     monkeypatch.setattr("opro.experiment.ModelPool", pool)
     monkeypatch.setenv("COLUMNS", "300")
-    valid = len(held) - len(unreadable)  # 7 of 10: significant on them (p = 2/128), below 90%
+    valid = len(held) - len(unreadable)  # 8 of 10: significant on them (betting p = 0.032), below 90%
     args = ["compare", str(config), "--promote", "cov", "--no-mlflow", "--no-progress", "--name", "cov"]
     refused = CliRunner().invoke(app, args)
     assert refused.exit_code == 1, refused.output
     said = " ".join(refused.output.split())
     assert f"{valid} of 10 questions scored validly for both ({valid * 10}%): below the 90% coverage" in said
     report = _json.loads((tmp_path / "out" / "compare" / "cov" / "report.json").read_text())
-    assert report["prompts"][1]["versus_baseline"]["permutation_p"] < 0.05  # the old rule would have promoted it
+    assert report["prompts"][1]["versus_baseline"]["betting_p"] < 0.05  # the old rule would have promoted it
     assert _alias_template(config, "cov") is None
     # Lowered on purpose (for another alias: on 'cov' that would be a second attempt, another budget).
-    granted = CliRunner().invoke(app, ["compare", str(config), "--promote", "cov-low", "--min-coverage", "0.6",
+    granted = CliRunner().invoke(app, ["compare", str(config), "--promote", "cov-low", "--min-coverage", "0.7",
                                        "--no-mlflow", "--no-progress", "--name", "cov2"])
     assert granted.exit_code == 0 and "promoted best to alias 'cov-low'" in granted.output, granted.output
     from fakes import mlflow_client
@@ -137,7 +145,7 @@ def test_promotion_is_refused_when_too_few_held_out_questions_were_scored_validl
     tags = version.tags
     assert tags["opro.heldout_alpha"] == "0.05" and tags["opro.heldout_n"] == str(valid)
     assert tags["opro.heldout_questions"] == "10" and float(tags["opro.heldout_coverage"]) == valid / 10
-    assert tags["opro.heldout_family"] == "1" and float(tags["opro.heldout_p_permutation"]) < 0.05
+    assert tags["opro.heldout_family"] == "1" and float(tags["opro.heldout_p_betting"]) < 0.05
 
 
 def test_repeated_promotion_attempts_on_the_same_held_out_questions_spend_one_budget(

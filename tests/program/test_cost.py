@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -134,11 +135,13 @@ def test_compare_shows_each_prompts_tokens_and_seconds_per_answer_and_the_paired
 LONG = "Using the context, the answer is yes, as the passage plainly says."
 
 
-def _cost_world(tmp_path: Path, *, worse: bool, cheaper: bool = True, candidates: int = 3) -> RunResult:
+def _cost_world(tmp_path: Path, *, worse: bool, cheaper: bool = True, candidates: int = 3,
+                validation: int = 12) -> RunResult:
     """"briefly" in the instruction makes answers one word instead of twelve. The judge scores a
     question the same under any instruction; with ``worse``, a one-word answer loses a point on every
     question the search does not score (so the search still finds it within the margin, and only the
-    validation stage can tell). Without ``cheaper`` the optimizer never proposes "briefly"."""
+    validation stage can tell). Without ``cheaper`` the optimizer never proposes "briefly".
+    ``validation``: the validation split (a claim on tied pairs at margin 0.25 needs about 60 of them)."""
     import re
 
     from fault_server import instruction_of
@@ -167,8 +170,11 @@ def _cost_world(tmp_path: Path, *, worse: bool, cheaper: bool = True, candidates
     pool = ModelPool(scripted={"task": ScriptedLLM(default=task, model="task"),
                                "judge": ScriptedLLM(default=judge, model="judge"),
                                "optimizer": ScriptedLLM(default=optimizer, model="optimizer")})
-    cfg = experiment_config(tmp_path, optimizer={"steps": 1, "candidates_per_step": candidates, "minibatch_size": 3,
-                                                 "objective": "cost", "margin": 0.25})
+    cfg = experiment_config(tmp_path, questions=validation + 12,
+                            optimizer={"steps": 1, "candidates_per_step": candidates, "minibatch_size": 3,
+                                       "objective": "cost", "margin": 0.25},
+                            data={"split": {"exemplar": 2, "optimization": 3, "validation": validation, "heldout": 4,
+                                            "seed": 1}})
     exp = Experiment(config_from_dict(cfg, base_dir=tmp_path, source="test.toml"), pool=pool, progress=False)
     try:
         searched.update(e.query for e in exp.dataset.examples_in("optimization"))
@@ -179,7 +185,7 @@ def _cost_world(tmp_path: Path, *, worse: bool, cheaper: bool = True, candidates
 
 def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferiority_claim_and_the_saving(
         tmp_path: Path) -> None:
-    result = _cost_world(tmp_path, worse=False)
+    result = _cost_world(tmp_path, worse=False, validation=76)
     v = result.validation
     assert v is not None and v.objective == "cost" and v.margin == 0.25 and v.winner is not None
     assert "briefly" in result.best_instruction and result.validated
@@ -188,9 +194,9 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
     assert v.saving.relative is not None and v.saving.relative > 0.2  # 1 completion token instead of 12, weighted x4
     assert v.winner.difference == 0.0  # the same quality, question by question
     assert "lower cost per answer (task tokens, completion x4)" in result.headline()
-    assert "not worse by more than 0.25 (p = " in result.headline()
-    # The quality interval beside a cost claim is the plain t interval, and says so (issue 61).
-    assert "(t interval, not adjusted for the claim)" in result.headline()
+    assert "not worse by more than 0.25 (betting p = " in result.headline()
+    # The quality interval beside a cost claim is the betting test's own, and says so, with its pairs.
+    assert "90% betting interval, " in result.headline() and " pairs)" in result.headline()
     # The objective and the margin are in the decision's design (and so in its key).
     assert v.design is not None and v.design.objective == "cost" and v.design.margin == 0.25
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -209,11 +215,12 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
     uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
     assert "pareto.png" in {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(mlflow_run_of(result.recorded))}
     # A rerun resumes the decision from the study (scores and costs kept there): the same claim.
-    again = _cost_world(tmp_path, worse=False)
+    again = _cost_world(tmp_path, worse=False, validation=76)
     assert again.validation is not None and (again.validation.verdict, again.validation.saving) == (v.verdict, v.saving)
     # The optimizer saw each instruction's mean answer length beside its score (the initial one's 12 words).
     meta = "".join(p.read_text() for p in sorted((tmp_path / "out" / "metaprompts").iterdir()))
-    assert "score:\n4.00\nanswer length:\n12 tokens" in meta and "shorter answers cost less" in meta
+    # (its score is that of the optimization questions this split draws: the words beside it are the point)
+    assert re.search(r"score:\n[1-5]\.\d\d\nanswer length:\n12 tokens", meta) and "shorter answers cost less" in meta
 
 
 def _moved(instruction: str, moves: tuple[float, ...], index: int, cost: float,
@@ -507,49 +514,49 @@ def test_compare_margin_says_not_worse_and_cheaper_and_promotes_only_then(
 
     from opro.tracking.rundir import RunDir
 
-    config = write_config(tmp_path, heldout=30, questions=48)  # at least 29 pairs: see the next test
+    config = write_config(tmp_path, heldout=80, questions=98)  # tied pairs need about 60: see the next test
     code, said = _compare_margin(config, monkeypatch, "--margin", "0.25", "--name", "m", "--promote", "cheap")
     assert code == 0, said
-    # Equal on every question: shifted by +0.25 each, no random flip of 10,000 reaches them: p = 1/10001.
-    assert "quality +0.00 [-0.07, +0.07], not worse by more than 0.25 (p = 0.0001)" in said
+    # Equal on every one of 80 questions: the betting test's capital against "worse by 0.25" reaches 1/p.
+    assert "quality +0.00 [-0.21, +0.21], not worse by more than 0.25 (betting test on 80 pairs, p = 0.012)" in said
     assert "fewer tokens per answer [" in said and "promoted initial to alias 'cheap'" in said
     data = json.loads((tmp_path / "out" / "compare" / "m" / "report.json").read_text())
     assert data["margin"] == 0.25
     versus = data["prompts"][1]["versus_baseline"]
-    assert versus["non_inferiority"]["passed"] and versus["non_inferiority"]["p"] == pytest.approx(1 / 10001)
-    assert versus["non_inferiority"]["min_pairs"] == 29
+    assert versus["non_inferiority"]["passed"] and versus["non_inferiority"]["p"] == pytest.approx(0.01166, abs=1e-4)
+    assert versus["non_inferiority"]["min_pairs"] == 9  # no sample of fewer pairs could show it (bets tuned to 80)
     assert versus["cost_difference"]["lower"] and versus["cost_difference"]["tokens"]["estimate"] < 0
     md = (tmp_path / "out" / "compare" / "m" / "report.md").read_text()
     assert "Non-inferiority margin 0.25 judge points" in md and "non-inferiority p (margin 0.25)" in md
-    assert "claimed only on at least 29 pairs" in md
+    assert "betting confidence sequence" in md and "report.json gives min_pairs" in md
     # The promoted version says under which margin and test it was judged, and what its answers cost.
     from fakes import mlflow_client
 
     tags = mlflow_client(config).get_prompt_version_by_alias("qa-t", "cheap").tags
-    assert tags["opro.heldout_margin"] == "0.25" and tags["opro.heldout_p_noninferiority"] == f"{1 / 10001:.4g}"
+    assert tags["opro.heldout_margin"] == "0.25" and tags["opro.heldout_p_noninferiority"] == f"{versus['non_inferiority']['p']:.4g}"
     assert tags["opro.heldout_test"].startswith("one-sided") and float(tags["opro.heldout_tokens_difference"]) < 0
     assert float(tags["opro.heldout_tokens_per_answer"]) > 0 and tags["opro.heldout_cost_unit"] == "tokens"
     # The margin is part of the attempt: another margin on the same held-out questions is refused.
     assert RunDir(tmp_path / "out").read_promotions()[0]["margin"] == 0.25
     code, said = _compare_margin(config, monkeypatch, "--margin", "0.5", "--promote", "cheap")
-    assert code == 1 and "already had a promotion attempt on these 30 held-out questions" in said
+    assert code == 1 and "already had a promotion attempt on these 80 held-out questions" in said
     assert "another margin" in said
     # Without a margin the same cheaper prompt is no gain, so it is not promoted.
     code, said = _compare_margin(config, monkeypatch, "--promote", "gain")
     assert code == 1 and "not a significant gain at alpha 0.05" in said
 
 
-def test_compare_margin_claims_nothing_on_fewer_pairs_than_a_rare_failure_needs(
+def test_compare_margin_claims_nothing_on_ten_tied_pairs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 61: on 10 held-out questions a prompt that fails on 1 question in 10 shows no failure in 35% of
-    samples. Ten equal scores still give p = 1/1024, but below 29 pairs (at alpha 0.05) the claim is
-    refused, and --promote with it, saying why."""
+    """On 10 held-out questions a prompt that fails on 1 question in 10 shows no failure in 35% of
+    samples. Ten equal scores gave the sign flips p = 1/1024; the betting test's interval of ten ties is
+    +-1.37 on the 1-5 scale, so the claim is refused, and --promote with it, saying why."""
     from fakes import write_config
 
     code, said = _compare_margin(write_config(tmp_path), monkeypatch, "--margin", "0.25", "--promote", "cheap")
     assert code == 1, said
-    assert ("non-inferiority by 0.25 not claimed on 10 pairs (p = 0.00098): it needs at least 29 at alpha 0.05, "
-            "since fewer miss a failure on 1 question in 10 more often than alpha") in said
+    assert ("quality +0.00 [-1.37, +1.37], not shown to be within 0.25 of the baseline (betting test on 10 pairs, "
+            "p = 0.56 > alpha 0.05)") in said
     assert "promoted initial" not in said
 
 
@@ -557,10 +564,11 @@ def test_compare_margin_refuses_a_cheaper_prompt_worse_by_more_than_the_margin(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fakes import write_config
 
-    code, said = _compare_margin(write_config(tmp_path, heldout=30, questions=48), monkeypatch, "--margin", "0.25",
+    code, said = _compare_margin(write_config(tmp_path, heldout=80, questions=98), monkeypatch, "--margin", "0.25",
                                  "--promote", "cheap", worse=True)
     assert code == 1, said
-    assert "quality -1.00 [-1.07, -0.93], not shown to be within 0.25 of the baseline (p = 1 >= alpha 0.05)" in said
+    assert ("quality -1.00 [-1.16, -0.75], not shown to be within 0.25 of the baseline (betting test on 80 pairs, "
+            "p = 1 > alpha 0.05)") in said
     assert "not shown to be worse by less than 0.25 at alpha 0.05" in said and "fewer tokens per answer" in said
 
 
@@ -568,11 +576,11 @@ def test_compare_margin_refuses_a_prompt_as_good_but_not_cheaper(tmp_path: Path,
     from fakes import write_config
 
     # Another instruction of as many words (the scripted LLM counts words as tokens) with the same one-word
-    # answers: not worse (p = 1/10001), but not cheaper. (The identical instruction is refused earlier.)
-    code, said = _compare_margin(write_config(tmp_path, heldout=30, questions=48), monkeypatch, "--margin", "0.25",
+    # answers: not worse (p = 0.012), but not cheaper. (The identical instruction is refused earlier.)
+    code, said = _compare_margin(write_config(tmp_path, heldout=80, questions=98), monkeypatch, "--margin", "0.25",
                                  "--promote", "same", baseline="text:Answer the question.Briefly")
     assert code == 1, said
-    assert "not worse by more than 0.25 (p = 0.0001)" in said
+    assert "not worse by more than 0.25 (betting test on 80 pairs, p = 0.012)" in said
     assert "its cost per answer is not lower (interval not below 0)" in said
 
 
@@ -619,7 +627,7 @@ def test_compare_margin_holm_adjusts_over_the_prompts_and_logs_the_margin(tmp_pa
 
     from opro.heldout.compare import compare_prompts, save_comparison
 
-    exp = Experiment.from_file(write_config(tmp_path, heldout=30, questions=48), pool=_margin_pool(worse=False),  # type: ignore[arg-type]
+    exp = Experiment.from_file(write_config(tmp_path, heldout=80, questions=98), pool=_margin_pool(worse=False),  # type: ignore[arg-type]
                                progress=False)
     try:
         report = compare_prompts(experiment=exp, prompts=["text:Answer in full.", "initial", "text:Answer in full, please."],
@@ -628,28 +636,30 @@ def test_compare_margin_holm_adjusts_over_the_prompts_and_logs_the_margin(tmp_pa
     finally:
         exp.close()
     tests = [v.noninferiority for v in report.versus if v is not None]
-    # Both equal to the baseline on all 30 questions: raw p 1/201 each (200 random flips), Holm over 2: 2/201.
-    assert [(t.p_value, t.p, t.n_comparisons) for t in tests if t is not None] == [(1 / 201, 2 / 201, 2)] * 2
-    assert "not worse by more than 0.25 (p = 0.01, Holm over 2)" in report.sentences()[0]
+    # Both equal to the baseline on all 80 questions: raw p 0.0117 each (the betting test), Holm over 2: 0.0233.
+    raw = tests[0].p_value if tests[0] is not None else None
+    assert raw == pytest.approx(0.01166, abs=1e-4)
+    assert [(t.p_value, t.p, t.n_comparisons) for t in tests if t is not None] == [(raw, 2 * raw, 2)] * 2
+    assert "not worse by more than 0.25 (betting test on 80 pairs, p = 0.023, Holm over 2)" in report.sentences()[0]
     # Only the one-word answers are cheaper (the third prompt is the baseline with more words).
     assert [v.cost.lower for v in report.versus if v is not None and v.cost is not None] == [True, False]
     from mlflow import MlflowClient
 
     run = MlflowClient(tracking_uri=exp.config.mlflow_uri).get_run(saved.recorded[0].ref)
-    assert run.data.params["compare.margin"] == "0.25" and run.data.metrics["prompt_1.noninferiority_p"] == 1 / 201
+    assert run.data.params["compare.margin"] == "0.25" and run.data.metrics["prompt_1.noninferiority_p"] == raw
 
 
-def test_the_one_sided_sign_flip_p_value_is_exact_on_few_pairs_and_estimated_on_more() -> None:
-    from opro.stats.noninferiority import one_sided_sign_flip
+def test_the_non_inferiority_p_value_agrees_with_its_lower_bound() -> None:
+    from opro.judges.parsing import SCORE_MAX, SCORE_MIN
+    from opro.stats.noninferiority import noninferiority
 
-    assert one_sided_sign_flip([0.25] * 10) == (1 / 1024, True)
-    assert one_sided_sign_flip([-0.75] * 10) == (1.0, True)  # every flip is at least as large
-    # One of three pairs negative: the flips at least as large as the observed mean are 2 of 8.
-    assert one_sided_sign_flip([1.0, 1.0, -0.5]) == (2 / 8, True)
-    values = [0.3, -0.2, 0.5, 0.1, -0.4, 0.6, 0.2, -0.1, 0.4, 0.0, 0.3, -0.3, 0.2, 0.1, -0.2, 0.5, 0.1]
-    exact, is_exact = one_sided_sign_flip(values, exact_max_n=17)
-    estimated, was_exact = one_sided_sign_flip(values, n_resamples=20_000, seed=1)
-    assert is_exact and not was_exact and abs(estimated - exact) < 0.01 and 0.01 < exact < 0.5
+    scale = (SCORE_MIN, SCORE_MAX)
+    for a, b in (([3.0] * 80, [3.0] * 80), ([4.0, 3.0] * 40, [3.0, 3.0] * 40), ([2.0] * 80, [3.0] * 80)):
+        t = noninferiority(a, b, margin=0.25, alpha=0.05, scale=scale)
+        assert t.passed == (t.lower > -0.25) and 0 < t.p_value <= 1
+    assert noninferiority([], [], margin=0.25, alpha=0.05, scale=scale).text().endswith("scored for both")
+    few = noninferiority([5.0] * 4, [1.0] * 4, margin=0.25, alpha=0.05, scale=scale)
+    assert few.too_few and not few.passed and "needs at least 5" in few.text()
 
 
 def test_a_saving_or_a_surcharge_is_said_with_its_interval_in_the_same_words() -> None:

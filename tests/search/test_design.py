@@ -18,8 +18,11 @@ from opro.search.validation import _design, _plan
 from opro.stats.sequential import Look
 from opro.workflows.settings import validation_settings
 
-PROCEDURE = ("chosen finalist vs initial: group-sequential one-sided sign-flip test of Hall's skew-corrected "
-             "studentized mean, O'Brien-Fleming-type alpha spending, non-binding futility")
+PROCEDURE = ("chosen finalist vs initial: sequential one-sided betting confidence sequence for a bounded mean "
+             "(Waudby-Smith & Ramdas 2024) on the judge's 1-5 scale, valid at every look, non-binding futility")
+#: The procedure of issues 61-66 (Hall's statistic flipped): such designs still load.
+HALL_PROCEDURE = ("chosen finalist vs initial: group-sequential one-sided sign-flip test of Hall's skew-corrected "
+                  "studentized mean, O'Brien-Fleming-type alpha spending, non-binding futility")
 #: The procedure before issue 61 (the sum of the differences flipped): such designs still load.
 SUM_PROCEDURE = ("chosen finalist vs initial: group-sequential one-sided sign-flip test, "
                  "O'Brien-Fleming-type alpha spending, non-binding futility")
@@ -61,11 +64,12 @@ def test_a_quality_design_is_stored_as_before_and_reads_back() -> None:
     assert design.summary_json() == {k: v for k, v in before.items() if k not in ("finalists", "initial")}
 
 
-def test_a_decision_of_the_sum_loads_but_is_never_resumed_under_the_skew_corrected_test() -> None:
-    """Issue 61 changed the statistic the validation stage flips, and so what a stored decision means: a
-    design recorded before (its procedure flips the sum) reads back and keys as stored, but the design
-    made now on the same questions and settings has another key, so that decision is refused (or, with
-    ``seen_validation = "label"``, re-decided), never resumed; and no look continues a look of the sum."""
+def test_a_decision_of_the_sign_flips_loads_but_is_never_resumed_under_the_betting_test() -> None:
+    """Issue 61 changed the statistic the validation stage flips, and the betting test replaced the flips,
+    and so what a stored decision means: a design recorded before (its procedure flips the sum, or
+    Hall's statistic) reads back and keys as stored, but the design made now on the same questions and
+    settings has another key, so that decision is refused (or, with ``seen_validation = "label"``,
+    re-decided), never resumed; and no look continues a look of another test."""
     from opro.stats.sequential import decide
 
     design, _, _ = made(OptimizerSection(alpha=0.05, finalists=2, selection_questions=4))
@@ -73,12 +77,19 @@ def test_a_decision_of_the_sum_loads_but_is_never_resumed_under_the_skew_correct
     stored["key"] = old_key(stored)
     earlier = ValidationDesign.from_json(stored)
     assert earlier.keyed() == earlier and earlier.procedure == SUM_PROCEDURE
-    assert earlier.key != design.key and "Hall's skew-corrected studentized mean" in design.procedure
+    assert earlier.key != design.key and "betting confidence sequence" in design.procedure
+    hall = {**design.to_json(), "procedure": HALL_PROCEDURE}
+    hall["key"] = old_key(hall)
+    assert ValidationDesign.from_json(hall).key != design.key  # a decision of Hall's flips is not resumed either
     old_look = Look(look=1, n=4, n_max=12, statistic=4.0, mean_difference=1.0, boundary=math.inf, alpha_spent=0.001,
                     p_value=0.06, decision="continue")
     assert "statistic_of" not in old_look.as_dict() and Look.from_dict(old_look.as_dict()) == old_look
     with pytest.raises(ValueError, match="another test"):
-        decide([1.0] * 8, seen=[4, 8], n_max=12, last=False, earlier=[old_look], alpha=0.05)
+        decide([1.0] * 8, seen=[4, 8], n_max=12, last=False, earlier=[old_look], alpha=0.05, scale=(1.0, 5.0))
+    hall_look = Look(look=1, n=4, n_max=12, statistic=4.0, mean_difference=1.0, boundary=math.inf, alpha_spent=0.001,
+                     p_value=0.06, decision="continue", statistic_of="hall")
+    with pytest.raises(ValueError, match="another test"):
+        decide([1.0] * 8, seen=[4, 8], n_max=12, last=False, earlier=[hall_look], alpha=0.05, scale=(1.0, 5.0))
 
 
 def test_a_cost_design_with_an_extension_is_stored_as_before_and_reads_back() -> None:

@@ -143,7 +143,9 @@ def test_a_truly_better_kind_of_instruction_is_returned(tmp_path: Path) -> None:
 
     proposed = returned = 0
     for seed in range(12):
-        r = run(tmp_path, judge=noisy_judge(seed, effect), seed=seed, n_val=20)
+        # 40 validation questions: the betting test detects a +1 gain at this judge's noise (paired sd
+        # about 1) on 36 confirmation pairs with 80% power; on 16 (n_val 20) only a gain of 1.2.
+        r = run(tmp_path, judge=noisy_judge(seed, effect), seed=seed, n_val=40)
         if any(c.instruction.startswith("Cite the context") for c in r.history):
             proposed += 1
             if r.best_instruction.startswith("Cite the context"):
@@ -518,11 +520,12 @@ def test_a_finalist_behind_at_the_first_look_stops_there_and_never_asks_the_exte
 # -- issue 49: decisions that cannot be re-bought, and a judge that failed only during validation ------
 
 def _coverage_judge(messages: tuple[Message, ...], options: GenerationOptions) -> str:
-    """5 for the finalists' answers, 3 for the initial instruction's; one confirmation reply of the
-    finalist is unreadable, so 7 of its 8 confirmation questions are scored validly."""
+    """5 for the finalists' answers, 2 for the initial instruction's (7 gains of 3 reach the betting test's
+    claim; gains of 2 would need 9 pairs); one confirmation reply of the finalist is unreadable, so 7 of
+    its 8 confirmation questions are scored validly."""
     answer, question = _answer_and_question(messages)
     if answer.startswith(INITIAL):
-        return "3"
+        return "2"
     return "unreadable" if question == "val question 0-5?" else "5"
 
 

@@ -1,33 +1,16 @@
-"""The statistic opro's paired tests flip: the studentized mean corrected for skewness (Hall 1992).
-
-Every claim opro makes is about the **mean** score, tested by flipping the signs of the paired
-differences (:mod:`opro.stats.sequential`, :mod:`opro.stats.noninferiority`,
-:func:`opro.stats.paired.permutation_test`). Flipping is exact for *any* statistic when the
-differences are symmetric about 0 under the null. Until issue 61 the flipped statistic was the sum
-(a studentized sum is the same test: given the squares, which flips do not change, the studentized
-mean is a monotone function of the sum), and where one prompt loses a lot on a few questions and
-gains a little on the rest (a cost cut that fails on 1 question in 10) it claimed too often: the
-samples that happen to hold few failures have a high mean *and* a small spread, and look like a
-gain. Non-inferiority at exactly the margin was claimed in 0.10 of the validation stage's runs at
-alpha 0.05 (``experiments/bench_selection.py --errors``).
+"""The sign-flip tests opro ran before the betting test, kept here for the side-by-side measurement
+(``validation_errors.py``, ``bench_compare_tests.py --errors``): the flips of the studentized mean
+corrected for skewness (Hall 1992), as ``opro/stats/skew.py`` defined them.
 
 Hall's transformation of the studentized mean ``th = mean / sd`` with the sample's skewness ``g``::
 
     T = sqrt(n) * (th + g th**2 / 3 + g**2 th**3 / 27 + g / (6 n))
 
-(monotone in ``th``: its derivative is ``(1 + g th / 3)**2``) removes the first-order effect of
-skewness on the studentized mean: a sample that shows its rare large losses is held to more than its
-mean and spread say. Flipping ``T`` instead of the sum keeps the test exact for symmetric
-differences (the flips do not care which statistic they flip) and, measured, holds the error rate
-where the differences are skewed (``--errors``; the bootstrap of ``T``, the bootstrap-t and Johnson's
-modified t were measured beside it, docs/statistics.md). Flipped samples have the same squares, and
-their sums and sums of cubes are those of the flipped absolute values, so every flip's ``T`` is two
-matrix products.
-
-Below about 30 pairs no test of the mean can hold its error rate whatever the shape: a sample of
-``n`` misses a failure on 1 question in 10 with probability ``0.9**n`` (35% at 10), and a sample
-without its failures looks like a gain. :func:`min_pairs` is the smallest ``n`` at which that chance
-is below ``alpha``.
+Flipping ``T`` is exact where the differences are symmetric and held the error rate where they were
+skewed from about 30 pairs, but not where most pairs tie: a sample whose differences are all the same
+has no spread, and got the statistic :data:`NO_SPREAD` (larger than any sample with spread), so 15
+tied pairs had p = 2^-15. :func:`min_pairs` was the size below which a failure on 1 question in 10
+goes unseen more often than alpha. Neither is used by opro any longer (docs/statistics.md).
 """
 
 from __future__ import annotations
@@ -49,6 +32,18 @@ FAILURE_RATE = 0.1
 _BLOCK = 1000
 #: What the tests flip, in words (for reports and designs).
 STATISTIC = "Hall's skew-corrected studentized mean"
+
+
+def spent(alpha: float, t: float) -> float:
+    """The O'Brien-Fleming-type alpha spent by information fraction ``t`` (0 at 0, ``alpha`` at 1): how the
+    flips' looks shared alpha (the betting test spends none)."""
+    from statistics import NormalDist
+
+    if t <= 0:
+        return 0.0
+    t = min(t, 1.0)
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    return 2 * (1 - NormalDist().cdf(z / math.sqrt(t)))
 
 
 def min_pairs(alpha: float, *, failure_rate: float = FAILURE_RATE) -> int:
@@ -139,5 +134,6 @@ __all__ = [
     "flipped",
     "hall_statistic",
     "min_pairs",
+    "spent",
     "statistic",
 ]
