@@ -101,6 +101,9 @@ class _Engine:
     def __init__(self, build: Callable[[Callable[[Completion], None]], Any]) -> None:
         self.completions: list[Completion] = []
         self.engine = build(self.completions.append)
+        #: The template text the engine holds (set again only when another one is asked: LlamaIndex's
+        #: ``update_prompts`` rebuilds the synthesizer's prompts, a cost per question otherwise).
+        self.applied: str | None = None
 
 
 class FactoryProgram:
@@ -174,12 +177,14 @@ class FactoryProgram:
 
         return _Engine(build)
 
-    def _take(self, values: Mapping[str, Value | None]) -> tuple[str, _Engine]:
+    def _take(self, values: Mapping[str, Value | None], text: str) -> tuple[str, _Engine]:
+        """A free engine of these settings, one that holds the template ``text`` where there is one."""
         key = self._key(values)
         with self._lock:
             free = self._free.setdefault(key, [])
             if free:
-                return key, free.pop()
+                same = [i for i, e in enumerate(free) if e.applied == text]
+                return key, free.pop(same[-1] if same else -1)
         return key, self._build(values)  # outside the lock: another question's engine may be built meanwhile
 
     def _release(self, key: str, engine: _Engine) -> None:
@@ -194,28 +199,33 @@ class FactoryProgram:
     # -- answers ------------------------------------------------------------------------------------
     def answer(self, query: str, *, template: QATemplate | None = None) -> Answer:
         use = template or self.template
-        key, held = self._take(self.values(use))
+        key, held = self._take(self.values(use), use.template_text)
         try:
             held.completions.clear()
-            apply_template(held.engine, use)
+            if held.applied != use.template_text:
+                apply_template(held.engine, use)
+                held.applied = use.template_text
             started = time.perf_counter()
             response = held.engine.query(query)
             latency = time.perf_counter() - started
             completions = list(held.completions)
         finally:
             self._release(key, held)
-        if not completions:
+        sources = getattr(response, "source_nodes", None) or []
+        if not completions and sources:  # retrieved, then answered by something opro does not see
             raise ConfigError(f"the query engine {KEY} = {self.name!r} built answered without calling the LLM it was "
                               "given: build it with that LLM (index.as_query_engine(llm=llm, ...)) so opro can "
                               "cache, count and limit its calls")
         contexts = tuple(
             RetrievedContext(text=n.node.get_content(), score=float(n.score or 0.0), metadata=dict(n.node.metadata),
                              chunk_id=n.node.node_id)
-            for n in (getattr(response, "source_nodes", None) or [])
+            for n in sources
         )
         text = str(getattr(response, "response", response) or "")
-        return Answer(query=query, text=text.strip(), contexts=contexts,
-                      completion=_together(completions, text=text, latency_s=latency))
+        # Nothing retrieved: LlamaIndex answers "Empty Response" without a call, a completion of no tokens.
+        completion = (_together(completions, text=text, latency_s=latency) if completions
+                      else Completion(text=text, model=self.llm.model, latency_s=latency))
+        return Answer(query=query, text=text.strip(), contexts=contexts, completion=completion)
 
     def answer_many(self, queries: Sequence[str], *, template: QATemplate | None = None, workers: int | None = None,
                     progress: bool = True) -> list[Answer]:
