@@ -144,3 +144,18 @@ def test_a_factory_given_in_python_is_named_in_the_fingerprint_with_what_it_repo
     assert said["factory"] == "pipelines:described" and said["takes"] == ["top_k"]
     assert said["reports"] == {"embedding": "hash", "index": "memory"}
     assert "program" not in Experiment(cfg, pool=scripted_pool(), progress=False).fingerprint()  # opro's own
+
+
+def test_an_engine_that_retrieves_nothing_answers_without_a_call_and_is_not_refused() -> None:
+    from llama_index.core.base.base_retriever import BaseRetriever
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
+    class Nothing(BaseRetriever):
+        def _retrieve(self, query_bundle):  # type: ignore[no-untyped-def]
+            return []
+
+    llm = ScriptedLLM(default=task_reply, model="task")
+    program = FactoryProgram(factory=lambda llm: RetrieverQueryEngine.from_args(retriever=Nothing(), llm=llm),
+                             llm=ChatClient(llm, role="task"), initial={})
+    answer = program.answer("Who designed AlexNet?")
+    assert answer.text == "Empty Response" and answer.contexts == () and not llm.calls
