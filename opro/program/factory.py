@@ -263,6 +263,15 @@ def user_program(config: OproConfig, *, client: Callable[..., ChatClient], given
     return program
 
 
+def closed_settings(config: OproConfig) -> str:
+    """What the plan says of ``[program].factory``: the settings it takes, and those that stay closed."""
+    named = config.program.factory
+    takes = taken_settings(load_factory(named, base_dir=config.base_dir), name=named)
+    closed = [d.name for d in DIMENSIONS if d.is_setting and d.name not in takes]
+    return (f"{KEY} = {named!r} takes {', '.join(takes) or 'no setting'} as parameters; "
+            f"{', '.join(closed) or 'no setting'} stay closed (the factory does not take them)")
+
+
 def reported(factory: Callable[..., Any]) -> dict[str, Any]:
     """What a factory reports about itself: its ``describe()`` (the collection, the embedding model, the
     chunking...), as JSON-able values; {} without one."""
@@ -297,4 +306,4 @@ def _together(completions: list[Completion], *, text: str, latency_s: float) -> 
     )
 
 
-__all__ = ["KEY", "FactoryProgram", "load_factory", "reference_of", "reported", "taken_settings", "user_program"]
+__all__ = ["KEY", "FactoryProgram", "closed_settings", "load_factory", "reference_of", "reported", "taken_settings", "user_program"]

@@ -159,3 +159,12 @@ def test_an_engine_that_retrieves_nothing_answers_without_a_call_and_is_not_refu
                              llm=ChatClient(llm, role="task"), initial={})
     answer = program.answer("Who designed AlexNet?")
     assert answer.text == "Empty Response" and answer.contexts == () and not llm.calls
+
+
+def test_the_plan_says_which_settings_the_factory_opens_and_which_stay_closed(tmp_path: Path) -> None:
+    from opro.probe.plan import make_plan
+
+    warnings = make_plan(_config(tmp_path)).warnings
+    said = [w for w in warnings if w.startswith("[program].factory")]
+    assert said == ["[program].factory = 'pipelines:build_query_engine' takes top_k as parameters; answer_max_tokens, "
+                    "chunk_size, retriever, task_model stay closed (the factory does not take them)"]
