@@ -4,7 +4,8 @@ llama-index-vector-stores-chroma), embedded offline by the embedded 0.5B GGUF mo
 from the package index with opro's ``local`` extra: nothing is downloaded at run time, and Chroma's own embedding
 function, which would download one, is never used).
 
-    python experiments/chroma_pipeline/rag.py      # builds the collection once (minutes on 2 cores)
+    python experiments/chroma_pipeline/rag.py      # builds the collection once (182 chunks, each embedded by
+                                                   # the 0.5B model: long on a small, busy CPU)
 
 Then ``run.py`` beside it optimizes, compares and exports the engine's QA prompt and loads the export back.
 """
