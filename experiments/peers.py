@@ -243,11 +243,13 @@ def run_dspy(
     import dspy
 
     from opro.program.dspy import OproLM, OproRAG, ScoreLog, judge_metric, to_dspy_examples
+    from opro.program.rag import RAGProgram
 
     cfg = exp.config
     ds = exp.dataset
     initial = cfg.rag.initial_instructions[0]
     program = exp.program
+    assert isinstance(program, RAGProgram), "the DSPy peers run on opro's own program"
     task_lm = OproLM(program.llm, temperature=program.temperature, max_tokens=program.max_tokens)
     proposer = OproLM(exp.client("optimizer"), temperature=settings.temperature, max_tokens=settings.proposer_max_tokens)
     student = OproRAG(program, instruction=initial, lm=task_lm)

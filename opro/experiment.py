@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opro.config import BUILTIN_PYTHON_REFERENCE, SPLIT_NAMES, OproConfig, load_config
+from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
 from opro.errors import ConfigError, DataError, ModelPackError
 from opro.heldout.ledger import DecisionLedger
 from opro.llm import ROLES, ChatClient, UsageLedger
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from opro.judges import CorrectnessJudge
     from opro.judges.withheld import Withheld
     from opro.program.cost import CostModel
+    from opro.program.factory import FactoryProgram
     from opro.program.rag import RAGProgram
     from opro.program.retrieval import Retriever
     from opro.search import CandidateScorer, Search, SearchStudy, WorkerPlan
@@ -53,8 +54,9 @@ UNSCORED_SPEC_KEYS = ("max_concurrency", "timeout_s", "max_retries", "prefix_cac
 class Experiment:
     """Builds and holds the parts of one experiment config."""
 
-    def __init__(self, config: OproConfig, *, pool: ModelPool | None = None, progress: bool | None = None) -> None:
-        self.config = config
+    def __init__(self, config: OproConfig, *, pool: ModelPool | None = None, progress: bool | None = None,
+                 program: Any = None) -> None:  # program: a program or a factory (opro.program.factory)
+        self.config, self._given_program = config, program
         self.run_dir = RunDir(config.output_dir)
         self.progress = config.experiment.progress if progress is None else progress
         exp = config.experiment
@@ -267,10 +269,12 @@ class Experiment:
         )
 
     @functools.cached_property
-    def program(self) -> RAGProgram:
+    def program(self) -> RAGProgram | FactoryProgram:
+        """opro's RAG program, or the user's (:func:`opro.program.factory.user_program`: checked, before any call)."""
+        from opro.program.factory import user_program
         from opro.program.rag import RAGProgram
 
-        return RAGProgram(
+        return user_program(self.config, given=self._given_program, client=self.client) or RAGProgram(
             retriever=self.retriever, llm=self.client("task"), max_tokens=self.config.rag.answer_max_tokens,
             chunked=self.retriever_at, models=lambda name: self.client("task", task_model=name))
 
@@ -342,7 +346,7 @@ class Experiment:
     @functools.cached_property
     def dataset(self) -> GoldenDataset:
         """The split golden dataset, saved in ``<output_dir>/dataset`` so every command sees one split."""
-        from opro.data.dataset import check_split_fits, load_dataset, split_shortfall
+        from opro.data.dataset import check_split_fits, folder_split_warning, load_dataset, split_shortfall
 
         marker = self.dataset_dir / "opro_settings.txt"
         fingerprint = self._dataset_fingerprint()
@@ -357,7 +361,8 @@ class Experiment:
                         f"{self.config.source}: [data].not_in_context needs a dataset without a split (it changes "
                         f"reference answers before splitting); {d.dataset} has its own split.json"
                     )
-                self._warn_folder_split(raw)
+                if (said := folder_split_warning(raw, asked=d.split, source=self.config.source, name=d.dataset)):
+                    logger.warning("%s", said)
                 raw.save(self.dataset_dir)
                 marker.write_text(fingerprint)
                 return raw
@@ -402,18 +407,6 @@ class Experiment:
         if shrunk:
             logger.warning("%s: %s", self.config.source, shrunk)
         return split
-
-    def _warn_folder_split(self, dataset: GoldenDataset) -> None:
-        assert dataset.split is not None
-        s = self.config.data.split
-        asked = {name: getattr(s, name) for name in SPLIT_NAMES}
-        if dataset.split.sizes != asked or dataset.split.seed != s.seed:
-            sizes = ", ".join(f"{k} {v}" for k, v in dataset.split.sizes.items())
-            logger.warning(
-                "%s: [data].dataset %s is an opro dataset folder with its own split.json (%s; seed %d), which is "
-                "used; [data.split] is ignored. To re-split with [data.split], point [data].dataset at its %s",
-                self.config.source, self.config.data.dataset, sizes, dataset.split.seed, "rag_dataset.json",
-            )
 
     # -- optimization ------------------------------------------------------------------------
     def run_params(self) -> dict[str, Any]:
@@ -489,6 +482,8 @@ class Experiment:
         judge = get_template(self._judge_template())
         content = json.dumps([judge.system, judge.user, judge.output_format])
         out["judge.template_sha256"] = hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
+        if self.config.program.factory or self._given_program is not None:  # absent for opro's: old studies resume
+            out["program"] = json.dumps(getattr(self.program, "describe", dict)(), sort_keys=True, default=str)
         return out
 
     def _storage(self) -> Any:
@@ -575,6 +570,7 @@ class Experiment:
             "side by side give them different [experiment].output_dir",
         )
         with lock:
+            _ = self.program if self.config.program.factory or self._given_program is not None else None  # checked
             ds = self.dataset
             _ = self.decisions  # the ledger reconciled, or a damaged one refused, before anything is recorded
             if not ds.examples_in("optimization") and ds.split is not None:
@@ -687,10 +683,12 @@ class _SummaryWriter(Recorder):
         return self._run[1]
 
 
-def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None) -> RunResult:
-    """Run the OPRO optimization an experiment config describes (the Python face of ``opro optimize``)."""
+def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None,
+             program: Any = None) -> RunResult:
+    """Run the OPRO optimization an experiment config describes (the Python face of ``opro optimize``); ``program``:
+    a program, or a function building a LlamaIndex query engine (:mod:`opro.program.factory`), to tune instead."""
     cfg = config if isinstance(config, OproConfig) else load_config(config)
-    exp = Experiment(cfg, progress=progress)
+    exp = Experiment(cfg, progress=progress, program=program)
     try:
         return exp.optimize(worker_index=worker_index, num_workers=num_workers)
     finally:

@@ -164,7 +164,7 @@ FLOORS: dict[str, int] = {
                      "opro.locking", "opro.tracking.plots", "opro.tracking.rundir", "opro.stats.paired", "opro.stats.sequential",
                      "opro.heldout.ledger", "opro.program.cost", "opro.stats.noninferiority", "opro.stats.betting", "opro.stats.ratio", "opro.stats.claim", "opro.tracking.records", "opro.calibration.nearmiss"), 0),
     **dict.fromkeys(("opro.llm", "opro.config", "opro.llm.budget"), 1),
-    **dict.fromkeys(("opro.program.rag", "opro.program.retrieval", "opro.data.documents", "opro.data.dataset", "opro.data.generation",
+    **dict.fromkeys(("opro.program.rag", "opro.program.factory", "opro.program.retrieval", "opro.data.documents", "opro.data.dataset", "opro.data.generation",
                      "opro.data.corpus", "opro.data.questions", "opro.judges", "opro.judges.metrics", "opro.judges.withheld"), 2),
     **dict.fromkeys(("opro.evaluation.engine", "opro.evaluation.rows", "opro.evaluation.workbench", "opro.program.dspy"), 3),
     **dict.fromkeys(("opro.search", "opro.evaluation.batch"), 3.5),

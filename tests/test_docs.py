@@ -31,6 +31,7 @@ def test_configuration_reference_lists_every_key() -> None:
         ExperimentSection,
         JudgeSection,
         OptimizerSection,
+        ProgramSection,
         RAGSection,
         SpaceSection,
         SplitSection,
@@ -44,6 +45,7 @@ def test_configuration_reference_lists_every_key() -> None:
         "[experiment]": ExperimentSection, "[data]": DataSection, "[data.split]": SplitSection, "[rag]": RAGSection,
         "[rag.embeddings]": EmbeddingsSection, "[models.task]": ModelSpec, "[judge]": JudgeSection,
         "[optimizer]": OptimizerSection, "[search.space]": SpaceSection, "[tracking]": TrackingSection,
+        "[program]": ProgramSection,
     }
     for table, cls in tables.items():
         body = next(s for s in sections if s.startswith(f"`{table}`"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from opro.config.checks import check_mlflow_uri, check_optuna_storage, check_ranges
+from opro.config.checks import check_factory, check_mlflow_uri, check_optuna_storage, check_ranges
 from opro.errors import ConfigError, PromptError
 from opro.llm.choices import (
     check_name,
@@ -82,6 +82,9 @@ class SplitSection:
             raise ConfigError("[data.split].optimization must be >= 1: candidates are scored on it")
 
 
+DOCS_REQUIRED = "[data].docs is required: the documents (PDF, .txt, .md, directories) to retrieve from"
+
+
 @dataclass(frozen=True)
 class DataSection:
     #: The corpus to retrieve from (files or directories), or ``builtin:python-reference``.
@@ -103,8 +106,8 @@ class DataSection:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if not self.docs:
-            raise ConfigError("[data].docs is required: the documents (PDF, .txt, .md, directories) to retrieve from")
+        if not self.docs and not self.dataset:  # with a dataset, [program].factory may stand for them (OproConfig)
+            raise ConfigError(DOCS_REQUIRED)
         for i, entry in enumerate(self.docs):
             if not entry.strip():
                 raise ConfigError(f"[data].docs[{i}] is empty: name a file or folder of documents")
@@ -428,6 +431,17 @@ class TrackingSection:
 
 
 @dataclass(frozen=True)
+class ProgramSection:
+    #: ``package.module:function`` building the user's LlamaIndex query engine (:mod:`opro.program.factory`);
+    #: empty: opro's own program over ``[data].docs``.
+    factory: str = ""
+
+    def __post_init__(self) -> None:
+        if self.factory:
+            check_factory(self.factory)
+
+
+@dataclass(frozen=True)
 class OproConfig:
     experiment: ExperimentSection = field(default_factory=ExperimentSection)
     data: DataSection = field(default_factory=lambda: DataSection(docs=(BUILTIN_PYTHON_REFERENCE,)))
@@ -437,11 +451,17 @@ class OproConfig:
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     search: SearchSection = field(default_factory=SearchSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
+    program: ProgramSection = field(default_factory=ProgramSection)
     #: Directory relative paths are resolved against (the config file's directory).
     base_dir: Path = field(default_factory=Path.cwd)
     source: str = "<defaults>"
 
     def __post_init__(self) -> None:
+        if not self.data.docs and not self.program.factory:
+            raise ConfigError(f"{DOCS_REQUIRED} (or name your own query engine's builder in [program].factory)")
+        if self.program.factory and self.data.not_in_context and not self.data.docs:
+            raise ConfigError("[data].not_in_context takes answers out of opro's index of [data].docs, which "
+                              "[program].factory's engine does not search: set it to 0 with [program].factory")
         for d in DIMENSIONS:  # what a dimension's values need of the rest of the config
             values = self.search.space.dimensions.get(d.name)
             error = d.check(values, self) if values else None
@@ -662,6 +682,7 @@ __all__ = [
     "ModelsSection",
     "OproConfig",
     "OptimizerSection",
+    "ProgramSection",
     "RAGSection",
     "ScoreFrom",
     "SearchSection",

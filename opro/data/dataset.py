@@ -290,6 +290,17 @@ def _interleaved(groups: list[list[int]], *, key: Callable[[list[int]], str]) ->
     return out
 
 
+def folder_split_warning(dataset: GoldenDataset, *, asked: Any, source: str, name: str) -> str | None:
+    """What to say when an opro dataset folder's own split.json differs from ``[data.split]`` (``asked``)."""
+    assert dataset.split is not None
+    if dataset.split.sizes == {n: getattr(asked, n) for n in SPLIT_NAMES} and dataset.split.seed == asked.seed:
+        return None
+    sizes = ", ".join(f"{k} {v}" for k, v in dataset.split.sizes.items())
+    return (f"{source}: [data].dataset {name} is an opro dataset folder with its own split.json ({sizes}; seed "
+            f"{dataset.split.seed}), which is used; [data.split] is ignored. To re-split with [data.split], point "
+            "[data].dataset at its rag_dataset.json")
+
+
 def split_shortfall(split: Split) -> str | None:
     """A warning when a split came out smaller than requested (related questions are kept together,
     so a group may not fit the room left), else ``None``."""
@@ -655,6 +666,7 @@ __all__ = [
     "SplitName",
     "check_split_fits",
     "content_hash",
+    "folder_split_warning",
     "import_qa",
     "is_near_duplicate",
     "load_dataset",

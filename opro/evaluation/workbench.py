@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from opro.llm.client import ChatClient, UsageLedger
     from opro.llm.pool import ModelSpec
     from opro.program.cost import CostModel
+    from opro.program.factory import FactoryProgram
     from opro.program.prompts import QATemplate
     from opro.program.rag import RAGProgram
 
@@ -37,7 +38,7 @@ class Workbench(Protocol):
     @property
     def dataset_dir(self) -> Path: ...
     @property
-    def program(self) -> RAGProgram: ...
+    def program(self) -> RAGProgram | FactoryProgram: ...
     @property
     def judge(self) -> CorrectnessJudge: ...
     @property

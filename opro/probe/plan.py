@@ -654,6 +654,10 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         made = replace(made, warnings=(*made.warnings, (
             f"[optimizer].margin {rule.margin:g}: the validation stage confirms {can} for a truly equal, cheaper "
             f"configuration in {POWER:.0%} of runs; raise [data.split].validation or the margin")))
+    if config.program.factory:  # the user's engine: the settings its factory takes open; the others stay closed
+        from opro.program.factory import closed_settings
+
+        made = replace(made, warnings=(*made.warnings, closed_settings(config)))
     if held is None:
         return replace(made, warnings=(*made.warnings, made.compare_lines()[0].removeprefix("warning: ")))
     return made

@@ -326,10 +326,13 @@ def _chat_client_llm_class() -> type:
         temperature: float = Field(default=0.0)
         context_window: int = Field(default=4096)
         _client: Any = PrivateAttr()
+        _on_complete: Any = PrivateAttr(default=None)
 
-        def __init__(self, client: ChatClient, **kwargs: Any) -> None:
+        def __init__(self, client: ChatClient, on_complete: Callable[[Completion], None] | None = None,
+                     **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self._client = client
+            self._on_complete = on_complete
 
         @classmethod
         def class_name(cls) -> str:
@@ -349,6 +352,8 @@ def _chat_client_llm_class() -> type:
             c = self._client.complete(
                 [Message("user", prompt)], temperature=self.temperature, max_tokens=self.max_tokens
             )
+            if self._on_complete is not None:
+                self._on_complete(c)
             return CompletionResponse(
                 text=c.text,
                 raw={"completion": c},
@@ -367,10 +372,12 @@ def _chat_client_llm_class() -> type:
     return ChatClientLLM
 
 
-def chat_client_llm(client: ChatClient, *, max_tokens: int = 256, temperature: float = 0.0, context_window: int = 4096) -> Any:
-    """Wrap a ChatClient as a LlamaIndex ``LLM`` (calls keep opro's cache and usage accounting)."""
+def chat_client_llm(client: ChatClient, *, max_tokens: int = 256, temperature: float = 0.0, context_window: int = 4096,
+                    on_complete: Callable[[Completion], None] | None = None) -> Any:
+    """Wrap a ChatClient as a LlamaIndex ``LLM`` (calls keep opro's cache and usage accounting);
+    ``on_complete`` is handed each call's :class:`Completion` (its tokens, whether it was cached)."""
     cls = _chat_client_llm_class()
-    return cls(client, max_tokens=max_tokens, temperature=temperature, context_window=context_window)
+    return cls(client, on_complete, max_tokens=max_tokens, temperature=temperature, context_window=context_window)
 
 
 @cache
