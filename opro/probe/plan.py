@@ -1,7 +1,6 @@
-"""What a run will cost and what it can detect, before it runs (``opro plan``, and the first lines of
-``opro optimize``).
+"""What a run will cost and what it can detect, before it runs (``opro plan``, ``opro optimize``'s first lines).
 
-Three figures a user needs before spending an afternoon of LLM calls:
+Four figures a user needs before spending an afternoon of LLM calls:
 
 - **What it can detect.** The smallest true gain the validation stage claims in 80% of runs, for
   these split sizes and this judge's noise (:func:`opro.stats.sequential.design_power`), and the same for
@@ -9,10 +8,9 @@ Three figures a user needs before spending an afternoon of LLM calls:
   The noise is the standard deviation of the per-question score difference of two prompts: from the
   last run's validation stage when there is one, else from ``opro judge calibrate`` (its test-retest
   noise, a lower bound: prompts also differ question by question), else a stated default.
-- **What it will ask.** Calls and tokens per role, split into search, validation and dataset
-  generation. The search figure is its maximum (no candidate pruned, which is what a search
-  without clear losers does); the validation figure is its expectation when there is no gain
-  (futility stops some runs early), its maximum beside it.
+- **What it will ask.** Calls and tokens per role, split into search, validation and dataset generation. The
+  search figure is its maximum (no candidate pruned, which is what a search without clear losers does); the
+  validation figure is its expectation when there is no gain (futility stops some runs early), its maximum beside it.
 - **What an answer costs.** The task model's tokens per answer under each open choice of
   ``[search.space]`` (from the same prompt-length estimate), as a cost (:mod:`opro.program.cost`); with
   ``objective = "cost"`` also the smallest margin the split sizes confirm and the saving the space
@@ -45,6 +43,7 @@ from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
 from opro.program.configurations import changed, settings_text
 from opro.program.cost import amount
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values, model_of
+from opro.program.factory import closed_settings
 from opro.search.validation_sizes import confirmation_looks, selection_prompts, split_sizes
 from opro.stats import betting
 from opro.stats.sequential import design_power, min_questions
@@ -655,8 +654,6 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
             f"[optimizer].margin {rule.margin:g}: the validation stage confirms {can} for a truly equal, cheaper "
             f"configuration in {POWER:.0%} of runs; raise [data.split].validation or the margin")))
     if config.program.factory:  # the user's engine: the settings its factory takes open; the others stay closed
-        from opro.program.factory import closed_settings
-
         made = replace(made, warnings=(*made.warnings, closed_settings(config)))
     if held is None:
         return replace(made, warnings=(*made.warnings, made.compare_lines()[0].removeprefix("warning: ")))
