@@ -46,6 +46,15 @@ def _own_home() -> Path:
 _own_home()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _module_decision_ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A module's own fixtures (a search shared by its tests) decide in a ledger of the module's: the
+    scripted datasets of every module hold the same questions."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPRO_DATA_DIR", str(tmp_path_factory.mktemp("module-user-data")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _own_decision_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test is a user of its own: a decision one test makes never refuses another's."""

@@ -51,7 +51,7 @@ def test_each_dimension_alone_is_scored_on_questions_nothing_else_used(tmp_path:
     assert shown.index(f"Query: {demo_q}") < shown.rindex("Query:")
     print_table(result)
     out = capsys.readouterr().out
-    assert "| **initial** | 2.00 | (baseline) | | |" in out and "| demos-2 | 5.00 | +3.00 [+2.91, +3.09] | 23/0/0 |" in out
+    assert "| **initial** | 2.00 | (baseline) | | |" in out and "| demos-2 | 5.00 | +3.00 [+1.86, +3.51] | 23/0/0 |" in out  # the betting interval of 23 pairs of +3
 
 
 def test_with_unanswerable_questions_the_table_splits_the_means_by_kind(capsys) -> None:  # type: ignore[no-untyped-def]

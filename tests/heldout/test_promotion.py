@@ -83,6 +83,8 @@ def test_promotion_needs_the_held_out_questions_the_betting_test_needs(tmp_path:
     refused = CliRunner().invoke(app, ["compare", str(six), "--promote", "six", "--no-mlflow", "--no-progress"])
     assert refused.exit_code == 1 and "betting test p=0.0906" in refused.output, refused.output
     assert _alias_template(six, "six") is None
+    # Another user's experiment (the same generated questions, another split): a ledger of its own.
+    monkeypatch.setenv("OPRO_DATA_DIR", str(tmp_path / "eight" / "user-data"))
     config = optimized(tmp_path / "eight", heldout=8)
     result = CliRunner().invoke(app, ["compare", str(config), "--promote", "eight", "--no-mlflow", "--no-progress"])
     assert result.exit_code == 0, result.output
