@@ -157,6 +157,12 @@ def now() -> str:
     return datetime.now().isoformat(timespec="seconds")
 
 
+def _touches(decision: Decision, questions: Collection[str] | None) -> bool:
+    """Whether ``decision`` was made on any of ``questions`` (None: every decision does): what a copy
+    beside one dataset holds."""
+    return questions is None or not set(decision.questions).isdisjoint(questions)
+
+
 def _merged(records: Iterable[Decision]) -> list[Decision]:
     """One record per (scope, key) over several files' records: the last one with a verdict, else the
     first (a decision's verdict-less record is only ever its first, so it never supersedes a verdict)."""
@@ -289,7 +295,7 @@ class DecisionLedger:
             for copy in self.copies:
                 behind = [d for k, d in mine.items()
                           if (k not in held[copy] or held[copy][k]._rank < d._rank)
-                          and (questions is None or not set(d.questions).isdisjoint(questions))]
+                          and _touches(d, questions)]
                 if behind and self._append_to_copy(copy, behind):
                     said.append(f"the copy of the decision ledger beside the dataset ({copy}) lacked "
                                 f"{len(behind)} decision(s) on its questions that {self.path} holds: written")
@@ -317,7 +323,7 @@ class DecisionLedger:
                     f"{earlier.at} was not seen): {later.verdict or 'not finished'}"))
                 self._append(self.path, label, here=False)
                 for copy in self.copies:
-                    if questions is None or not set(later.questions).isdisjoint(questions):
+                    if _touches(later, questions):
                         self._append_to_copy(copy, [label])
                 said.append(f"the decision made at {later.at} on the same questions ({later.where}) is now recorded "
                             f"as {RE_DECIDED}: it claims nothing and refuses nothing (an earlier verdict, "

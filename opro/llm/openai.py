@@ -339,12 +339,14 @@ class OpenAILLM(LLM):
         first call's to say), else the error a call would raise (``cannot reach URL: ...``), not retried."""
         import urllib3
 
+        url = self.models_url
         try:
-            self._http.request("GET", self.models_url, headers=self._headers,
+            self._http.request("GET", url, headers=self._headers,
                                timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s))
         except urllib3.exceptions.HTTPError as exc:
-            request = _transport_error(exc, "GET", self._url.removesuffix("/chat/completions") + "/models")
-            return convert_openai_error(request, model=self._model, provider=self.provider, base_url=self.base_url,
+            # The error names the URL without its query, where a key may sit.
+            transport = _transport_error(exc, "GET", url.partition("?")[0])
+            return convert_openai_error(transport, model=self._model, provider=self.provider, base_url=self.base_url,
                                         timeout_s=timeout_s, api_key_env=self.api_key_env)
         return None
 
