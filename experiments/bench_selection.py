@@ -3,7 +3,7 @@
 (a) Simulation (scripted models, no LLM; a couple of minutes). Each seed draws true effects for the
 candidates the optimizer proposes (most are no better than the initial instruction, some worse, a
 few better), and a judge scores 1-5 with a per-question level plus per-call noise, sized like the
-embedded 1.5B judge on 0.5B RAG answers (README calibration: scores spread over 1-4, sd about 1.2).
+embedded 1.5B judge on 0.5B RAG answers (docs/benchmarks.md's calibration: scores spread over 1-4, sd about 1.2).
 The real ``opro.search.Search`` runs the search and the selection, twice per seed:
   * old rule: the search's arg-max is returned and its in-sample mean reported (finalists = 0,
     the old ``best`` pruner);

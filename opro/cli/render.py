@@ -224,4 +224,7 @@ def show_outputs(console: Any, done: OptimizeRun) -> None:
     say(console, f"outputs: {cfg.output_dir}  ({', '.join(done.outputs)})")
     say(console, "\n".join(f"recorded: {r.where}" for r in result.recorded))
     if cfg.tracking.register_prompt:
-        say(console, f"registered: prompts:/{cfg.prompt_name}@{cfg.tracking.prompt_alias}")
+        from opro.tracking.recorder import INITIAL_NOTE
+
+        note = f" (the {INITIAL_NOTE})" if result.returned_is_initial else ""
+        say(console, f"registered: prompts:/{cfg.prompt_name}@{cfg.tracking.prompt_alias}{note}")

@@ -85,7 +85,7 @@ def check_optuna_storage(url: str, *, where: str) -> str:
 
         raise ConfigError(
             f"{where} = {redact_url(url)!r} is not a database URL Optuna can use: write sqlite:///PATH/optuna.db, or "
-            "postgresql+psycopg2://... to share a study between workers (README: Scaling out)"
+            "postgresql+psycopg2://... to share a study between workers (docs/scaling.md)"
         )
     return url
 

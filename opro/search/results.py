@@ -225,6 +225,12 @@ class OptimizationResult:
         return self.gain is not None
 
     @property
+    def returned_is_initial(self) -> bool:
+        """Whether the returned configuration is the initial one (no finalist confirmed, or none beat it)."""
+        v = self.validation
+        return (v.winner is None) if v is not None else self.best_instruction == self.initial_instruction
+
+    @property
     def score_label(self) -> str:
         if self.score_basis == "validation" and self.validation is not None:
             return f"validation score ({self.validation.n_questions} questions not used by the search)"
@@ -254,13 +260,12 @@ class OptimizationResult:
         questions the search never used (the returned one's is ``best_score``, for a claimed gain adjusted
         for having been claimed). Where the initial configuration is returned both rows are the same."""
         v = self.validation
-        returned_is_initial = (v.winner is None) if v is not None else self.best_instruction == self.initial_instruction
         validation = v.initial_score if v is not None else None
         return {
             "returned": {"search": self.best_search_score,
                          "validation": self.best_score if self.score_basis == "validation" else None},
             "initial": {"search": self.initial_score, "validation": validation},
-            "returned_is_initial": returned_is_initial,
+            "returned_is_initial": self.returned_is_initial,
             "search": "mean on the optimization questions (in-sample: the search selected on them; optimistic)",
             "validation": ("mean on the validation questions the search never used"
                            + (f" ({v.n_questions})" if v is not None else ": no validation stage")),

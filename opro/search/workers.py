@@ -454,7 +454,7 @@ def shared_sqlite_warning(storage: str, *, num_workers: int) -> str | None:
         return None
     return (f"{num_workers} workers share the study through a SQLite file: that works only for processes on "
             "this machine and serializes every write; for workers on several machines use PostgreSQL "
-            "([tracking].optuna_storage = \"postgresql+psycopg2://...\", see the README's Scaling out)")
+            "([tracking].optuna_storage = \"postgresql+psycopg2://...\", see docs/scaling.md)")
 
 
 __all__ = [

@@ -44,7 +44,7 @@ from opro.errors import OproError
 from opro.redaction import redact_text, redact_url
 from opro.tracking.records import Recorded
 
-# The judges both ways live in their own module; imported here by the names the README shows.
+# The judges both ways live in their own module; imported here by the names docs/mlflow.md shows.
 from opro.tracking.scorers import EXPECTED_RESPONSE, judge_scorer, mlflow_correctness_judge
 
 if TYPE_CHECKING:

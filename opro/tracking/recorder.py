@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: What a registered version says when the run returned the initial instruction (no finalist shown better).
+INITIAL_NOTE: Final = "initial instruction, no gain shown"
+
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
@@ -317,9 +320,11 @@ class MlflowRecorder(Recorder):
                 name=name,
                 template_text=result.best_template,
                 alias=alias,
+                # The alias moves to what the run returns, the initial instruction included (what `best`
+                # resolves to), but then says so: a reader of the registry must not take it for a tuned prompt.
                 commit_message=(
                     f"opro study {result.study_name}: {result.score_basis} score {result.best_score:.3f}"
-                    + ("" if result.validated or result.score_basis == "search" else " (initial instruction: no validated gain)")
+                    + (f" ({INITIAL_NOTE})" if result.returned_is_initial else "")
                 ),
                 tags={
                     "opro.score": f"{result.best_score:.4f}",
@@ -328,6 +333,7 @@ class MlflowRecorder(Recorder):
                     "opro.gain": "none" if result.gain is None else f"{result.gain:.4f}",
                     "opro.validated": str(result.validated).lower(),
                     "opro.run_id": str(self._run_id),
+                    **({"opro.returned": INITIAL_NOTE} if result.returned_is_initial else {}),
                     **({"opro.run_dir": str(self.run_dir.root.resolve())} if self.run_dir is not None else {}),
                     # Not text of the template, answered with it (the demonstrations are in the text).
                     **{f"opro.{k}": str(v) for k, v in result.best_configuration.items()
@@ -337,4 +343,4 @@ class MlflowRecorder(Recorder):
             tracker.set_tags({"opro.prompt_uri": f"prompts:/{name}/{version}"})
 
 
-__all__ = ["MlflowRecorder"]
+__all__ = ["INITIAL_NOTE", "MlflowRecorder"]

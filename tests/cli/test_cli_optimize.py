@@ -33,10 +33,34 @@ def test_optimize_prints_search_and_validation_scores(tmp_path: Path, monkeypatc
     said = " ".join(result.output.split())
     assert "a finalist beat the initial instruction on validation questions that did not choose it" in said
     assert "adjusted for having been claimed: +3.00" in said
+    assert "registered: prompts:/qa-test@latest-best" in said and "no gain shown" not in said
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["score_basis"] == "validation" and summary["validated"] is True
     # No calibration was run: the record says the judge's noise is not measured, and how to measure it.
     assert summary["judge_noise"].startswith("judge noise: not measured") and "opro judge calibrate" in summary["judge_noise"]
+
+
+def test_a_returned_initial_instruction_is_registered_saying_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A judge that scores every answer 3: no finalist beats the initial instruction, and the registry's
+    `latest-best` then holds the initial instruction, which the version and the command line both say."""
+    from fakes import mlflow_client, optimizer_reply
+
+    flat = ModelPool(scripted={
+        "task": ScriptedLLM(default=task_reply, model="task"),
+        "judge": ScriptedLLM(default=lambda m, o: '{"score": 3}', model="judge"),
+        "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
+    })
+    monkeypatch.setattr(opro.experiment, "ModelPool", lambda: flat)
+    config = write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
+    result = CliRunner().invoke(app, ["optimize", str(config), "--no-progress"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "registered: prompts:/qa-test@latest-best (the initial instruction, no gain shown)" in said
+    version = mlflow_client(config).get_prompt_version_by_alias("qa-test", "latest-best")
+    assert version.tags["opro.returned"] == "initial instruction, no gain shown"
+    assert version.commit_message.endswith("(initial instruction, no gain shown)")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert version.tags["opro.validated"] == "false" and summary["best_instruction"] in version.template
 
 
 def test_no_usable_proposal_is_an_error_that_lists_the_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

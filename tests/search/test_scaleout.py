@@ -1,4 +1,4 @@
-"""Scaling out as the README describes it: a real PostgreSQL and a real `mlflow server` on it, real
+"""Scaling out as docs/scaling.md describes it: a real PostgreSQL and a real `mlflow server` on it, real
 `opro optimize --worker I/N` processes (two at the start, one killed with SIGKILL and restarted, a third
 joining late) against a loopback OpenAI-compatible server. The history is the single worker's, every
 candidate is evaluated once, and `opro export best` works from another folder with the same stores.
@@ -85,7 +85,7 @@ def postgres() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def mlflow_server(postgres: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`mlflow server` on the cluster's ``mlflow`` database, started as the README says."""
+    """`mlflow server` on the cluster's ``mlflow`` database, started as docs/scaling.md says."""
     port = _free_port()
     artifacts = tmp_path_factory.mktemp("mlflow-artifacts")
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

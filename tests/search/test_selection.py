@@ -55,7 +55,7 @@ def noisy_judge(seed: int, effect: Callable[[str], float] = lambda answer: 0.0) 
     """Scores 1-5: a per-question level, the answer's true ``effect`` and per-call noise.
 
     The spread (question level 2-4, noise +-1) is about that of the embedded 1.5B judge on RAG answers
-    (README: 0.5B answers scored 1-4, sd about 1.2).
+    (docs/benchmarks.md: 0.5B answers scored 1-4, sd about 1.2).
     """
 
     def reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
