@@ -481,7 +481,8 @@ def _find(conf: _Confirmation, *, plan: _Plan, settings: ValidationSettings, reu
     diffs, keys = plan.counted(conf.pick_scores, conf.initial_scores)
     # Under clusters every figure is of the cluster means (the estimand: each source passage once).
     units = clusters.cluster_means(diffs, keys).tolist() if plan.clustered else diffs
-    planned, sizes = len(set(plan.keys)), clusters.looks_in_clusters(plan.sizes, plan.keys)
+    planned = len(set(plan.keys))
+    sizes = tuple(dict.fromkeys(n for n in clusters.looks_in_clusters(plan.sizes, plan.keys) if n))  # looks with a cluster
     tested = bool(covered and conf.final.decision == "success")  # what the test says
     saving = cost_saving(conf.pick_costs, conf.initial_costs, unit=unit) if plan.by_cost else None
     cheaper = saving is not None and saving.lower
