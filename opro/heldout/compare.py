@@ -108,9 +108,8 @@ def compare_prompts(
                                  progress=experiment.progress if progress is None else progress)
     results = [_prompt_scores(p, report, level=level, cost_model=cost_model)
                for p, report in zip(resolved, reports, strict=True)]
-    versus = _versus_baseline(results, base, n_questions=len(examples), level=level, alpha=alpha,
-                              n_resamples=n_resamples, seed=seed, margin=margin, cost_model=cost_model,
-                              keys=keys_of(examples))
+    versus = _versus_baseline(results, base, n_questions=len(examples), level=level, alpha=alpha, keys=keys_of(examples),
+                              n_resamples=n_resamples, seed=seed, margin=margin, cost_model=cost_model)
     same = _same_configuration(resolved, base, defaults={d.name: d.initial(cfg) for d in DIMENSIONS if d.is_setting})
     versus = [None if v is None else replace(v, identical=same[i]) for i, v in enumerate(versus)]
     return ComparisonReport(
