@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from opro.program.cost import CostUnit
 from opro.search.results import CostSaving
-from opro.stats.ratio import saving_interval
+from opro.stats.ratio import saving_caveat, saving_interval
 from opro.stats.sequential import t_interval
 
 
@@ -27,7 +27,7 @@ def cost_saving(pick: Sequence[float | None], initial: Sequence[float | None], *
         unit=unit, n_pairs=len(pairs), initial_cost=base, difference=mean, difference_ci=ci,
         relative=-mean / base if base else None,
         relative_ci=saving_interval([x for x, _ in pairs], [y for _, y in pairs]) if base else None,
-        lower=ci is not None and ci[1] < 0,
+        lower=ci is not None and ci[1] < 0, caveat=saving_caveat([y for _, y in pairs]),
     )
 
 

@@ -568,7 +568,8 @@ def _cost_texts(settings: ValidationSettings, *, conf: _Confirmation, finding: _
         saved = f"cost per answer {saving.difference:+.3g} ({unit})"
     else:
         r_lo, r_hi = saving.relative_ci
-        saved = f"{saving.relative:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
+        saved = f"{saving.relative:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]" + (
+            f" ({saving.caveat})" if saving.caveat else "")
     why = {"futility": f"stopped for futility: clearly worse by more than {s.margin:g} (one-sided {1 - s.alpha:.0%} "
                        "upper bound below it)",
            "end": f"non-inferiority not shown: betting one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",
