@@ -257,13 +257,6 @@ class _Plan:
     def clustered(self) -> bool:
         return not clusters.singletons(self.keys)
 
-    def counted(self, pick: Sequence[float | None], initial: Sequence[float | None]) -> tuple[list[float], list[str]]:
-        """The paired differences a look counts (both scored; their cluster complete), with their clusters."""
-        done = clusters.complete(self.keys[:len(pick)], self.keys)
-        kept = [(x - y, k) for x, y, k, ok in zip(pick, initial, self.keys, done, strict=False)
-                if ok and x is not None and y is not None]
-        return [d for d, _ in kept], [k for _, k in kept]
-
 
 @dataclass(frozen=True)
 class _Opened:
@@ -452,7 +445,7 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
                       if study.validation_scores(ins, [e.query for e in batch]) is None)
         for _, ins in pairs:
             scores[ins] += got[ins]
-        diffs, keys = plan.counted(scores[pick], scores[plan.initial])
+        diffs, keys = clusters.counted(scores[pick], scores[plan.initial], plan.keys)
         seen.append(len(diffs))
         look = decide([x + shift for x in diffs], seen=seen, n_max=len(plan.confirmation),
                       last=k == len(plan.sizes), earlier=looks, alpha=settings.alpha,
@@ -478,7 +471,7 @@ def _find(conf: _Confirmation, *, plan: _Plan, settings: ValidationSettings, reu
     asked = conf.asked
     covered = (sum(x is not None for x in conf.pick_scores) >= s.min_coverage * asked
                and sum(x is not None for x in conf.initial_scores) >= s.min_coverage * asked)
-    diffs, keys = plan.counted(conf.pick_scores, conf.initial_scores)
+    diffs, keys = clusters.counted(conf.pick_scores, conf.initial_scores, plan.keys)
     # Under clusters every figure is of the cluster means (the estimand: each source passage once).
     units = clusters.cluster_means(diffs, keys).tolist() if plan.clustered else diffs
     planned = len(set(plan.keys))
@@ -539,6 +532,8 @@ def _how(plan: _Plan, *, chosen: int, conf: _Confirmation) -> str:
     return (f"finalist {chosen + 1} of {len(plan.finalists)}"
             + (f" (chosen on {n_sel} selection questions)" if n_sel else "")
             + f", look {conf.final.look} of {len(plan.sizes)}, {conf.final.n} paired questions"
+            + (f" in {len(set(clusters.counted(conf.pick_scores, conf.initial_scores, plan.keys)[1]))} clusters "
+               "sharing a source passage (each counted once)" if plan.clustered else "")
             + (f", {extended} of them from the extension" if extended else ""))
 
 

@@ -68,6 +68,14 @@ def complete(asked: Sequence[str], planned: Sequence[str]) -> list[bool]:
     return [have[k] >= want.get(k, 0) for k in asked]
 
 
+def counted(a: Sequence[float | None], b: Sequence[float | None], planned: Sequence[str]) -> tuple[list[float], list[str]]:
+    """The paired differences ``a - b`` a look counts, with their clusters: both scored (not None) and
+    their cluster complete (``a`` and ``b``: scores on the asked prefix of the ``planned`` order's clusters)."""
+    done = complete(planned[:len(a)], planned)
+    kept = [(x - y, k) for x, y, k, ok in zip(a, b, planned, done, strict=False) if ok and x is not None and y is not None]
+    return [d for d, _ in kept], [k for _, k in kept]
+
+
 def cluster_means(values: Sequence[float], keys: Sequence[str]) -> np.ndarray:
     """The mean of ``values`` per cluster, in the order the clusters complete (the position of each
     cluster's last value): the values themselves, in order, when every cluster is a single question."""
@@ -107,5 +115,5 @@ def within_correlation(values: Sequence[float], keys: Sequence[str]) -> float:
     return math.nan if denominator == 0 else float((between - within) / denominator)
 
 
-__all__ = ["cluster_keys", "cluster_means", "complete", "keys_of", "looks_in_clusters", "singletons", "together",
+__all__ = ["cluster_keys", "cluster_means", "complete", "counted", "keys_of", "looks_in_clusters", "singletons", "together",
            "within_correlation"]

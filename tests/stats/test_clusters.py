@@ -11,6 +11,7 @@ from opro.stats.clusters import (
     cluster_keys,
     cluster_means,
     complete,
+    counted,
     keys_of,
     looks_in_clusters,
     together,
@@ -45,6 +46,8 @@ def test_a_clusters_questions_are_asked_together_and_count_once_complete() -> No
     # Ordered by completion: "b" completes (its last value) before "a".
     assert cluster_means([1.0, 2.0, 4.0, 0.0], ["a", "b", "b", "a"]).tolist() == [3.0, 0.5]
     assert together(["x", "y", "z"]) == [0, 1, 2]
+    # A look counts the scored pairs of complete clusters: "b" lacks its second question, "a" one score.
+    assert counted([4.0, None, 3.0, 5.0], [3.0, 3.0, 3.0, 1.0], planned) == ([1.0, 0.0], ["a", "a"])
 
 
 def test_the_clustered_test_on_questions_without_sources_is_todays_exactly() -> None:
