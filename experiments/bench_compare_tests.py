@@ -19,6 +19,9 @@ below 29 pairs: ``hall_flips.py``), on the same samples:
 
     python experiments/bench_compare_tests.py --errors --sims 2000 --before-sims 500
 
+In the clustered world (clusters of 2-6 questions sharing a source passage) the betting test also runs
+on the clusters' means, as compare does where the dataset records each question's source passage.
+
 ``--world`` (repeatable) keeps the named worlds only.
 
 No LLM is called; the tests and intervals are opro.stats' own.
@@ -40,6 +43,7 @@ from opro.stats.paired import betting_test, t_mean_ci, wilcoxon_signed_rank
 from opro.testing.score_worlds import (
     WORLDS,
     World,
+    cluster_layout,
     effect_for,
     paired_scores,
     scores,
@@ -120,7 +124,23 @@ SYMMETRIC: tuple[World, ...] = ("rounded", "realistic", "measured", "t3")
 GAINS = {"rounded": 0.47, "realistic": 0.35, "measured": 0.25, "t3": 0.25}
 ERROR_ROWS = ([("gain", w, 0.0) for w in WORLDS] + [("margin", w, -MARGIN) for w in WORLDS] + [("margin", "tied", -0.4)]
               + [("gain", w, GAINS[w]) for w in SYMMETRIC] + [("gain", "realistic", 0.5)]
-              + [("margin", w, 0.0) for w in (*SYMMETRIC, "tied")])
+              + [("margin", w, 0.0) for w in (*SYMMETRIC, "tied", "clustered")] + [("gain", "clustered", 0.5)])
+
+
+def _cluster_means(d: np.ndarray) -> np.ndarray:
+    """Per sample, the mean of each cluster of the clustered world's layout (every cluster complete)."""
+    labels = cluster_layout(d.shape[1])
+    member = (labels[:, None] == np.arange(int(labels.max()) + 1)[None, :]).astype(float)
+    return d @ (member / member.sum(0))
+
+
+def _claims(d: np.ndarray, *, test: str, alpha: float) -> np.ndarray:
+    """Per sample (row of differences): whether compare's betting test claims (``gain``: two-sided)."""
+    n = d.shape[1]
+    if test == "gain":  # two-sided: either one-sided bound at alpha / 2 excludes 0
+        return ((log_capital(d, scale=SCALE, alpha=alpha / 2, planned=n) >= math.log(2 / alpha))
+                | (log_capital(-d, scale=SCALE, alpha=alpha / 2, planned=n) >= math.log(2 / alpha)))
+    return log_capital(d, scale=SCALE, alpha=alpha, above=-MARGIN, planned=n) >= math.log(1 / alpha)
 
 
 def compare_errors(*, sims: int, sizes: tuple[int, ...] = (6, 10, 20, 30, 44), alpha: float = 0.05,
@@ -137,21 +157,21 @@ def compare_errors(*, sims: int, sizes: tuple[int, ...] = (6, 10, 20, 30, 44), a
             rng = np.random.default_rng([seed, WORLDS.index(world), round(1000 * difference) + 1000, n])
             a, b = paired_scores(rng, sims=sims, n=n, effect=effect_for(difference, world), world=world)
             d = a - b
-            if test == "gain":  # two-sided: either one-sided bound at alpha / 2 excludes 0
-                now = ((log_capital(d, scale=SCALE, alpha=alpha / 2, planned=n) >= math.log(2 / alpha))
-                       | (log_capital(-d, scale=SCALE, alpha=alpha / 2, planned=n) >= math.log(2 / alpha)))
+            now = _claims(d, test=test, alpha=alpha)
+            clustered = _claims(_cluster_means(d), test=test, alpha=alpha) if world == "clustered" else None
+            if test == "gain":
                 p_before = [flip_p_value(list(x), alternative="two-sided", n_resamples=n_resamples, seed=i)[0]
                             for i, x in enumerate(d[:k])]
                 before = np.array(p_before) < alpha
             else:
-                now = log_capital(d, scale=SCALE, alpha=alpha, above=-MARGIN, planned=n) >= math.log(1 / alpha)
                 p_before = [flip_p_value(list(x + MARGIN), alternative="greater", n_resamples=n_resamples, seed=i)[0]
                             for i, x in enumerate(d[:k])]
                 before = (np.array(p_before) < alpha) & (n >= hall_min_pairs(alpha))
             rows.append({"test": test, "world": world, "difference": difference, "n": n, "sims": sims,
                          "before_sims": k, "before": float(np.mean(before)) if k else math.nan,
                          "p_before": float(np.mean(np.array(p_before) < alpha)) if k else math.nan,
-                         "now": float(np.mean(now))})
+                         "now": float(np.mean(now)),
+                         "clusters": math.nan if clustered is None else float(np.mean(clustered))})
     return rows
 
 
@@ -159,15 +179,20 @@ def print_errors(rows: list[dict[str, Any]], *, alpha: float = 0.05) -> None:
     print(f"opro compare's tests at alpha {alpha:g}: P(claim) before (flipping Hall's statistic; --margin {MARGIN:g} "
           f"claimed only from {hall_min_pairs(alpha)} pairs, p < alpha beside it) and now (the betting test), each ± its "
           "binomial standard error")
-    print("| test | world | true mean difference | n | before (p < alpha) | now | samples (before) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| test | world | true mean difference | n | before (p < alpha) | now | now, by cluster | samples (before) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         beside = f" ({r['p_before']:.3f})" if r["test"] == "margin" and r["p_before"] != r["before"] else ""
         se = [math.sqrt(max(p * (1 - p), 1e-12) / max(k, 1)) for p, k in ((r["before"], r["before_sims"]),
                                                                          (r["now"], r["sims"]))]
         print(f"| {'gain, two-sided' if r['test'] == 'gain' else f'margin {MARGIN:g}'} | {r['world']} "
               f"| {r['difference']:+.2f} | {r['n']} | {r['before']:.3f} ± {se[0]:.3f}{beside} "
-              f"| **{r['now']:.3f}** ± {se[1]:.3f} | {r['sims']} ({r['before_sims']}) |")
+              f"| **{r['now']:.3f}** ± {se[1]:.3f} | {_by_cluster(r)} | {r['sims']} ({r['before_sims']}) |")
+
+
+def _by_cluster(row: dict[str, Any]) -> str:
+    c = row.get("clusters", math.nan)
+    return "-" if math.isnan(c) else f"**{c:.3f}** ± {math.sqrt(max(c * (1 - c), 1e-12) / row['sims']):.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:

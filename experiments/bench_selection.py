@@ -39,7 +39,8 @@ claim and are not sent through it (checked on a sample of them, printed).
 (g) ``--errors``: the validation stage's test alone (experiments/validation_errors.py), in every world
 of bench_compare_tests (integer 1-5 scores with ties: ``rounded``, ``realistic``; continuous at paired
 sd 0.66: ``measured``; heavy tails: ``t3``; rare large losses, ``skewed``, or gains, ``skewed-gains``;
-mostly identical scores with 2-3 point losses on a share, ``tied``): the error rate of the gain test
+mostly identical scores with 2-3 point losses on a share, ``tied``; clusters of 2-6 questions sharing a
+source passage, ``clustered``, where the betting test also runs on the clusters' means): the error rate of the gain test
 and of non-inferiority at the margin, and their power, the test before (flipping Hall's statistic)
 beside the betting test opro runs, on the same runs. ``--world`` keeps one world.
 
@@ -664,7 +665,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--design", default="{}", help='validation settings as JSON, e.g. \'{"finalists": 2}\'')
     ap.add_argument("--unused", type=int, default=20,
                     help="questions in no split that the validation may extend into ([optimizer].validation_extension)")
-    ap.add_argument("--world", choices=("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "tied"),
+    ap.add_argument("--world", choices=("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "tied",
+                                        "clustered"),
                     default="rounded", help="(c), (e): rounded or realistic; (d): rounded, measured, t3 or skewed; "
                     "(g): one world only (see the module docstring)")
     ap.add_argument("--search", choices=("both", "today", "this"), default="both",
@@ -686,8 +688,8 @@ def main(argv: list[str] | None = None) -> int:
     effects = [float(e) for e in args.effects.split(",")]
     if args.errors:
         return _errors(args)
-    if args.world == "tied":
-        ap.error("--world tied is a world of --errors (the validation stage's test alone)")
+    if args.world in ("tied", "clustered"):
+        ap.error(f"--world {args.world} is a world of --errors (the validation stage's test alone)")
     if args.world in ("measured", "t3", "skewed") and not args.cost:
         ap.error(f"--world {args.world} is a world of the cost objective (or of --errors): add --cost")
     if args.world == "skewed-gains":

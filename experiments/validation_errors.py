@@ -11,7 +11,10 @@ the run reached; futility stops a run at a look before the last as the product d
 mean is not above 0; cost: the one-sided 95% t upper bound of the shifted mean is below 0). The flips
 use seed 0, as a validation stage did by default: each look's 20,000 flips are drawn once and shared
 by the runs. The betting test runs all runs at once (numpy); the flips one run at a time, so
-``--today-runs`` may run them on fewer. Run by ``bench_selection.py --errors``:
+``--today-runs`` may run them on fewer. In the clustered world the betting test also runs as the
+product runs it where the dataset records each question's source passage: on the means of the complete
+clusters at each look (:mod:`opro.stats.clusters`), beside the per-question test that ignores them.
+Run by ``bench_selection.py --errors``:
 
     python experiments/bench_selection.py --errors --runs 2000
 """
@@ -31,7 +34,7 @@ from opro.config import OptimizerSection
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.stats.betting import claims
 from opro.stats.sequential import futile
-from opro.testing.score_worlds import WORLDS, World, effect_for, paired_scores
+from opro.testing.score_worlds import WORLDS, World, cluster_layout, effect_for, paired_scores
 from opro.workflows.settings import validation_settings
 
 SCALE = (SCORE_MIN, SCORE_MAX)
@@ -58,7 +61,7 @@ SYMMETRIC: tuple[World, ...] = ("rounded", "realistic", "measured", "t3")
 #: and an equal finalist under the cost objective (in the tied world: every pair tied).
 GAINS = {"rounded": 0.47, "realistic": 0.35, "measured": 0.25, "t3": 0.25}
 POWERS = ([("quality", w, GAINS[w]) for w in SYMMETRIC] + [("quality", "realistic", 0.5)]
-          + [("cost", w, 0.0) for w in (*SYMMETRIC, "tied")])
+          + [("cost", w, 0.0) for w in (*SYMMETRIC, "tied", "clustered")] + [("quality", "clustered", 0.5)])
 
 
 def design_sizes() -> tuple[int, ...]:
@@ -117,18 +120,32 @@ def run_both(d: np.ndarray, sizes: Sequence[int], *, alpha: float, seed: int,
     return False
 
 
+def complete_means(d: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
+    """Per run, the mean of each cluster whose questions all lie in the first ``n`` (clusters one after
+    the other, as the validation stage asks them): what a look counts under clusters."""
+    last = np.array([np.nonzero(labels == c)[0].max() for c in range(int(labels.max()) + 1)])
+    done = np.nonzero(last < n)[0]
+    member = (labels[:, None] == done[None, :]).astype(float)
+    return d @ (member / member.sum(0))
+
+
 def betting_claims(d: np.ndarray, sizes: Sequence[int], *, alpha: float, shift: float,
-                   futility_confidence: float | None) -> np.ndarray:
-    """Per run (row of shifted differences): whether the betting test (``decide``) claims, all runs at once."""
+                   futility_confidence: float | None, labels: np.ndarray | None = None) -> np.ndarray:
+    """Per run (row of shifted differences): whether the betting test (``decide``) claims, all runs at
+    once; ``labels`` (a cluster per question): on the complete clusters' means, as ``decide`` with clusters."""
     runs = len(d)
     claimed = np.zeros(runs, dtype=bool)
     done = np.zeros(runs, dtype=bool)
+    planned = sizes[-1] if labels is None else int(labels[:sizes[-1]].max()) + 1
     for k, n in enumerate(sizes):
-        hit = ~done & claims(d[:, :n] - shift, scale=SCALE, alpha=alpha, above=-shift, planned=sizes[-1])
+        x = d[:, :n] if labels is None else complete_means(d, labels[:sizes[-1]], n)
+        if x.shape[1] == 0:
+            continue
+        hit = ~done & claims(x - shift, scale=SCALE, alpha=alpha, above=-shift, planned=planned)
         claimed |= hit
         done |= hit
         if k < len(sizes) - 1:
-            done |= futile(d[:, :n], confidence=futility_confidence)
+            done |= futile(x, confidence=futility_confidence)
     return claimed
 
 
@@ -146,10 +163,13 @@ def errors(*, runs: int, rows: Sequence[tuple[str, World, float]], alpha: float 
         confidence = 1 - alpha if objective == "cost" else None  # the product's futility rule per objective
         d = a - b + shift
         new = betting_claims(d, sizes, alpha=alpha, shift=shift, futility_confidence=confidence)
+        clustered = (betting_claims(d, sizes, alpha=alpha, shift=shift, futility_confidence=confidence,
+                                    labels=cluster_layout(sizes[-1])) if world == "clustered" else None)
         k = runs if today_runs is None else min(runs, today_runs)
         old = np.array([run_both(row, sizes, alpha=alpha, seed=0, futility_confidence=confidence) for row in d[:k]])
         out.append({"objective": objective, "world": world, "difference": difference, "runs": runs, "today_runs": k,
                     "sizes": sizes, "today": float(old.mean()) if k else math.nan, "new": float(new.mean()),
+                    "clusters": math.nan if clustered is None else float(clustered.mean()),
                     "seconds": time.perf_counter() - started})
     return out
 
@@ -159,10 +179,12 @@ def print_errors(rows: list[dict[str, Any]], *, alpha: float = 0.05) -> None:
     print(f"the validation stage's test alone: looks at {', '.join(map(str, sizes))} paired questions, alpha "
           f"{alpha:g}, margin {MARGIN:g} under the cost objective; P(claim), ± its binomial standard error")
     print("| objective | world | true mean difference | runs (flips) | before: flips of Hall's statistic "
-          "| now: betting | seconds |")
-    print("|---|---|---|---|---|---|---|")
+          "| now: betting | betting by cluster | seconds |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        se = [math.sqrt(max(p * (1 - p), 1e-12) / n) for p, n in ((r["today"], r["today_runs"]), (r["new"], r["runs"]))]
+        se = [math.sqrt(max(p * (1 - p), 1e-12) / max(n, 1)) for p, n in ((r["today"], r["today_runs"]), (r["new"], r["runs"]))]
         today = f"{r['today']:.3f} ± {se[0]:.3f}" if r["today_runs"] else "-"
+        c = r.get("clusters", math.nan)
+        by = "-" if math.isnan(c) else f"**{c:.3f}** ± {math.sqrt(max(c * (1 - c), 1e-12) / r['runs']):.3f}"
         print(f"| {r['objective']} | {r['world']} | {r['difference']:+.2f} | {r['runs']} ({r['today_runs']}) | {today} "
-              f"| **{r['new']:.3f}** ± {se[1]:.3f} | {r['seconds']:.0f} |")
+              f"| {'**' * math.isnan(c)}{r['new']:.3f}{'**' * math.isnan(c)} ± {se[1]:.3f} | {by} | {r['seconds']:.0f} |")

@@ -39,6 +39,7 @@ from opro.heldout.sources import ResolvedPrompt, resolve_prompt
 from opro.judges.factory import make_extra_metrics
 from opro.program.cost import CostModel, paired_difference
 from opro.program.dimensions import DIMENSIONS, model_of
+from opro.stats.clusters import keys_of
 from opro.stats.noninferiority import check_margin, holm_noninferiority, noninferiority
 from opro.stats.paired import compare_paired, holm_family, t_mean_ci
 from opro.tracking.records import CommandRecord, CommandRecorder, EvaluatedPrompt, Recorded, record_all
@@ -107,7 +108,7 @@ def compare_prompts(
                                  progress=experiment.progress if progress is None else progress)
     results = [_prompt_scores(p, report, level=level, cost_model=cost_model)
                for p, report in zip(resolved, reports, strict=True)]
-    versus = _versus_baseline(results, base, n_questions=len(examples), level=level, alpha=alpha,
+    versus = _versus_baseline(results, base, n_questions=len(examples), level=level, alpha=alpha, keys=keys_of(examples),
                               n_resamples=n_resamples, seed=seed, margin=margin, cost_model=cost_model)
     same = _same_configuration(resolved, base, defaults={d.name: d.initial(cfg) for d in DIMENSIONS if d.is_setting})
     versus = [None if v is None else replace(v, identical=same[i]) for i, v in enumerate(versus)]
@@ -195,22 +196,25 @@ def _prompt_scores(p: ResolvedPrompt, report: EvaluationReport, *, level: float,
 
 def _versus_baseline(
     results: Sequence[PromptScores], base: int, *, n_questions: int, level: float, alpha: float, n_resamples: int,
-    seed: int, margin: float | None, cost_model: CostModel,
+    seed: int, margin: float | None, cost_model: CostModel, keys: Sequence[str] | None = None,
 ) -> list[VersusBaseline | None]:
     """Each prompt against the baseline (``None`` for the baseline itself) on the questions both got a
-    valid score for: paired tests, cost difference, non-inferiority under a margin, Holm over the family."""
+    valid score for: paired tests, cost difference, non-inferiority under a margin, Holm over the family.
+    ``keys``: each question's cluster (:mod:`opro.stats.clusters`): the tests count source passages."""
     versus: list[VersusBaseline | None] = []
     b = results[base]
     for i, r in enumerate(results):
         if i == base:
             versus.append(None)
             continue
-        pairs = [(x, y) for x, y in zip(r.scores, b.scores, strict=True) if x is not None and y is not None]
+        keyed = keys if keys is not None else [f"#{k}" for k in range(len(b.scores))]
+        kept = [(x, y, k) for x, y, k in zip(r.scores, b.scores, keyed, strict=True) if x is not None and y is not None]
+        pairs, on = [(x, y) for x, y, _ in kept], [k for _, _, k in kept]
         stats = compare_paired(
-            [x for x, _ in pairs], [y for _, y in pairs], level=level, alpha=alpha, scale=SCALE,
+            [x for x, _ in pairs], [y for _, y in pairs], level=level, alpha=alpha, scale=SCALE, clusters=on,
         )
         ni = None if margin is None else noninferiority([x for x, _ in pairs], [y for _, y in pairs], margin=margin,
-                                                         alpha=alpha, scale=SCALE)
+                                                         alpha=alpha, scale=SCALE, clusters=on)
         versus.append(VersusBaseline(label=r.label, baseline=b.label, n_dropped=n_questions - len(pairs), stats=stats,
                                      cost=paired_difference(r.evaluation.rows, b.evaluation.rows, model=cost_model,
                                                             level=level), noninferiority=ni))

@@ -225,6 +225,8 @@ class CostDifference:
     #: The share of the baseline's tokens per answer saved, ``1 - mean(tokens) / mean(baseline's)``: its
     #: Fieller interval (:func:`opro.stats.ratio.saving_interval`; None below 2 pairs or not estimable).
     tokens_saving_ci: tuple[float, float] | None = None
+    #: Where the baseline's tokens are heavy-tailed, what that interval is worth (:func:`opro.stats.ratio.saving_caveat`).
+    tokens_caveat: str = ""
 
     @property
     def lower(self) -> bool:
@@ -235,7 +237,8 @@ class CostDifference:
         ci = self.tokens_saving_ci
         return {"tokens": self.tokens.as_dict(), "seconds": self.seconds.as_dict(), "cost": self.cost.as_dict(),
                 "baseline_cost": self.baseline_cost, "baseline_tokens": self.baseline_tokens, "lower": self.lower,
-                "tokens_saving_ci": None if ci is None else list(ci)}
+                "tokens_saving_ci": None if ci is None else list(ci),
+                **({"tokens_saving_caveat": self.tokens_caveat} if self.tokens_caveat else {})}
 
     def saving_text(self) -> str:
         """Tokens per answer as a share of the baseline's, with the Fieller interval of that share (a ratio
@@ -247,7 +250,7 @@ class CostDifference:
             tokens = f"{abs(share):.0%} {word} tokens per answer"
             if self.tokens_saving_ci is not None:  # the interval in the estimate's own words ("[1%, 4% more]")
                 lo, hi = self.tokens_saving_ci if share >= 0 else (-self.tokens_saving_ci[1], -self.tokens_saving_ci[0])
-                tokens += f" [{lo:.0%}, {hi:.0%} {word}]"
+                tokens += f" [{lo:.0%}, {hi:.0%} {word}]" + (f" ({self.tokens_caveat})" if self.tokens_caveat else "")
         else:
             tokens = f"tokens per answer {t.text(0)}"
         return f"{tokens}, seconds per answer {s.text(2)}"
@@ -263,7 +266,7 @@ def paired_difference(rows: Sequence[AnsweredCall], baseline: Sequence[AnsweredC
                       level: float = 0.95) -> CostDifference | None:
     """``rows`` - ``baseline``, question by question (the same questions in the same order), over the
     questions both answered; None when there is no such question."""
-    from opro.stats.ratio import saving_interval
+    from opro.stats.ratio import saving_caveat, saving_interval
 
     if len(rows) != len(baseline):
         raise ValueError(f"paired rows differ in length: {len(rows)} and {len(baseline)}")
@@ -282,6 +285,7 @@ def paired_difference(rows: Sequence[AnsweredCall], baseline: Sequence[AnsweredC
         baseline_cost=statistics.fmean(cost(b) for _, b in pairs),
         baseline_tokens=statistics.fmean(tokens(b) for _, b in pairs),
         tokens_saving_ci=saving_interval([tokens(a) for a, _ in pairs], [tokens(b) for _, b in pairs], level=level),
+        tokens_caveat=saving_caveat([tokens(b) for _, b in pairs]),
     )
 
 

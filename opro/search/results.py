@@ -112,15 +112,17 @@ class CostSaving:
     relative_ci: tuple[float, float] | None
     #: The interval is below 0: the finalist is cheaper on these questions.
     lower: bool
+    #: Where the costs are heavy-tailed, what the share's interval is worth (:func:`opro.stats.ratio.saving_caveat`).
+    caveat: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        """The form summary.json has always shown (intervals as lists)."""
+        """The form summary.json has always shown (intervals as lists), and a caveat where there is one."""
         return {
             "unit": self.unit, "n_pairs": self.n_pairs, "initial_cost": self.initial_cost,
             "difference": self.difference,
             "difference_ci": None if self.difference_ci is None else list(self.difference_ci),
             "relative": self.relative, "relative_ci": None if self.relative_ci is None else list(self.relative_ci),
-            "lower": self.lower,
+            "lower": self.lower, **({"caveat": self.caveat} if self.caveat else {}),
         }
 
 

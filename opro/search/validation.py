@@ -60,13 +60,12 @@ from opro.search.results import (
     FinalistRecord,
     ValidationResult,
 )
+from opro.search.saving import cost_saving
 from opro.search.scoring import CandidateScorer
 from opro.search.settings import ValidationSettings
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
 from opro.search.validation_sizes import confirmation_looks, split_sizes
-from opro.stats import betting
-from opro.stats.paired import paired_valid
-from opro.stats.ratio import saving_interval
+from opro.stats import betting, clusters
 from opro.stats.sequential import Look, conditional_estimate, decide, interval_text, t_interval
 
 logger = logging.getLogger(__name__)
@@ -214,26 +213,6 @@ def refuse_seen(
             return
 
 
-def _saving(pick: Sequence[float | None], initial: Sequence[float | None], *, unit: CostUnit) -> CostSaving | None:
-    """The chosen finalist's cost per answer against the initial configuration's, paired on the
-    confirmation questions both answered: the mean difference with its t interval, and as a share of
-    the initial mean with Fieller's interval of a ratio of paired means (both means estimated: the
-    difference's interval over the initial mean, taken as known, covered 0.34-0.38 where the cut is
-    about the same on every question, ``experiments/bench_saving.py``)."""
-    pairs = [(x, y) for x, y in zip(pick, initial, strict=True) if x is not None and y is not None]
-    if not pairs:
-        return None
-    diffs = [x - y for x, y in pairs]
-    base = sum(y for _, y in pairs) / len(pairs)
-    mean, ci = sum(diffs) / len(diffs), t_interval(diffs)
-    return CostSaving(
-        unit=unit, n_pairs=len(pairs), initial_cost=base, difference=mean, difference_ci=ci,
-        relative=-mean / base if base else None,
-        relative_ci=saving_interval([x for x, _ in pairs], [y for _, y in pairs]) if base else None,
-        lower=ci is not None and ci[1] < 0,
-    )
-
-
 def _mean(values: Sequence[float | None]) -> float | None:
     valid = [x for x in values if x is not None]
     return sum(valid) / len(valid) if valid else None
@@ -270,6 +249,13 @@ class _Plan:
     #: Paired questions seen at each look (:func:`confirmation_looks`).
     sizes: tuple[int, ...]
     by_cost: bool
+    #: Each confirmation question's cluster (:mod:`opro.stats.clusters`: its source passage); all distinct
+    #: where the dataset records none, and the test is then the per-question one.
+    keys: tuple[str, ...] = ()
+
+    @property
+    def clustered(self) -> bool:
+        return not clusters.singletons(self.keys)
 
 
 @dataclass(frozen=True)
@@ -335,15 +321,21 @@ def _nothing_to_validate(settings: ValidationSettings) -> ValidationResult:
 def _plan(settings: ValidationSettings, *, initial: str, finalists: Sequence[CandidateRecord],
           validation_set: Sequence[QAExample], extension_set: Sequence[QAExample]) -> _Plan:
     n_sel, _ = split_sizes(settings, len(validation_set), len(finalists))
-    confirmation = tuple(validation_set[n_sel:])
+    # A cluster's questions are asked one after the other (at most one cluster is incomplete at a look);
+    # those sharing a source with a selection question helped choose the finalist and confirm nothing.
+    keys = clusters.keys_of(validation_set)
+    validation = tuple(validation_set[i] for i in clusters.together(keys))
+    keys = tuple(keys[i] for i in clusters.together(keys))
+    confirmation = tuple(e for e, k in zip(validation[n_sel:], keys[n_sel:], strict=True) if k not in keys[:n_sel])
     sizes = confirmation_looks(settings, len(confirmation), len(extension_set))
     extension = tuple(extension_set[: sizes[-1] - len(confirmation)])
+    extension = tuple(extension[i] for i in clusters.together(clusters.keys_of(extension)))
     return _Plan(
         initial=initial, finalists=tuple(finalists),
         labels=tuple(validation_prompts(initial, [f.instruction for f in finalists])),
-        validation=tuple(validation_set), selection=tuple(validation_set[:n_sel]),
+        validation=validation, selection=validation[:n_sel],
         confirmation=confirmation + extension, extension=extension, sizes=sizes,
-        by_cost=settings.objective == "cost",
+        by_cost=settings.objective == "cost", keys=clusters.keys_of(confirmation + extension),
     )
 
 
@@ -354,6 +346,9 @@ def _design(settings: ValidationSettings, plan: _Plan) -> ValidationDesign:
     # this one (nor the other way round).
     test = (f"sequential one-sided {betting.METHOD} on the judge's {SCORE_MIN:g}-{SCORE_MAX:g} scale, valid at "
             "every look, non-binding futility")
+    if plan.clustered:  # only then: the key of a design without clusters is as it was
+        test += (f", over the means of {len(set(plan.keys))} clusters of questions sharing a source passage "
+                 "(complete clusters at a look)")
     procedure = f"chosen finalist vs initial: {test}"
     if plan.by_cost:
         procedure = (
@@ -450,12 +445,13 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
                       if study.validation_scores(ins, [e.query for e in batch]) is None)
         for _, ins in pairs:
             scores[ins] += got[ins]
-        a, b = paired_valid(scores[pick], scores[plan.initial])
-        seen.append(len(a))
-        look = decide([x - y + shift for x, y in zip(a, b, strict=True)], seen=seen, n_max=len(plan.confirmation),
+        diffs, keys = clusters.counted(scores[pick], scores[plan.initial], plan.keys)
+        seen.append(len(diffs))
+        look = decide([x + shift for x in diffs], seen=seen, n_max=len(plan.confirmation),
                       last=k == len(plan.sizes), earlier=looks, alpha=settings.alpha,
                       scale=(SCORE_MIN, SCORE_MAX), shift=shift, futility=settings.futility, seed=seed,
-                      futility_confidence=settings.claim.futility_confidence)
+                      futility_confidence=settings.claim.futility_confidence,
+                      clusters=keys if plan.clustered else None, planned_clusters=len(set(plan.keys)))
         looks.append(look)
         study.save_validation_look(look)
         logger.info("validation look %d/%d: %d pairs, mean difference %+.2f, p=%.3g: %s",
@@ -475,24 +471,27 @@ def _find(conf: _Confirmation, *, plan: _Plan, settings: ValidationSettings, reu
     asked = conf.asked
     covered = (sum(x is not None for x in conf.pick_scores) >= s.min_coverage * asked
                and sum(x is not None for x in conf.initial_scores) >= s.min_coverage * asked)
-    a, b = paired_valid(conf.pick_scores, conf.initial_scores)
-    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    diffs, keys = clusters.counted(conf.pick_scores, conf.initial_scores, plan.keys)
+    # Under clusters every figure is of the cluster means (the estimand: each source passage once).
+    units = clusters.cluster_means(diffs, keys).tolist() if plan.clustered else diffs
+    planned = len(set(plan.keys))
+    sizes = tuple(dict.fromkeys(n for n in clusters.looks_in_clusters(plan.sizes, plan.keys) if n))  # looks with a cluster
     tested = bool(covered and conf.final.decision == "success")  # what the test says
-    saving = _saving(conf.pick_costs, conf.initial_costs, unit=unit) if plan.by_cost else None
+    saving = cost_saving(conf.pick_costs, conf.initial_costs, unit=unit) if plan.by_cost else None
     cheaper = saving is not None and saving.lower
     # A re-decided decision is an exploration: it claims nothing. A cost claim needs both halves.
     claimed = tested and reuse is None and (cheaper or not plan.by_cost)
-    raw = sum(diffs) / len(diffs) if diffs else None
-    difference, difference_ci = raw, t_interval(diffs)
+    raw = sum(units) / len(units) if units else None
+    difference, difference_ci = raw, t_interval(units)
     if plan.by_cost and diffs:
         # The interval of the test that decides: one-sided alpha on each side, so its lower end is above
         # -margin exactly where non-inferiority was shown (the same bets, tuned to the planned maximum).
-        ci = betting.bound(diffs, scale=(SCORE_MIN, SCORE_MAX), alpha=2 * s.alpha, planned=len(plan.confirmation))
+        ci = betting.bound(units, scale=(SCORE_MIN, SCORE_MAX), alpha=2 * s.alpha, planned=planned)
         difference_ci = (ci.low, ci.high)
-    if claimed and len(diffs) >= 2 and not plan.by_cost:
+    if claimed and len(units) >= 2 and not plan.by_cost:
         # Among claims the plain mean is inflated (a claim is made when the sample looked good):
         # report the gain adjusted for having been claimed, with its conditional interval.
-        est = conditional_estimate(diffs, sizes=plan.sizes, alpha=s.alpha, scale=(SCORE_MIN, SCORE_MAX),
+        est = conditional_estimate(units, sizes=sizes, alpha=s.alpha, scale=(SCORE_MIN, SCORE_MAX),
                                    futility=s.futility, seed=seed)
         difference, difference_ci = est.gain, est.ci
     return _Finding(
@@ -533,6 +532,8 @@ def _how(plan: _Plan, *, chosen: int, conf: _Confirmation) -> str:
     return (f"finalist {chosen + 1} of {len(plan.finalists)}"
             + (f" (chosen on {n_sel} selection questions)" if n_sel else "")
             + f", look {conf.final.look} of {len(plan.sizes)}, {conf.final.n} paired questions"
+            + (f" in {len(set(clusters.counted(conf.pick_scores, conf.initial_scores, plan.keys)[1]))} clusters "
+               "sharing a source passage (each counted once)" if plan.clustered else "")
             + (f", {extended} of them from the extension" if extended else ""))
 
 
@@ -562,7 +563,8 @@ def _cost_texts(settings: ValidationSettings, *, conf: _Confirmation, finding: _
         saved = f"cost per answer {saving.difference:+.3g} ({unit})"
     else:
         r_lo, r_hi = saving.relative_ci
-        saved = f"{saving.relative:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]"
+        saved = f"{saving.relative:.0%} lower cost per answer ({unit}) [{r_lo:.0%}, {r_hi:.0%}]" + (
+            f" ({saving.caveat})" if saving.caveat else "")
     why = {"futility": f"stopped for futility: clearly worse by more than {s.margin:g} (one-sided {1 - s.alpha:.0%} "
                        "upper bound below it)",
            "end": f"non-inferiority not shown: betting one-sided p={final.p_value:.3g} > alpha {s.alpha:g}",

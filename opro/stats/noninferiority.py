@@ -22,6 +22,7 @@ from typing import Any
 
 from opro.errors import ConfigError
 from opro.stats import betting
+from opro.stats.clusters import cluster_means, singletons
 
 
 def check_margin(margin: float, *, where: str = "--margin") -> float:
@@ -79,21 +80,25 @@ class NonInferiority:
 
 
 def noninferiority(a: Sequence[float], b: Sequence[float], *, margin: float, alpha: float,
-                   scale: tuple[float, float]) -> NonInferiority:
-    """``a`` against ``b`` paired by question (valid scores on the judge's ``scale``, in the questions' order)."""
+                   scale: tuple[float, float], clusters: Sequence[str] | None = None) -> NonInferiority:
+    """``a`` against ``b`` paired by question (valid scores on the judge's ``scale``, in the questions' order).
+    ``clusters`` (a key per pair, :mod:`opro.stats.clusters`): the test is of the cluster means."""
     if len(a) != len(b):
         raise ValueError(f"paired scores differ in length: {len(a)} and {len(b)}")
     d = [x - y for x, y in zip(a, b, strict=True)]
     n = len(d)
-    least = betting.min_pairs(alpha=alpha, scale=scale, above=-margin, planned=max(n, 1))
+    if clusters is not None and not singletons(clusters):
+        d = cluster_means(d, clusters).tolist()
+    units = len(d)
+    least = betting.min_pairs(alpha=alpha, scale=scale, above=-margin, planned=max(units, 1))
     if not n:
         return NonInferiority(margin=margin, n=0, p_value=1.0, alpha=alpha, lower=-betting.width(scale),
                               min_pairs=least)
     import numpy as np
 
     x = np.asarray(d, dtype=float)
-    peak = float(betting.log_capital(x, scale=scale, alpha=alpha, above=-margin, planned=n)[0])
-    lower = float(betting.lower_bounds(x, scale=scale, alpha=alpha, planned=n)[0])
+    peak = float(betting.log_capital(x, scale=scale, alpha=alpha, above=-margin, planned=units)[0])
+    lower = float(betting.lower_bounds(x, scale=scale, alpha=alpha, planned=units)[0])
     return NonInferiority(margin=margin, n=n, p_value=min(1.0, math.exp(-peak)), alpha=alpha, lower=lower,
                           min_pairs=least)
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from opro.errors import DataError
 from opro.stats import betting
+from opro.stats.clusters import cluster_means, singletons
 
 # Rows of bootstrap resamples drawn at once: bounds memory at ~8 MB for 1000 questions.
 _BLOCK = 1000
@@ -353,22 +354,37 @@ def wilcoxon_signed_rank(a: Sequence[float], b: Sequence[float], *, exact_max_n:
                       "; ".join(x for x in (note, "normal approximation") if x))
 
 
+def _units(d: np.ndarray, clusters: Sequence[str] | None) -> np.ndarray:
+    """The differences a test counts: the cluster means where questions share a source passage
+    (:mod:`opro.stats.clusters`: the mean over clusters is the estimand), else the differences."""
+    if clusters is None or singletons(clusters):
+        return d
+    return cluster_means(d.tolist(), clusters)
+
+
+def _cluster_note(d: np.ndarray, clusters: Sequence[str] | None) -> str:
+    k = len(_units(d, clusters))
+    return "" if k == len(d) else f"mean over {k} clusters of questions sharing a source passage"
+
+
 def betting_test(a: Sequence[float], b: Sequence[float], *, scale: tuple[float, float],
-                 alpha: float = 0.05) -> TestResult:
+                 alpha: float = 0.05, clusters: Sequence[str] | None = None) -> TestResult:
     """Two-sided test of ``mean(a - b) = 0`` for scores on the judge's ``scale``: the betting confidence
     sequence (:func:`opro.stats.betting.bound`, bets tuned to the number of pairs), significant at
     ``alpha`` exactly when its ``1 - alpha`` interval excludes 0. Valid on any number of pairs whatever
     the differences' shape; on few pairs it cannot be significant at all. ``statistic`` is the absolute
-    mean difference."""
+    mean difference. ``clusters`` (a key per pair): the test runs on the cluster means."""
     d = _pairs(a, b)
     if not len(d):
         return TestResult("betting", 0.0, 1.0, 0, True, "no pairs")
-    c = betting.bound(d.tolist(), scale=scale, alpha=alpha, planned=len(d))
-    return TestResult("betting", abs(c.mean), c.p, len(d), True, betting.METHOD)
+    u = _units(d, clusters)
+    c = betting.bound(u.tolist(), scale=scale, alpha=alpha, planned=len(u))
+    return TestResult("betting", abs(c.mean), c.p, len(d), True,
+                      "; ".join(x for x in (betting.METHOD, _cluster_note(d, clusters)) if x))
 
 
 def paired_betting_ci(a: Sequence[float], b: Sequence[float], *, scale: tuple[float, float],
-                      level: float = 0.95) -> ConfidenceInterval:
+                      level: float = 0.95, clusters: Sequence[str] | None = None) -> ConfidenceInterval:
     """The betting confidence sequence's ``level`` interval of ``mean(a - b)`` on the judge's ``scale``
     (:func:`opro.stats.betting.bound`): it covers the mean whatever the differences' shape, near the
     ceiling too (a prompt that fails rarely: the t interval, and its Wilson fallback for means only,
@@ -376,8 +392,9 @@ def paired_betting_ci(a: Sequence[float], b: Sequence[float], *, scale: tuple[fl
     if not 0.0 < level < 1.0:
         raise DataError(f"confidence level must be between 0 and 1 (e.g. 0.95), got {level}")
     d = _pairs(a, b)
-    c = betting.bound(d.tolist(), scale=scale, alpha=1 - level, planned=max(len(d), 1))
-    note = "" if len(d) >= 2 else f"{len(d)} question(s): the interval is the scale's whole width"
+    u = _units(d, clusters)
+    c = betting.bound(u.tolist(), scale=scale, alpha=1 - level, planned=max(len(u), 1))
+    note = _cluster_note(d, clusters) if len(d) >= 2 else f"{len(d)} question(s): the interval is the scale's whole width"
     return ConfidenceInterval(c.mean, c.low, c.high, level, len(d), method="betting", note=note)
 
 
@@ -421,15 +438,17 @@ def compare_paired(
     scale: tuple[float, float],
     level: float = 0.95,
     alpha: float = 0.05,
+    clusters: Sequence[str] | None = None,
 ) -> PairedComparison:
     """Everything a report says about ``a`` against ``b`` on the same questions, scores on the judge's
     ``scale`` (min, max): the betting interval of the difference and the betting test that decides
-    (:func:`paired_betting_ci`, :func:`betting_test`), the Wilcoxon test beside it."""
+    (:func:`paired_betting_ci`, :func:`betting_test`), the Wilcoxon test beside it. ``clusters``: a key
+    per pair (:mod:`opro.stats.clusters`); the betting test and interval are then of the cluster means."""
     if not 0.0 < alpha < 1.0:
         raise DataError(f"alpha must be between 0 and 1 (e.g. 0.05), got {alpha}")
     d = _pairs(a, b)
     n = len(d)
-    least = betting.min_pairs(alpha=alpha / 2, scale=scale, planned=max(n, 1))
+    least = betting.min_pairs(alpha=alpha / 2, scale=scale, planned=max(len(_units(d, clusters)), 1))
     if n == 0:
         nan_ci = ConfidenceInterval(math.nan, math.nan, math.nan, level, 0, note="no pairs")
         none = TestResult("wilcoxon", 0.0, 1.0, 0, True, "no pairs")
@@ -441,10 +460,10 @@ def compare_paired(
         n=n,
         mean_a=float(np.mean(a)),
         mean_b=float(np.mean(b)),
-        difference=paired_betting_ci(a, b, scale=scale, level=level),
+        difference=paired_betting_ci(a, b, scale=scale, level=level, clusters=clusters),
         win_tie_loss=win_tie_loss(a, b),
         wilcoxon=wilcoxon_signed_rank(a, b),
-        test=betting_test(a, b, scale=scale, alpha=alpha),
+        test=betting_test(a, b, scale=scale, alpha=alpha, clusters=clusters),
         alpha=alpha,
         min_pairs=least,
     )

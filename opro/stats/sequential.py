@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from opro.stats.betting import log_capital, width
+from opro.stats.clusters import cluster_means
 
 _EPS = 1e-9
 #: What a look's ``statistic`` is: the log of the betting capital's running maximum (:mod:`opro.stats.betting`).
@@ -112,7 +113,8 @@ def futile(x: np.ndarray, *, confidence: float | None) -> np.ndarray:
 def decide(
     differences: Sequence[float], *, seen: Sequence[int], n_max: int, last: bool, earlier: Sequence[Look],
     alpha: float, scale: tuple[float, float], shift: float = 0.0, futility: bool = True,
-    futility_confidence: float | None = None, seed: int = 0,
+    futility_confidence: float | None = None, seed: int = 0, clusters: Sequence[str] | None = None,
+    planned_clusters: int | None = None,
 ) -> Look:
     """The look after ``seen[-1]`` paired differences, in the order asked, each shifted by ``+shift``
     (the margin under a non-inferiority claim; ``seen``: the count at every look so far, this one
@@ -121,7 +123,10 @@ def decide(
     confidence sequence of :mod:`opro.stats.betting` on the judge's ``scale``: valid at every look
     whatever the differences' shape, so no alpha is spent and ``earlier`` only has to be of the same
     test. ``futility_confidence``: see :func:`futile` (None: stop once not ahead). ``seed`` is kept in
-    the signature of a look (the test draws nothing)."""
+    the signature of a look (the test draws nothing). ``clusters``: a key per difference, complete clusters
+    only (:mod:`opro.stats.clusters`); the test and the futility rule then run on the cluster means (in the
+    order the clusters complete) with bets tuned to ``planned_clusters``, and ``mean_difference`` is their
+    mean; every cluster a single question is the per-question test exactly."""
     del seed  # the betting test is deterministic: a look is a function of the differences alone
     look = len(seen)
     n = seen[-1] if seen else 0
@@ -130,11 +135,14 @@ def decide(
     if any(x.statistic_of != STATISTIC_OF for x in earlier):
         raise ValueError("an earlier look was made by another test: a decision is never resumed under another test")
     d = np.asarray(differences, dtype=float)
+    planned = n_max
+    if clusters is not None:
+        d, planned = cluster_means(d.tolist(), clusters), planned_clusters or n_max
     target = math.log(1 / alpha)
     if n == 0:
         return Look(look=look, n=0, n_max=n_max, statistic=0.0, mean_difference=0.0, boundary=target,
                     alpha_spent=alpha, p_value=1.0, decision="end" if last else "continue", statistic_of=STATISTIC_OF)
-    s = float(log_capital(d - shift, scale=scale, alpha=alpha, above=-shift, planned=n_max)[0])
+    s = float(log_capital(d - shift, scale=scale, alpha=alpha, above=-shift, planned=planned)[0])
     if s >= target:
         decision = "success"
     elif last:

@@ -13,14 +13,15 @@ from typing import Literal
 
 import numpy as np
 
-World = Literal["rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "tied", "rare"]
+World = Literal["rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "tied", "clustered", "rare"]
 #: The worlds of issue 61, in which every test and interval is measured: integer 1-5 scores with ties
 #: (``rounded``, ``realistic``), continuous scores at paired sd 0.66 (``measured``), heavy tails
 #: (``t3``), and skewed differences in both directions (``skewed``: rare large losses of the prompt
 #: tested, small gains elsewhere, the way a cost cut fails; ``skewed-gains``: rare large gains); and
 #: ``tied``: the prompt tested scores exactly the same on most questions and loses (or gains) 2-3
-#: points on a share of them, so that a sample of a few pairs is often all ties.
-WORLDS: tuple[World, ...] = ("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "tied")
+#: points on a share of them, so that a sample of a few pairs is often all ties; ``clustered``: questions
+#: come in clusters that share a source passage, and their paired differences move together.
+WORLDS: tuple[World, ...] = ("rounded", "realistic", "measured", "t3", "skewed", "skewed-gains", "tied", "clustered")
 #: The realistic world (bench_selection's uses the same numbers): a question is hard (level 1.7) or
 #: easy (4.3), so scores are mostly 1-2 or 4-5; judge noise per call; a share of questions where
 #: both prompts give the same answer (the same score); per-question effects of sd SPREAD around the
@@ -55,6 +56,13 @@ SKEW_LEVEL = (3.6, 4.4)
 #: positive one), so the mean difference is ``effect`` exactly (-0.25: 1 question in 10; -0.4: 4 in 25).
 TIE_MOVES = (2.0, 3.0)
 TIE_MOVE = sum(TIE_MOVES) / len(TIE_MOVES)
+#: ``clustered``: the questions come in clusters of 2, 3, 4, 5 and 6 (in turn: :func:`cluster_layout`), as
+#: generated questions share their chunk; a paired difference is the effect, a shift shared by its
+#: cluster (the passage retrieved or missed for all its questions) and its own noise, CLUSTER_ICC of the
+#: paired variance CLUSTER_SD**2 shared; the initial prompt's level sits mid-scale (3 +- 0.4, symmetric,
+#: so that equal prompts differ by 0 on average after clipping to 1-5). Continuous scores.
+CLUSTER_SIZES = (2, 3, 4, 5, 6)
+CLUSTER_ICC, CLUSTER_SD, CLUSTER_LEVEL_SD = 0.4, 1.0, 0.4
 #: ``rare`` (intervals only): a score of 5, or 1 on RARE_SHARE of the questions, for either prompt.
 RARE_SHARE = 0.1
 
@@ -120,6 +128,23 @@ def tied_pairs(rng: np.random.Generator, shape: tuple[int, ...], *, effect: floa
     return a, b
 
 
+def cluster_layout(n: int, sizes: tuple[int, ...] = CLUSTER_SIZES) -> np.ndarray:
+    """The cluster of each of ``n`` questions in the clustered world: clusters of ``sizes`` in turn, each
+    cluster's questions one after the other (the last one cut short at ``n``)."""
+    each = np.resize(np.array(sizes), n // min(sizes) + 1)
+    return np.repeat(np.arange(len(each)), each)[:n]
+
+
+def clustered_pairs(rng: np.random.Generator, shape: tuple[int, ...], *, effect: float,
+                    icc: float = CLUSTER_ICC, sizes: tuple[int, ...] = CLUSTER_SIZES) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) scores of the clustered world (questions of :func:`cluster_layout` along the last axis)."""
+    labels = cluster_layout(shape[-1], sizes)
+    shared = rng.normal(0, np.sqrt(icc) * CLUSTER_SD, (*shape[:-1], int(labels.max()) + 1))[..., labels]
+    own = rng.normal(0, np.sqrt(1 - icc) * CLUSTER_SD, shape)
+    level = 3.0 + rng.normal(0, CLUSTER_LEVEL_SD, shape)
+    return np.clip(level + effect + shared + own, 1, 5), np.clip(level, 1, 5)
+
+
 def scores(rng: np.random.Generator, n: int, effect: float, *, continuous: bool) -> tuple[np.ndarray, np.ndarray]:
     level = 3.0 + rng.normal(0, 0.6, n)
     a = level + effect + rng.normal(0, 0.9, n)
@@ -146,6 +171,8 @@ def paired_scores(rng: np.random.Generator, *, sims: int, n: int, effect: float,
         return skewed_pairs(rng, (sims, n), effect=effect, gains=world == "skewed-gains")
     if world == "tied":
         return tied_pairs(rng, (sims, n), effect=effect)
+    if world == "clustered":
+        return clustered_pairs(rng, (sims, n), effect=effect)
     if world == "rare":
         a, b = (np.where(rng.random((sims, n)) < RARE_SHARE, 1.0, 5.0) for _ in range(2))
         return a, b

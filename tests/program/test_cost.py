@@ -355,12 +355,12 @@ def test_the_share_saved_in_the_validation_verdict_covers_where_each_question_sa
     """Issue 57, item 5, where the validation stage computes it: costs vary by question, the cut is about
     150 tokens on each; the share's interval used to divide the difference's by the initial mean as if
     known (covering about a third of samples) and is now Fieller's."""
-    from opro.search.validation import _saving
+    from opro.search.saving import cost_saving
     from opro.testing.cost_worlds import costs, true_saving
 
     rng = np.random.default_rng(61)
     new, old = costs(rng, sims=300, n=20, cut="constant")
-    savings = [_saving(list(x), list(y), unit="tokens") for x, y in zip(new, old, strict=True)]
+    savings = [cost_saving(list(x), list(y), unit="tokens") for x, y in zip(new, old, strict=True)]
     truth = true_saving("constant")
     covered = [s is not None and s.relative_ci is not None and s.relative_ci[0] <= truth <= s.relative_ci[1]
                for s in savings]

@@ -173,3 +173,27 @@ def test_under_cost_the_selection_questions_are_asked_of_the_initial_configurati
     # 3 looks over 48 confirmation questions and up to 20 more: 68 pairs at most, 2 calls an answer.
     assert max_calls(quality, 52, 20) == 2 * (2 * 4 + 2 * 68)
     assert max_calls(cost, 52, 20) == 2 * (3 * 4 + 2 * 68)
+
+
+def test_the_confirmation_asks_a_clusters_questions_together_and_never_one_that_chose() -> None:
+    """Questions on the same passage (their reference context) are one cluster: the confirmation asks
+    them one after the other, leaves out those whose passage a selection question shares (they chose the
+    finalist too), and the design names the clusters; without passages, the plan and key are as before."""
+    from opro.data.dataset import Example
+
+    finalists = [CandidateRecord(step=1, instruction=f"Finalist {i}.", score=4.0 - i, n_scored=4, n_invalid=0,
+                                 n_errors=0, status="complete", trial_number=i) for i in range(2)]
+    passages = ["p0", "p1", "p2", "p1", "p3", "p2", "p4", "p3", "p0", "p5", "p4", "p5"]
+    validation = [Example(query=f"val question {i}?", reference_answer="a", reference_contexts=(p,))
+                  for i, p in enumerate(passages)]
+    settings = validation_settings(OptimizerSection(alpha=0.05, finalists=2, selection_questions=4))
+    plan = _plan(settings, initial="Answer the question.", finalists=finalists, validation_set=validation,
+                 extension_set=[])
+    selection = [e.reference_contexts[0] for e in plan.selection]
+    assert selection == ["p0", "p0", "p1", "p1"]
+    assert [e.reference_contexts[0] for e in plan.confirmation] == ["p2", "p2", "p3", "p3", "p4", "p4", "p5", "p5"]
+    assert plan.clustered and "over the means of 4 clusters" in _design(settings, plan).procedure
+    bare = [Example(query=e.query, reference_answer="a") for e in validation]
+    plain = _plan(settings, initial="Answer the question.", finalists=finalists, validation_set=bare, extension_set=[])
+    assert [e.query for e in plain.confirmation] == [e.query for e in bare[4:]] and not plain.clustered
+    assert _design(settings, plain).procedure == PROCEDURE

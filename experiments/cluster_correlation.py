@@ -1,0 +1,122 @@
+"""How much do the paired differences of questions on the same source passage move together?
+
+Issue 67, item 4: questions generated from one passage share it as their reference context, and the
+paired tests count such a cluster once (:mod:`opro.stats.clusters`). This script measures the
+within-cluster correlation (ICC(1), :func:`opro.stats.clusters.within_correlation`) of paired
+differences, clusters from each question's first reference context, from:
+
+- ``--side-by-side FILE`` (default ``experiments/results/side_by_side_alexnet.json``): per question,
+  ``{"query", "reference_contexts", "pointwise": [score_a, score_b], "side_by_side": [score_a, score_b]}``
+  under ``"questions"`` (the side-by-side judge's measurement on history_of_alexnet); the ICC of a - b
+  for either judge mode;
+- ``--run DIR`` (repeatable): an opro run folder's comparisons (``compare/*/report.json``: the held-out
+  questions and each prompt's scores, each prompt against the baseline), clusters from the folder's
+  saved dataset (``dataset/``). The run folder keeps the validation stage's scores (summary.json) but
+  not which question each belongs to, so its validation pairs cannot be clustered after the fact;
+- ``--dataset FILE`` (repeatable; default history_of_alexnet's rag_dataset.json under ../shared/data):
+  how many clusters a dataset holds and their sizes.
+
+    python experiments/cluster_correlation.py --run outputs/models_alexnet
+
+With few clusters of two the ICC is noisy: its standard error is printed beside it (a normal
+approximation, ``(1 - r)^2 (1 + r)^2 / (k - 1)`` per cluster of two, Fisher 1925).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opro.stats.clusters import cluster_keys, within_correlation
+
+HERE = Path(__file__).resolve().parent
+SIDE_BY_SIDE = HERE / "results" / "side_by_side_alexnet.json"
+ALEXNET = HERE.parent.parent / "shared" / "data" / "history_of_alexnet" / "rag_dataset.json"
+
+
+def icc_row(source: str, differences: Sequence[float], contexts: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """The ICC of ``differences`` clustered by their questions' first reference context."""
+    keys = cluster_keys(contexts)
+    sizes = Counter(keys)
+    shared = [k for k, m in sizes.items() if m > 1]
+    r = within_correlation(list(differences), keys)
+    k = len(sizes)
+    se = (1 - r) * (1 + r) / math.sqrt(k - 1) if k > 1 and not math.isnan(r) else math.nan
+    return {"source": source, "questions": len(keys), "clusters": k, "shared": len(shared),
+            "icc": r, "se": se}
+
+
+def side_by_side(path: Path) -> list[dict[str, Any]]:
+    """The ICC of both judge modes' paired differences in a side-by-side file (none if it is missing)."""
+    if not path.is_file():
+        print(f"{path}: not there yet (the side-by-side judge's run on history_of_alexnet writes it); skipped")
+        return []
+    questions = json.loads(path.read_text(encoding="utf-8"))["questions"]
+    contexts = [q.get("reference_contexts") or () for q in questions]
+    return [icc_row(f"{path.name}: {mode}", [float(q[mode][0]) - float(q[mode][1]) for q in questions], contexts)
+            for mode in ("pointwise", "side_by_side")]
+
+
+def run_folder(folder: Path) -> list[dict[str, Any]]:
+    """The ICC of every comparison in a run folder, each prompt against the baseline."""
+    from opro.data.dataset import GoldenDataset
+
+    dataset = folder / "dataset"
+    if not dataset.is_dir():
+        print(f"{folder}: no saved dataset (dataset/): not an opro run folder; skipped")
+        return []
+    contexts_of = {e.query: e.reference_contexts for e in GoldenDataset.load(dataset).examples}
+    rows = []
+    for report in sorted((folder / "compare").glob("*/report.json")):
+        data = json.loads(report.read_text(encoding="utf-8"))
+        base = next(p for p in data["prompts"] if p["label"] == data["baseline"])
+        for p in data["prompts"]:
+            if p is base:
+                continue
+            kept = [(q, a - b) for q, a, b in zip(data["questions"], p["scores"], base["scores"], strict=True)
+                    if a is not None and b is not None]
+            rows.append(icc_row(f"{report.parent.name}: {p['label']} - {base['label']}", [d for _, d in kept],
+                                [contexts_of.get(q, ()) for q, _ in kept]))
+    if not rows:
+        print(f"{folder}: no comparisons (compare/*/report.json); run `opro compare` there first")
+    return rows
+
+
+def layout(path: Path) -> dict[str, Any] | None:
+    """A dataset's clusters: how many, and how many questions each holds."""
+    if not path.is_file():
+        print(f"{path}: no such dataset; skipped")
+        return None
+    examples = json.loads(path.read_text(encoding="utf-8"))["examples"]
+    sizes = Counter(cluster_keys([e.get("reference_contexts") or () for e in examples]))
+    return {"dataset": str(path), "questions": len(examples), "clusters": len(sizes),
+            "sizes": dict(sorted(Counter(sizes.values()).items()))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--side-by-side", type=Path, default=SIDE_BY_SIDE)
+    ap.add_argument("--run", type=Path, action="append", default=[], help="an opro run folder (repeatable)")
+    ap.add_argument("--dataset", type=Path, action="append", help="a rag_dataset.json (repeatable)")
+    args = ap.parse_args(argv)
+    for path in args.dataset or [ALEXNET]:
+        if (found := layout(path)) is not None:
+            sizes = ", ".join(f"{n} of {m}" for m, n in found["sizes"].items())
+            print(f"{found['dataset']}: {found['questions']} questions in {found['clusters']} clusters ({sizes})")
+    rows = side_by_side(args.side_by_side) + [r for folder in args.run for r in run_folder(folder)]
+    if rows:
+        print("| paired differences | questions | clusters (of 2 or more) | within-cluster correlation ± se |")
+        print("|---|---|---|---|")
+        for r in rows:
+            icc = "-" if math.isnan(r["icc"]) else f"{r['icc']:+.2f} ± {r['se']:.2f}"
+            print(f"| {r['source']} | {r['questions']} | {r['clusters']} ({r['shared']}) | {icc} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

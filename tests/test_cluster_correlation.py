@@ -1,0 +1,45 @@
+"""experiments/cluster_correlation.py: the within-cluster correlation of paired differences from the
+side-by-side judge's per-question file, and a clear line where the file is not there yet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cluster_correlation import main, side_by_side
+
+
+def _write(path: Path, *, shared: float, clusters: int = 300, seed: int = 0) -> None:
+    """Clusters of two questions on one passage, whose pointwise differences share ``shared`` of their
+    variance; the side-by-side differences are independent."""
+    rng = np.random.default_rng(seed)
+    questions = []
+    for c in range(clusters):
+        common = rng.normal(0, np.sqrt(shared))
+        for q in range(2):
+            d = common + rng.normal(0, np.sqrt(1 - shared))
+            questions.append({"query": f"q{c}-{q}?", "reference_contexts": [f"Passage {c}."],
+                              "pointwise": [3.0 + d, 3.0], "side_by_side": [3.0 + rng.normal(), 3.0]})
+    path.write_text(json.dumps({"questions": questions}), encoding="utf-8")
+
+
+def test_the_correlation_of_each_judge_mode_is_measured_by_passage(tmp_path: Path) -> None:
+    path = tmp_path / "side_by_side_alexnet.json"
+    _write(path, shared=0.5)
+    pointwise, paired = side_by_side(path)
+    assert pointwise["clusters"] == 300 and pointwise["questions"] == 600
+    assert pointwise["icc"] == pytest.approx(0.5, abs=0.12)
+    assert abs(paired["icc"]) < 0.15
+
+
+def test_a_missing_file_is_said_and_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dataset = tmp_path / "rag_dataset.json"
+    dataset.write_text(json.dumps({"examples": [{"query": "a?", "reference_contexts": ["P"]},
+                                                {"query": "b?", "reference_contexts": ["p"]},
+                                                {"query": "c?", "reference_contexts": []}]}), encoding="utf-8")
+    assert main(["--side-by-side", str(tmp_path / "absent.json"), "--dataset", str(dataset)]) == 0
+    out = capsys.readouterr().out
+    assert "absent.json: not there yet" in out
+    assert "3 questions in 2 clusters (1 of 1, 1 of 2)" in out
