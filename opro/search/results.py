@@ -153,6 +153,9 @@ class ValidationResult:
     objective: Literal["quality", "cost"] = "quality"
     margin: float | None = None
     saving: CostSaving | None = None
+    #: Of the paired questions the decision was shown on, how many came from the dataset's labelled pool
+    #: (:mod:`opro.data.pool`; 0: the split and its unused questions only).
+    pool_questions: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The stage as plain data, in the form summary.json has always had: the looks, design and

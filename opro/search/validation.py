@@ -264,9 +264,10 @@ class _Plan:
     #: The validation split's questions: the selection ones, then the confirmation ones.
     validation: tuple[QAExample, ...]
     selection: tuple[QAExample, ...]
-    #: The validation split's confirmation questions, then the extension's.
+    #: The validation split's confirmation questions, then the extension's (the pool's from ``pool_start`` on).
     confirmation: tuple[QAExample, ...]
     extension: tuple[QAExample, ...]
+    pool_start: int
     #: Paired questions seen at each look (:func:`confirmation_looks`).
     sizes: tuple[int, ...]
     by_cost: bool
@@ -333,7 +334,7 @@ def _nothing_to_validate(settings: ValidationSettings) -> ValidationResult:
 
 
 def _plan(settings: ValidationSettings, *, initial: str, finalists: Sequence[CandidateRecord],
-          validation_set: Sequence[QAExample], extension_set: Sequence[QAExample]) -> _Plan:
+          validation_set: Sequence[QAExample], extension_set: Sequence[QAExample], pooled: int = 0) -> _Plan:
     n_sel, _ = split_sizes(settings, len(validation_set), len(finalists))
     confirmation = tuple(validation_set[n_sel:])
     sizes = confirmation_looks(settings, len(confirmation), len(extension_set))
@@ -342,7 +343,7 @@ def _plan(settings: ValidationSettings, *, initial: str, finalists: Sequence[Can
         initial=initial, finalists=tuple(finalists),
         labels=tuple(validation_prompts(initial, [f.instruction for f in finalists])),
         validation=tuple(validation_set), selection=tuple(validation_set[:n_sel]),
-        confirmation=confirmation + extension, extension=extension, sizes=sizes,
+        confirmation=confirmation + extension, extension=extension, sizes=sizes, pool_start=len(extension_set) - pooled,
         by_cost=settings.objective == "cost",
     )
 
@@ -526,14 +527,20 @@ def _records(plan: _Plan, *, chosen: int, conf: _Confirmation, finding: _Finding
     return tuple(records)
 
 
-def _how(plan: _Plan, *, chosen: int, conf: _Confirmation) -> str:
-    """Which finalist was tested, and at which look on how many questions."""
+def _pooled(plan: _Plan, conf: _Confirmation) -> tuple[int, int]:  # (extension questions asked, the pool's)
     extended = max(0, conf.asked - (len(plan.confirmation) - len(plan.extension)))
+    return extended, max(0, extended - plan.pool_start)
+
+
+def _how(plan: _Plan, *, chosen: int, conf: _Confirmation) -> str:
+    """Which finalist was tested, and at which look on how many questions (and which of them the pool gave)."""
+    extended, pooled = _pooled(plan, conf)
     n_sel = len(plan.selection)
     return (f"finalist {chosen + 1} of {len(plan.finalists)}"
             + (f" (chosen on {n_sel} selection questions)" if n_sel else "")
             + f", look {conf.final.look} of {len(plan.sizes)}, {conf.final.n} paired questions"
-            + (f", {extended} of them from the extension" if extended else ""))
+            + (f", {extended} of them from the extension" if extended else "")
+            + (f" ({pooled} from the dataset's labelled pool)" if pooled else ""))
 
 
 def _why(settings: ValidationSettings, *, conf: _Confirmation, finding: _Finding) -> str:
@@ -629,6 +636,7 @@ def validate(
     history: Sequence[CandidateRecord],
     initial: str,
     extension_set: Sequence[QAExample] = (),
+    pooled: int = 0,
     seed: int = 0,
     on_validated: OnValidated = lambda label, instruction, rows: None,
     on_batch: OnValidated = lambda label, instruction, rows: None,
@@ -637,8 +645,8 @@ def validate(
 ) -> ValidationResult:
     """Choose a finalist on the selection questions, then test it against the initial instruction
     on the confirmation questions, look by look, the last look on up to ``validation_extension`` of
-    ``extension_set`` (questions in no split) when the earlier ones did not decide (see the module
-    docstring). ``ledger``: the user's decision ledger, checked and written with the study.
+    ``extension_set`` (in no split; the last ``pooled`` the dataset's pool's) when the earlier ones did not
+    decide (see the module docstring). ``ledger``: the user's decision ledger, checked and written with the study.
 
     Every prompt is named by its candidate name (:attr:`CandidateRecord.name`: the instruction, with its
     settings where they differ from the initial configuration's), which the scorer resolves to its
@@ -650,7 +658,7 @@ def validate(
                                  n_confirmation=n_conf + min(len(extension_set), s.validation_extension))
     if not finalists:
         return _nothing_to_validate(s)
-    plan = _plan(s, initial=initial, finalists=finalists, validation_set=validation_set, extension_set=extension_set)
+    plan = _plan(s, initial=initial, finalists=finalists, validation_set=validation_set, extension_set=extension_set, pooled=pooled)
     opened = _open_decision(study, plan=plan, settings=s, ledger=ledger)
     rows = _Rows()
 
@@ -685,6 +693,7 @@ def validate(
         objective=s.objective,
         margin=s.margin if plan.by_cost else None,
         saving=finding.saving,
+        pool_questions=_pooled(plan, conf)[1],
     )
 
 
