@@ -258,9 +258,9 @@ class Plan:
         n = self.split.get("heldout", 0)
         if self.heldout_detectable is None:
             least = betting.min_pairs(alpha=self.alpha / 2, scale=(SCORE_MIN, SCORE_MAX), planned=max(n, 1)) or n + 1
-            return [f"warning: `opro compare` cannot find a significant difference on {n} held-out questions " + (
-                f"(its two-sided test needs at least {least} at alpha {self.alpha:g})" if n < least
-                else f"in {POWER:.0%} of runs") + ", so `--promote` cannot pass"]
+            return ["warning: `opro compare` " + (f"cannot find a significant difference on {n} held-out questions (its two-"
+                    f"sided test needs at least {least} at alpha {self.alpha:g}), so `--promote` cannot pass" if n < least else
+                    f"finds no difference significant in {POWER:.0%} of runs on {n} held-out questions: `--promote` rarely passes")]
         return [f"{n} held-out questions: a difference of {self.heldout_detectable:+.2f} points is detected with "
                 f"{POWER:.0%} power at alpha {self.alpha:g} (paired score sd {self.difference_sd:.2f}: {self.sd_basis})"]
 

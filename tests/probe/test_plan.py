@@ -62,7 +62,9 @@ def test_the_plan_says_when_no_gain_can_be_claimed_or_confirmed(tmp_path: Path) 
     assert ("2 confirmation questions + up to 20 extension questions (about 10 expected), looks at 1, 2, 12"
             in " ".join(extended.lines()))
     # The betting test detects nothing on 6 held-out pairs in 80% of runs (a claim there needs every pair at +4).
-    assert make_plan(_config(tmp_path, data={"split": {**split, "heldout": 6}})).heldout_detectable is None
+    six = make_plan(_config(tmp_path, data={"split": {**split, "heldout": 6}}))
+    assert six.heldout_detectable is None
+    assert any("finds no difference significant in 80% of runs on 6 held-out questions" in w for w in six.warnings)
     big = make_plan(_config(tmp_path, questions=40, data={"split": {"exemplar": 2, "optimization": 3,
                                                                     "validation": 16, "heldout": 12, "seed": 1}}))
     assert big.detectable is not None and big.heldout_detectable is not None

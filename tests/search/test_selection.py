@@ -523,6 +523,7 @@ def test_the_extension_asks_the_pool_after_the_unused_questions_and_the_claim_na
     # Without a pool the claim is the split's and its unused questions': the summary says 0.
     split_only = run(tmp_path / "b", judge=_extension_judge(lift), n_unused=25, settings={"validation_extension": 20})
     assert split_only.validation is not None and split_only.validation.pool_questions == 0
+    assert "pool_questions" not in split_only.summary()["validation"]
     assert "labelled pool" not in split_only.validation.verdict
 
 
