@@ -596,7 +596,7 @@ class Experiment:
                     optimization_set=ds.examples_in("optimization"),
                     exemplar_set=ds.examples_in("exemplar"),
                     validation_set=ds.examples_in("validation"),
-                    extension_set=self.extension_set(),
+                    extension_set=(extension := self.extension_set()), pooled=max(0, len(extension) - len(ds.unused())),
                 )
             except BaseException:
                 for recorder in recorders:
@@ -605,12 +605,13 @@ class Experiment:
             return summary.run_result(result)
 
     def extension_set(self) -> tuple[Example, ...]:
-        """The questions in no split that the validation stage may extend into (up to
-        ``[optimizer].validation_extension``; none without a validation stage)."""
+        """The questions in no split that the validation stage may extend into (up to ``[optimizer].validation_extension``;
+        none without a validation stage): the split's unused ones, then the dataset's pool (:mod:`opro.data.pool`)."""
+        from opro.data.pool import extension_questions, pool_folder
         o, ds = self.config.optimizer, self.dataset
         if not o.finalists or not o.validation_extension or not ds.examples_in("validation"):
             return ()
-        return ds.unused()[: o.validation_extension]
+        return extension_questions(ds, pool_folder(self.config))[: o.validation_extension]
 
     def _record_split(self) -> dict[str, Any]:
         """What this optimization saw (:func:`opro.data.dataset.split_record`), for the held-out guard of

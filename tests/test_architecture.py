@@ -165,7 +165,7 @@ FLOORS: dict[str, int] = {
                      "opro.heldout.ledger", "opro.program.cost", "opro.stats.noninferiority", "opro.stats.betting", "opro.stats.ratio", "opro.stats.clusters", "opro.stats.claim", "opro.tracking.records", "opro.calibration.nearmiss"), 0),
     **dict.fromkeys(("opro.llm", "opro.config", "opro.llm.budget"), 1),
     **dict.fromkeys(("opro.program.rag", "opro.program.factory", "opro.program.retrieval", "opro.data.documents", "opro.data.dataset", "opro.data.generation",
-                     "opro.data.corpus", "opro.data.questions", "opro.judges", "opro.judges.metrics", "opro.judges.withheld"), 2),
+                     "opro.data.corpus", "opro.data.questions", "opro.data.pool", "opro.judges", "opro.judges.metrics", "opro.judges.withheld"), 2),
     **dict.fromkeys(("opro.evaluation.engine", "opro.evaluation.rows", "opro.evaluation.workbench", "opro.program.dspy"), 3),
     **dict.fromkeys(("opro.search", "opro.evaluation.batch"), 3.5),
     **dict.fromkeys(("opro.tracking.rundir_recorder", "opro.tracking", "opro.heldout.compare", "opro.heldout.report", "opro.heldout.guard", "opro.heldout.promotion",
@@ -174,7 +174,7 @@ FLOORS: dict[str, int] = {
     # The probe's modules (opro/probe/): they run on an Experiment's program and judge, beside headroom.
     **dict.fromkeys(tuple(f"opro.probe.{m}" for m in (
         "contrasts", "effects", "verdicts", "savings", "recommendation", "proposer", "task_limits", "judge_limits",
-        "pilot", "report", "store", "reuse")), 5),
+        "pilot", "report", "store", "reuse", "sizes")), 5),
     "opro.cli": 6,
 }
 #: ``opro/__init__.py`` is the public facade: it re-exports from every floor and nothing imports it.

@@ -176,6 +176,27 @@ def test_an_imported_folder_keeps_its_own_split_and_says_so(tmp_path: Path, capl
     assert "own split.json" in caplog.text and "[data.split] is ignored" in caplog.text
 
 
+def test_the_validation_extension_asks_the_unused_questions_then_the_folders_pool_and_records_them(
+    tmp_path: Path,
+) -> None:
+    from opro.data.dataset import Example, import_qa, split_record
+    from opro.data.pool import save_pool
+
+    dataset = import_qa(qa_file(tmp_path), query_field="question", answer_field="answer").with_split(
+        exemplar=1, optimization=4, validation=6, heldout=5, seed=9)
+    folder = dataset.save(tmp_path / "folder")
+    pool = [Example(query=f"What does pool question {i} ask?", reference_answer=f"pool answer {i}") for i in range(30)]
+    save_pool(folder, pool, dataset=dataset)
+    raw = experiment_config(tmp_path, data={"dataset": str(folder)}, optimizer={"validation_extension": 20})
+    exp = Experiment(config_from_dict(raw, base_dir=tmp_path, source="t.toml"), pool=scripted_pool(), progress=False)
+    unused = exp.dataset.unused()
+    assert len(unused) == 4 and exp.extension_set() == (*unused, *pool[:16])
+    # The split record the held-out guard checks names the pool's questions among the extension's.
+    record = split_record(exp.dataset, extension=exp.extension_set())
+    assert len(record["questions"]["extension"]) == 20
+    assert not set(record["questions"]["extension"]) & set(record["questions"]["heldout"])
+
+
 def test_duplicates_that_shrink_the_split_are_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 

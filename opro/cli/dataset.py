@@ -1,4 +1,4 @@
-"""`opro dataset`: golden QA datasets (generate, import, split, show) and corpora."""
+"""`opro dataset`: golden QA datasets (generate, import, split, show, pool) and corpora."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import typer
 from opro.cli._common import _errors, _listing
 from opro.workflows.dataset import SavedSplit, SplitSizes
 
-dataset_app = typer.Typer(help="Golden QA datasets: generate, import, split, show; corpora to run on.", no_args_is_help=True, rich_markup_mode=None)
+dataset_app = typer.Typer(help="Golden QA datasets: generate, import, split, show, pool; corpora to run on.", no_args_is_help=True, rich_markup_mode=None)
 
 
 def _show_saved(saved: SavedSplit) -> None:
@@ -65,6 +65,36 @@ def dataset_generate(
     if done.saved is None:
         raise typer.Exit(code=1)
     _show_saved(done.saved)
+
+
+@dataset_app.command("pool")
+@_errors()
+def dataset_pool(
+    directory: str = typer.Argument(..., help="opro dataset directory (split) to keep the pool beside"),
+    pool: int = typer.Option(..., "--pool", help="questions to add to the pool (what `opro plan` says is missing)"),
+    docs: list[str] = typer.Option([], "--docs", help="the documents the dataset was made from (repeatable)"),
+    chunk_size: int = typer.Option(512, "--chunk-size", min=32, help="chunk size in tokens"),
+    chunk_overlap: int = typer.Option(64, "--chunk-overlap", min=0, help="chunk overlap in tokens"),
+    questions_per_chunk: int = typer.Option(2, "--questions-per-chunk", min=1),
+    backend: str = typer.Option("llamacpp", "--backend", help="llamacpp | openai"),
+    model: str = typer.Option("qwen2.5-coder-1.5b-instruct", "--model", help="generator model (embedded name, GGUF path or API id)"),
+    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible server URL"),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="NAME of the variable holding the API key"),
+    n_threads: int | None = typer.Option(None, "--n-threads", min=1, help="llama.cpp threads [default: the usable cores other processes leave free]"),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="skip unusable document files instead of failing"),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help="use the call cache (reruns are free)"),
+) -> None:
+    """Generate more validation questions from the same documents into the dataset's pool (pool.json): new
+    against every question of the dataset, never held out; the validation extension asks them last."""
+    from opro.llm.pool import ModelSpec
+    from opro.workflows.dataset import generate_pool
+
+    spec = ModelSpec(backend=backend, model=model, base_url=base_url, api_key_env=api_key_env,  # type: ignore[arg-type]
+                     n_threads=n_threads)
+    done = generate_pool(directory, docs, n=pool, model=spec, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
+                         questions_per_chunk=questions_per_chunk, skip_bad=skip_bad, cache=cache,
+                         notice=lambda s: typer.echo(s, err=True))
+    typer.echo(done.summary())
 
 
 @dataset_app.command("import")

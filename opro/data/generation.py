@@ -283,8 +283,10 @@ def generate_examples(
     ratio_threshold: float = 0.9,
     workers: int | None = None,
     progress: bool = True,
+    exclude: Sequence[str] = (),
 ) -> GenerationResult:
-    """Generate golden examples; see :func:`generate_dataset`. Also returns what was dropped and why."""
+    """Generate golden examples; see :func:`generate_dataset`. Also returns what was dropped and why.
+    ``exclude``: questions asked before (a dataset's, for its pool): one that duplicates any is dropped."""
     _check_generation(questions_per_chunk, question_template, answer_template)
     selected = select_chunks(chunks, max_chunks=max_chunks, min_chars=min_chunk_chars)
     asker = _Asker(
@@ -294,8 +296,10 @@ def generate_examples(
         question_max_tokens=question_max_tokens or 40 * questions_per_chunk + 16, answer_max_tokens=answer_max_tokens,
     )
     n_workers = max(1, min(workers or llm.llm.max_concurrency, llm.llm.max_concurrency))
-    asked = _ask(selected, asker, seen=NearDuplicates(jaccard=jaccard_threshold, ratio=ratio_threshold),
-                 n_workers=n_workers, progress=progress)
+    seen = NearDuplicates(jaccard=jaccard_threshold, ratio=ratio_threshold)
+    for q in exclude:
+        seen.add(q)
+    asked = _ask(selected, asker, seen=seen, n_workers=n_workers, progress=progress)
     examples, unanswered = _examples(asked, model=llm.model)
     return GenerationResult(
         dataset=GoldenDataset(tuple(examples)), dropped=(*asked.dropped, *unanswered), n_chunks=len(selected),

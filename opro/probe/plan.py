@@ -40,13 +40,14 @@ from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.llm.choices import in_play
 from opro.llm.pool import ModelSpec
 from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
+from opro.probe.sizes import QuestionsNeeded, extendable, heldout_detectable, needed_for, pool_command
 from opro.program.configurations import changed, settings_text
 from opro.program.cost import amount
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values, model_of
 from opro.program.factory import closed_settings
 from opro.search.validation_sizes import confirmation_looks, selection_prompts, split_sizes
 from opro.stats import betting
-from opro.stats.sequential import design_power, min_questions
+from opro.stats.sequential import design_power
 from opro.tracking.rundir import RunDir
 from opro.workflows.settings import claim, validation_settings
 
@@ -230,6 +231,8 @@ class Plan:
     #: What the plan says beside its figures (why a measured noise was not used).
     notes: tuple[str, ...] = ()
     extension_expected: int = 0
+    #: Where the split cannot confirm the claim asked at 80% power, the validation questions that would.
+    questions_needed: QuestionsNeeded | None = None
 
     @property
     def calls(self) -> float:
@@ -254,9 +257,10 @@ class Plan:
         """What ``opro compare`` on the held-out split can detect, and its warning if it cannot."""
         n = self.split.get("heldout", 0)
         if self.heldout_detectable is None:
-            return [f"warning: `opro compare` cannot find a significant difference on {n} held-out questions "
-                    f"(its two-sided tests need at least {min_questions(self.alpha, sides=2)} at alpha {self.alpha:g}), "
-                    "so `--promote` cannot pass"]
+            least = betting.min_pairs(alpha=self.alpha / 2, scale=(SCORE_MIN, SCORE_MAX), planned=max(n, 1)) or n + 1
+            return ["warning: `opro compare` " + (f"cannot find a significant difference on {n} held-out questions (its two-"
+                    f"sided test needs at least {least} at alpha {self.alpha:g}), so `--promote` cannot pass" if n < least else
+                    f"finds no difference significant in {POWER:.0%} of runs on {n} held-out questions: `--promote` rarely passes")]
         return [f"{n} held-out questions: a difference of {self.heldout_detectable:+.2f} points is detected with "
                 f"{POWER:.0%} power at alpha {self.alpha:g} (paired score sd {self.difference_sd:.2f}: {self.sd_basis})"]
 
@@ -411,8 +415,8 @@ def _unused_questions(config: OproConfig, chunks: int) -> tuple[int, int]:
     try:
         if run.has_dataset():
             made = load_dataset(run.dataset)
-            if made.split is not None:
-                return len(made.unused()), len(made.unused())
+            if made.split is not None:  # its unused questions, then the dataset's pool (opro dataset pool)
+                return (n := extendable(config, made)), n
             return max(0, len(made) - placed), max(0, len(made) - s.validation)
         if config.data.dataset:
             n = len(load_dataset(config.data.dataset))
@@ -539,10 +543,8 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
             confirmable = design_power(sizes, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX),
                                        futility=design.futility, power=POWER,
                                        futility_confidence=rule.futility_confidence).detectable
-        n = config.data.split.heldout
-        if n >= min_questions(rule.alpha, sides=1):
-            z = statistics.NormalDist().inv_cdf
-            held = (z(1 - rule.alpha) + z(POWER)) * sd / math.sqrt(n)
+        held = heldout_detectable(config.data.split.heldout, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX),
+                                  sides=1, power=POWER)
         if space and base.cost > 0:
             # Every setting lengthens the prompt or the answer, so the extremes are the cheapest and
             # the dearest choices of each dimension together.
@@ -624,16 +626,10 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
                 f"the validation stage cannot claim a gain: on {sizes[-1]} confirmation questions no sample of "
                 f"1-5 scores reaches alpha {rule.alpha:g}; give [data.split].validation at least "
                 f"{least + n_sel} (better: enough for the gain you look for)")
-        elif detectable is not None and detectable > 1.0:
-            warnings.append(f"only a gain above {detectable:.1f} points is likely to be confirmed: raise "
-                            "[data.split].validation to detect smaller ones")
     elif validating is False and o.finalists == 0:
         warnings.append("no validation stage ([optimizer].finalists = 0): the returned score is in-sample and no "
                         "gain is claimed")
-    held = None
-    if s.heldout >= min_questions(rule.alpha, sides=2):
-        z = statistics.NormalDist().inv_cdf
-        held = (z(1 - rule.alpha / 2) + z(POWER)) * sd / math.sqrt(s.heldout)
+    held = heldout_detectable(s.heldout, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX), sides=2, power=POWER)
 
     moves = first_moves_of(config)
     choosing = selection_prompts(design, finalists) * n_sel
@@ -653,6 +649,10 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         made = replace(made, warnings=(*made.warnings, (
             f"[optimizer].margin {rule.margin:g}: the validation stage confirms {can} for a truly equal, cheaper "
             f"configuration in {POWER:.0%} of runs; raise [data.split].validation or the margin")))
+    if sizes and (need := needed_for(design, selection=n_sel, confirmation=n_conf, unused=unused, sd=sd, power=POWER,
+                                     scale=(SCORE_MIN, SCORE_MAX), confirms=c.confirmable_margin if rule.by_cost and c
+                                     else detectable)) is not None:
+        made = replace(made, questions_needed=need, warnings=(*made.warnings, need.text(pool_command=pool_command(config))))
     if config.program.factory:  # the user's engine: the settings its factory takes open; the others stay closed
         made = replace(made, warnings=(*made.warnings, closed_settings(config)))
     if held is None:

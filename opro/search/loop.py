@@ -123,10 +123,11 @@ class Search:
         exemplar_set: Sequence[QAExample] = (),
         validation_set: Sequence[QAExample] = (),
         extension_set: Sequence[QAExample] = (),
+        pooled: int = 0,
     ) -> OptimizationResult:
         """Search on ``optimization_set``; then re-score the finalists on ``validation_set`` (and, when
         its looks do not decide, on up to ``[optimizer].validation_extension`` of ``extension_set``:
-        questions in no split, never held-out).
+        questions in no split, never held-out; its last ``pooled`` from the dataset's labelled pool).
 
         The returned instruction is a finalist only if it beats the initial instruction on the
         validation questions (a group-sequential paired test; see :mod:`opro.search.validation`);
@@ -170,7 +171,8 @@ class Search:
             self.coordinator.token = lease.token
             self.coordinator.check_workers()
             return self._run(initial=initial, optimization_set=optimization_set, exemplar_set=exemplar_set,
-                             validation_set=validation_set, extension_set=extension_set, started=started)
+                             validation_set=validation_set, extension_set=extension_set, started=started,
+                             pooled=pooled)
 
     def _propose(self, step: int, history: Sequence[CandidateRecord], exemplars: Sequence[Exemplar],
                  n_questions: int) -> list[str]:
@@ -225,6 +227,7 @@ class Search:
         validation_set: Sequence[QAExample],
         extension_set: Sequence[QAExample],
         started: float,
+        pooled: int = 0,
     ) -> OptimizationResult:
         study, lead = self.study, self.workers.lead
         history = self._resume()
@@ -241,7 +244,7 @@ class Search:
                 validation = validate(
                     study=study, scorer=self.scorer, settings=self.settings.validation, validation_set=validation_set,
                     history=history, initial=initial[0].strip(), extension_set=extension_set, seed=self.seed,
-                    progress=self.progress, ledger=self.ledger,
+                    progress=self.progress, ledger=self.ledger, pooled=pooled,
                     on_validated=self._on_validated, on_batch=self._on_validation_batch,
                 )
             if lead:

@@ -155,6 +155,9 @@ class ValidationResult:
     objective: Literal["quality", "cost"] = "quality"
     margin: float | None = None
     saving: CostSaving | None = None
+    #: Of the paired questions the decision was shown on, how many came from the dataset's labelled pool
+    #: (:mod:`opro.data.pool`; 0: the split and its unused questions only, absent from summary.json).
+    pool_questions: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The stage as plain data, in the form summary.json has always had: the looks, design and
@@ -162,7 +165,8 @@ class ValidationResult:
         the winner's instruction."""
         # A quality decision's record stays as it was before objectives existed.
         left_out = {"finalists", "winner", "design", *(("objective", "margin", "saving")
-                                                       if self.objective == "quality" else ())}
+                                                       if self.objective == "quality" else ()),
+                    *(("pool_questions",) if not self.pool_questions else ())}  # absent: no pool question
         written = {"looks": tuple(x.as_dict() for x in self.looks),  # a tuple, as asdict gave it
                    "saving": None if self.saving is None else self.saving.as_dict()}
         return {

@@ -30,10 +30,8 @@ shop for the alpha, finalists, steps, coverage rule or judge that happen to clai
 ``[optimizer].seen_validation = "label"`` such a decision is made as an exploration instead: labelled
 "re-decided after a seen verdict" in every record, the initial instruction returned, nothing claimed.
 
-A prompt's batch whose judge replies were too often unreadable (valid on fewer than ``min_coverage``
-of its questions) is not kept, like an ``incomplete`` candidate of the search: the next run asks
-those questions again (the judge keeps unreadable replies out of the call cache), so a rerun after a
-judge that failed only here decides like a clean run.
+A prompt's batch valid on fewer than ``min_coverage`` of its questions (unreadable judge replies, kept
+out of the call cache) is not kept: the next run asks them again and decides like a clean run.
 """
 
 from __future__ import annotations
@@ -246,11 +244,12 @@ class _Plan:
     #: The validation split's confirmation questions, then the extension's.
     confirmation: tuple[QAExample, ...]
     extension: tuple[QAExample, ...]
+    pool: frozenset[str]  # the extension's questions from the dataset's labelled pool
     #: Paired questions seen at each look (:func:`confirmation_looks`).
     sizes: tuple[int, ...]
     by_cost: bool
-    #: Each confirmation question's cluster (:mod:`opro.stats.clusters`: its source passage); all distinct
-    #: where the dataset records none, and the test is then the per-question one.
+    #: Each confirmation question's cluster (:mod:`opro.stats.clusters`: its source passage; all distinct,
+    #: the per-question test, where the dataset records none).
     keys: tuple[str, ...] = ()
 
     @property
@@ -319,13 +318,12 @@ def _nothing_to_validate(settings: ValidationSettings) -> ValidationResult:
 
 
 def _plan(settings: ValidationSettings, *, initial: str, finalists: Sequence[CandidateRecord],
-          validation_set: Sequence[QAExample], extension_set: Sequence[QAExample]) -> _Plan:
+          validation_set: Sequence[QAExample], extension_set: Sequence[QAExample], pooled: int = 0) -> _Plan:
     n_sel, _ = split_sizes(settings, len(validation_set), len(finalists))
     # A cluster's questions are asked one after the other (at most one cluster is incomplete at a look);
     # those sharing a source with a selection question helped choose the finalist and confirm nothing.
-    keys = clusters.keys_of(validation_set)
-    validation = tuple(validation_set[i] for i in clusters.together(keys))
-    keys = tuple(keys[i] for i in clusters.together(keys))
+    validation = tuple(validation_set[i] for i in clusters.together(clusters.keys_of(validation_set)))
+    keys = clusters.keys_of(validation)
     confirmation = tuple(e for e, k in zip(validation[n_sel:], keys[n_sel:], strict=True) if k not in keys[:n_sel])
     sizes = confirmation_looks(settings, len(confirmation), len(extension_set))
     extension = tuple(extension_set[: sizes[-1] - len(confirmation)])
@@ -335,6 +333,7 @@ def _plan(settings: ValidationSettings, *, initial: str, finalists: Sequence[Can
         labels=tuple(validation_prompts(initial, [f.instruction for f in finalists])),
         validation=validation, selection=validation[:n_sel],
         confirmation=confirmation + extension, extension=extension, sizes=sizes,
+        pool=frozenset(e.query for e in extension_set[len(extension_set) - pooled:] if pooled),
         by_cost=settings.objective == "cost", keys=clusters.keys_of(confirmation + extension),
     )
 
@@ -525,16 +524,22 @@ def _records(plan: _Plan, *, chosen: int, conf: _Confirmation, finding: _Finding
     return tuple(records)
 
 
+def _pooled(plan: _Plan, conf: _Confirmation) -> tuple[int, int]:  # (extension questions asked, the pool's)
+    extended = max(0, conf.asked - (start := len(plan.confirmation) - len(plan.extension)))
+    return extended, sum(e.query in plan.pool for e in plan.confirmation[start:conf.asked])
+
+
 def _how(plan: _Plan, *, chosen: int, conf: _Confirmation) -> str:
-    """Which finalist was tested, and at which look on how many questions."""
-    extended = max(0, conf.asked - (len(plan.confirmation) - len(plan.extension)))
+    """Which finalist was tested, and at which look on how many questions (and which of them the pool gave)."""
+    extended, pooled = _pooled(plan, conf)
     n_sel = len(plan.selection)
     return (f"finalist {chosen + 1} of {len(plan.finalists)}"
             + (f" (chosen on {n_sel} selection questions)" if n_sel else "")
             + f", look {conf.final.look} of {len(plan.sizes)}, {conf.final.n} paired questions"
             + (f" in {len(set(clusters.counted(conf.pick_scores, conf.initial_scores, plan.keys)[1]))} clusters "
                "sharing a source passage (each counted once)" if plan.clustered else "")
-            + (f", {extended} of them from the extension" if extended else ""))
+            + (f", {extended} of them from the extension" if extended else "")
+            + (f" ({pooled} from the dataset's labelled pool)" if pooled else ""))
 
 
 def _why(settings: ValidationSettings, *, conf: _Confirmation, finding: _Finding) -> str:
@@ -631,6 +636,7 @@ def validate(
     history: Sequence[CandidateRecord],
     initial: str,
     extension_set: Sequence[QAExample] = (),
+    pooled: int = 0,
     seed: int = 0,
     on_validated: OnValidated = lambda label, instruction, rows: None,
     on_batch: OnValidated = lambda label, instruction, rows: None,
@@ -639,8 +645,8 @@ def validate(
 ) -> ValidationResult:
     """Choose a finalist on the selection questions, then test it against the initial instruction
     on the confirmation questions, look by look, the last look on up to ``validation_extension`` of
-    ``extension_set`` (questions in no split) when the earlier ones did not decide (see the module
-    docstring). ``ledger``: the user's decision ledger, checked and written with the study.
+    ``extension_set`` (in no split; the last ``pooled`` the dataset's pool's) when the earlier ones did not
+    decide (see the module docstring). ``ledger``: the user's decision ledger, checked and written with the study.
 
     Every prompt is named by its candidate name (:attr:`CandidateRecord.name`: the instruction, with its
     settings where they differ from the initial configuration's), which the scorer resolves to its
@@ -652,7 +658,7 @@ def validate(
                                  n_confirmation=n_conf + min(len(extension_set), s.validation_extension))
     if not finalists:
         return _nothing_to_validate(s)
-    plan = _plan(s, initial=initial, finalists=finalists, validation_set=validation_set, extension_set=extension_set)
+    plan = _plan(s, initial=initial, finalists=finalists, validation_set=validation_set, extension_set=extension_set, pooled=pooled)
     opened = _open_decision(study, plan=plan, settings=s, ledger=ledger)
     rows = _Rows()
 
@@ -687,6 +693,7 @@ def validate(
         objective=s.objective,
         margin=s.margin if plan.by_cost else None,
         saving=finding.saving,
+        pool_questions=_pooled(plan, conf)[1],
     )
 
 

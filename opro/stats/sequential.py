@@ -354,11 +354,26 @@ def design_power(
     return Power(detectable=hi, power=power, questions_null=asked_null, questions_detectable=run(hi)[1])
 
 
+def claim_rate(
+    sizes: Sequence[int], *, gain: float, alpha: float, sd: float, scale: tuple[float, float], futility: bool = True,
+    futility_confidence: float | None = None, draws: int = 4000, seed: int = 0,
+) -> float:
+    """The share of runs in which the design with looks at ``sizes`` claims a true ``gain`` (normal paired
+    differences with standard deviation ``sd``, through :func:`decide`'s test): its power there. The
+    noise is drawn question by question, so two designs of the same ``seed`` share their first questions
+    (common random numbers: the rate of a design with more questions is not lower by chance)."""
+    noise = np.random.default_rng(seed).normal(0.0, sd, size=(int(sizes[-1]), draws)).T
+    claimed, _, _ = _betting_stopped(noise + gain, sizes, alpha=alpha, scale=scale, futility=futility,
+                                     futility_confidence=futility_confidence)
+    return float(claimed.mean())
+
+
 __all__ = [
     "STATISTIC_OF",
     "Estimate",
     "Look",
     "Power",
+    "claim_rate",
     "conditional_estimate",
     "decide",
     "design_power",

@@ -166,10 +166,10 @@ class SearchRig:
 
     def optimize(self, *, program: Any, optimization_set: Sequence[Any], exemplar_set: Sequence[Any] = (),
                  validation_set: Sequence[Any] = (), extension_set: Sequence[Any] = (),
-                 initial_instructions: Sequence[str]) -> Any:
+                 initial_instructions: Sequence[str], pooled: int = 0) -> Any:
         return self.search(program).run(initial=initial_instructions, optimization_set=optimization_set,
                                         exemplar_set=exemplar_set, validation_set=validation_set,
-                                        extension_set=extension_set)
+                                        extension_set=extension_set, pooled=pooled)
 
 
 def keyword_optimizer(

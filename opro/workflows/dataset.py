@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from opro.data.dataset import GoldenDataset
+    from opro.data.dataset import Example, GoldenDataset
     from opro.data.generation import GenerationResult
     from opro.llm.pool import ModelSpec
 
@@ -130,3 +130,78 @@ def generate_dataset(
         )
     saved = save_split(result.dataset, out, sizes) if len(result.dataset) else None
     return DatasetGenerated(generation=result, saved=saved)
+
+
+@dataclass(frozen=True)
+class PoolGenerated:
+    """What ``opro dataset pool`` did: the questions it asked for, the pool's new examples, and the pool file."""
+
+    asked: int
+    added: tuple[Example, ...]
+    pool: int
+    path: Path
+    generation: tuple[GenerationResult, ...]
+
+    def summary(self) -> str:
+        reasons: dict[str, int] = {}
+        for g in self.generation:
+            for d in g.dropped:
+                reasons[d.reason] = reasons.get(d.reason, 0) + 1
+        short = (" (the documents gave no more: raise --questions-per-chunk or give more documents)"
+                 if len(self.added) < self.asked else "")
+        return (f"{len(self.added)} of {self.asked} pool questions added{short}; {self.pool} in {self.path}; "
+                "dropped: " + (", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"))
+
+
+def generate_pool(
+    directory: str | Path,
+    docs: Sequence[str],
+    *,
+    n: int,
+    model: ModelSpec,
+    chunk_size: int = 512,
+    chunk_overlap: int = 64,
+    questions_per_chunk: int = 2,
+    skip_bad: bool = False,
+    cache: bool = True,
+    notice: Callable[[str], None] = lambda _: None,
+) -> PoolGenerated:
+    """Generate ``n`` more questions from the documents ``docs`` with ``model`` (the generator) into the pool
+    of the opro dataset folder ``directory`` (:mod:`opro.data.pool`): each new against every question of the
+    dataset and of the pool (held-out included), quality-filtered as a generated dataset is. The chunks no
+    dataset question was asked of go first."""
+    from opro.data.documents import load_documents
+    from opro.data.generation import generate_examples, select_chunks
+    from opro.data.pool import dataset_folder, load_pool, save_pool
+    from opro.errors import ConfigError
+    from opro.llm.factory import ClientFactory, open_cache
+    from opro.program.retrieval import chunk_documents
+
+    if n < 1:
+        raise ConfigError(f"--pool must be at least 1 question, got {n}")
+    if not docs:
+        raise ConfigError(f"{directory}: the pool is generated from the documents the dataset was made from: "
+                          "give them with --docs")
+    dataset = dataset_folder(directory)
+    pool = list(load_pool(directory, dataset=dataset))
+    loaded = load_documents(docs, skip_bad=skip_bad)
+    for s in loaded.skipped:
+        notice(f"skipped {s.path}: {s.reason}")
+    chunks = chunk_documents(loaded.documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    asked_of = {c for e in dataset.examples for c in e.reference_contexts}
+    texts = [t for _, t in select_chunks(chunks, max_chunks=None)]
+    texts = [t for t in texts if t not in asked_of] + [t for t in texts if t in asked_of]
+    added: list[Example] = []
+    results: list[GenerationResult] = []
+    # In batches of about the chunks the questions still wanted need (a few are dropped), until enough.
+    with ClientFactory(cache=open_cache(enabled=cache)) as models:
+        client = models.client(model, role="generator")
+        while texts and len(added) < n:
+            take = max(1, -(-(n - len(added)) * 3 // (2 * questions_per_chunk)))
+            batch, texts = texts[:take], texts[take:]
+            done = generate_examples(chunks=batch, llm=client, questions_per_chunk=questions_per_chunk,
+                                     exclude=[e.query for e in (*dataset.examples, *pool, *added)])
+            results.append(done)
+            added.extend(done.dataset.examples[: n - len(added)])
+    path = save_pool(directory, [*pool, *added], dataset=dataset)
+    return PoolGenerated(asked=n, added=tuple(added), pool=len(pool) + len(added), path=path, generation=tuple(results))

@@ -61,8 +61,12 @@ def test_the_plan_says_when_no_gain_can_be_claimed_or_confirmed(tmp_path: Path) 
     assert not any("cannot claim" in w for w in extended.warnings)
     assert ("2 confirmation questions + up to 20 extension questions (about 10 expected), looks at 1, 2, 12"
             in " ".join(extended.lines()))
-    big = make_plan(_config(tmp_path, data={"split": {"exemplar": 2, "optimization": 3, "validation": 16,
-                                                        "heldout": 6, "seed": 1}}))
+    # The betting test detects nothing on 6 held-out pairs in 80% of runs (a claim there needs every pair at +4).
+    six = make_plan(_config(tmp_path, data={"split": {**split, "heldout": 6}}))
+    assert six.heldout_detectable is None
+    assert any("finds no difference significant in 80% of runs on 6 held-out questions" in w for w in six.warnings)
+    big = make_plan(_config(tmp_path, questions=40, data={"split": {"exemplar": 2, "optimization": 3,
+                                                                    "validation": 16, "heldout": 12, "seed": 1}}))
     assert big.detectable is not None and big.heldout_detectable is not None
     assert not any("cannot" in w for w in big.warnings)
     assert big.difference_sd == DEFAULT_DIFFERENCE_SD and big.sd_basis.startswith("default")
@@ -86,6 +90,29 @@ def test_more_validation_questions_detect_a_smaller_gain_and_the_last_run_sets_t
     assert measured.sd_basis == "the last run's validation stage (12 pairs)"
     assert measured.difference_sd == pytest.approx(0.9003, abs=1e-3)
     assert measured.detectable < plan(24).detectable * 2  # type: ignore[operator]
+
+
+def test_where_the_split_falls_short_the_plan_says_how_many_validation_questions_would_confirm_the_claim(
+    tmp_path: Path,
+) -> None:
+    split = {"exemplar": 2, "optimization": 3, "validation": 20, "heldout": 10, "seed": 1}
+    cost = make_plan(_config(tmp_path, questions=60, data={"split": split},
+                             optimizer={"objective": "cost", "margin": 0.25}))
+    need = cost.questions_needed
+    # 20 validation questions (4 selection) and 20 of the 25 in no split: a margin of 0.25 at the default
+    # paired sd needs more, the pool the rest.
+    assert need is not None and need.claim == "margin" and need.target == 0.25 and need.have == 40
+    assert need.confirms == cost.cost.confirmable_margin and need.questions > 40  # type: ignore[union-attr, operator]
+    assert need.pool == need.questions - 20 - 25  # type: ignore[operator]
+    command = f"opro dataset pool {tmp_path / 'out' / 'dataset'} --docs {tmp_path / 'docs'} --pool {need.pool}"
+    said = "\n".join(cost.lines())
+    assert (f"{need.questions} validation questions would confirm the 0.25 asked: `{command}` generates the "
+            f"{need.pool} more") in said
+    saved = json.loads(json.dumps(cost.as_dict()))
+    assert saved["questions_needed"]["questions"] == need.questions and saved["questions_needed"]["pool"] == need.pool
+    # Under quality the claim is a gain of +0.5.
+    quality = make_plan(_config(tmp_path, questions=60, data={"split": split})).questions_needed
+    assert quality is not None and quality.claim == "gain" and quality.target == 0.5
 
 
 def test_the_plan_counts_the_generator_calls_when_the_dataset_is_generated(tmp_path: Path) -> None:

@@ -86,6 +86,7 @@ def run(
     concurrency: int = 1,
     study_name: str | None = None,
     n_unused: int = 0,
+    n_pool: int = 0,
     validation_name: str = "val question",
     fingerprint: dict[str, str] | None = None,
     validation_range: range | None = None,
@@ -116,9 +117,11 @@ def run(
         program=program,
         optimization_set=[Ex(f"opt question {seed}-{i}?", f"ref {i}") for i in range(n_opt)],
         validation_set=[Ex(f"{validation_name} {seed}-{i}?", f"vref {i}") for i in validation_range or range(n_val)],
-        extension_set=[Ex(f"unused question {seed}-{i}?", f"uref {i}") for i in range(n_unused)],
+        extension_set=[*(Ex(f"unused question {seed}-{i}?", f"uref {i}") for i in range(n_unused)),
+                       *(Ex(f"pool question {seed}-{i}?", f"pref {i}") for i in range(n_pool))],
         exemplar_set=[Ex("exemplar?", "yes")],
         initial_instructions=[INITIAL],
+        pooled=n_pool,
     )
 
 
@@ -498,6 +501,30 @@ def test_a_finalist_still_ahead_after_the_split_is_confirmed_on_the_extension(tm
     assert "20 of them from the extension" in v.verdict
     asked = {q for q in usage_questions if q.startswith("unused")}
     assert asked == {f"unused question 0-{i}?" for i in range(20)}  # the first 20 of the pool, no more
+
+
+def test_the_extension_asks_the_pool_after_the_unused_questions_and_the_claim_names_it(tmp_path: Path) -> None:
+    """Issue 67: a claim says which questions it was shown on. 8 unused questions, then the pool: the
+    extension's 20 are the 8 and 12 of the pool, and the verdict and the summary count the pool's."""
+    asked: list[str] = []
+
+    def lift(question: str) -> int:
+        asked.append(question)
+        if question.startswith(("unused", "pool")):
+            return 1
+        return 1 if int(question.split("-")[1].rstrip("?")) % 3 == 1 else 0
+
+    r = run(tmp_path, judge=_extension_judge(lift), n_unused=8, n_pool=30, settings={"validation_extension": 20})
+    v = r.validation
+    assert v is not None and r.validated and [x.n for x in v.looks] == [3, 6, 8, 28]
+    assert "20 of them from the extension (12 from the dataset's labelled pool)" in v.verdict
+    assert v.pool_questions == 12 and r.summary()["validation"]["pool_questions"] == 12
+    assert {q for q in asked if q.startswith("pool")} == {f"pool question 0-{i}?" for i in range(12)}
+    # Without a pool the claim is the split's and its unused questions': the summary says 0.
+    split_only = run(tmp_path / "b", judge=_extension_judge(lift), n_unused=25, settings={"validation_extension": 20})
+    assert split_only.validation is not None and split_only.validation.pool_questions == 0
+    assert "pool_questions" not in split_only.summary()["validation"]
+    assert "labelled pool" not in split_only.validation.verdict
 
 
 def test_a_finalist_behind_at_the_first_look_stops_there_and_never_asks_the_extension(tmp_path: Path) -> None:
