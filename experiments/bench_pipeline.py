@@ -5,7 +5,9 @@ factory that builds LlamaIndex's ``RetrieverQueryEngine`` over opro's retriever 
 same chunks in the same order) with the LLM opro hands it. Both answer every question under two instructions and
 are judged, through the evaluation engine on the loopback OpenAI-compatible server (tests/fault_server.py, every
 request answered after ``--latency`` seconds, ``--concurrency`` requests per role), with the call cache off. The
-table gives, per program and round, the pairs per second; then whether every answer and every score is the same.
+table gives, per program and round, the pairs per second and the CPU milliseconds this process spent per pair (on a
+shared machine the first follows the other processes' load, the second much less); then whether every answer and
+every score is the same.
 
 Usage (about a minute):
 
@@ -46,15 +48,16 @@ def user_factory(retriever: Any) -> Any:
     return build_query_engine
 
 
-def run(exp: Experiment) -> tuple[float, list[list[tuple[str, float | None, tuple[str, ...]]]]]:
-    """Seconds to answer and judge every question under each instruction, and (answer, score) per pair."""
+def run(exp: Experiment) -> tuple[float, float, list[list[tuple[str, float | None, tuple[str, ...]]]]]:
+    """Seconds to answer and judge every question under each instruction, the CPU seconds this process spent
+    meanwhile (its every thread, the loopback server's included), and (answer, score, contexts) per pair."""
     templates = [exp.template(i) for i in INSTRUCTIONS]
     examples = exp.dataset.examples
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     reports = evaluate_templates(program=exp.program, templates=templates, examples=examples, judge=exp.judge,
                                  progress=False)
-    seconds = time.perf_counter() - started
-    return seconds, [[(r.answer, r.score, r.contexts) for r in report.rows] for report in reports]
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return seconds, cpu, [[(r.answer, r.score, r.contexts) for r in report.rows] for report in reports]
 
 
 def main() -> None:
@@ -85,19 +88,26 @@ def main() -> None:
         user = Experiment(load_config(path), progress=False, program=user_factory(builtin.retriever))
         pairs = len(INSTRUCTIONS) * len(builtin.dataset.examples)
         rates: dict[str, list[float]] = {"built-in RAGProgram": [], "user engine (factory)": []}
+        cpu_ms: dict[str, list[float]] = {name: [] for name in rates}
         answers: dict[str, Any] = {}
         for r in range(args.rounds):
             for name, exp in (("built-in RAGProgram", builtin), ("user engine (factory)", user)):
-                seconds, rows = run(exp)
+                seconds, cpu, rows = run(exp)
                 rates[name].append(pairs / seconds)
+                cpu_ms[name].append(1000 * cpu / pairs)
                 answers.setdefault(name, rows)
-                print(f"round {r + 1}  {name:24s} {pairs} pairs in {seconds:6.2f} s: {pairs / seconds:6.1f} pairs/s",
-                      flush=True)
+                print(f"round {r + 1}  {name:24s} {pairs} pairs in {seconds:6.2f} s: {pairs / seconds:6.1f} pairs/s, "
+                      f"{1000 * cpu / pairs:5.1f} ms CPU per pair", flush=True)
         print(f"\nlatency {args.latency} s, {args.concurrency} requests per role, {args.questions} questions x "
               f"{len(INSTRUCTIONS)} instructions, cache off")
         for name, values in rates.items():
-            print(f"{name:24s} median {statistics.median(values):6.1f} pairs/s  ({', '.join(f'{v:.1f}' for v in values)})")
+            print(f"{name:24s} median {statistics.median(values):6.1f} pairs/s  ({', '.join(f'{v:.1f}' for v in values)}); "
+                  f"median {statistics.median(cpu_ms[name]):.1f} ms CPU per pair")
         ratio = statistics.median(rates["user engine (factory)"]) / statistics.median(rates["built-in RAGProgram"])
+        # Each round's two runs are back to back, so a round's ratio sees the same load on both.
+        paired = [u / b for u, b in zip(rates["user engine (factory)"], rates["built-in RAGProgram"], strict=True)]
+        print(f"user / built-in throughput per round: {', '.join(f'{p:.2f}' for p in paired)} (median "
+              f"{statistics.median(paired):.2f})")
         same = answers["built-in RAGProgram"] == answers["user engine (factory)"]
         scores = [[s for _, s, _ in rows] for rows in answers["built-in RAGProgram"]]
         print(f"user / built-in throughput: {ratio:.2f}; every answer , score and context the same: {same}; mean score per "

@@ -327,6 +327,7 @@ def _chat_client_llm_class() -> type:
         context_window: int = Field(default=4096)
         _client: Any = PrivateAttr()
         _on_complete: Any = PrivateAttr(default=None)
+        _metadata: Any = PrivateAttr(default=None)
 
         def __init__(self, client: ChatClient, on_complete: Callable[[Completion], None] | None = None,
                      **kwargs: Any) -> None:
@@ -340,12 +341,13 @@ def _chat_client_llm_class() -> type:
 
         @property
         def metadata(self) -> LLMMetadata:
-            return LLMMetadata(
-                context_window=self.context_window,
-                num_output=self.max_tokens,
-                model_name=self._client.model,
-                is_chat_model=False,
-            )
+            # Read several times per query (prompt helper, synthesizer, events): a pydantic model built once
+            # per setting instead of each time, a cost per answer in a factory's engines.
+            held = self._metadata
+            if held is None or (held.context_window, held.num_output) != (self.context_window, self.max_tokens):
+                held = self._metadata = LLMMetadata(context_window=self.context_window, num_output=self.max_tokens,
+                                                    model_name=self._client.model, is_chat_model=False)
+            return held
 
         @llm_completion_callback()
         def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:

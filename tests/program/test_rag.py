@@ -110,6 +110,16 @@ def test_llama_index_query_engine_template_is_optimizable(tmp_path: Path) -> Non
     assert answers[0].text == "ANSWER to Where is Mount Fuji?"
 
 
+def test_the_llm_metadata_is_built_once_per_setting_and_follows_a_changed_one() -> None:
+    # LlamaIndex reads an LLM's metadata several times per query: opro's LLM keeps it instead of building it
+    # each time (a cost per answer in a user's engines), and a changed max_tokens is seen.
+    llm = chat_client_llm(ChatClient(ScriptedLLM(default="x", model="m"), role="task"), max_tokens=32)
+    first = llm.metadata
+    assert llm.metadata is first and (first.num_output, first.model_name, first.context_window) == (32, "m", 4096)
+    llm.max_tokens = 64
+    assert llm.metadata.num_output == 64 and llm.metadata is not first
+
+
 def test_program_as_query_engine_round_trip() -> None:
     llm = _echo_llm()
     program = _program(llm, template=QATemplate("Use the context."))
