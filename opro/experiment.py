@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from llama_index.core import Document
 
     from opro.data.dataset import Example, GoldenDataset
-    from opro.judges import CorrectnessJudge
+    from opro.judges import CorrectnessJudge, SideBySideJudge
     from opro.judges.withheld import Withheld
     from opro.program.cost import CostModel
     from opro.program.factory import FactoryProgram
@@ -290,6 +290,13 @@ class Experiment:
         from opro.judges import build_judge
 
         return build_judge(section=self.config.judge, client=self.client("judge"), resolve=self.config.resolve)
+
+    @functools.cached_property
+    def paired_judge(self) -> SideBySideJudge | None:
+        """The side-by-side judge of paired decisions (``[judge].paired = "side_by_side"``); None when pointwise."""
+        from opro.judges import build_paired_judge
+
+        return build_paired_judge(section=self.config.judge, client=self.client("judge"), seed=self.config.experiment.seed)
 
     # -- dataset -----------------------------------------------------------------------------
     @functools.cached_property
