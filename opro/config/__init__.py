@@ -185,9 +185,6 @@ class ModelsSection:
 #: :data:`SCORE_SOURCES` and :func:`check_score_from` are read from it.
 ScoreFrom = Literal["reply", "logits", "auto"]
 SCORE_SOURCES: tuple[ScoreFrom, ...] = typing.get_args(ScoreFrom)
-#: ``[judge].paired``: a judge call per answer, or one call for both answers of a question.
-PairedMode = Literal["pointwise", "side_by_side"]
-PAIRED_MODES: tuple[PairedMode, ...] = typing.get_args(PairedMode)
 
 
 def check_score_from(value: str, *, where: str = "score_from") -> ScoreFrom:
@@ -206,31 +203,20 @@ class JudgeSection:
     structured: bool = True
     expected_score: bool = False
     max_tokens: int = 256
-    #: ``reply``: parse the score from the judge's generated reply; ``logits``: read the
-    #: probability-weighted score from the logits at the score position (llamacpp only, nothing
-    #: decoded); ``auto`` (default): logits where the backend can, else the reply. On 40 AlexNet
-    #: questions the logit score separated right from wrong answers better than the reply's
-    #: (docs/benchmarks.md), for less work per call.
+    #: ``reply``: parse the score from the judge's reply; ``logits``: the probability-weighted score from
+    #: the logits at the score position (llamacpp only, nothing decoded); ``auto`` (default): logits where
+    #: the backend can, else the reply (on 40 AlexNet questions, better separation: docs/benchmarks.md).
     score_from: ScoreFrom = "auto"
-    #: How a paired decision (the validation stage, ``opro compare``) scores its two configurations:
-    #: ``pointwise``, a judge call per answer; ``side_by_side``, one call that sees both answers of a
-    #: question and scores each (:mod:`opro.judges.sidebyside`).
-    paired: PairedMode = "pointwise"
-    #: Side by side only: also ask with the answers swapped and average (a position check).
-    both_orders: bool = False
+    paired: Literal["pointwise", "side_by_side"] = "pointwise"  # a paired decision's judge: docs/configuration.md
+    both_orders: bool = False  # side by side: also ask with the answers swapped, and average
 
     def __post_init__(self) -> None:
         check_ranges(self)
         if not 1.0 <= self.threshold <= 5.0:
             raise ConfigError(f"[judge].threshold must be within 1..5, got {self.threshold}")
         check_score_from(self.score_from, where="[judge].score_from")
-        if self.paired not in PAIRED_MODES:
-            raise ConfigError(f"[judge].paired must be {' or '.join(repr(m) for m in PAIRED_MODES)}, got {self.paired!r}")
-        if not isinstance(self.both_orders, bool):
-            raise ConfigError(f"[judge].both_orders must be true or false, got {self.both_orders!r}")
-        if self.both_orders and self.paired != "side_by_side":
-            raise ConfigError("[judge].both_orders = true asks the side-by-side judge both orders: "
-                              "set [judge].paired = 'side_by_side' too, or drop both_orders")
+        if self.both_orders and self.paired != "side_by_side":  # [judge].paired's values: checked on load
+            raise ConfigError("[judge].both_orders = true needs [judge].paired = 'side_by_side' (or drop both_orders)")
 
 
 @dataclass(frozen=True)
@@ -689,7 +675,6 @@ def load_config(path: str | Path) -> OproConfig:
 __all__ = [
     "BUILTIN_PYTHON_REFERENCE",
     "DEFAULT_INSTRUCTION",
-    "PAIRED_MODES",
     "SCORE_SOURCES",
     "SPLIT_NAMES",
     "DataSection",
@@ -699,7 +684,6 @@ __all__ = [
     "ModelsSection",
     "OproConfig",
     "OptimizerSection",
-    "PairedMode",
     "ProgramSection",
     "RAGSection",
     "ScoreFrom",

@@ -20,10 +20,11 @@ them on one scale, so that drift cancels in the difference (issue 67, item 2).
 from __future__ import annotations
 
 import hashlib
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from opro.config import PAIRED_MODES, PairedMode, ScoreFrom, check_score_from
+from opro.config import ScoreFrom, check_score_from
 from opro.errors import ConfigError
 from opro.judges.correctness import SCORE_CHOICES
 from opro.judges.parsing import SCORE_MIN, parse_pair_scores, score_distribution
@@ -31,6 +32,9 @@ from opro.judges.templates import SIDE_BY_SIDE_SYSTEM, SIDE_BY_SIDE_USER
 from opro.judges.withheld import NOT_IN_CONTEXT, requirement_score
 from opro.llm import ChatClient, Completion, Message
 
+#: ``[judge].paired``: a judge call per answer, or one call for both answers of a question.
+PairedMode = Literal["pointwise", "side_by_side"]
+PAIRED_MODES: tuple[PairedMode, ...] = typing.get_args(PairedMode)
 _NO_ANSWER = "(no answer)"
 
 

@@ -54,6 +54,7 @@ from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.program.cost import CostModel, CostUnit
 from opro.search.design import ValidationDesign
 from opro.search.finalists import choose_finalists, chosen_finalist
+from opro.search.paired import side_by_side_scores
 from opro.search.results import (
     CandidateRecord,
     CostSaving,
@@ -437,13 +438,21 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
     looks: list[Look] = []
     seen: list[int] = []
     start = unkept = 0
+    answered: dict[str, Sequence[EvaluationRow]] = {}  # the batch's answers, for a side-by-side judge
+    def keep(label: str, ins: str, got: Sequence[EvaluationRow]) -> None:
+        answered[ins] = got
+        collect(label, ins, got)
     for k, size in enumerate(plan.sizes, start=1):
         batch, start = plan.confirmation[start:size], size
         for label, ins in pairs:
             rows.expect(label, ins)
         batch_costs: dict[str, list[float | None]] = {}
-        got = score_on(study, scorer, pairs, batch, on_validated=collect, min_coverage=settings.min_coverage,
+        answered.clear()
+        got = score_on(study, scorer, pairs, batch, on_validated=keep, min_coverage=settings.min_coverage,
                        progress=progress, costs=batch_costs)
+        if scorer.paired is not None:  # the test reads one side-by-side call per question (opro/search/paired.py)
+            got = side_by_side_scores(study, scorer, scorer.paired, first=pick, second=plan.initial, batch=batch,
+                                      pointwise=got, rows=answered, progress=progress)
         for _, ins in pairs:
             costs[ins] += batch_costs.get(ins) or [None] * len(batch)
         unkept += sum(sum(x is None for x in got[ins]) for _, ins in pairs
