@@ -474,7 +474,8 @@ class Experiment:
                     for n, s in in_play(cfg).items() if s != self.spec("task")})
         for section in ("rag", "judge"):
             for k, v in vars(getattr(cfg, section)).items():
-                out[f"{section}.{k}"] = str(redact(v) if not hasattr(v, "__dataclass_fields__") else redact(vars(v)))
+                if (k, v) not in (("paired", "pointwise"), ("both_orders", False)):  # defaults: older studies resume
+                    out[f"{section}.{k}"] = str(redact(v) if not hasattr(v, "__dataclass_fields__") else redact(vars(v)))
         # What the judge reads, not only where it comes from: an edited template file (or another
         # LlamaIndex's built-in text) scores differently, so it must not resume the study.
         from opro.judges.templates import get_template
@@ -541,13 +542,14 @@ class Experiment:
     ) -> Search:
         """The search over ``study``: the configured proposer, the scorer over this experiment's program
         and judge, the recorders."""
+        from opro.judges import build_paired_judge
         from opro.search import CandidateScorer, Search, make_proposer
         from opro.workflows.settings import proposer_settings, search_settings
 
         cfg = self.config
         scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
-                                 task_slots=self.client("task").llm.max_concurrency, space=self.search_space,
-                                 cost=self.cost_model())
+                                 task_slots=self.client("task").llm.max_concurrency, space=self.search_space, cost=self.cost_model(),
+                                 paired=build_paired_judge(section=cfg.judge, client=self.client("judge"), seed=cfg.experiment.seed))
         self._scorer = scorer  # what candidate_template resolves names with (the validation traces)
         proposer = make_proposer(settings=proposer_settings(cfg.optimizer), llm=self.client("optimizer"),
                                  template_text=self.template("<INS>").template_text, seed=cfg.experiment.seed)

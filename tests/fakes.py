@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,11 +59,23 @@ def optimizer_reply(messages: tuple[Message, ...], options: GenerationOptions) -
     return f"<INS>Answer from the context, variant {i}.</INS>" if i % 2 else f"<INS>Answer plainly, variant {i}.</INS>"
 
 
-def scripted_pool() -> ModelPool:
+def side_by_side_judge_reply(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+    """:func:`judge_reply` for one answer; for a side-by-side call (both answers, opro/judges/sidebyside.py)
+    4 for an answer given under a "context" instruction and 3 for another: a difference of 1 where
+    the pointwise judge sees 3, so a test can tell which judge a decision read."""
+    found = re.search(r"^Answer A: (.*?)\n\nAnswer B: (.*?)\n\n", messages[-1].content, re.S | re.M)
+    if found is None:
+        return judge_reply(messages, options)
+    a, b = (4 if "context" in answer.lower() else 3 for answer in found.groups())
+    return json.dumps({"score_a": a, "score_b": b})
+
+
+def scripted_pool(*, judge: ScriptedLLM | None = None) -> ModelPool:
+    """The scripted task, judge (:func:`judge_reply`, or ``judge``) and optimizer models."""
     return ModelPool(
         scripted={
             "task": ScriptedLLM(default=task_reply, model="task"),
-            "judge": ScriptedLLM(default=judge_reply, model="judge"),
+            "judge": judge or ScriptedLLM(default=judge_reply, model="judge"),
             "optimizer": ScriptedLLM(default=optimizer_reply, model="optimizer"),
         }
     )

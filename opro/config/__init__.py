@@ -203,18 +203,20 @@ class JudgeSection:
     structured: bool = True
     expected_score: bool = False
     max_tokens: int = 256
-    #: ``reply``: parse the score from the judge's generated reply; ``logits``: read the
-    #: probability-weighted score from the logits at the score position (llamacpp only, nothing
-    #: decoded); ``auto`` (default): logits where the backend can, else the reply. On 40 AlexNet
-    #: questions the logit score separated right from wrong answers better than the reply's
-    #: (docs/benchmarks.md), for less work per call.
+    #: ``reply``: parse the score from the judge's reply; ``logits``: the probability-weighted score from
+    #: the logits at the score position (llamacpp only, nothing decoded); ``auto`` (default): logits where
+    #: the backend can, else the reply (on 40 AlexNet questions, better separation: docs/benchmarks.md).
     score_from: ScoreFrom = "auto"
+    paired: Literal["pointwise", "side_by_side"] = "pointwise"  # a paired decision's judge: docs/configuration.md
+    both_orders: bool = False  # side by side: also ask with the answers swapped, and average
 
     def __post_init__(self) -> None:
         check_ranges(self)
         if not 1.0 <= self.threshold <= 5.0:
             raise ConfigError(f"[judge].threshold must be within 1..5, got {self.threshold}")
         check_score_from(self.score_from, where="[judge].score_from")
+        if self.both_orders and self.paired != "side_by_side":  # [judge].paired's values: checked on load
+            raise ConfigError("[judge].both_orders = true needs [judge].paired = 'side_by_side' (or drop both_orders)")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ from opro.heldout.report import (
     plot_survival,
 )
 from opro.heldout.sources import ResolvedPrompt, resolve_prompt
-from opro.judges.factory import make_extra_metrics
+from opro.judges.factory import build_paired_judge, make_extra_metrics
+from opro.judges.sidebyside import SideBySideJudge
 from opro.program.cost import CostModel, paired_difference
 from opro.program.dimensions import DIMENSIONS, model_of
 from opro.stats.clusters import keys_of
@@ -76,8 +77,7 @@ def compare_prompts(
     ``prompts`` are specs (see :mod:`opro.heldout.sources`) or resolved prompts; ``baseline`` is an index
     into them or one of their specs. ``extra_metrics`` are names from :data:`~opro.judges.EXTRA_METRICS` or metric
     objects accepted by :func:`opro.evaluation.batch.evaluate_examples`. With ``margin`` (judge points)
-    each prompt also gets a non-inferiority test against the baseline (Holm over the prompts).
-    """
+    each prompt also gets a non-inferiority test against the baseline (Holm over the prompts)."""
     from opro.evaluation.batch import evaluate_templates
 
     started = time.perf_counter()
@@ -108,8 +108,9 @@ def compare_prompts(
                                  progress=experiment.progress if progress is None else progress)
     results = [_prompt_scores(p, report, level=level, cost_model=cost_model)
                for p, report in zip(resolved, reports, strict=True)]
+    paired = build_paired_judge(section=cfg.judge, client=experiment.client("judge"), seed=cfg.experiment.seed)
     versus = _versus_baseline(results, base, n_questions=len(examples), level=level, alpha=alpha, keys=keys_of(examples),
-                              n_resamples=n_resamples, seed=seed, margin=margin, cost_model=cost_model)
+                              n_resamples=n_resamples, seed=seed, margin=margin, cost_model=cost_model, paired=paired)
     same = _same_configuration(resolved, base, defaults={d.name: d.initial(cfg) for d in DIMENSIONS if d.is_setting})
     versus = [None if v is None else replace(v, identical=same[i]) for i, v in enumerate(versus)]
     return ComparisonReport(
@@ -118,7 +119,7 @@ def compare_prompts(
         prompts=tuple(results),
         baseline=base,
         versus=tuple(versus),
-        judge=f"{experiment.judge.name} ({cfg.judge.template})",
+        judge=f"{experiment.judge.name} ({cfg.judge.template})" + ("; pairs judged side by side" if cfg.judge.paired == "side_by_side" else ""),
         judge_threshold=cfg.judge.threshold,
         level=level,
         alpha=alpha,
@@ -197,10 +198,12 @@ def _prompt_scores(p: ResolvedPrompt, report: EvaluationReport, *, level: float,
 def _versus_baseline(
     results: Sequence[PromptScores], base: int, *, n_questions: int, level: float, alpha: float, n_resamples: int,
     seed: int, margin: float | None, cost_model: CostModel, keys: Sequence[str] | None = None,
+    paired: SideBySideJudge | None = None,
 ) -> list[VersusBaseline | None]:
     """Each prompt against the baseline (``None`` for the baseline itself) on the questions both got a
     valid score for: paired tests, cost difference, non-inferiority under a margin, Holm over the family.
-    ``keys``: each question's cluster (:mod:`opro.stats.clusters`): the tests count source passages."""
+    ``keys``: each question's cluster (:mod:`opro.stats.clusters`): the tests count source passages. With
+    ``paired`` (``[judge].paired = "side_by_side"``) the tests read its scores of each question's two answers."""
     versus: list[VersusBaseline | None] = []
     b = results[base]
     for i, r in enumerate(results):
@@ -208,7 +211,8 @@ def _versus_baseline(
             versus.append(None)
             continue
         keyed = keys if keys is not None else [f"#{k}" for k in range(len(b.scores))]
-        kept = [(x, y, k) for x, y, k in zip(r.scores, b.scores, keyed, strict=True) if x is not None and y is not None]
+        mine, theirs = (r.scores, b.scores) if paired is None else _side_by_side(paired, r, b)
+        kept = [(x, y, k) for x, y, k in zip(mine, theirs, keyed, strict=True) if x is not None and y is not None]
         pairs, on = [(x, y) for x, y, _ in kept], [k for _, _, k in kept]
         stats = compare_paired(
             [x for x, _ in pairs], [y for _, y in pairs], level=level, alpha=alpha, scale=SCALE, clusters=on,
@@ -227,6 +231,21 @@ def _versus_baseline(
             ni_adjusted = iter(holm_noninferiority([v.noninferiority for v in family if v.noninferiority is not None]))
             versus = [None if v is None else replace(v, noninferiority=next(ni_adjusted)) for v in versus]
     return versus
+
+
+def _side_by_side(judge: SideBySideJudge, r: PromptScores, b: PromptScores) -> tuple[list[float | None], list[float | None]]:
+    """``r``'s and the baseline's scores from one side-by-side call per question (None for both where
+    either pointwise score is missing or the reply is unreadable; identical answers: their pointwise mean)."""
+    mine: list[float | None] = []
+    theirs: list[float | None] = []
+    for x, y, one, two in zip(r.scores, b.scores, r.evaluation.rows, b.evaluation.rows, strict=True):
+        got: tuple[float | None, float | None] | None = None
+        if x is not None and y is not None:
+            got = judge.judge(query=one.query, reference=one.reference, first=one.answer, second=two.answer,
+                              tie=(x + y) / 2).scores
+        mine.append(got[0] if got else None)
+        theirs.append(got[1] if got else None)
+    return mine, theirs
 
 
 def _baseline_index(baseline: int | str, prompts: Sequence[ResolvedPrompt]) -> int:

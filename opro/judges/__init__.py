@@ -16,6 +16,7 @@ from opro.judges.factory import (
     build_judge,
     build_metric,
     build_mlflow_correctness,
+    build_paired_judge,
     judge_template,
     make_extra_metrics,
 )
@@ -28,6 +29,7 @@ from opro.judges.parsing import (
     parse_yes_no_verdict,
     score_distribution,
 )
+from opro.judges.sidebyside import PairVerdict, SideBySideJudge
 from opro.judges.templates import BUILTIN_TEMPLATES, JudgeTemplate, get_template
 from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge, pack_contexts
 
@@ -41,12 +43,15 @@ __all__ = [
     "FaithfulnessJudge",
     "JudgeTemplate",
     "MlflowCorrectnessJudge",
+    "PairVerdict",
     "ParsedScore",
     "RelevancyJudge",
     "ScoreFrom",
+    "SideBySideJudge",
     "build_judge",
     "build_metric",
     "build_mlflow_correctness",
+    "build_paired_judge",
     "check_score_from",
     "correctness_schema",
     "expected_score_from_logprobs",

@@ -19,6 +19,7 @@ from opro.errors import ConfigError
 from opro.judges.correctness import CorrectnessJudge
 from opro.judges.metrics import Metric, TokenF1
 from opro.judges.mlflow_correctness import CorrectnessPrompt, MlflowCorrectnessJudge
+from opro.judges.sidebyside import SideBySideJudge
 from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge
 from opro.llm import ChatClient
 
@@ -65,6 +66,22 @@ def build_judge(
         structured=section.structured,
         expected_score=section.expected_score,
         max_tokens=section.max_tokens,
+        score_from=section.score_from,
+    )
+
+
+def build_paired_judge(*, section: JudgeSection, client: ChatClient, seed: int) -> SideBySideJudge | None:
+    """The side-by-side judge of a paired decision when ``[judge].paired = "side_by_side"`` (None for
+    ``pointwise``), on ``client`` (the judge model); ``seed`` (the run's) draws each question's order.
+    It reads its scores as the pointwise judge does (``score_from``) within the table's ``max_tokens``."""
+    if section.paired != "side_by_side":
+        return None
+    return SideBySideJudge(
+        client,
+        seed=seed,
+        both_orders=section.both_orders,
+        structured=section.structured,
+        max_tokens=max(section.max_tokens, 16),
         score_from=section.score_from,
     )
 
@@ -118,6 +135,7 @@ __all__ = [
     "build_judge",
     "build_metric",
     "build_mlflow_correctness",
+    "build_paired_judge",
     "judge_template",
     "make_extra_metrics",
 ]

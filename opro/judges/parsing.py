@@ -142,6 +142,41 @@ def parse_score(text: str, *, output_format: OutputFormat = "any") -> ParsedScor
     return _locate(text, output_format)[0]
 
 
+# --- side-by-side scores ------------------------------------------------------------------------------
+
+_PAIR_KEY_RE = re.compile(r"\"score_(a|b)\"\s*:\s*\"?\s*(-?\d+(?:\.\d+)?)", re.I)
+_PAIR_LABEL_RE = re.compile(r"^[\s*_#>`-]*(?:answer\s+)?(a|b)\s*(?:score)?\s*[:=]\s*[\(\[]?\s*" + _NUM + _SCALE, re.I | re.M)
+
+
+class ParsedPair(NamedTuple):
+    """The side-by-side judge's two scores (answer A, answer B), or None and why not."""
+
+    scores: tuple[float, float] | None
+    reason: str
+
+
+def parse_pair_scores(text: str) -> ParsedPair:
+    """Read ``{"score_a": N, "score_b": M}`` (or ``A: N`` / ``B: M`` lines) from a side-by-side reply;
+    never raises. Both scores must be on 1..5; a reply naming two different scores for one answer, or
+    only one of them, is invalid rather than guessed."""
+    if not text or not text.strip():
+        return ParsedPair(None, "empty reply")
+    found: dict[str, set[float]] = {"a": set(), "b": set()}
+    for regex, scaled in ((_PAIR_KEY_RE, False), (_PAIR_LABEL_RE, True)):
+        for m in regex.finditer(text):
+            score, why = _check(m.group(2), m.group(3) if scaled else None, f"score of answer {m.group(1).upper()}")
+            if why is not None or score is None:
+                return ParsedPair(None, why or "no score")
+            found[m.group(1).lower()].add(score)
+    for side in ("a", "b"):
+        if not found[side]:
+            return ParsedPair(None, f"no score for answer {side.upper()} in reply: {text.strip()[:160]!r}")
+        if len(found[side]) > 1:
+            listed = ", ".join(f"{v:g}" for v in sorted(found[side]))
+            return ParsedPair(None, f"reply names different scores ({listed}) for answer {side.upper()}")
+    return ParsedPair((found["a"].pop(), found["b"].pop()), text.strip())
+
+
 # --- expected score from logprobs ------------------------------------------------------------------
 
 _DIGITS = {str(i): float(i) for i in range(1, 6)}
@@ -260,8 +295,10 @@ __all__ = [
     "SCORE_MAX",
     "SCORE_MIN",
     "OutputFormat",
+    "ParsedPair",
     "ParsedScore",
     "expected_score_from_logprobs",
+    "parse_pair_scores",
     "parse_score",
     "parse_yes_no",
     "parse_yes_no_verdict",

@@ -90,6 +90,29 @@ Reference answer: {reference_answer}
 
 Answer to grade: {generated_answer}"""
 
+# The side-by-side judge (:mod:`opro.judges.sidebyside`): one call sees both answers of a question and
+# scores each on the rubric's scale, so a judge's drift between two separate calls cancels in their
+# difference. Our own words, the rubric's scale; the answers' order is the judge's (seeded per question).
+SIDE_BY_SIDE_SYSTEM = """You check two answers to the same question against its reference answer. Compare facts, not wording or style.
+Score each answer from 1 to 5, on its own merits, on the same scale:
+5 = states the key facts of the reference; nothing contradicts it.
+4 = agrees with the reference but misses a detail or is vague.
+3 = partly right: some key facts of the reference are missing or wrong.
+2 = on topic, but its key facts differ from the reference.
+1 = answers a different question, contradicts the reference, or gives no answer.
+Two answers that say the same facts get the same score, whichever comes first."""
+
+SIDE_BY_SIDE_USER = """Question: {query}
+
+Reference answer: {reference_answer}
+
+Answer A: {answer_a}
+
+Answer B: {answer_b}
+
+Respond only with a JSON object {{"score_a": <integer 1-5>, "score_b": <integer 1-5>}}."""
+
+
 PLACEHOLDERS = ("query", "reference_answer", "generated_answer")
 _PLACEHOLDER_RE = re.compile(r"\{(query|reference_answer|generated_answer)\}")
 
@@ -269,6 +292,8 @@ __all__ = [
     "PLACEHOLDERS",
     "RELEVANCY_EVAL",
     "RELEVANCY_REFINE",
+    "SIDE_BY_SIDE_SYSTEM",
+    "SIDE_BY_SIDE_USER",
     "JudgeTemplate",
     "get_template",
 ]

@@ -66,11 +66,11 @@ SD_BOUND_LEVEL = 0.9
 #: The fingerprint entries the paired noise of two prompts depends on (:func:`noise_digest`).
 NOISE_ENTRIES = ("dataset.hash", "split", "models.task.", "models.judge.", "judge.")
 
-#: Paired per-question score difference of two prompts (1-5 judge) when nothing was measured: the
-#: spread bench_selection's judge model gives (question difficulty shared, per-call noise 0.9,
-#: rounded to whole scores), close to what the validation stages of the real runs in
-#: docs/benchmarks.md show.
-DEFAULT_DIFFERENCE_SD = 1.3
+#: Paired per-question score difference of two prompts (1-5 judge) when nothing was measured, per ``[judge].paired``:
+#: pointwise, bench_selection's judge model's spread (per-call noise 0.9, whole scores), close to the real runs'
+#: (docs/benchmarks.md); side by side, the same until experiments/judge_side_by_side.py measures enough pairs.
+DEFAULT_DIFFERENCE_SDS: Mapping[str, float] = {"pointwise": 1.3, "side_by_side": 1.3}
+DEFAULT_DIFFERENCE_SD = DEFAULT_DIFFERENCE_SDS["pointwise"]
 POWER = 0.8
 
 # Per-call defaults for the embedded models on 2 idle cores (prompt tokens/s, completion tokens/s),
@@ -343,8 +343,8 @@ def _difference_sd(config: OproConfig, *, pilot_noise: MeasuredNoise | None = No
         # Two prompts' scores on a question differ by the judge's noise on each (and by how the prompts
         # differ on it, which a retest cannot see: a lower bound).
         return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)", unused
-    return DEFAULT_DIFFERENCE_SD, ("default: not measured; `opro probe` measures it (`opro judge calibrate` with "
-                                   "--retest, a lower bound)"), unused
+    return DEFAULT_DIFFERENCE_SDS[config.judge.paired], (f"default ({config.judge.paired.replace('_', ' ')}): not measured; "
+                                   "`opro probe` measures it (`opro judge calibrate` with --retest, a lower bound)"), unused
 
 
 def _last_run_noise(summary: Mapping[str, Any] | None, *, digest: str | None) -> tuple[MeasuredNoise | None, str]:
@@ -696,5 +696,5 @@ def _rel(got: float, est: float, most: float = 0.0) -> str:
     return f"{(got - est) / est:+.0%}{within}"
 
 
-__all__ = ["DEFAULT_DIFFERENCE_SD", "SD_BOUND_BELOW", "SD_BOUND_LEVEL", "ChoiceCost", "CostPlan", "MeasuredNoise", "Plan",
+__all__ = ["DEFAULT_DIFFERENCE_SD", "DEFAULT_DIFFERENCE_SDS", "SD_BOUND_BELOW", "SD_BOUND_LEVEL", "ChoiceCost", "CostPlan", "MeasuredNoise", "Plan",
            "RoleEstimate", "answer_cost", "check", "first_moves_of", "make_plan", "noise_digest", "sd_upper_bound"]

@@ -35,8 +35,9 @@ from opro.search.scoring import CandidateScorer
 from opro.search.settings import SearchSettings
 from opro.search.steps import StepEvaluator
 from opro.search.study import SearchStudy
-from opro.search.validation import on_scale, validate
+from opro.search.validation import validate
 from opro.search.workers import Coordinator, UsageBook, WorkerPlan
+from opro.stats.sequential import on_scale
 
 logger = logging.getLogger(__name__)
 

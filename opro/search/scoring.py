@@ -23,6 +23,7 @@ from opro.search.exemplars import ExemplarOutcome
 from opro.search.metaprompt import Exemplar
 
 if TYPE_CHECKING:
+    from opro.judges.sidebyside import SideBySideJudge
     from opro.search.space import SearchSpace
 
 logger = logging.getLogger(__name__)
@@ -65,9 +66,11 @@ class CandidateScorer:
 
     def __init__(
         self, *, program: Program, judge: Judge, template: Template, task_slots: int = 1, judge_slots: int | None = None,
-        space: SearchSpace | None = None, cost: CostModel | None = None,
+        space: SearchSpace | None = None, cost: CostModel | None = None, paired: SideBySideJudge | None = None,
     ) -> None:
         self.program = program
+        #: The validation stage's side-by-side judge (``[judge].paired``); None: its pairs are scored pointwise.
+        self.paired = paired
         #: What an answer costs (:mod:`opro.program.cost`): each candidate's mean is kept beside its score.
         self.cost = cost if cost is not None else CostModel()
         self.judge = judge

@@ -52,6 +52,7 @@ from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.program.cost import CostModel, CostUnit
 from opro.search.design import ValidationDesign
 from opro.search.finalists import choose_finalists, chosen_finalist
+from opro.search.paired import side_by_side_scores
 from opro.search.results import (
     CandidateRecord,
     CostSaving,
@@ -64,7 +65,7 @@ from opro.search.settings import ValidationSettings
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
 from opro.search.validation_sizes import confirmation_looks, split_sizes
 from opro.stats import betting, clusters
-from opro.stats.sequential import Look, conditional_estimate, decide, interval_text, t_interval
+from opro.stats.sequential import Look, conditional_estimate, decide, interval_text, on_scale, t_interval
 
 logger = logging.getLogger(__name__)
 
@@ -218,15 +219,6 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 def _ci(values: Sequence[float | None]) -> tuple[float, float] | None:
     return on_scale(t_interval([x for x in values if x is not None]), SCORE_MIN, SCORE_MAX)
-
-
-def on_scale(ci: tuple[float, float] | None, low: float, high: float) -> tuple[float, float] | None:
-    """``ci`` clipped to what the judge's scale allows (a few questions give a t interval past it); an
-    end that is open (infinite: see :func:`opro.stats.sequential.interval_text`) stays open."""
-    if ci is None:
-        return None
-    lo, hi = ci
-    return (lo if math.isinf(lo) else min(max(lo, low), high), hi if math.isinf(hi) else min(max(hi, low), high))
 
 
 @dataclass(frozen=True)
@@ -431,13 +423,21 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
     looks: list[Look] = []
     seen: list[int] = []
     start = unkept = 0
+    answered: dict[str, Sequence[EvaluationRow]] = {}  # the batch's answers, for a side-by-side judge
+    def keep(label: str, ins: str, got: Sequence[EvaluationRow]) -> None:
+        answered[ins] = got
+        collect(label, ins, got)
     for k, size in enumerate(plan.sizes, start=1):
         batch, start = plan.confirmation[start:size], size
         for label, ins in pairs:
             rows.expect(label, ins)
         batch_costs: dict[str, list[float | None]] = {}
-        got = score_on(study, scorer, pairs, batch, on_validated=collect, min_coverage=settings.min_coverage,
+        answered.clear()
+        got = score_on(study, scorer, pairs, batch, on_validated=keep, min_coverage=settings.min_coverage,
                        progress=progress, costs=batch_costs)
+        if scorer.paired is not None:  # the test reads one side-by-side call per question (opro/search/paired.py)
+            got = side_by_side_scores(study, scorer, scorer.paired, first=pick, second=plan.initial, batch=batch,
+                                      pointwise=got, rows=answered, progress=progress)
         for _, ins in pairs:
             costs[ins] += batch_costs.get(ins) or [None] * len(batch)
         unkept += sum(sum(x is None for x in got[ins]) for _, ins in pairs

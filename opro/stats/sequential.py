@@ -44,6 +44,15 @@ def interval_text(lo: float, hi: float) -> str:
     return f"below {hi:+.2f}" if lo == -math.inf else f"{lo:+.2f} to {hi:+.2f}"
 
 
+def on_scale(ci: tuple[float, float] | None, low: float, high: float) -> tuple[float, float] | None:
+    """``ci`` clipped to what the judge's scale allows (a few questions give a t interval past it); an
+    end that is open (infinite: see :func:`interval_text`) stays open."""
+    if ci is None:
+        return None
+    lo, hi = ci
+    return (lo if math.isinf(lo) else min(max(lo, low), high), hi if math.isinf(hi) else min(max(hi, low), high))
+
+
 def look_sizes(n_max: int, looks: int) -> tuple[int, ...]:
     """Questions seen at each look: ``looks`` near-even steps ending at ``n_max`` (duplicates dropped)."""
     if n_max < 1 or looks < 1:

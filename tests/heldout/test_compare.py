@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from opro.errors import ConfigError, DataError
 from opro.experiment import Experiment
 from opro.heldout.compare import compare_prompts, save_comparison
 from opro.heldout.sources import resolve_prompt
+from opro.llm.scripted import ScriptedLLM
 
 
 @pytest.fixture(scope="module")
@@ -308,3 +310,32 @@ def test_a_compared_prompt_is_never_decoded_in_a_batch_with_another(tmp_path: Pa
     assert len(report.questions) == 10 and task.batches == []  # every answer alone
 
 
+
+
+def test_side_by_side_pairs_decide_the_comparison(run_config: Path) -> None:
+    """[judge].paired = "side_by_side": the differences come from one call per question that sees both
+    answers (scripted: +1), not from the two pointwise scores (+3), which still give each prompt's mean."""
+    import dataclasses
+
+    from fakes import side_by_side_judge_reply
+
+    judge = ScriptedLLM(default=side_by_side_judge_reply, model="judge")
+    pool = scripted_pool(judge=judge)
+    base = Experiment.from_file(run_config, pool=pool, progress=False).config
+    config = dataclasses.replace(base, judge=dataclasses.replace(base.judge, paired="side_by_side"))
+    exp = Experiment(config, pool=pool, progress=False)
+    try:
+        report = compare_prompts(experiment=exp, prompts=["initial", "best"])
+    finally:
+        exp.close()
+    initial, best = report.prompts
+    assert initial.mean is not None and initial.mean.estimate == 2.0
+    assert best.mean is not None and best.mean.estimate == 5.0
+    v = report.versus[1]
+    assert v is not None and v.stats.n == 10 and v.stats.difference.estimate == 1.0
+    assert "side by side" in report.judge
+    paired_calls = [m for m, _ in judge.calls if "Answer A: " in m[-1].content]
+    assert len(paired_calls) == 10
+    for messages in paired_calls:  # each holds both prompts' answers, in an order seeded per question
+        shown = re.findall(r"^Answer [AB]: (.*)$", messages[-1].content, re.M)
+        assert sorted(shown) == ["Using the context: yes.", "Yes."]

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import opro.experiment
 from opro.cli import app
 from opro.config import config_from_dict
-from opro.probe.plan import DEFAULT_DIFFERENCE_SD, check, make_plan
+from opro.probe.plan import DEFAULT_DIFFERENCE_SD, DEFAULT_DIFFERENCE_SDS, check, make_plan
 
 
 def _config(tmp_path: Path, **overrides: dict) -> object:
@@ -72,6 +72,14 @@ def test_the_plan_says_when_no_gain_can_be_claimed_or_confirmed(tmp_path: Path) 
     assert big.difference_sd == DEFAULT_DIFFERENCE_SD and big.sd_basis.startswith("default")
     text = "\n".join(big.lines())
     assert f"validation {big.detectable:+.2f} points" in text and "held-out compare" in text
+
+
+def test_the_default_noise_is_the_one_of_the_paired_mode_in_use(tmp_path: Path) -> None:
+    split = {"exemplar": 2, "optimization": 3, "validation": 16, "heldout": 6, "seed": 1}
+    for mode in ("pointwise", "side_by_side"):
+        made = make_plan(_config(tmp_path, data={"split": split}, judge={"paired": mode}))
+        assert made.difference_sd == DEFAULT_DIFFERENCE_SDS[mode]
+        assert made.sd_basis.startswith(f"default ({mode.replace('_', ' ')})")
 
 
 def test_more_validation_questions_detect_a_smaller_gain_and_the_last_run_sets_the_noise(tmp_path: Path) -> None:
