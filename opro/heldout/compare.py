@@ -236,15 +236,14 @@ def _versus_baseline(
 def _side_by_side(judge: SideBySideJudge, r: PromptScores, b: PromptScores) -> tuple[list[float | None], list[float | None]]:
     """``r``'s and the baseline's scores from one side-by-side call per question (None for both where
     either pointwise score is missing or the reply is unreadable; identical answers: their pointwise mean)."""
-    mine: list[float | None] = []
-    theirs: list[float | None] = []
-    for x, y, one, two in zip(r.scores, b.scores, r.evaluation.rows, b.evaluation.rows, strict=True):
-        got: tuple[float | None, float | None] | None = None
-        if x is not None and y is not None:
-            got = judge.judge(query=one.query, reference=one.reference, first=one.answer, second=two.answer,
-                              tie=(x + y) / 2).scores
-        mine.append(got[0] if got else None)
-        theirs.append(got[1] if got else None)
+    asked = [i for i, (x, y) in enumerate(zip(r.scores, b.scores, strict=True)) if x is not None and y is not None]
+    one, two = r.evaluation.rows, b.evaluation.rows
+    verdicts = judge.judge_many([{"query": one[i].query, "reference": one[i].reference, "first": one[i].answer,
+                                  "second": two[i].answer, "tie": (r.scores[i] + b.scores[i]) / 2}  # type: ignore[operator]
+                                 for i in asked])
+    got = {i: v.scores for i, v in zip(asked, verdicts, strict=True) if v.scores is not None}
+    mine = [got[i][0] if i in got else None for i in range(len(r.scores))]
+    theirs = [got[i][1] if i in got else None for i in range(len(r.scores))]
     return mine, theirs
 
 

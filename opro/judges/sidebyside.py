@@ -3,7 +3,7 @@
 Where two configurations answer the same questions (the validation stage, ``opro compare``), what
 decides is the paired difference of their scores. Two separate pointwise calls each carry the
 judge's own drift of scale; one call that sees the question, the reference and both answers scores
-them on one scale, so that drift cancels in the difference (issue 67, item 2).
+them on one scale, so that drift cancels in the difference.
 
 - The order the answers are shown in is drawn per question from the run seed and the question (a
   hash: the messages, and so the call cache, are the same on every run), so a judge that favours
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import typing
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -233,6 +235,15 @@ class SideBySideJudge:
         scores = tuple(SCORE_MIN if not a.strip() else s for a, s in zip((first, second), mine, strict=True))
         return PairVerdict(scores=(scores[0], scores[1]), first_as_a=first_as_a,
                            readings=tuple(readings), calls=calls)
+
+    def judge_many(self, pairs: Sequence[Mapping[str, Any]]) -> list[PairVerdict]:
+        """:meth:`judge` of each of ``pairs`` (its keyword arguments), in order, as many in flight as the
+        judge's backend takes (its ``max_concurrency``; the backend's own semaphore holds the limit)."""
+        workers = min(len(pairs), max(1, int(getattr(self.llm.llm, "max_concurrency", 1) or 1)))
+        if workers <= 1:
+            return [self.judge(**p) for p in pairs]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="opro-side-by-side") as pool:
+            return list(pool.map(lambda p: self.judge(**p), pairs))
 
 
 __all__ = ["PAIRED_MODES", "PairVerdict", "PairedMode", "SideBySideJudge", "first_shown", "normalized", "pair_schema"]

@@ -60,22 +60,15 @@ def side_by_side_scores(
         return {first: stored[0], second: stored[1]}
     if first not in rows or second not in rows:
         rows = {**rows, **_answers(scorer, [n for n in (first, second) if n not in rows], batch, progress)}
-    out: dict[str, list[float | None]] = {first: [], second: []}
-    complete = True
-    for i in range(len(batch)):
-        a, b = pointwise[first][i], pointwise[second][i]
-        one, two = rows[first][i], rows[second][i]
-        if a is None or b is None:
-            out[first].append(None)
-            out[second].append(None)
-            complete = False
-            continue
-        verdict = judge.judge(query=one.query, reference=one.reference, first=one.answer, second=two.answer,
-                              tie=(a + b) / 2)
-        got = verdict.scores if verdict.scores is not None else (None, None)
-        complete = complete and verdict.scores is not None
-        out[first].append(got[0])
-        out[second].append(got[1])
+    one, two = rows[first], rows[second]
+    asked = [i for i in range(len(batch)) if pointwise[first][i] is not None and pointwise[second][i] is not None]
+    verdicts = judge.judge_many([{"query": one[i].query, "reference": one[i].reference, "first": one[i].answer,
+                                  "second": two[i].answer, "tie": (pointwise[first][i] + pointwise[second][i]) / 2}  # type: ignore[operator]
+                                 for i in asked])
+    got = {i: v.scores for i, v in zip(asked, verdicts, strict=True) if v.scores is not None}
+    out: dict[str, list[float | None]] = {name: [got[i][w] if i in got else None for i in range(len(batch))]
+                                          for w, name in enumerate((first, second))}
+    complete = len(got) == len(batch)
     if complete:
         for w, name in enumerate((first, second)):
             study.save_validation_scores(_key(first, second, w), queries, out[name])

@@ -1,4 +1,4 @@
-"""The side-by-side judge (issue 67, item 2): both answers of a question in one call, in a seeded order."""
+"""The side-by-side judge: both answers of a question in one call, in a seeded order."""
 
 from __future__ import annotations
 
@@ -163,3 +163,28 @@ def test_the_judge_table_selects_the_paired_mode() -> None:
         config_from_dict({"judge": {"paired": "sidebyside"}})
     with pytest.raises(ConfigError, match="both_orders"):
         JudgeSection(both_orders=True)
+
+
+def test_a_batch_of_pairs_is_judged_concurrently_up_to_the_backends_limit_in_order() -> None:
+    import threading
+    import time
+
+    lock, now = threading.Lock(), [0]
+    peak = [0]
+
+    def slow(messages: tuple[Message, ...], options: GenerationOptions) -> str:
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.05)
+        with lock:
+            now[0] -= 1
+        return fair_judge(messages, options)
+
+    judge, llm = _judge(slow)
+    llm.max_concurrency = 3
+    pairs = [{"query": f"When was tower {i} completed?", "reference": "In 1889.",
+              "first": RIGHT if i % 2 else WRONG, "second": WRONG if i % 2 else RIGHT} for i in range(9)]
+    verdicts = judge.judge_many(pairs)
+    assert [v.scores for v in verdicts] == [(5, 2) if i % 2 else (2, 5) for i in range(9)]
+    assert peak[0] == 3  # as many in flight as the backend takes, never more
