@@ -41,7 +41,7 @@ VerdictKind = Literal["baseline", "moves", "hurts", "inert", "undecided", "ident
 class Verdict:
     kind: VerdictKind
     text: str
-    #: For ``moves`` and ``hurts`` among several contrasts: the sign-flip p adjusted by Holm over them
+    #: For ``moves`` and ``hurts`` among several contrasts: the betting test's p adjusted by Holm over them
     #: (each interval is 95% on its own, so one of several may exclude 0 by chance).
     holm_p: float | None = None
 
@@ -53,7 +53,7 @@ class Verdict:
 @dataclass(frozen=True)
 class Effect:
     """A configuration's scores on the questions, and against the initial configuration (``None`` for
-    the initial configuration itself): paired difference with its 95% interval, W/T/L, sign-flip p."""
+    the initial configuration itself): paired difference with its 95% interval, W/T/L, the betting test's p."""
 
     label: str
     dimension: str

@@ -1,7 +1,7 @@
 """The pilot questions: the optimization split first (so the search's step 0 finds the probe's answers
 in the call cache), then the questions in no split that a validation extension does not reserve; never
 validation, held-out or exemplar ones. By default as many as keep the probe's calls within a fifth of
-the plan's search calls (:data:`PROBE_SHARE`), never fewer than a two-sided sign-flip test needs.
+the plan's search calls (:data:`PROBE_SHARE`), never fewer than the two-sided betting test needs.
 """
 
 from __future__ import annotations
@@ -71,13 +71,14 @@ def search_calls(plan: Plan) -> float:
 
 def questions_for(plan: Plan, *, contrasts: int, available: int, alpha: float) -> tuple[int, str]:
     """Pilot questions within :data:`PROBE_SHARE` of the plan's search calls (a question costs a task and
-    a judge call per configuration; the optimizer's few calls come first), never fewer than a two-sided
-    sign-flip test needs to reach ``alpha``, never more than ``available``; and what to say about it."""
-    from opro.stats.sequential import min_questions
+    a judge call per configuration; the optimizer's few calls come first), never fewer than the two-sided
+    betting test needs to reach ``alpha`` at all, never more than ``available``; and what to say about it."""
+    from opro.judges.parsing import SCORE_MAX, SCORE_MIN
+    from opro.stats.betting import min_pairs
 
     budget = PROBE_SHARE * search_calls(plan) - (1 + N_PROPOSALS)
     n = int(budget // (2 * (1 + contrasts)))
-    least = min_questions(alpha, sides=2)
+    least = min_pairs(alpha=alpha / 2, scale=(SCORE_MIN, SCORE_MAX)) or available + 1
     notes = []
     if n < least:
         notes.append(f"{least} questions, the fewest with which a paired test can reach alpha {alpha:g}, cost more "

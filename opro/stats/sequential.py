@@ -321,12 +321,6 @@ def conditional_estimate(
     return Estimate(gain=gain, ci=(low, high), raw=raw)
 
 
-def min_questions(alpha: float, *, sides: int = 1) -> int:
-    """The fewest paired questions with which a sign-flip test can reach ``alpha`` at all: its
-    smallest p-value is ``sides / 2**n`` (every difference the same sign)."""
-    return max(1, math.ceil(math.log2(sides / alpha)))
-
-
 @dataclass(frozen=True)
 class Power:
     """What a design can detect, for paired differences with standard deviation ``sd``."""
@@ -389,6 +383,5 @@ __all__ = [
     "futile",
     "interval_text",
     "look_sizes",
-    "min_questions",
     "t_interval",
 ]

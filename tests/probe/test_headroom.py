@@ -344,7 +344,7 @@ def test_the_commands_probe_fold_the_verdict_into_the_plan_and_optimize_prints_i
     assert json.loads(as_json.output)["probe"]["pilot"]["n"] == 8
     # The plan takes the paired noise a probe measured (before it: the default, 1.30); the scripted judge's
     # is 0 (every contrast scores alike), which no plan can use, so a measured one is written in.
-    assert "paired score sd 1.30: default: not measured; `opro probe` measures it" in plan_only.output
+    assert "paired score sd 1.30: default (pointwise): not measured; `opro probe` measures it" in plan_only.output
     assert stored["judge"]["pilot_sd"] == 0
     assert "paired score sd 1.30: default" in runner.invoke(app, ["plan", str(config)]).output
     noisy = {**stored, "judge": {**stored["judge"], "pilot_sd": 0.66}}
