@@ -40,7 +40,7 @@ from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.llm.choices import in_play
 from opro.llm.pool import ModelSpec
 from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
-from opro.probe.sizes import QuestionsNeeded, extendable, heldout_detectable, needed_for, pool_command
+from opro.probe.sizes import clustering_note, extendable, heldout_detectable, needed_for, pool_command
 from opro.program.configurations import changed, settings_text
 from opro.program.cost import amount
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values, model_of
@@ -54,14 +54,14 @@ from opro.workflows.settings import claim, validation_settings
 if TYPE_CHECKING:
     from llama_index.core.schema import Document
 
-#: Below this many pairs a measured paired sd is too rough to plan by as it is: the plan takes its
-#: one-sided upper confidence bound at :data:`SD_BOUND_LEVEL` instead (:func:`sd_upper_bound`).
+    from opro.probe.sizes import QuestionsNeeded
+
+#: Below this many pairs a measured paired sd is too rough to plan by as it is: its one-sided upper bound at :data:`SD_BOUND_LEVEL`.
 SD_BOUND_BELOW = 12
-#: 90%, not 80%: the chi-square bound assumes normal differences, and judge differences have heavy
-#: tails. In a t(3) world of true sd 0.99 (where 6 pilot questions measure a median 0.71) the point
-#: estimate was below the truth in 76% of pilots, an 80% bound in 46%, a 90% bound in 30%; with
-#: normal differences the 90% bound is 1.4-1.8x the truth on 6-11 pairs, which measuring 12 removes
-#: (experiments/bench_sd_bound.py).
+#: 90%, not 80%: the chi-square bound assumes normal differences, and judge differences have heavy tails. In a
+#: t(3) world of true sd 0.99 (6 pilot questions measure a median 0.71) the point estimate was below the truth in
+#: 76% of pilots, an 80% bound in 46%, a 90% bound in 30%; with normal differences the 90% bound is 1.4-1.8x the
+#: truth on 6-11 pairs, which measuring 12 removes (experiments/bench_sd_bound.py).
 SD_BOUND_LEVEL = 0.9
 #: The fingerprint entries the paired noise of two prompts depends on (:func:`noise_digest`).
 NOISE_ENTRIES = ("dataset.hash", "split", "models.task.", "models.judge.", "judge.")
@@ -630,6 +630,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         warnings.append("no validation stage ([optimizer].finalists = 0): the returned score is in-sample and no "
                         "gain is claimed")
     held = heldout_detectable(s.heldout, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX), sides=2, power=POWER)
+    warnings += [note] if validating and (note := clustering_note(config)) else []
 
     moves = first_moves_of(config)
     choosing = selection_prompts(design, finalists) * n_sel
@@ -679,9 +680,8 @@ def check(plan: Mapping[str, Any], usage: Mapping[str, Mapping[str, Any]], *, wa
         if est or got:
             out.append(f"  {r['role']}: planned {_planned(est, most)} calls, made {got:.0f} ({_rel(got, est, most)})")
     planned_s = float(plan.get("seconds", 0.0))
-    out.insert(0, f"plan vs run: {_planned(total_est, total_most)} calls planned, {total:.0f} made "
-                  f"({_rel(total, total_est, total_most)}); "
-                  f"{_duration(planned_s)} planned, {_duration(wall_s)} taken ({_rel(wall_s, planned_s)})")
+    calls = f"{_planned(total_est, total_most)} calls planned, {total:.0f} made ({_rel(total, total_est, total_most)})"
+    out.insert(0, f"plan vs run: {calls}; {_duration(planned_s)} planned, {_duration(wall_s)} taken ({_rel(wall_s, planned_s)})")
     return out
 
 

@@ -169,6 +169,34 @@ def extendable(config: OproConfig, dataset: GoldenDataset) -> int:
     return len(extension_questions(dataset, pool_folder(config)))
 
 
+def clustering_note(config: OproConfig) -> str | None:
+    """Where the dataset at hand (the run's, else ``[data].dataset``) records its questions' source
+    passages and several share one, that validation claims count passages (:mod:`opro.stats.clusters`)
+    while the plan's power counts questions, so it is optimistic there. None where every question is
+    a passage of its own or no dataset is at hand yet."""
+    from opro.data.dataset import load_dataset
+    from opro.errors import OproError
+    from opro.stats.clusters import keys_of
+    from opro.tracking.rundir import RunDir
+
+    run = RunDir(config.output_dir)
+    try:
+        data = (load_dataset(run.dataset) if run.has_dataset()
+                else load_dataset(config.data.dataset) if config.data.dataset else None)
+    except (OproError, OSError):  # the run itself says what is wrong with the dataset
+        return None
+    if data is None:
+        return None
+    on = data.examples_in("validation") if data.split is not None else data.examples
+    n, k = len(on), len(set(keys_of(on)))
+    if k == n:
+        return None
+    return (f"the {n} {'validation ' if data.split is not None else ''}questions come from {k} source passages: the "
+            "validation stage and compare count passages (questions on one passage move together), so the "
+            "detectable gains above, counted in questions, are optimistic (docs/statistics.md, questions that "
+            "share a source passage)")
+
+
 def pool_command(config: OproConfig) -> str:
     """The ``opro dataset pool`` command that adds questions to the dataset folder ``config``'s runs
     extend into: ``[data].dataset`` where it is a folder, else the run's own copy."""
@@ -178,5 +206,5 @@ def pool_command(config: OproConfig) -> str:
                                                           or "--docs <the documents it was made from>")
 
 
-__all__ = ["DRAWS", "MOST", "PLATEAU", "QUALITY_GAIN", "QuestionsNeeded", "extendable", "heldout_detectable", "needed_for", "pool_command",
+__all__ = ["DRAWS", "MOST", "PLATEAU", "QUALITY_GAIN", "QuestionsNeeded", "clustering_note", "extendable", "heldout_detectable", "needed_for", "pool_command",
            "questions_needed"]

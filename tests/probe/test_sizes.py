@@ -71,3 +71,26 @@ def test_heldout_detectable_is_the_betting_tests_and_none_where_it_cannot_claim(
     rows = np.clip(np.random.default_rng(7).normal(two, 1.3, size=(2000, 20)), -4, 4)
     shown = betting.claims(rows, scale=SCALE, alpha=0.025, planned=20)
     assert shown.mean() == pytest.approx(0.8, abs=0.03)
+
+
+def test_the_plan_says_its_power_is_optimistic_where_questions_share_source_passages(tmp_path) -> None:
+    """Validation counts passages where the dataset records them; the plan counts questions, and says so."""
+    import json
+
+    from fakes import experiment_config
+
+    from opro.config import config_from_dict
+    from opro.probe.sizes import clustering_note
+
+    def config_with(contexts: list[str]):
+        rows = [{"query": f"What is fact {i}?", "reference_answer": f"Fact {i}.",
+                 "reference_contexts": [contexts[i]]} for i in range(len(contexts))]
+        path = tmp_path / f"rag_dataset_{len(set(contexts))}.json"
+        path.write_text(json.dumps({"examples": rows}))
+        cfg = experiment_config(tmp_path, data={"dataset": str(path), "query_field": "query",
+                                                "answer_field": "reference_answer"})
+        return config_from_dict(cfg, base_dir=tmp_path, source="t.toml")
+
+    shared = clustering_note(config_with([f"Passage {i // 2}." for i in range(24)]))
+    assert shared is not None and "24 questions come from 12 source passages" in shared
+    assert clustering_note(config_with([f"Passage {i}." for i in range(24)])) is None  # a passage each
