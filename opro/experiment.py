@@ -540,8 +540,7 @@ class Experiment:
     def search(
         self, *, study: SearchStudy, workers: WorkerPlan | None = None, recorders: Sequence[Recorder] = ()
     ) -> Search:
-        """The search over ``study``: the configured proposer, the scorer over this experiment's program
-        and judge, the recorders."""
+        """The search over ``study``: the configured proposer, the scorer (this program and judges), the recorders."""
         from opro.judges import build_paired_judge
         from opro.search import CandidateScorer, Search, make_proposer
         from opro.workflows.settings import proposer_settings, search_settings
