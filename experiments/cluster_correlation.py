@@ -36,6 +36,8 @@ from opro.stats.clusters import cluster_keys, within_correlation
 
 HERE = Path(__file__).resolve().parent
 SIDE_BY_SIDE = HERE / "results" / "side_by_side_alexnet.json"
+#: The fewest clusters of two or more questions an ICC is given from.
+MIN_SHARED = 5
 ALEXNET = HERE.parent.parent / "shared" / "data" / "history_of_alexnet" / "rag_dataset.json"
 
 
@@ -44,9 +46,11 @@ def icc_row(source: str, differences: Sequence[float], contexts: Sequence[Sequen
     keys = cluster_keys(contexts)
     sizes = Counter(keys)
     shared = [k for k, m in sizes.items() if m > 1]
-    r = within_correlation(list(differences), keys)
+    # Only clusters of two or more questions say how alike a cluster's questions are: with fewer than
+    # MIN_SHARED of them the figure is noise, and none is given.
+    r = within_correlation(list(differences), keys) if len(shared) >= MIN_SHARED else math.nan
     k = len(sizes)
-    se = (1 - r) * (1 + r) / math.sqrt(k - 1) if k > 1 and not math.isnan(r) else math.nan
+    se = (1 - r) * (1 + r) / math.sqrt(len(shared) - 1) if not math.isnan(r) else math.nan
     return {"source": source, "questions": len(keys), "clusters": k, "shared": len(shared),
             "icc": r, "se": se}
 
