@@ -62,6 +62,18 @@ def _not_in_context(reference: str | None) -> bool:
     return reference is not None and reference.strip() == NOT_IN_CONTEXT
 
 
+def check_scoring(llm: ChatClient, *, score_from: ScoreFrom, min_score_mass: float, where: str) -> None:
+    """A judge's ``score_from`` and ``min_score_mass``, checked against its backend (``where``: the judge)."""
+    check_score_from(score_from, where=f"{where} score_from")
+    if score_from == "logits" and not llm.llm.supports_choice_logprobs:
+        raise ConfigError(
+            f"judge score_from='logits' needs a backend that reads next-token logits (llamacpp); "
+            f"{llm.llm.provider} cannot: use score_from = 'auto' or 'reply'"
+        )
+    if not 0.0 < min_score_mass <= 1.0:
+        raise ConfigError(f"{where} min_score_mass={min_score_mass} must lie in (0, 1]")
+
+
 class CorrectnessJudge:
     """Scores a generated answer 1-5 against a reference answer; ``passing`` at ``threshold``.
 
@@ -103,14 +115,7 @@ class CorrectnessJudge:
         self.expected_score = expected_score
         self.max_tokens = max_tokens
         self.temperature = temperature
-        check_score_from(score_from, where="CorrectnessJudge score_from")
-        if score_from == "logits" and not llm.llm.supports_choice_logprobs:
-            raise ConfigError(
-                f"judge score_from='logits' needs a backend that reads next-token logits (llamacpp); "
-                f"{llm.llm.provider} cannot: use score_from = 'auto' or 'reply'"
-            )
-        if not 0.0 < min_score_mass <= 1.0:
-            raise ConfigError(f"CorrectnessJudge min_score_mass={min_score_mass} must lie in (0, 1]")
+        check_scoring(llm, score_from=score_from, min_score_mass=min_score_mass, where="CorrectnessJudge")
         self.score_from = score_from
         self.min_score_mass = min_score_mass
 
@@ -249,4 +254,4 @@ class CorrectnessJudge:
 
 
 
-__all__ = ["SCORE_CHOICES", "SCORE_PREFIX", "SCORE_SOURCES", "CorrectnessJudge", "ScoreFrom", "correctness_schema"]
+__all__ = ["SCORE_CHOICES", "SCORE_PREFIX", "SCORE_SOURCES", "CorrectnessJudge", "ScoreFrom", "check_scoring", "correctness_schema"]

@@ -26,9 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from opro.config import ScoreFrom, check_score_from
+from opro.config import ScoreFrom
 from opro.errors import ConfigError
-from opro.judges.correctness import SCORE_CHOICES
+from opro.judges.correctness import SCORE_CHOICES, check_scoring
 from opro.judges.parsing import SCORE_MIN, parse_pair_scores, score_distribution
 from opro.judges.templates import SIDE_BY_SIDE_SYSTEM, SIDE_BY_SIDE_USER
 from opro.judges.withheld import NOT_IN_CONTEXT, requirement_score
@@ -129,14 +129,7 @@ class SideBySideJudge:
     ) -> None:
         if max_tokens < 16:
             raise ConfigError(f"SideBySideJudge max_tokens={max_tokens} is too small to hold two scores; use >= 16")
-        check_score_from(score_from, where="SideBySideJudge score_from")
-        if score_from == "logits" and not llm.llm.supports_choice_logprobs:
-            raise ConfigError(
-                f"judge score_from='logits' needs a backend that reads next-token logits (llamacpp); "
-                f"{llm.llm.provider} cannot: use score_from = 'auto' or 'reply'"
-            )
-        if not 0.0 < min_score_mass <= 1.0:
-            raise ConfigError(f"SideBySideJudge min_score_mass={min_score_mass} must lie in (0, 1]")
+        check_scoring(llm, score_from=score_from, min_score_mass=min_score_mass, where="SideBySideJudge")
         self.llm = llm
         self.seed = seed
         self.both_orders = both_orders
