@@ -16,6 +16,17 @@ def _show_saved(saved: SavedSplit) -> None:
         typer.echo(f"warning: {saved.shortfall}", err=True)
 
 
+# The generator's options, shared by `opro dataset generate` and `opro dataset pool`.
+_CHUNK_SIZE_OPT = typer.Option(512, "--chunk-size", min=32, help="chunk size in tokens")
+_CHUNK_OVERLAP_OPT = typer.Option(64, "--chunk-overlap", min=0, help="chunk overlap in tokens")
+_QUESTIONS_PER_CHUNK_OPT = typer.Option(2, "--questions-per-chunk", min=1)
+_BACKEND_OPT = typer.Option("llamacpp", "--backend", help="llamacpp | openai")
+_MODEL_OPT = typer.Option("qwen2.5-coder-1.5b-instruct", "--model", help="generator model (embedded name, GGUF path or API id)")
+_BASE_URL_OPT = typer.Option(None, "--base-url", help="OpenAI-compatible server URL")
+_API_KEY_ENV_OPT = typer.Option("OPENAI_API_KEY", "--api-key-env", help="NAME of the variable holding the API key")
+_N_THREADS_OPT = typer.Option(None, "--n-threads", min=1, help="llama.cpp threads [default: the usable cores other processes leave free]")
+_SKIP_BAD_OPT = typer.Option(False, "--skip-bad", help="skip unusable document files instead of failing")
+_CACHE_OPT = typer.Option(True, "--cache/--no-cache", help="use the call cache (reruns are free)")
 _EXEMPLAR_OPT = typer.Option(3, "--exemplar", min=0, help="examples shown in the meta-prompt")
 _OPTIMIZATION_OPT = typer.Option(
     None, "--optimization", min=1, help="examples scored during search [default: an equal share of the rest]"
@@ -33,17 +44,17 @@ _SEED_OPT = typer.Option(0, "--seed", help="seed of the split")
 def dataset_generate(
     docs: list[str] = typer.Option(..., "--docs", help="PDF / .txt / .md files or directories (repeatable)"),
     out: str = typer.Option(..., "--out", help="output dataset directory"),
-    chunk_size: int = typer.Option(512, "--chunk-size", min=32, help="chunk size in tokens"),
-    chunk_overlap: int = typer.Option(64, "--chunk-overlap", min=0, help="chunk overlap in tokens"),
-    questions_per_chunk: int = typer.Option(2, "--questions-per-chunk", min=1),
+    chunk_size: int = _CHUNK_SIZE_OPT,
+    chunk_overlap: int = _CHUNK_OVERLAP_OPT,
+    questions_per_chunk: int = _QUESTIONS_PER_CHUNK_OPT,
     max_chunks: int | None = typer.Option(None, "--max-chunks", min=1, help="use at most N chunks, evenly spaced"),
-    backend: str = typer.Option("llamacpp", "--backend", help="llamacpp | openai"),
-    model: str = typer.Option("qwen2.5-coder-1.5b-instruct", "--model", help="generator model (embedded name, GGUF path or API id)"),
-    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible server URL"),
-    api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="NAME of the variable holding the API key"),
-    n_threads: int | None = typer.Option(None, "--n-threads", min=1, help="llama.cpp threads [default: the usable cores other processes leave free]"),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="skip unusable document files instead of failing"),
-    cache: bool = typer.Option(True, "--cache/--no-cache", help="use the call cache (reruns are free)"),
+    backend: str = _BACKEND_OPT,
+    model: str = _MODEL_OPT,
+    base_url: str | None = _BASE_URL_OPT,
+    api_key_env: str = _API_KEY_ENV_OPT,
+    n_threads: int | None = _N_THREADS_OPT,
+    skip_bad: bool = _SKIP_BAD_OPT,
+    cache: bool = _CACHE_OPT,
     exemplar: int = _EXEMPLAR_OPT,
     optimization: int | None = _OPTIMIZATION_OPT,
     validation: int | None = _VALIDATION_OPT,
@@ -73,16 +84,16 @@ def dataset_pool(
     directory: str = typer.Argument(..., help="opro dataset directory (split) to keep the pool beside"),
     pool: int = typer.Option(..., "--pool", help="questions to add to the pool (what `opro plan` says is missing)"),
     docs: list[str] = typer.Option([], "--docs", help="the documents the dataset was made from (repeatable)"),
-    chunk_size: int = typer.Option(512, "--chunk-size", min=32, help="chunk size in tokens"),
-    chunk_overlap: int = typer.Option(64, "--chunk-overlap", min=0, help="chunk overlap in tokens"),
-    questions_per_chunk: int = typer.Option(2, "--questions-per-chunk", min=1),
-    backend: str = typer.Option("llamacpp", "--backend", help="llamacpp | openai"),
-    model: str = typer.Option("qwen2.5-coder-1.5b-instruct", "--model", help="generator model (embedded name, GGUF path or API id)"),
-    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible server URL"),
-    api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="NAME of the variable holding the API key"),
-    n_threads: int | None = typer.Option(None, "--n-threads", min=1, help="llama.cpp threads [default: the usable cores other processes leave free]"),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="skip unusable document files instead of failing"),
-    cache: bool = typer.Option(True, "--cache/--no-cache", help="use the call cache (reruns are free)"),
+    chunk_size: int = _CHUNK_SIZE_OPT,
+    chunk_overlap: int = _CHUNK_OVERLAP_OPT,
+    questions_per_chunk: int = _QUESTIONS_PER_CHUNK_OPT,
+    backend: str = _BACKEND_OPT,
+    model: str = _MODEL_OPT,
+    base_url: str | None = _BASE_URL_OPT,
+    api_key_env: str = _API_KEY_ENV_OPT,
+    n_threads: int | None = _N_THREADS_OPT,
+    skip_bad: bool = _SKIP_BAD_OPT,
+    cache: bool = _CACHE_OPT,
 ) -> None:
     """Generate more validation questions from the same documents into the dataset's pool (pool.json): new
     against every question of the dataset, never held out; the validation extension asks them last."""
