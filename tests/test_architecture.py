@@ -162,7 +162,7 @@ def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
 FLOORS: dict[str, int] = {
     **dict.fromkeys(("opro.errors", "opro.program.dimensions", "opro.program.configurations", "opro.program.prompts", "opro.paths", "opro.redaction", "opro.progress",
                      "opro.locking", "opro.tracking.plots", "opro.tracking.rundir", "opro.stats.paired", "opro.stats.sequential",
-                     "opro.heldout.ledger", "opro.program.cost", "opro.stats.noninferiority", "opro.stats.betting", "opro.stats.ratio", "opro.stats.clusters", "opro.stats.claim", "opro.tracking.records", "opro.calibration.nearmiss"), 0),
+                     "opro.heldout.ledger", "opro.program.cost", "opro.stats.noninferiority", "opro.stats.betting", "opro.stats.ratio", "opro.stats.clusters", "opro.stats.claim", "opro.stats.objectives", "opro.tracking.records", "opro.calibration.nearmiss"), 0),
     **dict.fromkeys(("opro.llm", "opro.config", "opro.llm.budget"), 1),
     **dict.fromkeys(("opro.program.rag", "opro.program.factory", "opro.program.retrieval", "opro.data.documents", "opro.data.dataset", "opro.data.generation",
                      "opro.data.corpus", "opro.data.questions", "opro.data.pool", "opro.judges", "opro.judges.metrics", "opro.judges.withheld"), 2),

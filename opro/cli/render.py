@@ -80,7 +80,7 @@ def _result_table(result: OptimizationResult, *, title: str, n_optimization: int
 
 
 def _candidates_table(result: OptimizationResult, *, measure: str) -> tuple[Any, Any]:
-    """With ``objective = "cost"``: every candidate with its search score, its cost per answer and how
+    """Under the cost objective: every candidate with its search score, its cost per answer and how
     it ended (pruned ones marked, with the questions they were asked; the front and the returned one
     named), numbered ``c1``...; and their names (instruction and settings), listed by those numbers."""
     from rich.table import Table
@@ -166,7 +166,7 @@ def show_optimization(console: Any, done: OptimizeRun) -> None:
                                         n_optimization=done.n_optimization)
     console.print(table)
     console.print(instructions)
-    if result.objective == "cost":
+    if result.objective.non_inferiority:
         for part in _candidates_table(result, measure=done.config.cost_model().measure):
             console.print(part)
     n_pruned = sum(1 for r in result.history if r.status == "pruned")

@@ -4,7 +4,7 @@ changes are the search's own first step.
 The probe's contrasts of the open ``[search.space]`` dimensions are the extremes of each dimension
 (its smallest and largest choice other than the initial value) and the search's *first moves*
 (:meth:`opro.search.space.SearchSpace.first_moves`: each open dimension at the choice the plan
-prices lowest under ``objective = "cost"``, highest under ``"quality"``, and all of them together).
+prices lowest under the cost objective, highest under quality, and all of them together).
 Every one is configured as the search configures a candidate (:meth:`SearchSpace.configure` on the
 initial template), so where a contrast is a first move its task and judge calls on the optimization
 questions are the very calls step 0 makes: ``opro optimize`` finds them in the call cache.
@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 
 #: The dimension of the contrast that sets every first move at once (not a dimension to open or close).
 TOGETHER = "together"
-#: Its label in the probe's grid, by objective (the grid is 80 columns: labels of at most 17).
-TOGETHER_LABEL = {"cost": "cheapest together", "quality": "dearest together"}
+#: Its label in the probe's grid, by whether the objective's first moves go to the cheapest choices
+#: (:meth:`opro.stats.objectives.Objective.first_move`; the grid is 80 columns: labels of at most 17).
+TOGETHER_LABEL = {True: "cheapest together", False: "dearest together"}
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def search_contrasts(initial: QATemplate, space: SearchSpace | None) -> list[Con
             ((name, value),) = shown.items()
             out.append(Contrast(f"{name} {value}", template, name, value, step0=True))
         else:
-            out.append(Contrast(TOGETHER_LABEL[space.objective], template, TOGETHER, settings_text(shown),
+            out.append(Contrast(TOGETHER_LABEL[space.objective.first_move(0.0) < space.objective.first_move(1.0)], template, TOGETHER, settings_text(shown),
                                 step0=True))
     return out
 

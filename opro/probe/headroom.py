@@ -141,9 +141,9 @@ def probe(experiment: Experiment, *, questions: int | None = None, progress: boo
     # figure rests on an assumed sd until a run, a calibration or this probe measures one).
     detectable = judge.detectable_at_pilot_sd or plan.detectable
     # The inert band: +-0.2, or under the cost objective +-margin, the difference the search tolerates.
-    band = rule.margin if rule.objective == "cost" else INERT_WITHIN
+    band = rule.margin if rule.objective.non_inferiority else INERT_WITHIN
     judged = with_verdicts(m.effects[1:], band=band, detectable=detectable)
-    if rule.objective == "cost":  # each verdict with its saving and its non-inferiority test
+    if rule.objective.non_inferiority:  # each verdict with its saving and its non-inferiority test
         judged = with_costs(judged, initial=base, margin=rule.margin)
     # The noise at which to size a pilot that decides: the one measured here where enough questions
     # measured it, else the plan's (measured by a run or a calibration, or assumed: it says which).

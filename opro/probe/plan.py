@@ -12,9 +12,8 @@ Four figures a user needs before spending an afternoon of LLM calls:
   search figure is its maximum (no candidate pruned, which is what a search without clear losers does); the
   validation figure is its expectation when there is no gain (futility stops some runs early), its maximum beside it.
 - **What an answer costs.** The task model's tokens per answer under each open choice of
-  ``[search.space]`` (from the same prompt-length estimate), as a cost (:mod:`opro.program.cost`); with
-  ``objective = "cost"`` also the smallest margin the split sizes confirm and the saving the space
-  can give.
+  ``[search.space]`` (from the same prompt-length estimate), as a cost (:mod:`opro.program.cost`); under
+  the cost objective also the smallest margin the split sizes confirm and the saving the space can give.
 - **How long and how much.** Per-call tokens and seconds come from the last run in the same output
   folder when there is one (``summary.json``'s usage); else the tokens are estimated and the seconds
   come from the speed the role's model measured on this machine in the last command that used it
@@ -47,6 +46,7 @@ from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, ini
 from opro.program.factory import closed_settings
 from opro.search.validation_sizes import confirmation_looks, selection_prompts, split_sizes
 from opro.stats import betting
+from opro.stats.objectives import Objective
 from opro.stats.sequential import design_power
 from opro.tracking.rundir import RunDir
 from opro.workflows.settings import claim, validation_settings
@@ -162,14 +162,13 @@ class ChoiceCost:
 
 @dataclass(frozen=True)
 class CostPlan:
-    """What an answer is expected to cost, per open choice, and under ``objective = "cost"`` what the
-    split sizes can confirm."""
+    """An answer's expected cost per open choice; under the cost objective, what the split sizes confirm."""
 
     unit: str
     completion_weight: float
     initial: ChoiceCost
     choices: tuple[ChoiceCost, ...]
-    objective: str
+    objective: Objective
     margin: float
     #: Smallest margin by which a truly equal configuration is confirmed not worse in 80% of runs:
     #: validation stage, and ``opro compare --margin`` on the held-out split (None: never).
@@ -191,11 +190,11 @@ class CostPlan:
             note = dimension(d).cost_note
             out.append(f"  {d}: " + "; ".join(f"{c.value}: {fmt(c)}" for c in self.choices if c.dimension == d)
                        + (f" ({note})" if note else ""))
-        if self.objective == "cost":
+        if self.objective.non_inferiority:
             val = ("no margin can be confirmed" if self.confirmable_margin is None
                    else f"{self.confirmable_margin:.2f} points")
             held = ("no margin can be confirmed" if self.heldout_margin is None else f"{self.heldout_margin:.2f} points")
-            line = (f"objective cost, margin {self.margin:g}: smallest margin a truly equal configuration is confirmed "
+            line = (f"objective {self.objective.name}, margin {self.margin:g}: smallest margin a truly equal configuration is confirmed "
                     f"within at {power:.0%} power, alpha {alpha:g}: validation {val}; held-out compare --margin {held}")
             if self.saving_range is not None:
                 lo, hi = self.saving_range
@@ -249,8 +248,9 @@ class Plan:
         return sum(costs) if costs else None
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(calls=self.calls, seconds=self.seconds, cost_usd=self.cost_usd)
+        out = asdict(self) | {"calls": self.calls, "seconds": self.seconds, "cost_usd": self.cost_usd}
+        if self.cost is not None:  # the objective by its name, as the config gives it
+            out["cost"]["objective"] = self.cost.objective.name
         return out
 
     def compare_lines(self) -> list[str]:
@@ -289,7 +289,7 @@ class Plan:
                        + "".join(f" ({n})" for n in notes))
             if self.first_moves:
                 out.append(f"first moves (step 0, the initial instruction with): {'; '.join(self.first_moves)}")
-        if self.cost is not None and (self.space or self.cost.objective == "cost"):
+        if self.cost is not None and (self.space or self.cost.objective.non_inferiority):
             out += self.cost.lines(power=POWER, alpha=self.alpha)
         for r in self.roles:
             if not r.calls:
@@ -536,7 +536,7 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
                     for v in sorted({*values, dimension(d).coerce(initial[d])}))  # type: ignore[type-var]
     confirmable = held = None
     saving = None
-    if rule.objective == "cost":
+    if rule.objective.non_inferiority:
         if sizes:
             # Non-inferiority is the same test on differences shifted by the margin: a truly equal
             # configuration is confirmed at the margin that equals the smallest detectable gain.
@@ -620,7 +620,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         detectable, asked = p.detectable, p.questions_null
         # The fewest pairs with which even the widest possible gains reach a claim (alpha, scale, margin).
         least = betting.min_pairs(alpha=rule.alpha, scale=(SCORE_MIN, SCORE_MAX), planned=sizes[-1],
-                                  above=-rule.margin if rule.objective == "cost" else 0.0) or sizes[-1] + 1
+                                  above=-rule.objective.shift(rule.margin)) or sizes[-1] + 1
         if sizes[-1] < least:
             warnings.append(
                 f"the validation stage cannot claim a gain: on {sizes[-1]} confirmation questions no sample of "
@@ -645,13 +645,13 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
                 cost=_cost_plan(config, sd=sd, sizes=sizes), notes=(noise_note,) if noise_note else (),
                 first_moves=tuple(settings_text(changed(m, initial_values(config))) for m in moves))
     c = made.cost
-    if c is not None and c.objective == "cost" and (c.confirmable_margin is None or c.confirmable_margin > rule.margin):
+    if c is not None and c.objective.non_inferiority and (c.confirmable_margin is None or c.confirmable_margin > rule.margin):
         can = "no margin" if c.confirmable_margin is None else f"only a margin of {c.confirmable_margin:.2f} or more"
         made = replace(made, warnings=(*made.warnings, (
             f"[optimizer].margin {rule.margin:g}: the validation stage confirms {can} for a truly equal, cheaper "
             f"configuration in {POWER:.0%} of runs; raise [data.split].validation or the margin")))
     if sizes and (need := needed_for(design, selection=n_sel, confirmation=n_conf, unused=unused, sd=sd, power=POWER,
-                                     scale=(SCORE_MIN, SCORE_MAX), confirms=c.confirmable_margin if rule.by_cost and c
+                                     scale=(SCORE_MIN, SCORE_MAX), confirms=c.confirmable_margin if rule.objective.non_inferiority and c
                                      else detectable)) is not None:
         made = replace(made, questions_needed=need, warnings=(*made.warnings, need.text(pool_command=pool_command(config))))
     if config.program.factory:  # the user's engine: the settings its factory takes open; the others stay closed

@@ -13,6 +13,7 @@ from opro.probe.contrasts import TOGETHER
 from opro.probe.effects import SCALE, Effect
 from opro.probe.savings import cheap_dimensions, cost_line, cost_lines
 from opro.probe.verdicts import INERT_WITHIN
+from opro.stats.objectives import Objective, as_objective
 from opro.stats.paired import questions_for_half_width
 
 
@@ -30,7 +31,7 @@ class Recommendation:
     lines: tuple[str, ...]
 
 
-def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float | None, objective: str,
+def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float | None, objective: Objective | str,
               probed_space: bool, questions: int, noise: tuple[float, str] | None = None,
               available: int | None = None, band: float = INERT_WITHIN, margin: float | None = None,
               measure: str = "the cost measure") -> Recommendation:
@@ -39,7 +40,7 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
     ``noise``: the paired sd (and whose it is) at which to say how many pilot questions an undecided
     contrast needs; ``available``: how many pilot questions exist; ``band``: the verdicts' inert band;
     ``margin``: ``[optimizer].margin``, at which a cheaper contrast must pass a non-inferiority test on
-    the pilot to be named "cheaper and not worse" (None: none is named). Under ``objective = "cost"``
+    the pilot to be named "cheaper and not worse" (None: none is named). Under the cost objective
     (with a margin) it is about cost (:func:`opro.probe.savings.cost_lines`, in ``measure``): each
     cheaper contrast's saving, which are not worse at the margin, what the search will do; a dimension
     with a cheaper choice not shown to hurt is kept open, whatever its score does."""
@@ -49,8 +50,9 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
             groups.setdefault("wording" if e.dimension in ("wording", "format") else e.dimension, []).append(e)
     kinds = {d: k for d, es in groups.items()
              if (k := {e.verdict.kind for e in es if e.verdict is not None and e.verdict.kind != "identical"})}
-    by_cost = objective == "cost" and margin is not None and initial.cost is not None
-    cheap = cheap_dimensions(effects, initial=initial) if by_cost else set()
+    objective = as_objective(objective)
+    about_cost = objective.non_inferiority and margin is not None and initial.cost is not None
+    cheap = cheap_dimensions(effects, initial=initial) if about_cost else set()
     opened = tuple(d for d, k in kinds.items() if "moves" in k)
     undecided = tuple(d for d, k in kinds.items() if d not in opened and "undecided" in k)
     closed = tuple(d for d in kinds if d not in opened and d not in undecided and d not in cheap)
@@ -62,7 +64,7 @@ def recommend(effects: Sequence[Effect], *, initial: Effect, detectable: float |
     plausible, said = _quality(effects, initial=initial, detectable=detectable)
     lines.append(said)
     cost = plausible is False or (plausible is None and detectable is None)
-    if by_cost:
+    if about_cost:
         lines += cost_lines(effects, initial=initial, margin=margin, measure=measure)  # type: ignore[arg-type]
     elif cost and initial.mean is not None and initial.cost is not None:
         lines.append(cost_line(effects, initial=initial, objective=objective, margin=margin))

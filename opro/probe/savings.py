@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from opro.stats.objectives import COST, Objective
+
 if TYPE_CHECKING:
     from opro.evaluation.rows import EvaluationRow
     from opro.program.cost import CostModel
@@ -172,12 +174,13 @@ def with_costs(effects: Sequence[E], *, initial: Measured, margin: float) -> tup
     return tuple(out)
 
 
-def cost_line(effects: Sequence[Measured], *, initial: Measured, objective: str, margin: float | None) -> str:
-    """The recommendation's cost line where a quality gain is not plausible under ``objective =
-    "quality"``: set the cost objective, naming the cheaper contrasts shown not worse on the pilot."""
+def cost_line(effects: Sequence[Measured], *, initial: Measured, objective: Objective, margin: float | None) -> str:
+    """The recommendation's cost line where a quality gain is not plausible under the quality
+    objective: set the cost objective, naming the cheaper contrasts shown not worse on the pilot."""
     shown = [] if margin is None else cheaper_not_worse(effects, initial=initial, margin=margin)
-    head = ("cost: the gain is in cost; [optimizer].objective = \"cost\" is set" if objective == "cost" else
-            "cost: the gain is in cost: set [optimizer].objective = \"cost\"")
+    setting = f'[optimizer].objective = "{COST.name}"'
+    head = (f"cost: the gain is in cost; {setting} is set" if objective == COST else
+            f"cost: the gain is in cost: set {setting}")
     if not shown:
         return head + " and open the dimensions that make an answer cheaper (top_k, answer_max_tokens, demos)"
     named = ", ".join(f"{e.label} (p {t.p:.2g})" for e, t in shown)
@@ -209,14 +212,14 @@ def _saving_text(e: Measured, *, initial: Measured) -> str:
 
 
 def cost_lines(effects: Sequence[Measured], *, initial: Measured, margin: float, measure: str) -> list[str]:
-    """The recommendation under ``objective = "cost"``: each cheaper contrast's saving, which are
+    """The recommendation under the cost objective: each cheaper contrast's saving, which are
     cheaper and not worse at the margin on the pilot, and what the search will do about them."""
     cheap = [e for e in effects if _cheaper_by_mean(e, initial=initial)]
     if not cheap:
-        return [f"cost (objective \"cost\", margin {margin:g}): no contrast is cheaper per answer than the initial "
+        return [f"cost (objective \"{COST.name}\", margin {margin:g}): no contrast is cheaper per answer than the initial "
                 "configuration: open the dimensions that make an answer cheaper (top_k, answer_max_tokens, demos)",
                 _what_the_search_does(effects, margin=margin)]
-    out = [f"cost (objective \"cost\", margin {margin:g}; per answer, in {measure}): "
+    out = [f"cost (objective \"{COST.name}\", margin {margin:g}; per answer, in {measure}): "
            + "; ".join(f"{e.label} {_saving_text(e, initial=initial)}" for e in cheap)]
     tests = noninferiority_tests(effects, initial=initial, margin=margin)
     passed = [(e, t) for e, t in tests if t.passed]

@@ -133,7 +133,7 @@ def needed_for(design: ValidationSettings, *, selection: int, confirmation: int,
     reaches the claim asked. The questions beyond the split are asked as the extension asks them: one
     look after the split's looks."""
     rule = design.claim
-    target = rule.margin if rule.by_cost else QUALITY_GAIN
+    claim, target = rule.objective.target(margin=rule.margin, gain=QUALITY_GAIN)
     if confirmation < 1 or (confirms is not None and confirms <= target):
         return None
 
@@ -153,7 +153,7 @@ def needed_for(design: ValidationSettings, *, selection: int, confirmation: int,
         found = search(split_of)
     beyond = None if found is None or in_split else found - confirmation
     return QuestionsNeeded(
-        claim="margin" if rule.by_cost else "gain", target=target, confirms=confirms,
+        claim=claim, target=target, confirms=confirms,
         have=selection + confirmation + min(unused, design.validation_extension),
         questions=None if found is None else selection + found, most=MOST,
         pool=None if beyond is None else max(0, beyond - unused),

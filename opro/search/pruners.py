@@ -4,8 +4,9 @@ Each is an Optuna pruner whose decision reads only the candidate and the complet
 earlier steps (never the same step's, whose finishing order depends on timing and workers), so the
 search decides in-process and Optuna's ``prune`` gives the same answer from the study.
 
-With ``objective = "quality"`` the race stops a candidate confidently worse than the incumbent (the
-best complete candidate of an earlier step). With ``"cost"`` the objective looks for a configuration
+The objective decides (:meth:`opro.stats.objectives.Objective.prunes`, on the bounds the race gives).
+Under quality the race stops a candidate confidently worse than the incumbent (the
+best complete candidate of an earlier step). Under cost the objective looks for a configuration
 cheaper than the initial one and not worse than it by more than the margin, so being worse than the
 best is no reason to stop: the race stops a candidate only when its quality is confidently more than
 the margin below the initial configuration's, or when a complete candidate at most as dear is
@@ -18,20 +19,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import optuna
 
 from opro.search.settings import PrunerSettings
 from opro.search.trials import CandidateTrial, complete_before
+from opro.stats.objectives import QUALITY, Objective, as_objective
 from opro.stats.paired import paired_valid
 
 
 @dataclass(frozen=True)
 class RunningCandidate:
     """What a pruning decision reads of a candidate being evaluated: its running means by minibatch,
-    its per-question scores so far (None: not validly scored) and, with ``objective = "cost"``, its
-    per-question costs (None: the call failed)."""
+    its per-question scores so far (None: not validly scored) and, under an objective that lowers an
+    amount per answer (the cost objective), its per-question costs (None: the call failed)."""
 
     intermediate_values: Mapping[int, float]
     scores: Sequence[float | None]
@@ -115,27 +116,28 @@ class RacingPruner(EarlierStepsPruner):
     ``confidence`` upper bound of a mean paired difference (Student t, with the spread floored at
     ``noise_floor`` because a few equal differences would otherwise give zero width) decides:
 
-    * ``objective = "quality"``: stopped when its bound against the incumbent (the best complete
+    * quality: stopped when its bound against the incumbent (the best complete
       candidate of an *earlier* step, so a decision never depends on which candidate of the same step,
       or which worker, finished first) is below zero;
-    * ``objective = "cost"``: stopped when its bound against the initial configuration (candidate 0 of
+    * cost: stopped when its bound against the initial configuration (candidate 0 of
       step 0) is below ``-margin`` (it cannot be within the margin), or when a complete candidate of an
       earlier step is no dearer per answer on the questions both answered and its bound against that
       one is below zero (dominated). A cheaper candidate that only looks worse goes on to every
       question, so the validation stage can test it.
 
-    The per-question scores (and costs) are read from the trials' ``scores`` (and ``costs``) attributes.
+    The objective (:meth:`opro.stats.objectives.Objective.prunes`) decides on these bounds. The
+    per-question scores (and costs) are read from the trials' ``scores`` (and ``costs``) attributes.
     """
 
     def __init__(
         self, *, confidence: float = 0.95, warmup: int = 1, min_pairs: int = 3, noise_floor: float = 0.5,
-        objective: Literal["quality", "cost"] = "quality", margin: float = 0.25,
+        objective: Objective | str = QUALITY, margin: float = 0.25,
     ) -> None:
         self.confidence = confidence
         self.warmup = warmup
         self.min_pairs = min_pairs
         self.noise_floor = noise_floor
-        self.objective = objective
+        self.objective = as_objective(objective)
         self.margin = margin
 
     def upper_bound(self, differences: Sequence[float]) -> float:
@@ -159,35 +161,45 @@ class RacingPruner(EarlierStepsPruner):
             return False
         if not earlier:
             return False
-        if self.objective == "cost":
-            return self._cannot_be_cheaper_within_margin(candidate, earlier)
-        bound = self._bound_against(candidate, max(earlier, key=_rank))
-        return bound is not None and bound < 0.0
+        return self.objective.prunes(_Race(self, candidate, earlier), margin=self.margin)
 
-    def _cannot_be_cheaper_within_margin(self, candidate: RunningCandidate, earlier: Sequence[CandidateTrial]) -> bool:
-        initial = next((t for t in earlier if t.step == 0 and t.index == 0), None)
-        if initial is not None:
-            bound = self._bound_against(candidate, initial)
-            if bound is not None and bound < -self.margin:
-                return True
-        for other in earlier:
-            if _no_cheaper(candidate, other):
-                bound = self._bound_against(candidate, other)
+
+@dataclass(frozen=True)
+class _Race:
+    """The bounds a :class:`RacingPruner` gives the objective for one decision, computed when asked."""
+
+    pruner: RacingPruner
+    candidate: RunningCandidate
+    earlier: Sequence[CandidateTrial]
+
+    def against_incumbent(self) -> float | None:
+        return self.pruner._bound_against(self.candidate, max(self.earlier, key=_rank))
+
+    def against_initial(self) -> float | None:
+        initial = next((t for t in self.earlier if t.step == 0 and t.index == 0), None)
+        return None if initial is None else self.pruner._bound_against(self.candidate, initial)
+
+    def dominated(self) -> bool:
+        for other in self.earlier:
+            if _no_cheaper(self.candidate, other, self.pruner.objective):
+                bound = self.pruner._bound_against(self.candidate, other)
                 if bound is not None and bound < 0.0:
                     return True
         return False
 
 
-def _no_cheaper(candidate: RunningCandidate, other: CandidateTrial) -> bool:
-    """Whether ``candidate`` costs at least as much per answer as ``other``: paired on the questions
-    both answered where their per-question costs are known, else its mean so far against other's."""
+def _no_cheaper(candidate: RunningCandidate, other: CandidateTrial, objective: Objective) -> bool:
+    """Whether ``candidate`` costs at least as much per answer as ``other`` (the objective's amount):
+    paired on the questions both answered where their per-question costs are known, else its mean so
+    far against other's."""
     pairs = [(x, y) for x, y in zip(candidate.costs, other.costs, strict=False) if x is not None and y is not None]
     if pairs:
         return sum(x - y for x, y in pairs) >= 0.0
     mine = [x for x in candidate.costs if x is not None]
-    if not mine or other.cost is None:
+    theirs = objective.amount(other.cost)
+    if not mine or theirs is None:
         return False  # unknown: never a reason to stop
-    return sum(mine) / len(mine) >= other.cost.cost
+    return sum(mine) / len(mine) >= theirs
 
 
 def make_pruner(settings: PrunerSettings) -> EarlierStepsPruner | optuna.pruners.NopPruner:

@@ -15,6 +15,7 @@ from opro.llm.client import UsageByRole, UsageRecord
 from opro.program.cost import CostSummary, CostUnit
 from opro.program.dimensions import Value
 from opro.search.design import ValidationDesign
+from opro.stats.objectives import QUALITY, Objective
 from opro.stats.sequential import Look
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
@@ -94,7 +95,7 @@ class FinalistRecord:
 
 @dataclass(frozen=True)
 class CostSaving:
-    """With ``objective = "cost"``: the chosen finalist's cost per answer against the initial
+    """Under the cost objective: the chosen finalist's cost per answer against the initial
     configuration's, paired on the confirmation questions both answered."""
 
     #: :attr:`opro.program.cost.CostModel.unit`: USD, or task tokens with completions weighted.
@@ -150,9 +151,9 @@ class ValidationResult:
     #: Made on questions whose verdict an earlier decision had drawn (``[optimizer].seen_validation =
     #: "label"``): an exploration, labelled so in ``verdict``; ``winner`` is None whatever the test said.
     re_decided: bool = False
-    #: ``[optimizer].objective``; with "cost", ``margin`` and ``saving``: the chosen finalist's cost per
+    #: ``[optimizer].objective`` (its name in the record); under cost, ``margin`` and ``saving``: the chosen finalist's cost per
     #: answer against the initial configuration's on the confirmation questions.
-    objective: Literal["quality", "cost"] = "quality"
+    objective: Objective = QUALITY
     margin: float | None = None
     saving: CostSaving | None = None
     #: Of the paired questions the decision was shown on, how many came from the dataset's labelled pool
@@ -165,9 +166,10 @@ class ValidationResult:
         the winner's instruction."""
         # A quality decision's record stays as it was before objectives existed.
         left_out = {"finalists", "winner", "design", *(("objective", "margin", "saving")
-                                                       if self.objective == "quality" else ()),
+                                                       if self.objective == QUALITY else ()),
                     *(("pool_questions",) if not self.pool_questions else ())}  # absent: no pool question
         written = {"looks": tuple(x.as_dict() for x in self.looks),  # a tuple, as asdict gave it
+                   "objective": self.objective.name,
                    "saving": None if self.saving is None else self.saving.as_dict()}
         return {
             **{f.name: written[f.name] if f.name in written else getattr(self, f.name)
@@ -217,8 +219,9 @@ class OptimizationResult:
     best_configuration: Mapping[str, Any] = field(default_factory=dict)
     #: Its values of the open search dimensions (empty when only wording was searched).
     best_params: Mapping[str, Value] = field(default_factory=dict)
-    #: ``[optimizer].objective``: with "cost" the summary keeps the search's quality-cost front.
-    objective: Literal["quality", "cost"] = "quality"
+    #: ``[optimizer].objective``: under one that lowers an amount per answer (cost) the summary keeps
+    #: the search's quality-cost front.
+    objective: Objective = QUALITY
     #: The returned candidate's name (:attr:`CandidateRecord.name`; "" when made: ``best_instruction``).
     best_name: str = ""
 
@@ -311,7 +314,7 @@ class OptimizationResult:
             **({"pareto_front": [
                 {"instruction": r.instruction, "step": r.step, "index": r.index, "score": r.score,
                  "cost": r.cost.cost if r.cost else None, "params": dict(r.params)}
-                for r in quality_cost_front(self.history)]} if self.objective == "cost" else {}),
+                for r in quality_cost_front(self.history)]} if self.objective.non_inferiority else {}),
             "n_candidates": len(self.history),
             "n_pruned": sum(1 for r in self.history if r.status == "pruned"),
             "rejected": list(self.rejected),

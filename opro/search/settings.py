@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from opro.stats.claim import Claim
+from opro.stats.objectives import Objective
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class ValidationSettings:
 
     # The claim's fields, read where the finalists are chosen and the verdict decided.
     @property
-    def objective(self) -> Literal["quality", "cost"]:
+    def objective(self) -> Objective:
         return self.claim.objective
 
     @property
@@ -84,7 +85,7 @@ class PrunerSettings:
     prune_warmup_minibatches: int = 1
     #: ``race``: one-sided confidence of the bound (higher: prunes less, later).
     race_confidence: float = 0.95
-    #: ``race`` under ``objective = "cost"`` races on the claim's margin.
+    #: ``race`` asks the claim's objective, and under cost races on its margin.
     claim: Claim = field(default_factory=Claim)
 
 

@@ -10,9 +10,9 @@ configuration (:mod:`opro.program.configurations`): the initial instruction with
 another candidate.
 
 Before the sampler takes over, step 0 evaluates the initial instruction with the *first moves*
-(:func:`first_moves`): each open dimension alone at the choice the plan prices lowest (``objective =
-"cost"``) or highest (``"quality"``), and all of them together, so that no direction the objective
-looks for is left to the sampler's luck.
+(:func:`first_moves`): each open dimension alone at the choice the plan prices lowest (the cost
+objective) or highest (quality: :meth:`opro.stats.objectives.Objective.first_move`), and all of them
+together, so that no direction the objective looks for is left to the sampler's luck.
 
 Demonstrations come from the exemplar split only (never optimization, validation or held-out
 questions): its reference answers, or the task model's own answers that the judge passed (DSPy's
@@ -25,7 +25,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import optuna
 
@@ -36,6 +36,7 @@ from opro.program.dimensions import DIMENSIONS as TABLE
 from opro.program.dimensions import SETTINGS, Value, dimension
 from opro.program.prompts import Demo, QATemplate
 from opro.search.results import CandidateRecord
+from opro.stats.objectives import Objective, as_objective
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,6 @@ DIMENSIONS = tuple(d.name for d in TABLE)
 #: What one answer costs under a configuration (the values of every open dimension): the plan's
 #: estimate (:func:`opro.probe.plan.answer_cost`), in the cost objective's unit.
 Price = Callable[[Params], float]
-Objective = Literal["quality", "cost"]
 
 
 def space_choices(dimensions: Mapping[str, Sequence[Value]], initial: Mapping[str, Value | None]) -> dict[str, tuple[Value, ...]]:
@@ -61,21 +61,22 @@ def space_choices(dimensions: Mapping[str, Sequence[Value]], initial: Mapping[st
 
 
 def first_moves(choices: Mapping[str, Sequence[Value]], initial: Mapping[str, Value], *, price: Price,
-                objective: Objective) -> list[dict[str, Value]]:
+                objective: Objective | str) -> list[dict[str, Value]]:
     """The configurations step 0 evaluates with the initial instruction, before the sampler: each open
-    dimension alone at its cheapest choice by ``price`` (``objective = "cost"``: what the objective
-    looks for) or its dearest (``"quality"``: the plan knows what a choice costs, not what it is
-    worth, and the moves that give the model more to work with, more context, more demonstrations,
-    room to answer, are the ones a quality search tries first), then all of those together. A
-    dimension none of whose choices is priced strictly lower (higher) than the initial value's (the
+    dimension alone at the choice whose ``price`` the objective's :meth:`~opro.stats.objectives.Objective.first_move`
+    ranks first (the cost objective: its cheapest, what it looks for; quality: its dearest, since the
+    plan knows what a choice costs, not what it is worth, and the moves that give the model more to
+    work with, more context, more demonstrations, room to answer, are the ones a quality search tries
+    first), then all of those together. A
+    dimension none of whose choices ranks strictly before the initial value (the
     retriever kind: the same tokens) has no such move. Deterministic: the same moves on every worker
     and rerun, in the table's order."""
-    sign = 1.0 if objective == "cost" else -1.0
+    key = as_objective(objective).first_move
     moves: dict[str, Value] = {}
     for name, values in choices.items():
-        priced = [(sign * price({**initial, name: v}), i, v) for i, v in enumerate(values)]
+        priced = [(key(price({**initial, name: v})), i, v) for i, v in enumerate(values)]
         best = min(priced)
-        if best[0] < sign * price(dict(initial)) - 1e-9:
+        if best[0] < key(price(dict(initial))) - 1e-9:
             moves[name] = best[2]
     out = [{**initial, name: v} for name, v in moves.items()]
     if len(moves) > 1:
@@ -129,7 +130,7 @@ class SearchSpace:
         sampler: str = "tpe",
         seed: int = 0,
         demo_source: str = "references",
-        objective: Objective = "quality",
+        objective: Objective | str = "quality",
         price: Price | None = None,
     ) -> None:
         unknown = sorted(set(dimensions) - set(DIMENSIONS))
@@ -144,9 +145,10 @@ class SearchSpace:
         self.sampler = sampler
         self.seed = seed
         self.demo_source = demo_source
-        #: "cost": the sampler's study has two objectives (maximize the score, minimize the cost per
-        #: answer), so it proposes values from the quality-cost front, not from the score alone.
-        self.objective = objective
+        #: What the sampler's study optimizes (:attr:`~opro.stats.objectives.Objective.directions`): under
+        #: the cost objective two values (maximize the score, minimize the cost per answer), so it proposes
+        #: values from the quality-cost front, not from the score alone.
+        self.objective = as_objective(objective)
         most = max(int(v) for v in self.choices.get("demos", (0,)))
         if most > len(self.demos):
             raise ConfigError(
@@ -193,15 +195,14 @@ class SearchSpace:
         if not self.open or k <= 0:
             return [{} for _ in range(max(0, k))]
         dists = self.distributions()
-        by_cost = self.objective == "cost"
-        sampling = (optuna.create_study(directions=["maximize", "minimize"], sampler=self._make_sampler(step))
-                    if by_cost else optuna.create_study(direction="maximize", sampler=self._make_sampler(step)))
+        sampling = optuna.create_study(directions=list(self.objective.directions), sampler=self._make_sampler(step))
         for r in history:
             params = {n: r.params.get(n) for n in dists}
-            if r.status != "complete" or r.score is None or any(
-                    v not in self.choices[n] for n, v in params.items()) or (by_cost and r.cost is None):
+            if r.status != "complete" or r.score is None or any(v not in self.choices[n] for n, v in params.items()):
                 continue
-            values = [float(r.score), r.cost.cost] if by_cost and r.cost is not None else [float(r.score)]
+            values = self.objective.values(float(r.score), r.cost)
+            if values is None:
+                continue
             sampling.add_trial(optuna.trial.create_trial(params=params, distributions=dists, values=values))
         # Asked trials stay running: TPE's constant liar counts them, so one step's picks spread out.
         return [{n: dimension(n).coerce(v) for n, v in sampling.ask(dists).params.items()} for _ in range(k)]

@@ -321,8 +321,9 @@ class _StepRun:
         self.n, self.size = len(examples), owner.settings.minibatch_size
         self.n_batches = max(1, math.ceil(self.n / self.size))
         self.pruning = pruning(self.study, step)
-        #: ``objective = "cost"``: each question's cost is kept beside its score (what that race pairs on).
-        self.by_cost = owner.settings.claim.by_cost
+        #: Under an objective that lowers an amount per answer (cost), each question's cost is kept
+        #: beside its score (what that race pairs on).
+        self.keeps_costs = owner.settings.claim.objective.non_inferiority
         # With a budget, minibatch b starts only once minibatch b-1 is finished and the budget is
         # checked, as a plain loop would: where a run stops must not depend on timing.
         self.budgeted = owner.budgeted
@@ -413,7 +414,7 @@ class _StepRun:
             # The decision is made here from the candidate's own results and the earlier
             # steps (the pruner's whole input), so nobody waits for the storage write: it
             # runs beside the requests, in order, on the bookkeeping thread.
-            costs = c.costs(self.owner.scorer.cost) if self.by_cost else None
+            costs = c.costs(self.owner.scorer.cost) if self.keeps_costs else None
             self.reports.append(self.bookkeeper.submit(
                 self._report, c, mean, b, list(c.scores) if self.pruning is not None else None,
                 costs if self.pruning is not None else None))
@@ -562,7 +563,7 @@ class _StepRun:
         try:
             self.study.finish(c.trial, status=status, score=mean, n_scored=n_scored, n_invalid=n_invalid,
                               n_errors=c.n_errors, scores=c.scores, cost=cost,
-                              costs=c.costs(scorer.cost) if self.by_cost else None)
+                              costs=c.costs(scorer.cost) if self.keeps_costs else None)
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             self._lost(c)
             return None

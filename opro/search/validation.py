@@ -65,6 +65,7 @@ from opro.search.settings import ValidationSettings
 from opro.search.study import SearchStudy, ValidationReuse, questions_key, sha
 from opro.search.validation_sizes import confirmation_looks, split_sizes
 from opro.stats import betting, clusters
+from opro.stats.objectives import QUALITY, Objective
 from opro.stats.sequential import Look, conditional_estimate, decide, interval_text, on_scale, t_interval
 
 logger = logging.getLogger(__name__)
@@ -239,7 +240,7 @@ class _Plan:
     pool: frozenset[str]  # the extension's questions from the dataset's labelled pool
     #: Paired questions seen at each look (:func:`confirmation_looks`).
     sizes: tuple[int, ...]
-    by_cost: bool
+    objective: Objective  # what a finalist must show
     #: Each confirmation question's cluster (:mod:`opro.stats.clusters`: its source passage; all distinct,
     #: the per-question test, where the dataset records none).
     keys: tuple[str, ...] = ()
@@ -283,7 +284,7 @@ class _Confirmation:
 @dataclass(frozen=True)
 class _Finding:
     """What the confirmation shows: the paired differences, the reported gain and interval, and whether
-    a gain (or, with ``objective = "cost"``, a saving) is claimed."""
+    a gain (or, under a non-inferiority objective, a saving) is claimed."""
 
     diffs: tuple[float, ...]
     #: The plain mean of ``diffs`` (None without a pair).
@@ -298,14 +299,10 @@ class _Finding:
 
 
 def _nothing_to_validate(settings: ValidationSettings) -> ValidationResult:
-    by_cost = settings.objective == "cost"
     return ValidationResult(
         n_questions=0, alpha=settings.alpha, initial_score=None, initial_ci=None, initial_scores=(), finalists=(),
-        winner=None, verdict=(
-            f"no candidate of the search was cheaper per answer than the initial configuration without being "
-            f"clearly worse than it by more than {settings.margin:g} on the search questions: nothing to validate"
-            if by_cost else "no candidate besides the initial instruction completed the search: nothing to validate"),
-        objective=settings.objective, margin=settings.margin if by_cost else None,
+        winner=None, verdict=settings.objective.nothing_to_validate(margin=settings.margin),
+        objective=settings.objective, margin=settings.margin if settings.objective.non_inferiority else None,
     )
 
 
@@ -326,7 +323,7 @@ def _plan(settings: ValidationSettings, *, initial: str, finalists: Sequence[Can
         validation=validation, selection=validation[:n_sel],
         confirmation=confirmation + extension, extension=extension, sizes=sizes,
         pool=frozenset(e.query for e in extension_set[len(extension_set) - pooled:] if pooled),
-        by_cost=settings.objective == "cost", keys=clusters.keys_of(confirmation + extension),
+        objective=settings.objective, keys=clusters.keys_of(confirmation + extension),
     )
 
 
@@ -341,7 +338,7 @@ def _design(settings: ValidationSettings, plan: _Plan) -> ValidationDesign:
         test += (f", over the means of {len(set(plan.keys))} clusters of questions sharing a source passage "
                  "(complete clusters at a look)")
     procedure = f"chosen finalist vs initial: {test}"
-    if plan.by_cost:
+    if plan.objective.non_inferiority:
         procedure = (
             f"chosen finalist vs initial: non-inferiority by the margin (differences shifted by it), {test} once "
             f"clearly worse (one-sided {1 - s.alpha:.0%} t upper bound below the margin); and a "
@@ -356,8 +353,9 @@ def _design(settings: ValidationSettings, plan: _Plan) -> ValidationDesign:
         # None (absent) otherwise, so that designs recorded before extensions existed still match
         extension=len(plan.extension) if plan.extension else None,
         extension_questions=questions_key([e.query for e in plan.extension]) if plan.extension else None,
-        # None (absent) with "quality", so that designs recorded before objectives existed keep their key
-        objective="cost" if plan.by_cost else None, margin=s.margin if plan.by_cost else None,
+        # None (absent) with quality, so that designs recorded before objectives existed keep their key
+        objective=None if plan.objective == QUALITY else plan.objective.name,
+        margin=s.margin if plan.objective.non_inferiority else None,
     ).keyed()
 
 
@@ -395,15 +393,15 @@ def _select(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, setting
     """1. Selection (:func:`opro.search.finalists.chosen_finalist`): the chosen finalist's index and each
     finalist's selection scores (none without selection questions)."""
     if not plan.selection:
-        return chosen_finalist(plan.finalists, {}, initial=plan.initial, by_cost=plan.by_cost,
+        return chosen_finalist(plan.finalists, {}, initial=plan.initial,
                                n_confirmation=len(plan.confirmation), settings=settings, history=history), {}
     # Under cost the initial configuration answers them too: the choice pairs each finalist with it.
-    prompts = plan.labels if plan.by_cost else plan.labels[1:]
+    prompts = plan.labels if plan.objective.non_inferiority else plan.labels[1:]
     for label, ins in prompts:
         rows.expect(label, ins)
     scores = score_on(study, scorer, prompts, plan.selection, on_validated=collect,
                       min_coverage=settings.min_coverage, progress=progress)
-    return chosen_finalist(plan.finalists, scores, initial=plan.initial, by_cost=plan.by_cost,
+    return chosen_finalist(plan.finalists, scores, initial=plan.initial,
                            n_confirmation=len(plan.confirmation), settings=settings, history=history), scores
 
 
@@ -419,7 +417,7 @@ def _confirm(study: SearchStudy, scorer: CandidateScorer, plan: _Plan, *, chosen
     # +margin. The betting test holds its error rate at every look whatever the differences' shape
     # (ties, rare large losses), since the judge's scale bounds them: measured over all looks in every
     # world of experiments/bench_selection.py --errors, not assumed.
-    shift = settings.margin if plan.by_cost else 0.0
+    shift = plan.objective.shift(settings.margin)
     looks: list[Look] = []
     seen: list[int] = []
     start = unkept = 0
@@ -476,18 +474,19 @@ def _find(conf: _Confirmation, *, plan: _Plan, settings: ValidationSettings, reu
     planned = len(set(plan.keys))
     sizes = tuple(dict.fromkeys(n for n in clusters.looks_in_clusters(plan.sizes, plan.keys) if n))  # looks with a cluster
     tested = bool(covered and conf.final.decision == "success")  # what the test says
-    saving = cost_saving(conf.pick_costs, conf.initial_costs, unit=unit) if plan.by_cost else None
+    trade = plan.objective.non_inferiority
+    saving = cost_saving(conf.pick_costs, conf.initial_costs, unit=unit) if trade else None
     cheaper = saving is not None and saving.lower
     # A re-decided decision is an exploration: it claims nothing. A cost claim needs both halves.
-    claimed = tested and reuse is None and (cheaper or not plan.by_cost)
+    claimed = tested and reuse is None and (cheaper or not trade)
     raw = sum(units) / len(units) if units else None
     difference, difference_ci = raw, t_interval(units)
-    if plan.by_cost and diffs:
+    if trade and diffs:
         # The interval of the test that decides: one-sided alpha on each side, so its lower end is above
         # -margin exactly where non-inferiority was shown (the same bets, tuned to the planned maximum).
         ci = betting.bound(units, scale=(SCORE_MIN, SCORE_MAX), alpha=2 * s.alpha, planned=planned)
         difference_ci = (ci.low, ci.high)
-    if claimed and len(units) >= 2 and not plan.by_cost:
+    if claimed and len(units) >= 2 and not trade:
         # Among claims the plain mean is inflated (a claim is made when the sample looked good):
         # report the gain adjusted for having been claimed, with its conditional interval.
         est = conditional_estimate(units, sizes=sizes, alpha=s.alpha, scale=(SCORE_MIN, SCORE_MAX),
@@ -554,7 +553,7 @@ def _why(settings: ValidationSettings, *, conf: _Confirmation, finding: _Finding
 
 def _cost_texts(settings: ValidationSettings, *, conf: _Confirmation, finding: _Finding, cost: CostModel,
                 why: str) -> tuple[str, str, str]:
-    """(quality, saved, why) of a verdict with ``objective = "cost"``."""
+    """(quality, saved, why) of a verdict under a non-inferiority objective (cost)."""
     s, final, saving = settings, conf.final, finding.saving
     unit = cost.short
     shown = "n/a" if finding.difference is None else f"{finding.difference:+.2f}"
@@ -587,12 +586,13 @@ def _verdict(settings: ValidationSettings, *, plan: _Plan, chosen: int, conf: _C
     d, raw = finding.difference, finding.raw
     lo, hi = finding.difference_ci or (math.nan, math.nan)
     shown = "n/a" if d is None else f"{d:+.2f}"
-    if plan.by_cost:
+    trade = plan.objective.non_inferiority
+    if trade:
         quality, saved, why = _cost_texts(s, conf=conf, finding=finding, cost=cost, why=why)
-    if plan.by_cost and finding.claimed:
+    if trade and finding.claimed:
         verdict = (f"{saved}; {quality}, not worse by more than {s.margin:g} (betting p = {final.p_value:.2g}): a cheaper "
                    f"finalist on validation questions that did not choose it ({how})")
-    elif plan.by_cost and reuse is None:
+    elif trade and reuse is None:
         verdict = (f"no finalist was shown cheaper and not worse than the initial configuration by more than "
                    f"{s.margin:g} ({how}: {saved}; {quality}; {why}): the initial configuration is returned and no "
                    "saving is claimed")
@@ -691,7 +691,7 @@ def validate(
         selection_questions=len(plan.selection),
         re_decided=opened.reuse is not None,
         objective=s.objective,
-        margin=s.margin if plan.by_cost else None,
+        margin=s.margin if plan.objective.non_inferiority else None,
         saving=finding.saving,
         pool_questions=_pooled(plan, conf)[1],
     )

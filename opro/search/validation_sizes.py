@@ -11,7 +11,7 @@ from opro.stats.sequential import look_sizes
 def split_sizes(settings: ValidationSettings, n_questions: int, n_finalists: int) -> tuple[int, int]:
     """(selection, confirmation) questions of a validation stage over ``n_questions`` with
     ``n_finalists`` finalists: selection only when there is a choice to make, and at least 2 questions
-    left to confirm on. Under ``objective = "cost"`` the initial configuration answers the selection
+    left to confirm on. Under a non-inferiority objective (cost) the initial configuration answers the selection
     questions too, so that the choice pairs each finalist with it on the search and selection questions
     (:func:`opro.search.finalists.chosen_finalist`)."""
     choice = n_finalists > 1
@@ -20,9 +20,9 @@ def split_sizes(settings: ValidationSettings, n_questions: int, n_finalists: int
 
 
 def selection_prompts(settings: ValidationSettings, n_finalists: int) -> int:
-    """The prompts that answer the selection questions: the finalists, and under ``objective = "cost"``
-    the initial configuration too (the choice pairs each finalist with it)."""
-    return n_finalists + (1 if settings.claim.by_cost else 0)
+    """The prompts that answer the selection questions: the finalists, and under a non-inferiority
+    objective (cost) the initial configuration too (the choice pairs each finalist with it)."""
+    return n_finalists + (1 if settings.claim.objective.non_inferiority else 0)
 
 
 def confirmation_looks(settings: ValidationSettings, n_confirmation: int, n_extension: int = 0) -> tuple[int, ...]:

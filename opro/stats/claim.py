@@ -6,35 +6,31 @@ The search's validation stage, ``opro plan`` and the probe all read this one val
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+
+from opro.stats.objectives import QUALITY, Objective, as_objective
 
 
 @dataclass(frozen=True)
 class Claim:
     """The decision rule of a validation stage."""
 
-    #: ``quality``: a finalist wins only by beating the initial configuration (a superiority test).
-    #: ``cost``: a finalist cheaper per answer and not worse than the initial one by more than
-    #: :attr:`margin` judge points (a non-inferiority test).
-    objective: Literal["quality", "cost"] = "quality"
+    #: What a finalist must show (:mod:`opro.stats.objectives`): a gain in quality (a superiority test),
+    #: or a lower cost per answer and a quality not worse than the initial one by more than
+    #: :attr:`margin` judge points (a non-inferiority test). Its name is accepted and stands for it.
+    objective: Objective = QUALITY
     #: Significance level of the decision (one-sided, over all the looks of a confirmation).
     alpha: float = 0.05
-    #: Judge points a cheaper configuration may lose under ``objective = "cost"`` (the configuration
-    #: refuses 0 there: the claim would then be a gain, which ``quality`` tests).
+    #: Judge points a cheaper configuration may lose under a non-inferiority objective (the configuration
+    #: refuses 0 there: the claim would then be a gain, which the quality objective tests).
     margin: float = 0.25
 
-    @property
-    def by_cost(self) -> bool:
-        """Whether the winner is chosen by cost (non-inferiority) rather than by quality."""
-        return self.objective == "cost"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objective", as_objective(self.objective))
 
     @property
     def futility_confidence(self) -> float | None:
-        """The validation's futility rule (:func:`opro.stats.sequential.futile`): by cost a look stops
-        only once the finalist is clearly worse by more than the margin (the one-sided ``1 - alpha``
-        upper bound of the shifted differences' mean <= 0), as the cost race prunes; by quality once
-        it is not ahead (None)."""
-        return 1.0 - self.alpha if self.by_cost else None
+        """The validation's futility rule (:meth:`opro.stats.objectives.Objective.futility_confidence`)."""
+        return self.objective.futility_confidence(self.alpha)
 
 
 __all__ = ["Claim"]

@@ -56,7 +56,7 @@ class RunDirRecorder(Recorder):
         )
         if result.validation is not None and result.validation.finalists:
             plot_optimism(optimism_points(result), path=out.optimism_plot)
-        if result.objective == "cost":
+        if result.objective.non_inferiority:
             self._pareto(result)
 
     def _pareto(self, result: OptimizationResult) -> None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 from opro.config import OptimizerSection
 from opro.search.settings import ProposerSettings, PrunerSettings, SearchSettings, ValidationSettings
 from opro.stats.claim import Claim
+from opro.stats.objectives import objective_named
 
 
 def claim(optimizer: OptimizerSection) -> Claim:
     """What a validation decision claims and at which error rate."""
-    return Claim(objective=optimizer.objective, alpha=optimizer.alpha, margin=optimizer.margin)
+    return Claim(objective=objective_named(optimizer.objective), alpha=optimizer.alpha, margin=optimizer.margin)
 
 
 def validation_settings(optimizer: OptimizerSection) -> ValidationSettings:
@@ -43,7 +44,7 @@ def proposer_settings(optimizer: OptimizerSection) -> ProposerSettings:
                             max_instruction_chars=o.max_instruction_chars, max_history=o.max_history,
                             min_history_score=o.min_history_score, score_scale=o.score_scale,
                             answer_format=o.answer_format, exemplars=o.exemplars,
-                            exemplar_strategy=o.exemplar_strategy, show_length=o.objective == "cost")
+                            exemplar_strategy=o.exemplar_strategy, show_length=objective_named(o.objective).non_inferiority)
 
 
 __all__ = ["claim", "proposer_settings", "pruner_settings", "search_settings", "validation_settings"]

@@ -265,7 +265,7 @@ def test_the_cost_finalist_chosen_is_the_one_likeliest_to_confirm_its_saving_on_
     history = [initial, cheapest, equal]
     # The selection scores (questions the initial configuration never answered) decide nothing under cost.
     easy = {"cheapest": [5.0] * 4, "cheaper": [1.0] * 4}
-    pick = chosen_finalist((cheapest, equal), easy, initial="initial", by_cost=True, n_confirmation=44,
+    pick = chosen_finalist((cheapest, equal), easy, initial="initial", n_confirmation=44,
                            settings=settings, history=history)
     assert pick == 1
     low = expected_saving(cheapest, initial, margin=0.25, alpha=0.05, n_confirmation=44)
@@ -273,11 +273,11 @@ def test_the_cost_finalist_chosen_is_the_one_likeliest_to_confirm_its_saving_on_
     assert low is not None and high is not None and low < 0.1 < 0.29 < high <= 0.3
     # Two finalists as good as the initial one: the cheaper is chosen.
     same = rec("cheapest", equal.scores, 1, 50.0)
-    assert chosen_finalist((same, equal), easy, initial="initial", by_cost=True, n_confirmation=44,
+    assert chosen_finalist((same, equal), easy, initial="initial", n_confirmation=44,
                            settings=settings, history=[initial, same, equal]) == 0
     # By quality, the best mean over the search and selection questions.
-    assert chosen_finalist((cheapest, equal), easy, initial="initial", by_cost=False, n_confirmation=44,
-                           settings=settings, history=history) == 0
+    assert chosen_finalist((cheapest, equal), easy, initial="initial", n_confirmation=44,
+                           settings=validation_settings(OptimizerSection()), history=history) == 0
 
 
 def test_the_cost_finalists_are_those_likeliest_to_confirm_a_saving_not_the_cheapest_on_the_front() -> None:
@@ -314,12 +314,12 @@ def test_the_cost_choice_pairs_each_finalist_with_the_initial_configuration_on_t
     equal = _moved("equal", (0.4, -0.4, 0.3, -0.3, 0.0, 0.0), 2, 70.0)
     settings = validation_settings(OptimizerSection(objective="cost", margin=0.25))
     history = [initial, cheaper, equal]
-    assert chosen_finalist((cheaper, equal), {}, initial="initial", by_cost=True, n_confirmation=60,
+    assert chosen_finalist((cheaper, equal), {}, initial="initial", n_confirmation=60,
                            settings=settings, history=history) == 0
     # The selection questions, answered by all three: the cheaper one loses a point on each.
     base = [3.0, 4.0, 2.0, 5.0]
     selection = {"initial": base, "cheaper": [x - 1.0 for x in base], "equal": list(base)}
-    assert chosen_finalist((cheaper, equal), selection, initial="initial", by_cost=True, n_confirmation=60,
+    assert chosen_finalist((cheaper, equal), selection, initial="initial", n_confirmation=60,
                            settings=settings, history=history) == 1
     paired = expected_saving(cheaper, initial, margin=0.25, alpha=0.05, n_confirmation=60,
                              selection=(selection["cheaper"], selection["initial"]))
