@@ -171,7 +171,7 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
         "gain": summary.get("gain"),
         "gain_ci": summary.get("gain_ci"),
         "initial_instruction": summary.get("initial_instruction"),
-        # Its cost per answer (opro.program.cost) with the data it was measured on; with objective = "cost" also
+        # Its cost per answer (opro.program.cost) with the data it was measured on; under the cost objective also
         # the validated saving against the initial configuration on the confirmation questions.
         "cost": (summary.get("cost") or {}).get("returned"),
         "cost_saving": (summary.get("validation") or {}).get("saving"),

@@ -11,7 +11,7 @@ A cheaper contrast is named "cheaper and not worse" only where it is cheaper on 
 saving's interval below 0, or its mean below the initial one's where no interval exists) and a
 non-inferiority test at ``[optimizer].margin`` passes on the pilot (the paired one-sided test of
 ``opro compare --margin``, Holm over the cheaper contrasts): an interval that merely holds 0 is not
-evidence of "not worse". Under ``objective = "cost"`` each verdict carries its saving and that test,
+evidence of "not worse". Under the cost objective each verdict carries its saving and that test,
 and the recommendation says what the search does next: step 0 evaluates the first moves (the probe's
 answers to them on the optimization questions come from the call cache), the race stops a cheaper
 candidate only when it cannot be within the margin, and only the validation stage claims a saving.
@@ -149,7 +149,7 @@ def cheaper_not_worse(effects: Sequence[E], *, initial: Measured, margin: float)
 
 
 def with_costs(effects: Sequence[E], *, initial: Measured, margin: float) -> tuple[E, ...]:
-    """Under ``objective = "cost"``: each verdict with its saving and, for a cheaper contrast, its
+    """Under the cost objective: each verdict with its saving and, for a cheaper contrast, its
     non-inferiority test at ``margin`` ("cheaper and not worse by more than 0.25 (p 0.01)" or "not
     shown within 0.25 (p 0.31)")."""
     tested = {id(e): t for e, t in noninferiority_tests(effects, initial=initial, margin=margin)}

@@ -4,7 +4,7 @@ Both are read off the betting confidence sequence the validation stage and ``opr
 (:mod:`opro.stats.betting`), simulated at the planned paired sd (:func:`opro.stats.sequential.claim_rate`):
 
 - **Questions needed.** Where the split cannot confirm the claim asked at 80% power (under
-  ``objective = "cost"``: a truly equal configuration shown not worse by the margin; under quality: a
+  the cost objective: a truly equal configuration shown not worse by the margin; under quality: a
   gain of :data:`QUALITY_GAIN`), the fewest validation questions with which it would, in the design in
   use (its looks on the split's confirmation questions, then one look on the questions beyond them,
   as the extension asks them), bisected up to :data:`MOST`. The questions beyond the split's and its

@@ -30,7 +30,7 @@ class ValidationDesign:
     looks: int
     futility: bool
     selection_questions: int
-    #: The finalists' instructions, in search rank (cost order with ``objective = "cost"``).
+    #: The finalists' instructions, in search rank (cost order with the cost objective).
     finalists: tuple[str, ...]
     initial: str
     #: Questions of the validation split (selection and confirmation).
@@ -47,7 +47,7 @@ class ValidationDesign:
     #: Extension questions planned (in no split) and their :func:`~opro.search.study.questions_key`.
     extension: int | None = None
     extension_questions: str | None = None
-    #: "cost" with ``objective = "cost"`` (and its ``margin``); None with "quality".
+    #: The objective's name (with its ``margin``) except under quality (None: keys recorded before objectives).
     objective: str | None = None
     margin: float | None = None
     #: Made on questions an earlier verdict saw (``seen_validation = "label"``): its own key, so that

@@ -46,7 +46,7 @@ class ScoredInstruction:
     partial: bool = False
     n_scored: int = 0
     n_total: int = 0
-    #: Mean answer length (the task model's completion tokens), shown with ``objective = "cost"``.
+    #: Mean answer length (the task model's completion tokens), shown with the cost objective.
     answer_tokens: float | None = None
 
 
@@ -77,7 +77,7 @@ class MetaPromptBuilder:
     answer_format: Literal["ins", "brackets"] = "ins"
     meta_template: str = DEFAULT_META_TEMPLATE
     max_exemplar_chars: int = 300
-    #: Show each instruction's mean answer length beside its score (``[optimizer].objective = "cost"``),
+    #: Show each instruction's mean answer length beside its score (the cost objective),
     #: so the optimizer can propose wording that gets the same answers shorter.
     show_length: bool = False
 

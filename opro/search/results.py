@@ -208,7 +208,7 @@ class OptimizationResult:
     #: Paired validation difference to the initial instruction, only when it is significant,
     #: adjusted for having been claimed (``best_score`` is the initial instruction's confirmation
     #: mean plus it); the unadjusted one is the winner's ``difference_raw``.
-    #: With ``objective = "cost"`` it is the plain mean quality difference of a finalist shown not worse by
+    #: With the cost objective it is the plain mean quality difference of a finalist shown not worse by
     #: more than the margin and cheaper (it may be below 0; the claim and the saving are in ``validation``).
     gain: float | None = None
     gain_ci: tuple[float, float] | None = None

@@ -6,7 +6,7 @@ Trial attributes: ``instruction step index worker host claim`` (the claim; ``can
 that is not its instruction, :mod:`opro.program.configurations`), ``part`` and ``parts``
 (split candidates), ``part_scores`` and ``part_usage`` (a part's task calls: prompt and completion
 tokens, seconds), ``scores`` (per question, as the racing pruner reads them; ``costs`` beside them with
-``objective = "cost"``: each question's cost, what that race pairs on) and the result
+the cost objective: each question's cost, what that race pairs on) and the result
 ``score n_scored n_invalid n_errors status cost`` (``cost``: :class:`opro.program.cost.CostSummary` as a dict,
 means per answered question).
 """

@@ -4,7 +4,7 @@ On questions the search never saw, in two parts that never share a question:
 
 1. **Selection** (with more than one finalist): the finalists answer the first
    ``selection_questions`` validation questions; the one with the best mean over its search
-   questions and these is *chosen* (under ``objective = "cost"``, the largest expected confirmed
+   questions and these is *chosen* (under the cost objective, the largest expected confirmed
    saving: :mod:`opro.search.finalists`). These questions only choose; they test nothing.
 2. **Confirmation**: the chosen finalist and the initial instruction answer the other validation
    questions in ``validation_looks`` batches, and after each batch a one-sided betting test of the

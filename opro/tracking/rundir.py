@@ -7,7 +7,7 @@ the saved dataset, the newest comparison reports) are read here::
     OUTPUT_DIR/
       summary.json  history.jsonl  best_prompt.txt      what `opro optimize` returned
       plan.json                                         what it planned to ask (`opro plan`)
-      score_trajectory.png  optimism.png  pareto.png    its plots (pareto.png: objective "cost")
+      score_trajectory.png  optimism.png  pareto.png    its plots (pareto.png: cost objective)
       metaprompts/step_NNN.txt                          every meta-prompt sent to the optimizer
       split_record.json                                 the split the search saw (held-out guard)
       dataset/                                          the split golden dataset every command uses

@@ -237,7 +237,7 @@ def test_a_small_model_as_good_and_cheaper_is_returned_with_a_validated_non_infe
     result = _optimize(tmp_path, _config(tmp_path, margin=0.25, validation=72))
     cheap = f"{INITIAL} {{task_model=small}}"
     v = result.validation
-    assert v is not None and v.objective == "cost" and v.winner is not None and v.winner.instruction == cheap
+    assert v is not None and v.objective.name == "cost" and v.winner is not None and v.winner.instruction == cheap
     assert result.validated and dict(result.best_params) == {"task_model": "small"}
     assert v.saving is not None and v.saving.lower and v.saving.relative == pytest.approx(0.9, abs=0.05)
     assert "not worse by more than 0.25 (betting p = " in result.headline() and "USD" in result.headline()

@@ -187,7 +187,7 @@ def test_a_shorter_instruction_at_the_same_quality_is_returned_with_a_non_inferi
         tmp_path: Path) -> None:
     result = _cost_world(tmp_path, worse=False, validation=76)
     v = result.validation
-    assert v is not None and v.objective == "cost" and v.margin == 0.25 and v.winner is not None
+    assert v is not None and v.objective.name == "cost" and v.margin == 0.25 and v.winner is not None
     assert "briefly" in result.best_instruction and result.validated
     assert v.saving is not None and v.saving.lower and v.saving.difference_ci is not None
     assert v.saving.difference_ci[1] < 0

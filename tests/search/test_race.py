@@ -47,12 +47,12 @@ def test_quality_race_stops_a_candidate_confidently_worse_than_the_incumbent() -
     race = RacingPruner()
     assert race.upper_bound([-1.0, -1.0, -1.0, 0.0]) == pytest.approx(-0.162, abs=1e-3)
     assert race.decide(_running(UNLUCKY, cost=50.0), [INITIAL_TRIAL])
-    assert make_pruner(pruner_settings(OptimizerSection())).objective == "quality"  # type: ignore[attr-defined]
+    assert make_pruner(pruner_settings(OptimizerSection())).objective.name == "quality"  # type: ignore[attr-defined]
 
 
 def test_cost_race_lets_a_cheaper_candidate_whose_bound_is_above_minus_margin_go_on() -> None:
     race = make_pruner(pruner_settings(OptimizerSection(objective="cost", margin=0.25)))
-    assert isinstance(race, RacingPruner) and (race.objective, race.margin) == ("cost", 0.25)
+    assert isinstance(race, RacingPruner) and (race.objective.name, race.margin) == ("cost", 0.25)
     # Worse than the initial configuration so far, but its bound (-0.16) is above -0.25: it may still
     # be within the margin, so it goes on (today's race stopped it: its bound is below 0).
     assert not race.decide(_running(UNLUCKY, cost=50.0), [INITIAL_TRIAL])
