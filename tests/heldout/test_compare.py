@@ -196,7 +196,7 @@ def test_compare_names_settings_and_checks_them_like_any_source(run_config: Path
 
     cfg = load_config(run_config)
     best = resolve_prompt("best {top_k=1}", config=cfg)
-    assert best.kind == "run" and best.template.top_k == 1 and best.label == "best {top_k=1}"
+    assert best.kind == "run" and best.template.setting("top_k") == 1 and best.label == "best {top_k=1}"
     assert best.provenance["settings"] == {"top_k": 1} and best.run_dir is not None
     # Braces that name no setting are part of a literal instruction, as they always were.
     assert resolve_prompt('text:Reply as {"answer": "..."}', config=cfg).template.settings == {}
