@@ -24,7 +24,6 @@ Per question it writes ``experiments/results/side_by_side_alexnet.json`` ({"ques
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import statistics
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             batch = chosen[start : start + args.batch]
             queries = [e.query for e in batch]
             answers = {
-                k: [a.text for a in exp.program.answer_many(queries, template=dataclasses.replace(base, top_k=k))]
+                k: [a.text for a in exp.program.answer_many(queries, template=base.with_settings(**{**base.settings, "top_k": k}))]
                 for k in (1, 2)
             }
             for i, e in enumerate(batch):

@@ -56,15 +56,19 @@ def compare(
     no_progress: bool = no_progress_option(),
 ) -> None:
     """Compare prompts on the held-out split: mean with 95% CI, pass rate, win/tie/loss, paired tests."""
+    from opro.heldout.compare import ComparisonSettings
+    from opro.program.configurations import parse_settings
     from opro.workflows.compare import compare_and_save
 
     out_console = console()
+    asked = ComparisonSettings(
+        prompts=tuple(prompt or ["best"]), settings=parse_settings(settings or []), baseline=baseline, split=split,
+        metrics=tuple(split_list(metrics)), out=out, name=name, tracking_uri=tracking_uri, mlflow=mlflow,
+        resamples=resamples, seed=seed, alpha=alpha, margin=margin, promote_alias=promote_alias,
+        min_coverage=min_coverage,
+    )
     done = compare_and_save(
-        config, prompts=prompt or ["best"], settings=settings or [], baseline=baseline, split=split,
-        metrics=split_list(metrics), out=out,
-        name=name, tracking_uri=tracking_uri, mlflow=mlflow, resamples=resamples, seed=seed, alpha=alpha,
-        margin=margin, promote_alias=promote_alias, min_coverage=min_coverage,
-        progress=False if no_progress else None,
+        config, asked, progress=False if no_progress else None,
         notice=lambda text: out_console.print(text, markup=False, soft_wrap=True),
     )
     show_comparison(out_console, done)

@@ -18,7 +18,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,8 +38,9 @@ from opro.heldout.report import (
 from opro.heldout.sources import ResolvedPrompt, resolve_prompt
 from opro.judges.factory import build_paired_judge, make_extra_metrics
 from opro.judges.sidebyside import SideBySideJudge
+from opro.program.configurations import Configuration, Settings
 from opro.program.cost import CostModel, paired_difference
-from opro.program.dimensions import DIMENSIONS, model_of
+from opro.program.dimensions import DIMENSIONS, Value, model_of
 from opro.stats.clusters import keys_of
 from opro.stats.noninferiority import check_margin, holm_noninferiority, noninferiority
 from opro.stats.paired import compare_paired, holm_family, t_mean_ci
@@ -55,6 +56,53 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # -- the comparison ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ComparisonSettings:
+    """What a comparison is asked (``opro compare``'s options, one value): the prompts and the settings
+    they are answered with, what it measures and tests, where it is written and recorded, and the
+    promotion's rule. The CLI builds it once (``--set`` read into :attr:`settings` there) and it goes
+    down whole: :func:`opro.workflows.compare.compare_and_save`, then :func:`run_comparison`."""
+
+    #: The compared prompts' specs (:mod:`opro.heldout.sources`) or configurations.
+    prompts: tuple[str | Configuration, ...] = ("best",)
+    #: Settings every prompt in :attr:`prompts` is answered with (``--set``; a value a prompt gives too: this one).
+    settings: Mapping[str, Value] = field(default_factory=Settings)
+    #: The prompt the others are tested against (added first when not among them).
+    baseline: str = "initial"
+    split: str = "heldout"
+    #: Extra metrics: names of :data:`~opro.judges.EXTRA_METRICS` or metric objects.
+    metrics: tuple[str | Any, ...] = ()
+    level: float = 0.95
+    alpha: float = 0.05
+    #: Random sign flips of the permutation test.
+    resamples: int = 10_000
+    seed: int = 0
+    #: A non-inferiority margin in judge points (None: no non-inferiority test).
+    margin: float | None = None
+    #: The MLflow store (None: the config's).
+    tracking_uri: str | None = None
+    #: The report folder (None: ``<output_dir>/compare/<name>``) and the comparison's name (None: a timestamp).
+    out: Path | None = None
+    name: str | None = None
+    mlflow: bool = True
+    #: The registry alias to move to the best prompt on held-out evidence (None: no promotion).
+    promote_alias: str | None = None
+    min_coverage: float = 0.9
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompts", tuple(self.prompts))
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        object.__setattr__(self, "settings", Settings(self.settings))
+
+    def configured(self) -> list[str | Configuration]:
+        """Each prompt as it is compared: with :attr:`settings` added, as a configuration (read once,
+        never written back to text); the spec itself when there are none."""
+        if not self.settings:
+            return list(self.prompts)
+        return [(p if isinstance(p, Configuration) else Configuration.parse(p.strip(), where=f"prompt {p!r}"))
+                .with_settings(self.settings) for p in self.prompts]
 
 
 def compare_prompts(
@@ -78,11 +126,23 @@ def compare_prompts(
     into them or one of their specs. ``extra_metrics`` are names from :data:`~opro.judges.EXTRA_METRICS` or metric
     objects accepted by :func:`opro.evaluation.batch.evaluate_examples`. With ``margin`` (judge points)
     each prompt also gets a non-inferiority test against the baseline (Holm over the prompts)."""
+    return run_comparison(experiment=experiment, prompts=prompts, baseline=baseline, progress=progress,
+                          settings=ComparisonSettings(split=split, metrics=tuple(extra_metrics), tracking_uri=tracking_uri,
+                                                      level=level, alpha=alpha, resamples=n_resamples, seed=seed,
+                                                      margin=margin))
+
+
+def run_comparison(*, experiment: Workbench, prompts: Sequence[str | Configuration | ResolvedPrompt],
+                   baseline: int | str = 0, settings: ComparisonSettings, progress: bool | None = None
+                   ) -> ComparisonReport:
+    """:func:`compare_prompts` under ``settings`` (its split, metrics, level, alpha, resamples, seed, margin
+    and store; its prompts and baseline are the workflow's, given here resolved or as specs)."""
     from opro.evaluation.batch import evaluate_templates
 
     started = time.perf_counter()
-    if margin is not None:
-        margin = check_margin(margin)
+    split, level, alpha, n_resamples, seed = settings.split, settings.level, settings.alpha, settings.resamples, settings.seed
+    margin = None if settings.margin is None else check_margin(settings.margin)
+    extra_metrics, tracking_uri = settings.metrics, settings.tracking_uri
     if split not in SPLITS:
         raise ConfigError(f"split {split!r} is not one of {', '.join(SPLITS)}")
     cfg = experiment.config
@@ -139,7 +199,7 @@ def compare_prompts(
     )
 
 
-def _resolved(prompts: Sequence[str | ResolvedPrompt], *, baseline: int | str, experiment: Workbench,
+def _resolved(prompts: Sequence[str | Configuration | ResolvedPrompt], *, baseline: int | str, experiment: Workbench,
               tracking_uri: str | None) -> tuple[list[ResolvedPrompt], int]:
     """The compared prompts resolved (labels made unique) and the baseline's index among them."""
     resolved = [p if isinstance(p, ResolvedPrompt) else
@@ -387,4 +447,5 @@ def _evaluated(report: ComparisonReport) -> tuple[EvaluatedPrompt, ...]:
     )
 
 
-__all__ = ["SavedComparison", "compare_prompts", "comparison_record", "default_compare_dir", "save_comparison"]
+__all__ = ["ComparisonSettings", "SavedComparison", "compare_prompts", "comparison_record", "default_compare_dir",
+           "run_comparison", "save_comparison"]

@@ -15,7 +15,8 @@
 
 Any of them may end in settings, ``initial {top_k=1, answer_max_tokens=48}``: the same source answered
 with those settings (:mod:`opro.program.configurations`, the names the search gives its candidates;
-``opro compare --set NAME=VALUE`` adds them to every ``--prompt``). Its kind, provenance and held-out
+``opro compare --set NAME=VALUE`` adds them to every ``--prompt``, as a
+:class:`~opro.program.configurations.Configuration` that is never written back to text). Its kind, provenance and held-out
 check stay its source's, with the settings recorded in its provenance.
 """
 
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import ConfigError, DataError, PromptError
-from opro.program.configurations import settings_text, split_name
+from opro.program.configurations import Configuration, settings_text
 from opro.program.dimensions import DIMENSIONS, Value, dimension
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.redaction import redact_url
@@ -285,7 +286,7 @@ def _from_json(text: str, path: Path) -> tuple[QATemplate, dict[str, Any]]:
 
 
 def resolve_prompt(
-    spec: str,
+    spec: str | Configuration,
     *,
     config: OproConfig | None = None,
     tracking_uri: str | None = None,
@@ -293,17 +294,23 @@ def resolve_prompt(
     """Turn a prompt spec (see the module doc) into a :class:`ResolvedPrompt`.
 
     ``config`` is needed by ``best``, ``initial`` and (unless ``tracking_uri`` is given)
-    ``prompts:/`` URIs; literal instructions take the config's instruction position.
+    ``prompts:/`` URIs; literal instructions take the config's instruction position. A
+    :class:`~opro.program.configurations.Configuration` (a source and its settings, read already) is
+    resolved as it is, its text form its spec.
     """
-    if not isinstance(spec, str) or not spec.strip():
+    configuration = spec if isinstance(spec, Configuration) else None
+    text = str(spec) if configuration is not None else spec
+    if not isinstance(text, str) or not text.strip():
         raise ConfigError("an empty prompt spec; use best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:...")
-    s = spec.strip()
-    head, settings = split_name(s, where=f"prompt {s!r}")
-    if settings:
-        if not head.strip():
+    s = text.strip()
+    if configuration is None:
+        configuration = Configuration.parse(s, where=f"prompt {s!r}")
+    if configuration.settings:
+        head = configuration.instruction.strip()
+        if not head:
             raise ConfigError(f"prompt {s!r} names settings but no prompt: write a source before them, "
                               "e.g. initial {top_k=1}")
-        return with_settings(resolve_prompt(head.strip(), config=config, tracking_uri=tracking_uri), settings,
+        return with_settings(resolve_prompt(head, config=config, tracking_uri=tracking_uri), configuration.settings,
                              spec=s, config=config)
     if s == "best":
         cfg = _need_config(s, config)

@@ -9,8 +9,10 @@ scores, the workers' claims, the validation design) and what ``opro compare`` ac
     Answer the question. {top_k=1}                the same wording with one retrieved chunk
     initial {top_k=1, answer_max_tokens=48}       (``opro compare``) a prompt source with two settings
 
-The braces list only the values that differ from the initial configuration's, in the table's order
-(:data:`opro.program.dimensions.DIMENSIONS`), so the initial configuration and every candidate of a
+A configuration is one value, :class:`Configuration`: :meth:`Configuration.parse` reads the text
+form (each setting, and each ``--set name=value``, through :func:`parse_setting`) and
+:meth:`Configuration.name` writes it. The braces list only the values that differ from the initial
+configuration's, in the table's order (:data:`opro.program.dimensions.DIMENSIONS`), so the initial configuration and every candidate of a
 search without ``[search.space]`` are named by their instruction alone, as they always were. Values are
 checked through the table: an unknown dimension or a value it does not take is refused, naming it and
 what is allowed.
@@ -19,13 +21,14 @@ what is allowed.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 from opro.errors import ConfigError
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension
 
-#: A trailing ``{name=value, ...}`` block: what :func:`split_name` reads as settings (a JSON example
+#: A trailing ``{name=value, ...}`` block: what :meth:`Configuration.parse` reads as settings (a JSON example
 #: in braces, ``{"a": 1}``, is no such block).
 _BLOCK = re.compile(r"\s*\{\s*(\w+\s*=\s*[^{}=,\s][^{}=,]*(?:,\s*\w+\s*=\s*[^{}=,\s][^{}=,]*)*)\s*\}\s*$")
 
@@ -40,13 +43,6 @@ def changed(values: Mapping[str, Any], initial: Mapping[str, Any]) -> dict[str, 
 def settings_text(values: Mapping[str, Any]) -> str:
     """``top_k=1, answer_max_tokens=48``: the values in the table's order."""
     return ", ".join(f"{d.name}={values[d.name]}" for d in DIMENSIONS if d.name in values)
-
-
-def name_of(instruction: str, values: Mapping[str, Any], initial: Mapping[str, Any] | None = None) -> str:
-    """The name of the configuration with ``instruction`` and ``values``: the instruction, then in
-    braces the values that differ from ``initial`` (None: all of them); the instruction alone when none does."""
-    shown = changed(values, initial or {})
-    return f"{instruction} {{{settings_text(shown)}}}" if shown else instruction
 
 
 def parse_value(d: Dimension, text: str, *, where: str) -> Value:
@@ -81,19 +77,84 @@ def parse_setting(text: str, *, where: str = "--set") -> tuple[str, Value]:
     return d.name, parse_value(d, raw, where=f"{where} {text!r}")
 
 
-def split_name(text: str, *, where: str = "the prompt") -> tuple[str, dict[str, Value]]:
-    """A name read back: (the text before a trailing ``{name=value, ...}`` block, its settings); the
-    text whole and no settings when it ends in no such block."""
-    m = _BLOCK.search(text)
-    if m is None:
-        return text, {}
+def parse_settings(texts: Iterable[str], *, where: str = "--set") -> dict[str, Value]:
+    """``name=value`` texts (``opro compare --set``) as one mapping, in the table's order; a name given
+    twice: the last value."""
     values: dict[str, Value] = {}
-    for item in m.group(1).split(","):
-        name, value = parse_setting(item.strip(), where=where)
-        if name in values:
-            raise ConfigError(f"{where}: {name} is set twice in {m.group(0).strip()!r}")
+    for text in texts:
+        name, value = parse_setting(text, where=where)
         values[name] = value
-    return text[: m.start()], values
+    return ordered(values)
 
 
-__all__ = ["changed", "name_of", "parse_setting", "parse_value", "settings_text", "split_name"]
+def ordered(values: Mapping[str, Value | None]) -> dict[str, Value]:
+    """``values`` set (not None) in the table's order; a :class:`ConfigError` for a name no dimension has."""
+    for name in values:
+        dimension(name)
+    return {d.name: v for d in DIMENSIONS if (v := values.get(d.name)) is not None}
+
+
+class Settings(dict[str, Value]):
+    """Values of the table's dimensions, set (not None) and in the table's order: a read-only,
+    hashable mapping, so the frozen values that hold one (:class:`Configuration`, a template) stay
+    frozen. It reads, prints and serializes as the dict it is."""
+
+    def __init__(self, values: Mapping[str, Value | None] | None = None, /) -> None:
+        super().__init__(ordered(values or {}))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Settings, (dict(self),))
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("settings are read-only: build new ones (with_settings)")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = __ior__ = _read_only  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A configuration: an instruction (for ``opro compare``, a prompt source such as ``initial``) and
+    the values it gives dimensions of the table (:data:`opro.program.dimensions.DIMENSIONS`, the task
+    model included), kept in the table's order. Its text form is its name (:meth:`name`,
+    ``str(configuration)``), read back by :meth:`parse`."""
+
+    instruction: str
+    #: Dimension name -> value (:class:`Settings`; a value of None is no value).
+    settings: Mapping[str, Value] = field(default_factory=Settings)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", Settings(self.settings))
+
+    @classmethod
+    def parse(cls, text: str, *, where: str = "the prompt") -> Configuration:
+        """A name read back: the text before a trailing ``{name=value, ...}`` block and its settings,
+        each checked through the table; the text whole and no settings when it ends in no such block."""
+        m = _BLOCK.search(text)
+        if m is None:
+            return cls(text)
+        values: dict[str, Value] = {}
+        for item in m.group(1).split(","):
+            name, value = parse_setting(item.strip(), where=where)
+            if name in values:
+                raise ConfigError(f"{where}: {name} is set twice in {m.group(0).strip()!r}")
+            values[name] = value
+        return cls(text[: m.start()], values)
+
+    def with_settings(self, settings: Mapping[str, Value]) -> Configuration:
+        """This configuration with ``settings`` added (a value it gives too: the one of ``settings``)."""
+        return Configuration(self.instruction, {**self.settings, **settings})
+
+    def name(self, initial: Mapping[str, Any] | None = None) -> str:
+        """The text form: the instruction, then in braces the values that differ from ``initial``'s
+        (None: all of them); the instruction alone when none does."""
+        shown = changed(self.settings, initial or {})
+        return f"{self.instruction} {{{settings_text(shown)}}}" if shown else self.instruction
+
+    def __str__(self) -> str:
+        return self.name()
+
+
+__all__ = ["Configuration", "Settings", "changed", "ordered", "parse_setting", "parse_settings", "parse_value", "settings_text"]

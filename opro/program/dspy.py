@@ -327,7 +327,7 @@ class OproRAG(dspy.Module):  # type: ignore[misc]
         self.generate.demos = [dspy.Example(context=d.context, question=d.query, answer=d.answer) for d in template.demos]
         self._template = template
         # The same options as RAGProgram.answer, so both ask the task model the same call (one cache entry).
-        max_tokens = template.answer_max_tokens or program.max_tokens
+        max_tokens = template.int_setting("answer_max_tokens") or program.max_tokens
         self.generate.set_lm(lm or OproLM(program.client_for(template), temperature=program.temperature, max_tokens=max_tokens))
 
     @property

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import PromptError
+from opro.program.configurations import Configuration, Settings
 from opro.program.dimensions import DIMENSIONS, SETTINGS, Value
 
 if TYPE_CHECKING:
@@ -130,8 +131,9 @@ class QATemplate:
     Its settings (:data:`opro.program.dimensions.SETTINGS`: ``top_k``, ``answer_max_tokens``, ``chunk_size``
     and any other dimension the template carries) are what the prompt is answered with (None: the
     program's own): a search that opens them returns them with the wording, and a prompt is compared,
-    exported and registered with them, since its scores were measured under them. The first three are
-    fields; a dimension without a field is kept in :attr:`options` and read as an attribute too.
+    exported and registered with them, since its scores were measured under them. They are one
+    mapping, as in the :class:`~opro.program.configurations.Configuration` the template answers
+    (:attr:`configuration`): adding a dimension adds no field here.
     """
 
     instruction: str = DEFAULT_INSTRUCTION
@@ -139,14 +141,9 @@ class QATemplate:
     position: Position = "before"
     #: Worked examples, each filled into the base template's fields before the question's own.
     demos: tuple[Demo, ...] = ()
-    #: Retrieved chunks per question (None: the retriever's own).
-    top_k: int | None = None
-    #: The task model's answer length (None: the program's own).
-    answer_max_tokens: int | None = None
-    #: The chunking the corpus is retrieved in (None: the program's own index).
-    chunk_size: int | None = None
-    #: The settings of the dimensions without a field of their own, as (name, value) pairs.
-    options: tuple[tuple[str, Value], ...] = ()
+    #: The settings it is answered with that differ from the program's own, by dimension name (``top_k``:
+    #: retrieved chunks per question, ``answer_max_tokens``, ``chunk_size``, ``retriever``, ``task_model``).
+    settings: Mapping[str, Value] = field(default_factory=Settings)
 
     def __post_init__(self) -> None:
         if self.position not in ("before", "after"):
@@ -155,12 +152,8 @@ class QATemplate:
         if self.instruction != "":
             object.__setattr__(self, "instruction", validate_instruction(self.instruction))
         object.__setattr__(self, "demos", tuple(self.demos))
-        options = dict(self.options.items() if isinstance(self.options, Mapping) else self.options)
-        unknown = sorted(k for k in options if k not in SETTINGS or k in _FIELDS)
-        if unknown:
-            raise PromptError(f"a prompt has no setting {unknown[0]!r}; its settings: {', '.join(SETTINGS)}")
-        object.__setattr__(self, "options", tuple((d.name, options[d.name]) for d in _SETTING_DIMENSIONS
-                                                  if options.get(d.name) is not None))
+        _check_names(self.settings)
+        object.__setattr__(self, "settings", Settings(self.settings))
         for d in _SETTING_DIMENSIONS:
             error = d.setting_error(self.setting(d.name))
             if error:
@@ -168,20 +161,17 @@ class QATemplate:
 
     def setting(self, name: str) -> Value | None:
         """The value of setting ``name`` this prompt is answered with (None: the program's own)."""
-        if name in _FIELDS:
-            return getattr(self, name)  # type: ignore[no-any-return]
-        return dict(self.options).get(name)
+        return self.settings.get(name)
 
-    def __getattr__(self, name: str) -> Any:
-        # A dimension without a field (``template.retriever``): its setting.
-        if name in SETTINGS:
-            return self.setting(name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def int_setting(self, name: str) -> int | None:
+        """The value of the integer setting ``name`` (``top_k``, ``answer_max_tokens``, ``chunk_size``), or None."""
+        value = self.setting(name)
+        return None if value is None else int(value)
 
     @property
-    def settings(self) -> dict[str, Value]:
-        """The settings this prompt is answered with that differ from the program's own."""
-        return {k: v for k in SETTINGS if (v := self.setting(k)) is not None}
+    def configuration(self) -> Configuration:
+        """Its instruction and settings as one value (named as the search and ``opro compare`` name it)."""
+        return Configuration(self.instruction, self.settings)
 
     def to_json(self) -> dict[str, Any]:
         """The whole configuration: wording, frame, demonstrations and settings (what exports carry)."""
@@ -261,12 +251,8 @@ class QATemplate:
 
     def with_settings(self, **settings: Value | None) -> QATemplate:
         """This prompt answered with ``settings`` (by dimension name; one not given: the program's own)."""
-        unknown = sorted(set(settings) - set(SETTINGS))
-        if unknown:
-            raise PromptError(f"a prompt has no setting {unknown[0]!r}; its settings: {', '.join(SETTINGS)}")
-        fields = {k: settings.get(k) for k in _FIELDS}
-        options = tuple((k, v) for k, v in settings.items() if k not in _FIELDS and v is not None)
-        return dataclasses.replace(self, **fields, options=options)  # type: ignore[arg-type]
+        _check_names(settings)
+        return dataclasses.replace(self, settings=Settings(settings))
 
     @classmethod
     def from_template_text(cls, text: str, *, base: str = DEFAULT_BASE_TEMPLATE) -> QATemplate:
@@ -296,8 +282,10 @@ class QATemplate:
         return cls(instruction="", base=validate_base_template(text))
 
 
-#: The settings with a field of their own (the rest are kept in :attr:`QATemplate.options`).
-_FIELDS = tuple(k for k in SETTINGS if k in {f.name for f in dataclasses.fields(QATemplate)})
+def _check_names(settings: Mapping[str, Any]) -> None:
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise PromptError(f"a prompt has no setting {unknown[0]!r}; its settings: {', '.join(SETTINGS)}")
 
 _LI_DEFAULT = re.compile(
     r"^(?P<pre>.*?)\n?-{5,}\n\{context_str\}\n-{5,}\n(?P<mid>.*?)\n?Query: \{query_str\}\nAnswer: ?$",

@@ -123,10 +123,10 @@ class RAGProgram:
     def retrieve(self, query: str, *, template: QATemplate | None = None) -> tuple[RetrievedContext, ...]:
         """The contexts ``template`` is answered with: its own chunking and top_k over the program's."""
         use = template or self.template
-        return tuple(retrieve_top(self.retriever_for(use), query, top_k=use.top_k))
+        return tuple(retrieve_top(self.retriever_for(use), query, top_k=use.int_setting("top_k")))
 
     def _max_tokens(self, template: QATemplate) -> int:
-        return template.answer_max_tokens or self.max_tokens
+        return template.int_setting("answer_max_tokens") or self.max_tokens
 
     def build_prompt(self, query: str, *, template: QATemplate | None = None) -> tuple[str, tuple[RetrievedContext, ...]]:
         use = template or self.template
@@ -207,7 +207,7 @@ class RAGProgram:
         from llama_index.core.query_engine import RetrieverQueryEngine
 
         return RetrieverQueryEngine.from_args(
-            retriever=as_llama_index_retriever(self.retriever_for(self.template), top_k=self.template.top_k),
+            retriever=as_llama_index_retriever(self.retriever_for(self.template), top_k=self.template.int_setting("top_k")),
             llm=chat_client_llm(self.client_for(self.template), max_tokens=self._max_tokens(self.template),
                                 temperature=self.temperature),
             text_qa_template=self.template.to_llama_index(),

@@ -31,7 +31,7 @@ import optuna
 
 from opro.errors import ConfigError
 from opro.judges.withheld import NOT_IN_CONTEXT
-from opro.program.configurations import changed, name_of, settings_text
+from opro.program.configurations import Configuration, changed, settings_text
 from opro.program.dimensions import DIMENSIONS as TABLE
 from opro.program.dimensions import SETTINGS, Value, dimension
 from opro.program.prompts import Demo, QATemplate
@@ -180,9 +180,9 @@ class SearchSpace:
 
     def name(self, instruction: str, params: Params) -> str:
         """A candidate's name: ``instruction``, and in braces the values of ``params`` that differ from
-        the initial configuration's (:func:`opro.program.configurations.name_of`)."""
+        the initial configuration's (:meth:`opro.program.configurations.Configuration.name`)."""
         values = {k: dimension(k).coerce(v) for k, v in params.items() if k in self.choices}
-        return name_of(instruction, {**self.initial, **values}, self.initial)
+        return Configuration(instruction, {**self.initial, **values}).name(self.initial)
 
     def _make_sampler(self, step: int) -> optuna.samplers.BaseSampler:
         if self.sampler == "random":

@@ -50,7 +50,7 @@ from opro.errors import ConfigError
 from opro.heldout.ledger import MAX_SEEN_SHARE, Decision, conflict, latest, sha
 from opro.llm.client import UsageByRole
 from opro.locking import lease_alive
-from opro.program.configurations import settings_text, split_name
+from opro.program.configurations import Configuration, settings_text
 from opro.program.cost import CallUsage, CostSummary
 from opro.program.dimensions import Value
 from opro.search.design import EarlierDecision, ValidationDesign
@@ -146,12 +146,12 @@ def _prompt_key(name: str) -> str:
     """A validated prompt's key: its candidate name's instruction normalized (what it has always been
     for an instruction alone), then its settings as named, so that no wording can stand for them."""
     try:
-        instruction, values = split_name(name)
+        configuration = Configuration.parse(name)
     except ConfigError:  # braces at the end of an instruction that name no setting: part of the wording
-        instruction, values = name, {}
-    if not values:
+        configuration = Configuration(name)
+    if not configuration.settings:
         return sha(normalize_instruction(name))
-    return sha(normalize_instruction(instruction) + "\x1f" + settings_text(values))
+    return sha(normalize_instruction(configuration.instruction) + "\x1f" + settings_text(configuration.settings))
 
 
 def _recorder_key(key: str) -> str:

@@ -277,12 +277,12 @@ def test_a_registered_configuration_keeps_its_settings_and_demonstrations(tmp_pa
     from opro.program.prompts import Demo, QATemplate
 
     uri = f"sqlite:///{tmp_path / 'registry.db'}"
-    template = QATemplate(instruction="Answer.", top_k=4, answer_max_tokens=64, chunk_size=256,
+    template = QATemplate(instruction="Answer.", settings={"top_k": 4, "answer_max_tokens": 64, "chunk_size": 256},
                           demos=(Demo(query="Who?", context="Ada wrote it.", answer="Ada."),))
     prompt = ResolvedPrompt(spec="cfg.json", kind="file", label="cfg", template=template)
     export_prompt(prompt, format="mlflow", name="qa", tracking_uri=uri)
     back = resolve_prompt("prompts:/qa/1", tracking_uri=uri).template
-    assert (back.top_k, back.answer_max_tokens, back.chunk_size) == (4, 64, 256)
+    assert back.settings == {"top_k": 4, "answer_max_tokens": 64, "chunk_size": 256}
     assert back.template_text == template.template_text  # the demonstration is in the registered text
     # An exported JSON whose instruction was edited by hand: the structured fields win.
     path = export_prompt(prompt, format="json", out=tmp_path / "p.json").paths[0]
@@ -290,7 +290,7 @@ def test_a_registered_configuration_keeps_its_settings_and_demonstrations(tmp_pa
     data["instruction"] = "Answer briefly."
     path.write_text(json.dumps(data))
     edited = resolve_prompt(str(path)).template
-    assert edited.instruction == "Answer briefly." and edited.demos == template.demos and edited.top_k == 4
+    assert edited.instruction == "Answer briefly." and edited.demos == template.demos and edited.setting("top_k") == 4
 
 
 def test_an_export_to_files_with_a_config_is_recorded_and_says_where(tmp_path: Path) -> None:

@@ -196,10 +196,31 @@ def test_compare_names_settings_and_checks_them_like_any_source(run_config: Path
 
     cfg = load_config(run_config)
     best = resolve_prompt("best {top_k=1}", config=cfg)
-    assert best.kind == "run" and best.template.top_k == 1 and best.label == "best {top_k=1}"
+    assert best.kind == "run" and best.template.setting("top_k") == 1 and best.label == "best {top_k=1}"
     assert best.provenance["settings"] == {"top_k": 1} and best.run_dir is not None
     # Braces that name no setting are part of a literal instruction, as they always were.
     assert resolve_prompt('text:Reply as {"answer": "..."}', config=cfg).template.settings == {}
+
+
+def test_compare_reads_set_once_and_never_reparses_a_prompt_it_wrote(run_config: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 69, item 3: --set is read into the configuration once; compare never writes it back into a
+    prompt's text to parse it again (text -> value -> text -> value)."""
+    from opro.heldout.compare import ComparisonSettings
+    from opro.program.configurations import Configuration
+    from opro.workflows.compare import compare_and_save
+
+    parsed: list[str] = []
+    parse = Configuration.parse.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(Configuration, "parse",
+                        classmethod(lambda cls, text, **kw: (parsed.append(text), parse(cls, text, **kw))[1]))
+    monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
+    asked = ComparisonSettings(prompts=("initial {top_k=2}",), settings={"answer_max_tokens": 48}, name="once",
+                               mlflow=False)
+    done = compare_and_save(run_config, asked, progress=False)
+    assert [p.label for p in done.report.prompts] == ["initial", "initial {top_k=2, answer_max_tokens=48}"]
+    assert done.report.prompts[1].settings == {"top_k": 2, "answer_max_tokens": 48}
+    assert not [t for t in parsed if "answer_max_tokens" in t], parsed  # the --set value never as text
 
 
 def test_cli_compare_reads_at_80_columns_in_a_log(run_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,8 +41,8 @@ def test_a_searched_retriever_parses_and_the_template_carries_it() -> None:
     cfg = config_from_dict({"rag": {"embeddings": EMBEDDINGS}, "search": {"space": {"retriever": ["bm25", "hybrid"]}}})
     assert cfg.search.space.dimensions == {"retriever": ("bm25", "hybrid")}
     assert cfg.search.space.retriever == ("bm25", "hybrid") and cfg.search.space.top_k == ()
-    t = QATemplate(top_k=3).with_settings(top_k=3, retriever="hybrid")
-    assert t.retriever == "hybrid" and t.setting("retriever") == "hybrid" and t.settings == {"top_k": 3, "retriever": "hybrid"}
+    t = QATemplate(settings={"top_k": 3}).with_settings(top_k=3, retriever="hybrid")
+    assert t.setting("retriever") == "hybrid" and t.settings == {"top_k": 3, "retriever": "hybrid"}
     assert QATemplate.from_json(t.to_json()) == t and t.to_json()["retriever"] == "hybrid"
     with pytest.raises(PromptError, match="retriever must be one of 'bm25', 'dense', 'hybrid' or unset"):
         t.with_settings(retriever="sparse")

@@ -86,7 +86,7 @@ def test_the_rag_module_shows_demos_in_their_own_fields_as_opros_program_does(tm
     llm = ScriptedLLM(default="Forty-two.")
     client = _client(tmp_path, llm)
     demo = Demo(query="Who wrote it?", context="It was written by Ada.", answer="Ada.")
-    template = QATemplate(instruction="Answer briefly.", demos=(demo,), answer_max_tokens=16)
+    template = QATemplate(instruction="Answer briefly.", demos=(demo,), settings={"answer_max_tokens": 16})
     program = RAGProgram(retriever=_Retriever(), llm=client, max_tokens=48, template=template)  # type: ignore[arg-type]
     opro_answer = program.answer("What is the answer?")
     pred = OproRAG(program, instruction="Answer briefly.")(question="What is the answer?")

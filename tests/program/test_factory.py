@@ -64,7 +64,7 @@ def test_top_k_is_searched_through_the_factory_parameter(tmp_path: Path) -> None
     assert {c["top_k"] for c in pipelines.CALLS} == {1, 2, 3}
     assert exp.program.takes == ("top_k",)  # type: ignore[union-attr]
     for k in (1, 3):
-        answer = exp.program.answer("Who designed AlexNet?", template=QATemplate(top_k=k))
+        answer = exp.program.answer("Who designed AlexNet?", template=QATemplate(settings={"top_k": k}))
         assert len(answer.contexts) == k
 
 
@@ -109,7 +109,7 @@ def test_a_factory_module_beside_the_config_is_imported_from_there(tmp_path: Pat
 def test_a_setting_the_factory_does_not_take_is_refused_by_the_program(tmp_path: Path) -> None:
     exp = Experiment(_config(tmp_path), pool=scripted_pool(), progress=False)
     with pytest.raises(PromptError, match="takes no answer_max_tokens parameter"):
-        exp.program.answer("q", template=QATemplate(answer_max_tokens=8))
+        exp.program.answer("q", template=QATemplate(settings={"answer_max_tokens": 8}))
 
 
 def test_answers_are_made_concurrently_on_engines_of_their_own() -> None:

@@ -48,6 +48,7 @@ def test_an_engine_over_chroma_is_optimized_compared_and_its_export_loads_back(
 ) -> None:
     import opro.experiment
     from opro.export.load import load_llamaindex_prompt
+    from opro.heldout.compare import ComparisonSettings
     from opro.workflows.compare import compare_and_save
     from opro.workflows.export import export_spec
 
@@ -66,7 +67,7 @@ def test_an_engine_over_chroma_is_optimized_compared_and_its_export_loads_back(
     assert again.usage.total_calls() == 0 and second.best_instruction == result.best_instruction
 
     monkeypatch.setattr(opro.experiment, "ModelPool", scripted_pool)
-    compared = compare_and_save(_config(tmp_path), prompts=["best"], mlflow=False, progress=False)
+    compared = compare_and_save(_config(tmp_path), ComparisonSettings(prompts=("best",), mlflow=False), progress=False)
     assert {p.spec: set(p.scores) for p in compared.report.prompts} == {"initial": {2.0}, "best": {5.0}}
 
     engine = pipelines.chroma_engine(chat_client_llm(ChatClient(ScriptedLLM(default=task_reply), role="task")))

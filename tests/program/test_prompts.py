@@ -130,7 +130,7 @@ def test_a_demonstration_needs_text_in_every_field_and_no_template_variable(bad:
 
 
 def test_a_configuration_round_trips_through_json_with_its_demos_and_settings() -> None:
-    t = QATemplate(instruction="Answer.", position="after", top_k=4, answer_max_tokens=64,
+    t = QATemplate(instruction="Answer.", position="after", settings={"top_k": 4, "answer_max_tokens": 64},
                    demos=(Demo(query="q?", context="c", answer="a"),))
     data = t.to_json()
     assert data["top_k"] == 4 and data["answer_max_tokens"] == 64 and data["demos"][0]["query"] == "q?"
@@ -138,7 +138,7 @@ def test_a_configuration_round_trips_through_json_with_its_demos_and_settings() 
     assert QATemplate(instruction="Answer.").to_json().keys() == {"instruction", "base", "position", "demos"}
     assert t.with_instruction("Other.").settings == {"top_k": 4, "answer_max_tokens": 64}  # kept
     with pytest.raises(PromptError, match="top_k must be a positive integer"):
-        QATemplate(top_k=0)
+        QATemplate(settings={"top_k": 0})
     with pytest.raises(PromptError, match=r"exported\.json: demos\[0\] has no text for answer"):
         QATemplate.from_json({"instruction": "x", "demos": [{"query": "q", "context": "c"}]}, where="exported.json")
 

@@ -148,7 +148,7 @@ def test_a_templates_settings_choose_its_chunks_and_answer_length_in_a_batch_too
     retriever = Counting()
     program = RAGProgram(retriever=retriever, llm=ChatClient(llm, role="task", usage=UsageLedger()),  # type: ignore[arg-type]
                          max_tokens=100)
-    plain, wide, short = QATemplate(), QATemplate(top_k=3), QATemplate(answer_max_tokens=7)
+    plain, wide, short = QATemplate(), QATemplate(settings={"top_k": 3}), QATemplate(settings={"answer_max_tokens": 7})
     answers = program.answer_group("q?", templates=[plain, wide, short])
     assert [len(a.contexts) for a in answers] == [2, 3, 2]  # type: ignore[union-attr]
     assert sorted(retriever.calls, key=str) == [3, None]  # once per top_k
@@ -172,7 +172,7 @@ def test_a_template_with_its_own_chunking_is_answered_from_that_chunkings_retrie
     llm = ScriptedLLM(default="ok")
     program = RAGProgram(retriever=own, llm=ChatClient(llm, role="task", usage=UsageLedger()),  # type: ignore[arg-type]
                          chunked=lambda size: by_size[size])  # type: ignore[arg-type,return-value]
-    small, plain = QATemplate(chunk_size=256), QATemplate()
+    small, plain = QATemplate(settings={"chunk_size": 256}), QATemplate()
     assert [c.text for c in program.answer("q?", template=small).contexts] == ["256 chunk"]
     answers = program.answer_group("q?", templates=[plain, small, small.with_instruction("Say it.")])
     assert [a.contexts[0].text for a in answers] == ["own chunk", "256 chunk", "256 chunk"]  # type: ignore[union-attr]

@@ -168,7 +168,7 @@ def test_the_returned_configuration_exports_and_reloads_answering_the_same(
     try:
         best = resolve_prompt("best", config=exp.config)
         template = best.template
-        assert template.demos and None not in (template.top_k, template.answer_max_tokens, template.chunk_size)
+        assert template.demos and template.settings.keys() >= {"top_k", "answer_max_tokens", "chunk_size"}
         files = {f: export_prompt(best, format=f, out=tmp_path / f, config=exp.config).paths[0]  # type: ignore[arg-type]
                  for f in ("json", "llamaindex", "dspy")}
         assert load_prompt_json(files["json"]) == template
@@ -184,8 +184,8 @@ def test_the_returned_configuration_exports_and_reloads_answering_the_same(
         from llama_index.core.query_engine import RetrieverQueryEngine
 
         settings = load_llamaindex_settings(files["llamaindex"])
-        assert settings == {"similarity_top_k": template.top_k, "max_tokens": template.answer_max_tokens,
-                            "chunk_size": template.chunk_size}
+        assert settings == {"similarity_top_k": template.setting("top_k"), "max_tokens": template.setting("answer_max_tokens"),
+                            "chunk_size": template.setting("chunk_size")}
         engine = RetrieverQueryEngine.from_args(
             retriever=as_llama_index_retriever(exp.retriever_at(settings["chunk_size"]), top_k=settings["similarity_top_k"]),
             llm=chat_client_llm(exp.client("task"), max_tokens=settings["max_tokens"]),
@@ -231,7 +231,7 @@ def test_the_sampler_is_seeded_and_keeps_to_the_choices() -> None:
     assert first == space.sample(history, 4, step=1)
     assert all(p["top_k"] in (1, 2, 3) and p["demos"] in (0, 2) for p in first)
     configured = space.configure(QATemplate(instruction="x"), {"top_k": 3, "demos": 2})
-    assert configured.top_k == 3 and len(configured.demos) == 2
+    assert configured.setting("top_k") == 3 and len(configured.demos) == 2
     assert space.configure(QATemplate(instruction="x"), {}).demos == ()  # the initial configuration's
     with pytest.raises(ConfigError, match="exemplar"):
         SearchSpace(dimensions={"demos": [3]}, initial={"demos": 0}, demos=[])
@@ -412,11 +412,11 @@ def test_the_retriever_kind_lands_through_the_table_searched_exported_and_planne
         assert result.history[0].params["retriever"] == "bm25"  # [rag].retriever, the initial configuration's
         assert {r.params["retriever"] for r in result.history} == {"bm25", "hybrid"}
         best = resolve_prompt("best", config=exp.config)
-        assert best.template.retriever == result.best_params["retriever"]
+        assert best.template.setting("retriever") == result.best_params["retriever"]
         files = {f: export_prompt(best, format=f, out=tmp_path / f, config=exp.config).paths[0]  # type: ignore[arg-type]
                  for f in ("json", "llamaindex")}
-        assert load_prompt_json(files["json"]).retriever == best.template.retriever
-        assert load_llamaindex_settings(files["llamaindex"])["retriever"] == best.template.retriever
+        assert load_prompt_json(files["json"]).setting("retriever") == best.template.setting("retriever")
+        assert load_llamaindex_settings(files["llamaindex"])["retriever"] == best.template.setting("retriever")
         hybrid = exp.program.retriever_for(best.template.with_settings(retriever="hybrid", chunk_size=64))
         assert hybrid.kind == "hybrid" and hybrid is exp.retriever_at(64, retriever="hybrid")
     finally:
