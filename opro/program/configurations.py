@@ -99,8 +99,9 @@ class Settings(dict[str, Value]):
     hashable mapping, so the frozen values that hold one (:class:`Configuration`, a template) stay
     frozen. It reads, prints and serializes as the dict it is."""
 
-    def __init__(self, values: Mapping[str, Value | None] | None = None, /) -> None:
-        super().__init__(ordered(values or {}))
+    def __init__(self, values: Mapping[str, Value | None] | Iterable[tuple[str, Value | None]] | None = None, /) -> None:
+        # pairs too, as dict() takes them: dataclasses.asdict rebuilds a dict subclass from its items
+        super().__init__(ordered(dict(values or {})))
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(self.items()))
