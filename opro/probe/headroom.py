@@ -106,8 +106,13 @@ def _measure(exp: Experiment, *, plan: Plan, pool: Sequence[Any], questions: int
     formatted = f"{initial_text.rstrip()} {FORMAT_INSTRUCTION}".strip()
     contrasts.append(Contrast("one sentence", initial.with_instruction(formatted), "format", FORMAT_INSTRUCTION))
     contrasts += space_contrasts
+    from opro.judges.factory import build_paired_judge
+
+    # The paired differences as the validation stage reads them: side by side where [judge].paired says so,
+    # on the complete clusters of questions that share a source passage.
+    paired = build_paired_judge(section=cfg.judge, client=exp.client("judge"), seed=cfg.experiment.seed)
     effects = measure_effects(program=exp.program, judge=exp.judge, initial=initial, contrasts=contrasts,
-                              questions=pilot, cost=cfg.cost_model(),
+                              questions=pilot, cost=cfg.cost_model(), paired=paired, pool=pool,
                               progress=exp.progress if progress is None else progress)
     limits = proposer_limits(exp, proposer=proposer, base=effects[0], check=check, initial_text=initial_text)
     return _Measured(n, note, pilot, tuple(contrasts), effects, tuple(notes), limits)

@@ -58,11 +58,15 @@ class Pilot:
 
 def pilot_pool(experiment: Experiment) -> tuple[tuple[Any, ...], int]:
     """The questions a pilot may use, in order: the optimization split, then the questions in no split
-    that the validation extension does not reserve; and how many come from the optimization split."""
+    that the validation extension does not reserve; and how many come from the optimization split.
+    Within each, questions that share a source passage stand together (:func:`opro.stats.clusters.together`:
+    the order as it was where none does), so a pilot's end cuts at most one cluster."""
+    from opro.stats.clusters import keys_of, together
+
     ds = experiment.dataset
     optimization = ds.examples_in("optimization")
-    reserved = len(experiment.extension_set())
-    return tuple(optimization) + tuple(ds.unused()[reserved:]), len(optimization)
+    unused = ds.unused()[len(experiment.extension_set()):]
+    return tuple(part[i] for part in (optimization, unused) for i in together(keys_of(part))), len(optimization)
 
 
 def search_calls(plan: Plan) -> float:

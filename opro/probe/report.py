@@ -123,6 +123,7 @@ class ProbeResult:
         def effect(d: Mapping[str, Any]) -> Effect:
             v = d.get("verdict")
             return Effect(**{**d, "scores": tuple(d["scores"]), "settings": dict(d["settings"]),
+                             "differences": tuple(d.get("differences", ())), "clusters": tuple(d.get("clusters", ())),
                              "verdict": None if v is None else Verdict(**v), "saving": saving_from(d.get("saving"))})
 
         try:

@@ -10,7 +10,8 @@ difference's, which covers as a mean difference does, not a ratio's.
 A cheaper contrast is named "cheaper and not worse" only where it is cheaper on the pilot (the
 saving's interval below 0, or its mean below the initial one's where no interval exists) and a
 non-inferiority test at ``[optimizer].margin`` passes on the pilot (the paired one-sided test of
-``opro compare --margin``, Holm over the cheaper contrasts): an interval that merely holds 0 is not
+``opro compare --margin``, Holm over the cheaper contrasts, on the differences the contrast's interval
+reads: side by side under ``[judge].paired``, cluster means where questions share a passage): an interval that merely holds 0 is not
 evidence of "not worse". Under the cost objective each verdict carries its saving and that test,
 and the recommendation says what the search does next: step 0 evaluates the first moves (the probe's
 answers to them on the optimization questions come from the call cache), the race stops a cheaper
@@ -114,6 +115,9 @@ class Measured(Protocol):
     def high(self) -> float | None: ...
     @property
     def verdict(self) -> _Verdict | None: ...
+    @property
+    def differences(self) -> tuple[float | None, ...]: ...
+    def tested(self) -> tuple[list[float], list[str] | None]: ...
 
 
 E = TypeVar("E", bound=Measured)
@@ -131,16 +135,23 @@ def cheaper(e: Measured, *, initial: Measured) -> bool:
 
 def noninferiority_tests(effects: Sequence[E], *, initial: Measured, margin: float) -> list[tuple[E, NonInferiority]]:
     """Each cheaper contrast (:func:`cheaper`) with its non-inferiority test at ``margin`` on the pilot
-    (:func:`opro.stats.noninferiority.noninferiority`, paired on the questions both scored, Holm over
-    the cheaper contrasts, alpha :data:`ALPHA`)."""
+    (:func:`opro.stats.noninferiority.noninferiority`, Holm over the cheaper contrasts, alpha :data:`ALPHA`):
+    on the differences its interval reads (side by side, cluster means: ``tested()``), else paired on the
+    questions both scored."""
     from opro.judges.parsing import SCORE_MAX, SCORE_MIN
     from opro.stats.noninferiority import holm_noninferiority, noninferiority
     from opro.stats.paired import paired_valid
 
+    def test(e: Measured) -> NonInferiority:
+        if not e.differences:
+            return noninferiority(*paired_valid(list(e.scores), list(initial.scores)), margin=margin, alpha=ALPHA,
+                                  scale=(SCORE_MIN, SCORE_MAX))
+        d, clusters = e.tested()
+        return noninferiority(d, [0.0] * len(d), margin=margin, alpha=ALPHA, scale=(SCORE_MIN, SCORE_MAX),
+                              clusters=clusters)
+
     found = [e for e in effects if cheaper(e, initial=initial)]
-    tests = holm_noninferiority([noninferiority(*paired_valid(list(e.scores), list(initial.scores)), margin=margin,
-                                                alpha=ALPHA, scale=(SCORE_MIN, SCORE_MAX)) for e in found])
-    return list(zip(found, tests, strict=True))
+    return list(zip(found, holm_noninferiority([test(e) for e in found]), strict=True))
 
 
 def cheaper_not_worse(effects: Sequence[E], *, initial: Measured, margin: float) -> list[tuple[E, NonInferiority]]:

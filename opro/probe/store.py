@@ -36,8 +36,9 @@ def probe_signature(experiment: Experiment) -> str:
             # The last entry is the verdicts' version (2: a verdict says when it may be chance after Holm;
             # 3: a contrast identical to the initial configuration, and all-tied differences without an
             # interval; 4: never inert outside the band, "cheaper and not worse" only on a non-inferiority test;
-            # 5: the search's first moves among the contrasts, each contrast's saving, verdicts about cost).
-            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 5]}
+            # 5: the search's first moves among the contrasts, each contrast's saving, verdicts about cost;
+            # 6: differences side by side under [judge].paired, tests on clusters of a source passage).
+            "probe": [FORMAT_INSTRUCTION, CONTRAST_PROMPT, N_PROPOSALS, INERT_WITHIN, 6]}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
 
 

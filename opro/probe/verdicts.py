@@ -52,7 +52,8 @@ def verdict_of(effect: Effect, *, inert_within: float = INERT_WITHIN, detectable
         return Verdict("hurts", f"hurts: {shown}{chance}", holm_p=None if holm is None else holm[0])
     if -inert_within <= lo and hi <= inert_within:
         return Verdict("inert", f"inert here: within ±{inert_within:g} ({shown})")
-    return Verdict("undecided", f"undecided at {effect.n} questions: {shown}")
+    on = "" if effect.passages is None else f" ({effect.passages} source passages)"
+    return Verdict("undecided", f"undecided at {effect.n} questions{on}: {shown}")
 
 
 def with_verdicts(contrasted: Sequence[Effect], *, band: float, detectable: float | None) -> tuple[Effect, ...]:
