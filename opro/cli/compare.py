@@ -22,13 +22,14 @@ _SET = typer.Option(
 _MARGIN = typer.Option(
     None, "--margin",
     help="Non-inferiority margin in judge points (e.g. 0.25): also test that each prompt is not worse than the "
-    "baseline by more than it (one-sided paired permutation test, Holm), beside its paired cost difference. "
+    "baseline by more than it (the one-sided betting test on the paired differences, on source-passage cluster "
+    "means where questions share one; Holm over the prompts), beside its paired cost difference. "
     "With --promote, promotion then needs that test passed and a lower cost per answer, not a gain.",
 )
 _PROMOTE = typer.Option(
     None, "--promote",
     help="Move this Prompt Registry alias to the best prompt, only if it beats the baseline on held-out "
-    "questions by the paired permutation test (Holm-adjusted); otherwise refuse (exit 1) with the figures.",
+    "questions by the paired betting test (Holm-adjusted over the prompts); otherwise refuse (exit 1) with the figures.",
 )
 _MIN_COVERAGE = typer.Option(
     0.9, "--min-coverage", min=0.01, max=1.0,
@@ -47,8 +48,9 @@ def compare(
     name: str | None = typer.Option(None, "--name", help="Name of the comparison [default: a timestamp]"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store [default: the config's]"),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the comparison as an MLflow run."),
-    resamples: int = typer.Option(10_000, "--resamples", min=1000, help="Random sign flips of the permutation test above 16 pairs."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the resampling."),
+    resamples: int = typer.Option(10_000, "--resamples", min=1000, help="Not used by the tests or intervals (the betting "
+                                   "test draws no resamples): kept so older commands run, and recorded in the report."),
+    seed: int = typer.Option(0, "--seed", help="Recorded in the report; the tests and intervals do not use it."),
     alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the tests."),
     margin: float | None = _MARGIN,
     promote_alias: str | None = _PROMOTE,
