@@ -89,7 +89,9 @@ def judge_limits(cfg: OproConfig, *, plan: Plan, effects: Sequence[Effect]) -> J
     pilot_sd = statistics.median(sds) if sds else None
     at_pilot = None
     if pilot_sd is not None and pilot_sd > 0 and plan.looks:
-        at_pilot = design_power(plan.looks, alpha=rule.alpha, sd=pilot_sd, scale=(SCORE_MIN, SCORE_MAX),
+        # counted in source passages where the plan's are (its looks are in questions)
+        looks, sd = plan.clustering.scaled("validation", plan.looks, pilot_sd) if plan.clustering else (plan.looks, pilot_sd)
+        at_pilot = design_power(looks, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX),
                                 futility=o.futility, power=POWER).detectable
     seconds = {r.role: r.seconds_per_call for r in plan.roles}
     calibrated, calibration = calibration_lines(cfg, judge_seconds=seconds.get("judge", 0.0),

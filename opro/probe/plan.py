@@ -39,7 +39,7 @@ from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.llm.choices import in_play
 from opro.llm.pool import ModelSpec
 from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
-from opro.probe.sizes import clustering_note, extendable, heldout_detectable, needed_for, pool_command
+from opro.probe.sizes import Clustering, clustering, extendable, heldout_detectable, needed_for, pool_command
 from opro.program.configurations import changed, settings_text
 from opro.program.cost import amount
 from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values, model_of
@@ -232,6 +232,8 @@ class Plan:
     extension_expected: int = 0
     #: Where the split cannot confirm the claim asked at 80% power, the validation questions that would.
     questions_needed: QuestionsNeeded | None = None
+    #: Where questions share source passages: the detectable figures count passages (:class:`Clustering`).
+    clustering: Clustering | None = None
 
     @property
     def calls(self) -> float:
@@ -274,7 +276,8 @@ class Plan:
             f"plan for {self.source}: split {s.get('exemplar', 0)} exemplar / {s.get('optimization', 0)} optimization / "
             f"{s.get('validation', 0)} validation / {s.get('heldout', 0)} held-out",
             f"detectable at {POWER:.0%} power, alpha {self.alpha:g} (paired score sd {self.difference_sd:.2f}: "
-            f"{self.sd_basis}): validation {det} ({self.selection_questions} selection + "
+            f"{self.sd_basis}" + ("" if self.clustering is None else f"; {self.clustering.line()}")
+            + f"): validation {det} ({self.selection_questions} selection + "
             f"{self.confirmation_questions} confirmation questions"
             + (f" + up to {self.extension_questions} extension questions" if self.extension_questions else "")
             + (f" (about {self.extension_expected} expected)"
@@ -311,11 +314,7 @@ class Plan:
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def _difference_sd(config: OproConfig, *, pilot_noise: MeasuredNoise | None = None,
@@ -340,8 +339,7 @@ def _difference_sd(config: OproConfig, *, pilot_noise: MeasuredNoise | None = No
         report = None
     if report is not None and report.retest and report.retest.sd and (
             not report.signature or report.signature == judge_signature(config)):
-        # Two prompts' scores on a question differ by the judge's noise on each (and by how the prompts
-        # differ on it, which a retest cannot see: a lower bound).
+        # Two prompts' scores differ by the judge's noise on each (and by how the prompts differ: a lower bound).
         return math.sqrt(2) * report.retest.sd, "opro judge calibrate's test-retest noise (a lower bound)", unused
     return DEFAULT_DIFFERENCE_SDS[config.judge.paired], (f"default ({config.judge.paired.replace('_', ' ')}): not measured; "
                                    "`opro probe` measures it (`opro judge calibrate` with --retest, a lower bound)"), unused
@@ -520,7 +518,7 @@ def first_moves_of(config: OproConfig) -> list[dict[str, Value]]:
                        price=lambda values: answer_cost(config, values), objective=claim(config.optimizer).objective)
 
 
-def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPlan:
+def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int], heldout: tuple[int, float]) -> CostPlan:
     model, design = config.cost_model(), validation_settings(config.optimizer)
     rule = design.claim
     initial = initial_values(config)
@@ -543,7 +541,7 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int]) -> CostPl
             confirmable = design_power(sizes, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX),
                                        futility=design.futility, power=POWER,
                                        futility_confidence=rule.futility_confidence).detectable
-        held = heldout_detectable(config.data.split.heldout, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX),
+        held = heldout_detectable(heldout[0], alpha=rule.alpha, sd=heldout[1], scale=(SCORE_MIN, SCORE_MAX),
                                   sides=1, power=POWER)
         if space and base.cost > 0:
             # Every setting lengthens the prompt or the answer, so the extremes are the cheapest and
@@ -614,23 +612,23 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
     # Planned at the expected extension; what the run can ask, at the most it can extend into.
     sizes, sizes_max = confirmation_looks(design, n_conf, unused), confirmation_looks(design, n_conf, unused_max)
     detectable, asked = None, 0.0
+    clus = clustering(config) if validating or s.heldout else None  # the tests count source passages
+    units, vsd = clus.scaled("validation", sizes, sd) if clus else (list(sizes), sd)
     if sizes:
-        p = design_power(sizes, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX), futility=design.futility,
+        p = design_power(units, alpha=rule.alpha, sd=vsd, scale=(SCORE_MIN, SCORE_MAX), futility=design.futility,
                          power=POWER)
-        detectable, asked = p.detectable, p.questions_null
+        detectable, asked = p.detectable, p.questions_null * (clus.size("validation") if clus else 1.0)
         # The fewest pairs with which even the widest possible gains reach a claim (alpha, scale, margin).
-        least = betting.min_pairs(alpha=rule.alpha, scale=(SCORE_MIN, SCORE_MAX), planned=sizes[-1],
-                                  above=-rule.objective.shift(rule.margin)) or sizes[-1] + 1
-        if sizes[-1] < least:
-            warnings.append(
-                f"the validation stage cannot claim a gain: on {sizes[-1]} confirmation questions no sample of "
-                f"1-5 scores reaches alpha {rule.alpha:g}; give [data.split].validation at least "
-                f"{least + n_sel} (better: enough for the gain you look for)")
+        least = betting.min_pairs(alpha=rule.alpha, scale=(SCORE_MIN, SCORE_MAX), planned=units[-1],
+                                  above=-rule.objective.shift(rule.margin)) or units[-1] + 1
+        if units[-1] < least:
+            warnings.append(f"the validation stage cannot claim a gain: on {sizes[-1]} confirmation questions"
+                            + (f" ({units[-1]} source passages)" if clus else "") + f" no sample of 1-5 scores reaches alpha "
+                            f"{rule.alpha:g}; give [data.split].validation at least {round(least * (clus.size('validation') if clus else 1)) + n_sel} (better: enough for the gain you look for)")
     elif validating is False and o.finalists == 0:
-        warnings.append("no validation stage ([optimizer].finalists = 0): the returned score is in-sample and no "
-                        "gain is claimed")
-    held = heldout_detectable(s.heldout, alpha=rule.alpha, sd=sd, scale=(SCORE_MIN, SCORE_MAX), sides=2, power=POWER)
-    warnings += [note] if validating and (note := clustering_note(config)) else []
+        warnings.append("no validation stage ([optimizer].finalists = 0): the returned score is in-sample and no gain is claimed")
+    (held_n,), held_sd = clus.scaled("heldout", [s.heldout], sd) if clus and s.heldout else ([s.heldout], sd)
+    held = heldout_detectable(held_n, alpha=rule.alpha, sd=held_sd, scale=(SCORE_MIN, SCORE_MAX), sides=2, power=POWER)
 
     moves = first_moves_of(config)
     choosing = selection_prompts(design, finalists) * n_sel
@@ -642,7 +640,8 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
                 extension_expected=(sizes[-1] - n_conf) if sizes else 0, looks=tuple(sizes), alpha=rule.alpha,
                 difference_sd=sd, sd_basis=sd_basis, detectable=detectable, heldout_detectable=held,
                 roles=tuple(roles), warnings=tuple(warnings), space=config.search.space.dimensions,
-                cost=_cost_plan(config, sd=sd, sizes=sizes), notes=(noise_note,) if noise_note else (),
+                cost=_cost_plan(config, sd=vsd, sizes=units, heldout=(held_n, held_sd)), clustering=clus,
+                notes=(noise_note,) if noise_note else (),
                 first_moves=tuple(settings_text(changed(m, initial_values(config))) for m in moves))
     c = made.cost
     if c is not None and c.objective.non_inferiority and (c.confirmable_margin is None or c.confirmable_margin > rule.margin):
@@ -650,7 +649,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
         made = replace(made, warnings=(*made.warnings, (
             f"[optimizer].margin {rule.margin:g}: the validation stage confirms {can} for a truly equal, cheaper "
             f"configuration in {POWER:.0%} of runs; raise [data.split].validation or the margin")))
-    if sizes and (need := needed_for(design, selection=n_sel, confirmation=n_conf, unused=unused, sd=sd, power=POWER,
+    if sizes and (need := needed_for(design, selection=n_sel, confirmation=n_conf, unused=unused, sd=sd, power=POWER, clusters=clus,
                                      scale=(SCORE_MIN, SCORE_MAX), confirms=c.confirmable_margin if rule.objective.non_inferiority and c
                                      else detectable)) is not None:
         made = replace(made, questions_needed=need, warnings=(*made.warnings, need.text(pool_command=pool_command(config))))

@@ -9,6 +9,9 @@ Both are read off the betting confidence sequence the validation stage and ``opr
   use (its looks on the split's confirmation questions, then one look on the questions beyond them,
   as the extension asks them), bisected up to :data:`MOST`. The questions beyond the split's and its
   unused ones are what ``opro dataset pool`` generates (:mod:`opro.data.pool`).
+- **Passages.** Where questions share a source passage, the tests count passages (:class:`Clustering`):
+  both figures are then computed on k passages of mean size m, a passage mean's sd from the paired sd
+  and the within-passage correlation (measured by a comparison, else the worst case assumed).
 - **Held-out detectable.** The smallest true difference ``opro compare`` finds on the held-out split
   at 80% power: its test in one look, bets tuned to the number of pairs (two-sided, or one-sided for
   ``--margin``).
@@ -17,9 +20,10 @@ Both are read off the betting confidence sequence the validation stage and ``opr
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from opro.config import OproConfig
 from opro.data.dataset import GoldenDataset
@@ -127,22 +131,29 @@ class QuestionsNeeded:
 
 
 def needed_for(design: ValidationSettings, *, selection: int, confirmation: int, unused: int, confirms: float | None,
-               sd: float, scale: tuple[float, float], power: float = 0.8) -> QuestionsNeeded | None:
+               sd: float, scale: tuple[float, float], power: float = 0.8,
+               clusters: Clustering | None = None) -> QuestionsNeeded | None:
     """:class:`QuestionsNeeded` of a validation stage with ``selection`` and ``confirmation`` questions in
     its split and ``unused`` questions in no split, which confirms ``confirms`` as planned; None where that
     reaches the claim asked. The questions beyond the split are asked as the extension asks them: one
-    look after the split's looks."""
+    look after the split's looks. ``clusters``: the looks' tests count the validation split's passages
+    (questions still counted in questions: passages x their mean size)."""
     rule = design.claim
     claim, target = rule.objective.target(margin=rule.margin, gain=QUALITY_GAIN)
     if confirmation < 1 or (confirms is not None and confirms <= target):
         return None
 
+    def units(sizes: Sequence[int]) -> Sequence[int]:
+        return sizes if clusters is None else clusters.scaled("validation", sizes, sd)[0]
+
     def looks_of(n: int) -> Sequence[int]:
-        return confirmation_looks(replace(design, validation_extension=n - confirmation), confirmation,
-                                  n - confirmation)
+        return units(confirmation_looks(replace(design, validation_extension=n - confirmation), confirmation,
+                                        n - confirmation))
 
     def split_of(n: int) -> Sequence[int]:
-        return confirmation_looks(design, n)
+        return units(confirmation_looks(design, n))
+
+    sd = sd if clusters is None else clusters.scaled("validation", [], sd)[1]
 
     search = functools.partial(questions_needed, gain=target, fewest=confirmation, alpha=rule.alpha, sd=sd,
                                scale=scale, futility=design.futility, futility_confidence=rule.futility_confidence,
@@ -169,11 +180,46 @@ def extendable(config: OproConfig, dataset: GoldenDataset) -> int:
     return len(extension_questions(dataset, pool_folder(config)))
 
 
-def clustering_note(config: OproConfig) -> str | None:
-    """Where the dataset at hand (the run's, else ``[data].dataset``) records its questions' source
-    passages and several share one, that validation claims count passages (:mod:`opro.stats.clusters`)
-    while the plan's power counts questions, so it is optimistic there. None where every question is
-    a passage of its own or no dataset is at hand yet."""
+#: The within-passage correlation of paired differences a plan takes where nothing measured it: 1, the worst
+#: case (a passage's questions count as one), so a clustered split is never planned as stronger than it is.
+ASSUMED_RHO = 1.0
+#: The fewest passages of two or more questions a comparison report must hold for its correlation to be taken.
+MIN_SHARED = 5
+
+
+@dataclass(frozen=True)
+class Clustering:
+    """How the validation and held-out questions group into source passages (:mod:`opro.stats.clusters`),
+    and the within-passage correlation ``rho`` of paired differences the plan takes (``basis``: whose).
+    The tests count passages: k clusters of mean size m, a cluster mean's sd sigma*sqrt((1+(m-1)*rho)/m)."""
+
+    questions: Mapping[str, int]
+    passages: Mapping[str, int]
+    rho: float
+    basis: str
+
+    def size(self, split: str) -> float:
+        """The mean questions per passage of ``split`` (1: a passage each, or no such split)."""
+        k = self.passages.get(split, 0)
+        return self.questions[split] / k if k else 1.0
+
+    def scaled(self, split: str, sizes: Sequence[int], sd: float) -> tuple[list[int], float]:
+        """``sizes`` (questions at each look) in passages of ``split``, and a passage mean's sd."""
+        m = self.size(split)
+        return [max(1, round(n / m)) for n in sizes], sd * math.sqrt((1 + (m - 1) * self.rho) / m)
+
+    def line(self) -> str:
+        shown = "; ".join(f"{self.questions[s]} {s} questions on {self.passages[s]} source passages"
+                          for s in ("validation", "heldout") if self.passages.get(s, 0) < self.questions.get(s, 0))
+        return (f"counted in passages, as the tests count them ({shown}), at within-passage correlation "
+                f"{self.rho:.2f}: {self.basis}")
+
+
+def clustering(config: OproConfig) -> Clustering | None:
+    """The passages of the dataset at hand (the run's, else ``[data].dataset``; before a split, all its
+    questions stand for either split), with the correlation measured by the newest comparison in the output
+    folder that holds :data:`MIN_SHARED` passages of two or more, else :data:`ASSUMED_RHO`. None where every
+    question is a passage of its own or no dataset is at hand yet."""
     from opro.data.dataset import load_dataset
     from opro.errors import OproError
     from opro.stats.clusters import keys_of
@@ -187,14 +233,42 @@ def clustering_note(config: OproConfig) -> str | None:
         return None
     if data is None:
         return None
-    on = data.examples_in("validation") if data.split is not None else data.examples
-    n, k = len(on), len(set(keys_of(on)))
-    if k == n:
+    on = {s: data.examples_in(s) if data.split is not None else data.examples for s in ("validation", "heldout")}
+    questions = {s: len(e) for s, e in on.items()}
+    passages = {s: len(set(keys_of(e))) for s, e in on.items()}
+    if passages == questions:
         return None
-    return (f"the {n} {'validation ' if data.split is not None else ''}questions come from {k} source passages: the "
-            "validation stage and compare count passages (questions on one passage move together), so the "
-            "detectable gains above, counted in questions, are optimistic (docs/statistics.md, questions that "
-            "share a source passage)")
+    measured = _measured_rho(run, {e.query: e for e in data.examples})
+    rho, basis = measured if measured is not None else (
+        ASSUMED_RHO, f"assumed, the worst case (nothing measured it yet: it lies between 0 and 1; `opro compare` on "
+        f"{MIN_SHARED}+ shared passages measures it)")
+    return Clustering(questions=questions, passages=passages, rho=rho, basis=basis)
+
+
+def _measured_rho(run: Any, examples: Mapping[str, Any]) -> tuple[float, str] | None:
+    """The within-passage correlation of the newest comparison's first prompt against its baseline, on the
+    questions of this dataset, where it holds :data:`MIN_SHARED` passages of two or more (clamped to 0..1)."""
+    import json
+    from collections import Counter
+
+    from opro.stats.clusters import keys_of, within_correlation
+
+    for path in run.comparison_reports():
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+            base = next(p for p in report["prompts"] if p["label"] == report["baseline"])
+            other = next(p for p in report["prompts"] if p is not base)
+        except (OSError, ValueError, KeyError, StopIteration, TypeError):
+            continue
+        kept = [(examples[q], a - b) for q, a, b in zip(report["questions"], other["scores"], base["scores"], strict=False)
+                if a is not None and b is not None and q in examples]
+        keys = keys_of([e for e, _ in kept])
+        if sum(m > 1 for m in Counter(keys).values()) < MIN_SHARED:
+            continue
+        r = within_correlation([d for _, d in kept], keys)
+        if not math.isnan(r):
+            return min(1.0, max(0.0, r)), f"measured by {path.parent.name}'s comparison ({len(kept)} pairs)"
+    return None
 
 
 def pool_command(config: OproConfig) -> str:
@@ -206,5 +280,5 @@ def pool_command(config: OproConfig) -> str:
                                                           or "--docs <the documents it was made from>")
 
 
-__all__ = ["DRAWS", "MOST", "PLATEAU", "QUALITY_GAIN", "QuestionsNeeded", "clustering_note", "extendable", "heldout_detectable", "needed_for", "pool_command",
-           "questions_needed"]
+__all__ = ["ASSUMED_RHO", "DRAWS", "MOST", "PLATEAU", "QUALITY_GAIN", "Clustering", "QuestionsNeeded", "clustering", "extendable",
+           "heldout_detectable", "needed_for", "pool_command", "questions_needed"]

@@ -73,24 +73,37 @@ def test_heldout_detectable_is_the_betting_tests_and_none_where_it_cannot_claim(
     assert shown.mean() == pytest.approx(0.8, abs=0.03)
 
 
-def test_the_plan_says_its_power_is_optimistic_where_questions_share_source_passages(tmp_path) -> None:
-    """Validation counts passages where the dataset records them; the plan counts questions, and says so."""
+def test_the_plan_counts_source_passages_where_questions_share_them(tmp_path) -> None:
+    """The tests count passages: 80 validation questions on 40 passages of two detect less than 80 on 80
+    passages (at the assumed within-passage correlation 1, a passage's two questions count once), and the
+    basis line says what was assumed."""
     import json
 
     from fakes import experiment_config
 
     from opro.config import config_from_dict
-    from opro.probe.sizes import clustering_note
+    from opro.probe.plan import make_plan
+    from opro.probe.sizes import ASSUMED_RHO
 
-    def config_with(contexts: list[str]):
+    def plan_with(per: int):
         rows = [{"query": f"What is fact {i}?", "reference_answer": f"Fact {i}.",
-                 "reference_contexts": [contexts[i]]} for i in range(len(contexts))]
-        path = tmp_path / f"rag_dataset_{len(set(contexts))}.json"
+                 "reference_contexts": [f"Passage {i // per}."]} for i in range(120)]
+        where = tmp_path / f"per{per}"
+        where.mkdir()
+        path = where / "rag_dataset.json"
         path.write_text(json.dumps({"examples": rows}))
-        cfg = experiment_config(tmp_path, data={"dataset": str(path), "query_field": "query",
-                                                "answer_field": "reference_answer"})
-        return config_from_dict(cfg, base_dir=tmp_path, source="t.toml")
+        cfg = experiment_config(where, data={"dataset": str(path), "query_field": "query", "answer_field": "reference_answer",
+                                             "split": {"exemplar": 2, "optimization": 4, "validation": 80, "heldout": 30,
+                                                       "seed": 1}})
+        return make_plan(config_from_dict(cfg, base_dir=where, source="t.toml"))
 
-    shared = clustering_note(config_with([f"Passage {i // 2}." for i in range(24)]))
-    assert shared is not None and "24 questions come from 12 source passages" in shared
-    assert clustering_note(config_with([f"Passage {i}." for i in range(24)])) is None  # a passage each
+    single, paired = plan_with(1), plan_with(2)
+    assert single.clustering is None and paired.clustering is not None and ASSUMED_RHO > 0
+    assert single.detectable is not None and paired.detectable is not None
+    assert paired.detectable > single.detectable * 1.2
+    assert single.heldout_detectable is not None and paired.heldout_detectable is not None
+    assert paired.heldout_detectable > single.heldout_detectable
+    said = "\n".join(paired.lines())
+    assert "counted in passages, as the tests count them (120 validation questions on 60 source passages" in said
+    assert "within-passage correlation 1.00: assumed, the worst case" in said
+    assert not any("optimistic" in w for w in paired.warnings)
