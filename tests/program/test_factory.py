@@ -169,6 +169,26 @@ def test_answers_are_made_concurrently_on_engines_of_their_own() -> None:
     assert plainly.text == "Yes." and program.engines() <= 4  # another template on a reused engine
 
 
+def test_a_question_asked_again_is_not_tokenized_again_and_answers_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llama_index.core
+    from llama_index.core.utils import get_tokenizer
+
+    counted: list[str] = []
+    tokenizer = get_tokenizer()
+    monkeypatch.setattr(llama_index.core, "global_tokenizer", lambda text: counted.append(text) or tokenizer(text))
+    llm = ScriptedLLM(default=task_reply, model="task")
+    program = FactoryProgram(factory=pipelines.build_query_engine, llm=ChatClient(llm, role="task"),
+                             initial={"top_k": 2})
+    under = QATemplate(instruction="Answer from the context.")
+    first = program.answer("Who designed AlexNet?", template=under)
+    assert counted and len(counted) == len(set(counted))  # LlamaIndex's counts, each text tokenized once
+    del counted[:]
+    again = program.answer("Who designed AlexNet?", template=under)
+    # The compact synthesizer counted the same context and prompt again, from the program's memory.
+    assert counted == [] and (again.text, again.contexts) == (first.text, first.contexts)
+    assert len(llm.calls) == 2 and llm.calls[0][0] == llm.calls[1][0]  # the same prompt sent
+
+
 def test_a_factory_given_in_python_is_named_in_the_fingerprint_with_what_it_reports(tmp_path: Path) -> None:
     cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="t.toml")  # no [program]
     exp = Experiment(cfg, pool=scripted_pool(), progress=False, program=pipelines.described)
