@@ -57,6 +57,13 @@ def build_query_engine(llm: Any, *, top_k: int = 2) -> Any:
     return memory_index().as_query_engine(llm=llm, similarity_top_k=top_k)
 
 
+def with_response_mode(llm: Any, *, top_k: int = 2, response_mode: str = "compact") -> Any:
+    """A factory that also takes the response synthesizer's mode (``as_query_engine(response_mode=...)``)."""
+    with _lock:
+        CALLS.append({"top_k": top_k, "response_mode": response_mode})
+    return memory_index().as_query_engine(llm=llm, similarity_top_k=top_k, response_mode=response_mode)
+
+
 def described(llm: Any, *, top_k: int = 2) -> Any:
     return build_query_engine(llm, top_k=top_k)
 

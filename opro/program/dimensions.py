@@ -84,6 +84,9 @@ class Dimension:
     #: A check of its values against the whole config: (values, config, how a value was given) -> the
     #: error, or None (:meth:`check`).
     requires: Callable[[Sequence[Any], Any, Callable[[Any], str]], str | None] | None = None
+    #: Whether opro's own program takes it; False: only a ``[program].factory`` that declares it as a parameter
+    #: (a setting of the user's LlamaIndex engine that opro's program has no counterpart of).
+    builtin: bool = True
 
     def check(self, values: Sequence[Any], config: Any, *, said: Callable[[Any], str] | None = None) -> str | None:
         """What its values need of the rest of ``config`` (:attr:`requires`): the error, or None. ``said``
@@ -210,6 +213,20 @@ def _needs_embeddings(values: Sequence[Any], config: Any, said: Callable[[Any], 
     return None
 
 
+def _needs_factory(values: Sequence[Any], config: Any, said: Callable[[Any], str]) -> str | None:
+    if config.program.factory:  # the factory's parameters are checked when its program is built
+        return None
+    return (f"{said(values[0])} is a setting of a LlamaIndex query engine's response synthesizer, which opro's own "
+            "program does not have: name your engine's builder in [program].factory (with a response_mode "
+            "parameter), or remove the dimension")
+
+
+def _mode_tokens(value: Any, values: Mapping[str, Any], config: Any) -> Tokens:
+    # refine: a call per retrieved chunk, each later one with the refine frame and the answer so far (about
+    # the frame's 120 and an answer's 70 tokens); compact and simple_summarize: one call when the chunks fit.
+    return Tokens(prompt=(values["top_k"] - 1) * 190.0 if value == "refine" else 0.0)
+
+
 def unknown_model(name: str, config: Any, *, where: str = "", said: str = "") -> str:
     """Why ``name`` (at the key ``where``, or as ``said``: ``--set task_model=ghost``) names no task model
     of ``config``: what the choices are, by config key."""
@@ -265,6 +282,14 @@ DIMENSIONS: tuple[Dimension, ...] = (
               cost_note="each model's tokens at its own prices, or at its own measured seconds per token",
               plan_note="each model is loaded or reached once; without prices each one's speed is calibrated here",
               requires=_known_models),
+    Dimension("response_mode", "choice", "how the query engine's response synthesizer answers from the retrieved "
+              "chunks (LlamaIndex's ResponseMode): compact (as few calls as fit), refine (a call per chunk, each "
+              "refining the answer so far) or simple_summarize (one call, the chunks truncated to fit); only a "
+              "[program].factory with a response_mode parameter takes it", applies="generation",
+              choices=("compact", "refine", "simple_summarize"), default="compact", builtin=False,
+              export_note="the response synthesizer it was scored with: index.as_query_engine(response_mode=...)",
+              tokens=_mode_tokens, cost_note="refine makes top_k task calls per answer: the estimate adds each later "
+              "call's frame and answer to the prompt, and counts one call", requires=_needs_factory),
 )
 
 #: The dimensions a template carries as settings (beside its text), by name, in order.

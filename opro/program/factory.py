@@ -16,6 +16,7 @@ naming ``[program].factory`` when the program is built, before any model call.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -137,6 +138,14 @@ class FactoryProgram:
         self.template = QATemplate()
         self._free: dict[str, list[_Engine]] = {}
         self._lock = threading.Lock()
+        #: LlamaIndex's tokenizer, remembered for this program's engines (:func:`_share_token_counts`).
+        self._tokens: Callable[[str], list[int]] | None = None
+        try:
+            from llama_index.core.utils import get_tokenizer
+
+            self._tokens = functools.lru_cache(maxsize=1024)(get_tokenizer())
+        except ImportError:  # pragma: no cover - the llamaindex extra is what builds an engine at all
+            pass
         self._release(self._key(self.initial), self._build(self.initial))  # checked now, reused later
 
     # -- engines ------------------------------------------------------------------------------------
@@ -173,6 +182,7 @@ class FactoryProgram:
                 raise ConfigError(f"{KEY} = {self.name!r} raised {type(exc).__name__} when called with the LLM"
                                   f"{', ' + said if said else ''}: {exc}") from None
             _check_engine(engine, name=self.name)
+            _share_token_counts(engine, self._tokens)
             return engine
 
         return _Engine(build)
@@ -292,6 +302,23 @@ def _check_engine(engine: Any, *, name: str) -> None:
     if TEXT_QA_KEY not in engine.get_prompts():
         raise ConfigError(f"{KEY} = {name!r} returned a {what} without a {TEXT_QA_KEY!r} prompt, where opro puts the "
                           "instruction it tunes: return a query engine whose response synthesizer has a QA template")
+
+
+def _share_token_counts(engine: Any, tokens: Callable[[str], list[int]] | None) -> None:
+    """Let the engine's prompt helper count tokens through ``tokens``, LlamaIndex's own tokenizer remembered:
+    a compact or refining synthesizer tokenizes the same context and the same empty prompt several times per
+    question (and again under each candidate), a quarter of an answer's CPU. Only a helper that is the
+    engine's own (not ``Settings.prompt_helper``) and counts with the very tokenizer ``tokens`` remembers
+    (LlamaIndex's default when the program was built) is changed, so the counts, the packing and the prompts
+    stay the same; any other engine is left as it is."""
+    from llama_index.core import Settings
+
+    helper = getattr(getattr(engine, "_response_synthesizer", None), "_prompt_helper", None)
+    counter = getattr(helper, "_token_counter", None)
+    if (tokens is None or helper is None or helper is Settings._prompt_helper
+            or getattr(counter, "tokenizer", None) is not getattr(tokens, "__wrapped__", None)):
+        return
+    counter.tokenizer = tokens  # type: ignore[union-attr]
 
 
 def _together(completions: list[Completion], *, text: str, latency_s: float) -> Completion:

@@ -111,7 +111,14 @@ class RAGProgram:
         return self.chunked(**index) if size is None else self.chunked(size, **index)
 
     def client_for(self, template: QATemplate) -> ChatClient:
-        """The client of the task model ``template`` is answered by (a searched setting), else the program's."""
+        """The client of the task model ``template`` is answered by (a searched setting), else the program's.
+        A template that sets what only a user's engine takes (its ``response_mode``) is refused here, where
+        every answer passes."""
+        foreign = [d.name for d in DIMENSIONS if not d.builtin and template.setting(d.name) is not None]
+        if foreign:
+            raise PromptError(f"this prompt sets {foreign[0]} = {template.setting(foreign[0])!r}, which opro's own "
+                              "program does not take (a [program].factory's query engine does): answer it with "
+                              f"that engine, or remove the prompt's {foreign[0]}")
         name = model_of(template.setting)
         if name is None:
             return self.llm

@@ -68,6 +68,38 @@ def test_top_k_is_searched_through_the_factory_parameter(tmp_path: Path) -> None
         assert len(answer.contexts) == k
 
 
+def test_response_mode_is_searched_through_the_factory_parameter_and_reaches_its_engine(tmp_path: Path) -> None:
+    pipelines.CALLS.clear()
+    space = {"space": {"response_mode": ["refine", "simple_summarize"]}}
+    exp, _ = _optimized(tmp_path, factory="pipelines:with_response_mode", search=space,
+                        rag={"top_k": 2, "initial_instructions": ["Answer the question."]})
+    assert exp.program.takes == ("top_k", "response_mode")  # type: ignore[union-attr]
+    # The initial configuration's mode (LlamaIndex's default) and each one the search chose reached the factory.
+    assert {c["response_mode"] for c in pipelines.CALLS} == {"compact", "refine", "simple_summarize"}
+    llm = ScriptedLLM(default=task_reply, model="task")
+    program = FactoryProgram(factory=pipelines.with_response_mode, llm=ChatClient(llm, role="task"),
+                             initial={"top_k": 2, "response_mode": "compact"})
+    made = {}
+    for mode in ("compact", "refine", "simple_summarize"):
+        before = len(llm.calls)
+        answer = program.answer("Who designed AlexNet?", template=QATemplate().with_settings(response_mode=mode))
+        made[mode] = len(llm.calls) - before
+        assert len(answer.contexts) == 2
+    # compact packs both chunks in one call, refine asks once per chunk, simple_summarize once.
+    assert made == {"compact": 1, "refine": 2, "simple_summarize": 1}
+
+
+def test_response_mode_is_refused_for_opros_own_program(tmp_path: Path) -> None:
+    cfg = experiment_config(tmp_path, search={"space": {"response_mode": ["refine"]}})
+    with pytest.raises(ConfigError, match=r"\[search.space\].response_mode = 'refine' is a setting of a LlamaIndex "
+                       r"query engine's response synthesizer, which opro's own program does not have"):
+        config_from_dict(cfg, base_dir=tmp_path, source="t.toml")
+    own = Experiment(config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="t.toml"),
+                     pool=scripted_pool(), progress=False)
+    with pytest.raises(PromptError, match="sets response_mode = 'refine', which opro's own program does not take"):
+        own.program.answer("Who designed AlexNet?", template=QATemplate().with_settings(response_mode="refine"))
+
+
 def test_a_dimension_the_factory_does_not_take_is_refused_before_any_call(tmp_path: Path) -> None:
     cfg = _config(tmp_path, search={"space": {"answer_max_tokens": [32, 64]}})
     exp = Experiment(cfg, pool=scripted_pool(), progress=False)
@@ -137,6 +169,26 @@ def test_answers_are_made_concurrently_on_engines_of_their_own() -> None:
     assert plainly.text == "Yes." and program.engines() <= 4  # another template on a reused engine
 
 
+def test_a_question_asked_again_is_not_tokenized_again_and_answers_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llama_index.core
+    from llama_index.core.utils import get_tokenizer
+
+    counted: list[str] = []
+    tokenizer = get_tokenizer()
+    monkeypatch.setattr(llama_index.core, "global_tokenizer", lambda text: counted.append(text) or tokenizer(text))
+    llm = ScriptedLLM(default=task_reply, model="task")
+    program = FactoryProgram(factory=pipelines.build_query_engine, llm=ChatClient(llm, role="task"),
+                             initial={"top_k": 2})
+    under = QATemplate(instruction="Answer from the context.")
+    first = program.answer("Who designed AlexNet?", template=under)
+    assert counted and len(counted) == len(set(counted))  # LlamaIndex's counts, each text tokenized once
+    del counted[:]
+    again = program.answer("Who designed AlexNet?", template=under)
+    # The compact synthesizer counted the same context and prompt again, from the program's memory.
+    assert counted == [] and (again.text, again.contexts) == (first.text, first.contexts)
+    assert len(llm.calls) == 2 and llm.calls[0][0] == llm.calls[1][0]  # the same prompt sent
+
+
 def test_a_factory_given_in_python_is_named_in_the_fingerprint_with_what_it_reports(tmp_path: Path) -> None:
     cfg = config_from_dict(experiment_config(tmp_path), base_dir=tmp_path, source="t.toml")  # no [program]
     exp = Experiment(cfg, pool=scripted_pool(), progress=False, program=pipelines.described)
@@ -167,4 +219,4 @@ def test_the_plan_says_which_settings_the_factory_opens_and_which_stay_closed(tm
     warnings = make_plan(_config(tmp_path)).warnings
     said = [w for w in warnings if w.startswith("[program].factory")]
     assert said == ["[program].factory = 'pipelines:build_query_engine' takes top_k as parameters; answer_max_tokens, "
-                    "chunk_size, retriever, task_model stay closed (the factory does not take them)"]
+                    "chunk_size, retriever, task_model, response_mode stay closed (the factory does not take them)"]
