@@ -27,9 +27,8 @@ from opro.llm.rates import rates_path
 from opro.paths import cache_dir, data_dir
 from opro.program.dimensions import DIMENSIONS, dimension, initial_values
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
-from opro.search.recorder import Recorder
 from opro.search.results import OptimizationResult
-from opro.tracking.records import Recorded
+from opro.tracking.records import Recorded, Recorder
 from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -685,16 +684,4 @@ class _SummaryWriter(Recorder):
         return self._run[1]
 
 
-def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None,
-             program: Any = None) -> RunResult:
-    """Run the OPRO optimization an experiment config describes (the Python face of ``opro optimize``); ``program``:
-    a program, or a function building a LlamaIndex query engine (:mod:`opro.program.factory`), to tune instead."""
-    cfg = config if isinstance(config, OproConfig) else load_config(config)
-    exp = Experiment(cfg, progress=progress, program=program)
-    try:
-        return exp.optimize(worker_index=worker_index, num_workers=num_workers)
-    finally:
-        exp.close()
-
-
-__all__ = ["Experiment", "RunResult", "optimize"]
+__all__ = ["Experiment", "RunResult"]
