@@ -184,17 +184,17 @@ ROOMS = ("opro.data", "opro.program", "opro.evaluation", "opro.calibration", "op
 
 
 #: What may lie at the root of opro/ beside its rooms: what everything uses (the config, the error tree,
-#: the user's paths, locks, progress bars, redaction) and the composition root.
-ROOT_MODULES = frozenset({"__init__", "config", "errors", "paths", "experiment", "locking", "progress", "redaction"})
+#: the user's paths, locks, progress bars, redaction); the composition root is the folder experiment/.
+ROOT_MODULES = frozenset({"__init__", "config", "errors", "paths", "locking", "progress", "redaction"})
 
 
-def test_the_root_holds_at_most_8_modules_and_16_rooms() -> None:
+def test_the_root_holds_at_most_8_modules_and_23_entries() -> None:
     """A module belongs in the room of its concept; the root keeps only what everything uses, so a
-    newcomer reads at most 8 modules and 16 folders at the top of the package."""
+    newcomer reads at most 8 modules, and 23 modules and folders in all, at the top of the package."""
     modules = {p.stem for p in PACKAGE.glob("*.py")}
     rooms = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
     assert len(modules) <= 8 and modules <= ROOT_MODULES, sorted(modules - ROOT_MODULES)
-    assert len(rooms) <= 16, rooms
+    assert len(modules) + len(rooms) <= 23, (sorted(modules), rooms)
 
 
 def test_a_rooms_init_only_names_it() -> None:
