@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from opro.calibration.calibrate import judge_noise_note
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
+
+# Modules, not their functions: what a test (or a plug-in) replaces in them is what is called.
+from opro.data import documents as corpus_files
 from opro.data.corpus import write_quickstart_corpus
 from opro.data.dataset import (
     GoldenDataset,
@@ -29,7 +32,6 @@ from opro.data.dataset import (
     split_record,
     split_shortfall,
 )
-from opro.data.documents import load_documents, source_files
 from opro.data.pool import extension_questions, pool_folder
 from opro.errors import ConfigError, DataError, ModelPackError
 from opro.evaluation.batch import evaluate_templates
@@ -49,6 +51,7 @@ from opro.llm.rates import rates_path
 from opro.locking import FileLock
 from opro.paths import cache_dir, data_dir
 from opro.probe.plan import answer_cost, noise_digest
+from opro.program import retrieval  # a module too, for its chunk_documents
 from opro.program.dimensions import DIMENSIONS, dimension, initial_values
 from opro.program.factory import FactoryProgram, user_program
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
@@ -58,7 +61,6 @@ from opro.program.retrieval import (
     Retriever,
     SentenceTransformerEmbedder,
     build_retriever,
-    chunk_documents,
     files_chunks_key,
     kept_chunks,
 )
@@ -147,7 +149,7 @@ class Experiment:
 
     @functools.cached_property
     def documents(self) -> list[Document]:
-        result = load_documents(self.document_paths, skip_bad=self.config.data.skip_bad)
+        result = corpus_files.load_documents(self.document_paths, skip_bad=self.config.data.skip_bad)
         for skipped in result.skipped:
             logger.warning("skipped %s: %s", skipped.path, skipped.reason)
         return list(result.documents)
@@ -162,11 +164,11 @@ class Experiment:
         rag = self.config.rag
         # Keyed by the files' bytes, so a run whose chunks are kept (resume, compare, another worker)
         # loads no document: no PDF parsing and no LlamaIndex import (seconds of start-up).
-        key = files_chunks_key(source_files(self.document_paths), chunk_size=chunk_size,
+        key = files_chunks_key(corpus_files.source_files(self.document_paths), chunk_size=chunk_size,
                                chunk_overlap=rag.chunk_overlap, skip_bad=self.config.data.skip_bad)
         return list(kept_chunks(
             cache_dir() / "indexes" / f"chunks-files-{key[:24]}.json",
-            lambda: chunk_documents(self.documents, chunk_size=chunk_size, chunk_overlap=rag.chunk_overlap),
+            lambda: retrieval.chunk_documents(self.documents, chunk_size=chunk_size, chunk_overlap=rag.chunk_overlap),
         ))
 
     @property
@@ -345,7 +347,7 @@ class Experiment:
             # Imported here: LlamaIndex's question generation is seconds of imports that a prepared dataset never needs.
             from opro.data.generation import generate_dataset
 
-            chunks = chunk_documents(
+            chunks = retrieval.chunk_documents(
                 self.documents, chunk_size=self.config.rag.chunk_size, chunk_overlap=self.config.rag.chunk_overlap
             )
             raw = generate_dataset(

@@ -24,7 +24,7 @@ def test_opro_optimize_says_the_plan_keeps_it_and_returns_the_run_beside_it(
     assert isinstance(done, OptimizeRun) and done.worker_index == 0
     assert done.result.best_score == 5.0 and done.result.initial_score == 2.0
     assert heard and (tmp_path / "out" / "plan.json").is_file()  # the plan, said and kept
-    assert done.plan_check and "plan.json" in done.outputs  # and put beside the run's calls
+    assert done.plan_check and "summary.json" in done.outputs  # put beside the run's calls, and its files named
 
 
 def test_opro_optimize_refuses_a_missing_input_by_its_key_before_writing_anything(
