@@ -26,10 +26,11 @@ _EXPORTS: dict[str, str] = {
     "OproConfig": "opro.config",
     "load_config": "opro.config",
     "Experiment": "opro.experiment",
-    "optimize": "opro.experiment",
+    "optimize": "opro.workflows.optimize",
     "Search": "opro.search",
     "OptimizationResult": "opro.search",
     "RunResult": "opro.experiment",
+    "OptimizeRun": "opro.workflows.optimize",
     "CandidateRecord": "opro.search",
     # the RAG program and its data
     "QATemplate": "opro.program.prompts",
@@ -88,6 +89,7 @@ __all__ = [
     "OproConfig",
     "OproError",
     "OptimizationResult",
+    "OptimizeRun",
     "PromptError",
     "QATemplate",
     "RAGProgram",
@@ -137,7 +139,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         PromptError,
     )
     from opro.evaluation.batch import evaluate_examples
-    from opro.experiment import Experiment, RunResult, optimize
+    from opro.experiment import Experiment, RunResult
     from opro.export import export_prompt
     from opro.heldout.compare import compare_prompts
     from opro.heldout.sources import resolve_prompt
@@ -151,3 +153,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from opro.program.rag import RAGProgram
     from opro.program.retrieval import build_retriever
     from opro.search import CandidateRecord, OptimizationResult, Search
+    from opro.workflows.optimize import OptimizeRun, optimize

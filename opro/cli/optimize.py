@@ -21,13 +21,15 @@ def optimize(
     ),
 ) -> None:
     """Run the OPRO loop: search on the optimization split, validate the finalists, return a validated winner."""
-    from opro.workflows.optimize import optimize_experiment
+    from opro.workflows.optimize import optimize as run_optimize  # opro.optimize
+    from opro.workflows.optimize import parse_worker
 
+    index, count = parse_worker(worker)
     out = console()
     try:
         with interruptible():  # SIGTERM (kill, a scheduler) ends it as Ctrl-C does
-            done = optimize_experiment(config, worker=worker, progress=False if no_progress else None, fresh=fresh,
-                                       notice=lambda text: say(out, text))
+            done = run_optimize(config, worker_index=index, num_workers=count, progress=False if no_progress else None,
+                                fresh=fresh, notice=lambda text: say(out, text))
     except KeyboardInterrupt as exc:
         by = f" by {signal.Signals(exc.signum).name}" if isinstance(exc, Terminated) else ""
         say(console(stderr=True),

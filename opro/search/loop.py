@@ -29,7 +29,6 @@ from opro.llm.client import UsageLedger
 from opro.locking import StudyLease
 from opro.search.metaprompt import Exemplar
 from opro.search.proposers.base import ProposalContext, Proposer
-from opro.search.recorder import Recorder
 from opro.search.results import CandidateRecord, OptimizationResult, ValidationResult
 from opro.search.scoring import CandidateScorer
 from opro.search.settings import SearchSettings
@@ -38,6 +37,7 @@ from opro.search.study import SearchStudy
 from opro.search.validation import validate
 from opro.search.workers import Coordinator, UsageBook, WorkerPlan
 from opro.stats.sequential import on_scale
+from opro.tracking.records import Recorder
 
 logger = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ retries workers starting together need and errors that name the setting."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,9 @@ import optuna
 from opro.errors import ConfigError
 from opro.locking import waiting_lock
 from opro.redaction import redact_url
+from opro.search.study import SearchStudy
+
+logger = logging.getLogger(__name__)
 
 
 def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optuna.storages.BaseStorage:
@@ -86,4 +90,16 @@ def open_storage(url: str, *, where: str = "[tracking].optuna_storage") -> optun
     return storage
 
 
-__all__ = ["open_storage"]
+def archive_study(storage: optuna.storages.BaseStorage, *, name: str) -> str | None:
+    """Copy the study ``name`` to ``<name>-archived-<time>`` and delete it, so the next run starts fresh;
+    the archived study's name (None: there was no study ``name``)."""
+    if SearchStudy.load(storage, name=name) is None:
+        return None
+    archived = f"{name}-archived-{time.strftime('%Y%m%d-%H%M%S')}"
+    optuna.copy_study(from_study_name=name, from_storage=storage, to_storage=storage, to_study_name=archived)
+    optuna.delete_study(study_name=name, storage=storage)
+    logger.warning("archived study %r as %r; starting a fresh study", name, archived)
+    return archived
+
+
+__all__ = ["archive_study", "open_storage"]

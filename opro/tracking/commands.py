@@ -1,4 +1,4 @@
-"""MLflow as a :class:`opro.tracking.records.CommandRecorder`: one run per command record."""
+"""MLflow as a :class:`opro.tracking.records.Recorder` of commands: one run per command record."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from opro.redaction import redact_url
 from opro.tracking.mlflow import MlflowTracker
-from opro.tracking.records import CommandRecord, Recorded
+from opro.tracking.records import CommandRecord, Recorded, Recorder
 
 
-class MlflowCommandRecorder:
+class MlflowCommandRecorder(Recorder):
     """One MLflow run per record, in ``experiment_name`` of ``tracking_uri``: its params, metrics (step
     0), tags (``opro.kind`` = the record's kind) and files as artifacts (a folder's files under the
     folder given, or at the artifact root)."""

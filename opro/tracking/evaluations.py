@@ -1,6 +1,6 @@
 """A command's evaluations as MLflow GenAI evaluation runs, recorded through the one recording seam.
 
-:class:`GenAIEvaluationRecorder` is a :class:`~opro.tracking.records.CommandRecorder` like MLflow's own:
+:class:`GenAIEvaluationRecorder` is a :class:`~opro.tracking.records.Recorder` of commands like MLflow's own:
 :func:`opro.tracking.commands.command_recorders` adds it with ``[tracking].genai`` for the commands that
 evaluate prompts (``opro evaluate``, ``opro compare``). It records the record's
 :class:`~opro.tracking.records.EvaluatedPrompt` s, one evaluation run per prompt with a trace per
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from opro.redaction import redact_url
 from opro.tracking.commands import mlflow_run_of
 from opro.tracking.genai import CORRECTNESS, GenAILogger, GenAIRecord, PromptEvaluation
-from opro.tracking.records import CommandRecord, Recorded
+from opro.tracking.records import CommandRecord, Recorded, Recorder
 
 if TYPE_CHECKING:
     from opro.evaluation.workbench import Workbench
@@ -43,7 +43,7 @@ def _logger_settings(experiment: Workbench, *, tracking_uri: str | None = None) 
     )
 
 
-class GenAIEvaluationRecorder:
+class GenAIEvaluationRecorder(Recorder):
     """One MLflow GenAI evaluation run per evaluated prompt of a command's record, over the split's
     evaluation dataset, in ``tracking_uri`` (else the config's store).
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from opro.search.recorder import Recorder
 from opro.tracking.commands import MlflowCommandRecorder
 from opro.tracking.mlflow import MlflowTracker
 from opro.tracking.recorder import MlflowRecorder
-from opro.tracking.records import CommandRecorder
+from opro.tracking.records import Recorder
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -51,7 +50,7 @@ def search_recorders(experiment: Workbench, *, run_dir: RunDir, params: Mapping[
 
 
 def command_recorders(config: OproConfig, *, mlflow: bool = True, tracking_uri: str | None = None,
-                      evaluated: Workbench | None = None) -> list[CommandRecorder]:
+                      evaluated: Workbench | None = None) -> list[Recorder]:
     """The recorders a command records through under ``config``, in the order they record: MLflow
     unless ``mlflow`` is off, in ``tracking_uri`` (a command's ``--tracking-uri``) or else the config's
     store; then, for a command that evaluated prompts on the experiment ``evaluated`` and with
@@ -59,7 +58,7 @@ def command_recorders(config: OproConfig, *, mlflow: bool = True, tracking_uri: 
     (:class:`opro.tracking.evaluations.GenAIEvaluationRecorder`, linked to the first one's run)."""
     if not mlflow:
         return []
-    recorders: list[CommandRecorder] = [MlflowCommandRecorder(
+    recorders: list[Recorder] = [MlflowCommandRecorder(
         tracking_uri=tracking_uri or config.mlflow_uri,
         experiment_name=config.tracking.mlflow_experiment or config.experiment.name)]
     if evaluated is not None and config.tracking.genai:

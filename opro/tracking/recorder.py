@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from opro.program.dimensions import SETTINGS
 from opro.redaction import redact_url
-from opro.search.recorder import Recorder
-from opro.tracking.records import Recorded
+from opro.tracking.records import Recorded, Recorder
 from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:

@@ -13,8 +13,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from opro.program.cost import CostModel
-from opro.search.recorder import Recorder
-from opro.tracking.records import Recorded
+from opro.tracking.records import Recorded, Recorder
 from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.redaction import redact_text
-from opro.search.recorder import Recorder
 from opro.tracking.evaluations import _logger_settings, genai_logger
 from opro.tracking.genai import GenAILogger, GenAIRecord, PromptEvaluation
 from opro.tracking.recorder import MlflowRecorder
+from opro.tracking.records import Recorder
 
 if TYPE_CHECKING:
     from opro.evaluation.batch import EvaluationReport, EvaluationRow

@@ -11,9 +11,9 @@ from opro.data.dataset import SPLIT_NAMES
 from opro.errors import ConfigError
 from opro.tracking.records import (
     CommandRecord,
-    CommandRecorder,
     EvaluatedPrompt,
     Recorded,
+    Recorder,
     finite_metrics,
     record_all,
 )
@@ -47,7 +47,7 @@ def evaluate_prompt(
     max_errors: int | None = None,
     progress: bool | None = None,
     mlflow: bool = True,
-    recorders: Sequence[CommandRecorder] | None = None,
+    recorders: Sequence[Recorder] | None = None,
     notice: Callable[[str], None] = lambda _: None,
 ) -> PromptEvaluated:
     """Resolve ``prompt`` (best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:...) under the

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opro.errors import ConfigError
-from opro.tracking.records import CommandRecorder, record_all
+from opro.tracking.records import Recorder, record_all
 
 if TYPE_CHECKING:
     from opro.export import ExportResult
@@ -25,7 +25,7 @@ def export_spec(
     tracking_uri: str | None = None,
     snippet: bool = True,
     mlflow: bool = True,
-    recorders: Sequence[CommandRecorder] | None = None,
+    recorders: Sequence[Recorder] | None = None,
 ) -> ExportResult:
     """Resolve ``spec`` (best, initial, run:DIR, prompts:/NAME@ALIAS, a file or text:...) under the
     experiment ``config`` (when given) and export it as ``format``; a format that writes files and no

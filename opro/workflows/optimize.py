@@ -1,4 +1,9 @@
-"""One worker's OPRO search, validation and validated winner, with its plan (``opro optimize``)."""
+"""The one face of optimize: one worker's OPRO search, validation and validated winner, with its plan.
+
+:func:`optimize` is ``opro.optimize`` and what ``opro optimize`` calls: the checks before a run
+(:mod:`opro.workflows.preflight`), worker 0's plan and stored probe, the run itself
+(:meth:`opro.experiment.Experiment.optimize`) and the calls a stored probe saved, in one function.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opro.config import OproConfig, load_config
+from opro.data.dataset import split_shortfall
 from opro.errors import ConfigError, DataError
+from opro.experiment import Experiment
+from opro.llm.client import CallLog
+from opro.probe.plan import check, make_plan
+from opro.probe.reuse import probe_saving, read_probe_calls
+from opro.probe.store import pilot_noise, stored_probe
+from opro.search import check_worker_spec
+from opro.workflows.preflight import check_inputs, check_task_models
 
 if TYPE_CHECKING:
-    from opro.config import OproConfig
     from opro.experiment import RunResult
     from opro.probe.reuse import ProbeSaving
 
@@ -43,8 +56,6 @@ class OptimizeRun:
 
 def parse_worker(text: str) -> tuple[int, int]:
     """``--worker I/N`` as (I, N), refused when it names no worker."""
-    from opro.search import check_worker_spec
-
     try:
         index, count = (int(x) for x in text.split("/"))
     except ValueError:
@@ -55,16 +66,11 @@ def parse_worker(text: str) -> tuple[int, int]:
 
 def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
     """Worker 0 says (and keeps) the plan, and the stored probe's verdict (never a new probe)."""
-    from opro.probe.plan import make_plan
-    from opro.probe.store import pilot_noise
-
     plan = make_plan(exp.config, documents=lambda: exp.documents, pilot_noise=pilot_noise(exp),
                      noise_digest=exp.noise_digest())
     notice("\n".join(plan.lines()))
     exp.run_dir.write_plan(plan.as_dict())
     if exp.run_dir.probe.is_file():
-        from opro.probe.store import stored_probe
-
         probed, why = stored_probe(exp)
         notice("\n".join(probed.verdict_lines() if probed is not None else [f"probe: {why}"]))
     return plan
@@ -73,37 +79,39 @@ def _before_the_search(exp: Any, notice: Callable[[str], None]) -> Any:
 def _plan_check(plan: Any, used: Any, *, wall_s: float, workers: int) -> tuple[str, ...]:
     """The plan beside this run's calls (:func:`opro.probe.plan.check`); with several workers, said to be
     worker 0's only."""
-    from opro.probe.plan import check
-
     lines = check(plan.as_dict(), used, wall_s=wall_s)
     if workers > 1:
         lines.append(f"  (worker 0's calls only: the plan is for all {workers} workers, which count their own)")
     return tuple(lines)
 
 
-def optimize_experiment(
-    config: str | Path,
+def optimize(
+    config: OproConfig | str | Path,
     *,
-    worker: str = "0/1",
+    worker_index: int = 0,
+    num_workers: int = 1,
     progress: bool | None = None,
     fresh: bool = False,
+    program: Any = None,
     notice: Callable[[str], None] = lambda _: None,
 ) -> OptimizeRun:
-    """Run worker ``worker`` (I/N) of the experiment ``config``'s search; worker 0 first makes the plan
-    and reads the stored probe (``notice`` hears both). ``fresh`` archives the existing study first."""
-    from opro.data.dataset import split_shortfall
-    from opro.experiment import Experiment
-    from opro.llm.client import CallLog
-    from opro.probe.reuse import probe_saving, read_probe_calls
-    from opro.workflows.preflight import check_inputs, check_task_models
+    """Run (or resume) worker ``worker_index`` of ``num_workers`` of the OPRO search an experiment
+    config (a file, or a loaded :class:`~opro.config.OproConfig`) describes, its validation and its
+    validated winner (the run's :class:`~opro.experiment.RunResult` is ``.result``).
 
-    index, count = parse_worker(worker)
-    exp = Experiment.from_file(config, progress=progress)
+    Before anything is spent, every input the config names is read and every task model asked to answer
+    (a missing one refused by its key); worker 0 then makes the plan and reads the stored probe
+    (``notice`` hears both). ``fresh`` archives the existing study first. ``program``: a program, or a
+    function building a LlamaIndex query engine (:mod:`opro.program.factory`), to tune instead of the
+    config's."""
+    check_worker_spec(worker_index, num_workers)
+    cfg = config if isinstance(config, OproConfig) else load_config(config)
+    exp = Experiment(cfg, progress=progress, program=program)
     try:
         check_inputs(exp)  # a missing or unreadable input is said before the plan, by its key
         check_task_models(exp.config, backend=exp.pool.get)  # and a task model that cannot answer, by its table
         _ = exp.decisions  # the decision ledger reconciled, or a damaged one refused by its file and line
-        plan = _before_the_search(exp, notice) if index == 0 else None
+        plan = _before_the_search(exp, notice) if worker_index == 0 else None
         try:
             probed = read_probe_calls(exp.config.output_dir)
         except DataError as exc:  # bookkeeping: the run goes on without the count
@@ -112,17 +120,20 @@ def optimize_experiment(
         started = time.perf_counter()
         # Every call's key, so the calls a probe's answers saved are counted, not estimated.
         with exp.usage.listen(CallLog()) as calls:
-            result = exp.optimize(worker_index=index, num_workers=count, fresh=fresh)
+            result = exp.optimize(worker_index=worker_index, num_workers=num_workers, fresh=fresh)
         taken = time.perf_counter() - started
         # This run's requests (this process's), not the study's across runs (result.usage).
         used = exp.usage.as_dict()
     finally:
         exp.close()
     return OptimizeRun(
-        result=result, config=exp.config, worker_index=index,
+        result=result, config=exp.config, worker_index=worker_index,
         n_optimization=len(exp.dataset.examples_in("optimization")),
         shortfall=split_shortfall(exp.dataset.split) if exp.dataset.split is not None else None,
-        plan_check=_plan_check(plan, used, wall_s=taken, workers=count) if plan is not None else (),
-        outputs=tuple(p.name for p in exp.run_dir.optimize_outputs()) if index == 0 else (),
+        plan_check=_plan_check(plan, used, wall_s=taken, workers=num_workers) if plan is not None else (),
+        outputs=tuple(p.name for p in exp.run_dir.optimize_outputs()) if worker_index == 0 else (),
         probe_saving=None if probed is None else probe_saving(probed, calls),
     )
+
+
+__all__ = ["OptimizeRun", "optimize", "parse_worker"]

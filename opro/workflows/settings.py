@@ -1,14 +1,20 @@
 """The search's settings and the run's claim, built from ``[optimizer]``: the one place that reads
 the configuration for the search (:mod:`opro.search.settings`) and decides the objective, alpha
 and margin (:class:`~opro.stats.claim.Claim`) the validation stage, ``opro plan`` and the probe
-share."""
+share. An adapter only: each setting is declared once, its default and its check in the config and its
+consumer's field in :mod:`opro.search.settings`, and carried by name."""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
 
 from opro.config import OptimizerSection
 from opro.search.settings import ProposerSettings, PrunerSettings, SearchSettings, ValidationSettings
 from opro.stats.claim import Claim
 from opro.stats.objectives import objective_named
+
+_S = TypeVar("_S")
 
 
 def claim(optimizer: OptimizerSection) -> Claim:
@@ -16,35 +22,28 @@ def claim(optimizer: OptimizerSection) -> Claim:
     return Claim(objective=objective_named(optimizer.objective), alpha=optimizer.alpha, margin=optimizer.margin)
 
 
+def _carried(kind: type[_S], optimizer: OptimizerSection, **derived: Any) -> _S:
+    """A ``kind`` with each of its fields taken from ``[optimizer]``'s field of the same name, but the
+    ``derived`` ones: the settings types and the section declare each setting once, and nothing here
+    restates them."""
+    names = [f.name for f in dataclasses.fields(kind) if f.name not in derived]  # type: ignore[arg-type]
+    return kind(**{name: getattr(optimizer, name) for name in names}, **derived)
+
+
 def validation_settings(optimizer: OptimizerSection) -> ValidationSettings:
-    o = optimizer
-    return ValidationSettings(claim=claim(o), finalists=o.finalists, selection_questions=o.selection_questions,
-                              validation_looks=o.validation_looks, futility=o.futility,
-                              validation_extension=o.validation_extension, min_coverage=o.min_coverage,
-                              seen_validation=o.seen_validation)
+    return _carried(ValidationSettings, optimizer, claim=claim(optimizer))
 
 
 def search_settings(optimizer: OptimizerSection) -> SearchSettings:
-    o = optimizer
-    return SearchSettings(steps=o.steps, candidates_per_step=o.candidates_per_step, minibatch_size=o.minibatch_size,
-                          patience=o.patience, max_calls=o.max_calls, max_tokens_budget=o.max_tokens_budget,
-                          lookahead=o.lookahead, validation=validation_settings(o))
+    return _carried(SearchSettings, optimizer, validation=validation_settings(optimizer))
 
 
 def pruner_settings(optimizer: OptimizerSection) -> PrunerSettings:
-    o = optimizer
-    return PrunerSettings(pruner=o.pruner, prune_margin=o.prune_margin,
-                          prune_warmup_minibatches=o.prune_warmup_minibatches, race_confidence=o.race_confidence,
-                          claim=claim(o))
+    return _carried(PrunerSettings, optimizer, claim=claim(optimizer))
 
 
 def proposer_settings(optimizer: OptimizerSection) -> ProposerSettings:
-    o = optimizer
-    return ProposerSettings(proposer=o.proposer, temperature=o.temperature, max_tokens=o.max_tokens,
-                            max_instruction_chars=o.max_instruction_chars, max_history=o.max_history,
-                            min_history_score=o.min_history_score, score_scale=o.score_scale,
-                            answer_format=o.answer_format, exemplars=o.exemplars,
-                            exemplar_strategy=o.exemplar_strategy, show_length=objective_named(o.objective).non_inferiority)
+    return _carried(ProposerSettings, optimizer, show_length=objective_named(optimizer.objective).non_inferiority)
 
 
 __all__ = ["claim", "proposer_settings", "pruner_settings", "search_settings", "validation_settings"]

@@ -19,7 +19,7 @@ from opro.llm.pool import ModelPool
 from opro.llm.scripted import ScriptedLLM
 from opro.probe.reuse import read_probe_calls
 from opro.probe.store import read_probe
-from opro.workflows.optimize import optimize_experiment
+from opro.workflows.optimize import optimize
 
 OPTIMIZATION = 4
 #: Four passages that every question's words find, so that top_k 1 and 3 retrieve different contexts.
@@ -75,7 +75,7 @@ def test_optimize_after_probe_finds_the_probes_step0_answers_in_the_cache_and_co
     assert result.pilot.optimization == OPTIMIZATION and result.pilot.step0_calls == 2 * step0
     assert kept.n == result.made and len(kept.made["task"]) == len(kept.made["judge"]) == (1 + len(result.effects)) * 8
 
-    done = optimize_experiment(config, progress=False)
+    done = optimize(config, progress=False)
     saving = done.probe_saving
     assert saving is not None and saving.probe_made == kept.n
     # Every task and judge call of step 0 on the optimization questions was the probe's, found in the
@@ -93,7 +93,7 @@ def test_an_unreadable_record_of_the_probes_calls_is_said_and_the_run_goes_on(
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "probe_calls.json").write_text(json.dumps({"made": ["not", "a", "map"]}), encoding="utf-8")
     heard: list[str] = []
-    done = optimize_experiment(config, progress=False, notice=heard.append)
+    done = optimize(config, progress=False, notice=heard.append)
     assert done.probe_saving is None and done.result is not None
     assert any(h.startswith("probe: ") and "probe_calls.json is not a list of the probe's calls" in h
                and "run `opro probe` again, or delete it" in h for h in heard), heard

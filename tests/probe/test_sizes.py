@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from opro.config import OptimizerSection
 from opro.probe.sizes import heldout_detectable, needed_for, questions_needed
-from opro.search.settings import ValidationSettings
 from opro.stats import betting
-from opro.stats.claim import Claim
 from opro.stats.sequential import claim_rate, design_power, look_sizes
+from opro.workflows.settings import validation_settings
 
 SCALE = (1.0, 5.0)
 
@@ -42,7 +42,7 @@ def test_the_questions_needed_are_the_design_size_whose_detectable_gain_is_asked
 
 
 def test_a_cost_claim_needs_questions_beyond_the_split_which_the_pool_and_the_extension_give() -> None:
-    design = ValidationSettings(claim=Claim(objective="cost", margin=0.25), validation_extension=20)
+    design = validation_settings(OptimizerSection(objective="cost", margin=0.25, validation_extension=20))
     need = needed_for(design, selection=4, confirmation=24, unused=20, confirms=0.69, sd=1.0, scale=SCALE)
     assert need is not None and need.claim == "margin" and need.target == 0.25 and need.have == 48
     assert need.questions is not None and need.questions > 48

@@ -1,4 +1,4 @@
-"""The command recording seam: every CommandRecorder passes one contract; MLflow is one of them."""
+"""The command recording seam: every recorder of commands passes one contract; MLflow is one of them."""
 
 from __future__ import annotations
 
@@ -10,20 +10,20 @@ import pytest
 
 from opro.testing import MemoryRecorder
 from opro.tracking.commands import MlflowCommandRecorder
-from opro.tracking.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
+from opro.tracking.records import CommandRecord, Recorded, Recorder, finite_metrics, record_all
 
 
 def _mlflow(tmp_path: Path) -> MlflowCommandRecorder:
     return MlflowCommandRecorder(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="records")
 
 
-RECORDERS: dict[str, Callable[[Path], CommandRecorder]] = {"list": lambda _: MemoryRecorder(), "mlflow": _mlflow}
+RECORDERS: dict[str, Callable[[Path], Recorder]] = {"list": lambda _: MemoryRecorder(), "mlflow": _mlflow}
 
 
 @pytest.mark.parametrize("make", RECORDERS.values(), ids=list(RECORDERS))
-def test_every_command_recorder_records_and_says_where(make: Callable[[Path], CommandRecorder], tmp_path: Path) -> None:
+def test_every_command_recorder_records_and_says_where(make: Callable[[Path], Recorder], tmp_path: Path) -> None:
     recorder = make(tmp_path)
-    assert isinstance(recorder, CommandRecorder)
+    assert isinstance(recorder, Recorder)
     report = tmp_path / "probe.json"
     report.write_text("{}", encoding="utf-8")
     record = CommandRecord(kind="probe", name="probe", params={"questions": 8}, metrics={"effect_none": -0.1},

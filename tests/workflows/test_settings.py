@@ -16,12 +16,15 @@ from opro.workflows.settings import (
 )
 
 
-def test_the_settings_types_default_to_the_configs_defaults() -> None:
-    """A script that builds a settings type by hand gets what an empty [optimizer] gives."""
+def test_the_config_declares_the_defaults_once_and_the_settings_types_none() -> None:
+    """Each setting's default is declared once, in ``[optimizer]``: a script gets the settings of an empty
+    section from the adapter, and a settings type restates no default."""
+    for kind in (SearchSettings, ValidationSettings, PrunerSettings, ProposerSettings):
+        restated = [f.name for f in dataclasses.fields(kind)
+                    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+        assert not restated, (kind.__name__, restated)
     o = OptimizerSection()
-    assert search_settings(o) == SearchSettings()
-    assert pruner_settings(o) == PrunerSettings()
-    assert proposer_settings(o) == ProposerSettings()
+    assert (search_settings(o).steps, pruner_settings(o).pruner, proposer_settings(o).proposer) == (o.steps, o.pruner, o.proposer)
     assert claim(o) == Claim()
 
 

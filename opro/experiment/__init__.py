@@ -2,53 +2,85 @@
 
 Collaborators are built lazily and passed explicitly (no global settings): the model pool, one :class:`ChatClient`
 per role over a shared call cache and usage ledger, the corpus and retriever, the split dataset, the program, the judge.
+This module is the wiring; beside it, :mod:`~opro.experiment.fingerprints` (what defines a run and what changes
+its scores), :mod:`~opro.experiment.summary` (``summary.json``) and :mod:`~opro.experiment.result`
+(:class:`RunResult`); the study store and its archive are :mod:`opro.search.storage`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opro.calibration.calibrate import judge_noise_note
 from opro.config import BUILTIN_PYTHON_REFERENCE, OproConfig, load_config
+
+# Modules, not their functions: what a test (or a plug-in) replaces in them is what is called.
+from opro.data import documents as corpus_files
+from opro.data.corpus import write_quickstart_corpus
+from opro.data.dataset import (
+    GoldenDataset,
+    check_split_fits,
+    folder_split_warning,
+    load_dataset,
+    question_hashes,
+    split_record,
+    split_shortfall,
+)
+from opro.data.pool import extension_questions, pool_folder
 from opro.errors import ConfigError, DataError, ModelPackError
+from opro.evaluation.batch import evaluate_templates
+from opro.experiment import fingerprints
+from opro.experiment.result import RunResult
+from opro.experiment.summary import SummaryWriter
 from opro.heldout.ledger import DecisionLedger
-from opro.llm import ROLES, ChatClient, UsageLedger
+from opro.judges import CorrectnessJudge, build_judge, build_paired_judge
+from opro.judges.factory import judge_template
+from opro.judges.templates import get_template
+from opro.judges.withheld import Withheld, apply_withheld, withheld_at, withhold
+from opro.llm import ChatClient, UsageLedger
+from opro.llm.choices import model_key, rates_here, task_spec
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
 from opro.llm.rates import rates_path
+from opro.locking import FileLock
 from opro.paths import cache_dir, data_dir
+from opro.probe.plan import answer_cost, noise_digest
+from opro.program import retrieval  # a module too, for its chunk_documents
 from opro.program.dimensions import DIMENSIONS, dimension, initial_values
+from opro.program.factory import FactoryProgram, user_program
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
-from opro.search.recorder import Recorder
-from opro.search.results import OptimizationResult
-from opro.tracking.records import Recorded
+from opro.program.rag import RAGProgram
+from opro.program.retrieval import (
+    OpenAIEmbedder,
+    Retriever,
+    SentenceTransformerEmbedder,
+    build_retriever,
+    files_chunks_key,
+    kept_chunks,
+)
+from opro.search import CandidateScorer, Search, SearchStudy, WorkerPlan, make_proposer, make_pruner
+from opro.search.space import SearchSpace, bootstrapped_demos, reference_demos
+from opro.search.storage import archive_study, open_storage
+from opro.search.workers import shared_sqlite_warning
+from opro.tracking.factory import search_recorders
+from opro.tracking.records import Recorder
 from opro.tracking.rundir import RunDir
+from opro.tracking.rundir_recorder import RunDirRecorder
+from opro.workflows.settings import proposer_settings, pruner_settings, search_settings
 
 if TYPE_CHECKING:
     from llama_index.core import Document
 
-    from opro.data.dataset import Example, GoldenDataset
-    from opro.judges import CorrectnessJudge
-    from opro.judges.withheld import Withheld
+    from opro.data.dataset import Example
     from opro.program.cost import CostModel
-    from opro.program.factory import FactoryProgram
-    from opro.program.rag import RAGProgram
-    from opro.program.retrieval import Retriever
-    from opro.search import CandidateScorer, Search, SearchStudy, WorkerPlan
-    from opro.search.space import SearchSpace
 
 logger = logging.getLogger(__name__)
-
-#: Model settings that never change a score, left out of the study fingerprint (the model's name stays).
-UNSCORED_SPEC_KEYS = ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill", "base_url")
 
 
 class Experiment:
@@ -85,8 +117,6 @@ class Experiment:
 
     def client(self, role: str, *, task_model: str | None = None) -> ChatClient:
         """``role``'s client; with ``task_model``, that task model's (:func:`opro.llm.choices.task_spec`)."""
-        from opro.llm.choices import model_key, task_spec
-
         spec = self.spec(role) if task_model is None else task_spec(self.config, task_model)
         key = role if spec == self.spec(role) else f"{role}:{task_model}"
         if key not in self._clients:
@@ -100,8 +130,6 @@ class Experiment:
     def cost_model(self, names: Sequence[str] = ()) -> CostModel:
         """What an answer costs with the task models in play and ``names``, at rates measured here where
         seconds price them (:func:`opro.llm.choices.rates_here`)."""
-        from opro.llm.choices import rates_here
-
         return self.config.cost_model(names, rates=rates_here(self.config, names, backend=self.pool.get,
                                                               notice=logger.warning))
 
@@ -112,8 +140,6 @@ class Experiment:
         paths: list[Path] = []
         for entry in self.config.data.docs:
             if entry == BUILTIN_PYTHON_REFERENCE:
-                from opro.data.corpus import write_quickstart_corpus
-
                 # Not into the output folder: `opro plan` only prints, and a run that fails its inputs
                 # leaves that folder as it was. Rendered anew each time (it follows this Python's pydoc).
                 paths.append(write_quickstart_corpus(cache_dir() / "corpus"))
@@ -123,9 +149,7 @@ class Experiment:
 
     @functools.cached_property
     def documents(self) -> list[Document]:
-        from opro.data.documents import load_documents
-
-        result = load_documents(self.document_paths, skip_bad=self.config.data.skip_bad)
+        result = corpus_files.load_documents(self.document_paths, skip_bad=self.config.data.skip_bad)
         for skipped in result.skipped:
             logger.warning("skipped %s: %s", skipped.path, skipped.reason)
         return list(result.documents)
@@ -137,17 +161,14 @@ class Experiment:
 
     def _chunks_at(self, chunk_size: int) -> list[Any]:
         """The corpus chunked at ``chunk_size`` (kept on disk, keyed by the files' bytes and the chunking)."""
-        from opro.data.documents import source_files
-        from opro.program.retrieval import chunk_documents, files_chunks_key, kept_chunks
-
         rag = self.config.rag
         # Keyed by the files' bytes, so a run whose chunks are kept (resume, compare, another worker)
         # loads no document: no PDF parsing and no LlamaIndex import (seconds of start-up).
-        key = files_chunks_key(source_files(self.document_paths), chunk_size=chunk_size,
+        key = files_chunks_key(corpus_files.source_files(self.document_paths), chunk_size=chunk_size,
                                chunk_overlap=rag.chunk_overlap, skip_bad=self.config.data.skip_bad)
         return list(kept_chunks(
             cache_dir() / "indexes" / f"chunks-files-{key[:24]}.json",
-            lambda: chunk_documents(self.documents, chunk_size=chunk_size, chunk_overlap=rag.chunk_overlap),
+            lambda: retrieval.chunk_documents(self.documents, chunk_size=chunk_size, chunk_overlap=rag.chunk_overlap),
         ))
 
     @property
@@ -155,8 +176,6 @@ class Experiment:
         """What ``[data].not_in_context`` took out of the corpus (recorded with the dataset), or None."""
         if not self.config.data.not_in_context:
             return None
-        from opro.judges.withheld import Withheld
-
         _ = self.dataset  # prepared (and the record written) first
         path = self.dataset_dir / "withheld.json"
         if not path.is_file():
@@ -183,8 +202,6 @@ class Experiment:
             return self._retrievers[key]
 
     def _build_retriever(self, settings: dict[str, Any]) -> Retriever:
-        from opro.program.retrieval import build_retriever
-
         rag = self.config.rag
         chunk_size = settings["chunk_size"]
         chunks = self._chunks_at(chunk_size)
@@ -192,8 +209,6 @@ class Experiment:
         if withheld is not None:  # the chunks that held the withheld questions' answers are not searched
             gone = set(withheld.chunk_ids)
             if chunk_size != rag.chunk_size:  # the same text taken out of another chunking
-                from opro.judges.withheld import withheld_at
-
                 lost = set(withheld.queries)
                 gone = set(withheld_at(
                     chunks, removed=[c.text for c in self._chunks if c.id in gone],
@@ -216,8 +231,6 @@ class Experiment:
         emb = self.config.rag.embeddings
         if emb is None:
             return None
-        from opro.program.retrieval import OpenAIEmbedder, SentenceTransformerEmbedder
-
         if emb.local_path:
             return SentenceTransformerEmbedder(model_path=self.config.resolve(emb.local_path))
         return OpenAIEmbedder(model=emb.model, base_url=emb.base_url or None, api_key_env=emb.api_key_env)
@@ -242,8 +255,6 @@ class Experiment:
     def search_space(self) -> SearchSpace | None:
         """``[search.space]`` with its demonstration pool (exemplar questions only), or None when only
         the wording is searched."""
-        from opro.search.space import SearchSpace, bootstrapped_demos, reference_demos
-
         sp, rag = self.config.search.space, self.config.rag
         if not sp.dimensions:
             return None
@@ -253,15 +264,11 @@ class Experiment:
             demos = reference_demos(exemplars, chars=sp.demo_chars,
                                     retrieve=lambda q: [c.text for c in self.retriever.retrieve(q)])
         elif "demos" in sp.dimensions:
-            from opro.evaluation.batch import evaluate_templates
-
             # The task model's answers under the initial configuration, judged (cached calls, counted).
             report = evaluate_templates(program=self.program, templates=[self.template(rag.initial_instructions[0])],
                                         examples=exemplars, judge=self.judge, progress=self.progress)[0]
             rows = {r.query: r for r in report.rows if r.error is None and not r.invalid}
             demos = bootstrapped_demos(exemplars, answer=lambda e: rows.get(e.query), chars=sp.demo_chars)
-        from opro.probe.plan import answer_cost
-
         return SearchSpace(
             dimensions=sp.dimensions, demos=demos, sampler=sp.sampler, seed=self.config.experiment.seed,
             demo_source=sp.demo_source, objective=self.config.optimizer.objective,
@@ -271,24 +278,17 @@ class Experiment:
     @functools.cached_property
     def program(self) -> RAGProgram | FactoryProgram:
         """opro's RAG program, or the user's (:func:`opro.program.factory.user_program`: checked, before any call)."""
-        from opro.program.factory import user_program
-        from opro.program.rag import RAGProgram
-
         return user_program(self.config, given=self._given_program, client=self.client) or RAGProgram(
             retriever=self.retriever, llm=self.client("task"), max_tokens=self.config.rag.answer_max_tokens,
             chunked=self.retriever_at, models=lambda name: self.client("task", task_model=name))
 
     def _judge_template(self) -> str | Path:
         """``[judge].template``: a built-in template's name, or its file resolved against the config."""
-        from opro.judges.factory import judge_template
-
         # The same resolution build_judge applies, so the fingerprint hashes the template the judge reads.
         return judge_template(section=self.config.judge, resolve=self.config.resolve)
 
     @functools.cached_property
     def judge(self) -> CorrectnessJudge:
-        from opro.judges import build_judge
-
         return build_judge(section=self.config.judge, client=self.client("judge"), resolve=self.config.resolve)
 
     # -- dataset -----------------------------------------------------------------------------
@@ -296,8 +296,6 @@ class Experiment:
     def decisions(self) -> DecisionLedger:
         """The user's decision ledger (:meth:`opro.heldout.ledger.DecisionLedger.of_user`), reconciled with
         its copies (and the home an earlier opro kept it in, beside the call cache) on first use."""
-        from opro.data.dataset import question_hashes
-
         data = self.config.data.dataset
         ledger = DecisionLedger.of_user(data_dir(), origin=f"output folder {self.run_dir.root}",
                                         dataset=self.config.resolve(data) if data else None,
@@ -310,32 +308,13 @@ class Experiment:
         return self.run_dir.dataset
 
     def _dataset_fingerprint(self) -> str:
-        d = self.config.data
-        blob = json.dumps(
-            {
-                "docs": list(d.docs),
-                "dataset": d.dataset,
-                "fields": [d.query_field, d.answer_field, d.contexts_field],
-                "questions_per_chunk": d.questions_per_chunk,
-                "max_chunks": d.max_chunks,
-                "split": [d.split.exemplar, d.split.optimization, d.split.heldout, d.split.seed]
-                + ([d.split.validation] if d.split.validation else []),
-                "chunking": [self.config.rag.chunk_size, self.config.rag.chunk_overlap],
-                **({"not_in_context": d.not_in_context} if d.not_in_context else {}),
-                "generator": self.spec("generator").safe_dict() if not d.dataset else None,
-                # Paraphrases are kept in one split where embeddings are configured.
-                **({"paraphrases": self._configured_embedder.identity} if self._configured_embedder else {}),
-            },
-            sort_keys=True,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        embedder = self._configured_embedder
+        return fingerprints.dataset_fingerprint(self.config, paraphrases=embedder.identity if embedder else None)
 
     @functools.cached_property
     def source_dataset(self) -> GoldenDataset | None:
         """``[data].dataset`` as read from the user's file or folder (nothing written; None: the dataset is
         generated from ``[data].docs``). Read once: the preflight parses it before anything is planned."""
-        from opro.data.dataset import load_dataset
-
         d = self.config.data
         if not d.dataset:
             return None
@@ -346,8 +325,6 @@ class Experiment:
     @functools.cached_property
     def dataset(self) -> GoldenDataset:
         """The split golden dataset, saved in ``<output_dir>/dataset`` so every command sees one split."""
-        from opro.data.dataset import check_split_fits, folder_split_warning, load_dataset, split_shortfall
-
         marker = self.dataset_dir / "opro_settings.txt"
         fingerprint = self._dataset_fingerprint()
         if marker.exists() and marker.read_text().strip() == fingerprint:
@@ -367,10 +344,10 @@ class Experiment:
                 marker.write_text(fingerprint)
                 return raw
         else:
+            # Imported here: LlamaIndex's question generation is seconds of imports that a prepared dataset never needs.
             from opro.data.generation import generate_dataset
-            from opro.program.retrieval import chunk_documents
 
-            chunks = chunk_documents(
+            chunks = retrieval.chunk_documents(
                 self.documents, chunk_size=self.config.rag.chunk_size, chunk_overlap=self.config.rag.chunk_overlap
             )
             raw = generate_dataset(
@@ -382,8 +359,6 @@ class Experiment:
             )
         withheld = None
         if d.not_in_context:
-            from opro.judges.withheld import apply_withheld, withhold
-
             withheld = withhold(raw.examples, self._chunks, fraction=d.not_in_context, seed=d.split.seed)
             raw = apply_withheld(raw, withheld)
             logger.info("%d of %d questions are now unanswerable from the corpus (%d chunks withheld)",
@@ -410,129 +385,55 @@ class Experiment:
 
     # -- optimization ------------------------------------------------------------------------
     def run_params(self) -> dict[str, Any]:
-        """Everything that defines the run, for MLflow (never secrets: specs carry env var names only)."""
-        cfg = self.config
-        params: dict[str, Any] = {"config": cfg.source, "seed": cfg.experiment.seed}
-        for role in ROLES:
-            for k, v in self.spec(role).safe_dict().items():
-                params[f"models.{role}.{k}"] = v
-        ds = self.dataset
-        assert ds.split is not None
-        params["dataset.hash"] = ds.content_hash
-        params["dataset.size"] = len(ds)
-        for name, n in ds.split.sizes.items():
-            params[f"split.{name}"] = n
-        params["split.seed"] = cfg.data.split.seed
-        for section in ("rag", "judge", "optimizer"):
-            for k, v in vars(getattr(cfg, section)).items():
-                if k != "embeddings":
-                    params[f"{section}.{k}"] = v
-        for k, v in cfg.search.space.params().items():
-            if v:  # an empty list: that dimension is not searched
-                params[f"search.space.{k}"] = v
-        return params
+        """Everything that defines the run, for MLflow (:func:`opro.experiment.fingerprints.run_params`)."""
+        return fingerprints.run_params(self.config, dataset=self.dataset)
 
     def fingerprint(self) -> dict[str, str]:
         """Everything that changes a score, stored with the study so a resume never mixes settings."""
-        out = self._score_settings()
-        if self.search_space is not None:  # absent otherwise: studies from before the space still resume
-            out["search.space"] = json.dumps(self.search_space.describe(), sort_keys=True)
-        return out
+        return fingerprints.fingerprint(self._score_settings(), space=self.search_space)
 
     def noise_digest(self) -> str | None:
         """What the paired noise of two prompts depends on (:func:`opro.probe.plan.noise_digest`), kept with a
         probe and a run's summary so a plan takes only this task's noise; None while the dataset is
         unprepared (no call is made to find it)."""
-        from opro.probe.plan import noise_digest
-
         marker = self.dataset_dir / "opro_settings.txt"
         if not (marker.is_file() and marker.read_text().strip() == self._dataset_fingerprint()):
             return None
         return noise_digest(self._score_settings())
 
     def _score_settings(self) -> dict[str, str]:
-        """The fingerprint but the search space (which bootstrapping its demonstrations would answer)."""
-        from opro.llm.choices import in_play
-        from opro.redaction import redact
-
-        cfg, ds = self.config, self.dataset
-        assert ds.split is not None
-        out: dict[str, str] = {
-            "dataset.hash": ds.content_hash,
-            "split": hashlib.sha256(json.dumps(ds.split.to_json(), sort_keys=True).encode()).hexdigest()[:16],
-            "seed": str(cfg.experiment.seed),
-        }
-        for role in ("task", "judge", "optimizer"):
-            for k, v in redact(self.spec(role).safe_dict()).items():
-                # Speed, not scores (saved prefixes and drafted tokens leave greedy answers as they were,
-                # up to floating-point sums), so a study resumes across them; and where the model is
-                # served, not which model: the same model on another port or host resumes.
-                if k not in UNSCORED_SPEC_KEYS:
-                    out[f"models.{role}.{k}"] = str(v)
-        out.update({f"models.task_model.{n}": json.dumps({k: v for k, v in redact(s.safe_dict()).items() if k not in
-                    UNSCORED_SPEC_KEYS}, sort_keys=True, default=str)  # the searched task models' tables, one each
-                    for n, s in in_play(cfg).items() if s != self.spec("task")})
-        for section in ("rag", "judge"):
-            for k, v in vars(getattr(cfg, section)).items():
-                if (k, v) not in (("paired", "pointwise"), ("both_orders", False)):  # defaults: older studies resume
-                    out[f"{section}.{k}"] = str(redact(v) if not hasattr(v, "__dataclass_fields__") else redact(vars(v)))
-        # What the judge reads, not only where it comes from: an edited template file (or another
-        # LlamaIndex's built-in text) scores differently, so it must not resume the study.
-        from opro.judges.templates import get_template
-
-        judge = get_template(self._judge_template())
-        content = json.dumps([judge.system, judge.user, judge.output_format])
-        out["judge.template_sha256"] = hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
-        if self.config.program.factory or self._given_program is not None:  # absent for opro's: old studies resume
-            out["program"] = json.dumps(getattr(self.program, "describe", dict)(), sort_keys=True, default=str)
-        return out
+        """The fingerprint but the search space (:func:`opro.experiment.fingerprints.score_settings`)."""
+        dataset, judge = self.dataset, get_template(self._judge_template())
+        user = self.config.program.factory or self._given_program is not None
+        return fingerprints.score_settings(self.config, dataset=dataset, judge=judge,
+                                           program=getattr(self.program, "describe", dict)() if user else None)
 
     def _storage(self) -> Any:
         """The config's Optuna study store, opened once (a clear error when it cannot be)."""
         if self._study_storage is None:
-            from opro.search.storage import open_storage
-
             self._study_storage = open_storage(self.config.optuna_storage)
         return self._study_storage
 
     def _study_exists(self) -> bool:
-        from opro.search.study import SearchStudy
         return SearchStudy.load(self._storage(), name=self.config.study_name) is not None
 
     def archive_study(self) -> str | None:
         """Copy the config's study to ``<name>-archived-<time>`` and delete it, so the next run starts fresh."""
-        import time
-
-        import optuna
-
-        cfg = self.config
-        if not self._study_exists():
-            return None
-        archived = f"{cfg.study_name}-archived-{time.strftime('%Y%m%d-%H%M%S')}"
-        optuna.copy_study(from_study_name=cfg.study_name, from_storage=self._storage(),
-                          to_storage=self._storage(), to_study_name=archived)
-        optuna.delete_study(study_name=cfg.study_name, storage=self._storage())
-        logger.warning("archived study %r as %r; starting a fresh study", cfg.study_name, archived)
-        return archived
+        return archive_study(self._storage(), name=self.config.study_name)
 
     def recorders(self, *, worker_index: int = 0, num_workers: int = 1,
                   split_record: dict[str, Any] | None = None) -> list[Recorder]:
         """What the search leaves behind, in order: the run directory's files, ``summary.json`` (which
         says where the trackers after it recorded the run), then the trackers' recorders
         (:func:`opro.tracking.factory.search_recorders`: their artifacts are the run directory's files)."""
-        from opro.tracking.factory import search_recorders
-        from opro.tracking.rundir_recorder import RunDirRecorder
-
         trackers = search_recorders(self, run_dir=self.run_dir, params=self.run_params() if worker_index == 0 else None,
                                     worker_index=worker_index, num_workers=num_workers)
-        summary = _SummaryWriter(self, recorded_by=trackers, split_record=split_record)
+        summary = SummaryWriter(self.run_dir, recorded_by=trackers, split_record=split_record,
+                                noise_digest=self.noise_digest, judge_noise=lambda: judge_noise_note(self.config))
         return [RunDirRecorder(self.run_dir, cost=self.cost_model()), summary, *trackers]
 
     def open_study(self) -> SearchStudy:
         """The config's study (created on the first run), refused when it was scored under other settings."""
-        from opro.search import SearchStudy, make_pruner
-        from opro.workflows.settings import pruner_settings
-
         study = SearchStudy.open(self._storage(), name=self.config.study_name, pruner=make_pruner(pruner_settings(self.config.optimizer)))
         study.check_fingerprint(self.fingerprint())
         return study
@@ -541,10 +442,6 @@ class Experiment:
         self, *, study: SearchStudy, workers: WorkerPlan | None = None, recorders: Sequence[Recorder] = ()
     ) -> Search:
         """The search over ``study``: the configured proposer, the scorer (this program and judges), the recorders."""
-        from opro.judges import build_paired_judge
-        from opro.search import CandidateScorer, Search, make_proposer
-        from opro.workflows.settings import proposer_settings, search_settings
-
         cfg = self.config
         scorer = CandidateScorer(program=self.program, judge=self.judge, template=self.template(""),
                                  task_slots=self.client("task").llm.max_concurrency, space=self.search_space, cost=self.cost_model(),
@@ -559,10 +456,6 @@ class Experiment:
         """Run (or resume) the optimization; ``fresh`` archives an existing study first. One process per
         output folder and worker index: a second one is refused at once, naming the holder, instead of
         racing the first on the stores and evaluating everything twice."""
-        from opro.locking import FileLock
-        from opro.search import WorkerPlan
-        from opro.search.workers import shared_sqlite_warning
-
         plan = WorkerPlan(index=worker_index, count=num_workers, timeout_s=self.config.tracking.worker_wait_s)
         lock = FileLock(
             self.run_dir.lock(worker_index=worker_index, num_workers=num_workers),
@@ -575,8 +468,6 @@ class Experiment:
             ds = self.dataset
             _ = self.decisions  # the ledger reconciled, or a damaged one refused, before anything is recorded
             if not ds.examples_in("optimization") and ds.split is not None:
-                from opro.data.dataset import split_shortfall
-
                 why = split_shortfall(ds.split)
                 if why:  # all questions in groups too big for it: say so, not just "empty"
                     raise DataError(f"the optimization split is empty: {why}")
@@ -584,7 +475,7 @@ class Experiment:
                 self.archive_study()
             record = self._record_split() if plan.lead else None
             recorders = self.recorders(worker_index=worker_index, num_workers=num_workers, split_record=record)
-            summary = next(r for r in recorders if isinstance(r, _SummaryWriter))
+            summary = next(r for r in recorders if isinstance(r, SummaryWriter))
             shared = shared_sqlite_warning(self.config.optuna_storage, num_workers=num_workers)
             if shared:
                 logger.warning("%s", shared)
@@ -608,7 +499,6 @@ class Experiment:
     def extension_set(self) -> tuple[Example, ...]:
         """The questions in no split that the validation stage may extend into (up to ``[optimizer].validation_extension``;
         none without a validation stage): the split's unused ones, then the dataset's pool (:mod:`opro.data.pool`)."""
-        from opro.data.pool import extension_questions, pool_folder
         o, ds = self.config.optimizer, self.dataset
         if not o.finalists or not o.validation_extension or not ds.examples_in("validation"):
             return ()
@@ -618,8 +508,6 @@ class Experiment:
         """What this optimization saw (:func:`opro.data.dataset.split_record`), for the held-out guard of
         compare / evaluate: ``split_record.json`` before the search (so a crashed run is covered), then
         ``summary.json`` and the Optuna study after it."""
-        from opro.data.dataset import split_record
-
         record = split_record(self.dataset, extension=self.extension_set())
         return self.run_dir.keep_split_record(record, kept_stands=self.run_dir.split_record.is_file()
                                               and self._study_exists())
@@ -631,70 +519,4 @@ class Experiment:
             self._study_storage = None
 
 
-@dataclass(frozen=True)
-class RunResult(OptimizationResult):
-    """What ``opro optimize`` returned: the search's result, and where the run was recorded."""
-
-    output_dir: Path | None = None
-    #: Where the trackers recorded the run (beside ``output_dir``), in their order: ``where`` for a person.
-    recorded: tuple[Recorded, ...] = ()
-    #: The judge-noise note beside the gain (from ``opro calibrate``'s record), as the summary says it.
-    judge_noise: str | None = None
-
-    def summary(self) -> dict[str, Any]:
-        from opro.tracking.commands import mlflow_run_of
-
-        # summary.json names the MLflow run as it always has (sources and export find the run by it).
-        return {**super().summary(), "mlflow_run_id": mlflow_run_of(self.recorded), "judge_noise": self.judge_noise}
-
-
-class _SummaryWriter(Recorder):
-    """The composition root's own recorder: ``summary.json`` (and its copy in the study, for ``opro compare best``
-    from the stores on any machine), written once, whole, after the run directory's files and before the
-    trackers' recorders (``recorded_by``) log them as artifacts; with where those recorded the run."""
-
-    def __init__(self, experiment: Experiment, *, recorded_by: Sequence[Recorder],
-                 split_record: dict[str, Any] | None) -> None:
-        self.experiment = experiment
-        self.recorded_by = tuple(recorded_by)
-        self.split_record = split_record
-        self._run: tuple[OptimizationResult, RunResult] | None = None
-
-    def on_result(self, study: SearchStudy, result: OptimizationResult) -> None:
-        summary = self.run_result(result).summary()
-        # Which task's noise the validation scores measure: a plan reads them only for the same task.
-        summary["noise_digest"] = self.experiment.noise_digest()
-        if self.split_record is not None:
-            summary["split_record"] = self.split_record
-            study.save_split_record(self.split_record)
-        study.save_summary(summary)
-        self.experiment.run_dir.write_summary(summary)
-
-    def run_result(self, result: OptimizationResult) -> RunResult:
-        """``result`` with where it was recorded (the same object for the same result)."""
-        if self._run is None or self._run[0] is not result:
-            from opro.calibration.calibrate import judge_noise_note
-
-            fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
-            self._run = (result, RunResult(
-                **fields,
-                output_dir=self.experiment.run_dir.root,
-                recorded=tuple(r for r in (x.recorded() for x in self.recorded_by) if r is not None),
-                judge_noise=judge_noise_note(self.experiment.config),
-            ))
-        return self._run[1]
-
-
-def optimize(config: OproConfig | str | Path, *, worker_index: int = 0, num_workers: int = 1, progress: bool | None = None,
-             program: Any = None) -> RunResult:
-    """Run the OPRO optimization an experiment config describes (the Python face of ``opro optimize``); ``program``:
-    a program, or a function building a LlamaIndex query engine (:mod:`opro.program.factory`), to tune instead."""
-    cfg = config if isinstance(config, OproConfig) else load_config(config)
-    exp = Experiment(cfg, progress=progress, program=program)
-    try:
-        return exp.optimize(worker_index=worker_index, num_workers=num_workers)
-    finally:
-        exp.close()
-
-
-__all__ = ["Experiment", "RunResult", "optimize"]
+__all__ = ["Experiment", "RunResult"]
