@@ -44,7 +44,7 @@ from opro.program.dimensions import DIMENSIONS, Value, model_of
 from opro.stats.clusters import keys_of
 from opro.stats.noninferiority import check_margin, holm_noninferiority, noninferiority
 from opro.stats.paired import compare_paired, holm_family, t_mean_ci
-from opro.tracking.records import CommandRecord, CommandRecorder, EvaluatedPrompt, Recorded, record_all
+from opro.tracking.records import CommandRecord, EvaluatedPrompt, Recorded, Recorder, record_all
 from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -356,7 +356,7 @@ def save_comparison(
     name: str | None = None,
     mlflow: bool = True,
     tracking_uri: str | None = None,
-    recorders: Sequence[CommandRecorder] | None = None,
+    recorders: Sequence[Recorder] | None = None,
 ) -> SavedComparison:
     """Write the report files and record them (:func:`comparison_record`) through ``recorders``, by
     default the config's (:func:`opro.tracking.factory.command_recorders`: an MLflow run tagged

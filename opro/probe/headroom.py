@@ -44,7 +44,7 @@ from opro.probe.savings import with_costs
 from opro.probe.store import probe_signature, stored_probe, write_probe
 from opro.probe.task_limits import FORMAT_INSTRUCTION, task_limits
 from opro.probe.verdicts import INERT_WITHIN, verdict_of, with_verdicts
-from opro.tracking.records import CommandRecord, CommandRecorder, Recorded, finite_metrics, record_all
+from opro.tracking.records import CommandRecord, Recorded, Recorder, finite_metrics, record_all
 from opro.workflows.settings import claim, proposer_settings
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ class ProbeRun:
     recorded: tuple[Recorded, ...]
 
 
-def run_probe(experiment: Experiment, *, recorders: Sequence[CommandRecorder] = (), questions: int | None = None,
+def run_probe(experiment: Experiment, *, recorders: Sequence[Recorder] = (), questions: int | None = None,
               progress: bool | None = None) -> ProbeRun:
     """The probe (:func:`probe`), written to the output folder (:func:`write_probe`) and recorded through
     ``recorders`` (``opro.kind = probe``): what ``opro probe`` does."""

@@ -154,9 +154,6 @@ class Recorder(Protocol):
         return None
 
 
-#: The name commands have used for the seam: the same protocol (a command calls :meth:`Recorder.record`).
-CommandRecorder = Recorder
-
 
 def record_all(recorders: Sequence[Recorder], record: CommandRecord) -> tuple[Recorded, ...]:
     """``record`` through every recorder, in order, each told where the ones before it recorded it
@@ -175,4 +172,4 @@ def finite_metrics(values: Mapping[str, float | None]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if v is not None and v == v}
 
 
-__all__ = ["CommandRecord", "CommandRecorder", "EvaluatedPrompt", "Recorded", "Recorder", "finite_metrics", "record_all"]
+__all__ = ["CommandRecord", "EvaluatedPrompt", "Recorded", "Recorder", "finite_metrics", "record_all"]
