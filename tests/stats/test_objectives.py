@@ -3,24 +3,28 @@ objective (the sampler's study, the race, the finalist rule, the verdict) follow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import optuna
 import pytest
 
+from opro.config import OptimizerSection
 from opro.errors import ConfigError
 from opro.program.cost import CostSummary
 from opro.search import RacingPruner
 from opro.search.finalists import choose_finalists
 from opro.search.pruners import RunningCandidate
 from opro.search.results import CandidateRecord
-from opro.search.settings import ValidationSettings
 from opro.search.space import SearchSpace
 from opro.search.trials import CandidateTrial
 from opro.search.validation import validate
 from opro.stats.claim import Claim
 from opro.stats.objectives import COST, QUALITY, Direction, Race, Target, objective_named
+from opro.workflows.settings import validation_settings
+
+#: The validation stage at the config's defaults (the settings types restate none).
+DEFAULTS = validation_settings(OptimizerSection())
 
 
 @dataclass(frozen=True)
@@ -127,14 +131,14 @@ def test_the_finalists_and_the_verdict_follow_the_objective() -> None:
     history = [initial, faster, cheaper]
 
     def finalists(objective: Any) -> list[str]:
-        settings = ValidationSettings(claim=Claim(objective=objective, margin=0.25), finalists=2)
+        settings = replace(DEFAULTS, claim=Claim(objective=objective, margin=0.25), finalists=2)
         return [r.instruction for r in choose_finalists(history, initial="initial", settings=settings, n_confirmation=40)]
 
     assert finalists(LATENCY) == ["faster"]
     assert finalists(COST) == ["cheaper"]
     assert finalists(QUALITY) == ["faster", "cheaper"]
     # Nothing faster: the stage returns before it asks a question (no study or scorer is touched).
-    settings = ValidationSettings(claim=Claim(objective=LATENCY, margin=0.25))  # type: ignore[arg-type]
+    settings = replace(DEFAULTS, claim=Claim(objective=LATENCY, margin=0.25))  # type: ignore[arg-type]
     result = validate(study=None, scorer=None, settings=settings, validation_set=(),  # type: ignore[arg-type]
                       history=[initial, cheaper], initial="initial")
     assert result.verdict == "no candidate answered faster without being clearly worse by more than 0.25"

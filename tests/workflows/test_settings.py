@@ -46,5 +46,5 @@ def test_each_setting_is_carried_from_the_config_under_its_name() -> None:
     assert search_settings(o).validation == validation_settings(o)
     assert proposer_settings(o).show_length and not proposer_settings(OptimizerSection()).show_length
     v = validation_settings(o)
-    assert (v.objective, v.alpha, v.margin) == ("cost", 0.1, 0.5)
+    assert (v.objective.name, v.alpha, v.margin) == ("cost", 0.1, 0.5)
     assert isinstance(v, ValidationSettings)
