@@ -45,7 +45,7 @@ Params = Mapping[str, Value]
 #: The dimensions' names, in the table's order (:data:`opro.program.dimensions.DIMENSIONS`).
 DIMENSIONS = tuple(d.name for d in TABLE)
 #: What one answer costs under a configuration (the values of every open dimension): the plan's
-#: estimate (:func:`opro.probe.plan.answer_cost`), in the cost objective's unit.
+#: estimate (:func:`opro.program.dimensions.answer_cost`), in the cost objective's unit.
 Price = Callable[[Params], float]
 
 
@@ -200,7 +200,7 @@ class SearchSpace:
             params = {n: r.params.get(n) for n in dists}
             if r.status != "complete" or r.score is None or any(v not in self.choices[n] for n, v in params.items()):
                 continue
-            values = self.objective.values(float(r.score), r.cost)
+            values = self.objective.values(float(r.score), None if r.cost is None else r.cost.cost)
             if values is None:
                 continue
             sampling.add_trial(optuna.trial.create_trial(params=params, distributions=dists, values=values))
