@@ -30,14 +30,9 @@ from opro.stats.paired import paired_valid
 from opro.stats.sequential import t_interval
 
 
-def _spent(r: CandidateRecord, objective: Objective) -> float | None:
-    """What ``r`` spends per answer by the objective's measure (None: none, or not measured)."""
-    return objective.amount(None if r.cost is None else r.cost.cost)
-
-
 def _amount(r: CandidateRecord, objective: Objective) -> float:
     """What ``r`` spends per answer by the objective's measure (a record without one: infinite)."""
-    amount = _spent(r, objective)
+    amount = objective.amount(r.cost)
     return math.inf if amount is None else amount
 
 
@@ -46,7 +41,7 @@ def _cheaper(history: Sequence[CandidateRecord], *, initial: str, margin: float,
     """The initial configuration's search record, and the complete candidates cheaper per answer than it
     (the objective's amount) and not clearly worse (:func:`cost_finalists`)."""
     key = normalize_instruction(initial)
-    done = [r for r in history if r.status == "complete" and r.score is not None and _spent(r, objective) is not None]
+    done = [r for r in history if r.status == "complete" and r.score is not None and objective.amount(r.cost) is not None]
     base = next((r for r in done if normalize_instruction(r.name) == key), None)
     if base is None:
         return None, []
@@ -128,7 +123,7 @@ def chosen_finalist(finalists: Sequence[CandidateRecord], selection_scores: Mapp
     if not objective.non_inferiority:
         return best
     key = normalize_instruction(initial)
-    base = next((r for r in history if r.status == "complete" and _spent(r, objective) is not None
+    base = next((r for r in history if r.status == "complete" and objective.amount(r.cost) is not None
                  and normalize_instruction(r.instruction) == key), None)
     if base is None or _amount(base, objective) <= 0:
         return best
@@ -151,7 +146,7 @@ def expected_saving(finalist: CandidateRecord, initial: CandidateRecord, *, marg
     configuration's, position by position), with their sd. None without a cost or a pair. An estimate
     that only orders the finalists: it claims nothing (the confirmation tests the one chosen on other
     questions)."""
-    mine, theirs = _spent(finalist, objective), _spent(initial, objective)
+    mine, theirs = objective.amount(finalist.cost), objective.amount(initial.cost)
     if mine is None or theirs is None or theirs <= 0:
         return None
     d = [x - y for pair in ((finalist.scores, initial.scores), selection)

@@ -196,7 +196,7 @@ def _no_cheaper(candidate: RunningCandidate, other: CandidateTrial, objective: O
     if pairs:
         return sum(x - y for x, y in pairs) >= 0.0
     mine = [x for x in candidate.costs if x is not None]
-    theirs = objective.amount(None if other.cost is None else other.cost.cost)
+    theirs = objective.amount(other.cost)
     if not mine or theirs is None:
         return False  # unknown: never a reason to stop
     return sum(mine) / len(mine) >= theirs

@@ -200,7 +200,7 @@ class SearchSpace:
             params = {n: r.params.get(n) for n in dists}
             if r.status != "complete" or r.score is None or any(v not in self.choices[n] for n, v in params.items()):
                 continue
-            values = self.objective.values(float(r.score), None if r.cost is None else r.cost.cost)
+            values = self.objective.values(float(r.score), r.cost)
             if values is None:
                 continue
             sampling.add_trial(optuna.trial.create_trial(params=params, distributions=dists, values=values))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from opro.errors import ConfigError
+from opro.program.cost import CostSummary
 
 Direction = Literal["maximize", "minimize"]
 #: What the plan's sizes are computed for: a margin of non-inferiority, or a gain.
@@ -57,11 +58,10 @@ class Objective(Protocol):
     def directions(self) -> tuple[Direction, ...]:
         """The sampler's Optuna study: one direction per value of :meth:`values`."""
 
-    def amount(self, cost: float | None) -> float | None:
-        """The amount per answer a winner lowers, of a candidate whose measured cost per answer is ``cost``
-        (:attr:`opro.program.cost.CostSummary.cost`; None: none, or not measured)."""
+    def amount(self, cost: CostSummary | None) -> float | None:
+        """The amount per answer a winner lowers (None: none, or not measured)."""
 
-    def values(self, score: float, cost: float | None) -> list[float] | None:
+    def values(self, score: float, cost: CostSummary | None) -> list[float] | None:
         """What a complete candidate tells the sampler (None: it tells it nothing)."""
 
     def first_move(self, price: float) -> float:
@@ -95,10 +95,10 @@ class QualityObjective:
     non_inferiority: bool = False
     directions: tuple[Direction, ...] = ("maximize",)
 
-    def amount(self, cost: float | None) -> float | None:
+    def amount(self, cost: CostSummary | None) -> float | None:
         return None
 
-    def values(self, score: float, cost: float | None) -> list[float] | None:
+    def values(self, score: float, cost: CostSummary | None) -> list[float] | None:
         return [score]
 
     def first_move(self, price: float) -> float:
@@ -134,11 +134,11 @@ class CostObjective:
     non_inferiority: bool = True
     directions: tuple[Direction, ...] = ("maximize", "minimize")
 
-    def amount(self, cost: float | None) -> float | None:
-        return cost
+    def amount(self, cost: CostSummary | None) -> float | None:
+        return None if cost is None else cost.cost
 
-    def values(self, score: float, cost: float | None) -> list[float] | None:
-        return None if cost is None else [score, cost]
+    def values(self, score: float, cost: CostSummary | None) -> list[float] | None:
+        return None if cost is None else [score, cost.cost]
 
     def first_move(self, price: float) -> float:
         return price
