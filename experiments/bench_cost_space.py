@@ -34,21 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_selection import (
-    INITIAL,
-    MEASURED_LEVEL,
-    MEASURED_LEVEL_SD,
-    MEASURED_SDS,
-    MEASURED_TIES,
-    EchoProgram,
-    Ex,
-    ReplyJudge,
-    _normal,
-    _uniform,
-    solve,
-)
+from bench_world import INITIAL, EchoProgram, Ex, ReplyJudge, _normal, _uniform
 
 from opro.config import OptimizerSection
+from opro.experiment.settings import proposer_settings, pruner_settings, search_settings
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
 from opro.search import (
@@ -61,7 +50,7 @@ from opro.search import (
     open_storage,
 )
 from opro.search.space import SearchSpace
-from opro.workflows.settings import proposer_settings, pruner_settings, search_settings
+from opro.testing.score_worlds import MEASURED_LEVEL, MEASURED_LEVEL_SD, MEASURED_SDS, MEASURED_TIES, solve
 
 SPACE = {"top_k": [1, 3, 5], "answer_max_tokens": [48, 128, 256]}
 INITIAL_SETTINGS = {"top_k": 3, "answer_max_tokens": 128}

@@ -62,7 +62,6 @@ quality race, the sampler alone) beside this one (the objective-aware race, step
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import math
@@ -70,14 +69,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from bench_world import INITIAL, EchoProgram, Ex, ReplyJudge, _normal, _uniform
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
+from opro.experiment.settings import proposer_settings, pruner_settings, search_settings, validation_settings
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
@@ -104,36 +104,10 @@ from opro.testing.score_worlds import (
 )
 from opro.testing.score_worlds import effect_for as world_effect_for
 from opro.testing.worlds import TextTemplate  # the tests' keyword world shares it
-from opro.workflows.settings import proposer_settings, pruner_settings, search_settings, validation_settings
 
-INITIAL = "Answer the question."
 BASE_LEVEL = 3.0
 QUESTION_SD = 0.6  # how much questions differ in difficulty (shared by every prompt: the pairing)
 NOISE_SD = 0.9  # per-call judge noise; with QUESTION_SD the spread of a prompt's scores is about 1.1
-
-
-@dataclass(frozen=True)
-class Ex:
-    query: str
-    reference_answer: str
-
-
-@dataclass(frozen=True)
-class Verdict:
-    score: float | None
-    invalid: bool
-
-
-def _normal(*parts: object) -> float:
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    u1 = (int.from_bytes(digest[:8], "big") + 1) / (2**64 + 2)
-    u2 = int.from_bytes(digest[8:16], "big") / 2**64
-    return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
-
-
-def _uniform(*parts: object) -> float:
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def _score(level: float) -> float:
@@ -201,32 +175,6 @@ class World:
 
     def propose(self, messages: tuple[Message, ...], options: GenerationOptions) -> str:
         return f"<INS>Candidate {options.seed} of world {self.seed}.</INS>"
-
-
-@dataclass(frozen=True)
-class Echoed:
-    """An answer with the call that made it (its tokens: what an answer costs)."""
-
-    text: str
-    completion: Any
-
-
-class EchoProgram:
-    def __init__(self, client: ChatClient) -> None:
-        self.client = client
-
-    def answer(self, query: str, *, template: Any) -> Any:
-        completion = self.client.complete(f"{template}\nQuery: {query}")
-        return Echoed(completion.text, completion)
-
-
-class ReplyJudge:
-    def __init__(self, client: ChatClient) -> None:
-        self.client = client
-
-    def measure(self, *, query: str, answer: str, reference: str | None, contexts: Sequence[str] = ()) -> Verdict:
-        reply = self.client.complete(f"Grade.\nQuestion: {query}\nAnswer: {answer}\nReference: {reference}").text
-        return Verdict(float(reply), False)
 
 
 #: ``--cost``: filler words of the initial instruction's answers and of a proposal's, so that a

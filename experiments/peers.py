@@ -196,8 +196,8 @@ def run_opro(
 ) -> tuple[str, float | None, int, str]:
     """opro's search on the optimization split (exemplars from the exemplar split) until the budget
     is spent. Returns (instruction, search score, questions, stopped)."""
+    from opro.experiment.settings import proposer_settings, pruner_settings, search_settings
     from opro.search import CandidateScorer, Search, SearchStudy, make_proposer, make_pruner, open_storage
-    from opro.workflows.settings import proposer_settings, pruner_settings, search_settings
 
     cfg = exp.config
     ds = exp.dataset
@@ -344,8 +344,8 @@ def run_method(exp: BudgetedExperiment, method: str, *, settings: PeerSettings, 
 
 def compare_winners(exp: Experiment, results: Sequence[MethodResult], *, seed: int) -> ComparisonReport:
     """The initial instruction and every winner, re-scored by opro's judge on the held-out split."""
+    from opro.export.sources import resolve_prompt
     from opro.heldout.compare import compare_prompts
-    from opro.heldout.sources import resolve_prompt
 
     cfg = exp.config
     initial = resolve_prompt(f"text:{cfg.rag.initial_instructions[0]}", config=cfg)

@@ -21,12 +21,12 @@ import json
 from pathlib import Path
 
 from opro.config import OptimizerSection
+from opro.experiment.settings import validation_settings
 from opro.probe.plan import DEFAULT_DIFFERENCE_SDS
 from opro.probe.sizes import QUALITY_GAIN, questions_needed
 from opro.search.settings import ValidationSettings
 from opro.search.validation_sizes import confirmation_looks
 from opro.stats.sequential import claim_rate
-from opro.workflows.settings import validation_settings
 
 SCALE = (1.0, 5.0)
 MARGIN = 0.25

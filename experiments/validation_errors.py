@@ -31,11 +31,11 @@ from hall_flips import flip_signs as draw_signs
 from hall_flips import flipped, spent, statistic
 
 from opro.config import OptimizerSection
+from opro.experiment.settings import validation_settings
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.stats.betting import claims
 from opro.stats.sequential import futile
 from opro.testing.score_worlds import WORLDS, World, cluster_layout, effect_for, paired_scores
-from opro.workflows.settings import validation_settings
 
 SCALE = (SCORE_MIN, SCORE_MAX)
 _SIGNS: dict[tuple[int, int, int, int], np.ndarray] = {}

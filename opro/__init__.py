@@ -50,7 +50,7 @@ _EXPORTS: dict[str, str] = {
     "RelevancyJudge": "opro.judges",
     "MetricResult": "opro.judges.metrics",
     "evaluate_examples": "opro.evaluation.batch",
-    "resolve_prompt": "opro.heldout.sources",
+    "resolve_prompt": "opro.export.sources",
     "compare_prompts": "opro.heldout.compare",
     "export_prompt": "opro.export",
     # errors
@@ -141,8 +141,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from opro.evaluation.batch import evaluate_examples
     from opro.experiment import Experiment, RunResult
     from opro.export import export_prompt
+    from opro.export.sources import resolve_prompt
     from opro.heldout.compare import compare_prompts
-    from opro.heldout.sources import resolve_prompt
     from opro.judges import CorrectnessJudge, FaithfulnessJudge, RelevancyJudge
     from opro.judges.metrics import MetricResult
     from opro.llm import LLM, ChatClient, Completion, Message, UsageLedger

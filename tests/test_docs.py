@@ -197,7 +197,7 @@ def _named_paths(args: list[str]) -> list[str]:
 
 
 def _prompt_kind(spec: str) -> str:
-    """The kind `opro.heldout.sources.resolve_prompt` gives a spec: `opro evaluate` names its table after it."""
+    """The kind `opro.export.sources.resolve_prompt` gives a spec: `opro evaluate` names its table after it."""
     if spec == "best" or spec.startswith("run:") or spec.endswith(".toml"):
         return "run"
     if spec == "initial" or spec.startswith("initial:"):
@@ -210,7 +210,7 @@ def _prompt_kind(spec: str) -> str:
 def _writes(args: list[str]) -> list[tuple[str, frozenset[str]]]:
     """What an `opro` command line writes: (path, the sub-folders of it that other commands write)."""
     from opro.config import load_config
-    from opro.tracking.rundir import CALIBRATION_DIR, CALIBRATION_FILE, COMPARE_DIR, EVALUATE_DIR, EXPORT_DIR
+    from opro.paths import CALIBRATION_DIR, CALIBRATION_FILE, COMPARE_DIR, EVALUATE_DIR, EXPORT_DIR
 
     written = [(_norm(out), frozenset()) for out in (_option(args, "--out"), _option(args, ">")) if out]
     config = next((a for a in args if a.endswith(".toml") and (ROOT / a).is_file()), None)

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_run_on_every_default_keeps_its_files_in_the_suites_own_home(tmp_path: Path) -> None:
     from opro.config import config_from_dict
     from opro.experiment import Experiment
-    from opro.heldout.ledger import LEDGER_FILE
     from opro.paths import cache_dir, data_dir
+    from opro.search.ledger import LEDGER_FILE
 
     user, home = Path(os.environ["OPRO_TESTS_USER_HOME"]), Path.home()
     assert home != user and cache_dir().is_relative_to(home)

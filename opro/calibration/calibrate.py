@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any
 from opro.calibration.nearmiss import NEAR_MISSES, near_misses
 from opro.errors import ConfigError, DataError
 from opro.llm import UsageLedger
-from opro.tracking.records import CommandRecord, finite_metrics
-from opro.tracking.rundir import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
+from opro.paths import CALIBRATION_DIR, CALIBRATION_FILE, RunDir
+from opro.search.records import CommandRecord, finite_metrics
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
     from opro.data.dataset import Example
-    from opro.evaluation.workbench import Workbench
     from opro.judges import CorrectnessJudge
+    from opro.tracking.workbench import Workbench
 
 #: The conditions judged since the first calibrations (the retest repeats answers of these).
 BASE_CONDITIONS: tuple[str, ...] = ("reference", "wrong", "task")

@@ -19,7 +19,10 @@ from typing import Any, Literal
 
 from opro.config.checks import check_factory, check_mlflow_uri, check_optuna_storage, check_ranges
 from opro.errors import ConfigError, PromptError
-from opro.llm.choices import (
+from opro.llm.client import DEFAULT_PRICES, ROLES, Price
+from opro.llm.pool import ModelSpec, check_endpoint
+from opro.llm.speed import TokenRate
+from opro.program.choices import (
     check_name,
     check_served,
     config_cost_model,
@@ -27,9 +30,6 @@ from opro.llm.choices import (
     searched_models,
     task_models,
 )
-from opro.llm.client import DEFAULT_PRICES, ROLES, Price
-from opro.llm.pool import ModelSpec, check_endpoint
-from opro.llm.speed import TokenRate
 from opro.program.cost import CostModel
 from opro.program.dimensions import DIMENSIONS, Value, dimension
 from opro.program.dimensions import names as dimension_names
@@ -176,7 +176,7 @@ class ModelsSection:
     judge: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("judge"))
     optimizer: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("optimizer"))
     generator: ModelSpec = field(default_factory=lambda: ModelSpec.embedded("generator"))
-    #: ``[models.task_choices.NAME]``: other task models by name (:mod:`opro.llm.choices`), each a full model
+    #: ``[models.task_choices.NAME]``: other task models by name (:mod:`opro.program.choices`), each a full model
     #: table, for ``[search.space].task_model`` and ``opro compare --set task_model=NAME``.
     task_choices: tuple[tuple[str, ModelSpec], ...] = ()
 
@@ -272,7 +272,7 @@ class OptimizerSection:
     #: A candidate counts as complete only if this share of its questions was scored validly.
     min_coverage: float = 0.9
     #: When the validation questions already decided a verdict under another design or other settings
-    #: (:mod:`opro.heldout.ledger`): ``refuse`` the run; ``label`` runs it as an exploration, every record
+    #: (:mod:`opro.search.ledger`): ``refuse`` the run; ``label`` runs it as an exploration, every record
     #: labelled "re-decided after a seen verdict", the initial instruction returned, never validated.
     seen_validation: Literal["refuse", "label"] = "refuse"
     #: Without prices for the task model, an answer's cost is its task tokens, prompt + this x
@@ -481,18 +481,18 @@ class OproConfig:
         return table
 
     def task_models(self) -> dict[str, ModelSpec]:
-        """Every task model this config can answer with, by name (:mod:`opro.llm.choices`)."""
+        """Every task model this config can answer with, by name (:mod:`opro.program.choices`)."""
         return task_models(self.models.task, dict(self.models.task_choices))
 
     def initial_task_model(self) -> str:
-        """``[models.task]``'s name among them (:func:`opro.llm.choices.initial_name`)."""
+        """``[models.task]``'s name among them (:func:`opro.program.choices.initial_name`)."""
         return initial_name(self.task_models(), prefer=[str(v) for v in searched_models(self)])
 
     def cost_model(self, names: Sequence[str] = (), *, rates: Mapping[str, TokenRate] | None = None) -> CostModel:
         """What an answer costs (:mod:`opro.program.cost`): the task model's prices where known, else its
         tokens weighted by ``[optimizer].completion_weight``; where several task models may answer (the
         searched ones and ``names``), each answer at its own model's prices, or at its seconds per token
-        (``rates``, else those measured here: :func:`opro.llm.choices.config_cost_model`)."""
+        (``rates``, else those measured here: :func:`opro.program.choices.config_cost_model`)."""
         return config_cost_model(self, names, rates=rates)
 
     # -- derived locations -------------------------------------------------------------------

@@ -366,7 +366,7 @@ def question_hash(normalized: str) -> str:
 
 def question_hashes(queries: Iterable[str]) -> tuple[str, ...]:
     """The decision ledger's hashes of ``queries`` (normalized, each once, in order)."""
-    from opro.heldout.ledger import short_hashes
+    from opro.hashing import short_hashes
 
     return short_hashes([question_hash(normalize_question(q)) for q in dict.fromkeys(queries)])
 

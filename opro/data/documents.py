@@ -7,10 +7,10 @@ to skip them (``skip_bad=True``), in which case :attr:`LoadResult.skipped` says 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opro.errors import DataError
 
@@ -25,6 +25,15 @@ LOADER_FORMAT = 1
 
 # Metadata that should not be shown to the LLM nor counted against the chunk size.
 _HIDDEN_METADATA = ("file_path", "page")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a document as retrieval indexes it (:func:`opro.program.retrieval.chunk_documents`)."""
+
+    id: str
+    text: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -201,5 +210,5 @@ def load_documents(paths: str | Path | Iterable[str | Path], *, skip_bad: bool =
 
 
 __all__ = [
-    "LOADER_FORMAT", "SUPPORTED_EXTENSIONS", "LoadResult", "SkippedFile", "load_documents", "load_file", "source_files",
+    "LOADER_FORMAT", "SUPPORTED_EXTENSIONS", "Chunk", "LoadResult", "SkippedFile", "load_documents", "load_file", "source_files",
 ]

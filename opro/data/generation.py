@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from opro.data.dataset import Example, GoldenDataset, NearDuplicates, is_near_duplicate
+from opro.data.documents import Chunk
 from opro.errors import ConfigError, DataError
 from opro.llm import ChatClient, Completion, Message
-from opro.program.retrieval import Chunk
 from opro.progress import ProgressBar, progress_bar
 
 # The question query LlamaIndex's DatasetGenerator builds inline (the reference notebook's

@@ -76,7 +76,7 @@ def dataset_folder(folder: str | Path) -> GoldenDataset:
 def pool_folder(config: OproConfig) -> Path:
     """The dataset folder whose pool ``config``'s runs extend into: ``[data].dataset`` where it is a
     folder (the run copies only its dataset and split), else the run's own (``<output_dir>/dataset``)."""
-    from opro.tracking.rundir import RunDir
+    from opro.paths import RunDir
 
     given = config.resolve(config.data.dataset) if config.data.dataset else None
     return given if given is not None and given.is_dir() else RunDir(config.output_dir).dataset

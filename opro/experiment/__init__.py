@@ -37,22 +37,21 @@ from opro.errors import ConfigError, DataError, ModelPackError
 from opro.evaluation.batch import evaluate_templates
 from opro.experiment import fingerprints
 from opro.experiment.result import RunResult
+from opro.experiment.settings import proposer_settings, pruner_settings, search_settings
 from opro.experiment.summary import SummaryWriter
-from opro.heldout.ledger import DecisionLedger
 from opro.judges import CorrectnessJudge, build_judge, build_paired_judge
 from opro.judges.factory import judge_template
 from opro.judges.templates import get_template
 from opro.judges.withheld import Withheld, apply_withheld, withheld_at, withhold
 from opro.llm import ChatClient, UsageLedger
-from opro.llm.choices import model_key, rates_here, task_spec
 from opro.llm.factory import ClientFactory, open_cache
 from opro.llm.pool import ModelPool, ModelSpec
 from opro.llm.rates import rates_path
 from opro.locking import FileLock
-from opro.paths import cache_dir, data_dir
-from opro.probe.plan import answer_cost, noise_digest
+from opro.paths import RunDir, cache_dir, data_dir
 from opro.program import retrieval  # a module too, for its chunk_documents
-from opro.program.dimensions import DIMENSIONS, dimension, initial_values
+from opro.program.choices import model_key, rates_here, task_spec
+from opro.program.dimensions import DIMENSIONS, answer_cost, dimension, initial_values
 from opro.program.factory import FactoryProgram, user_program
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.program.rag import RAGProgram
@@ -65,14 +64,13 @@ from opro.program.retrieval import (
     kept_chunks,
 )
 from opro.search import CandidateScorer, Search, SearchStudy, WorkerPlan, make_proposer, make_pruner
+from opro.search.ledger import DecisionLedger
+from opro.search.records import Recorder
 from opro.search.space import SearchSpace, bootstrapped_demos, reference_demos
 from opro.search.storage import archive_study, open_storage
 from opro.search.workers import shared_sqlite_warning
 from opro.tracking.factory import search_recorders
-from opro.tracking.records import Recorder
-from opro.tracking.rundir import RunDir
 from opro.tracking.rundir_recorder import RunDirRecorder
-from opro.workflows.settings import proposer_settings, pruner_settings, search_settings
 
 if TYPE_CHECKING:
     from llama_index.core import Document
@@ -116,7 +114,7 @@ class Experiment:
         return getattr(self.config.models, role)  # type: ignore[no-any-return]
 
     def client(self, role: str, *, task_model: str | None = None) -> ChatClient:
-        """``role``'s client; with ``task_model``, that task model's (:func:`opro.llm.choices.task_spec`)."""
+        """``role``'s client; with ``task_model``, that task model's (:func:`opro.program.choices.task_spec`)."""
         spec = self.spec(role) if task_model is None else task_spec(self.config, task_model)
         key = role if spec == self.spec(role) else f"{role}:{task_model}"
         if key not in self._clients:
@@ -129,7 +127,7 @@ class Experiment:
 
     def cost_model(self, names: Sequence[str] = ()) -> CostModel:
         """What an answer costs with the task models in play and ``names``, at rates measured here where
-        seconds price them (:func:`opro.llm.choices.rates_here`)."""
+        seconds price them (:func:`opro.program.choices.rates_here`)."""
         return self.config.cost_model(names, rates=rates_here(self.config, names, backend=self.pool.get,
                                                               notice=logger.warning))
 
@@ -294,7 +292,7 @@ class Experiment:
     # -- dataset -----------------------------------------------------------------------------
     @functools.cached_property
     def decisions(self) -> DecisionLedger:
-        """The user's decision ledger (:meth:`opro.heldout.ledger.DecisionLedger.of_user`), reconciled with
+        """The user's decision ledger (:meth:`opro.search.ledger.DecisionLedger.of_user`), reconciled with
         its copies (and the home an earlier opro kept it in, beside the call cache) on first use."""
         data = self.config.data.dataset
         ledger = DecisionLedger.of_user(data_dir(), origin=f"output folder {self.run_dir.root}",
@@ -393,13 +391,13 @@ class Experiment:
         return fingerprints.fingerprint(self._score_settings(), space=self.search_space)
 
     def noise_digest(self) -> str | None:
-        """What the paired noise of two prompts depends on (:func:`opro.probe.plan.noise_digest`), kept with a
+        """What the paired noise of two prompts depends on (:func:`opro.experiment.fingerprints.noise_digest`), kept with a
         probe and a run's summary so a plan takes only this task's noise; None while the dataset is
         unprepared (no call is made to find it)."""
         marker = self.dataset_dir / "opro_settings.txt"
         if not (marker.is_file() and marker.read_text().strip() == self._dataset_fingerprint()):
             return None
-        return noise_digest(self._score_settings())
+        return fingerprints.noise_digest(self._score_settings())
 
     def _score_settings(self) -> dict[str, str]:
         """The fingerprint but the search space (:func:`opro.experiment.fingerprints.score_settings`)."""

@@ -9,8 +9,9 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from opro.hashing import sha
 from opro.llm import ROLES
-from opro.llm.choices import in_play
+from opro.program.choices import in_play
 from opro.redaction import redact
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from opro.judges.templates import JudgeTemplate
     from opro.search.space import SearchSpace
 
+#: The fingerprint entries the paired noise of two prompts depends on (:func:`noise_digest`).
+NOISE_ENTRIES = ("dataset.hash", "split", "models.task.", "models.judge.", "judge.")
 #: Model settings that never change a score, left out of the study fingerprint (the model's name stays).
 UNSCORED_SPEC_KEYS = ("max_concurrency", "timeout_s", "max_retries", "prefix_cache_mb", "draft_fill", "base_url")
 
@@ -113,4 +116,13 @@ def fingerprint(settings: Mapping[str, str], *, space: SearchSpace | None) -> di
     return out
 
 
-__all__ = ["UNSCORED_SPEC_KEYS", "dataset_fingerprint", "fingerprint", "run_params", "score_settings"]
+def noise_digest(fingerprint: Mapping[str, str]) -> str:
+    """The digest of the entries of a study fingerprint (:meth:`opro.experiment.Experiment.fingerprint`)
+    that the paired noise depends on: the dataset's content hash, the split, the task and judge models,
+    the judge settings and its template. A probe and a run's ``summary.json`` keep it; a plan takes their
+    noise only where it is this config's."""
+    kept = {k: v for k, v in fingerprint.items() if k.startswith(NOISE_ENTRIES)}
+    return sha(json.dumps(kept, sort_keys=True))
+
+
+__all__ = ["NOISE_ENTRIES", "UNSCORED_SPEC_KEYS", "dataset_fingerprint", "fingerprint", "noise_digest", "run_params", "score_settings"]

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opro.search.records import Recorded
 from opro.search.results import OptimizationResult
 from opro.tracking.commands import mlflow_run_of
-from opro.tracking.records import Recorded
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opro.experiment.result import RunResult
-from opro.tracking.records import Recorder
+from opro.search.records import Recorder
 
 if TYPE_CHECKING:
+    from opro.paths import RunDir
     from opro.search.results import OptimizationResult
     from opro.search.study import SearchStudy
-    from opro.tracking.rundir import RunDir
 
 
 class SummaryWriter(Recorder):

@@ -29,14 +29,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from opro.errors import ConfigError, PromptError
-from opro.heldout.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
+from opro.export.sources import PROMPT_JSON_FORMAT, ResolvedPrompt
 from opro.llm import ROLES
+from opro.paths import RunDir
 from opro.program.configurations import settings_text
 from opro.program.dimensions import DIMENSIONS, Value, dimension, model_of
 from opro.program.prompts import TEMPLATE_VARIABLES, QATemplate
 from opro.redaction import redact
-from opro.tracking.records import CommandRecord, Recorded
-from opro.tracking.rundir import RunDir
+from opro.search.records import CommandRecord, Recorded
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -202,7 +202,7 @@ def export_prompt(
     tracking_uri: str | None = None,
     snippet: bool = True,
 ) -> ExportResult:
-    """Export ``prompt`` (see :func:`opro.heldout.sources.resolve_prompt`) in ``format`` (a name of :data:`EXPORTERS`).
+    """Export ``prompt`` (see :func:`opro.export.sources.resolve_prompt`) in ``format`` (a name of :data:`EXPORTERS`).
 
     ``out`` is a file or a directory; ``text`` and ``json`` without ``out`` return the content
     instead. ``mlflow`` registers a version named ``name`` (default: the config's prompt name)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.errors import DataError
 from opro.export.formats import DSPY_FORMAT, LLAMAINDEX_FORMAT
-from opro.heldout.sources import PROMPT_JSON_FORMAT
+from opro.export.sources import PROMPT_JSON_FORMAT
 from opro.program.dimensions import DIMENSIONS, Value
 from opro.program.prompts import QATemplate
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.calibration.calibrate import judge_noise_note
 from opro.errors import ConfigError, DataError
+from opro.export.sources import ResolvedPrompt, resolve_prompt
 from opro.heldout.guard import check_heldout, check_prompt_source
 from opro.heldout.report import (
     RESOLUTION,
@@ -35,23 +36,22 @@ from opro.heldout.report import (
     VersusBaseline,
     plot_survival,
 )
-from opro.heldout.sources import ResolvedPrompt, resolve_prompt
 from opro.judges.factory import build_paired_judge, make_extra_metrics
 from opro.judges.sidebyside import SideBySideJudge
+from opro.paths import RunDir
 from opro.program.configurations import Configuration, Settings
 from opro.program.cost import CostModel, paired_difference
 from opro.program.dimensions import DIMENSIONS, Value, model_of
+from opro.search.records import CommandRecord, EvaluatedPrompt, Recorded, Recorder, record_all
 from opro.stats.clusters import keys_of
 from opro.stats.noninferiority import check_margin, holm_noninferiority, noninferiority
 from opro.stats.paired import compare_paired, holm_family, t_mean_ci
-from opro.tracking.records import CommandRecord, EvaluatedPrompt, Recorded, Recorder, record_all
-from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
 
     from opro.data.dataset import Example
     from opro.evaluation.batch import EvaluationReport
-    from opro.evaluation.workbench import Workbench
+    from opro.tracking.workbench import Workbench
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class ComparisonSettings:
     promotion's rule. The CLI builds it once (``--set`` read into :attr:`settings` there) and it goes
     down whole: :func:`opro.workflows.compare.compare_and_save`, then :func:`run_comparison`."""
 
-    #: The compared prompts' specs (:mod:`opro.heldout.sources`) or configurations.
+    #: The compared prompts' specs (:mod:`opro.export.sources`) or configurations.
     prompts: tuple[str | Configuration, ...] = ("best",)
     #: Settings every prompt in :attr:`prompts` is answered with (``--set``; a value a prompt gives too: this one).
     settings: Mapping[str, Value] = field(default_factory=Settings)
@@ -122,7 +122,7 @@ def compare_prompts(
 ) -> ComparisonReport:
     """Evaluate each prompt on ``split`` of the experiment's dataset and compare it with ``baseline``.
 
-    ``prompts`` are specs (see :mod:`opro.heldout.sources`) or resolved prompts; ``baseline`` is an index
+    ``prompts`` are specs (see :mod:`opro.export.sources`) or resolved prompts; ``baseline`` is an index
     into them or one of their specs. ``extra_metrics`` are names from :data:`~opro.judges.EXTRA_METRICS` or metric
     objects accepted by :func:`opro.evaluation.batch.evaluate_examples`. With ``margin`` (judge points)
     each prompt also gets a non-inferiority test against the baseline (Holm over the prompts)."""

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import DataError, LeakageError
-from opro.tracking.rundir import RunDir
+from opro.paths import RunDir
 
 if TYPE_CHECKING:
     from opro.data.dataset import Embed, GoldenDataset
-    from opro.heldout.sources import ResolvedPrompt
+    from opro.export.sources import ResolvedPrompt
 
 
 def _first_five(items: Sequence[str]) -> str:

@@ -17,11 +17,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import ConfigError
-from opro.tracking.rundir import RunDir
+from opro.paths import RunDir
 
 if TYPE_CHECKING:
-    from opro.evaluation.workbench import Workbench
     from opro.heldout.report import ComparisonReport, PromptScores, VersusBaseline
+    from opro.tracking.workbench import Workbench
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def promote(
     Every attempt is recorded, in the user's decision ledger (shared by every output
     folder of that dataset) and in ``promotions.json`` in the output folder. An alias gets one
     attempt per held-out set, across output folders: a later one on the same questions (more than
-    :data:`opro.heldout.ledger.MAX_SEEN_SHARE` of them) with other prompts, another baseline, alpha or margin
+    :data:`opro.search.ledger.MAX_SEEN_SHARE` of them) with other prompts, another baseline, alpha or margin
     is refused (it would be a new chance at a false promotion, outside the error budget of the
     first); the same attempt may be repeated exactly, and a fresh held-out set starts a new budget.
     """
@@ -85,7 +85,7 @@ def promote(
                               at=last.get("at"), prompts=last.get("prompts", []), alpha=last.get("alpha"),
                               verdict="granted" if last.get("granted") else "refused")
     from opro.data.dataset import question_hashes
-    from opro.heldout.ledger import Decision
+    from opro.search.ledger import Decision
 
     entry = Decision(
         scope=f"promotion {attempt['registry']}@{alias}", key=attempt["family"],
@@ -108,7 +108,7 @@ def promote(
 def _refused_again(alias: str, *, shared: int, n: int, where: str, at: Any, prompts: Sequence[str], alpha: Any,
                    verdict: str) -> PromotionDecision:
     """The refusal of a second promotion attempt on held-out questions an earlier one decided on."""
-    from opro.heldout.ledger import MAX_SEEN_SHARE
+    from opro.search.ledger import MAX_SEEN_SHARE
 
     on = f"these {n}" if shared == n else f"{shared} of these {n}"
     return PromotionDecision(alias, False, None, None, (
@@ -124,7 +124,7 @@ def _promotion_attempt(report: ComparisonReport, *, alias: str, registry: str, m
     """What identifies a promotion attempt: the alias, the held-out questions, and the family (the
     compared templates, the baseline, alpha, the coverage rule and, under ``--margin``, the margin)."""
     from opro.data.dataset import normalize_question, question_hash
-    from opro.heldout.ledger import sha
+    from opro.hashing import sha
 
     questions = sha(repr(sorted(question_hash(normalize_question(q)) for q in report.questions)))
     # Settings only where there are some: attempts recorded before settings existed keep their keys.
@@ -145,7 +145,7 @@ def _promote(
     report: ComparisonReport, *, experiment: Workbench, alias: str, tracking_uri: str | None, min_coverage: float
 ) -> PromotionDecision:
     from opro.export import export_prompt
-    from opro.heldout.sources import resolve_prompt
+    from opro.export.sources import resolve_prompt
 
     if report.split != "heldout" or not report.leakage_checked:
         return PromotionDecision(alias, False, None, None, (

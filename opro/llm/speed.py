@@ -13,7 +13,7 @@ timed. Seconds are the backend's own measure of each call.
 
 The rates are kept in :data:`SPEED_FILE` beside the call cache (by model, with the calibration they
 came from: models compared must come from one), and an output folder keeps the rates its first
-command used (:attr:`opro.tracking.rundir.RunDir.task_rates`) so that a study's costs, and a resume, stay in one measure.
+command used (:attr:`opro.paths.RunDir.task_rates`) so that a study's costs, and a resume, stay in one measure.
 Before any calibration the plan uses the idle defaults of :func:`default_rate`, and says so.
 """
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.errors import DataError
+from opro.experiment.settings import claim, proposer_settings
 from opro.probe.contrasts import Contrast, search_contrasts, step0_calls
 from opro.probe.effects import Effect, measure_effects
 from opro.probe.judge_limits import judge_limits
@@ -44,8 +45,7 @@ from opro.probe.savings import with_costs
 from opro.probe.store import probe_signature, stored_probe, write_probe
 from opro.probe.task_limits import FORMAT_INSTRUCTION, task_limits
 from opro.probe.verdicts import INERT_WITHIN, verdict_of, with_verdicts
-from opro.tracking.records import CommandRecord, Recorded, Recorder, finite_metrics, record_all
-from opro.workflows.settings import claim, proposer_settings
+from opro.search.records import CommandRecord, Recorded, Recorder, finite_metrics, record_all
 
 if TYPE_CHECKING:
     from opro.experiment import Experiment

@@ -78,10 +78,10 @@ def calibration_lines(config: Any, *, judge_seconds: float, task_seconds: float)
 
 def judge_limits(cfg: OproConfig, *, plan: Plan, effects: Sequence[Effect]) -> JudgeLimits:
     """The stored calibration, the pilot's paired noise and what the plan can detect at it."""
+    from opro.experiment.settings import claim
     from opro.judges.parsing import SCORE_MAX, SCORE_MIN
     from opro.probe.plan import POWER
     from opro.stats.sequential import design_power
-    from opro.workflows.settings import claim
 
     o = cfg.optimizer
     rule = claim(o)

@@ -35,21 +35,30 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opro.config import OproConfig
+from opro.experiment.settings import claim, validation_settings
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
-from opro.llm.choices import in_play
 from opro.llm.pool import ModelSpec
 from opro.llm.rates import MeasuredRate, load_rates, rate_key, rates_path
+from opro.paths import RunDir
 from opro.probe.sizes import Clustering, clustering, extendable, heldout_detectable, needed_for, pool_command
+from opro.program.choices import in_play
 from opro.program.configurations import changed, settings_text
 from opro.program.cost import amount
-from opro.program.dimensions import DIMENSIONS, Dimension, Value, dimension, initial_values, model_of
+from opro.program.dimensions import (
+    DIMENSIONS,
+    Dimension,
+    Value,
+    answer_cost,
+    dimension,
+    initial_values,
+    model_of,
+    task_tokens,
+)
 from opro.program.factory import closed_settings
 from opro.search.validation_sizes import confirmation_looks, selection_prompts, split_sizes
 from opro.stats import betting
 from opro.stats.objectives import Objective
 from opro.stats.sequential import design_power
-from opro.tracking.rundir import RunDir
-from opro.workflows.settings import claim, validation_settings
 
 if TYPE_CHECKING:
     from llama_index.core.schema import Document
@@ -63,8 +72,6 @@ SD_BOUND_BELOW = 12
 #: 76% of pilots, an 80% bound in 46%, a 90% bound in 30%; with normal differences the 90% bound is 1.4-1.8x the
 #: truth on 6-11 pairs, which measuring 12 removes (experiments/bench_sd_bound.py).
 SD_BOUND_LEVEL = 0.9
-#: The fingerprint entries the paired noise of two prompts depends on (:func:`noise_digest`).
-NOISE_ENTRIES = ("dataset.hash", "split", "models.task.", "models.judge.", "judge.")
 
 #: Paired per-question score difference of two prompts (1-5 judge) when nothing was measured, per ``[judge].paired``:
 #: pointwise, bench_selection's judge model's spread (per-call noise 0.9, whole scores), close to the real runs'
@@ -87,17 +94,6 @@ class MeasuredNoise:
     sd: float
     n: int
     basis: str
-
-
-def noise_digest(fingerprint: Mapping[str, str]) -> str:
-    """The digest of the entries of a study fingerprint (:meth:`opro.experiment.Experiment.fingerprint`)
-    that the paired noise depends on: the dataset's content hash, the split, the task and judge models,
-    the judge settings and its template. A probe and a run's ``summary.json`` keep it; a plan takes their
-    noise only where it is this config's."""
-    from opro.heldout.ledger import sha
-
-    kept = {k: v for k, v in fingerprint.items() if k.startswith(NOISE_ENTRIES)}
-    return sha(json.dumps(kept, sort_keys=True))
 
 
 def sd_upper_bound(sd: float, n: int, *, level: float = SD_BOUND_LEVEL) -> float:
@@ -446,7 +442,7 @@ def _per_call(config: OproConfig, role: str, last: Mapping[str, Any] | None,
         return statistics.fmean(float(v) for v in space[d.name]) if space.get(d.name) else float(initial)
 
     prompt, completion = {
-        "task": _task_tokens(config, {d.name: mean(d) for d in DIMENSIONS}),
+        "task": task_tokens(config, {d.name: mean(d) for d in DIMENSIONS}),
         "judge": (450.0, 0.0 if config.judge.score_from != "reply" else 12.0),
         "optimizer": (250 + 25 * min(config.optimizer.max_history, 6) + 40 * config.optimizer.exemplars, 75.0),
         "generator": (80 + 0.8 * rag.chunk_size, 20.0 * config.data.questions_per_chunk + 15),
@@ -482,30 +478,6 @@ def _call_seconds(spec: ModelSpec, prompt: float, completion: float,
             f"default for a {size.upper()} embedded model on 2 idle cores; nothing measured here yet")
 
 
-def _task_tokens(config: OproConfig, values: Mapping[str, Any]) -> tuple[float, float]:
-    """Prompt and completion tokens of one task answer with these settings: the frame, then each
-    dimension's effect (:attr:`opro.program.dimensions.Dimension.tokens`)."""
-    prompt, completion = 120.0, 70.0
-    for d in DIMENSIONS:
-        if d.tokens is None or values.get(d.name) is None:
-            continue
-        effect = d.tokens(values[d.name], values, config)
-        prompt += effect.prompt
-        if effect.completion_cap is not None:
-            completion = min(effect.completion_cap, completion)
-    return prompt, completion
-
-
-def answer_cost(config: OproConfig, values: Mapping[str, Any]) -> float:
-    """What one task answer is expected to cost (:meth:`opro.program.cost.CostModel.of`) with these
-    values of the dimensions (the others: the initial configuration's): the prompt-length estimate of
-    :func:`_task_tokens`. The plan prices each choice with it and the search's first moves
-    (:func:`opro.search.space.first_moves`) order the choices by it: one price for both."""
-    full = {**initial_values(config), **values}
-    prompt, completion = _task_tokens(config, full)
-    return config.cost_model().of(prompt_tokens=prompt, completion_tokens=completion, model=model_of(full.get))
-
-
 def first_moves_of(config: OproConfig) -> list[dict[str, Value]]:
     """The configurations the search adds to step 0 under ``config`` (what :class:`SearchSpace` gives
     with :func:`answer_cost` as its price)."""
@@ -525,7 +497,7 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int], heldout: 
     initial = initial_values(config)
 
     def at(values: Mapping[str, Any], dimension: str = "initial", value: Value = 0) -> ChoiceCost:
-        prompt, completion = _task_tokens(config, values)
+        prompt, completion = task_tokens(config, values)
         return ChoiceCost(dimension, value, prompt, completion,
                           model.of(prompt_tokens=prompt, completion_tokens=completion, model=model_of(values.get)))
 
@@ -697,4 +669,4 @@ def _rel(got: float, est: float, most: float = 0.0) -> str:
 
 
 __all__ = ["DEFAULT_DIFFERENCE_SD", "DEFAULT_DIFFERENCE_SDS", "SD_BOUND_BELOW", "SD_BOUND_LEVEL", "ChoiceCost", "CostPlan", "MeasuredNoise", "Plan",
-           "RoleEstimate", "answer_cost", "check", "first_moves_of", "make_plan", "noise_digest", "sd_upper_bound"]
+           "RoleEstimate", "answer_cost", "check", "first_moves_of", "make_plan", "sd_upper_bound"]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opro.errors import DataError
-from opro.tracking.rundir import RunDir
+from opro.paths import RunDir
 
 if TYPE_CHECKING:
     from opro.llm.client import CallLog

@@ -222,8 +222,8 @@ def clustering(config: OproConfig) -> Clustering | None:
     question is a passage of its own or no dataset is at hand yet."""
     from opro.data.dataset import load_dataset
     from opro.errors import OproError
+    from opro.paths import RunDir
     from opro.stats.clusters import keys_of
-    from opro.tracking.rundir import RunDir
 
     run = RunDir(config.output_dir)
     try:

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opro.errors import DataError
+from opro.paths import RunDir
 from opro.probe.pilot import MIN_PILOT
 from opro.probe.proposer import CONTRAST_PROMPT, N_PROPOSALS
 from opro.probe.report import ProbeResult
 from opro.probe.task_limits import FORMAT_INSTRUCTION
 from opro.probe.verdicts import INERT_WITHIN
-from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.experiment import Experiment

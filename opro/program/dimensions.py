@@ -320,5 +320,29 @@ def initial_values(config: Any) -> dict[str, Value | None]:
     return {d.name: d.initial(config) for d in DIMENSIONS}
 
 
-__all__ = ["DIMENSIONS", "SETTINGS", "Applies", "Dimension", "Kind", "Tokens", "Value", "dimension",
-           "initial_values", "model_of", "names", "unknown_model"]
+def task_tokens(config: Any, values: Mapping[str, Any]) -> tuple[float, float]:
+    """Prompt and completion tokens of one task answer with these settings: the frame, then each
+    dimension's effect (:attr:`opro.program.dimensions.Dimension.tokens`)."""
+    prompt, completion = 120.0, 70.0
+    for d in DIMENSIONS:
+        if d.tokens is None or values.get(d.name) is None:
+            continue
+        effect = d.tokens(values[d.name], values, config)
+        prompt += effect.prompt
+        if effect.completion_cap is not None:
+            completion = min(effect.completion_cap, completion)
+    return prompt, completion
+
+
+def answer_cost(config: Any, values: Mapping[str, Any]) -> float:
+    """What one task answer is expected to cost (:meth:`opro.program.cost.CostModel.of`) with these
+    values of the dimensions (the others: the initial configuration's): the prompt-length estimate of
+    :func:`task_tokens`. The plan prices each choice with it and the search's first moves
+    (:func:`opro.search.space.first_moves`) order the choices by it: one price for both."""
+    full = {**initial_values(config), **values}
+    prompt, completion = task_tokens(config, full)
+    return config.cost_model().of(prompt_tokens=prompt, completion_tokens=completion, model=model_of(full.get))
+
+
+__all__ = ["DIMENSIONS", "SETTINGS", "Applies", "Dimension", "Kind", "Tokens", "Value", "answer_cost", "dimension",
+           "initial_values", "model_of", "names", "task_tokens", "unknown_model"]

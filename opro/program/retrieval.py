@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from opro.data.documents import Chunk
 from opro.errors import (
     ConfigError,
     DataError,
@@ -45,13 +46,6 @@ RetrieverKind = Literal["bm25", "dense", "hybrid"]
 RRF_K = 60
 Stemmer = Literal["none", "porter"]
 INDEX_FORMAT = 1  # bump when the on-disk layout or tokenization changes
-
-
-@dataclass(frozen=True)
-class Chunk:
-    id: str
-    text: str
-    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from opro.search.pruners import (
     RunningCandidate,
     make_pruner,
 )
+from opro.search.records import Recorder
 from opro.search.results import (
     CandidateRecord,
     FinalistRecord,
@@ -26,7 +27,6 @@ from opro.search.storage import open_storage
 from opro.search.study import FingerprintMismatch, SearchStudy
 from opro.search.validation import validation_prompts
 from opro.search.workers import WorkerPlan, WorkerSpecError, check_worker_spec
-from opro.tracking.records import Recorder
 
 __all__ = [
     "PROPOSERS",

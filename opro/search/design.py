@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from opro.heldout.ledger import sha
+from opro.hashing import sha
 from opro.stats.sequential import Look
 
 #: ``min_coverage`` at its default is left out of a design's key, so decisions recorded before it was

@@ -23,12 +23,13 @@ from typing import Any
 from opro.errors import ConfigError, OproError
 from opro.evaluation.batch import QAExample
 from opro.evaluation.rows import EvaluationRow
-from opro.heldout.ledger import DecisionLedger
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.llm.client import UsageLedger
 from opro.locking import StudyLease
+from opro.search.ledger import DecisionLedger
 from opro.search.metaprompt import Exemplar
 from opro.search.proposers.base import ProposalContext, Proposer
+from opro.search.records import Recorder
 from opro.search.results import CandidateRecord, OptimizationResult, ValidationResult
 from opro.search.scoring import CandidateScorer
 from opro.search.settings import SearchSettings
@@ -37,7 +38,6 @@ from opro.search.study import SearchStudy
 from opro.search.validation import validate
 from opro.search.workers import Coordinator, UsageBook, WorkerPlan
 from opro.stats.sequential import on_scale
-from opro.tracking.records import Recorder
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 and its steps, :class:`ValidationSettings` for the validation stage (its sizes and its finalists),
 :class:`PrunerSettings` for the pruner and :class:`ProposerSettings` for the proposers. Each holds
 only the fields its consumer reads. The search never reads the configuration: the workflow layer
-builds these from ``[optimizer]`` once (:mod:`opro.workflows.settings`, each field from the config's of
+builds these from ``[optimizer]`` once (:mod:`opro.experiment.settings`, each field from the config's of
 the same name) and passes them in. The configuration declares the defaults, once: a script gets them from
 ``validation_settings(OptimizerSection(...))`` and its siblings, never from here."""
 

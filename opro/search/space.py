@@ -45,7 +45,7 @@ Params = Mapping[str, Value]
 #: The dimensions' names, in the table's order (:data:`opro.program.dimensions.DIMENSIONS`).
 DIMENSIONS = tuple(d.name for d in TABLE)
 #: What one answer costs under a configuration (the values of every open dimension): the plan's
-#: estimate (:func:`opro.probe.plan.answer_cost`), in the cost objective's unit.
+#: estimate (:func:`opro.program.dimensions.answer_cost`), in the cost objective's unit.
 Price = Callable[[Params], float]
 
 

@@ -47,13 +47,14 @@ from typing import Any, Final
 import optuna
 
 from opro.errors import ConfigError
-from opro.heldout.ledger import MAX_SEEN_SHARE, Decision, conflict, latest, sha
+from opro.hashing import sha
 from opro.llm.client import UsageByRole
 from opro.locking import lease_alive
 from opro.program.configurations import Configuration, settings_text
 from opro.program.cost import CallUsage, CostSummary
 from opro.program.dimensions import Value
 from opro.search.design import EarlierDecision, ValidationDesign
+from opro.search.ledger import MAX_SEEN_SHARE, Decision, conflict, latest
 from opro.search.metaprompt import normalize_instruction
 from opro.search.results import CandidateRecord, CandidateStatus
 from opro.search.trials import CandidateTrial, NewTrial, TrialKey, claim_template, create_trial
@@ -533,7 +534,7 @@ class SearchStudy:
     def begin_validation(self, design: ValidationDesign, decision: Decision) -> None:
         """Record the design of the validation decision about to be made (and its ledger record),
         refusing a second decision on the same validation questions (more than
-        :data:`opro.heldout.ledger.MAX_SEEN_SHARE` of them) under another design or fingerprint, in this study
+        :data:`opro.search.ledger.MAX_SEEN_SHARE` of them) under another design or fingerprint, in this study
         or any other of its storage: a rerun that changed alpha, the finalists, the looks,
         min_coverage or the judge would otherwise test again on questions whose verdict it has seen."""
         self.refuse_seen_validation(decision, design)

@@ -23,9 +23,9 @@ good): :func:`opro.stats.sequential.conditional_estimate`.
 
 Every look is recorded in the study with the design it was made under, and every decision (its
 design, ``min_coverage`` included, the study's fingerprint, its questions and its verdict) in the
-study and in the user's decision ledger (:mod:`opro.heldout.ledger`). Questions that decided a
+study and in the user's decision ledger (:mod:`opro.search.ledger`). Questions that decided a
 verdict cannot decide again under another design or other settings, in any study, storage or output
-folder (more than :data:`opro.heldout.ledger.MAX_SEEN_SHARE` of them shared is refused), so a rerun cannot
+folder (more than :data:`opro.search.ledger.MAX_SEEN_SHARE` of them shared is refused), so a rerun cannot
 shop for the alpha, finalists, steps, coverage rule or judge that happen to claim a gain. With
 ``[optimizer].seen_validation = "label"`` such a decision is made as an exploration instead: labelled
 "re-decided after a seen verdict" in every record, the initial instruction returned, nothing claimed.
@@ -47,11 +47,11 @@ from opro.errors import LLMError
 from opro.evaluation.batch import QAExample
 from opro.evaluation.engine import Scored
 from opro.evaluation.rows import EvaluationRow
-from opro.heldout.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now
 from opro.judges.parsing import SCORE_MAX, SCORE_MIN
 from opro.program.cost import CostModel, CostUnit
 from opro.search.design import ValidationDesign
 from opro.search.finalists import choose_finalists, chosen_finalist
+from opro.search.ledger import MAX_SEEN_SHARE, RE_DECIDED, Decision, DecisionLedger, now
 from opro.search.paired import side_by_side_scores
 from opro.search.results import (
     CandidateRecord,

@@ -1,7 +1,7 @@
 """The claim a validation decision tests, decided once for a run: what a winner must show (a gain
 in quality, or a cost saving not worse in quality by more than a margin) and at which error rate.
 The search's validation stage, ``opro plan`` and the probe all read this one value, built from
-``[optimizer]`` by :func:`opro.workflows.settings.claim`, so they never disagree on it."""
+``[optimizer]`` by :func:`opro.experiment.settings.claim`, so they never disagree on it."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from opro.config import OptimizerSection
+from opro.experiment.settings import proposer_settings
 from opro.llm import ChatClient, GenerationOptions, Message
 from opro.llm.scripted import ScriptedLLM
 from opro.search import PROPOSERS, CandidateScorer, make_proposer
@@ -26,7 +27,6 @@ from opro.testing.worlds import (
     keyword_judge_reply,
     keyword_task_reply,
 )
-from opro.workflows.settings import proposer_settings
 
 INITIAL = "Answer the question."
 MAX_CHARS = 200

@@ -1,10 +1,10 @@
-"""The contract every search recorder (:class:`opro.tracking.records.Recorder`) must keep, as Optuna's
+"""The contract every search recorder (:class:`opro.search.records.Recorder`) must keep, as Optuna's
 storage suite is run against every storage.
 
 A recorder takes the whole event sequence of a scripted search in the keyword world
 (:mod:`opro.testing.worlds`: meta-prompts, steps, the validation stage's batches and prompts, the
 result), records nothing twice when the finished study is run again by a fresh recorder (a resume), says
-where it recorded (:meth:`~opro.tracking.records.Recorder.recorded`, the same place after the resume), and
+where it recorded (:meth:`~opro.search.records.Recorder.recorded`, the same place after the resume), and
 survives a failed search (ending twice is safe).
 
 A plug-in's tests run it by importing the tests and giving a ``kind`` fixture (a :class:`Kind`: how to
@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
+from opro.search.records import Recorded, Recorder
 from opro.search.results import OptimizationResult
 from opro.search.study import SearchStudy
 from opro.testing.worlds import Ex, keyword_examples, keyword_optimizer
-from opro.tracking.records import Recorded, Recorder
 
 INITIAL = "Answer the question."
 

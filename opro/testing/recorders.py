@@ -1,6 +1,6 @@
 """An in-memory recorder: what a test or a notebook passes where a command or a search records.
 
-One class keeps both kinds of hook of the recording seam (:class:`~opro.tracking.records.Recorder`): a
+One class keeps both kinds of hook of the recording seam (:class:`~opro.search.records.Recorder`): a
 command's (``records`` keeps every command record it is given) and a search's (``store`` keeps each step's candidates and the result, and the
 study keeps what it recorded under the recorder's own keys, so a resumed search records nothing twice).
 """
@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from opro.tracking.records import CommandRecord, Recorded, Recorder
+from opro.search.records import CommandRecord, Recorded, Recorder
 
 if TYPE_CHECKING:
     from opro.search.results import CandidateRecord, OptimizationResult

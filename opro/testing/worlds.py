@@ -19,7 +19,7 @@ from opro.config import OptimizerSection
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.cache import CallCache
 from opro.llm.scripted import Responder, ScriptedLLM
-from opro.tracking.rundir import RunDir
+from opro.paths import RunDir
 from opro.tracking.rundir_recorder import RunDirRecorder
 
 if TYPE_CHECKING:
@@ -134,8 +134,8 @@ class SearchRig:
         self.last: Search | None = None
 
     def study(self) -> SearchStudy:
+        from opro.experiment.settings import pruner_settings
         from opro.search import SearchStudy, make_pruner, open_storage
-        from opro.workflows.settings import pruner_settings
 
         return SearchStudy.open(open_storage(self.storage), name=self.study_name, pruner=make_pruner(pruner_settings(self.settings)))
 
@@ -143,8 +143,8 @@ class SearchRig:
         return self.study().optuna
 
     def search(self, program: Any) -> Search:
+        from opro.experiment.settings import proposer_settings, search_settings
         from opro.search import CandidateScorer, Search, WorkerPlan, make_proposer
-        from opro.workflows.settings import proposer_settings, search_settings
 
         study = self.study()
         study.check_fingerprint(self.fingerprint)

@@ -1,8 +1,8 @@
 """Everything opro records, where it records it, and the one part of opro that imports MLflow.
 
-The run directory: :mod:`~opro.tracking.rundir` (its layout, the one module that knows it),
+The run directory: its layout is :class:`opro.paths.RunDir` (the one place that knows it);
 :mod:`~opro.tracking.rundir_recorder` (what a search leaves there) and :mod:`~opro.tracking.plots`.
-The seam every command records through: :mod:`~opro.tracking.records` (a command's record, its recorders
+The seam every command records through: :mod:`~opro.search.records` (a command's record, its recorders
 and where each recorded it). MLflow: :mod:`~opro.tracking.mlflow` (runs, params, metrics, artifacts, the
 prompt registry), :mod:`~opro.tracking.genai` (evaluation datasets, per-question traces and judge
 assessments for the GenAI UI) and :mod:`~opro.tracking.sidecar` (the child process that does MLflow's CPU

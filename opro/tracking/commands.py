@@ -1,12 +1,12 @@
-"""MLflow as a :class:`opro.tracking.records.Recorder` of commands: one run per command record."""
+"""MLflow as a :class:`opro.search.records.Recorder` of commands: one run per command record."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from opro.redaction import redact_url
+from opro.search.records import CommandRecord, Recorded, Recorder
 from opro.tracking.mlflow import MlflowTracker
-from opro.tracking.records import CommandRecord, Recorded, Recorder
 
 
 class MlflowCommandRecorder(Recorder):

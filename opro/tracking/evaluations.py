@@ -1,9 +1,9 @@
 """A command's evaluations as MLflow GenAI evaluation runs, recorded through the one recording seam.
 
-:class:`GenAIEvaluationRecorder` is a :class:`~opro.tracking.records.Recorder` of commands like MLflow's own:
+:class:`GenAIEvaluationRecorder` is a :class:`~opro.search.records.Recorder` of commands like MLflow's own:
 :func:`opro.tracking.commands.command_recorders` adds it with ``[tracking].genai`` for the commands that
 evaluate prompts (``opro evaluate``, ``opro compare``). It records the record's
-:class:`~opro.tracking.records.EvaluatedPrompt` s, one evaluation run per prompt with a trace per
+:class:`~opro.search.records.EvaluatedPrompt` s, one evaluation run per prompt with a trace per
 question and the judge's verdict, linked to the command's own MLflow run (recorded before it).
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from opro.redaction import redact_url
+from opro.search.records import CommandRecord, Recorded, Recorder
 from opro.tracking.commands import mlflow_run_of
 from opro.tracking.genai import CORRECTNESS, GenAILogger, GenAIRecord, PromptEvaluation
-from opro.tracking.records import CommandRecord, Recorded, Recorder
 
 if TYPE_CHECKING:
-    from opro.evaluation.workbench import Workbench
+    from opro.tracking.workbench import Workbench
 
 
 def genai_logger(experiment: Workbench, *, tracking_uri: str | None = None) -> GenAILogger:

@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from opro.search.records import Recorder
 from opro.tracking.commands import MlflowCommandRecorder
 from opro.tracking.mlflow import MlflowTracker
 from opro.tracking.recorder import MlflowRecorder
-from opro.tracking.records import Recorder
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
-    from opro.evaluation.workbench import Workbench
-    from opro.tracking.rundir import RunDir
+    from opro.paths import RunDir
+    from opro.tracking.workbench import Workbench
 
 
 def search_recorders(experiment: Workbench, *, run_dir: RunDir, params: Mapping[str, Any] | None = None,

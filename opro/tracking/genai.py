@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.errors import OproError
 from opro.redaction import redact_text, redact_url
-from opro.tracking.records import Recorded
+from opro.search.records import Recorded
 
 # The judges both ways live in their own module; imported here by the names docs/mlflow.md shows.
 from opro.tracking.scorers import EXPECTED_RESPONSE, judge_scorer, mlflow_correctness_judge
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from opro.data.dataset import Example, GoldenDataset
     from opro.evaluation.batch import EvaluationReport, EvaluationRow
     from opro.program.prompts import QATemplate
-    from opro.tracking.records import Recorded
+    from opro.search.records import Recorded
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class GenAIRecord:
         return tuple(r.run_id for r in self.runs)
 
     def recorded(self, tracking_uri: str) -> tuple[Recorded, ...]:
-        """Where each evaluation run went, as every recorder says it (:class:`opro.tracking.records.Recorded`)."""
+        """Where each evaluation run went, as every recorder says it (:class:`opro.search.records.Recorded`)."""
         return tuple(Recorded(recorder="mlflow", ref=r.run_id, where=f"MLflow evaluation run {r.run_id} "
                               f"({len(r.trace_ids)} traces) in {redact_url(tracking_uri)}") for r in self.runs)
 

@@ -76,8 +76,8 @@ def check_writable(tracking_uri: str, *, where: str = "[tracking].mlflow_uri", o
     a server that does not answer (:func:`check_server`), or a SQLite file or store folder that cannot be
     written or created. The error names ``where`` and ``off``, the option that records nothing. Other
     stores (a database server) are left to MLflow."""
+    from opro.paths import unwritable
     from opro.redaction import redact_url
-    from opro.tracking.rundir import unwritable
 
     if tracking_uri.startswith(("http://", "https://")):
         check_server(tracking_uri, where=where)

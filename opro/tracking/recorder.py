@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from opro.paths import RunDir
 from opro.program.dimensions import SETTINGS
 from opro.redaction import redact_url
-from opro.tracking.records import Recorded, Recorder
-from opro.tracking.rundir import RunDir
+from opro.search.records import Recorded, Recorder
 
 if TYPE_CHECKING:
     from opro.search.results import CandidateRecord, OptimizationResult
@@ -68,7 +68,7 @@ class MlflowRecorder(Recorder):
     search; without it, on the thread of this process (cheaper where MLflow is already imported).
     """
 
-    #: Where it records, as :class:`opro.tracking.records.Recorded` names it (the command recorder's name too).
+    #: Where it records, as :class:`opro.search.records.Recorded` names it (the command recorder's name too).
     name = "mlflow"
 
     def __init__(

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from opro.paths import RunDir
 from opro.program.cost import CostModel
-from opro.tracking.records import Recorded, Recorder
-from opro.tracking.rundir import RunDir
+from opro.search.records import Recorded, Recorder
 
 if TYPE_CHECKING:
     from opro.search.results import CandidateRecord, OptimizationResult

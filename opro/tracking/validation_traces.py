@@ -17,18 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opro.redaction import redact_text
+from opro.search.records import Recorder
 from opro.tracking.evaluations import _logger_settings, genai_logger
 from opro.tracking.genai import GenAILogger, GenAIRecord, PromptEvaluation
 from opro.tracking.recorder import MlflowRecorder
-from opro.tracking.records import Recorder
 
 if TYPE_CHECKING:
     from opro.evaluation.batch import EvaluationReport, EvaluationRow
-    from opro.evaluation.workbench import Workbench
     from opro.program.prompts import QATemplate
     from opro.search.results import OptimizationResult
     from opro.search.study import SearchStudy
     from opro.tracking.sidecar import Sidecar
+    from opro.tracking.workbench import Workbench
 
 
 logger = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class ValidationTraces(Recorder):
 
     @property
     def _rows_dir(self) -> Path:
-        from opro.tracking.rundir import RunDir
+        from opro.paths import RunDir
 
         return RunDir(self.experiment.config.output_dir).validation_rows
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opro.calibration.calibrate import CalibrationReport
-    from opro.tracking.records import Recorded
+    from opro.search.records import Recorded
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,8 @@ def calibrate_judge(
     from opro.calibration.calibrate import calibrate_experiment, calibration_record, write_calibration
     from opro.config import JudgeSection, check_score_from, load_config
     from opro.experiment import Experiment
+    from opro.search.records import record_all
     from opro.tracking.factory import command_recorders
-    from opro.tracking.records import record_all
 
     cfg = load_config(config)
     given = {"template": template, "score_from": score_from, "max_tokens": max_tokens}

@@ -41,9 +41,9 @@ def compare_and_save(
     :func:`opro.heldout.promotion.promote`)."""
     from opro.config import check_mlflow_uri
     from opro.experiment import Experiment
+    from opro.export.sources import resolve_prompt
     from opro.heldout.compare import default_compare_dir, run_comparison, save_comparison
     from opro.heldout.promotion import promote
-    from opro.heldout.sources import resolve_prompt
     from opro.workflows.preflight import check_inputs
 
     tracking_uri, promote_alias, baseline = settings.tracking_uri, settings.promote_alias, settings.baseline
@@ -98,10 +98,10 @@ def _check_set(settings: Mapping[str, Value], config: OproConfig) -> None:
 
 
 def _check_report_folder(target: Path, *, given: bool) -> None:
-    """Refuse a report folder that cannot be written (:func:`opro.tracking.rundir.unwritable`), naming
+    """Refuse a report folder that cannot be written (:func:`opro.paths.unwritable`), naming
     ``--out``, before any call: the comparison's answers would be paid for and then lost."""
     from opro.errors import ConfigError
-    from opro.tracking.rundir import unwritable
+    from opro.paths import unwritable
 
     why = unwritable(target, folder=True)
     if why is not None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from opro.data.dataset import SPLIT_NAMES
 from opro.errors import ConfigError
-from opro.tracking.records import (
+from opro.search.records import (
     CommandRecord,
     EvaluatedPrompt,
     Recorded,
@@ -20,7 +20,7 @@ from opro.tracking.records import (
 
 if TYPE_CHECKING:
     from opro.evaluation.rows import EvaluationReport
-    from opro.heldout.sources import ResolvedPrompt
+    from opro.export.sources import ResolvedPrompt
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def evaluate_prompt(
     from opro.config import load_config
     from opro.evaluation.batch import evaluate_examples
     from opro.experiment import Experiment
+    from opro.export.sources import resolve_prompt
     from opro.heldout.guard import check_heldout
-    from opro.heldout.sources import resolve_prompt
     from opro.judges import make_extra_metrics
     from opro.tracking.factory import command_recorders
     from opro.workflows.preflight import check_inputs

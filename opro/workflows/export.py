@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opro.errors import ConfigError
-from opro.tracking.records import Recorder, record_all
+from opro.search.records import Recorder, record_all
 
 if TYPE_CHECKING:
     from opro.export import ExportResult
@@ -35,7 +35,7 @@ def export_spec(
     export printed to stdout leaves nothing to point at and is not recorded."""
     from opro.config import check_mlflow_uri, load_config
     from opro.export import EXPORT_FORMATS, FILE_ONLY_FORMATS, STDOUT_FORMATS, export_prompt, export_record
-    from opro.heldout.sources import resolve_prompt
+    from opro.export.sources import resolve_prompt
     from opro.tracking.factory import command_recorders
 
     if format not in EXPORT_FORMATS:
@@ -62,7 +62,7 @@ def export_spec(
     if target is None and format in FILE_ONLY_FORMATS:
         if cfg is None:
             raise ConfigError(f"--format {format} writes files: give --out PATH or --config CONFIG.toml")
-        from opro.tracking.rundir import RunDir
+        from opro.paths import RunDir
 
         target = RunDir(cfg.output_dir).export
     result = export_prompt(

@@ -77,9 +77,9 @@ def check_task_models(config: OproConfig, *, backend: Callable[[ModelSpec], LLM]
     keeps it). Without this, the search marked that model's candidates failed and went on without it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from opro.llm.choices import in_play, model_key, searched_models
     from opro.llm.openai import OpenAILLM
     from opro.llm.packs import EMBEDDED_MODELS, model_status
+    from opro.program.choices import in_play, model_key, searched_models
     from opro.redaction import redact_url
 
     searched = {str(v) for v in searched_models(config)}

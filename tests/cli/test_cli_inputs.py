@@ -146,8 +146,8 @@ def test_optimize_refuses_a_damaged_decision_ledger_before_the_plan(
 ) -> None:
     """A ledger line of bytes no crash can leave was a UnicodeDecodeError traceback; now one line naming the file
     and the line, exit 2, before the plan or any call."""
-    from opro.heldout.ledger import LEDGER_FILE
     from opro.paths import data_dir
+    from opro.search.ledger import LEDGER_FILE
 
     config = write_toml(experiment_config(tmp_path), tmp_path / "exp.toml")
     data_dir().mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from opro.errors import ConfigError, DataError, PromptError
 from opro.export import export_prompt, load_dspy_signature, load_llamaindex_prompt, load_prompt_json
-from opro.heldout.sources import resolve_prompt
+from opro.export.sources import resolve_prompt
 from opro.program.prompts import QATemplate
 
 INSTRUCTION = "Answer only from the context {as JSON}, in one sentence."
@@ -255,7 +255,7 @@ def test_a_new_format_is_one_function_and_one_table_entry(
 
     from opro import export
     from opro.export import formats
-    from opro.heldout.sources import ResolvedPrompt
+    from opro.export.sources import ResolvedPrompt
 
     def render_yaml(prompt: ResolvedPrompt, config: object) -> str:
         return f"instruction: {prompt.instruction!r}\n"
@@ -273,7 +273,7 @@ def test_a_new_format_is_one_function_and_one_table_entry(
 
 
 def test_a_registered_configuration_keeps_its_settings_and_demonstrations(tmp_path: Path) -> None:
-    from opro.heldout.sources import ResolvedPrompt
+    from opro.export.sources import ResolvedPrompt
     from opro.program.prompts import Demo, QATemplate
 
     uri = f"sqlite:///{tmp_path / 'registry.db'}"

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from opro.errors import ConfigError, DataError
 from opro.experiment import Experiment
+from opro.export.sources import resolve_prompt
 from opro.heldout.compare import compare_prompts, save_comparison
-from opro.heldout.sources import resolve_prompt
 from opro.llm.scripted import ScriptedLLM
 
 
@@ -248,7 +248,7 @@ def test_a_comparison_records_through_the_recorders_it_is_given(run_config: Path
     """The recording seam: a comparison is one CommandRecord (what MLflow gets), recorded by whatever
     recorders it is handed; none given and --no-mlflow: recorded nowhere, the files still written."""
     from opro.heldout.compare import comparison_record
-    from opro.tracking.records import CommandRecord, Recorded
+    from opro.search.records import CommandRecord, Recorded
 
     class Keep:
         name = "keep"

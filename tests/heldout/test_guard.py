@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from opro.data.dataset import Example, GoldenDataset
 from opro.errors import DataError
 from opro.experiment import Experiment
+from opro.export.sources import resolve_prompt
 from opro.heldout.compare import compare_prompts
 from opro.heldout.guard import check_heldout_leakage
-from opro.heldout.sources import resolve_prompt
 
 
 def test_leakage_is_refused_naming_the_questions() -> None:

@@ -157,7 +157,7 @@ def test_repeated_promotion_attempts_on_the_same_held_out_questions_spend_one_bu
     or other prompts until one passed was unbounded (a null world: 15.5% after 20 tries). One
     attempt per alias and held-out set; the same attempt may be repeated exactly."""
     from opro.cli import app
-    from opro.tracking.rundir import RunDir
+    from opro.paths import RunDir
 
     config = optimized(tmp_path)
     monkeypatch.setattr("opro.experiment.ModelPool", scripted_pool)
@@ -189,7 +189,7 @@ def test_a_promotion_retried_from_another_output_folder_on_the_same_held_out_que
     so after a refusal a copy of the config with a new output_dir promoted the same prompt at a looser
     alpha. The budget lives in the decision ledger beside the dataset, which every folder reads."""
     from opro.cli import app
-    from opro.heldout.ledger import LEDGER_FILE
+    from opro.search.ledger import LEDGER_FILE
 
     config = optimized(tmp_path)
     copy = tmp_path / "copy.toml"

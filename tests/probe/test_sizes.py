@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from opro.config import OptimizerSection
+from opro.experiment.settings import validation_settings
 from opro.probe.sizes import heldout_detectable, needed_for, questions_needed
 from opro.stats import betting
 from opro.stats.sequential import claim_rate, design_power, look_sizes
-from opro.workflows.settings import validation_settings
 
 SCALE = (1.0, 5.0)
 

@@ -16,10 +16,10 @@ from opro.config import config_from_dict
 from opro.errors import ConfigError
 from opro.evaluation.batch import EvaluationRow
 from opro.experiment import Experiment, RunResult
+from opro.experiment.settings import validation_settings
 from opro.program.cost import CostModel
 from opro.search.results import CandidateRecord
 from opro.tracking.commands import mlflow_run_of
-from opro.workflows.settings import validation_settings
 
 
 def _row(prompt: int, completion: int, seconds: float, error: str | None = None) -> EvaluationRow:
@@ -512,7 +512,7 @@ def test_compare_margin_says_not_worse_and_cheaper_and_promotes_only_then(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fakes import write_config
 
-    from opro.tracking.rundir import RunDir
+    from opro.paths import RunDir
 
     config = write_config(tmp_path, heldout=80, questions=98)  # tied pairs need about 60: see the next test
     code, said = _compare_margin(config, monkeypatch, "--margin", "0.25", "--name", "m", "--promote", "cheap")
@@ -588,8 +588,8 @@ def test_exports_carry_the_cost_per_answer_with_the_data_it_was_measured_on(tmp_
     from fakes import mlflow_client, optimized
 
     from opro.export import export_prompt
+    from opro.export.sources import resolve_prompt
     from opro.heldout.compare import compare_prompts, save_comparison
-    from opro.heldout.sources import resolve_prompt
 
     config = optimized(tmp_path)
     exp = Experiment.from_file(config, pool=scripted_pool(), progress=False)

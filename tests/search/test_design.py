@@ -11,12 +11,12 @@ import pytest
 from fakes import Ex
 
 from opro.config import OptimizerSection
+from opro.experiment.settings import validation_settings
 from opro.search.design import EarlierDecision, ValidationDesign
 from opro.search.results import CandidateRecord, CostSaving
 from opro.search.study import questions_key, sha
 from opro.search.validation import _design, _plan
 from opro.stats.sequential import Look
-from opro.workflows.settings import validation_settings
 
 PROCEDURE = ("chosen finalist vs initial: sequential one-sided betting confidence sequence for a bounded mean "
              "(Waudby-Smith & Ramdas 2024) on the judge's 1-5 scale, valid at every look, non-binding futility")

@@ -148,7 +148,7 @@ def test_the_initial_instruction_with_other_settings_is_another_candidate_everyw
     assert v.finalists[0].n_pairs > 0
     # The export carries the configuration.
     from opro.export import export_prompt
-    from opro.heldout.sources import resolve_prompt
+    from opro.export.sources import resolve_prompt
 
     config = config_from_dict(cfg, base_dir=tmp_path, source="test.toml")
     exported = export_prompt(resolve_prompt("best", config=config), format="json", out=tmp_path / "best.json",

@@ -19,9 +19,9 @@ from fakes import history_of as _history_of
 from fakes import keyword_examples as _examples
 from fakes import keyword_optimizer as _optimizer
 
+from opro.experiment.settings import pruner_settings
 from opro.llm.cache import CallCache
 from opro.search import make_pruner
-from opro.workflows.settings import pruner_settings
 
 
 def test_loop_finds_the_best_and_keeps_complete_history(tmp_path: Path) -> None:

@@ -11,11 +11,11 @@ from fakes import keyword_optimizer as _optimizer
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
+from opro.experiment.settings import proposer_settings
 from opro.llm import ChatClient
 from opro.llm.scripted import ScriptedLLM
 from opro.search import PROPOSERS, make_proposer
 from opro.search.proposers import OproProposer, ReflectiveProposer
-from opro.workflows.settings import proposer_settings
 
 
 def test_the_registry_builds_each_proposer_by_its_name_and_refuses_others() -> None:

@@ -12,11 +12,11 @@ from fakes import experiment_config
 
 from opro.config import OptimizerSection, config_from_dict
 from opro.experiment import Experiment, RunResult
+from opro.experiment.settings import pruner_settings
 from opro.program.cost import CostSummary
 from opro.search import RacingPruner, make_pruner
 from opro.search.pruners import RunningCandidate
 from opro.search.trials import CandidateTrial
-from opro.workflows.settings import pruner_settings
 
 INITIAL = "Answer the question."
 

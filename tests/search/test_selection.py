@@ -16,9 +16,9 @@ from opro.config import OptimizerSection
 from opro.errors import ConfigError
 from opro.llm import ChatClient, GenerationOptions, Message, UsageLedger
 from opro.llm.scripted import ScriptedLLM
+from opro.paths import RunDir
 from opro.search import OptimizationResult, RacingPruner
 from opro.search.metaprompt import MetaPromptBuilder, ScoredInstruction
-from opro.tracking.rundir import RunDir
 from opro.tracking.rundir_recorder import RunDirRecorder
 
 INITIAL = "Answer the question."
@@ -590,7 +590,7 @@ def test_the_ledger_refuses_a_decision_on_questions_an_earlier_one_saw_in_anothe
     """Issue 49: the guard compared an exact hash of the question list within one storage, so a reshuffled
     pool (a new split seed) re-decided questions whose verdict was seen. Half of the questions seen:
     refused, from another storage too; one of 12 (8%, at most MAX_SEEN_SHARE): a new decision."""
-    from opro.heldout.ledger import MAX_SEEN_SHARE, DecisionLedger
+    from opro.search.ledger import MAX_SEEN_SHARE, DecisionLedger
     from opro.search.study import ValidationReuse
 
     ledger = DecisionLedger(tmp_path / "decisions.jsonl", origin="output folder a")

@@ -158,7 +158,7 @@ def test_the_returned_configuration_exports_and_reloads_answering_the_same(
         load_llamaindex_settings,
         load_prompt_json,
     )
-    from opro.heldout.sources import resolve_prompt
+    from opro.export.sources import resolve_prompt
     from opro.program.dspy import OproRAG
     from opro.program.rag import RAGProgram, as_llama_index_retriever, chat_client_llm
 
@@ -254,7 +254,7 @@ def test_on_the_embedded_model_the_exports_answer_as_opro_does(tmp_path: Path, e
     from llama_index.core.query_engine import RetrieverQueryEngine
 
     from opro.export import export_prompt, load_dspy_program, load_llamaindex_prompt, load_llamaindex_settings
-    from opro.heldout.sources import ResolvedPrompt
+    from opro.export.sources import ResolvedPrompt
     from opro.llm import ChatClient, UsageLedger
     from opro.program.dspy import OproRAG
     from opro.program.rag import RAGProgram, as_llama_index_retriever, chat_client_llm
@@ -398,7 +398,7 @@ def test_the_retriever_kind_lands_through_the_table_searched_exported_and_planne
     opens it, the sampler proposes it, the template carries it, the exports and the plan show it."""
     from opro.config import load_config
     from opro.export import export_prompt, load_llamaindex_settings, load_prompt_json
-    from opro.heldout.sources import resolve_prompt
+    from opro.export.sources import resolve_prompt
     from opro.probe.plan import make_plan
 
     path = _config(tmp_path, retriever=["bm25", "hybrid"])

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from opro.paths import RunDir
+from opro.search.records import Recorded, Recorder
 from opro.testing import MemoryRecorder
 from opro.testing.recorder_contract import *  # noqa: F403
 from opro.testing.recorder_contract import Kind
-from opro.tracking.records import Recorded, Recorder
-from opro.tracking.rundir import RunDir
 from opro.tracking.rundir_recorder import RunDirRecorder
 
 

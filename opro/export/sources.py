@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from opro.errors import ConfigError, DataError, PromptError
+from opro.paths import RunDir
 from opro.program.configurations import Configuration, settings_text
 from opro.program.dimensions import DIMENSIONS, Value, dimension
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.redaction import redact_url
-from opro.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from opro.config import OproConfig

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from opro.config import OproConfig
     from opro.data.dataset import Embed, GoldenDataset
-    from opro.heldout.ledger import DecisionLedger
     from opro.judges.correctness import CorrectnessJudge
     from opro.llm.cache import CallCache
     from opro.llm.client import ChatClient, UsageLedger
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
     from opro.program.factory import FactoryProgram
     from opro.program.prompts import QATemplate
     from opro.program.rag import RAGProgram
+    from opro.search.ledger import DecisionLedger
 
 
 class Workbench(Protocol):

@@ -25,7 +25,6 @@ text, a record of the wrong shape) stops the run, named (:class:`~opro.errors.Le
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -371,15 +370,4 @@ def _damaged(path: Path, line: int, why: str) -> LedgerError:
         "(the decision it held is then forgotten, and its questions could decide again)")
 
 
-def sha(text: str) -> str:
-    """The 16-hex-digit sha256 of ``text``: the digest that keys decisions, designs and question sets."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def short_hashes(hashes: Sequence[str]) -> tuple[str, ...]:
-    """Question hashes cut to 16 hex digits (64 bits: no collision among any dataset's questions)."""
-    return tuple(h[:16] for h in hashes)
-
-
-__all__ = ["LEDGER_FILE", "MAX_SEEN_SHARE", "RE_DECIDED", "Decision", "DecisionLedger", "conflict", "latest", "now",
-           "sha", "short_hashes"]
+__all__ = ["LEDGER_FILE", "MAX_SEEN_SHARE", "RE_DECIDED", "Decision", "DecisionLedger", "conflict", "latest", "now"]

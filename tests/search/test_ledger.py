@@ -12,7 +12,7 @@ import pytest
 from fakes import experiment_config, scripted_pool, write_toml
 
 from opro.experiment import Experiment
-from opro.heldout.ledger import LEDGER_FILE
+from opro.search.ledger import LEDGER_FILE
 from opro.search.study import ValidationReuse
 from opro.tracking.commands import mlflow_run_of
 
@@ -58,7 +58,7 @@ def test_a_new_output_folder_or_split_seed_cannot_re_decide_the_validation_quest
 def test_the_ledger_counts_shared_questions_keeps_the_latest_verdict_and_survives_a_torn_line(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from opro.heldout.ledger import Decision, DecisionLedger
+    from opro.search.ledger import Decision, DecisionLedger
 
     ledger = DecisionLedger(tmp_path / LEDGER_FILE, origin="output folder x")
     first = Decision(scope="validation", key="a", questions=tuple(f"q{i}" for i in range(10)), design={"alpha": 0.05})
@@ -99,7 +99,7 @@ def test_the_ledger_is_the_users_in_the_data_folder_with_a_copy_beside_the_datas
     before = tmp_path / "cfg" / LEDGER_FILE  # beside calls.sqlite, the config's call cache: where it was kept before
     ledger = ledger_of(dataset=str(tmp_path / "data" / "qa.jsonl"))
     assert (ledger.path, ledger.copies, ledger.also_read) == (user, (tmp_path / "data" / LEDGER_FILE,), (before,))
-    from opro.heldout.ledger import DecisionLedger
+    from opro.search.ledger import DecisionLedger
 
     in_folder = DecisionLedger.of_user(tmp_path / "user-data", dataset=tmp_path / "data", origin="")
     assert in_folder.copies == (tmp_path / "data" / LEDGER_FILE,)  # an opro dataset folder: in it
@@ -123,7 +123,7 @@ def test_a_damaged_ledger_stops_the_run_naming_the_file_and_the_line(tmp_path: P
     the run with one line naming the file and the line (a traceback before). A line cut short by a crash is
     said and skipped, as before."""
     from opro.errors import LedgerError
-    from opro.heldout.ledger import Decision, DecisionLedger
+    from opro.search.ledger import Decision, DecisionLedger
 
     path = tmp_path / LEDGER_FILE
     ledger = DecisionLedger(path)
@@ -295,7 +295,7 @@ def test_a_deleted_ledger_is_reported_as_a_re_decision_where_a_study_saw_the_los
         ledger.unlink(missing_ok=True)
     again = _in_folder(tmp_path, "a", out="out2", alpha=0.2)  # nothing knows: made
     assert again.validation is not None and again.validation.looks
-    with caplog.at_level(logging.WARNING, logger="opro.heldout.ledger"):
+    with caplog.at_level(logging.WARNING, logger="opro.search.ledger"):
         resumed = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
     assert resumed.summary()["validation"] == first.summary()["validation"]
     said = " ".join(r.getMessage() for r in caplog.records)
@@ -323,7 +323,7 @@ def test_the_copy_beside_the_dataset_brings_back_a_lost_user_ledger_and_puts_dec
     _user_ledger().unlink()
     later = _in_folder(tmp_path, "b", out="out2", alpha=0.2)  # nothing it reads knows the first: made
     assert later.validation is not None and not later.validation.re_decided
-    with caplog.at_level(logging.WARNING, logger="opro.heldout.ledger"):
+    with caplog.at_level(logging.WARNING, logger="opro.search.ledger"):
         resumed = _in_folder(tmp_path, "a", out="out1", alpha=0.05)
     assert resumed.summary()["validation"] == first.summary()["validation"]
     said = " ".join(r.getMessage() for r in caplog.records)

@@ -16,10 +16,10 @@ from opro.config import config_from_dict
 from opro.errors import ConfigError
 from opro.evaluation.batch import EvaluationRow
 from opro.experiment import Experiment, RunResult
-from opro.llm.choices import BUILTIN_TASK_MODELS, task_cost_model
 from opro.llm.pool import ModelPool, ModelSpec
 from opro.llm.scripted import ScriptedLLM
 from opro.llm.speed import TokenRate, calibrate
+from opro.program.choices import BUILTIN_TASK_MODELS, task_cost_model
 from opro.program.cost import CostModel
 
 INITIAL = "Answer the question."
@@ -248,7 +248,7 @@ def test_a_small_model_as_good_and_cheaper_is_returned_with_a_validated_non_infe
     assert summary["cost"]["returned"]["cost"] == pytest.approx(summary["cost"]["initial"]["cost"] / 10, rel=0.05)
     # The exports carry the model: JSON (its setting and the model in the provenance), LlamaIndex, DSPy.
     from opro.export import export_prompt
-    from opro.heldout.sources import resolve_prompt
+    from opro.export.sources import resolve_prompt
 
     config = config_from_dict(_config(tmp_path, margin=0.25, validation=72), base_dir=tmp_path, source="test.toml")
     best = resolve_prompt("best", config=config)

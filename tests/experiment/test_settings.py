@@ -1,19 +1,19 @@
-"""The search's settings built from ``[optimizer]`` (opro/workflows/settings.py)."""
+"""The search's settings built from ``[optimizer]`` (opro/experiment/settings.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from opro.config import OptimizerSection
-from opro.search.settings import ProposerSettings, PrunerSettings, SearchSettings, ValidationSettings
-from opro.stats.claim import Claim
-from opro.workflows.settings import (
+from opro.experiment.settings import (
     claim,
     proposer_settings,
     pruner_settings,
     search_settings,
     validation_settings,
 )
+from opro.search.settings import ProposerSettings, PrunerSettings, SearchSettings, ValidationSettings
+from opro.stats.claim import Claim
 
 
 def test_the_config_declares_the_defaults_once_and_the_settings_types_none() -> None:

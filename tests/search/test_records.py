@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from opro.search.records import CommandRecord, Recorded, Recorder, finite_metrics, record_all
 from opro.testing import MemoryRecorder
 from opro.tracking.commands import MlflowCommandRecorder
-from opro.tracking.records import CommandRecord, Recorded, Recorder, finite_metrics, record_all
 
 
 def _mlflow(tmp_path: Path) -> MlflowCommandRecorder:

@@ -33,9 +33,9 @@ from opro.llm.speed import (
     speed_path,
     together,
 )
+from opro.paths import RunDir
 from opro.program.cost import CostModel, ModelCost
 from opro.program.dimensions import DIMENSIONS, NAME_PATTERN, Value, unknown_model
-from opro.tracking.rundir import RunDir
 
 #: ``[models.task]``'s own name.
 INITIAL = "task"
