@@ -21,7 +21,7 @@ from opro.search.trials import CandidateTrial
 from opro.search.validation import validate
 from opro.stats.claim import Claim
 from opro.stats.objectives import COST, QUALITY, Direction, Race, Target, objective_named
-from opro.workflows.settings import validation_settings
+from opro.experiment.settings import validation_settings
 
 #: The validation stage at the config's defaults (the settings types restate none).
 DEFAULTS = validation_settings(OptimizerSection())
