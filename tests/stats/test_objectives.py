@@ -11,6 +11,7 @@ import pytest
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
+from opro.experiment.settings import validation_settings
 from opro.program.cost import CostSummary
 from opro.search import RacingPruner
 from opro.search.finalists import choose_finalists
@@ -21,7 +22,6 @@ from opro.search.trials import CandidateTrial
 from opro.search.validation import validate
 from opro.stats.claim import Claim
 from opro.stats.objectives import COST, QUALITY, Direction, Race, Target, objective_named
-from opro.experiment.settings import validation_settings
 
 #: The validation stage at the config's defaults (the settings types restate none).
 DEFAULTS = validation_settings(OptimizerSection())
