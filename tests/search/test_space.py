@@ -273,7 +273,7 @@ def test_on_the_embedded_model_the_exports_answer_as_opro_does(tmp_path: Path, e
             return {"kind": "fixed"}
 
     template = QATemplate(
-        instruction="Answer in one short sentence.", position="after", top_k=1, answer_max_tokens=24,
+        instruction="Answer in one short sentence.", position="after", settings={"top_k": 1, "answer_max_tokens": 24},
         demos=(Demo(query="What does pass do?", context="The pass statement does nothing.", answer="Nothing."),),
     )
     client = ChatClient(embedded_task_llm, role="task", usage=UsageLedger())  # type: ignore[arg-type]
