@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_world import INITIAL, EchoProgram, Ex, ReplyJudge, _normal, _uniform
+from bench_world import INITIAL, EchoProgram, ReplyJudge, _normal, _uniform
 
 from opro.config import OptimizerSection
 from opro.experiment.settings import proposer_settings, pruner_settings, search_settings
@@ -51,6 +51,7 @@ from opro.search import (
 )
 from opro.search.space import SearchSpace
 from opro.testing.score_worlds import MEASURED_LEVEL, MEASURED_LEVEL_SD, MEASURED_SDS, MEASURED_TIES, solve
+from opro.testing.worlds import Ex
 
 SPACE = {"top_k": [1, 3, 5], "answer_max_tokens": [48, 128, 256]}
 INITIAL_SETTINGS = {"top_k": 3, "answer_max_tokens": 128}

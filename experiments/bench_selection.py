@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from bench_world import INITIAL, EchoProgram, Ex, ReplyJudge, _normal, _uniform
+from bench_world import INITIAL, EchoProgram, ReplyJudge, _normal, _uniform
 
 from opro.config import OptimizerSection
 from opro.errors import ConfigError
@@ -103,7 +103,7 @@ from opro.testing.score_worlds import (
     solve,
 )
 from opro.testing.score_worlds import effect_for as world_effect_for
-from opro.testing.worlds import TextTemplate  # the tests' keyword world shares it
+from opro.testing.worlds import Ex, TextTemplate  # the tests' keyword world shares them
 
 BASE_LEVEL = 3.0
 QUESTION_SD = 0.6  # how much questions differ in difficulty (shared by every prompt: the pairing)

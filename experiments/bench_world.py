@@ -1,6 +1,6 @@
 """The scripted world the selection benchmarks share (:mod:`bench_selection`, :mod:`bench_cost_space`): the
-initial instruction, a question, a program that echoes its prompt to a scripted model, a judge that reads
-its score from the reply, and the seeded draws that script them."""
+initial instruction, a program that echoes its prompt to a scripted model, a judge that reads its score from
+the reply, and the seeded draws that script them (a question is :class:`opro.testing.worlds.Ex`)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,6 @@ from typing import Any
 from opro.llm import ChatClient
 
 INITIAL = "Answer the question."
-
-
-@dataclass(frozen=True)
-class Ex:
-    query: str
-    reference_answer: str
 
 
 @dataclass(frozen=True)
