@@ -19,11 +19,27 @@ from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from opro.errors import ConfigError
-from opro.program.cost import CostSummary
 
 Direction = Literal["maximize", "minimize"]
 #: What the plan's sizes are computed for: a margin of non-inferiority, or a gain.
 Target = Literal["margin", "gain"]
+
+
+class Measured(Protocol):
+    """What an objective reads of a configuration's measured means per answered question
+    (:class:`opro.program.cost.CostSummary`): the task call's tokens, seconds and cost."""
+
+    @property
+    def prompt_tokens(self) -> float: ...
+
+    @property
+    def completion_tokens(self) -> float: ...
+
+    @property
+    def seconds(self) -> float: ...
+
+    @property
+    def cost(self) -> float: ...
 
 
 class Race(Protocol):
@@ -58,10 +74,10 @@ class Objective(Protocol):
     def directions(self) -> tuple[Direction, ...]:
         """The sampler's Optuna study: one direction per value of :meth:`values`."""
 
-    def amount(self, cost: CostSummary | None) -> float | None:
+    def amount(self, cost: Measured | None) -> float | None:
         """The amount per answer a winner lowers (None: none, or not measured)."""
 
-    def values(self, score: float, cost: CostSummary | None) -> list[float] | None:
+    def values(self, score: float, cost: Measured | None) -> list[float] | None:
         """What a complete candidate tells the sampler (None: it tells it nothing)."""
 
     def first_move(self, price: float) -> float:
@@ -95,10 +111,10 @@ class QualityObjective:
     non_inferiority: bool = False
     directions: tuple[Direction, ...] = ("maximize",)
 
-    def amount(self, cost: CostSummary | None) -> float | None:
+    def amount(self, cost: Measured | None) -> float | None:
         return None
 
-    def values(self, score: float, cost: CostSummary | None) -> list[float] | None:
+    def values(self, score: float, cost: Measured | None) -> list[float] | None:
         return [score]
 
     def first_move(self, price: float) -> float:
@@ -134,10 +150,10 @@ class CostObjective:
     non_inferiority: bool = True
     directions: tuple[Direction, ...] = ("maximize", "minimize")
 
-    def amount(self, cost: CostSummary | None) -> float | None:
+    def amount(self, cost: Measured | None) -> float | None:
         return None if cost is None else cost.cost
 
-    def values(self, score: float, cost: CostSummary | None) -> list[float] | None:
+    def values(self, score: float, cost: Measured | None) -> list[float] | None:
         return None if cost is None else [score, cost.cost]
 
     def first_move(self, price: float) -> float:
