@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, Protocol
 
 CostUnit = Literal["usd", "tokens", "seconds"]
@@ -73,14 +73,12 @@ class CostSummary:
     unit: CostUnit
 
     def as_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "seconds": self.seconds, "cost": self.cost, "unit": self.unit}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostSummary:
-        return cls(n=int(data["n"]), prompt_tokens=float(data["prompt_tokens"]),
-                   completion_tokens=float(data["completion_tokens"]), seconds=float(data["seconds"]),
-                   cost=float(data["cost"]), unit=parse_unit(data.get("unit")))
+        means = {f.name: float(data[f.name]) for f in fields(cls) if f.name not in ("n", "unit")}
+        return cls(n=int(data["n"]), unit=parse_unit(data.get("unit")), **means)
 
 
 @dataclass(frozen=True)
@@ -235,10 +233,10 @@ class CostDifference:
 
     def as_dict(self) -> dict[str, Any]:
         ci = self.tokens_saving_ci
-        return {"tokens": self.tokens.as_dict(), "seconds": self.seconds.as_dict(), "cost": self.cost.as_dict(),
-                "baseline_cost": self.baseline_cost, "baseline_tokens": self.baseline_tokens, "lower": self.lower,
-                "tokens_saving_ci": None if ci is None else list(ci),
-                **({"tokens_saving_caveat": self.tokens_caveat} if self.tokens_caveat else {})}
+        return dict(tokens=self.tokens.as_dict(), seconds=self.seconds.as_dict(), cost=self.cost.as_dict(),
+                    baseline_cost=self.baseline_cost, baseline_tokens=self.baseline_tokens, lower=self.lower,
+                    tokens_saving_ci=None if ci is None else list(ci),
+                    **({"tokens_saving_caveat": self.tokens_caveat} if self.tokens_caveat else {}))
 
     def saving_text(self) -> str:
         """Tokens per answer as a share of the baseline's, with the Fieller interval of that share (a ratio

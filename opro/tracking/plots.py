@@ -6,6 +6,7 @@ labels and call these."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,40 +187,50 @@ def plot_score_histograms(groups: Mapping[str, Sequence[float]], *, path: Path, 
     return save_figure(fig, path)
 
 
-__all__ = ["plot_optimism", "plot_paired_scores", "plot_pareto", "plot_score_histograms", "plot_trajectory", "save_figure"]
+__all__ = ["ParetoPoint", "plot_optimism", "plot_paired_scores", "plot_pareto", "plot_score_histograms", "plot_trajectory", "save_figure"]
 
 
-def plot_pareto(points: Sequence[Mapping[str, Any]], *, path: Path, cost_label: str, title: str | None = None) -> Path:
-    """Quality against cost per answer, one dot per candidate, the quality-cost front joined.
+@dataclass(frozen=True, kw_only=True)
+class ParetoPoint:
+    """One candidate on :func:`plot_pareto`: its label, search score and cost per answer, and its marks."""
 
-    ``points``: ``{"label", "score", "cost", "front" (bool), "initial" (bool), "returned" (bool),
-    "pruned" (bool)}``. A pruned candidate is drawn faded at its running mean (its score and cost on
-    the questions it was asked); the initial and the returned configurations are rings around their
-    dots, so a front dot under them stays visible."""
+    label: str
+    score: float
+    cost: float
+    front: bool = False
+    initial: bool = False
+    returned: bool = False
+    #: Drawn faded at its running mean (its score and cost on the questions it was asked).
+    pruned: bool = False
+
+
+def plot_pareto(points: Sequence[ParetoPoint], *, path: Path, cost_label: str, title: str | None = None) -> Path:
+    """Quality against cost per answer, one dot per candidate, the quality-cost front joined. The initial
+    and the returned configurations are rings around their dots, so a front dot under them stays visible."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
-    pruned = [p for p in points if p.get("pruned")]
-    rest = [p for p in points if not p.get("front") and not p.get("pruned")]
-    front = sorted((p for p in points if p.get("front")), key=lambda p: float(p["cost"]))
+    pruned = [p for p in points if p.pruned]
+    rest = [p for p in points if not p.front and not p.pruned]
+    front = sorted((p for p in points if p.front), key=lambda p: p.cost)
     if pruned:
-        ax.scatter([p["cost"] for p in pruned], [p["score"] for p in pruned], s=22, marker="o", facecolors="none",
+        ax.scatter([p.cost for p in pruned], [p.score for p in pruned], s=22, marker="o", facecolors="none",
                    edgecolors="#9e9e9e", alpha=0.6, label="pruned (running mean)", zorder=2)
     if rest:
-        ax.scatter([p["cost"] for p in rest], [p["score"] for p in rest], s=22, color="#969696", label="candidate",
+        ax.scatter([p.cost for p in rest], [p.score for p in rest], s=22, color="#969696", label="candidate",
                    zorder=2)
     if front:
-        ax.step([p["cost"] for p in front], [p["score"] for p in front], where="post", color="#3182bd", lw=1, zorder=3)
-        ax.scatter([p["cost"] for p in front], [p["score"] for p in front], s=30, color="#3182bd",
+        ax.step([p.cost for p in front], [p.score for p in front], where="post", color="#3182bd", lw=1, zorder=3)
+        ax.scatter([p.cost for p in front], [p.score for p in front], s=30, color="#3182bd",
                    label="quality-cost front", zorder=5)
-    for key, marker, color, size, label in (("initial", "s", "#252525", 150, "initial configuration"),
-                                            ("returned", "o", "#e6550d", 260, "returned")):
-        shown = [p for p in points if p.get(key)]
+    for mark, marker, color, size, label in ((lambda p: p.initial, "s", "#252525", 150, "initial configuration"),
+                                             (lambda p: p.returned, "o", "#e6550d", 260, "returned")):
+        shown = [p for p in points if mark(p)]
         if shown:
-            ax.scatter([p["cost"] for p in shown], [p["score"] for p in shown], s=size, marker=marker,
+            ax.scatter([p.cost for p in shown], [p.score for p in shown], s=size, marker=marker,
                        facecolors="none", edgecolors=color, linewidths=1.5, label=label, zorder=4)
     ax.set_xlabel(f"cost per answer: {cost_label}", fontsize=9)
     ax.set_ylabel("search score (1-5, in-sample)")

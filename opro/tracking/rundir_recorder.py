@@ -62,16 +62,16 @@ class RunDirRecorder(Recorder):
         """pareto.png: every candidate with a score and a cost, the pruned ones faded at their running
         means, the front joined; the axis names the cost measure."""
         from opro.search.results import quality_cost_front
-        from opro.tracking.plots import plot_pareto
+        from opro.tracking.plots import ParetoPoint, plot_pareto
 
         front = {r.trial_number for r in quality_cost_front(result.history)}
         shown = [r for r in result.history if r.status in ("complete", "pruned") and r.score is not None
                  and r.cost is not None]
         if shown:
-            plot_pareto([{"label": r.name, "score": r.score, "cost": r.cost.cost,  # type: ignore[union-attr]
-                          "front": r.trial_number in front, "pruned": r.status == "pruned",
-                          "initial": r.step == 0 and r.name == result.initial_instruction.strip(),
-                          "returned": r.name == result.best_name} for r in shown],
+            plot_pareto([ParetoPoint(label=r.name, score=r.score, cost=r.cost.cost,  # type: ignore[arg-type,union-attr]
+                                     front=r.trial_number in front, pruned=r.status == "pruned",
+                                     initial=r.step == 0 and r.name == result.initial_instruction.strip(),
+                                     returned=r.name == result.best_name) for r in shown],
                         path=self.run_dir.pareto_plot, cost_label=self.cost.measure)
 
 

@@ -163,8 +163,8 @@ def test_pareto_and_the_candidates_table_show_every_candidate_the_pruned_ones_ma
     assert wrong.status == "pruned" and len(wrong.scores) == 4  # confidently more than 0.25 worse
     # pareto.png: every candidate, the pruned one at its running mean and marked; the measure named.
     (call,) = drawn
-    assert [p["label"] for p in call["points"]] == [r.name for r in result.history]
-    assert [p["pruned"] for p in call["points"]] == [r.status == "pruned" for r in result.history]
+    assert [p.label for p in call["points"]] == [r.name for r in result.history]
+    assert [p.pruned for p in call["points"]] == [r.status == "pruned" for r in result.history]
     assert call["cost_label"] == "weighted task tokens (prompt + 4 x completion)"
     assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
     # The results table lists every candidate too, the pruned one marked, at 80 columns.
