@@ -164,11 +164,11 @@ def test_only_the_study_module_reads_or_writes_optuna_user_attributes() -> None:
 FLOORS: dict[str, int] = {
     **dict.fromkeys(("opro.errors", "opro.hashing", "opro.paths", "opro.locking", "opro.progress", "opro.redaction",
                      "opro.stats"), 1),
-    "opro.config": 2,
-    "opro.llm": 3,
-    "opro.data": 4,
-    "opro.judges": 5,
-    "opro.program": 6,
+    "opro.llm": 2,
+    "opro.data": 3,
+    "opro.judges": 4,
+    "opro.program": 5,
+    "opro.config": 6,
     "opro.evaluation": 7,
     "opro.search": 8,
     "opro.tracking": 9,
@@ -178,12 +178,6 @@ FLOORS: dict[str, int] = {
     "opro.probe": 13,
     "opro.workflows": 14,
     **dict.fromkeys(("opro.cli", "opro.testing"), 15),
-}
-#: The arrows that still run up, by module and the room it imports, until they are moved: the config
-#: still reads the model tables' types (llm.client, llm.pool, llm.speed) and the task models, costs,
-#: dimensions and instruction rules of opro/program/. Nothing else may be added here.
-NOT_YET_MOVED: dict[str, frozenset[str]] = {
-    "opro.config": frozenset({"opro.llm", "opro.program"}),
 }
 #: ``opro/__init__.py`` is the public facade: it re-exports from every floor and nothing imports it.
 FACADE = "opro"
@@ -225,14 +219,12 @@ def _floor(module: str) -> float:
 
 
 def _rooms_graph() -> dict[str, set[str]]:
-    """Which rooms each room imports (the facade aside), less the arrows :data:`NOT_YET_MOVED`."""
+    """Which rooms each room imports (the facade aside)."""
     rooms: dict[str, set[str]] = {}
     for m, targets in _graph().items():
         if m == FACADE:
             continue
-        rooms.setdefault(_room(m), set()).update(
-            _room(t) for t in targets if t != FACADE and _room(t) != _room(m)
-            and _room(t) not in NOT_YET_MOVED.get(m, frozenset()))
+        rooms.setdefault(_room(m), set()).update(_room(t) for t in targets if t != FACADE and _room(t) != _room(m))
     return rooms
 
 
@@ -247,15 +239,6 @@ def test_every_room_has_a_floor_and_imports_only_its_floor_or_below() -> None:
 def test_no_rooms_import_each_other_in_a_loop() -> None:
     """Type-only and lazy imports count: a loop among rooms is a concept split across two floors."""
     assert _loops(_rooms_graph()) == []
-
-
-def test_the_arrows_not_yet_moved_still_run_up() -> None:
-    """An exception that the code no longer needs is taken out of :data:`NOT_YET_MOVED`."""
-    edges = _graph()
-    for m, rooms in NOT_YET_MOVED.items():
-        for room in rooms:
-            assert FLOORS[room] > FLOORS[_room(m)], (m, room)
-            assert any(_room(t) == room for t in edges[m]), (m, room)
 
 
 def test_only_the_tracking_wing_imports_mlflow() -> None:
@@ -400,18 +383,18 @@ def test_the_model_roles_are_listed_once() -> None:
 
 
 def test_the_split_names_are_listed_once() -> None:
-    """One order (the dealing order of opro.config); compare's held-out-first order is derived from it."""
+    """One order (the dealing order of opro.data.dataset); compare's held-out-first order is derived from it."""
     from opro.data.dataset import SPLIT_NAMES
     from opro.heldout.report import SPLITS
 
     assert tuple(reversed(SPLIT_NAMES)) == SPLITS
-    assert _copies("split names", SPLIT_NAMES, "opro/config/__init__.py") == []
+    assert _copies("split names", SPLIT_NAMES, "opro/data/dataset.py") == []
 
 
 def test_the_score_sources_are_listed_once() -> None:
     from opro.judges import SCORE_SOURCES
 
-    assert _copies("score sources", SCORE_SOURCES, "opro/config/__init__.py") == []
+    assert _copies("score sources", SCORE_SOURCES, "opro/judges/correctness.py") == []
 
 
 def test_the_extra_metrics_are_named_by_the_metrics_themselves() -> None:
@@ -458,7 +441,7 @@ def test_usage_records_name_the_fields_of_role_usage() -> None:
 
 def test_the_list_scan_finds_a_copy() -> None:
     """The scans above can fail: a retyped list is found where it stands."""
-    assert any(items == frozenset({"reply", "logits", "auto"}) and where.startswith("opro/config/__init__.py")
+    assert any(items == frozenset({"reply", "logits", "auto"}) and where.startswith("opro/judges/correctness.py")
                for where, items in _string_lists())
     assert _copies("score sources", ("reply", "logits", "auto"), "opro/judges/parsing.py")
 

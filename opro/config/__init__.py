@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from opro.config.checks import check_factory, check_mlflow_uri, check_optuna_storage, check_ranges
+from opro.config.checks import check_mlflow_uri, check_optuna_storage, check_ranges
+from opro.data.dataset import SPLIT_NAMES, SplitName
 from opro.errors import ConfigError, PromptError
+from opro.judges.correctness import SCORE_SOURCES, ScoreFrom, check_score_from
 from opro.llm.client import DEFAULT_PRICES, ROLES, Price
 from opro.llm.pool import ModelSpec, check_endpoint
 from opro.llm.speed import TokenRate
@@ -56,13 +58,6 @@ class ExperimentSection:
             raise ConfigError('[experiment].output_dir is empty: name a folder for the run (for example "runs/opro")')
 
 
-#: The dataset's splits, in the order questions are dealt to them (and listed in ``split.json``, the
-#: run's files and parameters): the one list, re-exported by :mod:`opro.data.dataset`. ``opro compare``
-#: offers them the other way round, held-out first (:data:`opro.heldout.report.SPLITS`).
-SplitName = Literal["exemplar", "optimization", "validation", "heldout"]
-SPLIT_NAMES: tuple[SplitName, ...] = typing.get_args(SplitName)
-
-
 @dataclass(frozen=True)
 class SplitSection:
     exemplar: int = 3
@@ -80,6 +75,11 @@ class SplitSection:
                 raise ConfigError(f"[data.split].{name} must be >= 0, got {getattr(self, name)}")
         if self.optimization < 1:
             raise ConfigError("[data.split].optimization must be >= 1: candidates are scored on it")
+
+    @property
+    def sizes(self) -> dict[SplitName, int]:
+        """Each split's size, in dealing order (what :func:`opro.data.dataset.check_split_fits` checks)."""
+        return {name: getattr(self, name) for name in SPLIT_NAMES}
 
 
 DOCS_REQUIRED = "[data].docs is required: the documents (PDF, .txt, .md, directories) to retrieve from"
@@ -179,21 +179,6 @@ class ModelsSection:
     #: ``[models.task_choices.NAME]``: other task models by name (:mod:`opro.program.choices`), each a full model
     #: table, for ``[search.space].task_model`` and ``opro compare --set task_model=NAME``.
     task_choices: tuple[tuple[str, ModelSpec], ...] = ()
-
-
-#: Where the correctness judge reads its score (``[judge].score_from``, ``--score-from``): the one list;
-#: :data:`SCORE_SOURCES` and :func:`check_score_from` are read from it.
-ScoreFrom = Literal["reply", "logits", "auto"]
-SCORE_SOURCES: tuple[ScoreFrom, ...] = typing.get_args(ScoreFrom)
-
-
-def check_score_from(value: str, *, where: str = "score_from") -> ScoreFrom:
-    """``value`` if it is a score source, else :class:`~opro.errors.ConfigError` naming ``where`` (the
-    table key or the command-line option): ``--score-from must be reply, logits or auto, got 'x'``."""
-    if value not in SCORE_SOURCES:
-        choices = f"{', '.join(SCORE_SOURCES[:-1])} or {SCORE_SOURCES[-1]}"
-        raise ConfigError(f"{where} must be {choices}, got {value!r}")
-    return typing.cast(ScoreFrom, value)
 
 
 @dataclass(frozen=True)
@@ -440,6 +425,8 @@ class ProgramSection:
 
     def __post_init__(self) -> None:
         if self.factory:
+            from opro.program.factory import check_factory  # lazily: that module loads the RAG program
+
             check_factory(self.factory)
 
 

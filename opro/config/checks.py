@@ -6,8 +6,6 @@ name here is re-exported there.
 
 from __future__ import annotations
 
-import re
-
 from opro.errors import ConfigError
 
 # -- numeric ranges ------------------------------------------------------------------------------
@@ -92,16 +90,3 @@ def check_optuna_storage(url: str, *, where: str) -> str:
 
 __all__ = ["check_mlflow_uri", "check_optuna_storage", "check_ranges"]
 
-
-# -- the program a config names ----------------------------------------------------------------------
-
-#: ``package.module:function`` (the function may be an attribute path: ``module:Class.build``).
-_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-def check_factory(text: str, *, where: str = "[program].factory") -> str:
-    """``text`` if it reads ``package.module:function``, else a :class:`ConfigError` saying what it should be."""
-    if not _FACTORY.match(text):
-        raise ConfigError(f'{where} = {text!r} is not "package.module:function": name the module that defines the '
-                          "function that builds your query engine, a colon, and the function")
-    return text

@@ -24,9 +24,8 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from opro.config import SPLIT_NAMES, SplitName, SplitSection
 from opro.data.questions import (
     NearDuplicates,
     QuestionKey,
@@ -43,6 +42,12 @@ SPLIT_FORMAT = 1
 QUERY_FIELDS = ("query", "question", "input", "prompt")
 ANSWER_FIELDS = ("reference_answer", "answer", "reference", "output", "expected_answer")
 CONTEXT_FIELDS = ("reference_contexts", "contexts", "context")
+
+#: The dataset's splits, in the order questions are dealt to them (and listed in ``split.json``, the run's files
+#: and parameters, ``[data.split]``): the one list. ``opro compare`` offers them held-out first
+#: (:data:`opro.heldout.report.SPLITS`).
+SplitName = Literal["exemplar", "optimization", "validation", "heldout"]
+SPLIT_NAMES: tuple[SplitName, ...] = get_args(SplitName)
 
 
 def _created_by(value: Any, *, where: str, name: str) -> dict[str, str] | None:
@@ -318,10 +323,10 @@ def split_shortfall(split: Split) -> str | None:
     )
 
 
-def check_split_fits(dataset: GoldenDataset, split: SplitSection, *, where: str, more: str = "") -> None:
-    """Refuse ``[data.split]`` sizes that ask for more questions than ``dataset`` holds (one the split is
-    made from, not a folder with its own split.json); ``more``: what else the user may do."""
-    sizes = {name: getattr(split, name) for name in SPLIT_NAMES}
+def check_split_fits(dataset: GoldenDataset, sizes: Mapping[SplitName, int], *, where: str, more: str = "") -> None:
+    """Refuse ``[data.split]`` sizes (each split's, in :data:`SPLIT_NAMES` order) that ask for more questions than
+    ``dataset`` holds (one the split is made from, not a folder with its own split.json); ``more``: what else
+    the user may do."""
     if dataset.split is None and sum(sizes.values()) > len(dataset):
         asked = " + ".join(f"{n} {name.replace('heldout', 'held-out')}" for name, n in sizes.items())
         raise DataError(f"{where}: [data.split] asks for {sum(sizes.values())} examples ({asked}) but the dataset has "

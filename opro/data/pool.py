@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from opro.config import OproConfig
 from opro.data.dataset import DATASET_FILE, Example, GoldenDataset, load_labelled_rag_dataset
 from opro.errors import DataError
 
@@ -73,13 +72,13 @@ def dataset_folder(folder: str | Path) -> GoldenDataset:
     return dataset
 
 
-def pool_folder(config: OproConfig) -> Path:
-    """The dataset folder whose pool ``config``'s runs extend into: ``[data].dataset`` where it is a
-    folder (the run copies only its dataset and split), else the run's own (``<output_dir>/dataset``)."""
+def pool_folder(*, dataset: Path | None, output_dir: Path) -> Path:
+    """The dataset folder whose pool a config's runs extend into: its ``[data].dataset`` (``dataset``, resolved;
+    None: not set) where it is a folder (the run copies only its dataset and split), else the run's own
+    (``<output_dir>/dataset``)."""
     from opro.paths import RunDir
 
-    given = config.resolve(config.data.dataset) if config.data.dataset else None
-    return given if given is not None and given.is_dir() else RunDir(config.output_dir).dataset
+    return dataset if dataset is not None and dataset.is_dir() else RunDir(output_dir).dataset
 
 
 def extension_questions(dataset: GoldenDataset, folder: str | Path | None) -> tuple[Example, ...]:

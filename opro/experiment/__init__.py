@@ -52,7 +52,7 @@ from opro.paths import RunDir, cache_dir, data_dir
 from opro.program import retrieval  # a module too, for its chunk_documents
 from opro.program.choices import model_key, rates_here, task_spec
 from opro.program.dimensions import DIMENSIONS, answer_cost, dimension, initial_values
-from opro.program.factory import FactoryProgram, user_program
+from opro.program.factory import FactoryProgram, check_opened, load_factory
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.program.rag import RAGProgram
 from opro.program.retrieval import (
@@ -275,10 +275,25 @@ class Experiment:
 
     @functools.cached_property
     def program(self) -> RAGProgram | FactoryProgram:
-        """opro's RAG program, or the user's (:func:`opro.program.factory.user_program`: checked, before any call)."""
-        return user_program(self.config, given=self._given_program, client=self.client) or RAGProgram(
+        """opro's RAG program, or the user's (:meth:`_user_program`: checked, before any call)."""
+        return self._user_program() or RAGProgram(
             retriever=self.retriever, llm=self.client("task"), max_tokens=self.config.rag.answer_max_tokens,
             chunked=self.retriever_at, models=lambda name: self.client("task", task_model=name))
+
+    def _user_program(self) -> Any:
+        """The user's program: the one given where it is one (it has ``answer``), else the :class:`FactoryProgram`
+        of the factory given (from Python) or of ``[program].factory``; None: opro's own program. Its task calls
+        go through :meth:`client`; an open ``[search.space]`` setting the factory does not take is refused."""
+        given, named = self._given_program, self.config.program.factory
+        if given is not None and hasattr(given, "answer"):
+            return given
+        if given is None and not named:
+            return None
+        built = given if given is not None else load_factory(named, base_dir=self.config.base_dir)
+        program = FactoryProgram(factory=built, llm=self.client("task"), initial=initial_values(self.config),
+                                 name=named or None, max_tokens=self.config.rag.answer_max_tokens,
+                                 models=lambda name: self.client("task", task_model=name))
+        return check_opened(program, opened=self.config.search.space.dimensions, source=self.config.source)
 
     def _judge_template(self) -> str | Path:
         """``[judge].template``: a built-in template's name, or its file resolved against the config."""
@@ -361,7 +376,7 @@ class Experiment:
             raw = apply_withheld(raw, withheld)
             logger.info("%d of %d questions are now unanswerable from the corpus (%d chunks withheld)",
                         len(withheld.queries), len(raw), len(withheld.chunk_ids))
-        check_split_fits(raw, d.split, where=self.config.source,
+        check_split_fits(raw, d.split.sizes, where=self.config.source,
                          more="" if d.dataset else " or raise [data].max_chunks / questions_per_chunk")
         s = d.split
         # With withheld questions, every split gets its share of them (the search must see some).
@@ -500,7 +515,8 @@ class Experiment:
         o, ds = self.config.optimizer, self.dataset
         if not o.finalists or not o.validation_extension or not ds.examples_in("validation"):
             return ()
-        return extension_questions(ds, pool_folder(self.config))[: o.validation_extension]
+        given = self.config.resolve(self.config.data.dataset) if self.config.data.dataset else None
+        return extension_questions(ds, pool_folder(dataset=given, output_dir=self.config.output_dir))[: o.validation_extension]
 
     def _record_split(self) -> dict[str, Any]:
         """What this optimization saw (:func:`opro.data.dataset.split_record`), for the held-out guard of

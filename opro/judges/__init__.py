@@ -7,8 +7,13 @@ relevancy) and MLflow's correctness judge, their templates and the parsers that 
 (:func:`build_judge`, :func:`build_metric`, :func:`build_mlflow_correctness`, :func:`make_extra_metrics`).
 """
 
-from opro.config import check_score_from
-from opro.judges.correctness import SCORE_SOURCES, CorrectnessJudge, ScoreFrom, correctness_schema
+from opro.judges.correctness import (
+    SCORE_SOURCES,
+    CorrectnessJudge,
+    ScoreFrom,
+    check_score_from,
+    correctness_schema,
+)
 from opro.judges.factory import (
     EXTRA_METRICS,
     METRIC_JUDGES,

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
-from opro.config import SCORE_SOURCES, ScoreFrom, check_score_from
 from opro.errors import ConfigError
 from opro.judges.metrics import MetricResult
 from opro.judges.parsing import (
@@ -24,6 +23,21 @@ from opro.judges.parsing import (
 from opro.judges.templates import JudgeTemplate, get_template
 from opro.judges.withheld import NOT_IN_CONTEXT, requirement_score
 from opro.llm import ChatClient, Completion, Message
+
+#: Where the correctness judge reads its score (``[judge].score_from``, ``--score-from``): the one list;
+#: :data:`SCORE_SOURCES` and :func:`check_score_from` are read from it.
+ScoreFrom = Literal["reply", "logits", "auto"]
+SCORE_SOURCES: tuple[ScoreFrom, ...] = get_args(ScoreFrom)
+
+
+def check_score_from(value: str, *, where: str = "score_from") -> ScoreFrom:
+    """``value`` if it is a score source, else :class:`~opro.errors.ConfigError` naming ``where`` (the
+    table key or the command-line option): ``--score-from must be reply, logits or auto, got 'x'``."""
+    if value not in SCORE_SOURCES:
+        choices = f"{', '.join(SCORE_SOURCES[:-1])} or {SCORE_SOURCES[-1]}"
+        raise ConfigError(f"{where} must be {choices}, got {value!r}")
+    return cast(ScoreFrom, value)
+
 
 # --- correctness judge -----------------------------------------------------------------------------
 
@@ -254,4 +268,5 @@ class CorrectnessJudge:
 
 
 
-__all__ = ["SCORE_CHOICES", "SCORE_PREFIX", "SCORE_SOURCES", "CorrectnessJudge", "ScoreFrom", "check_scoring", "correctness_schema"]
+__all__ = ["SCORE_CHOICES", "SCORE_PREFIX", "SCORE_SOURCES", "CorrectnessJudge", "ScoreFrom", "check_score_from", "check_scoring",
+           "correctness_schema"]

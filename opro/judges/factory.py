@@ -13,18 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from opro.errors import ConfigError
-from opro.judges.correctness import CorrectnessJudge
+from opro.judges.correctness import CorrectnessJudge, ScoreFrom
 from opro.judges.metrics import Metric, TokenF1
 from opro.judges.mlflow_correctness import CorrectnessPrompt, MlflowCorrectnessJudge
-from opro.judges.sidebyside import SideBySideJudge
+from opro.judges.sidebyside import PairedMode, SideBySideJudge
 from opro.judges.yesno import FaithfulnessJudge, RelevancyJudge
 from opro.llm import ChatClient
-
-if TYPE_CHECKING:  # opro.config is not needed to build a judge, only to type the table it reads
-    from opro.config import JudgeSection
 
 #: A ``[judge].template`` with one of these endings is a template file, not a built-in name.
 TEMPLATE_FILE_SUFFIXES: tuple[str, ...] = (".toml", ".txt", ".md")
@@ -36,7 +33,29 @@ METRIC_JUDGES: Mapping[str, Callable[[ChatClient], Metric]] = MappingProxyType(
 )
 
 
-def judge_template(*, section: JudgeSection, resolve: Callable[[str], Path] | None = None) -> str | Path:
+class JudgeTable(Protocol):
+    """What a judge is built from: a ``[judge]`` table (:class:`opro.config.JudgeSection`; the config sits
+    above the judges, so they read its fields, not its type)."""
+
+    @property
+    def template(self) -> str: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def structured(self) -> bool: ...
+    @property
+    def expected_score(self) -> bool: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def score_from(self) -> ScoreFrom: ...
+    @property
+    def paired(self) -> PairedMode: ...
+    @property
+    def both_orders(self) -> bool: ...
+
+
+def judge_template(*, section: JudgeTable, resolve: Callable[[str], Path] | None = None) -> str | Path:
     """``[judge].template`` as :class:`CorrectnessJudge` takes it: a built-in template's name, or a file.
 
     A value ending in .toml / .txt / .md is a file, placed by ``resolve`` (an experiment resolves it
@@ -50,7 +69,7 @@ def judge_template(*, section: JudgeSection, resolve: Callable[[str], Path] | No
 
 
 def build_judge(
-    *, section: JudgeSection, client: ChatClient, resolve: Callable[[str], Path] | None = None
+    *, section: JudgeTable, client: ChatClient, resolve: Callable[[str], Path] | None = None
 ) -> CorrectnessJudge:
     """The correctness judge a ``[judge]`` table describes, on ``client`` (the judge model).
 
@@ -70,7 +89,7 @@ def build_judge(
     )
 
 
-def build_paired_judge(*, section: JudgeSection, client: ChatClient, seed: int) -> SideBySideJudge | None:
+def build_paired_judge(*, section: JudgeTable, client: ChatClient, seed: int) -> SideBySideJudge | None:
     """The side-by-side judge of a paired decision when ``[judge].paired = "side_by_side"`` (None for
     ``pointwise``), on ``client`` (the judge model); ``seed`` (the run's) draws each question's order.
     It reads its scores as the pointwise judge does (``score_from``) within the table's ``max_tokens``."""
@@ -132,6 +151,7 @@ __all__ = [
     "METRIC_JUDGES",
     "REFERENCE_METRICS",
     "TEMPLATE_FILE_SUFFIXES",
+    "JudgeTable",
     "build_judge",
     "build_metric",
     "build_mlflow_correctness",

@@ -26,9 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from opro.config import ScoreFrom
 from opro.errors import ConfigError
-from opro.judges.correctness import SCORE_CHOICES, check_scoring
+from opro.judges.correctness import SCORE_CHOICES, ScoreFrom, check_scoring
 from opro.judges.parsing import SCORE_MIN, parse_pair_scores, score_distribution
 from opro.judges.templates import SIDE_BY_SIDE_SYSTEM, SIDE_BY_SIDE_USER
 from opro.judges.withheld import NOT_IN_CONTEXT, requirement_score

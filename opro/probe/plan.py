@@ -627,7 +627,7 @@ def make_plan(config: OproConfig, *, documents: Callable[[], Sequence[Document]]
                                      else detectable)) is not None:
         made = replace(made, questions_needed=need, warnings=(*made.warnings, need.text(pool_command=pool_command(config))))
     if config.program.factory:  # the user's engine: the settings its factory takes open; the others stay closed
-        made = replace(made, warnings=(*made.warnings, closed_settings(config)))
+        made = replace(made, warnings=(*made.warnings, closed_settings(factory=config.program.factory, base_dir=config.base_dir)))
     if held is None:
         return replace(made, warnings=(*made.warnings, made.compare_lines()[0].removeprefix("warning: ")))
     return made

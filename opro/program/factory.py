@@ -20,23 +20,34 @@ import functools
 import importlib
 import inspect
 import json
+import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from opro.config import OproConfig
-from opro.config.checks import check_factory
 from opro.errors import ConfigError, OproError, PromptError
 from opro.llm import ChatClient, Completion
-from opro.program.dimensions import DIMENSIONS, Value, initial_values
+from opro.program.dimensions import DIMENSIONS, Value
 from opro.program.prompts import QATemplate
 from opro.program.rag import TEXT_QA_KEY, Answer, _map_with_progress, apply_template, chat_client_llm
 from opro.program.retrieval import RetrievedContext
 
 KEY = "[program].factory"
+
+#: ``package.module:function`` (the function may be an attribute path: ``module:Class.build``).
+_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def check_factory(text: str, *, where: str = KEY) -> str:
+    """``text`` if it reads ``package.module:function``, else a :class:`ConfigError` saying what it should be
+    (the config checks ``[program].factory`` with it on load)."""
+    if not _FACTORY.match(text):
+        raise ConfigError(f'{where} = {text!r} is not "package.module:function": name the module that defines the '
+                          "function that builds your query engine, a colon, and the function")
+    return text
 
 
 def load_factory(text: str, *, base_dir: Path | None = None) -> Callable[..., Any]:
@@ -250,33 +261,22 @@ class FactoryProgram:
         return {"factory": self.name, "takes": list(self.takes), "model": self.llm.model, **reported(self.factory)}
 
 
-def user_program(config: OproConfig, *, client: Callable[..., ChatClient], given: Any = None) -> Any:
-    """The user's program: ``given`` where it is one (it has ``answer``), else the :class:`FactoryProgram` of
-    ``given`` (a factory, from Python) or of ``config``'s ``[program].factory``; None: opro's own program. Its
-    task calls go through ``client(role, task_model=...)``; an open ``[search.space]`` setting the factory does
-    not take is refused."""
-    if given is not None and hasattr(given, "answer"):
-        return given
-    named = config.program.factory
-    if given is None and not named:
-        return None
-    built = given if given is not None else load_factory(named, base_dir=config.base_dir)
-    program = FactoryProgram(factory=built, llm=client("task"), initial=initial_values(config), name=named or None,
-                             max_tokens=config.rag.answer_max_tokens,
-                             models=lambda name: client("task", task_model=name))
-    closed = [d.name for d in DIMENSIONS if d.is_setting and d.name in config.search.space.dimensions
-              and d.name not in program.takes]
+def check_opened(program: FactoryProgram, *, opened: Collection[str], source: str) -> FactoryProgram:
+    """``program`` if it takes every setting ``opened`` (the ``[search.space]`` dimensions of the config
+    ``source``), else a :class:`ConfigError` naming the first it does not take."""
+    closed = [d.name for d in DIMENSIONS if d.is_setting and d.name in opened and d.name not in program.takes]
     if closed:
-        raise ConfigError(f"{config.source}: [search.space].{closed[0]} is open, but {KEY} = {program.name!r} takes no "
+        raise ConfigError(f"{source}: [search.space].{closed[0]} is open, but {KEY} = {program.name!r} takes no "
                           f"{closed[0]} parameter: add one to it, or remove the dimension (it takes: "
                           f"{', '.join(program.takes) or 'none'})")
     return program
 
 
-def closed_settings(config: OproConfig) -> str:
-    """What the plan says of ``[program].factory``: the settings it takes, and those that stay closed."""
-    named = config.program.factory
-    takes = taken_settings(load_factory(named, base_dir=config.base_dir), name=named)
+def closed_settings(*, factory: str, base_dir: Path | None = None) -> str:
+    """What the plan says of ``[program].factory`` (``factory``, found as :func:`load_factory` finds it): the
+    settings it takes, and those that stay closed."""
+    named = factory
+    takes = taken_settings(load_factory(named, base_dir=base_dir), name=named)
     closed = [d.name for d in DIMENSIONS if d.is_setting and d.name not in takes]
     return (f"{KEY} = {named!r} takes {', '.join(takes) or 'no setting'} as parameters; "
             f"{', '.join(closed) or 'no setting'} stay closed (the factory does not take them)")
@@ -333,4 +333,5 @@ def _together(completions: list[Completion], *, text: str, latency_s: float) -> 
     )
 
 
-__all__ = ["KEY", "FactoryProgram", "closed_settings", "load_factory", "reference_of", "reported", "taken_settings", "user_program"]
+__all__ = ["KEY", "FactoryProgram", "check_factory", "check_opened", "closed_settings", "load_factory", "reference_of", "reported",
+           "taken_settings"]

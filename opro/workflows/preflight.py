@@ -130,7 +130,7 @@ def check_inputs(experiment: Experiment) -> None:
         from opro.data.dataset import check_split_fits
 
         try:
-            check_split_fits(raw, d.split, where=config.source)
+            check_split_fits(raw, d.split.sizes, where=config.source)
         except DataError as exc:
             raise ConfigError(str(exc)) from None
     from opro.judges.factory import TEMPLATE_FILE_SUFFIXES
