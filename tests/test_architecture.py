@@ -185,9 +185,10 @@ FACADE = "opro"
 ROOMS = ("opro.data", "opro.program", "opro.evaluation", "opro.calibration", "opro.stats", "opro.heldout", "opro.probe")
 
 
-#: What may lie at the root of opro/ beside its rooms: what everything uses (the config, the error tree,
-#: the user's paths, locks, progress bars, redaction); the composition root is the folder experiment/.
-ROOT_MODULES = frozenset({"__init__", "config", "errors", "hashing", "paths", "locking", "progress", "redaction"})
+#: What may lie at the root of opro/ beside its rooms: what everything uses (the error tree, the project's
+#: hash, the user's paths, locks, progress bars, redaction); the config is a room (floor 6) and the
+#: composition root is the folder experiment/.
+ROOT_MODULES = frozenset({"__init__", "errors", "hashing", "paths", "locking", "progress", "redaction"})
 
 
 def test_the_root_holds_at_most_8_modules_and_24_entries() -> None:
