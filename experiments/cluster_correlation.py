@@ -11,8 +11,10 @@ differences, clusters from each question's first reference context, from:
   for either judge mode;
 - ``--run DIR`` (repeatable): an opro run folder's comparisons (``compare/*/report.json``: the held-out
   questions and each prompt's scores, each prompt against the baseline), clusters from the folder's
-  saved dataset (``dataset/``). The run folder keeps the validation stage's scores (summary.json) but
-  not which question each belongs to, so its validation pairs cannot be clustered after the fact;
+  saved dataset (``dataset/``), and the validation stage's answers while the folder still holds them
+  (``validation_rows/*.part.json``, kept until MLflow has them: a running or interrupted stage): every
+  two prompts' scores on the questions both answered. summary.json keeps the validation scores without
+  their questions, so a finished stage's pairs are clustered from MLflow's traces, not here;
 - ``--dataset FILE`` (repeatable; default history_of_alexnet's rag_dataset.json under ../shared/data):
   how many clusters a dataset holds and their sizes.
 
@@ -86,8 +88,26 @@ def run_folder(folder: Path) -> list[dict[str, Any]]:
                     if a is not None and b is not None]
             rows.append(icc_row(f"{report.parent.name}: {p['label']} - {base['label']}", [d for _, d in kept],
                                 [contexts_of.get(q, ()) for q, _ in kept]))
+    rows += validation_rows(folder, contexts_of)
     if not rows:
-        print(f"{folder}: no comparisons (compare/*/report.json); run `opro compare` there first")
+        print(f"{folder}: no comparisons (compare/*/report.json) or validation answers; run `opro compare` there first")
+    return rows
+
+
+def validation_rows(folder: Path, contexts_of: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ICC of every two validation prompts' paired differences on the questions both answered (at least
+    10: the 4 selection questions alone say nothing), from the stage's files kept in the folder."""
+    kept = {path.name.removesuffix(".part.json"): {r["query"]: r["score"] for r in json.loads(path.read_text("utf-8"))
+                                                   if r.get("score") is not None}
+            for path in sorted((folder / "validation_rows").glob("*.part.json"))}
+    rows = []
+    names = sorted(kept)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            both = [q for q in kept[a] if q in kept[b]]
+            if len(both) >= 10:
+                rows.append(icc_row(f"validation: {a} - {b}", [kept[a][q] - kept[b][q] for q in both],
+                                    [contexts_of.get(q, ()) for q in both]))
     return rows
 
 
