@@ -43,3 +43,28 @@ def test_a_missing_file_is_said_and_skipped(tmp_path: Path, capsys: pytest.Captu
     out = capsys.readouterr().out
     assert "absent.json: not there yet" in out
     assert "3 questions in 2 clusters (1 of 1, 1 of 2)" in out
+
+
+def test_a_run_folders_validation_answers_are_paired_by_question(tmp_path: Path) -> None:
+    """Two validation prompts' kept answers (validation_rows/*.part.json) give one ICC on the questions both
+    answered; a file of a few selection questions pairs with nothing."""
+    from cluster_correlation import validation_rows
+
+    rng = np.random.default_rng(1)
+    rows = tmp_path / "validation_rows"
+    rows.mkdir()
+    contexts, a, b = {}, [], []
+    for c in range(200):
+        common = rng.normal(0, np.sqrt(0.6))
+        for q in range(2):
+            query = f"q{c}-{q}?"
+            contexts[query] = (f"Passage {c}.",)
+            a.append({"query": query, "score": 3.0 + common + rng.normal(0, np.sqrt(0.4))})
+            b.append({"query": query, "score": 3.0})
+    b[0]["score"] = None  # an unscored answer is left out of the pairs
+    (rows / "aaaa.part.json").write_text(json.dumps(a), encoding="utf-8")
+    (rows / "bbbb.part.json").write_text(json.dumps(b), encoding="utf-8")
+    (rows / "cccc.part.json").write_text(json.dumps(a[:4]), encoding="utf-8")
+    (row,) = validation_rows(tmp_path, contexts)
+    assert row["source"] == "validation: aaaa - bbbb" and row["questions"] == 399
+    assert row["icc"] == pytest.approx(0.6, abs=0.12)
