@@ -21,6 +21,7 @@ from opro.config.checks import check_mlflow_uri, check_optuna_storage, check_ran
 from opro.data.dataset import SPLIT_NAMES, SplitName
 from opro.errors import ConfigError, PromptError
 from opro.judges.correctness import SCORE_SOURCES, ScoreFrom, check_score_from
+from opro.judges.sidebyside import PairedMode
 from opro.llm.client import DEFAULT_PRICES, ROLES, Price
 from opro.llm.pool import ModelSpec, check_endpoint
 from opro.llm.speed import TokenRate
@@ -192,7 +193,7 @@ class JudgeSection:
     #: the logits at the score position (llamacpp only, nothing decoded); ``auto`` (default): logits where
     #: the backend can, else the reply (on 40 AlexNet questions, better separation: docs/benchmarks.md).
     score_from: ScoreFrom = "auto"
-    paired: Literal["pointwise", "side_by_side"] = "pointwise"  # a paired decision's judge: docs/configuration.md
+    paired: PairedMode = "pointwise"  # a paired decision's judge: docs/configuration.md
     both_orders: bool = False  # side by side: also ask with the answers swapped, and average
 
     def __post_init__(self) -> None:
@@ -497,6 +498,14 @@ class OproConfig:
         from opro.paths import default_call_cache_path
 
         return self.resolve(self.experiment.cache_path) if self.experiment.cache_path else default_call_cache_path()
+
+    @property
+    def pool_folder(self) -> Path:
+        """The dataset folder this config's runs extend into (:func:`opro.data.pool.pool_folder`)."""
+        from opro.data.pool import pool_folder
+
+        return pool_folder(dataset=self.resolve(self.data.dataset) if self.data.dataset else None,
+                           output_dir=self.output_dir)
 
     @property
     def mlflow_uri(self) -> str:

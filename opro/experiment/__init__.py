@@ -32,7 +32,7 @@ from opro.data.dataset import (
     split_record,
     split_shortfall,
 )
-from opro.data.pool import extension_questions, pool_folder
+from opro.data.pool import extension_questions
 from opro.errors import ConfigError, DataError, ModelPackError
 from opro.evaluation.batch import evaluate_templates
 from opro.experiment import fingerprints
@@ -515,8 +515,7 @@ class Experiment:
         o, ds = self.config.optimizer, self.dataset
         if not o.finalists or not o.validation_extension or not ds.examples_in("validation"):
             return ()
-        given = self.config.resolve(self.config.data.dataset) if self.config.data.dataset else None
-        return extension_questions(ds, pool_folder(dataset=given, output_dir=self.config.output_dir))[: o.validation_extension]
+        return extension_questions(ds, self.config.pool_folder)[: o.validation_extension]
 
     def _record_split(self) -> dict[str, Any]:
         """What this optimization saw (:func:`opro.data.dataset.split_record`), for the held-out guard of

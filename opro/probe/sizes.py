@@ -23,7 +23,6 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Literal
 
 from opro.config import OproConfig
@@ -178,15 +177,7 @@ def extendable(config: OproConfig, dataset: GoldenDataset) -> int:
     unused ones and the dataset's pool (:func:`opro.data.pool.extension_questions`)."""
     from opro.data.pool import extension_questions
 
-    return len(extension_questions(dataset, _pool_folder(config)))
-
-
-def _pool_folder(config: OproConfig) -> Path:
-    """The dataset folder ``config``'s runs extend into (:func:`opro.data.pool.pool_folder`)."""
-    from opro.data.pool import pool_folder
-
-    return pool_folder(dataset=config.resolve(config.data.dataset) if config.data.dataset else None,
-                       output_dir=config.output_dir)
+    return len(extension_questions(dataset, config.pool_folder))
 
 
 #: The within-passage correlation of paired differences a plan takes where nothing measured it: 1, the worst
@@ -283,7 +274,7 @@ def _measured_rho(run: Any, examples: Mapping[str, Any]) -> tuple[float, str] | 
 def pool_command(config: OproConfig) -> str:
     """The ``opro dataset pool`` command that adds questions to the dataset folder ``config``'s runs
     extend into: ``[data].dataset`` where it is a folder, else the run's own copy."""
-    return f"opro dataset pool {_pool_folder(config)} " + (" ".join(f"--docs {config.resolve(x)}" for x in config.data.docs)
+    return f"opro dataset pool {config.pool_folder} " + (" ".join(f"--docs {config.resolve(x)}" for x in config.data.docs)
                                                           or "--docs <the documents it was made from>")
 
 
