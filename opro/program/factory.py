@@ -275,10 +275,9 @@ def check_opened(program: FactoryProgram, *, opened: Collection[str], source: st
 def closed_settings(*, factory: str, base_dir: Path | None = None) -> str:
     """What the plan says of ``[program].factory`` (``factory``, found as :func:`load_factory` finds it): the
     settings it takes, and those that stay closed."""
-    named = factory
-    takes = taken_settings(load_factory(named, base_dir=base_dir), name=named)
+    takes = taken_settings(load_factory(factory, base_dir=base_dir), name=factory)
     closed = [d.name for d in DIMENSIONS if d.is_setting and d.name not in takes]
-    return (f"{KEY} = {named!r} takes {', '.join(takes) or 'no setting'} as parameters; "
+    return (f"{KEY} = {factory!r} takes {', '.join(takes) or 'no setting'} as parameters; "
             f"{', '.join(closed) or 'no setting'} stay closed (the factory does not take them)")
 
 
