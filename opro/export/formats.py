@@ -37,6 +37,7 @@ from opro.program.dimensions import DIMENSIONS, Value, dimension, model_of
 from opro.program.prompts import TEMPLATE_VARIABLES, QATemplate
 from opro.redaction import redact
 from opro.search.records import CommandRecord, Recorded
+from opro.stats.objectives import COST_FIELD
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -122,7 +123,7 @@ def _latest_comparison(run_dir: Path, template_text: str) -> dict[str, Any] | No
                 entry = {"report": str(path), "split": data.get("split"), "n_questions": data.get("n_questions"),
                          "mean": p["mean"], "pass_rate": p.get("pass_rate"), "baseline": data.get("baseline"),
                          # Its cost per answer on that comparison's questions (the split above).
-                         "cost": p.get("cost")}
+                         COST_FIELD: p.get(COST_FIELD)}
                 if "versus_baseline" in p:
                     v = p["versus_baseline"]
                     entry.update({"mean_difference": v.get("mean_difference"), "wilcoxon_p": v.get("wilcoxon_p"),
@@ -316,8 +317,8 @@ def _cost_tags(prov: dict[str, Any]) -> dict[str, str]:
     search questions, and the split of the newest comparison of this prompt."""
     tags: dict[str, str] = {}
     for prefix, cost, basis in (
-        ("opro", prov.get("cost"), prov.get("cost_basis")),
-        ("opro.compared", (prov.get("comparison") or {}).get("cost"),
+        ("opro", prov.get(COST_FIELD), prov.get("cost_basis")),
+        ("opro.compared", (prov.get("comparison") or {}).get(COST_FIELD),
          f"{(prov.get('comparison') or {}).get('split')} questions of {(prov.get('comparison') or {}).get('report')}"),
     ):
         if not cost:

@@ -36,6 +36,7 @@ from opro.program.configurations import Configuration, settings_text
 from opro.program.dimensions import DIMENSIONS, Value, dimension
 from opro.program.prompts import DEFAULT_BASE_TEMPLATE, QATemplate
 from opro.redaction import redact_url
+from opro.stats.objectives import COST_FIELD
 
 if TYPE_CHECKING:
     from opro.config import OproConfig
@@ -174,10 +175,10 @@ def _from_run(spec: str, run_dir: Path, config: OproConfig | None, label: str) -
         "initial_instruction": summary.get("initial_instruction"),
         # Its cost per answer (opro.program.cost) with the data it was measured on; under the cost objective also
         # the validated saving against the initial configuration on the confirmation questions.
-        "cost": (summary.get("cost") or {}).get("returned"),
+        COST_FIELD: (summary.get(COST_FIELD) or {}).get("returned"),
         "cost_saving": (summary.get("validation") or {}).get("saving"),
     }
-    if provenance["cost"] is not None:
+    if provenance[COST_FIELD] is not None:
         provenance["cost_basis"] = "search questions (means per answered question of the task calls)"
     if provenance["cost_saving"] is not None:
         provenance["cost_saving_basis"] = "validation confirmation questions, paired with the initial configuration"

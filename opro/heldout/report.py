@@ -20,6 +20,7 @@ from opro.program.cost import CostDifference, CostSummary, amount
 from opro.program.dimensions import Value
 from opro.stats import betting
 from opro.stats.noninferiority import NonInferiority
+from opro.stats.objectives import COST_FIELD
 from opro.stats.paired import ConfidenceInterval, PairedComparison
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ class ComparisonReport:
                 "metric_invalid": dict(p.metric_invalid),
                 "scores": list(p.scores),
                 "answers": [r.answer for r in p.evaluation.rows],
-                "cost": None if p.cost is None else p.cost.as_dict(),
+                COST_FIELD: None if p.cost is None else p.cost.as_dict(),
             }
             if v is not None:
                 s = v.stats
@@ -243,7 +244,7 @@ class ComparisonReport:
                 }
             row |= {f"metric:{m}": _fmt(p.metric_means.get(m)) + (f" ({k} invalid)" if (k := p.metric_invalid.get(m, 0)) else "")
                     for m in self.metric_names}
-            row |= dict(zip(("cost", "d_cost", "tokens", "seconds", "d_tokens", "d_seconds"), _cost_cells(p, v),
+            row |= dict(zip((COST_FIELD, "d_cost", "tokens", "seconds", "d_tokens", "d_seconds"), _cost_cells(p, v),
                             strict=True))
             if self.margin is not None:
                 row["noninferiority"] = "identical" if v is not None and v.identical else self._margin_cells(v)[0]
@@ -324,7 +325,7 @@ class ComparisonReport:
                         ["#", f"mean\n[{lvl} CI]", f"pass@{self.judge_threshold:g}\n(scored)", "W/T/L",
                          f"Δ mean\n[{lvl} CI]", f"betting p\n(Wilcoxon){holm}"])
         cost = table(f"cost per answer: {self.cost_measure or 'the task call'}",
-                     ["#", "cost", f"Δ cost\n[{lvl} CI]",
+                     ["#", COST_FIELD, f"Δ cost\n[{lvl} CI]",
                       *([] if self.margin is None else [f"not worse p\n(margin {self.margin:g}){holm}"])])
         raw = table("tokens and seconds per answer (the task call)",
                     ["#", "tokens\n(out)", "seconds", f"Δ tokens\n[{lvl} CI]", f"Δ seconds\n[{lvl} CI]"])
@@ -334,7 +335,7 @@ class ComparisonReport:
             quality.add_row(number, _under(c["mean"]), f"{c['pass']}\n({c['scored']})", c["wtl"],
                             "baseline" if baseline else _under(c["diff"]),
                             f"{c['p_test']}\n({c['p_wilcoxon']})" if c["p_test"] else "")
-            cost.add_row(number, c["cost"], "baseline" if baseline else _under(c["d_cost"]),
+            cost.add_row(number, c[COST_FIELD], "baseline" if baseline else _under(c["d_cost"]),
                          *([] if self.margin is None else [c["noninferiority"]]))
             raw.add_row(number, _under(c["tokens"]), c["seconds"],
                         "baseline" if baseline else _under(c["d_tokens"]), _under(c["d_seconds"]))

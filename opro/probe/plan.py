@@ -57,7 +57,7 @@ from opro.program.dimensions import (
 from opro.program.factory import closed_settings
 from opro.search.validation_sizes import confirmation_looks, selection_prompts, split_sizes
 from opro.stats import betting
-from opro.stats.objectives import Objective
+from opro.stats.objectives import COST_FIELD, Objective
 from opro.stats.sequential import design_power
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self) | {"calls": self.calls, "seconds": self.seconds, "cost_usd": self.cost_usd}
         if self.cost is not None:  # the objective by its name, as the config gives it
-            out["cost"]["objective"] = self.cost.objective.name
+            out[COST_FIELD]["objective"] = self.cost.objective.name
         return out
 
     def compare_lines(self) -> list[str]:

@@ -15,7 +15,7 @@ from opro.llm.client import UsageByRole, UsageRecord
 from opro.program.cost import CostSummary, CostUnit
 from opro.program.dimensions import Value
 from opro.search.design import ValidationDesign
-from opro.stats.objectives import QUALITY, Objective
+from opro.stats.objectives import COST_FIELD, QUALITY, Objective
 from opro.stats.sequential import Look
 
 CandidateStatus = Literal["complete", "pruned", "budget", "failed", "incomplete"]
@@ -308,12 +308,12 @@ class OptimizationResult:
             "initial_score_basis": "search",
             "scores_by_basis": self.scores_by_basis(),
             # Means per answered search question of the task calls (tokens, seconds, cost: opro.program.cost).
-            "cost": {name: None if c is None else c.as_dict() for name, c in (
+            COST_FIELD: {name: None if c is None else c.as_dict() for name, c in (
                 ("returned", self.cost_of(self.best_name)), ("initial", self.cost_of(self.initial_instruction)))},
             "validation": None if v is None else v.summary(),
             **({"pareto_front": [
                 {"instruction": r.instruction, "step": r.step, "index": r.index, "score": r.score,
-                 "cost": r.cost.cost if r.cost else None, "params": dict(r.params)}
+                 COST_FIELD: r.cost.cost if r.cost else None, "params": dict(r.params)}
                 for r in quality_cost_front(self.history)]} if self.objective.non_inferiority else {}),
             "n_candidates": len(self.history),
             "n_pruned": sum(1 for r in self.history if r.status == "pruned"),

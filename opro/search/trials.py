@@ -24,6 +24,7 @@ import optuna
 
 from opro.program.cost import CallUsage, CostSummary
 from opro.program.dimensions import Value
+from opro.stats.objectives import COST_FIELD
 
 
 class TrialKey:
@@ -47,7 +48,7 @@ class TrialKey:
     N_INVALID: Final = "n_invalid"
     N_ERRORS: Final = "n_errors"
     STATUS: Final = "status"
-    COST: Final = "cost"
+    COST: Final = COST_FIELD
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,11 @@ class CostObjective:
                 f"clearly worse than it by more than {margin:g} on the search questions: nothing to validate")
 
 
+#: The name opro's outputs give a configuration's cost per answer, the amount the cost objective minimizes
+#: (summary.json, report.json, export provenance, compare's table, the study's trial attributes, the plan):
+#: writers and readers share it.
+COST_FIELD: Final = "cost"
+
 QUALITY: Final = QualityObjective()
 COST: Final = CostObjective()
 #: The objectives ``[optimizer].objective`` may name.
@@ -200,5 +205,5 @@ def as_objective(objective: Objective | str) -> Objective:
     return objective_named(objective) if isinstance(objective, str) else objective
 
 
-__all__ = ["COST", "OBJECTIVES", "QUALITY", "CostObjective", "Direction", "Objective", "QualityObjective", "Race",
+__all__ = ["COST", "COST_FIELD", "OBJECTIVES", "QUALITY", "CostObjective", "Direction", "Objective", "QualityObjective", "Race",
            "Target", "as_objective", "objective_named"]
