@@ -12,9 +12,10 @@ differences, clusters from each question's first reference context, from:
 - ``--run DIR`` (repeatable): an opro run folder's comparisons (``compare/*/report.json``: the held-out
   questions and each prompt's scores, each prompt against the baseline), clusters from the folder's
   saved dataset (``dataset/``), and the validation stage's answers while the folder still holds them
-  (``validation_rows/*.part.json``, kept until MLflow has them: a running or interrupted stage): every
-  two prompts' scores on the questions both answered. summary.json keeps the validation scores without
-  their questions, so a finished stage's pairs are clustered from MLflow's traces, not here;
+  (``validation_rows/*.part.json``, kept until MLflow has them: a running or interrupted stage), else its
+  scores as the study keeps them (``optuna.db``: each prompt's scores per batch of questions, the batches
+  found among the questions of the newest validation decision): every two prompts' scores on the
+  questions both answered (under the side-by-side judge, each prompt's side-by-side scores);
 - ``--dataset FILE`` (repeatable; default history_of_alexnet's rag_dataset.json under ../shared/data):
   how many clusters a dataset holds and their sizes.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,8 +55,9 @@ def icc_row(source: str, differences: Sequence[float], contexts: Sequence[Sequen
     r = within_correlation(list(differences), keys) if len(shared) >= MIN_SHARED else math.nan
     k = len(sizes)
     se = (1 - r) * (1 + r) / math.sqrt(len(shared) - 1) if not math.isnan(r) else math.nan
+    sd = statistics.stdev(differences) if len(differences) > 1 else math.nan
     return {"source": source, "questions": len(keys), "clusters": k, "shared": len(shared),
-            "icc": r, "se": se}
+            "icc": r, "se": se, "sd": sd}
 
 
 def side_by_side(path: Path) -> list[dict[str, Any]]:
@@ -88,7 +91,8 @@ def run_folder(folder: Path) -> list[dict[str, Any]]:
                     if a is not None and b is not None]
             rows.append(icc_row(f"{report.parent.name}: {p['label']} - {base['label']}", [d for _, d in kept],
                                 [contexts_of.get(q, ()) for q, _ in kept]))
-    rows += validation_rows(folder, contexts_of)
+    kept = validation_rows(folder, contexts_of)
+    rows += kept or validation_study(folder, contexts_of)
     if not rows:
         print(f"{folder}: no comparisons (compare/*/report.json) or validation answers; run `opro compare` there first")
     return rows
@@ -109,6 +113,71 @@ def validation_rows(folder: Path, contexts_of: dict[str, Any]) -> list[dict[str,
                 rows.append(icc_row(f"validation: {a} - {b}", [kept[a][q] - kept[b][q] for q in both],
                                     [contexts_of.get(q, ()) for q in both]))
     return rows
+
+
+def validation_study(folder: Path, contexts_of: dict[str, Any]) -> list[dict[str, Any]]:
+    """As :func:`validation_rows`, from the folder's study: each prompt's validation scores per batch
+    (``validation:PROMPT:BATCH``, the batch keyed by its questions), placed on the questions of the newest
+    validation decision it holds (their ledger hashes, in the order asked), the batch being the run of
+    them whose key it is."""
+    import optuna
+
+    from opro.data.dataset import question_hashes
+    from opro.search.study import questions_key
+
+    if not (folder / "optuna.db").is_file():
+        return []
+    by_hash = {h: q for q, h in zip(contexts_of, question_hashes(contexts_of), strict=True)}
+    rows = []
+    for summary in optuna.get_all_study_summaries(f"sqlite:///{folder / 'optuna.db'}", include_best_trial=False):
+        attrs = summary.user_attrs
+        if not attrs.get("validation_decisions"):
+            continue
+        asked = [by_hash.get(h, "") for h in attrs["validation_decisions"][-1]["questions"]]
+        scores: dict[str, dict[str, float]] = {}
+        for key, values in attrs.items():
+            if not key.startswith("validation:"):
+                continue
+            _, prompt, batch = key.split(":")
+            n = len(values)
+            start = next((s for s in range(len(asked) - n + 1) if questions_key(asked[s:s + n]) == batch), None)
+            if start is not None:
+                scores.setdefault(prompt, {}).update(
+                    (q, v) for q, v in zip(asked[start:start + n], values, strict=True) if v is not None)
+        label = _labels(folder)
+        names = sorted(scores, key=lambda k: label.get(k, (k,))[0])  # a finalist before the initial
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                both = [q for q in scores[a] if q in scores[b]]
+                # A side-by-side score paired with a pointwise one measures nothing: not given.
+                if len(both) >= 10 and label.get(a, (a, None))[1] == label.get(b, (b, None))[1]:
+                    rows.append(icc_row(f"validation ({summary.study_name}): {label.get(a, (a,))[0]} - "
+                                        f"{label.get(b, (b,))[0]}", [scores[a][q] - scores[b][q] for q in both],
+                                        [contexts_of.get(q, ()) for q in both]))
+    return rows
+
+
+def _labels(folder: Path) -> dict[str, tuple[str, str | None]]:
+    """The study's prompt keys of the run's initial configuration and finalists (summary.json), each with a
+    label and its judge mode: their pointwise scores, and each pair's side-by-side scores."""
+    from opro.search.paired import _key as side_key
+    from opro.search.study import _prompt_key
+
+    path = folder / "summary.json"
+    if not path.is_file():
+        return {}
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    finalists = [f["instruction"] for f in (summary.get("validation") or {}).get("finalists", [])]
+    named = {summary["initial_instruction"]: "initial", **{f: f"finalist {i}" for i, f in enumerate(finalists, 1)}}
+    labels: dict[str, tuple[str, str | None]] = {_prompt_key(n): (f"{s} (pointwise)", "pointwise")
+                                                 for n, s in named.items()}
+    for a, sa in named.items():
+        for b, sb in named.items():
+            for w, s in ((0, sa), (1, sb)):
+                if a != b:
+                    labels[_prompt_key(side_key(a, b, w))] = (f"{s} (side by side with {sb if w == 0 else sa})",
+                                                              "side by side")
+    return labels
 
 
 def layout(path: Path) -> dict[str, Any] | None:
@@ -134,11 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{found['dataset']}: {found['questions']} questions in {found['clusters']} clusters ({sizes})")
     rows = side_by_side(args.side_by_side) + [r for folder in args.run for r in run_folder(folder)]
     if rows:
-        print("| paired differences | questions | clusters (of 2 or more) | within-cluster correlation ± se |")
-        print("|---|---|---|---|")
+        print("| paired differences | questions | clusters (of 2 or more) | paired sd | within-cluster correlation ± se |")
+        print("|---|---|---|---|---|")
         for r in rows:
             icc = "-" if math.isnan(r["icc"]) else f"{r['icc']:+.2f} ± {r['se']:.2f}"
-            print(f"| {r['source']} | {r['questions']} | {r['clusters']} ({r['shared']}) | {icc} |")
+            print(f"| {r['source']} | {r['questions']} | {r['clusters']} ({r['shared']}) | {r['sd']:.2f} | {icc} |")
     return 0
 
 

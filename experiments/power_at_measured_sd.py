@@ -12,6 +12,7 @@ at 52 validation questions (the history_of_alexnet experiments' split: 4 selecti
 at 100, and the fewest validation questions that reach 80% power (bisected, as ``opro plan`` does).
 
     python experiments/power_at_measured_sd.py [--summary experiments/results/side_by_side_alexnet_summary.json]
+    python experiments/power_at_measured_sd.py --only-given --sd "side by side, the cost search's 116 pairs=0.60"
 """
 
 from __future__ import annotations
@@ -37,15 +38,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary", type=Path, default=Path("experiments/results/side_by_side_alexnet_summary.json"))
     ap.add_argument("--draws", type=int, default=2000)
     ap.add_argument("--sizes", default="52,100", help="validation questions (4 of them select)")
+    ap.add_argument("--sd", action="append", default=[], metavar="LABEL=SD",
+                    help="a paired sd measured elsewhere, e.g. a run's validation stage (repeatable)")
+    ap.add_argument("--only-given", action="store_true", help="only the --sd values, not the summary's")
     args = ap.parse_args(argv)
-    measured = json.loads(args.summary.read_text(encoding="utf-8"))
-    n_q = measured["n_questions"]
-    sds = [
-        ("plan default (pointwise)", DEFAULT_DIFFERENCE_SDS["pointwise"]),
-        (f"pointwise, measured ({n_q} questions)", measured["paired_sd_pointwise"]),
-        (f"side by side, one order, measured ({n_q})", measured["paired_sd_side_by_side_one_order"]),
-        (f"side by side, both orders, measured ({n_q})", measured["paired_sd_side_by_side_both_orders"]),
-    ]
+    sds: list[tuple[str, float]] = []
+    if not args.only_given:
+        measured = json.loads(args.summary.read_text(encoding="utf-8"))
+        n_q = measured["n_questions"]
+        sds = [
+            ("plan default (pointwise)", DEFAULT_DIFFERENCE_SDS["pointwise"]),
+            (f"pointwise, measured ({n_q} questions)", measured["paired_sd_pointwise"]),
+            (f"side by side, one order, measured ({n_q})", measured["paired_sd_side_by_side_one_order"]),
+            (f"side by side, both orders, measured ({n_q})", measured["paired_sd_side_by_side_both_orders"]),
+        ]
+    for given in args.sd:
+        label, _, value = given.rpartition("=")
+        try:
+            sds.append((label or "given", float(value)))
+        except ValueError:
+            ap.error(f"--sd {given!r}: give LABEL=SD, the sd a number (e.g. 'validation stage=0.60')")
     sizes = [int(s) for s in args.sizes.split(",")]
     header = ["paired sd", "claim"] + [f"power at {n}" for n in sizes] + ["questions for 0.8"]
     print("| " + " | ".join(header) + " |")

@@ -68,3 +68,44 @@ def test_a_run_folders_validation_answers_are_paired_by_question(tmp_path: Path)
     (row,) = validation_rows(tmp_path, contexts)
     assert row["source"] == "validation: aaaa - bbbb" and row["questions"] == 399
     assert row["icc"] == pytest.approx(0.6, abs=0.12)
+
+
+def test_a_finished_validation_stage_is_paired_from_its_study(tmp_path: Path) -> None:
+    """Once the stage has finished (its answers gone to MLflow), the scores the study keeps per batch are put
+    back on their questions through the newest decision's question hashes; the initial and the finalist
+    are labelled from summary.json, pointwise and side by side, and the two modes are never paired."""
+    import optuna
+    from cluster_correlation import validation_study
+
+    from opro.data.dataset import question_hashes
+    from opro.search.paired import _key as side_key
+    from opro.search.study import _Key
+
+    rng = np.random.default_rng(2)
+    contexts, queries = {}, []
+    for c in range(100):
+        for q in range(2):
+            queries.append(f"q{c}-{q}?")
+            contexts[queries[-1]] = (f"Passage {c}.",)
+    initial, finalist = "Answer the query.", "Answer the query. {top_k=1}"
+    common = np.repeat(rng.normal(0, np.sqrt(0.5), 100), 2)
+    pointwise = 3.0 + common + rng.normal(0, np.sqrt(0.5), 200)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'optuna.db'}", study_name="s")
+    study.set_user_attr("validation_decisions", [{"questions": list(question_hashes(queries))}])
+    for start, stop in ((0, 4), (4, 120), (120, 200)):  # batches: selection, confirmation, extension
+        batch = queries[start:stop]
+        study.set_user_attr(_Key.validation(initial, batch), [3.0] * len(batch))
+        study.set_user_attr(_Key.validation(finalist, batch), list(pointwise[start:stop]))
+        study.set_user_attr(_Key.validation(side_key(initial, finalist, 0), batch), [3.0] * len(batch))
+        study.set_user_attr(_Key.validation(side_key(initial, finalist, 1), batch),
+                            [3.0 + d for d in rng.normal(0, 0.5, stop - start)])
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "initial_instruction": initial, "validation": {"finalists": [{"instruction": finalist}]}}), encoding="utf-8")
+    rows = {r["source"]: r for r in validation_study(tmp_path, contexts)}
+    assert set(rows) == {"validation (s): finalist 1 (pointwise) - initial (pointwise)",
+                         "validation (s): finalist 1 (side by side with initial) - initial (side by side with finalist 1)"}
+    point = rows["validation (s): finalist 1 (pointwise) - initial (pointwise)"]
+    assert point["questions"] == 200 and point["shared"] == 100
+    assert point["icc"] == pytest.approx(0.5, abs=0.2)
+    assert abs(rows["validation (s): finalist 1 (side by side with initial) - initial (side by side with finalist 1)"]
+               ["icc"]) < 0.25

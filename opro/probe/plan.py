@@ -526,6 +526,18 @@ def _cost_plan(config: OproConfig, *, sd: float, sizes: Sequence[int], heldout: 
                     confirmable_margin=confirmable, heldout_margin=held, saving_range=saving)
 
 
+def _judge_calls_per_answer(config: OproConfig) -> float:
+    """Judge calls per validation answer: its pointwise score, and under the side-by-side judge its share of
+    its pair's calls (one per order shown, two where the scores are read from logits: one per answer)."""
+    if config.judge.paired != "side_by_side":
+        return 1.0
+    orders = 2 if config.judge.both_orders else 1
+    # "auto" reads logits where the backend gives them: llama.cpp's (remote chat APIs do not).
+    logits = config.judge.score_from == "logits" or (
+        config.judge.score_from == "auto" and config.models.judge.backend == "llamacpp")
+    return 1.0 + orders * (2 if logits else 1) / 2
+
+
 def _roles(config: OproConfig, *, chunks: int, moves: int, validation: float,
            validation_max: float) -> list[RoleEstimate]:
     """Calls per role, with tokens, time and cost: the search's (its maximum: nothing pruned; the
@@ -541,10 +553,11 @@ def _roles(config: OproConfig, *, chunks: int, moves: int, validation: float,
         extra += s.exemplar  # the exemplar questions answered and judged once, for the demonstration pool
     k = o.steps * o.candidates_per_step
     generated = chunks * config.data.questions_per_chunk  # the most the generator keeps, each answered once
+    judged = _judge_calls_per_answer(config)
     # (search, its most, validation, its most, generation, its most)
     calls = {
         "task": (scored + extra, scored + extra, validation, validation_max, 0.0, 0.0),
-        "judge": (scored + extra, scored + extra, validation, validation_max, 0.0, 0.0),
+        "judge": (scored + extra, scored + extra, validation * judged, validation_max * judged, 0.0, 0.0),
         # Between k and 3k samples a step (rejected proposals are replaced); about 1.5k in practice.
         "optimizer": (1.5 * k, 3.0 * k, 0.0, 0.0, 0.0, 0.0),
         "generator": (0.0, 0.0, 0.0, 0.0, _generation_calls(config, chunks), float(chunks + generated)),

@@ -201,6 +201,24 @@ def test_without_an_earlier_run_the_calibrated_judge_noise_is_used(tmp_path: Pat
     assert made.sd_basis.startswith("opro judge calibrate's test-retest noise")
 
 
+def test_the_side_by_side_judge_is_planned_at_the_calls_it_makes(tmp_path: Path) -> None:
+    """Each validation answer keeps its pointwise score; a side-by-side pair adds a call per order shown, two
+    where the scores come from logits (one per answer): 1, 2, 3 judge calls per answer."""
+    split = {"exemplar": 2, "optimization": 3, "validation": 16, "heldout": 6, "seed": 1}
+
+    def per_answer(**judge: object) -> float:
+        roles = {r.role: r for r in make_plan(_config(tmp_path, data={"split": split}, judge=judge)).roles}  # type: ignore[attr-defined]
+        assert roles["judge"].search_calls == roles["task"].search_calls
+        assert roles["judge"].validation_calls_max == pytest.approx(roles["task"].validation_calls_max * (
+            roles["judge"].validation_calls / roles["task"].validation_calls))
+        return roles["judge"].validation_calls / roles["task"].validation_calls  # type: ignore[no-any-return]
+
+    assert per_answer() == 1.0
+    assert per_answer(paired="side_by_side", score_from="reply") == 1.5
+    assert per_answer(paired="side_by_side", score_from="reply", both_orders=True) == 2.0
+    assert per_answer(paired="side_by_side", score_from="logits", both_orders=True) == 3.0
+
+
 def test_the_plan_names_the_open_search_space_and_counts_bootstrapping(tmp_path: Path) -> None:
     def plan(**space: object) -> object:
         cfg = experiment_config(tmp_path, search={"space": space} if space else {})
