@@ -26,8 +26,12 @@ def step(name: str, started: float) -> None:
 
 
 def opro(*args: str) -> None:
+    """Run one opro command; where it fails, stop with its exit code (its own message is above, no traceback)."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "opro.cli", *args], check=True)
+    code = subprocess.run([sys.executable, "-m", "opro.cli", *args], check=False).returncode
+    if code != 0:
+        print(f"[run.py] opro {args[0]} failed (exit {code}): its message is above; later steps not run", flush=True)
+        raise SystemExit(code)
     step(f"opro {args[0]}", started)
 
 
