@@ -104,13 +104,25 @@ def validation_rows(folder: Path, contexts_of: dict[str, Any]) -> list[dict[str,
     kept = {path.name.removesuffix(".part.json"): {r["query"]: r["score"] for r in json.loads(path.read_text("utf-8"))
                                                    if r.get("score") is not None}
             for path in sorted((folder / "validation_rows").glob("*.part.json"))}
+    return paired_rows("validation", kept, contexts_of, {})
+
+
+def paired_rows(source: str, scores: dict[str, dict[str, float]], contexts_of: dict[str, Any],
+                label: dict[str, tuple[str, str | None]]) -> list[dict[str, Any]]:
+    """The ICC of every two prompts' paired differences on the questions both answered (at least 10: the 4
+    selection questions alone say nothing), named by ``label`` (key -> name, judge mode) where it has them,
+    in the labels' order; two prompts of different judge modes are not paired (such a difference measures
+    nothing)."""
+    def name(key: str) -> str:
+        return label[key][0] if key in label else key
+
     rows = []
-    names = sorted(kept)
+    names = sorted(scores, key=name)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            both = [q for q in kept[a] if q in kept[b]]
-            if len(both) >= 10:
-                rows.append(icc_row(f"validation: {a} - {b}", [kept[a][q] - kept[b][q] for q in both],
+            both = [q for q in scores[a] if q in scores[b]]
+            if len(both) >= 10 and label.get(a, (a, None))[1] == label.get(b, (b, None))[1]:
+                rows.append(icc_row(f"{source}: {name(a)} - {name(b)}", [scores[a][q] - scores[b][q] for q in both],
                                     [contexts_of.get(q, ()) for q in both]))
     return rows
 
@@ -128,6 +140,7 @@ def validation_study(folder: Path, contexts_of: dict[str, Any]) -> list[dict[str
     if not (folder / "optuna.db").is_file():
         return []
     by_hash = {h: q for q, h in zip(contexts_of, question_hashes(contexts_of), strict=True)}
+    label = _labels(folder)
     rows = []
     for summary in optuna.get_all_study_summaries(f"sqlite:///{folder / 'optuna.db'}", include_best_trial=False):
         attrs = summary.user_attrs
@@ -144,16 +157,7 @@ def validation_study(folder: Path, contexts_of: dict[str, Any]) -> list[dict[str
             if start is not None:
                 scores.setdefault(prompt, {}).update(
                     (q, v) for q, v in zip(asked[start:start + n], values, strict=True) if v is not None)
-        label = _labels(folder)
-        names = sorted(scores, key=lambda k: label.get(k, (k,))[0])  # a finalist before the initial
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                both = [q for q in scores[a] if q in scores[b]]
-                # A side-by-side score paired with a pointwise one measures nothing: not given.
-                if len(both) >= 10 and label.get(a, (a, None))[1] == label.get(b, (b, None))[1]:
-                    rows.append(icc_row(f"validation ({summary.study_name}): {label.get(a, (a,))[0]} - "
-                                        f"{label.get(b, (b,))[0]}", [scores[a][q] - scores[b][q] for q in both],
-                                        [contexts_of.get(q, ()) for q in both]))
+        rows += paired_rows(f"validation ({summary.study_name})", scores, contexts_of, label)
     return rows
 
 
